@@ -1,0 +1,81 @@
+package facilitator
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is the category of an error: it decides the HTTP status in api/, while Reason carries the
+// x402 reason string that goes into the body.
+type Code string
+
+const (
+	// EInvalid: the request cannot be processed as sent (400). Nothing was changed.
+	EInvalid Code = "invalid"
+	// EConflict: the request contradicts an earlier one (409).
+	EConflict Code = "conflict"
+	// EUnavailable: a dependency (RPC node, Postgres) failed; the outcome is unknown, retry later (503).
+	EUnavailable Code = "unavailable"
+	// EInternal: a bug or an unclassified failure (500).
+	EInternal Code = "internal"
+)
+
+// Error is the one error type of the domain. Message is safe to show to a caller; Err is the
+// underlying cause, for logs only.
+type Error struct {
+	Code    Code
+	Reason  string
+	Message string
+	Err     error
+}
+
+func (e *Error) Error() string {
+	msg := e.Reason
+	if e.Message != "" {
+		msg += ": " + e.Message
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf builds an Error with a formatted caller-safe message.
+func Errorf(code Code, reason, format string, args ...any) *Error {
+	return &Error{Code: code, Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// Unavailable wraps a dependency failure; the cause stays out of the caller-facing message.
+func Unavailable(reason, message string, err error) *Error {
+	return &Error{Code: EUnavailable, Reason: reason, Message: message, Err: err}
+}
+
+// ErrorCode returns the category of err; an untyped error is internal.
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return EInternal
+}
+
+// ErrorReason returns the x402 reason of err, or fallback for an untyped error.
+func ErrorReason(err error, fallback string) string {
+	var e *Error
+	if errors.As(err, &e) && e.Reason != "" {
+		return e.Reason
+	}
+	return fallback
+}
+
+// ErrorMessage returns the caller-safe message of err. Untyped errors never leak their text,
+// since it may carry RPC URLs or other configuration.
+func ErrorMessage(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return "internal error"
+}

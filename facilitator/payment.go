@@ -1,0 +1,303 @@
+package facilitator
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"math/big"
+	"strings"
+
+	"github.com/ethereum/go-ethereum/common"
+)
+
+// Payment is a verify or settle request decoded into typed values, the same for v1 and v2, so
+// that verify/ and settle/ never look at the wire generation except where the protocol differs.
+type Payment struct {
+	X402Version int
+	// Scheme and Network are what the client chose: accepted.* (v2) or the payload's own (v1).
+	Scheme  string
+	Network string
+
+	Requirements  Requirements
+	Authorization Authorization
+	// Signature is the signature exactly as sent, possibly ERC-6492 wrapped.
+	Signature []byte
+	// Payer is authorization.from exactly as sent: the official facilitator echoes it verbatim.
+	Payer string
+	// Permit2 is set when the payload has the Permit2 shape, which we do not serve.
+	Permit2    bool
+	Extensions map[string]json.RawMessage
+}
+
+// Requirements is the resource server's requirement, typed.
+type Requirements struct {
+	Scheme            string
+	Network           string
+	Amount            *big.Int // v2 amount, v1 maxAmountRequired
+	Asset             common.Address
+	PayTo             common.Address
+	MaxTimeoutSeconds int64
+	// Name and Version are extra.name and extra.version, the token's EIP-712 domain; empty when absent.
+	Name    string
+	Version string
+}
+
+// Authorization is the signed EIP-3009 TransferWithAuthorization message.
+type Authorization struct {
+	From        common.Address
+	To          common.Address
+	Value       *big.Int
+	ValidAfter  *big.Int
+	ValidBefore *big.Int
+	Nonce       [32]byte
+}
+
+// MaxBodyBytes bounds a verify or settle request body. Real requests are about 2 KiB; extensions
+// can add some, never this much.
+const MaxBodyBytes = 64 << 10
+
+// DecodeRequest decodes a /verify or /settle body. Every failure is an EInvalid *Error carrying
+// the x402 reason and a message that says what is wrong; nothing here touches the chain.
+func DecodeRequest(body []byte) (*Payment, error) {
+	if len(body) > MaxBodyBytes {
+		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body is larger than %d bytes", MaxBodyBytes)
+	}
+	var req Request
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body is not valid JSON: %s", jsonProblem(err))
+	}
+	return ParseRequest(req)
+}
+
+// ParseRequest types a decoded request, dispatching on paymentPayload.x402Version.
+func ParseRequest(req Request) (*Payment, error) {
+	if isNull(req.PaymentPayload) {
+		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload is missing")
+	}
+	if isNull(req.PaymentRequirements) {
+		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements is missing")
+	}
+	var head struct {
+		X402Version *int `json:"x402Version"`
+	}
+	if err := json.Unmarshal(req.PaymentPayload, &head); err != nil {
+		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+	}
+	if head.X402Version == nil {
+		return nil, Errorf(EInvalid, ReasonInvalidX402Version, "paymentPayload.x402Version is missing")
+	}
+	switch *head.X402Version {
+	case 2:
+		return parseV2(req)
+	case 1:
+		return parseV1(req)
+	default:
+		return nil, Errorf(EInvalid, ReasonInvalidX402Version, "paymentPayload.x402Version %d is not supported (1 or 2)", *head.X402Version)
+	}
+}
+
+func parseV2(req Request) (*Payment, error) {
+	var pp PaymentPayload
+	if err := json.Unmarshal(req.PaymentPayload, &pp); err != nil {
+		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+	}
+	var pr PaymentRequirements
+	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
+		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+	}
+	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.Amount, "amount", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
+	if err != nil {
+		return nil, err
+	}
+	p := &Payment{
+		X402Version:  2,
+		Scheme:       pp.Accepted.Scheme,
+		Network:      pp.Accepted.Network,
+		Requirements: reqs,
+		Extensions:   pp.Extensions,
+	}
+	if err := parseExactPayload(p, pp.Payload); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func parseV1(req Request) (*Payment, error) {
+	var pp PaymentPayloadV1
+	if err := json.Unmarshal(req.PaymentPayload, &pp); err != nil {
+		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+	}
+	var pr PaymentRequirementsV1
+	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
+		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+	}
+	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.MaxAmountRequired, "maxAmountRequired", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
+	if err != nil {
+		return nil, err
+	}
+	p := &Payment{X402Version: 1, Scheme: pp.Scheme, Network: pp.Network, Requirements: reqs}
+	if err := parseExactPayload(p, pp.Payload); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func parseRequirements(scheme, network, amount, amountField, asset, payTo string, maxTimeout int64, extra json.RawMessage) (Requirements, error) {
+	bad := func(format string, args ...any) (Requirements, error) {
+		return Requirements{}, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements."+format, args...)
+	}
+	r := Requirements{Scheme: scheme, Network: network, MaxTimeoutSeconds: maxTimeout}
+	if scheme == "" {
+		return bad("scheme is missing")
+	}
+	if network == "" {
+		return bad("network is missing")
+	}
+	var ok bool
+	if r.Amount, ok = parseUint256(amount); !ok {
+		return bad("%s must be a decimal string of atomic units, got %q", amountField, clip(amount))
+	}
+	if r.Asset, ok = parseAddress(asset); !ok {
+		return bad("asset must be a 0x-prefixed 20-byte hex address, got %q", clip(asset))
+	}
+	if r.PayTo, ok = parseAddress(payTo); !ok {
+		return bad("payTo must be a 0x-prefixed 20-byte hex address, got %q", clip(payTo))
+	}
+	if !isNull(extra) {
+		var domain map[string]json.RawMessage
+		if err := json.Unmarshal(extra, &domain); err != nil {
+			return bad("extra must be an object or null")
+		}
+		for key, dst := range map[string]*string{"name": &r.Name, "version": &r.Version} {
+			raw, present := domain[key]
+			if !present || isNull(raw) {
+				continue
+			}
+			if err := json.Unmarshal(raw, dst); err != nil {
+				return bad("extra.%s must be a string", key)
+			}
+		}
+	}
+	return r, nil
+}
+
+func parseExactPayload(p *Payment, raw json.RawMessage) error {
+	bad := func(format string, args ...any) error {
+		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload."+format, args...)
+	}
+	if isNull(raw) {
+		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload is missing")
+	}
+	var ep ExactEVMPayload
+	if err := json.Unmarshal(raw, &ep); err != nil {
+		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload: %s", jsonProblem(err))
+	}
+	// The official facilitator picks Permit2 by the key's presence alone.
+	if ep.Permit2Authorization != nil {
+		p.Permit2 = true
+		return nil
+	}
+	a := ep.Authorization
+	if a == nil {
+		return bad("authorization is missing")
+	}
+	p.Payer = a.From
+	var ok bool
+	if p.Authorization.From, ok = parseAddress(a.From); !ok {
+		return bad("authorization.from must be a 0x-prefixed 20-byte hex address, got %q", clip(a.From))
+	}
+	if p.Authorization.To, ok = parseAddress(a.To); !ok {
+		return bad("authorization.to must be a 0x-prefixed 20-byte hex address, got %q", clip(a.To))
+	}
+	for _, f := range []struct {
+		name string
+		in   string
+		out  **big.Int
+	}{
+		{"value", a.Value, &p.Authorization.Value},
+		{"validAfter", a.ValidAfter, &p.Authorization.ValidAfter},
+		{"validBefore", a.ValidBefore, &p.Authorization.ValidBefore},
+	} {
+		if *f.out, ok = parseUint256(f.in); !ok {
+			return bad("authorization.%s must be a decimal string of a uint256, got %q", f.name, clip(f.in))
+		}
+	}
+	nonce, ok := parseHex(a.Nonce)
+	if !ok || len(nonce) != 32 {
+		return bad("authorization.nonce must be 0x-prefixed 32-byte hex, got %q", clip(a.Nonce))
+	}
+	copy(p.Authorization.Nonce[:], nonce)
+	sig, ok := parseHex(ep.Signature)
+	if !ok || len(sig) == 0 {
+		return bad("signature must be 0x-prefixed hex, got %q", clip(ep.Signature))
+	}
+	p.Signature = sig
+	return nil
+}
+
+var maxUint256 = new(big.Int).Sub(new(big.Int).Lsh(big.NewInt(1), 256), big.NewInt(1))
+
+// parseUint256 accepts what BigInt() accepts of a decimal string, minus signs and blanks.
+func parseUint256(s string) (*big.Int, bool) {
+	if s == "" || len(s) > 78 || strings.TrimLeft(s, "0123456789") != "" {
+		return nil, false
+	}
+	n, ok := new(big.Int).SetString(s, 10)
+	if !ok || n.Cmp(maxUint256) > 0 {
+		return nil, false
+	}
+	return n, true
+}
+
+// parseAddress accepts any case: the official packages checksum what they get rather than
+// insisting on it.
+func parseAddress(s string) (common.Address, bool) {
+	b, ok := parseHex(s)
+	if !ok || len(b) != common.AddressLength {
+		return common.Address{}, false
+	}
+	return common.BytesToAddress(b), true
+}
+
+func parseHex(s string) ([]byte, bool) {
+	h, ok := strings.CutPrefix(s, "0x")
+	if !ok {
+		h, ok = strings.CutPrefix(s, "0X")
+	}
+	if !ok || len(h)%2 != 0 {
+		return nil, false
+	}
+	b, err := hex.DecodeString(h)
+	return b, err == nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null"))
+}
+
+// clip keeps echoed input short: messages are for humans and logs, not for reflecting payloads.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
+
+// jsonProblem describes a JSON error without echoing Go type names at the caller.
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if field == "" {
+			field = "value"
+		}
+		return field + " has the wrong type (got JSON " + te.Value + ")"
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return se.Error()
+	}
+	return "malformed JSON"
+}

@@ -1,0 +1,47 @@
+package facilitator
+
+// Reason codes, spelled exactly as the official x402 packages (2.27) spell them so that merchants'
+// error handling and the official clients' logs behave the same against us as against them.
+// Only the codes reachable by the EVM exact scheme on EIP-3009 tokens are listed, plus the generic
+// protocol codes and our own additions (marked).
+const (
+	// @x402/evm exact facilitator, EIP-3009 path.
+	ReasonInvalidScheme            = "invalid_exact_evm_scheme"
+	ReasonNetworkMismatch          = "invalid_exact_evm_network_mismatch"
+	ReasonMissingEIP712Domain      = "invalid_exact_evm_missing_eip712_domain"
+	ReasonRecipientMismatch        = "invalid_exact_evm_recipient_mismatch"
+	ReasonInvalidSignature         = "invalid_exact_evm_signature"
+	ReasonValidBefore              = "invalid_exact_evm_payload_authorization_valid_before"
+	ReasonValidAfter               = "invalid_exact_evm_payload_authorization_valid_after"
+	ReasonAuthorizationValue       = "invalid_exact_evm_authorization_value" // v1 amount check
+	ReasonValueMismatch            = "invalid_exact_evm_payload_authorization_value_mismatch"
+	ReasonTransactionFailed        = "invalid_exact_evm_transaction_failed"
+	ReasonTransferEventMismatch    = "invalid_exact_evm_transfer_event_mismatch"
+	ReasonTokenNameMismatch        = "invalid_exact_evm_token_name_mismatch"
+	ReasonTokenVersionMismatch     = "invalid_exact_evm_token_version_mismatch"
+	ReasonEIP3009NotSupported      = "invalid_exact_evm_eip3009_not_supported"
+	ReasonNonceAlreadyUsed         = "invalid_exact_evm_nonce_already_used"
+	ReasonInsufficientBalance      = "invalid_exact_evm_insufficient_balance"
+	ReasonSimulationFailed         = "invalid_exact_evm_transaction_simulation_failed"
+	ReasonFailedToParseSignature   = "invalid_exact_evm_failed_to_parse_signature"
+	ReasonAssetNotDeployed         = "asset_not_deployed_contract"
+	ReasonUnsupportedPayloadType   = "unsupported_payload_type"
+	ReasonInvalidTransactionState  = "invalid_transaction_state"
+	ReasonEIP6492FactoryNotAllowed = "eip6492_factory_not_allowed"
+	ReasonSmartWalletDeployFailed  = "smart_wallet_deployment_failed"
+	ReasonSettlementPending        = "settlement_pending"
+
+	// Generic protocol codes (x402 spec §9), used for requests that cannot be processed at all.
+	ReasonInvalidPayload             = "invalid_payload"
+	ReasonInvalidPaymentRequirements = "invalid_payment_requirements"
+	ReasonInvalidNetwork             = "invalid_network"
+	ReasonUnsupportedScheme          = "unsupported_scheme"
+	ReasonInvalidX402Version         = "invalid_x402_version"
+	ReasonUnexpectedVerifyError      = "unexpected_verify_error"
+	ReasonUnexpectedSettleError      = "unexpected_settle_error"
+
+	// Ours: additive codes that no official client misreads (they only surface them).
+	ReasonPaymentIdentifierConflict = "payment_identifier_conflict"
+	ReasonPaymentInFlight           = "payment_in_flight"
+	ReasonInvalidPaymentIdentifier  = "invalid_payment_identifier"
+)
