@@ -79,3 +79,28 @@ func V1ChainID(name string) (uint64, bool) {
 	id, ok := v1Networks[name]
 	return id, ok
 }
+
+// Supported describes what a facilitator serving networks with the given signer addresses
+// answers on GET /supported: one concrete v2 kind per network (the official resource server
+// matches networks by string equality, so no wildcards), the v1 name where the chain has one, and
+// the signers under the eip155 family.
+func Supported(networks []Network, signers []common.Address, extensions []string) SupportedResponse {
+	res := SupportedResponse{Kinds: []SupportedKind{}, Extensions: extensions, Signers: map[string][]string{}}
+	if res.Extensions == nil {
+		res.Extensions = []string{}
+	}
+	for _, n := range networks {
+		res.Kinds = append(res.Kinds, SupportedKind{X402Version: 2, Scheme: SchemeExact, Network: n.ID})
+	}
+	for _, n := range networks {
+		if n.V1Name != "" {
+			res.Kinds = append(res.Kinds, SupportedKind{X402Version: 1, Scheme: SchemeExact, Network: n.V1Name})
+		}
+	}
+	addrs := make([]string, 0, len(signers))
+	for _, s := range signers {
+		addrs = append(addrs, s.Hex())
+	}
+	res.Signers["eip155:*"] = addrs
+	return res
+}

@@ -1,0 +1,20 @@
+.PHONY: test run build fuzz bench
+
+# Run every test on real Postgres and anvil (installs npm packages and starts Postgres itself).
+test:
+	scripts/test.sh -race
+
+# Start the local stack: Postgres, anvil with USDC, the facilitator on 127.0.0.1:4021.
+run:
+	scripts/run.sh
+
+build:
+	go build -o bin/facilitator ./cmd/facilitator
+
+# Fuzz the request decoder for a minute.
+fuzz:
+	go test ./facilitator/ -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 60s
+
+# Benchmark /verify of a valid payload against anvil.
+bench:
+	scripts/npm.sh && go test ./api/ -run '^$$' -bench BenchmarkVerify -benchtime 2000x

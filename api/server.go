@@ -1,0 +1,104 @@
+// Package api is the HTTP transport of the facilitator: echo routes, request decoding, and the one
+// place where domain errors become HTTP statuses.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Verifier is what /verify needs.
+type Verifier interface {
+	Verify(ctx context.Context, p *facilitator.Payment) (facilitator.VerifyResponse, error)
+}
+
+// Config configures the HTTP server.
+type Config struct {
+	Verifier  Verifier
+	Supported facilitator.SupportedResponse
+	// VerifyTimeout bounds one /verify, chain reads included.
+	VerifyTimeout time.Duration
+	Logger        *slog.Logger
+}
+
+// Server serves the facilitator's HTTP API.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	echo *echo.Echo
+}
+
+// New builds the server and its routes.
+func New(cfg Config) *Server {
+	if cfg.VerifyTimeout == 0 {
+		cfg.VerifyTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Supported.Kinds == nil {
+		cfg.Supported.Kinds = []facilitator.SupportedKind{}
+	}
+	if cfg.Supported.Extensions == nil {
+		cfg.Supported.Extensions = []string{}
+	}
+	if cfg.Supported.Signers == nil {
+		cfg.Supported.Signers = map[string][]string{}
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	e.HTTPErrorHandler = s.handleHTTPError
+	e.Use(s.accessLog)
+
+	e.POST("/verify", s.verify)
+	e.GET("/supported", s.supported)
+	e.GET("/healthz", s.healthz)
+	s.echo = e
+	return s
+}
+
+// Handler returns the HTTP handler.
+func (s *Server) Handler() http.Handler { return s.echo }
+
+func (s *Server) supported(c echo.Context) error {
+	return c.JSON(http.StatusOK, s.cfg.Supported)
+}
+
+func (s *Server) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		if err != nil {
+			c.Error(err)
+		}
+		req := c.Request()
+		attrs := []any{"method", req.Method, "path", req.URL.Path, "status", c.Response().Status,
+			"duration_ms", float64(time.Since(start).Microseconds()) / 1000}
+		if reason, ok := c.Get(reasonKey).(string); ok && reason != "" {
+			attrs = append(attrs, "reason", reason)
+		}
+		if payer, ok := c.Get(payerKey).(string); ok && payer != "" {
+			attrs = append(attrs, "payer", payer)
+		}
+		s.log.InfoContext(req.Context(), "http", attrs...)
+		return nil
+	}
+}
+
+// Keys under which handlers leave what the access log should carry.
+const (
+	reasonKey = "x402.reason"
+	payerKey  = "x402.payer"
+)

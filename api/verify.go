@@ -1,0 +1,38 @@
+package api
+
+import (
+	"context"
+	"io"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+func (s *Server) verify(c echo.Context) error {
+	p, err := readPayment(c)
+	if err != nil {
+		return s.verifyError(c, p, err)
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.VerifyTimeout)
+	defer cancel()
+	res, err := s.cfg.Verifier.Verify(ctx, p)
+	if err != nil {
+		return s.verifyError(c, p, err)
+	}
+	c.Set(reasonKey, res.InvalidReason)
+	c.Set(payerKey, res.Payer)
+	// Every verdict, valid or not, is 200: v1 clients accept nothing else.
+	return c.JSON(http.StatusOK, res)
+}
+
+// readPayment reads and decodes a /verify or /settle body. The body is read through a limit so a
+// huge upload costs us at most MaxBodyBytes.
+func readPayment(c echo.Context) (*facilitator.Payment, error) {
+	body, err := io.ReadAll(io.LimitReader(c.Request().Body, facilitator.MaxBodyBytes+1))
+	if err != nil {
+		return nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPayload, "reading the request body failed")
+	}
+	return facilitator.DecodeRequest(body)
+}

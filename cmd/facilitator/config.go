@@ -1,0 +1,221 @@
+package main
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Config is everything serve needs, from flags with environment defaults.
+type Config struct {
+	Listen        string
+	DatabaseURL   string
+	Networks      []NetworkConfig
+	SignerKeys    []*ecdsa.PrivateKey
+	Factories     []common.Address
+	RPCTimeout    time.Duration
+	VerifyTimeout time.Duration
+	Migrate       bool
+	LogLevel      string
+	LogFormat     string
+}
+
+// NetworkConfig is one entry of FACILITATOR_NETWORKS.
+type NetworkConfig struct {
+	ID     string        `json:"id"`
+	RPC    string        `json:"rpc"`
+	WS     string        `json:"ws,omitempty"`
+	V1Name *string       `json:"v1Name,omitempty"`
+	Tokens []TokenConfig `json:"tokens"`
+}
+
+// TokenConfig is one accepted EIP-3009 token.
+type TokenConfig struct {
+	Address string `json:"address"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// Domain turns the configuration into domain networks.
+func (c *Config) Domain() ([]facilitator.Network, error) {
+	var out []facilitator.Network
+	seen := map[string]bool{}
+	for i, nc := range c.Networks {
+		chainID, err := facilitator.ParseCAIP2(nc.ID)
+		if err != nil {
+			return nil, fmt.Errorf("networks[%d]: %w", i, err)
+		}
+		if seen[nc.ID] {
+			return nil, fmt.Errorf("networks[%d]: %s is configured twice", i, nc.ID)
+		}
+		seen[nc.ID] = true
+		if nc.RPC == "" {
+			return nil, fmt.Errorf("networks[%d] (%s): rpc is required", i, nc.ID)
+		}
+		if len(nc.Tokens) == 0 {
+			return nil, fmt.Errorf("networks[%d] (%s): at least one token is required", i, nc.ID)
+		}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID}
+		if nc.V1Name != nil {
+			n.V1Name = *nc.V1Name
+		} else {
+			n.V1Name, _ = facilitator.V1NetworkName(chainID)
+		}
+		for j, tc := range nc.Tokens {
+			if !common.IsHexAddress(tc.Address) {
+				return nil, fmt.Errorf("networks[%d].tokens[%d]: address %q is not an address", i, j, tc.Address)
+			}
+			if tc.Name == "" || tc.Version == "" {
+				return nil, fmt.Errorf("networks[%d].tokens[%d]: name and version (the token's EIP-712 domain) are required", i, j)
+			}
+			n.Tokens = append(n.Tokens, facilitator.Token{Address: common.HexToAddress(tc.Address), Name: tc.Name, Version: tc.Version})
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no networks configured (FACILITATOR_NETWORKS or --networks-file)")
+	}
+	return out, nil
+}
+
+// SignerAddresses are the addresses of the configured keys.
+func (c *Config) SignerAddresses() []common.Address {
+	out := make([]common.Address, len(c.SignerKeys))
+	for i, k := range c.SignerKeys {
+		out[i] = crypto.PubkeyToAddress(k.PublicKey)
+	}
+	return out
+}
+
+// Check reports a configuration that cannot work.
+func (c *Config) Check() error {
+	if c.DatabaseURL == "" {
+		return errors.New("DATABASE_URL is required")
+	}
+	if _, err := c.Domain(); err != nil {
+		return err
+	}
+	if c.RPCTimeout <= 0 || c.VerifyTimeout <= 0 {
+		return errors.New("timeouts must be positive")
+	}
+	return nil
+}
+
+// parseServeFlags reads serve's flags; each defaults to its environment variable.
+func parseServeFlags(args []string, getenv func(string) string) (*Config, error) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	env := func(key, def string) string {
+		if v := getenv(key); v != "" {
+			return v
+		}
+		return def
+	}
+	cfg := &Config{}
+	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
+	networksJSON := fs.String("networks", env("FACILITATOR_NETWORKS", ""), "networks as JSON (FACILITATOR_NETWORKS)")
+	networksFile := fs.String("networks-file", env("FACILITATOR_NETWORKS_FILE", ""), "file holding the networks JSON (FACILITATOR_NETWORKS_FILE)")
+	keysFile := fs.String("signer-keys-file", env("FACILITATOR_SIGNER_KEYS_FILE", ""), "file with one hex private key per line (FACILITATOR_SIGNER_KEYS_FILE)")
+	factories := fs.String("eip6492-factories", env("FACILITATOR_EIP6492_FACTORIES", ""), "comma-separated factory addresses allowed for counterfactual wallets (FACILITATOR_EIP6492_FACTORIES)")
+	rpcTimeout := fs.String("rpc-timeout", env("FACILITATOR_RPC_TIMEOUT", "5s"), "bound on one RPC round trip (FACILITATOR_RPC_TIMEOUT)")
+	verifyTimeout := fs.String("verify-timeout", env("FACILITATOR_VERIFY_TIMEOUT", "10s"), "bound on one /verify (FACILITATOR_VERIFY_TIMEOUT)")
+	migrate := fs.String("migrate", env("FACILITATOR_MIGRATE", "true"), "apply pending migrations at start (FACILITATOR_MIGRATE)")
+	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
+	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+
+	raw := *networksJSON
+	if *networksFile != "" {
+		b, err := os.ReadFile(*networksFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the networks file: %w", err)
+		}
+		raw = string(b)
+	}
+	if raw != "" {
+		dec := json.NewDecoder(strings.NewReader(raw))
+		dec.DisallowUnknownFields() // a typo in an operator's file should fail loudly
+		if err := dec.Decode(&cfg.Networks); err != nil {
+			return nil, fmt.Errorf("networks JSON: %w", err)
+		}
+	}
+
+	keys, err := readSignerKeys(getenv("FACILITATOR_SIGNER_KEYS"), *keysFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SignerKeys = keys
+	for _, f := range strings.Split(*factories, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !common.IsHexAddress(f) {
+			return nil, fmt.Errorf("eip6492 factory %q is not an address", f)
+		}
+		cfg.Factories = append(cfg.Factories, common.HexToAddress(f))
+	}
+	if cfg.RPCTimeout, err = time.ParseDuration(*rpcTimeout); err != nil {
+		return nil, fmt.Errorf("rpc-timeout: %w", err)
+	}
+	if cfg.VerifyTimeout, err = time.ParseDuration(*verifyTimeout); err != nil {
+		return nil, fmt.Errorf("verify-timeout: %w", err)
+	}
+	cfg.Migrate = *migrate != "false" && *migrate != "0"
+	return cfg, nil
+}
+
+// readSignerKeys reads keys from FACILITATOR_SIGNER_KEYS (comma-separated) and a file (one per
+// line, # comments). Errors name the key's position, never its text.
+func readSignerKeys(fromEnv, file string) ([]*ecdsa.PrivateKey, error) {
+	var texts []string
+	for _, k := range strings.Split(fromEnv, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			texts = append(texts, k)
+		}
+	}
+	if file != "" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, fmt.Errorf("reading the signer keys file: %w", err)
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if line != "" && !strings.HasPrefix(line, "#") {
+				texts = append(texts, line)
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("reading the signer keys file: %w", err)
+		}
+	}
+	keys := make([]*ecdsa.PrivateKey, 0, len(texts))
+	seen := map[common.Address]bool{}
+	for i, t := range texts {
+		k, err := crypto.HexToECDSA(strings.TrimPrefix(t, "0x"))
+		if err != nil {
+			return nil, fmt.Errorf("signer key #%d is not a valid hex secp256k1 private key", i+1)
+		}
+		addr := crypto.PubkeyToAddress(k.PublicKey)
+		if seen[addr] {
+			return nil, fmt.Errorf("signer key #%d repeats an earlier key (%s)", i+1, addr.Hex())
+		}
+		seen[addr] = true
+		keys = append(keys, k)
+	}
+	return keys, nil
+}

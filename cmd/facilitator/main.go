@@ -1,0 +1,99 @@
+// Command facilitator is the x402 facilitator: it verifies (and, later, settles) EIP-3009 USDC
+// payments for merchants. main only handles signals and the exit code; Main does the wiring.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `usage: facilitator <command> [flags]
+
+commands:
+  serve     run the facilitator HTTP API (applies pending migrations first unless --migrate=false)
+  migrate   apply pending database migrations and exit
+  dev       run the whole local stack: anvil with Circle's USDC deployed and funded, plus serve
+            (needs DATABASE_URL; 'make run' provides one)
+
+Run 'facilitator <command> -h' for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve":
+		err = runServe(ctx, args[1:], getenv, stderr)
+	case "migrate":
+		err = runMigrate(ctx, args[1:], getenv, stdout, stderr)
+	case "dev":
+		err = runDev(ctx, args[1:], getenv, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "facilitator: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	default:
+		fmt.Fprintf(stderr, "facilitator: %v\n", err)
+		return 1
+	}
+}
+
+func runServe(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := parseServeFlags(args, getenv)
+	if err != nil {
+		return err
+	}
+	m := &Main{Config: cfg, Logger: newLogger(stderr, cfg.LogLevel, cfg.LogFormat)}
+	if err := m.Run(ctx); err != nil {
+		m.Close()
+		return err
+	}
+	<-ctx.Done()
+	return m.Close()
+}
+
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	url := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *url == "" {
+		return errors.New("DATABASE_URL is required")
+	}
+	log := newLogger(stderr, "info", "text")
+	db, err := openDB(ctx, *url, log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	applied, err := db.Migrate(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
+	return nil
+}

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// Main owns the process's singletons: it builds them from Config in Run and tears them down in
+// reverse order in Close.
+type Main struct {
+	Config *Config
+	Logger *slog.Logger
+
+	// Addr is the address actually listened on, known once Run returns (useful with port 0).
+	Addr string
+
+	db       *postgres.DB
+	rpcs     []*rpc.Client
+	server   *http.Server
+	serveErr chan error
+}
+
+// Run starts the facilitator and returns once it is listening.
+func (m *Main) Run(ctx context.Context) error {
+	cfg := m.Config
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	networks, err := cfg.Domain()
+	if err != nil {
+		return err
+	}
+	log := m.Logger
+
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if m.db, err = openDB(startCtx, cfg.DatabaseURL, log); err != nil {
+		return err
+	}
+	if cfg.Migrate {
+		if _, err := m.db.Migrate(startCtx); err != nil {
+			return err
+		}
+	}
+
+	readers := map[string]verify.Reader{}
+	for i, n := range networks {
+		client, err := rpc.DialContext(startCtx, cfg.Networks[i].RPC)
+		if err != nil {
+			return fmt.Errorf("%s: dialing the RPC: %w", n.ID, err)
+		}
+		m.rpcs = append(m.rpcs, client)
+		if err := m.checkChain(startCtx, client, n); err != nil {
+			return err
+		}
+		readers[n.ID] = &verify.RPCReader{Client: client, Timeout: cfg.RPCTimeout}
+		for _, t := range n.Tokens {
+			m.checkToken(startCtx, readers[n.ID], n, t)
+		}
+	}
+	verifier, err := verify.New(verify.Config{
+		Networks:         networks,
+		Readers:          readers,
+		EIP6492Factories: cfg.Factories,
+		Logger:           log,
+	})
+	if err != nil {
+		return err
+	}
+	srv := api.New(api.Config{
+		Verifier:      verifier,
+		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), nil),
+		VerifyTimeout: cfg.VerifyTimeout,
+		Logger:        log,
+	})
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	m.Addr = ln.Addr().String()
+	m.server = &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		IdleTimeout:       90 * time.Second,
+	}
+	m.serveErr = make(chan error, 1)
+	go func() { m.serveErr <- m.server.Serve(ln) }()
+
+	ids := make([]string, len(networks))
+	for i, n := range networks {
+		ids[i] = n.ID
+	}
+	log.Info("facilitator listening", "addr", m.Addr, "networks", strings.Join(ids, ","), "signers", len(cfg.SignerKeys))
+	return nil
+}
+
+// checkChain refuses an RPC that serves another chain than configured, and binds the database's
+// ledger to this chain's genesis.
+func (m *Main) checkChain(ctx context.Context, client *rpc.Client, n facilitator.Network) error {
+	var chainID hexutil.Uint64
+	if err := client.CallContext(ctx, &chainID, "eth_chainId"); err != nil {
+		return fmt.Errorf("%s: reading the chain id: %w", n.ID, err)
+	}
+	if uint64(chainID) != n.ChainID {
+		return fmt.Errorf("%s: the RPC serves chain %d", n.ID, uint64(chainID))
+	}
+	var genesis struct {
+		Hash common.Hash `json:"hash"`
+	}
+	if err := client.CallContext(ctx, &genesis, "eth_getBlockByNumber", "0x0", false); err != nil {
+		return fmt.Errorf("%s: reading the genesis block: %w", n.ID, err)
+	}
+	return m.db.BindNetwork(ctx, n.ID, n.ChainID, genesis.Hash)
+}
+
+// checkToken warns when a configured token's EIP-712 domain differs from what the contract says:
+// payments signed with the configured domain would then all fail simulation.
+func (m *Main) checkToken(ctx context.Context, r verify.Reader, n facilitator.Network, t facilitator.Token) {
+	name, version, err := verify.TokenDomain(ctx, r, t.Address)
+	switch {
+	case err != nil:
+		m.Logger.Warn("could not read a token's EIP-712 domain", "network", n.ID, "token", t.Address.Hex(), "err", err)
+	case name != t.Name || version != t.Version:
+		m.Logger.Warn("configured token domain differs from the contract's", "network", n.ID, "token", t.Address.Hex(),
+			"configured_name", t.Name, "configured_version", t.Version, "contract_name", name, "contract_version", version)
+	}
+}
+
+// Close stops serving (letting requests in flight finish) and closes everything Run opened.
+func (m *Main) Close() error {
+	var errs []error
+	if m.server != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		errs = append(errs, m.server.Shutdown(ctx))
+		cancel()
+		if err := <-m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+	}
+	for _, c := range m.rpcs {
+		c.Close()
+	}
+	if m.db != nil {
+		m.db.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func openDB(ctx context.Context, url string, log *slog.Logger) (*postgres.DB, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	return postgres.Open(ctx, url, log)
+}
+
+func newLogger(w io.Writer, level, format string) *slog.Logger {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

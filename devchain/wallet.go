@@ -1,0 +1,124 @@
+package devchain
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/ethereum/go-ethereum/accounts/abi"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+)
+
+// Both files are embedded (as strings, so nothing can modify them) and written to
+// the chain's temp dir when compiling, so a built binary such as the local stack
+// needs only node and node_modules, not this source tree.
+var (
+	//go:embed solc.mjs
+	solcScript string
+	//go:embed testdata/SmartWallet.sol
+	smartWalletSource string
+)
+
+// ERC1271Magic is what isValidSignature returns for a valid signature.
+const ERC1271Magic = 0x1626ba7e
+
+// compiled is solc's output for one contract.
+type compiled struct {
+	ABI      abi.ABI
+	Bytecode []byte
+}
+
+// DeploySmartWallet deploys an ERC-1271 wallet (testdata/SmartWallet.sol) that
+// accepts 65-byte ECDSA signatures by owner over the exact hash it is given.
+func (c *Chain) DeploySmartWallet(ctx context.Context, owner common.Address) (common.Address, error) {
+	w, err := c.smartWallet(ctx)
+	if err != nil {
+		return common.Address{}, err
+	}
+	args, err := w.ABI.Pack("", owner)
+	if err != nil {
+		return common.Address{}, err
+	}
+	addr, err := c.deploy(ctx, c.roles.deployer, append(bytes.Clone(w.Bytecode), args...))
+	if err != nil {
+		return common.Address{}, fmt.Errorf("deploy SmartWallet: %w", err)
+	}
+	return addr, nil
+}
+
+// IsValidSignature calls ERC-1271 isValidSignature on wallet and returns the
+// 4-byte answer (ERC1271Magic when valid).
+func (c *Chain) IsValidSignature(ctx context.Context, wallet common.Address, hash common.Hash, sig []byte) (uint32, error) {
+	w, err := c.smartWallet(ctx)
+	if err != nil {
+		return 0, err
+	}
+	out, err := c.call(ctx, wallet, &w.ABI, "isValidSignature", [32]byte(hash), sig)
+	if err != nil {
+		return 0, err
+	}
+	b := out[0].([4]byte)
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]), nil
+}
+
+// smartWallet compiles SmartWallet.sol once per chain; solc-js takes about a second.
+func (c *Chain) smartWallet(ctx context.Context) (*compiled, error) {
+	c.walletMu.Lock()
+	defer c.walletMu.Unlock()
+	if c.wallet != nil {
+		return c.wallet, nil
+	}
+	w, err := c.compile(ctx, "SmartWallet.sol", smartWalletSource)
+	if err != nil {
+		return nil, err
+	}
+	c.wallet = w
+	return w, nil
+}
+
+func (c *Chain) compile(ctx context.Context, name, source string) (*compiled, error) {
+	dir, err := os.MkdirTemp(c.tmpDir, "solc-")
+	if err != nil {
+		return nil, err
+	}
+	script, src := filepath.Join(dir, "solc.mjs"), filepath.Join(dir, name)
+	if err := os.WriteFile(script, []byte(solcScript), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(src, []byte(source), 0o600); err != nil {
+		return nil, err
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		return nil, fmt.Errorf("devchain: node is needed to compile %s: %w", name, err)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, node, script, src, c.nodeModules)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("devchain: compile %s with solc-js: %w: %s", name, err, strings.TrimSpace(stderr.String()))
+	}
+	var out struct {
+		ABI      json.RawMessage `json:"abi"`
+		Bytecode string          `json:"bytecode"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		return nil, fmt.Errorf("devchain: solc.mjs output for %s: %w", name, err)
+	}
+	a, err := abi.JSON(bytes.NewReader(out.ABI))
+	if err != nil {
+		return nil, fmt.Errorf("devchain: abi of %s: %w", name, err)
+	}
+	code, err := hexutil.Decode(out.Bytecode)
+	if err != nil || len(code) == 0 {
+		return nil, fmt.Errorf("devchain: bytecode of %s: %v", name, err)
+	}
+	return &compiled{ABI: a, Bytecode: code}, nil
+}

@@ -1,0 +1,149 @@
+// Package postgres is the one place that holds SQL: the facilitator's durable state in Postgres.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/x402-facilitator/x402-facilitator/migrations"
+)
+
+// DB is the facilitator's Postgres store.
+type DB struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+}
+
+// Open connects to url and checks the connection within the context's bound.
+func Open(ctx context.Context, url string, log *slog.Logger) (*DB, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// The parse error can echo the URL, password included.
+		return nil, errors.New("postgres: DATABASE_URL is not a valid connection string")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: connecting to %s/%s: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Database, err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &DB{pool: pool, log: log}, nil
+}
+
+// Close closes the pool.
+func (db *DB) Close() { db.pool.Close() }
+
+// Ping checks that Postgres answers.
+func (db *DB) Ping(ctx context.Context) error { return db.pool.Ping(ctx) }
+
+// migrationLockID serialises migrations across replicas starting at once.
+const migrationLockID = 0x78343032 // "x402"
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// Migrate applies every embedded migration not yet applied, each in its own transaction, under an
+// advisory lock so that concurrent starts do not race. It returns the versions it applied.
+func (db *DB) Migrate(ctx context.Context) ([]int, error) {
+	all, err := loadMigrations(migrations.FS)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: migrate: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrationLockID); err != nil {
+		return nil, fmt.Errorf("postgres: migrate: taking the lock: %w", err)
+	}
+	defer func() {
+		// A fresh context: the caller's may be done, and the lock must not outlive us on a pooled conn.
+		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(unlockCtx, `SELECT pg_advisory_unlock($1)`, migrationLockID)
+	}()
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    integer PRIMARY KEY,
+		name       text NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("postgres: migrate: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, err := conn.Query(ctx, `SELECT version FROM schema_migrations`)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: migrate: %w", err)
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("postgres: migrate: %w", err)
+	}
+	for _, v := range versions {
+		applied[int(v)] = true
+	}
+	var done []int
+	for _, m := range all {
+		if applied[m.version] {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
+			return err
+		})
+		if err != nil {
+			return done, fmt.Errorf("postgres: migration %04d_%s: %w", m.version, m.name, err)
+		}
+		db.log.InfoContext(ctx, "applied migration", "version", m.version, "name", m.name)
+		done = append(done, m.version)
+	}
+	return done, nil
+}
+
+func loadMigrations(fsys fs.FS) ([]migration, error) {
+	names, err := fs.Glob(fsys, "*.up.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []migration
+	seen := map[int]string{}
+	for _, file := range names {
+		base := strings.TrimSuffix(file, ".up.sql")
+		num, name, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("postgres: migration file %q is not named NNNN_name.up.sql", file)
+		}
+		if prev, dup := seen[v]; dup {
+			return nil, fmt.Errorf("postgres: migrations %q and %q share version %d", prev, file, v)
+		}
+		seen[v] = file
+		body, err := fs.ReadFile(fsys, file)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: v, name: name, sql: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out, nil
+}

@@ -1,0 +1,142 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
+)
+
+// Reader is the narrow view of one chain that verify needs.
+type Reader interface {
+	// Read performs reads against the latest block, in one round trip where the transport allows.
+	// A call the node executed and rejected sets Read.Reverted; any other failure is returned,
+	// because then nothing is known about the payment.
+	Read(ctx context.Context, reads ...*Read) error
+}
+
+// Read is one eth_getCode (Code set) or eth_call.
+type Read struct {
+	Code bool
+	To   common.Address
+	Data []byte
+
+	Out          []byte
+	Reverted     bool
+	RevertReason string
+}
+
+func codeAt(addr common.Address) *Read { return &Read{Code: true, To: addr} }
+
+func call(to common.Address, data []byte) *Read { return &Read{To: to, Data: data} }
+
+// RPCReader reads through a JSON-RPC client, batching the reads of one step into one request.
+type RPCReader struct {
+	Client *rpc.Client
+	// Timeout bounds each round trip.
+	Timeout time.Duration
+}
+
+type callArgs struct {
+	To    common.Address `json:"to"`
+	Input hexutil.Bytes  `json:"input"`
+}
+
+// Read implements Reader.
+func (r *RPCReader) Read(ctx context.Context, reads ...*Read) error {
+	if len(reads) == 0 {
+		return nil
+	}
+	if r.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.Timeout)
+		defer cancel()
+	}
+	out := make([]hexutil.Bytes, len(reads))
+	batch := make([]rpc.BatchElem, len(reads))
+	for i, rd := range reads {
+		if rd.Code {
+			batch[i] = rpc.BatchElem{Method: "eth_getCode", Args: []any{rd.To, "latest"}, Result: &out[i]}
+		} else {
+			batch[i] = rpc.BatchElem{Method: "eth_call", Args: []any{callArgs{To: rd.To, Input: rd.Data}, "latest"}, Result: &out[i]}
+		}
+	}
+	var err error
+	if len(batch) == 1 {
+		err = r.Client.CallContext(ctx, batch[0].Result, batch[0].Method, batch[0].Args...)
+		batch[0].Error = err
+		if err != nil && isExecutionError(err) {
+			err = nil
+		}
+	} else {
+		err = r.Client.BatchCallContext(ctx, batch)
+	}
+	if err != nil {
+		return err
+	}
+	for i, rd := range reads {
+		if e := batch[i].Error; e != nil {
+			if rd.Code || !isExecutionError(e) {
+				return fmt.Errorf("%s %s: %w", batch[i].Method, rd.To, e)
+			}
+			rd.Reverted = true
+			rd.RevertReason = revertText(e)
+			continue
+		}
+		rd.Out = out[i]
+	}
+	return nil
+}
+
+// isExecutionError tells a call the node ran and rejected (a revert, an invalid opcode) from a
+// node that could not answer (rate limits, overload), which must not be read as a verdict on
+// the payment.
+func isExecutionError(err error) bool {
+	var rpcErr rpc.Error
+	if !errors.As(err, &rpcErr) {
+		return false
+	}
+	if rpcErr.ErrorCode() == 3 {
+		return true
+	}
+	msg := strings.ToLower(rpcErr.Error())
+	for _, s := range []string{"revert", "evmerror", "invalid opcode", "out of gas", "execution"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func revertText(err error) string {
+	msg := err.Error()
+	var de rpc.DataError
+	if errors.As(err, &de) {
+		if s, ok := de.ErrorData().(string); ok && s != "" && !strings.Contains(msg, s) {
+			msg += " (data " + s + ")"
+		}
+	}
+	if len(msg) > 500 {
+		msg = msg[:500]
+	}
+	return msg
+}
+
+// TokenDomain reads a token's EIP-712 name and version.
+func TokenDomain(ctx context.Context, r Reader, token common.Address) (name, version string, err error) {
+	n, v := call(token, pack("name")), call(token, pack("version"))
+	if err := r.Read(ctx, n, v); err != nil {
+		return "", "", err
+	}
+	name, ok1 := unpackString("name", n.Out)
+	version, ok2 := unpackString("version", v.Out)
+	if n.Reverted || v.Reverted || !ok1 || !ok2 {
+		return "", "", fmt.Errorf("token %s does not answer name() and version()", token.Hex())
+	}
+	return name, version, nil
+}

@@ -1,0 +1,345 @@
+// Package verify answers "would this authorization settle right now, for these requirements?"
+// for the EVM exact scheme on EIP-3009 tokens, in the order and with the reason codes of the
+// official x402 facilitator (@x402/evm 2.27), so that merchants see the same answers from us.
+package verify
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Config configures a Verifier.
+type Config struct {
+	// Networks are the chains served, each with a Reader in Readers under its CAIP-2 id.
+	Networks []facilitator.Network
+	Readers  map[string]Reader
+	// EIP6492Factories are the factories a counterfactual (not yet deployed) wallet may be deployed
+	// by. Empty by default: counterfactual payloads skip the signature check, so allowing a factory
+	// is a trust decision.
+	EIP6492Factories []common.Address
+	// AssetCodeTTL is how long a token's "has code" answer is reused (default 15 min, as upstream).
+	AssetCodeTTL time.Duration
+	Now          func() time.Time
+	Logger       *slog.Logger
+}
+
+// Verifier verifies exact-scheme EIP-3009 payments. It is safe for concurrent use.
+type Verifier struct {
+	networks  map[string]*facilitator.Network // by CAIP-2 id
+	v1        map[string]*facilitator.Network // by v1 name
+	readers   map[string]Reader
+	factories map[common.Address]bool
+	now       func() time.Time
+	log       *slog.Logger
+
+	codeTTL   time.Duration
+	codeMu    sync.Mutex
+	codeCache map[assetKey]time.Time // expiry of a positive "asset has code"
+}
+
+type assetKey struct {
+	network string
+	asset   common.Address
+}
+
+// New builds a Verifier; every network must have a Reader.
+func New(cfg Config) (*Verifier, error) {
+	v := &Verifier{
+		networks:  map[string]*facilitator.Network{},
+		v1:        map[string]*facilitator.Network{},
+		readers:   cfg.Readers,
+		factories: map[common.Address]bool{},
+		now:       cfg.Now,
+		log:       cfg.Logger,
+		codeTTL:   cfg.AssetCodeTTL,
+		codeCache: map[assetKey]time.Time{},
+	}
+	if v.now == nil {
+		v.now = time.Now
+	}
+	if v.log == nil {
+		v.log = slog.New(slog.DiscardHandler)
+	}
+	if v.codeTTL == 0 {
+		v.codeTTL = 15 * time.Minute
+	}
+	for i := range cfg.Networks {
+		n := &cfg.Networks[i]
+		if _, ok := cfg.Readers[n.ID]; !ok {
+			return nil, fmt.Errorf("verify: network %s has no chain reader", n.ID)
+		}
+		v.networks[n.ID] = n
+		if n.V1Name != "" {
+			v.v1[n.V1Name] = n
+		}
+	}
+	for _, f := range cfg.EIP6492Factories {
+		v.factories[f] = true
+	}
+	return v, nil
+}
+
+// Verify checks p. A failed check is an outcome (isValid false with a reason), returned with a
+// nil error. The error is non-nil only when no verdict can be given: the request names a scheme or
+// network we do not serve (EInvalid), or the chain could not be read (EUnavailable). Unlike the
+// official facilitator, an RPC failure is never reported as a bad signature.
+func (v *Verifier) Verify(ctx context.Context, p *facilitator.Payment) (facilitator.VerifyResponse, error) {
+	n, err := v.route(p)
+	if err != nil {
+		return facilitator.VerifyResponse{}, err
+	}
+	reason, msg, err := v.check(ctx, n, p, true)
+	if err != nil {
+		return facilitator.VerifyResponse{}, err
+	}
+	if reason != "" {
+		return facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: p.Payer}, nil
+	}
+	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil
+}
+
+// route finds the network a request is for, as the official facilitator routes: by the
+// requirements' scheme and network. What it cannot route, it throws on (HTTP 500); we answer 400.
+func (v *Verifier) route(p *facilitator.Payment) (*facilitator.Network, error) {
+	r := p.Requirements
+	if r.Scheme != facilitator.SchemeExact {
+		return nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonUnsupportedScheme,
+			"scheme %q is not supported; this facilitator serves %q", clip(r.Scheme), facilitator.SchemeExact)
+	}
+	var n *facilitator.Network
+	if p.X402Version == 1 {
+		n = v.v1[r.Network]
+	} else {
+		n = v.networks[r.Network]
+	}
+	if n == nil {
+		return nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork,
+			"network %q is not served by this facilitator (see GET /supported)", clip(r.Network))
+	}
+	return n, nil
+}
+
+// check runs the verify steps in the official order and returns the first failing reason ("" when
+// valid). simulate is false only on the settle path, which simulates separately.
+func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilitator.Payment, simulate bool) (reason, msg string, err error) {
+	if p.Permit2 {
+		return facilitator.ReasonUnsupportedPayloadType, "Permit2 payloads are not supported by this facilitator; use EIP-3009 (transferWithAuthorization)", nil
+	}
+	r := p.Requirements
+	a := p.Authorization
+	// Steps 1-3: scheme, EIP-712 domain, network. v1 resolves the chain from the payload's own
+	// network name before looking at the domain, and reports an unknown name as a mismatch.
+	if p.Scheme != facilitator.SchemeExact {
+		return facilitator.ReasonInvalidScheme, "", nil
+	}
+	if p.X402Version == 1 {
+		if _, ok := facilitator.V1ChainID(p.Network); !ok && p.Network != n.V1Name {
+			return facilitator.ReasonNetworkMismatch, "", nil
+		}
+	}
+	if r.Name == "" || r.Version == "" {
+		return facilitator.ReasonMissingEIP712Domain, "", nil
+	}
+	if p.Network != r.Network {
+		return facilitator.ReasonNetworkMismatch, "", nil
+	}
+	reader := v.readers[n.ID]
+
+	// One round trip answers the common case: the payer's code (EOA or contract wallet), the
+	// token's code when not cached, and the simulation, which does not depend on either.
+	wrapper, wrapped := unwrap6492(p.Signature)
+	inner := p.Signature
+	if wrapped {
+		inner = wrapper.Inner
+	}
+	payerCode := codeAt(a.From)
+	reads := []*Read{payerCode}
+	var assetCode *Read
+	if !v.assetKnown(n.ID, r.Asset) {
+		assetCode = codeAt(r.Asset)
+		reads = append(reads, assetCode)
+	}
+	_, accepted := n.Token(r.Asset)
+	var sim *Read
+	if simulate && accepted && !wrapped {
+		sim = call(r.Asset, TransferCalldata(a, inner))
+		reads = append(reads, sim)
+	}
+	if err := reader.Read(ctx, reads...); err != nil {
+		return "", "", v.unavailable(n, "reading payer and token state", err)
+	}
+
+	// Steps 5-7: ERC-6492 classification, factory allow-list, signature.
+	deployed := len(payerCode.Out) > 0
+	counterfactual := wrapped && !deployed
+	if counterfactual && !v.factories[wrapper.Factory] {
+		return facilitator.ReasonEIP6492FactoryNotAllowed, fmt.Sprintf("factory %s is not on this facilitator's allow-list", wrapper.Factory.Hex()), nil
+	}
+	digest := AuthorizationDigest(DomainSeparator(r.Name, r.Version, n.ChainID, r.Asset), a)
+	if !counterfactual {
+		ok := false
+		if !deployed {
+			ok = recoverEOA(digest, inner, a.From)
+		} else {
+			check := call(a.From, pack("isValidSignature", [32]byte(digest), inner))
+			if err := reader.Read(ctx, check); err != nil {
+				return "", "", v.unavailable(n, "calling isValidSignature on the payer's wallet", err)
+			}
+			ok = !check.Reverted && len(check.Out) >= 4 && [4]byte(check.Out[:4]) == [4]byte(erc1271Magic)
+		}
+		if !ok {
+			return facilitator.ReasonInvalidSignature, "", nil
+		}
+	}
+
+	// Steps 8-11: recipient, validity window (6 s of margin for the settle to land), amount.
+	if a.To != r.PayTo {
+		return facilitator.ReasonRecipientMismatch, "", nil
+	}
+	now := big.NewInt(v.now().Unix())
+	if a.ValidBefore.Cmp(new(big.Int).Add(now, big.NewInt(6))) < 0 {
+		return facilitator.ReasonValidBefore, "", nil
+	}
+	if a.ValidAfter.Cmp(now) > 0 {
+		return facilitator.ReasonValidAfter, "", nil
+	}
+	if a.Value.Cmp(r.Amount) != 0 {
+		if p.X402Version == 1 {
+			return facilitator.ReasonAuthorizationValue, "", nil
+		}
+		return facilitator.ReasonValueMismatch, "", nil
+	}
+
+	// Step 11b (v2 only upstream; we check it for v1 too, it costs nothing once cached).
+	if assetCode != nil {
+		if len(assetCode.Out) == 0 {
+			return facilitator.ReasonAssetNotDeployed, "", nil
+		}
+		v.rememberAsset(n.ID, r.Asset)
+	}
+	if !accepted {
+		// Settling an arbitrary contract would let anyone spend our gas on it.
+		return facilitator.ReasonEIP3009NotSupported, fmt.Sprintf("asset %s is not an accepted EIP-3009 token on %s (see the facilitator's configuration)", r.Asset.Hex(), n.ID), nil
+	}
+	if !simulate {
+		return "", "", nil
+	}
+
+	// Step 12: simulation, and the diagnosis of a failed one.
+	if counterfactual || (wrapped && sim == nil) {
+		sim, err = v.simulateWrapped(ctx, reader, n, r.Asset, a, wrapper, counterfactual)
+		if err != nil {
+			return "", "", err
+		}
+	}
+	if !sim.Reverted {
+		return "", "", nil
+	}
+	return v.diagnose(ctx, reader, r, a), sim.RevertReason, nil
+}
+
+// simulateWrapped simulates an ERC-6492 payment. A deployed wallet is simulated like any other;
+// a counterfactual one through Multicall3, deploying it first in the same call.
+func (v *Verifier) simulateWrapped(ctx context.Context, reader Reader, n *facilitator.Network, asset common.Address, a facilitator.Authorization, w wrapped6492, counterfactual bool) (*Read, error) {
+	if !counterfactual {
+		sim := call(asset, TransferCalldata(a, w.Inner))
+		if err := reader.Read(ctx, sim); err != nil {
+			return nil, v.unavailable(n, "simulating the transfer", err)
+		}
+		return sim, nil
+	}
+	agg := call(Multicall3, pack("tryAggregate", false, []aggregateCall{
+		{Target: w.Factory, CallData: w.FactoryData},
+		{Target: asset, CallData: TransferCalldata(a, w.Inner)},
+	}))
+	if err := reader.Read(ctx, agg); err != nil {
+		return nil, v.unavailable(n, "simulating the deployment and transfer", err)
+	}
+	if agg.Reverted {
+		return agg, nil
+	}
+	res, err := unpackAggregate(agg.Out)
+	if err != nil || len(res) != 2 {
+		return &Read{Reverted: true, RevertReason: "Multicall3 is not available on this chain to simulate a counterfactual wallet"}, nil
+	}
+	if !res[1].Success {
+		return &Read{Reverted: true, RevertReason: "transfer reverted after deploying the counterfactual wallet"}, nil
+	}
+	return &Read{}, nil
+}
+
+// diagnose names why a simulation failed, with the official facilitator's precedence. It reads in
+// one batch rather than through Multicall3, which plain dev chains lack. If the diagnosis itself
+// cannot be read, the simulation's failure still stands.
+func (v *Verifier) diagnose(ctx context.Context, reader Reader, r facilitator.Requirements, a facilitator.Authorization) string {
+	balance := call(r.Asset, pack("balanceOf", a.From))
+	name := call(r.Asset, pack("name"))
+	version := call(r.Asset, pack("version"))
+	state := call(r.Asset, pack("authorizationState", a.From, a.Nonce))
+	if err := reader.Read(ctx, balance, name, version, state); err != nil {
+		v.log.WarnContext(ctx, "diagnosing a failed simulation", "err", err)
+		return facilitator.ReasonSimulationFailed
+	}
+	if state.Reverted {
+		return facilitator.ReasonEIP3009NotSupported
+	}
+	if used, ok := unpackBool("authorizationState", state.Out); ok && used {
+		return facilitator.ReasonNonceAlreadyUsed
+	}
+	if s, ok := unpackString("name", name.Out); !name.Reverted && ok && s != r.Name {
+		return facilitator.ReasonTokenNameMismatch
+	}
+	if s, ok := unpackString("version", version.Out); !version.Reverted && ok && s != r.Version {
+		return facilitator.ReasonTokenVersionMismatch
+	}
+	if b, ok := unpackUint("balanceOf", balance.Out); !balance.Reverted && ok && b.Cmp(r.Amount) < 0 {
+		return facilitator.ReasonInsufficientBalance
+	}
+	return facilitator.ReasonSimulationFailed
+}
+
+func (v *Verifier) unavailable(n *facilitator.Network, what string, err error) error {
+	return facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError,
+		fmt.Sprintf("could not read %s: %s; the payment was not judged, retry", n.ID, what), err)
+}
+
+func (v *Verifier) assetKnown(network string, asset common.Address) bool {
+	v.codeMu.Lock()
+	defer v.codeMu.Unlock()
+	exp, ok := v.codeCache[assetKey{network, asset}]
+	return ok && v.now().Before(exp)
+}
+
+func (v *Verifier) rememberAsset(network string, asset common.Address) {
+	v.codeMu.Lock()
+	defer v.codeMu.Unlock()
+	// Only configured tokens reach here after the first check, so the map stays small; still, a
+	// bound keeps a flood of distinct assets from growing it.
+	if len(v.codeCache) >= 4096 {
+		now := v.now()
+		for k, exp := range v.codeCache {
+			if now.After(exp) {
+				delete(v.codeCache, k)
+			}
+		}
+		if len(v.codeCache) >= 4096 {
+			return
+		}
+	}
+	v.codeCache[assetKey{network, asset}] = v.now().Add(v.codeTTL)
+}
+
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
