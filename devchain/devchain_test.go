@@ -1,6 +1,7 @@
 package devchain
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -12,22 +13,13 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/ethclient"
 )
 
-// startChain starts a chain for a test. A missing toolchain skips locally but
-// fails under CI=true, so CI can never go green by silently skipping.
+// startChain starts a chain that is closed when the test ends.
 func startChain(t *testing.T) *Chain {
 	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := findNodeModules(wd); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("local chain tools missing under CI: %v", err)
-		}
-		t.Skipf("skipping, local chain tools missing (run `npm ci` in the module root): %v", err)
-	}
+	requireTools(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	begin := time.Now()
@@ -45,6 +37,22 @@ func startChain(t *testing.T) *Chain {
 	return c
 }
 
+// requireTools skips when anvil/node_modules are missing, but fails under
+// CI=true so CI can never go green by silently skipping.
+func requireTools(t *testing.T) {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := findNodeModules(wd); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("local chain tools missing under CI: %v", err)
+		}
+		t.Skipf("skipping, local chain tools missing (run `npm ci` in the module root): %v", err)
+	}
+}
+
 func TestChain(t *testing.T) {
 	c := startChain(t)
 	ctx := t.Context()
@@ -55,6 +63,14 @@ func TestChain(t *testing.T) {
 		}
 		if c.ChainID != DefaultChainID {
 			t.Fatalf("chain id %d", c.ChainID)
+		}
+		ws, err := ethclient.DialContext(ctx, c.WSURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ws.Close()
+		if id, err := ws.ChainID(ctx); err != nil || id.Uint64() != c.ChainID {
+			t.Fatalf("chain id over %s: %v %v", c.WSURL, id, err)
 		}
 	})
 
@@ -172,13 +188,18 @@ func TestChain(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// 66 bytes forces the bytes overload; the wallet rejects anything but 65
-		// bytes, so first prove the overload reaches the wallet with a bad length...
-		if _, err := c.USDC.TransferWithAuthorization(ctx, c.Accounts[5], auth.From, auth.To, auth.Value, auth.ValidAfter, auth.ValidBefore, auth.Nonce, append(sig, 0)); err == nil {
+		// Any length but 65 takes the `bytes signature` overload; the wallet only
+		// accepts exactly 65 bytes, so this must revert (with USDC's reason).
+		_, err = c.USDC.TransferWithAuthorization(ctx, c.Accounts[5], auth.From, auth.To, auth.Value, auth.ValidAfter, auth.ValidBefore, auth.Nonce, append(bytes.Clone(sig), 0))
+		if err == nil {
 			t.Fatal("66-byte signature accepted")
 		}
-		// ...then that a 65-byte one via (v,r,s) is checked through ERC-1271 as well.
-		hash, err := c.USDC.TransferWithAuthorization(ctx, c.Accounts[5], auth.From, auth.To, auth.Value, auth.ValidAfter, auth.ValidBefore, auth.Nonce, sig)
+		t.Logf("66-byte signature: %v", err)
+		// A 65-byte signature through the bytes overload, as x402 settles contract
+		// wallets; TransferWithAuthorization would pick (v,r,s) for 65 bytes.
+		method := c.USDC.overload("transferWithAuthorization", 7)
+		rcpt, err := c.transact(ctx, c.Accounts[5], c.USDC.Address, &c.USDC.ABI, method,
+			auth.From, auth.To, auth.Value, auth.ValidAfter, auth.ValidBefore, auth.Nonce, sig)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,11 +210,7 @@ func TestChain(t *testing.T) {
 		if bal.Cmp(big.NewInt(3_000_000)) != 0 {
 			t.Errorf("wallet balance %s, want 3000000", bal)
 		}
-		rcpt, err := c.Client.TransactionReceipt(ctx, hash)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("transferWithAuthorization from ERC-1271 wallet gas used: %d", rcpt.GasUsed)
+		t.Logf("transferWithAuthorization(bytes) from ERC-1271 wallet gas used: %d", rcpt.GasUsed)
 	})
 
 	t.Run("blacklist", func(t *testing.T) {
@@ -263,6 +280,26 @@ func TestCloseKillsAnvil(t *testing.T) {
 	}
 	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
 		t.Errorf("anvil pid %d still exists", pid)
+	}
+}
+
+// TestBlockTime covers interval mining: set-up batches and receipt polling must
+// cope with transactions that wait for the next block.
+func TestBlockTime(t *testing.T) {
+	requireTools(t)
+	begin := time.Now()
+	c, err := Start(t.Context(), Options{BlockTime: 200 * time.Millisecond, ChainID: 8453})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Logf("Start with 200ms blocks took %s", time.Since(begin).Round(time.Millisecond))
+	if c.ChainID != 8453 {
+		t.Fatalf("chain id %d", c.ChainID)
+	}
+	bal, err := c.USDC.BalanceOf(t.Context(), c.Accounts[9].Address)
+	if err != nil || bal.Cmp(InitialUSDC()) != 0 {
+		t.Fatalf("balance %v %v", bal, err)
 	}
 }
 

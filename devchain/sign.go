@@ -12,9 +12,9 @@ import (
 
 // TransferAuthorization is the EIP-3009 message a payer signs.
 type TransferAuthorization struct {
-	From, To                        common.Address
+	From, To                       common.Address
 	Value, ValidAfter, ValidBefore *big.Int
-	Nonce                           [32]byte
+	Nonce                          [32]byte
 }
 
 // typedData builds the message with go-ethereum's EIP-712 implementation, which is

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"strings"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
@@ -126,12 +127,13 @@ func (c *Chain) transact(ctx context.Context, from *Account, to common.Address, 
 	}
 	rcpt, err := c.send(ctx, from, &to, data)
 	if err != nil {
-		return rcpt, fmt.Errorf("%s: %w", method, err)
+		return rcpt, fmt.Errorf("%s: %w", a.Methods[method].RawName, err)
 	}
 	return rcpt, nil
 }
 
-// withRevertReason appends the decoded Error(string) when the node returned revert data.
+// withRevertReason appends the decoded Error(string) when the node returned revert
+// data but did not already put the reason in its message.
 func withRevertReason(err error) error {
 	var de rpc.DataError
 	if !errors.As(err, &de) {
@@ -145,7 +147,7 @@ func withRevertReason(err error) error {
 	if derr != nil {
 		return err
 	}
-	if reason, uerr := abi.UnpackRevert(data); uerr == nil {
+	if reason, uerr := abi.UnpackRevert(data); uerr == nil && !strings.Contains(err.Error(), reason) {
 		return fmt.Errorf("%w (reason: %q)", err, reason)
 	}
 	return err

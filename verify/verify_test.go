@@ -106,7 +106,7 @@ func (p *payment) body(t testing.TB) []byte {
 	var req map[string]any
 	if p.version == 1 {
 		req = map[string]any{
-			"x402Version": 1,
+			"x402Version":    1,
 			"paymentPayload": map[string]any{"x402Version": 1, "scheme": accScheme, "network": accNetwork, "payload": exact},
 			"paymentRequirements": map[string]any{"scheme": p.scheme, "network": p.network, "maxAmountRequired": p.amount,
 				"resource": "http://merchant.test/paid", "description": "", "mimeType": "", "payTo": p.payTo,

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"math/big"
+	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// runDev runs the local stack: a fresh anvil with Circle's USDC, and serve pointed at it. The
+// facilitator signs with dev account #0, the one anvil prints first; accounts #1-#9 are payers.
+func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:4021", "address the facilitator listens on")
+	chainID := fs.Uint64("chain-id", devchain.DefaultChainID, "anvil's chain id")
+	port := fs.Int("anvil-port", 8545, "anvil's port (0 picks a free one)")
+	blockTime := fs.Duration("block-time", 0, "anvil block interval (0 mines one block per transaction)")
+	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
+	logLevel := fs.String("log-level", "info", "log level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := newLogger(stderr, *logLevel, "text")
+
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	chain, err := devchain.Start(startCtx, devchain.Options{ChainID: *chainID, Port: *port, BlockTime: *blockTime, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer chain.Close()
+
+	v1Name, _ := facilitator.V1NetworkName(chain.ChainID)
+	cfg := &Config{
+		Listen:      *listen,
+		DatabaseURL: *dbURL,
+		Networks: []NetworkConfig{{
+			ID:     facilitator.CAIP2(chain.ChainID),
+			RPC:    chain.RPCURL,
+			WS:     chain.WSURL,
+			V1Name: &v1Name,
+			Tokens: []TokenConfig{{Address: chain.USDC.Address.Hex(), Name: chain.USDC.Name, Version: chain.USDC.Version}},
+		}},
+		SignerKeys:    []*ecdsa.PrivateKey{chain.Accounts[0].Key},
+		RPCTimeout:    5 * time.Second,
+		VerifyTimeout: 10 * time.Second,
+		Migrate:       true,
+		LogLevel:      *logLevel,
+	}
+	m := &Main{Config: cfg, Logger: log}
+	if err := m.Run(ctx); err != nil {
+		m.Close()
+		return err
+	}
+	printStack(stdout, m.Addr, chain)
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "\nstopping the facilitator and anvil")
+	return m.Close()
+}
+
+func printStack(w io.Writer, addr string, chain *devchain.Chain) {
+	usdc := new(big.Float).Quo(new(big.Float).SetInt(devchain.InitialUSDC()), big.NewFloat(1e6))
+	fmt.Fprintf(w, `
+x402 facilitator local stack is up (Ctrl-C stops it)
+
+  facilitator  http://%s   (POST /verify, GET /supported)
+  anvil RPC    %s   chain id %d   network %s
+  USDC         %s   EIP-712 name %q version %q, 6 decimals
+  signer       %s   (dev account #0)
+
+funded accounts (10,000 ETH and %s USDC each; anvil's well-known dev keys, never use them elsewhere):
+`, addr, chain.RPCURL, chain.ChainID, facilitator.CAIP2(chain.ChainID), chain.USDC.Address.Hex(),
+		chain.USDC.Name, chain.USDC.Version, chain.Accounts[0].Address.Hex(), usdc.Text('f', 0))
+	for i, a := range chain.Accounts[1:] {
+		fmt.Fprintf(w, "  #%d %s  key 0x%s\n", i+1, a.Address.Hex(), hex.EncodeToString(crypto.FromECDSA(a.Key)))
+	}
+	fmt.Fprintf(w, "\ntry it: scripts/sample-verify.sh http://%s\n", addr)
+}
