@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"math/big"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+)
+
+// requireStack returns the test database URL and a fresh chain, or skips (fails under CI).
+func requireStack(t *testing.T) (string, *devchain.Chain) {
+	t.Helper()
+	url := os.Getenv("TEST_DATABASE_URL")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var chain *devchain.Chain
+	var err error
+	if url != "" {
+		chain, err = devchain.Start(ctx, devchain.Options{})
+	}
+	if url == "" || err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the end-to-end test needs TEST_DATABASE_URL and anvil (url set: %v, chain: %v)", url != "", err)
+		}
+		t.Skip("needs TEST_DATABASE_URL and anvil; run 'make test'")
+	}
+	t.Cleanup(func() { _ = chain.Close() })
+	return url, chain
+}
+
+// syncBuffer collects logs written from several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func configFor(dbURL string, chain *devchain.Chain, keyHex string) (*Config, error) {
+	networks := `[{"id":"` + facilitator.CAIP2(chain.ChainID) + `","rpc":"` + chain.RPCURL + `",
+		"tokens":[{"address":"` + chain.USDC.Address.Hex() + `","name":"USD Coin","version":"2"}]}]`
+	env := map[string]string{
+		"DATABASE_URL":            dbURL,
+		"FACILITATOR_NETWORKS":    networks,
+		"FACILITATOR_SIGNER_KEYS": keyHex,
+		"FACILITATOR_LISTEN":      "127.0.0.1:0",
+		"FACILITATOR_LOG_LEVEL":   "debug",
+	}
+	return parseServeFlags(nil, func(k string) string { return env[k] })
+}
+
+// TestServeEndToEnd runs the real wiring (Postgres, migrations, RPC checks, HTTP) and verifies a
+// payment the way a merchant would.
+func TestServeEndToEnd(t *testing.T) {
+	dbURL, chain := requireStack(t)
+	keyHex := "0x" + hex.EncodeToString(crypto.FromECDSA(chain.Accounts[0].Key))
+	cfg, err := configFor(dbURL, chain, keyHex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	m := &Main{Config: cfg, Logger: newLogger(logs, "debug", "json")}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	base := "http://" + m.Addr
+
+	res, err := http.Get(base + "/supported")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var sup facilitator.SupportedResponse
+	if err := json.Unmarshal(body, &sup); err != nil {
+		t.Fatal(err)
+	}
+	if len(sup.Kinds) != 1 || sup.Kinds[0].Network != "eip155:31337" || sup.Kinds[0].X402Version != 2 ||
+		len(sup.Signers["eip155:*"]) != 1 || sup.Signers["eip155:*"][0] != chain.Accounts[0].Address.Hex() {
+		t.Fatalf("supported: %s", body)
+	}
+
+	payer := chain.Accounts[1]
+	a := devchain.TransferAuthorization{From: payer.Address, To: chain.Accounts[2].Address, Value: bigInt(10000),
+		ValidAfter: bigInt(0), ValidBefore: bigInt(time.Now().Unix() + 300), Nonce: [32]byte{1, 2, 3}}
+	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := map[string]any{"scheme": "exact", "network": "eip155:31337", "amount": "10000", "asset": chain.USDC.Address.Hex(),
+		"payTo": a.To.Hex(), "maxTimeoutSeconds": 60, "extra": map[string]any{"name": "USD Coin", "version": "2"}}
+	reqBody, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentRequirements": reqs, "paymentPayload": map[string]any{
+		"x402Version": 2, "accepted": reqs, "resource": map[string]any{"url": "http://merchant.test/x"},
+		"payload": map[string]any{"signature": "0x" + hex.EncodeToString(sig), "authorization": map[string]any{
+			"from": a.From.Hex(), "to": a.To.Hex(), "value": "10000", "validAfter": "0",
+			"validBefore": a.ValidBefore.String(), "nonce": "0x" + hex.EncodeToString(a.Nonce[:])}}}})
+	res, err = http.Post(base+"/verify", "application/json", bytes.NewReader(reqBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(body), `"isValid":true`) {
+		t.Fatalf("verify: %d %s", res.StatusCode, body)
+	}
+
+	// The signer key must appear nowhere the operator or a caller can see.
+	bare := strings.TrimPrefix(keyHex, "0x")
+	if strings.Contains(logs.String(), bare) || strings.Contains(string(body), bare) {
+		t.Fatal("the signer key leaked into logs or a response")
+	}
+	if !strings.Contains(logs.String(), "facilitator listening") {
+		t.Fatalf("no start-up log line: %s", logs.String())
+	}
+}
+
+// TestServeRefusesAnotherChain: a database bound to one chain refuses to serve a different chain
+// under the same network id (a restarted dev chain, an RPC URL pointed at the wrong network).
+func TestServeRefusesAnotherChain(t *testing.T) {
+	dbURL, first := requireStack(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Unbind the id first so this test does not depend on which chain other tests bound it to.
+	db, err := postgres.Open(ctx, dbURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	start := func(chain *devchain.Chain) error {
+		cfg, err := configFor(dbURL, chain, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Networks[0].ID = "eip155:31337"
+		m := &Main{Config: cfg, Logger: newLogger(io.Discard, "error", "text")}
+		defer m.Close()
+		return m.Run(ctx)
+	}
+	// Either the first chain binds the id now, or an earlier test bound it to another chain.
+	firstErr := start(first)
+	second, err := devchain.Start(ctx, devchain.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	if err := start(second); !errors.Is(err, postgres.ErrNetworkMismatch) {
+		t.Fatalf("serving a second chain under the same id: want ErrNetworkMismatch, got %v (first start: %v)", err, firstErr)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	cases := map[string]map[string]string{
+		"no database":   {"FACILITATOR_NETWORKS": `[{"id":"eip155:1","rpc":"http://x","tokens":[{"address":"0x0000000000000000000000000000000000000001","name":"a","version":"1"}]}]`},
+		"no networks":   {"DATABASE_URL": "postgres://x"},
+		"bad network":   {"DATABASE_URL": "postgres://x", "FACILITATOR_NETWORKS": `[{"id":"base","rpc":"http://x","tokens":[]}]`},
+		"no tokens":     {"DATABASE_URL": "postgres://x", "FACILITATOR_NETWORKS": `[{"id":"eip155:1","rpc":"http://x","tokens":[]}]`},
+		"unknown field": {"DATABASE_URL": "postgres://x", "FACILITATOR_NETWORKS": `[{"id":"eip155:1","rpcUrl":"http://x"}]`},
+	}
+	for name, env := range cases {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
+			if err == nil {
+				err = cfg.Check()
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	secret := "0xnot-a-key-but-secret-looking-0123456789"
+	_, err := parseServeFlags(nil, func(k string) string {
+		if k == "FACILITATOR_SIGNER_KEYS" {
+			return secret
+		}
+		return ""
+	})
+	if err == nil || strings.Contains(err.Error(), "secret-looking") {
+		t.Fatalf("bad key: want an error that does not echo the key, got %v", err)
+	}
+}
+
+func TestRunUsage(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"bogus"}, func(string) string { return "" }, &out, &errOut); code != 2 {
+		t.Fatalf("unknown command exit %d", code)
+	}
+	if code := run(context.Background(), nil, func(string) string { return "" }, &out, &errOut); code != 2 {
+		t.Fatalf("no command exit %d", code)
+	}
+}
+
+func bigInt(n int64) *big.Int { return big.NewInt(n) }
