@@ -126,7 +126,10 @@ func TestDifferentialVerify(t *testing.T) {
 		{sign: signCase{Name: "v2 signature with v = 0/1", Requirements: v2()},
 			edit: func(p, _ map[string]any) { lowerV(t, p) }},
 		{sign: signCase{Name: "v2 network not served", Requirements: v2()},
-			edit: func(p, r map[string]any) { r["network"] = "eip155:1"; p["accepted"].(map[string]any)["network"] = "eip155:1" }},
+			edit: func(p, r map[string]any) {
+				r["network"] = "eip155:1"
+				p["accepted"].(map[string]any)["network"] = "eip155:1"
+			}},
 		{sign: signCase{Name: "v2 scheme not served", Requirements: v2()},
 			edit: func(p, r map[string]any) { r["scheme"] = "upto"; p["accepted"].(map[string]any)["scheme"] = "upto" }},
 		{sign: signCase{Name: "v1 valid", Version: 1, Requirements: v1()}},
