@@ -170,11 +170,25 @@ func TestServeRefusesAnotherChain(t *testing.T) {
 	}
 	// Either the first chain binds the id now, or an earlier test bound it to another chain.
 	firstErr := start(first)
-	second, err := devchain.Start(ctx, devchain.Options{})
-	if err != nil {
-		t.Fatal(err)
+	// anvil's genesis hash depends on its start second: two chains started within one second are
+	// indistinguishable, so start the second one until it is a different chain.
+	var second *devchain.Chain
+	for {
+		second, err = devchain.Start(ctx, devchain.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer second.Close()
+		g1, err1 := first.Client.HeaderByNumber(ctx, big.NewInt(0))
+		g2, err2 := second.Client.HeaderByNumber(ctx, big.NewInt(0))
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		if g1.Hash() != g2.Hash() {
+			break
+		}
+		time.Sleep(time.Second)
 	}
-	defer second.Close()
 	if err := start(second); !errors.Is(err, postgres.ErrNetworkMismatch) {
 		t.Fatalf("serving a second chain under the same id: want ErrNetworkMismatch, got %v (first start: %v)", err, firstErr)
 	}
