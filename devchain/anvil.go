@@ -75,7 +75,7 @@ func (e *exitedEarlyError) Error() string {
 
 func launchAnvil(ctx context.Context, bin, dir string, port int, opts Options, log *slog.Logger) (*anvilProc, *rpc.Client, error) {
 	args := []string{
-		"--host", "127.0.0.1",
+		"--host", anvilHost(opts.Host),
 		"--port", strconv.Itoa(port),
 		"--chain-id", strconv.FormatUint(opts.ChainID, 10),
 		// Without this anvil may persist old states under ~/.foundry, gigabytes over a long test run.
@@ -203,4 +203,11 @@ func (w *tailWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return strings.Join(append(w.lines, string(w.buf)), "\n")
+}
+
+func anvilHost(h string) string {
+	if h == "" {
+		return "127.0.0.1"
+	}
+	return h
 }

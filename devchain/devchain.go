@@ -37,6 +37,9 @@ type Options struct {
 	Port        int           // 0 picks a free loopback port
 	BlockTime   time.Duration // 0 mines a block per transaction
 	Logger      *slog.Logger  // anvil output goes here at debug level; nil discards
+	// Host is the address anvil binds; "" is 127.0.0.1. A container publishing anvil's port needs
+	// 0.0.0.0; RPCURL stays on loopback either way.
+	Host string
 }
 
 // Chain is a running anvil with USDC deployed and the dev accounts funded.

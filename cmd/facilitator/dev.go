@@ -23,6 +23,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	listen := fs.String("listen", "127.0.0.1:4021", "address the facilitator listens on")
 	chainID := fs.Uint64("chain-id", devchain.DefaultChainID, "anvil's chain id")
 	port := fs.Int("anvil-port", 8545, "anvil's port (0 picks a free one)")
+	host := fs.String("anvil-host", "127.0.0.1", "address anvil binds (0.0.0.0 in a container that publishes its port)")
 	blockTime := fs.Duration("block-time", 0, "anvil block interval (0 mines one block per transaction)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
 	logLevel := fs.String("log-level", "info", "log level")
@@ -33,7 +34,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	chain, err := devchain.Start(startCtx, devchain.Options{ChainID: *chainID, Port: *port, BlockTime: *blockTime, Logger: log})
+	chain, err := devchain.Start(startCtx, devchain.Options{ChainID: *chainID, Port: *port, Host: *host, BlockTime: *blockTime, Logger: log})
 	if err != nil {
 		return err
 	}
