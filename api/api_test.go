@@ -326,6 +326,15 @@ func set(m map[string]any, path string, v any) {
 	m[parts[len(parts)-1]] = v
 }
 
+// get returns the value at a dotted path.
+func get(m map[string]any, path string) any {
+	parts := strings.Split(path, ".")
+	for _, p := range parts[:len(parts)-1] {
+		m = m[p].(map[string]any)
+	}
+	return m[parts[len(parts)-1]]
+}
+
 // del removes the key at a dotted path.
 func del(m map[string]any, path string) {
 	parts := strings.Split(path, ".")
@@ -596,12 +605,7 @@ func TestVerifyTolerant(t *testing.T) {
 		},
 		"lower-case addresses": func(m map[string]any) {
 			for _, path := range []string{"paymentRequirements.asset", "paymentRequirements.payTo", "paymentPayload.payload.authorization.to"} {
-				parts := strings.Split(path, ".")
-				cur := m
-				for _, p := range parts[:len(parts)-1] {
-					cur = cur[p].(map[string]any)
-				}
-				cur[parts[len(parts)-1]] = strings.ToLower(cur[parts[len(parts)-1]].(string))
+				set(m, path, strings.ToLower(get(m, path).(string)))
 			}
 		},
 	}
@@ -710,14 +714,15 @@ func TestVerifyRPCDown(t *testing.T) {
 	cases := []struct {
 		name    string
 		opts    stackOptions
-		secrets []string
+		secrets []string // must not reach the client
+		logged  string   // must reach the operator's error log
 	}{
 		{"reader fails", stackOptions{Reader: failingReader{err: cause}},
-			[]string{secretURL, "s3cr3t", "rpc.internal.example", "dial tcp", "connection refused", "10.1.2.3"}},
+			[]string{secretURL, "s3cr3t", "rpc.internal.example", "dial tcp", "connection refused", "10.1.2.3"}, "s3cr3t"},
 		{"node unreachable", stackOptions{Reader: &verify.RPCReader{Client: client, Timeout: 2 * time.Second}},
-			[]string{deadURL, strings.TrimPrefix(deadURL, "http://"), "dial tcp", "connection refused"}},
+			[]string{deadURL, strings.TrimPrefix(deadURL, "http://"), "dial tcp", "connection refused"}, "connection refused"},
 		{"node hangs past the verify timeout", stackOptions{Reader: hangingReader{}, VerifyTimeout: 200 * time.Millisecond},
-			[]string{"context deadline exceeded"}},
+			[]string{"context deadline exceeded"}, "context deadline exceeded"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -743,7 +748,7 @@ func TestVerifyRPCDown(t *testing.T) {
 				}
 			}
 			// The operator, unlike the client, must see the cause.
-			if logs := s.Logs.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, tc.secrets[len(tc.secrets)-1]) {
+			if logs := s.Logs.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, tc.logged) {
 				t.Fatalf("the cause is not in the error log:\n%s", logs)
 			}
 		})

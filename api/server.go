@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -57,6 +58,12 @@ func New(cfg Config) *Server {
 	e.HidePort = true
 	e.HTTPErrorHandler = s.handleHTTPError
 	e.Use(s.accessLog)
+	// A panic in a handler is a bug: answer 500 through the one error path instead of dropping the
+	// connection, and keep serving.
+	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{LogErrorFunc: func(c echo.Context, err error, stack []byte) error {
+		s.log.ErrorContext(c.Request().Context(), "panic in handler", "path", c.Path(), "err", err, "stack", string(stack))
+		return err
+	}}))
 
 	e.POST("/verify", s.verify)
 	e.GET("/supported", s.supported)

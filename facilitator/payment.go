@@ -65,7 +65,7 @@ func DecodeRequest(body []byte) (*Payment, error) {
 	}
 	var req Request
 	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body is not valid JSON: %s", jsonProblem(err))
+		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body: %s", jsonProblem(err))
 	}
 	return ParseRequest(req)
 }
@@ -196,6 +196,11 @@ func parseExactPayload(p *Payment, raw json.RawMessage) error {
 	// The official facilitator picks Permit2 by the key's presence alone.
 	if ep.Permit2Authorization != nil {
 		p.Permit2 = true
+		var owner struct {
+			From string `json:"from"`
+		}
+		_ = json.Unmarshal(ep.Permit2Authorization, &owner) // only to echo the payer, as upstream does
+		p.Payer = owner.From
 		return nil
 	}
 	a := ep.Authorization
@@ -289,15 +294,14 @@ func clip(s string) string {
 func jsonProblem(err error) string {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		field := te.Field
-		if field == "" {
-			field = "value"
+		if te.Field == "" {
+			return "must be a JSON object, got JSON " + te.Value
 		}
-		return field + " has the wrong type (got JSON " + te.Value + ")"
+		return te.Field + " has the wrong type (got JSON " + te.Value + ")"
 	}
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
-		return se.Error()
+		return "not valid JSON: " + se.Error()
 	}
-	return "malformed JSON"
+	return "not valid JSON"
 }

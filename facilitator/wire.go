@@ -10,7 +10,7 @@ import "encoding/json"
 // the payload's own x402Version says which generation to decode them as: the official facilitator
 // ignores the top-level field and so do we.
 type Request struct {
-	X402Version         *int            `json:"x402Version,omitempty"`
+	X402Version         json.RawMessage `json:"x402Version,omitempty"` // not read: any value is tolerated
 	PaymentPayload      json.RawMessage `json:"paymentPayload"`
 	PaymentRequirements json.RawMessage `json:"paymentRequirements"`
 }

@@ -94,8 +94,9 @@ func (r *RPCReader) Read(ctx context.Context, reads ...*Read) error {
 }
 
 // isExecutionError tells a call the node ran and rejected (a revert, an invalid opcode) from a
-// node that could not answer (rate limits, overload), which must not be read as a verdict on
-// the payment.
+// node that could not answer (rate limits, overload, its own execution timeout or gas cap), which
+// must not be read as a verdict on the payment. When in doubt it says "could not answer": a 503
+// costs a retry, a false verdict costs a sale.
 func isExecutionError(err error) bool {
 	var rpcErr rpc.Error
 	if !errors.As(err, &rpcErr) {
@@ -105,7 +106,12 @@ func isExecutionError(err error) bool {
 		return true
 	}
 	msg := strings.ToLower(rpcErr.Error())
-	for _, s := range []string{"revert", "evmerror", "invalid opcode", "out of gas", "execution"} {
+	for _, s := range []string{"aborted", "timeout", "timed out", "gas cap", "gas limit", "rate", "capacity"} {
+		if strings.Contains(msg, s) {
+			return false
+		}
+	}
+	for _, s := range []string{"revert", "evmerror", "invalid opcode"} {
 		if strings.Contains(msg, s) {
 			return true
 		}
