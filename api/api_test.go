@@ -14,7 +14,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -38,21 +38,10 @@ import (
 var chain *devchain.Chain
 
 func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	c, err := devchain.Start(ctx, devchain.Options{})
-	cancel()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintf(os.Stderr, "FAIL: anvil with USDC is required under CI: %v\n", err)
-			os.Exit(1)
-		}
-		fmt.Fprintf(os.Stderr, "SKIP: api tests need anvil and node_modules (run 'make test'): %v\n", err)
-		os.Exit(0)
-	}
-	chain = c
-	code := m.Run()
-	_ = chain.Close()
-	os.Exit(code)
+	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
+		chain = c
+		return m.Run(), nil
+	})
 }
 
 // v1Name is the v1 network name the test network is served under (31337 has none upstream).

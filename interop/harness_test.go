@@ -21,6 +21,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -36,26 +37,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code, err := run(m)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintf(os.Stderr, "FAIL: interop tests need anvil, node and node_modules: %v\n", err)
-			os.Exit(1)
-		}
-		fmt.Fprintf(os.Stderr, "SKIP: interop tests need anvil, node and node_modules (run 'make test'): %v\n", err)
-		os.Exit(0)
-	}
-	os.Exit(code)
+	devchaintest.Main(m, devchain.Options{ChainID: diffChainID}, func(c *devchain.Chain) (int, error) { return run(m, c) })
 }
 
-func run(m *testing.M) (int, error) {
+func run(m *testing.M, c *devchain.Chain) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := devchain.Start(ctx, devchain.Options{ChainID: diffChainID})
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
 	chain = c
 
 	official, err := startOfficial(ctx, c)

@@ -1,14 +1,10 @@
 package verify_test
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
-	"fmt"
 	"math/big"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/math"
@@ -16,6 +12,7 @@ import (
 	"github.com/ethereum/go-ethereum/signer/core/apitypes"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 )
 
 // chain is the anvil with real USDC shared by this package's tests; each test uses its own
@@ -23,21 +20,10 @@ import (
 var chain *devchain.Chain
 
 func TestMain(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	c, err := devchain.Start(ctx, devchain.Options{})
-	cancel()
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			fmt.Fprintf(os.Stderr, "FAIL: anvil with USDC is required under CI: %v\n", err)
-			os.Exit(1)
-		}
-		fmt.Fprintf(os.Stderr, "SKIP: chain tests need anvil and node_modules (run 'make test'): %v\n", err)
-		os.Exit(0)
-	}
-	chain = c
-	code := m.Run()
-	_ = chain.Close()
-	os.Exit(code)
+	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
+		chain = c
+		return m.Run(), nil
+	})
 }
 
 // domain is an EIP-712 domain a test signs under; it need not be the token's.
