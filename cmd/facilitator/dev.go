@@ -69,7 +69,10 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 }
 
 func printStack(w io.Writer, addr string, chain *devchain.Chain) {
-	usdc := new(big.Float).Quo(new(big.Float).SetInt(devchain.InitialUSDC()), big.NewFloat(1e6))
+	whole := new(big.Int).Div(devchain.InitialUSDC(), big.NewInt(1e6)).String()
+	for i := len(whole) - 3; i > 0; i -= 3 {
+		whole = whole[:i] + "," + whole[i:]
+	}
 	fmt.Fprintf(w, `
 x402 facilitator local stack is up (Ctrl-C stops it)
 
@@ -80,7 +83,7 @@ x402 facilitator local stack is up (Ctrl-C stops it)
 
 funded accounts (10,000 ETH and %s USDC each; anvil's well-known dev keys, never use them elsewhere):
 `, addr, chain.RPCURL, chain.ChainID, facilitator.CAIP2(chain.ChainID), chain.USDC.Address.Hex(),
-		chain.USDC.Name, chain.USDC.Version, chain.Accounts[0].Address.Hex(), usdc.Text('f', 0))
+		chain.USDC.Name, chain.USDC.Version, chain.Accounts[0].Address.Hex(), whole)
 	for i, a := range chain.Accounts[1:] {
 		fmt.Fprintf(w, "  #%d %s  key 0x%s\n", i+1, a.Address.Hex(), hex.EncodeToString(crypto.FromECDSA(a.Key)))
 	}
