@@ -66,3 +66,25 @@ func (s *Server) handleHTTPError(err error, c echo.Context) {
 	s.logError(c, status, err)
 	_ = c.JSON(status, map[string]string{"error": msg})
 }
+
+// settleError answers a /settle that got no outcome with a SettleResponse-shaped body: transaction
+// and network are always present, as the official client's schema requires. Nothing was broadcast.
+func (s *Server) settleError(c echo.Context, p *facilitator.Payment, err error) error {
+	code := facilitator.ErrorCode(err)
+	status := statusOf[code]
+	res := facilitator.SettleResponse{
+		Success:      false,
+		ErrorReason:  facilitator.ErrorReason(err, facilitator.ReasonUnexpectedSettleError),
+		ErrorMessage: facilitator.ErrorMessage(err),
+		Transaction:  "",
+	}
+	if p != nil {
+		res.Payer, res.Network = p.Payer, p.Network
+	}
+	s.logError(c, status, err)
+	c.Set(reasonKey, res.ErrorReason)
+	if status == http.StatusServiceUnavailable {
+		c.Response().Header().Set("Retry-After", retryAfterSeconds)
+	}
+	return c.JSON(status, res)
+}

@@ -22,6 +22,7 @@ type Verifier interface {
 // Config configures the HTTP server.
 type Config struct {
 	Verifier  Verifier
+	Settler   Settler
 	Supported facilitator.SupportedResponse
 	// VerifyTimeout bounds one /verify, chain reads included.
 	VerifyTimeout time.Duration
@@ -66,6 +67,9 @@ func New(cfg Config) *Server {
 	}}))
 
 	e.POST("/verify", s.verify)
+	if cfg.Settler != nil {
+		e.POST("/settle", s.settle)
+	}
 	e.GET("/supported", s.supported)
 	e.GET("/healthz", s.healthz)
 	s.echo = e

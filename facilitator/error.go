@@ -79,3 +79,14 @@ func ErrorMessage(err error) string {
 	}
 	return "internal error"
 }
+
+// Sentinels the ledger returns and the engine tests for.
+var (
+	// ErrNotFound: no such row.
+	ErrNotFound = errors.New("not found")
+	// ErrDuplicate: a settlement for this authorization already exists.
+	ErrDuplicate = errors.New("a settlement for this authorization already exists")
+	// ErrNonceTaken: the signer's transaction nonce already belongs to another settlement, so the
+	// allocator's view of the signer is stale.
+	ErrNonceTaken = errors.New("transaction nonce already used by another settlement")
+)

@@ -28,6 +28,8 @@ type Payment struct {
 	// Permit2 is set when the payload has the Permit2 shape, which we do not serve.
 	Permit2    bool
 	Extensions map[string]json.RawMessage
+	// Body is the request as received, kept with the settlement for audit.
+	Body []byte
 }
 
 // Requirements is the resource server's requirement, typed.
@@ -67,7 +69,12 @@ func DecodeRequest(body []byte) (*Payment, error) {
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body: %s", jsonProblem(err))
 	}
-	return ParseRequest(req)
+	p, err := ParseRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	p.Body = body
+	return p, nil
 }
 
 // ParseRequest types a decoded request, dispatching on paymentPayload.x402Version.

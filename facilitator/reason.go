@@ -45,3 +45,12 @@ const (
 	ReasonPaymentInFlight           = "payment_in_flight"
 	ReasonInvalidPaymentIdentifier  = "invalid_payment_identifier"
 )
+
+// ReasonAlreadySettled answers a repeated /settle of an authorization whose success was already
+// delivered to another caller: it carries the existing transaction, and is not a fresh success,
+// so a merchant cannot serve twice for one payment (DESIGN invariant 4). Ours, additive.
+const ReasonAlreadySettled = "already_settled"
+
+// ReasonSettlerBusy answers a /settle refused because every signer's queue is full (HTTP 503 with
+// Retry-After). Ours, additive.
+const ReasonSettlerBusy = "settlement_capacity_exceeded"

@@ -20,13 +20,16 @@ type Reader interface {
 	Read(ctx context.Context, reads ...*Read) error
 }
 
-// Read is one eth_getCode (Code set) or eth_call.
+// Read is one eth_getCode (Code set), eth_estimateGas (Estimate set, from From) or eth_call.
 type Read struct {
-	Code bool
-	To   common.Address
-	Data []byte
+	Code     bool
+	Estimate bool
+	From     common.Address
+	To       common.Address
+	Data     []byte
 
 	Out          []byte
+	Gas          uint64 // eth_estimateGas's answer
 	Reverted     bool
 	RevertReason string
 }
@@ -43,8 +46,9 @@ type RPCReader struct {
 }
 
 type callArgs struct {
-	To    common.Address `json:"to"`
-	Input hexutil.Bytes  `json:"input"`
+	From  *common.Address `json:"from,omitempty"`
+	To    common.Address  `json:"to"`
+	Input hexutil.Bytes   `json:"input"`
 }
 
 // Read implements Reader.
@@ -58,11 +62,16 @@ func (r *RPCReader) Read(ctx context.Context, reads ...*Read) error {
 		defer cancel()
 	}
 	out := make([]hexutil.Bytes, len(reads))
+	gas := make([]hexutil.Uint64, len(reads))
 	batch := make([]rpc.BatchElem, len(reads))
 	for i, rd := range reads {
-		if rd.Code {
+		switch {
+		case rd.Code:
 			batch[i] = rpc.BatchElem{Method: "eth_getCode", Args: []any{rd.To, "latest"}, Result: &out[i]}
-		} else {
+		case rd.Estimate:
+			from := rd.From
+			batch[i] = rpc.BatchElem{Method: "eth_estimateGas", Args: []any{callArgs{From: &from, To: rd.To, Input: rd.Data}}, Result: &gas[i]}
+		default:
 			batch[i] = rpc.BatchElem{Method: "eth_call", Args: []any{callArgs{To: rd.To, Input: rd.Data}, "latest"}, Result: &out[i]}
 		}
 	}
@@ -88,7 +97,7 @@ func (r *RPCReader) Read(ctx context.Context, reads ...*Read) error {
 			rd.RevertReason = revertText(e)
 			continue
 		}
-		rd.Out = out[i]
+		rd.Out, rd.Gas = out[i], uint64(gas[i])
 	}
 	return nil
 }

@@ -88,3 +88,12 @@ func mustType(t string) abi.Type {
 	}
 	return typ
 }
+
+// SettlementSignature is the signature to submit on chain for sig: the inner signature of an
+// ERC-6492 wrapper (the wallet is deployed by then), sig itself otherwise.
+func SettlementSignature(sig []byte) []byte {
+	if w, ok := unwrap6492(sig); ok {
+		return w.Inner
+	}
+	return sig
+}

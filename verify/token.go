@@ -129,3 +129,8 @@ func mustABI(s string) abi.ABI {
 	}
 	return a
 }
+
+// AuthorizationStateCalldata encodes authorizationState(authorizer, nonce).
+func AuthorizationStateCalldata(authorizer common.Address, nonce [32]byte) []byte {
+	return pack("authorizationState", authorizer, nonce)
+}

@@ -96,7 +96,7 @@ func (v *Verifier) Verify(ctx context.Context, p *facilitator.Payment) (facilita
 	if err != nil {
 		return facilitator.VerifyResponse{}, err
 	}
-	reason, msg, err := v.check(ctx, n, p, true)
+	reason, msg, _, err := v.check(ctx, n, p, simulation{mode: simCall})
 	if err != nil {
 		return facilitator.VerifyResponse{}, err
 	}
@@ -104,6 +104,41 @@ func (v *Verifier) Verify(ctx context.Context, p *facilitator.Payment) (facilita
 		return facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: p.Payer}, nil
 	}
 	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil
+}
+
+// Settleable is Verify for the settle path: the simulation is an eth_estimateGas from the signer
+// that will submit the transaction, so one round trip both proves the transfer would succeed now and
+// sizes its gas. Gas is zero when the payment is invalid.
+func (v *Verifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, err error) {
+	n, err := v.route(p)
+	if err != nil {
+		return facilitator.VerifyResponse{}, 0, err
+	}
+	reason, msg, gas, err := v.check(ctx, n, p, simulation{mode: simEstimate, from: signer})
+	if err != nil {
+		return facilitator.VerifyResponse{}, 0, err
+	}
+	if reason != "" {
+		return facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: p.Payer}, 0, nil
+	}
+	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, gas, nil
+}
+
+// Route returns the configured network a payment is for, or an EInvalid error.
+func (v *Verifier) Route(p *facilitator.Payment) (*facilitator.Network, error) { return v.route(p) }
+
+type simMode int
+
+const (
+	simNone simMode = iota
+	simCall
+	simEstimate
+)
+
+// simulation says how check proves the transfer would succeed.
+type simulation struct {
+	mode simMode
+	from common.Address // simEstimate: the submitting signer
 }
 
 // route finds the network a request is for, as the official facilitator routes: by the
@@ -128,28 +163,28 @@ func (v *Verifier) route(p *facilitator.Payment) (*facilitator.Network, error) {
 }
 
 // check runs the verify steps in the official order and returns the first failing reason ("" when
-// valid). simulate is false only on the settle path, which simulates separately.
-func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilitator.Payment, simulate bool) (reason, msg string, err error) {
+// valid), and the estimated gas when sim asks for an estimate.
+func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilitator.Payment, how simulation) (reason, msg string, gas uint64, err error) {
 	if p.Permit2 {
-		return facilitator.ReasonUnsupportedPayloadType, "Permit2 payloads are not supported by this facilitator; use EIP-3009 (transferWithAuthorization)", nil
+		return facilitator.ReasonUnsupportedPayloadType, "Permit2 payloads are not supported by this facilitator; use EIP-3009 (transferWithAuthorization)", 0, nil
 	}
 	r := p.Requirements
 	a := p.Authorization
 	// Steps 1-3: scheme, EIP-712 domain, network. v1 resolves the chain from the payload's own
 	// network name before looking at the domain, and reports an unknown name as a mismatch.
 	if p.Scheme != facilitator.SchemeExact {
-		return facilitator.ReasonInvalidScheme, "", nil
+		return facilitator.ReasonInvalidScheme, "", 0, nil
 	}
 	if p.X402Version == 1 {
 		if _, ok := facilitator.V1ChainID(p.Network); !ok && p.Network != n.V1Name {
-			return facilitator.ReasonNetworkMismatch, "", nil
+			return facilitator.ReasonNetworkMismatch, "", 0, nil
 		}
 	}
 	if r.Name == "" || r.Version == "" {
-		return facilitator.ReasonMissingEIP712Domain, "", nil
+		return facilitator.ReasonMissingEIP712Domain, "", 0, nil
 	}
 	if p.Network != r.Network {
-		return facilitator.ReasonNetworkMismatch, "", nil
+		return facilitator.ReasonNetworkMismatch, "", 0, nil
 	}
 	reader := v.readers[n.ID]
 
@@ -169,19 +204,22 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 	}
 	_, accepted := n.Token(r.Asset)
 	var sim *Read
-	if simulate && accepted && !wrapped {
+	if how.mode != simNone && accepted && !wrapped {
 		sim = call(r.Asset, TransferCalldata(a, inner))
+		if how.mode == simEstimate {
+			sim.Estimate, sim.From = true, how.from
+		}
 		reads = append(reads, sim)
 	}
 	if err := reader.Read(ctx, reads...); err != nil {
-		return "", "", v.unavailable(n, "reading payer and token state", err)
+		return "", "", 0, v.unavailable(n, "reading payer and token state", err)
 	}
 
 	// Steps 5-7: ERC-6492 classification, factory allow-list, signature.
 	deployed := len(payerCode.Out) > 0
 	counterfactual := wrapped && !deployed
 	if counterfactual && !v.factories[wrapper.Factory] {
-		return facilitator.ReasonEIP6492FactoryNotAllowed, fmt.Sprintf("factory %s is not on this facilitator's allow-list", wrapper.Factory.Hex()), nil
+		return facilitator.ReasonEIP6492FactoryNotAllowed, fmt.Sprintf("factory %s is not on this facilitator's allow-list", wrapper.Factory.Hex()), 0, nil
 	}
 	digest := AuthorizationDigest(DomainSeparator(r.Name, r.Version, n.ChainID, r.Asset), a)
 	if !counterfactual {
@@ -191,59 +229,70 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 		} else {
 			check := call(a.From, pack("isValidSignature", [32]byte(digest), inner))
 			if err := reader.Read(ctx, check); err != nil {
-				return "", "", v.unavailable(n, "calling isValidSignature on the payer's wallet", err)
+				return "", "", 0, v.unavailable(n, "calling isValidSignature on the payer's wallet", err)
 			}
 			ok = !check.Reverted && len(check.Out) >= 4 && [4]byte(check.Out[:4]) == [4]byte(erc1271Magic)
 		}
 		if !ok {
-			return facilitator.ReasonInvalidSignature, "", nil
+			return facilitator.ReasonInvalidSignature, "", 0, nil
 		}
 	}
 
 	// Steps 8-11: recipient, validity window (6 s of margin for the settle to land), amount.
 	if a.To != r.PayTo {
-		return facilitator.ReasonRecipientMismatch, "", nil
+		return facilitator.ReasonRecipientMismatch, "", 0, nil
 	}
 	now := big.NewInt(v.now().Unix())
 	if a.ValidBefore.Cmp(new(big.Int).Add(now, big.NewInt(6))) < 0 {
-		return facilitator.ReasonValidBefore, "", nil
+		return facilitator.ReasonValidBefore, "", 0, nil
 	}
 	if a.ValidAfter.Cmp(now) > 0 {
-		return facilitator.ReasonValidAfter, "", nil
+		return facilitator.ReasonValidAfter, "", 0, nil
 	}
 	if a.Value.Cmp(r.Amount) != 0 {
 		if p.X402Version == 1 {
-			return facilitator.ReasonAuthorizationValue, "", nil
+			return facilitator.ReasonAuthorizationValue, "", 0, nil
 		}
-		return facilitator.ReasonValueMismatch, "", nil
+		return facilitator.ReasonValueMismatch, "", 0, nil
 	}
 
 	// Step 11b (v2 only upstream; we check it for v1 too, it costs nothing once cached).
 	if assetCode != nil {
 		if len(assetCode.Out) == 0 {
-			return facilitator.ReasonAssetNotDeployed, "", nil
+			return facilitator.ReasonAssetNotDeployed, "", 0, nil
 		}
 		v.rememberAsset(n.ID, r.Asset)
 	}
 	if !accepted {
 		// Settling an arbitrary contract would let anyone spend our gas on it.
-		return facilitator.ReasonEIP3009NotSupported, fmt.Sprintf("asset %s is not an accepted EIP-3009 token on %s (see the facilitator's configuration)", r.Asset.Hex(), n.ID), nil
+		return facilitator.ReasonEIP3009NotSupported, fmt.Sprintf("asset %s is not an accepted EIP-3009 token on %s (see the facilitator's configuration)", r.Asset.Hex(), n.ID), 0, nil
 	}
-	if !simulate {
-		return "", "", nil
+	if how.mode == simNone {
+		return "", "", 0, nil
 	}
 
 	// Step 12: simulation, and the diagnosis of a failed one.
 	if counterfactual || (wrapped && sim == nil) {
+		if how.mode == simEstimate && counterfactual {
+			// Settling would first have to deploy the wallet through its factory: not supported yet.
+			return facilitator.ReasonUnsupportedPayloadType, "settling for a counterfactual (ERC-6492, not yet deployed) wallet is not supported", 0, nil
+		}
 		sim, err = v.simulateWrapped(ctx, reader, n, r.Asset, a, wrapper, counterfactual)
 		if err != nil {
-			return "", "", err
+			return "", "", 0, err
+		}
+		if how.mode == simEstimate && !sim.Reverted {
+			est := &Read{Estimate: true, From: how.from, To: r.Asset, Data: TransferCalldata(a, wrapper.Inner)}
+			if err := reader.Read(ctx, est); err != nil {
+				return "", "", 0, v.unavailable(n, "estimating the transfer's gas", err)
+			}
+			sim = est
 		}
 	}
 	if !sim.Reverted {
-		return "", "", nil
+		return "", "", sim.Gas, nil
 	}
-	return v.diagnose(ctx, reader, r, a), sim.RevertReason, nil
+	return v.diagnose(ctx, reader, r, a), sim.RevertReason, 0, nil
 }
 
 // simulateWrapped simulates an ERC-6492 payment. A deployed wallet is simulated like any other;

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,14 @@ type Config struct {
 	Migrate       bool
 	LogLevel      string
 	LogFormat     string
+
+	SettleTimeout time.Duration
+	PollInterval  time.Duration
+	BumpAfter     time.Duration
+	MaxInFlight   int
+	// Fault is a crash point (settle.FaultPoint) at which the process kills itself: crash tests
+	// set it through FACILITATOR_TEST_FAULT, nothing else does.
+	Fault string
 }
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
@@ -38,6 +47,20 @@ type NetworkConfig struct {
 	WS     string        `json:"ws,omitempty"`
 	V1Name *string       `json:"v1Name,omitempty"`
 	Tokens []TokenConfig `json:"tokens"`
+	// Finality is the confirmations (the mined block counts as one) at which a settlement is
+	// final; 0 takes the default: 1 on local dev chains (31337, 1337), 12 elsewhere.
+	Finality uint64 `json:"finality,omitempty"`
+}
+
+// finality returns the network's finality depth.
+func (nc NetworkConfig) finality(chainID uint64) uint64 {
+	if nc.Finality > 0 {
+		return nc.Finality
+	}
+	if chainID == 31337 || chainID == 1337 {
+		return 1
+	}
+	return 12
 }
 
 // TokenConfig is one accepted EIP-3009 token.
@@ -106,8 +129,14 @@ func (c *Config) Check() error {
 	if _, err := c.Domain(); err != nil {
 		return err
 	}
-	if c.RPCTimeout <= 0 || c.VerifyTimeout <= 0 {
-		return errors.New("timeouts must be positive")
+	if c.RPCTimeout <= 0 || c.VerifyTimeout <= 0 || c.SettleTimeout <= 0 || c.PollInterval <= 0 || c.BumpAfter <= 0 {
+		return errors.New("timeouts and intervals must be positive")
+	}
+	if len(c.SignerKeys) == 0 {
+		return errors.New("no signer keys (FACILITATOR_SIGNER_KEYS or --signer-keys-file): /settle needs a funded wallet")
+	}
+	if c.MaxInFlight <= 0 {
+		return errors.New("max-in-flight must be positive")
 	}
 	return nil
 }
@@ -131,6 +160,10 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	rpcTimeout := fs.String("rpc-timeout", env("FACILITATOR_RPC_TIMEOUT", "5s"), "bound on one RPC round trip (FACILITATOR_RPC_TIMEOUT)")
 	verifyTimeout := fs.String("verify-timeout", env("FACILITATOR_VERIFY_TIMEOUT", "10s"), "bound on one /verify (FACILITATOR_VERIFY_TIMEOUT)")
 	migrate := fs.String("migrate", env("FACILITATOR_MIGRATE", "true"), "apply pending migrations at start (FACILITATOR_MIGRATE)")
+	settleTimeout := fs.String("settle-timeout", env("FACILITATOR_SETTLE_TIMEOUT", "30s"), "bound on one /settle; past it the answer is settlement_pending with the hash (FACILITATOR_SETTLE_TIMEOUT)")
+	pollInterval := fs.String("poll-interval", env("FACILITATOR_POLL_INTERVAL", "500ms"), "how often receipts are polled (FACILITATOR_POLL_INTERVAL)")
+	bumpAfter := fs.String("bump-after", env("FACILITATOR_BUMP_AFTER", "90s"), "replace an unmined settlement transaction with 10% higher fees after this long (FACILITATOR_BUMP_AFTER)")
+	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
 	if err := fs.Parse(args); err != nil {
@@ -174,6 +207,17 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		return nil, fmt.Errorf("verify-timeout: %w", err)
 	}
 	cfg.Migrate = *migrate != "false" && *migrate != "0"
+	for _, d := range []struct {
+		name string
+		in   string
+		out  *time.Duration
+	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}} {
+		if *d.out, err = time.ParseDuration(d.in); err != nil {
+			return nil, fmt.Errorf("%s: %w", d.name, err)
+		}
+	}
+	cfg.MaxInFlight = *maxInFlight
+	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 	return cfg, nil
 }
 
@@ -218,4 +262,12 @@ func readSignerKeys(fromEnv, file string) ([]*ecdsa.PrivateKey, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
+}
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1 // Check reports it
+	}
+	return n
 }

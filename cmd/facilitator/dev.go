@@ -56,6 +56,10 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		VerifyTimeout: 10 * time.Second,
 		Migrate:       true,
 		LogLevel:      *logLevel,
+		SettleTimeout: 30 * time.Second,
+		PollInterval:  100 * time.Millisecond,
+		BumpAfter:     30 * time.Second,
+		MaxInFlight:   128,
 	}
 	m := &Main{Config: cfg, Logger: log}
 	if err := m.Run(ctx); err != nil {
@@ -76,7 +80,7 @@ func printStack(w io.Writer, addr string, chain *devchain.Chain) {
 	fmt.Fprintf(w, `
 x402 facilitator local stack is up (Ctrl-C stops it)
 
-  facilitator  http://%s   (POST /verify, GET /supported)
+  facilitator  http://%s   (POST /verify, POST /settle, GET /supported)
   anvil RPC    %s   chain id %d   network %s
   USDC         %s   EIP-712 name %q version %q, 6 decimals
   signer       %s   (dev account #0)

@@ -20,22 +20,22 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 )
 
 // requireStack returns the test database URL and a fresh chain, or skips (fails under CI).
 func requireStack(t *testing.T) (string, *devchain.Chain) {
 	t.Helper()
-	url := os.Getenv("TEST_DATABASE_URL")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var chain *devchain.Chain
-	var err error
-	if url != "" {
+	url, err := postgrestest.Fresh(ctx, "cmd")
+	if err == nil {
 		chain, err = devchain.Start(ctx, devchain.Options{})
 	}
-	if url == "" || err != nil {
+	if err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("the end-to-end test needs TEST_DATABASE_URL and anvil (url set: %v, chain: %v)", url != "", err)
+			t.Fatalf("the end-to-end test needs TEST_DATABASE_URL and anvil: %v", err)
 		}
 		t.Skip("needs TEST_DATABASE_URL and anvil; run 'make test'")
 	}
@@ -159,7 +159,7 @@ func TestServeRefusesAnotherChain(t *testing.T) {
 	db.Close()
 
 	start := func(chain *devchain.Chain) error {
-		cfg, err := configFor(dbURL, chain, "")
+		cfg, err := configFor(dbURL, chain, "0x"+hex.EncodeToString(crypto.FromECDSA(chain.Accounts[0].Key)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -18,6 +20,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -32,6 +35,7 @@ type Main struct {
 
 	db       *postgres.DB
 	rpcs     []*rpc.Client
+	engine   *settle.Engine
 	server   *http.Server
 	serveErr chan error
 }
@@ -83,8 +87,33 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var settleNets []settle.NetworkConfig
+	for i, n := range networks {
+		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys,
+			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
+	}
+	m.engine, err = settle.New(settle.Config{
+		Networks:             settleNets,
+		Store:                m.db,
+		Verifier:             verifier,
+		Deadline:             cfg.SettleTimeout,
+		PollInterval:         cfg.PollInterval,
+		BumpAfter:            cfg.BumpAfter,
+		MaxInFlightPerSigner: cfg.MaxInFlight,
+		RPCTimeout:           cfg.RPCTimeout,
+		Logger:               log,
+		Fault:                faultInjector(cfg.Fault, log),
+	})
+	if err != nil {
+		return err
+	}
+	if err := m.engine.Start(startCtx); err != nil {
+		m.engine = nil
+		return err
+	}
 	srv := api.New(api.Config{
 		Verifier:      verifier,
+		Settler:       m.engine,
 		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), nil),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
@@ -155,6 +184,9 @@ func (m *Main) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	if m.engine != nil {
+		m.engine.Stop()
+	}
 	for _, c := range m.rpcs {
 		c.Close()
 	}
@@ -162,6 +194,21 @@ func (m *Main) Close() error {
 		m.db.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// faultInjector kills the process with SIGKILL at the named settle step: the crash tests' way
+// of stopping the real binary between two writes. Empty means never.
+func faultInjector(point string, log *slog.Logger) func(settle.FaultPoint) {
+	if point == "" {
+		return nil
+	}
+	log.Warn("test fault injection is on: the process will kill itself", "at", point)
+	return func(p settle.FaultPoint) {
+		if string(p) == point {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // SIGKILL is not delivered synchronously; never run past the fault point
+		}
+	}
 }
 
 func openDB(ctx context.Context, url string, log *slog.Logger) (*postgres.DB, error) {

@@ -1,0 +1,248 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+const settlementColumns = `id, network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_before,
+	signer, tx_nonce, state, tx_hash, block_number, error_reason, error_message,
+	success_delivered_at IS NOT NULL, created_at`
+
+func scanSettlement(row pgx.Row) (*facilitator.Settlement, error) {
+	var (
+		s                                     facilitator.Settlement
+		asset, payer, nonce, fp, payTo, signr []byte
+		txHash                                []byte
+		value, validBefore                    pgtype.Numeric
+		block                                 *int64
+		reason, message                       *string
+		state                                 string
+		txNonce                               int64
+	)
+	err := row.Scan(&s.ID, &s.Key.Network, &asset, &payer, &nonce, &fp, &payTo, &value, &validBefore,
+		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, facilitator.ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.Key.Asset, s.Key.Payer, s.PayTo, s.Signer = common.BytesToAddress(asset), common.BytesToAddress(payer), common.BytesToAddress(payTo), common.BytesToAddress(signr)
+	copy(s.Key.Nonce[:], nonce)
+	copy(s.Fingerprint[:], fp)
+	s.Value, s.ValidBefore = numericInt(value), numericInt(validBefore)
+	s.TxNonce, s.State = uint64(txNonce), facilitator.State(state)
+	s.TxHash = common.BytesToHash(txHash)
+	if block != nil {
+		s.BlockNumber = uint64(*block)
+	}
+	if reason != nil {
+		s.ErrorReason = *reason
+	}
+	if message != nil {
+		s.ErrorMessage = *message
+	}
+	return &s, nil
+}
+
+func numericInt(n pgtype.Numeric) *big.Int {
+	if !n.Valid || n.Int == nil {
+		return nil
+	}
+	out := new(big.Int).Set(n.Int)
+	for i := int32(0); i < n.Exp; i++ {
+		out.Mul(out, big.NewInt(10))
+	}
+	return out
+}
+
+func numeric(n *big.Int) pgtype.Numeric { return pgtype.Numeric{Int: new(big.Int).Set(n), Valid: true} }
+
+// SettlementByKey returns the settlement of an authorization.
+func (db *DB) SettlementByKey(ctx context.Context, k facilitator.AuthorizationKey) (*facilitator.Settlement, error) {
+	return scanSettlement(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+` FROM settlements
+		WHERE network = $1 AND asset = $2 AND payer = $3 AND auth_nonce = $4`, k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]))
+}
+
+// SettlementByID returns a settlement.
+func (db *DB) SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error) {
+	return scanSettlement(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+` FROM settlements WHERE id = $1`, id))
+}
+
+// InsertSettlement writes the row, its first transaction and its first event in one statement
+// (one round trip, atomic) before anything is broadcast.
+func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+	var id int64
+	err := db.pool.QueryRow(ctx, `
+		WITH s AS (
+			INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
+				valid_before, x402_version, request, signer, tx_nonce, state)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'signed')
+			RETURNING id),
+		t AS (
+			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
+			SELECT $14, id, $15, $16, $17 FROM s),
+		e AS (
+			INSERT INTO settlement_events (settlement_id, state, detail)
+			SELECT id, 'signed', $18 FROM s)
+		SELECT id FROM s`,
+		s.Key.Network, s.Key.Asset[:], s.Key.Payer[:], s.Key.Nonce[:], s.Fingerprint[:], s.PayTo[:],
+		numeric(s.Value), numeric(s.ValidAfter), numeric(s.ValidBefore), s.X402Version, s.Request,
+		s.Signer[:], int64(s.TxNonce),
+		s.Tx.Hash[:], s.Tx.Raw, numeric(s.Tx.TipCap), numeric(s.Tx.FeeCap),
+		fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce),
+	).Scan(&id)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		if pgErr.ConstraintName == "settlements_network_signer_tx_nonce_key" {
+			return 0, facilitator.ErrNonceTaken
+		}
+		return 0, facilitator.ErrDuplicate
+	}
+	return id, err
+}
+
+// AddTx records a replacement transaction before it is sent.
+func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
+	_, err := db.pool.Exec(ctx, `
+		WITH t AS (
+			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
+			VALUES ($1, $2, $3, $4, $5))
+		INSERT INTO settlement_events (settlement_id, state, detail) VALUES ($2, 'bumped', $6)`,
+		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex())
+	return err
+}
+
+// MarkBroadcast records that nodes accepted these settlements' transactions.
+func (db *DB) MarkBroadcast(ctx context.Context, ids []int64) error {
+	_, err := db.pool.Exec(ctx, `
+		WITH u AS (
+			UPDATE settlements SET state = 'broadcast', updated_at = now()
+			WHERE id = ANY($1) AND state = 'signed' RETURNING id)
+		INSERT INTO settlement_events (settlement_id, state) SELECT id, 'broadcast' FROM u`, ids)
+	return err
+}
+
+// Resolve records an open settlement's outcome.
+func (db *DB) Resolve(ctx context.Context, id int64, r settle.Resolution) error {
+	_, err := db.pool.Exec(ctx, `
+		WITH u AS (
+			UPDATE settlements SET state = $2, tx_hash = $3, block_number = $4, block_hash = $5,
+				error_reason = NULLIF($6, ''), error_message = NULLIF($7, ''), updated_at = now()
+			WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING id)
+		INSERT INTO settlement_events (settlement_id, state, detail)
+		SELECT id, $2, $8 FROM u`,
+		id, string(r.State), r.TxHash[:], int64(r.BlockNumber), r.BlockHash[:], r.ErrorReason, r.ErrorMessage,
+		fmt.Sprintf("tx %s block %d %s", r.TxHash.Hex(), r.BlockNumber, r.ErrorReason))
+	return err
+}
+
+// Reopen moves a mined settlement back to broadcast after a reorg.
+func (db *DB) Reopen(ctx context.Context, id int64, detail string) error {
+	_, err := db.pool.Exec(ctx, `
+		WITH u AS (
+			UPDATE settlements SET state = 'broadcast', tx_hash = NULL, block_number = NULL, block_hash = NULL,
+				error_reason = NULL, error_message = NULL, updated_at = now()
+			WHERE id = $1 AND state = 'mined' RETURNING id)
+		INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'broadcast', $2 FROM u`, id, detail)
+	return err
+}
+
+// MarkFinal moves a mined settlement to final.
+func (db *DB) MarkFinal(ctx context.Context, id int64) error {
+	_, err := db.pool.Exec(ctx, `
+		WITH u AS (
+			UPDATE settlements SET state = 'final', updated_at = now() WHERE id = $1 AND state = 'mined' RETURNING id)
+		INSERT INTO settlement_events (settlement_id, state) SELECT id, 'final' FROM u`, id)
+	return err
+}
+
+// ClaimDelivery records that a caller is being told success; only one ever is.
+func (db *DB) ClaimDelivery(ctx context.Context, id int64) (bool, error) {
+	tag, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = now()
+		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL`, id)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ReleaseDelivery undoes a claim whose answer was not written.
+func (db *DB) ReleaseDelivery(ctx context.Context, id int64) error {
+	_, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = NULL WHERE id = $1`, id)
+	return err
+}
+
+// OpenSettlements lists a signer's unfinished settlements with their transactions.
+func (db *DB) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
+		WHERE network = $1 AND signer = $2 AND state IN ('signed', 'broadcast', 'mined') ORDER BY tx_nonce`, network, signer[:])
+	if err != nil {
+		return nil, err
+	}
+	var out []settle.OpenSettlement
+	index := map[int64]int{}
+	for rows.Next() {
+		s, err := scanSettlement(rows)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		index[s.ID] = len(out)
+		out = append(out, settle.OpenSettlement{Settlement: *s})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	ids := make([]int64, 0, len(out))
+	for _, o := range out {
+		ids = append(ids, o.ID)
+	}
+	txRows, err := db.pool.Query(ctx, `SELECT settlement_id, tx_hash, raw, gas_tip_cap, gas_fee_cap FROM settlement_txs
+		WHERE settlement_id = ANY($1) ORDER BY created_at, tx_hash`, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer txRows.Close()
+	for txRows.Next() {
+		var id int64
+		var hash, raw []byte
+		var tip, feeCap pgtype.Numeric
+		if err := txRows.Scan(&id, &hash, &raw, &tip, &feeCap); err != nil {
+			return nil, err
+		}
+		o := &out[index[id]]
+		o.Txs = append(o.Txs, settle.TxRecord{Hash: common.BytesToHash(hash), Raw: raw, TipCap: numericInt(tip), FeeCap: numericInt(feeCap)})
+	}
+	return out, txRows.Err()
+}
+
+// MaxTxNonce is the highest tx nonce the ledger holds for a signer.
+func (db *DB) MaxTxNonce(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+	var n *int64
+	if err := db.pool.QueryRow(ctx, `SELECT max(tx_nonce) FROM settlements WHERE network = $1 AND signer = $2`,
+		network, signer[:]).Scan(&n); err != nil {
+		return 0, false, err
+	}
+	if n == nil {
+		return 0, false, nil
+	}
+	return uint64(*n), true, nil
+}
+
+var _ settle.Store = (*DB)(nil)

@@ -1,0 +1,63 @@
+package facilitator
+
+import (
+	"math/big"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+)
+
+// State is where a settlement is in its life (DESIGN.md, "A settlement's life"). Verification
+// failures leave no row: nothing was broadcast, and the same authorization may be tried again.
+type State string
+
+const (
+	// StateSigned: the row and the signed raw transaction are committed; it may not have left the process.
+	StateSigned State = "signed"
+	// StateBroadcast: a node accepted the transaction (or already knew it).
+	StateBroadcast State = "broadcast"
+	// StateMined: a receipt with status 1 and the expected Transfer log.
+	StateMined State = "mined"
+	// StateFinal: mined and as deep as the network's finality depth.
+	StateFinal State = "final"
+	// StateReverted: our transaction was mined with status 0 and the authorization is unused.
+	StateReverted State = "reverted"
+	// StateExpired: validBefore passed with the authorization unused and nothing of ours can land.
+	StateExpired State = "expired"
+	// StateSettledElsewhere: the authorization was used by a transaction that is not ours.
+	StateSettledElsewhere State = "settled_elsewhere"
+)
+
+// Open reports whether the engine still owes this settlement an outcome.
+func (s State) Open() bool { return s == StateSigned || s == StateBroadcast }
+
+// Succeeded reports whether the transfer happened through our transaction.
+func (s State) Succeeded() bool { return s == StateMined || s == StateFinal }
+
+// AuthorizationKey identifies an EIP-3009 authorization: nonces are unique per authorizer and
+// token, not globally.
+type AuthorizationKey struct {
+	Network string
+	Asset   common.Address
+	Payer   common.Address
+	Nonce   [32]byte
+}
+
+// Settlement is a ledger row.
+type Settlement struct {
+	ID           int64
+	Key          AuthorizationKey
+	Fingerprint  Fingerprint
+	PayTo        common.Address
+	Value        *big.Int
+	ValidBefore  *big.Int
+	Signer       common.Address
+	TxNonce      uint64
+	State        State
+	TxHash       common.Hash // the mined variant once known, else the latest sent
+	BlockNumber  uint64
+	ErrorReason  string
+	ErrorMessage string
+	Delivered    bool // a caller has been answered success: true
+	CreatedAt    time.Time
+}

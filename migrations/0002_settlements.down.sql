@@ -1,0 +1,3 @@
+DROP TABLE settlement_events;
+DROP TABLE settlement_txs;
+DROP TABLE settlements;

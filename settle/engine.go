@@ -1,0 +1,420 @@
+// Package settle is the settlement engine: it turns a verified EIP-3009 authorization into exactly
+// one on-chain transfer, durably. Its rules are DESIGN.md's invariants: the ledger row and the
+// signed transaction are committed before anything is broadcast; one nonce owner per signer key;
+// at most one transaction family per authorization; an outcome is never reported as failed until
+// the chain proves it; exactly one caller is told success.
+package settle
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// Verifier is what the engine needs of verify.
+type Verifier interface {
+	Route(p *facilitator.Payment) (*facilitator.Network, error)
+	Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, error)
+}
+
+// FaultPoint names a step of a settlement at which a crash test kills the process.
+type FaultPoint string
+
+// The steps crash tests stop at.
+const (
+	FaultBeforeCommit   FaultPoint = "before-commit"
+	FaultAfterCommit    FaultPoint = "after-commit"
+	FaultAfterBroadcast FaultPoint = "after-broadcast"
+	FaultAfterReceipt   FaultPoint = "after-receipt"
+)
+
+// NetworkConfig is one chain the engine settles on.
+type NetworkConfig struct {
+	Network facilitator.Network
+	Chain   Chain
+	Signers []*ecdsa.PrivateKey
+	// FinalityDepth is the number of confirmations (the mined block counts as one) at which a
+	// settlement is final.
+	FinalityDepth uint64
+}
+
+// Config configures the engine. Zero durations take the defaults in New.
+type Config struct {
+	Networks []NetworkConfig
+	Store    Store
+	Verifier Verifier
+	// Deadline bounds one /settle: past it the answer is settlement_pending with the hash, and the
+	// engine keeps going. The official resource server gives up after 90 s.
+	Deadline time.Duration
+	// PollInterval is how often receipts are polled.
+	PollInterval time.Duration
+	// RetryInterval is how soon a transaction no node accepted yet is sent again.
+	RetryInterval time.Duration
+	// RebroadcastAfter resends an accepted but unmined transaction, in case a node dropped it.
+	RebroadcastAfter time.Duration
+	// BumpAfter replaces an unmined transaction with one paying 10% more (the same nonce).
+	BumpAfter time.Duration
+	// MaxFeeCap bounds what a bump may reach (nil: unbounded).
+	MaxFeeCap *big.Int
+	// MinTip is the least tip offered.
+	MinTip *big.Int
+	// MaxInFlightPerSigner bounds the unmined transactions per signer; past it /settle answers 503.
+	MaxInFlightPerSigner int
+	RPCTimeout           time.Duration
+	Logger               *slog.Logger
+	Now                  func() time.Time
+	// Fault is called at each FaultPoint; only crash tests set it.
+	Fault func(FaultPoint)
+}
+
+// Engine settles payments. Start it before use and Stop it at shutdown.
+type Engine struct {
+	cfg      Config
+	store    Store
+	verifier Verifier
+	log      *slog.Logger
+	networks map[string]*network
+
+	mu      sync.Mutex
+	flights map[int64]*flight
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New builds an engine.
+func New(cfg Config) (*Engine, error) {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.Deadline, 30*time.Second)
+	def(&cfg.PollInterval, 500*time.Millisecond)
+	def(&cfg.RetryInterval, time.Second)
+	def(&cfg.RebroadcastAfter, 30*time.Second)
+	def(&cfg.BumpAfter, 90*time.Second)
+	def(&cfg.RPCTimeout, 5*time.Second)
+	if cfg.MaxInFlightPerSigner == 0 {
+		cfg.MaxInFlightPerSigner = 128
+	}
+	if cfg.MinTip == nil {
+		cfg.MinTip = big.NewInt(1)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	e := &Engine{cfg: cfg, store: cfg.Store, verifier: cfg.Verifier, log: cfg.Logger,
+		networks: map[string]*network{}, flights: map[int64]*flight{}}
+	for _, nc := range cfg.Networks {
+		if len(nc.Signers) == 0 {
+			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
+		}
+		n := &network{engine: e, id: nc.Network, chain: nc.Chain, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}}
+		seen := map[common.Address]bool{}
+		for _, k := range nc.Signers {
+			s := newSender(n, k, cfg.MaxInFlightPerSigner)
+			if seen[s.addr] {
+				return nil, fmt.Errorf("settle: network %s lists signer %s twice", nc.Network.ID, s.addr)
+			}
+			seen[s.addr] = true
+			n.senders = append(n.senders, s)
+		}
+		e.networks[nc.Network.ID] = n
+	}
+	return e, nil
+}
+
+// Start recovers every settlement the ledger holds between signed and final (rebroadcasting what
+// the chain may not have, watching the rest) and starts the broadcasters and watchers.
+func (e *Engine) Start(ctx context.Context) error {
+	for _, n := range e.networks {
+		for _, s := range n.senders {
+			if err := e.recover(ctx, s); err != nil {
+				return err
+			}
+		}
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.cancel = cancel
+	for _, n := range e.networks {
+		for _, s := range n.senders {
+			e.wg.Add(1)
+			go func() { defer e.wg.Done(); s.broadcastLoop(runCtx) }()
+		}
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); n.watchLoop(runCtx) }()
+	}
+	return nil
+}
+
+// Stop ends the loops. Unfinished settlements stay in the ledger; the next Start resumes them.
+func (e *Engine) Stop() {
+	if e.cancel != nil {
+		e.cancel()
+	}
+	e.wg.Wait()
+}
+
+func (e *Engine) recover(ctx context.Context, s *sender) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.load(ctx); err != nil {
+		return fmt.Errorf("settle: %s signer %s: %w", s.net.id.ID, s.addr, err)
+	}
+	open, err := e.store.OpenSettlements(ctx, s.net.id.ID, s.addr)
+	if err != nil {
+		return fmt.Errorf("settle: loading open settlements: %w", err)
+	}
+	for _, o := range open {
+		if len(o.Txs) == 0 {
+			continue
+		}
+		f := newFlight(o.ID, o.State)
+		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = o.Key, o.Fingerprint, o.PayTo, o.Value, o.ValidBefore
+		f.sender, f.nonce = s, o.TxNonce
+		if o.State.Succeeded() {
+			f.minedHash, f.block = o.TxHash, o.BlockNumber
+		}
+		for _, t := range o.Txs {
+			f.txs = append(f.txs, &sentTx{hash: t.Hash, raw: t.Raw, fees: Fees{TipCap: t.TipCap, FeeCap: t.FeeCap}, signedAt: o.CreatedAt})
+		}
+		// Gas and calldata for fee bumps come from the last signed transaction.
+		if err := f.restoreTemplate(); err != nil {
+			return fmt.Errorf("settle: settlement %d: %w", o.ID, err)
+		}
+		e.track(f)
+		if o.State.Open() {
+			s.inFlight.Add(1)
+			s.enqueue(f) // the chain may never have seen it: resending is harmless if it has
+		}
+	}
+	if len(open) > 0 {
+		e.log.Info("resumed open settlements", "network", s.net.id.ID, "signer", s.addr, "count", len(open), "next_nonce", s.next)
+	}
+	return nil
+}
+
+func (e *Engine) track(f *flight) {
+	e.mu.Lock()
+	e.flights[f.id] = f
+	e.mu.Unlock()
+}
+
+func (e *Engine) untrack(f *flight) {
+	e.mu.Lock()
+	delete(e.flights, f.id)
+	e.mu.Unlock()
+}
+
+func (e *Engine) flight(id int64) *flight {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.flights[id]
+}
+
+func (e *Engine) flightsOf(n *network) []*flight {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*flight
+	for _, f := range e.flights {
+		if f.sender != nil && f.sender.net == n {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (e *Engine) fault(p FaultPoint) {
+	if e.cfg.Fault != nil {
+		e.cfg.Fault(p)
+	}
+}
+
+func (e *Engine) now() time.Time { return e.cfg.Now() }
+
+// Outcome is a /settle answer, and whether it delivered the settlement's one success.
+type Outcome struct {
+	Response     facilitator.SettleResponse
+	SettlementID int64
+	// Claimed: this answer is the settlement's success. If it cannot be written to the caller,
+	// ReleaseDelivery hands the success to the next caller instead.
+	Claimed bool
+}
+
+// Settle settles p, or reports on the settlement already made for its authorization. The error is
+// non-nil only when no answer about the payment can be given (bad request, ledger or node down,
+// every signer busy): then nothing was broadcast.
+func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, error) {
+	id, err := e.verifier.Route(p)
+	if err != nil {
+		return Outcome{}, err
+	}
+	n := e.networks[id.ID]
+	if n == nil {
+		return Outcome{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network %q has no settlement signers", p.Requirements.Network)
+	}
+	if p.Permit2 {
+		return fail(p, facilitator.ReasonUnsupportedPayloadType, "Permit2 payloads are not supported by this facilitator", common.Hash{}), nil
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, e.cfg.Deadline)
+	defer cancel()
+	key := facilitator.AuthorizationKey{Network: id.ID, Asset: p.Requirements.Asset, Payer: p.Authorization.From, Nonce: p.Authorization.Nonce}
+	fp := p.Fingerprint()
+
+	existing, err := e.store.SettlementByKey(waitCtx, key)
+	switch {
+	case err == nil:
+		return e.follow(ctx, waitCtx, p, fp, existing)
+	case !errors.Is(err, facilitator.ErrNotFound):
+		return Outcome{}, ledgerDown(err)
+	}
+
+	s := n.pickSender()
+	if s == nil {
+		return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
+	}
+	res, gas, err := e.verifier.Settleable(waitCtx, p, s.addr)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if !res.IsValid {
+		if res.InvalidReason == facilitator.ReasonNonceAlreadyUsed {
+			// Possibly ours, committed by a concurrent request since the lookup above.
+			if existing, err := e.store.SettlementByKey(waitCtx, key); err == nil {
+				return e.follow(ctx, waitCtx, p, fp, existing)
+			}
+		}
+		return fail(p, res.InvalidReason, res.InvalidMessage, common.Hash{}), nil
+	}
+
+	row := &NewSettlement{
+		Key: key, Fingerprint: fp, PayTo: p.Authorization.To, Value: p.Authorization.Value,
+		ValidAfter: p.Authorization.ValidAfter, ValidBefore: p.Authorization.ValidBefore,
+		X402Version: p.X402Version, Request: p.Body,
+	}
+	if row.Request == nil {
+		row.Request = []byte("{}")
+	}
+	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))
+	f, err := s.submit(waitCtx, row, key.Asset, data, gas)
+	if errors.Is(err, facilitator.ErrDuplicate) {
+		existing, err := e.store.SettlementByKey(waitCtx, key)
+		if err != nil {
+			return Outcome{}, ledgerDown(err)
+		}
+		return e.follow(ctx, waitCtx, p, fp, existing)
+	}
+	if err != nil {
+		return Outcome{}, err
+	}
+	e.log.Info("settlement signed", "settlement", f.id, "network", id.ID, "payer", key.Payer, "nonce", hexutil.Encode(key.Nonce[:]),
+		"signer", s.addr, "tx_nonce", f.nonce, "tx", f.view().hash)
+	return e.await(ctx, waitCtx, p, f), nil
+}
+
+// follow answers a request for an authorization that already has a settlement.
+func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp facilitator.Fingerprint, s *facilitator.Settlement) (Outcome, error) {
+	if s.Fingerprint != fp {
+		// Someone else's request for the same authorization (a different signature or requirements):
+		// it gets no success and does not wait.
+		return fail(p, facilitator.ReasonNonceAlreadyUsed, "this authorization is already being settled from a different request", s.TxHash), nil
+	}
+	if f := e.flight(s.ID); f != nil {
+		return e.await(ctx, waitCtx, p, f), nil
+	}
+	// Not ours in memory: another process's, or resolved. Read the ledger until it is settled.
+	for !s.State.Succeeded() && s.State.Open() {
+		select {
+		case <-waitCtx.Done():
+			return e.answer(ctx, p, viewOf(s)), nil
+		case <-time.After(e.cfg.PollInterval):
+		}
+		next, err := e.store.SettlementByID(waitCtx, s.ID)
+		if err != nil {
+			if waitCtx.Err() != nil {
+				return e.answer(ctx, p, viewOf(s)), nil
+			}
+			return Outcome{}, ledgerDown(err)
+		}
+		s = next
+	}
+	return e.answer(ctx, p, viewOf(s)), nil
+}
+
+func viewOf(s *facilitator.Settlement) view {
+	return view{id: s.ID, state: s.State, hash: s.TxHash, block: s.BlockNumber, reason: s.ErrorReason, message: s.ErrorMessage, delivered: s.Delivered}
+}
+
+// await waits for f's outcome within the deadline.
+func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *flight) Outcome {
+	return e.answer(ctx, p, f.wait(waitCtx, settled))
+}
+
+// answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
+// the first to claim it while still connected.
+func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Outcome {
+	out := Outcome{SettlementID: v.id}
+	switch {
+	case v.state.Open():
+		out.Response = fail(p, facilitator.ReasonSettlementPending,
+			"the transaction is broadcast and has no receipt yet; send the same payload again for its outcome (do not sign a new authorization)", v.hash).Response
+	case v.state.Succeeded() && v.reason != "":
+		out.Response = fail(p, v.reason, v.message, v.hash).Response
+	case v.state.Succeeded():
+		if ctx.Err() == nil {
+			claimed, err := e.store.ClaimDelivery(context.WithoutCancel(ctx), v.id)
+			if err != nil {
+				e.log.Warn("claiming a success; answering pending", "settlement", v.id, "err", err)
+				out.Response = fail(p, facilitator.ReasonSettlementPending, "the transfer is mined; send the same payload again for the answer", v.hash).Response
+				return out
+			}
+			out.Claimed = claimed
+		}
+		if out.Claimed {
+			out.Response = facilitator.SettleResponse{Success: true, Transaction: v.hash.Hex(), Network: p.Network, Payer: p.Payer}
+		} else {
+			out.Response = fail(p, facilitator.ReasonAlreadySettled,
+				"this authorization was already settled and its success answered to an earlier request", v.hash).Response
+		}
+	case v.state == facilitator.StateSettledElsewhere:
+		out.Response = fail(p, facilitator.ReasonNonceAlreadyUsed, "the authorization was used by a transaction that is not ours", common.Hash{}).Response
+	default:
+		out.Response = fail(p, orDefault(v.reason, facilitator.ReasonTransactionFailed), v.message, v.hash).Response
+	}
+	return out
+}
+
+// ReleaseDelivery undoes a claimed success whose answer never reached the caller.
+func (e *Engine) ReleaseDelivery(ctx context.Context, id int64) error {
+	return e.store.ReleaseDelivery(ctx, id)
+}
+
+func fail(p *facilitator.Payment, reason, message string, tx common.Hash) Outcome {
+	r := facilitator.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: message, Network: p.Network, Payer: p.Payer}
+	if tx != (common.Hash{}) {
+		r.Transaction = tx.Hex()
+	}
+	return Outcome{Response: r}
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}

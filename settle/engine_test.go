@@ -1,0 +1,202 @@
+package settle_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"fmt"
+	"math/big"
+	"sync"
+	"testing"
+
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// TestSettleOnce: one payment settles, the payee gets exactly the amount, the ledger row is
+// mined with the receipt's hash, and a repeat of the same payload is not a second success.
+func TestSettleOnce(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	ctx := context.Background()
+	payer := fundedPayer(t, 5_000_000)
+	p := newPay(t, payer, 1_250_000)
+	body := p.body(t)
+
+	out, err := r.settleBody(ctx, t, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := out.Response
+	if !res.Success || res.Transaction == "" || res.Network != network().ID || res.Payer != crypto.PubkeyToAddress(payer.PublicKey).Hex() || !out.Claimed {
+		t.Fatalf("first settle: %+v", out)
+	}
+	if got := balance(t, p.payTo); got.Int64() != 1_250_000 {
+		t.Fatalf("payee holds %s, want 1250000", got)
+	}
+	s, err := r.db.SettlementByID(ctx, out.SettlementID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.State.Succeeded() || s.TxHash.Hex() != res.Transaction || !s.Delivered {
+		t.Fatalf("ledger row %+v", s)
+	}
+
+	again, err := r.settleBody(ctx, t, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled || again.Response.Transaction != res.Transaction {
+		t.Fatalf("repeat: %+v", again.Response)
+	}
+	if got := balance(t, p.payTo); got.Int64() != 1_250_000 {
+		t.Fatalf("payee holds %s after the repeat", got)
+	}
+}
+
+// TestSettleConcurrentDuplicates: 50 concurrent settles of one payload make one transaction and
+// one transfer; one caller gets success, every other gets the same transaction as already settled.
+func TestSettleConcurrentDuplicates(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	payer := fundedPayer(t, 1_000_000)
+	p := newPay(t, payer, 700_000)
+	body := p.body(t)
+
+	const n = 50
+	outs := make([]settle.Outcome, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			outs[i], errs[i] = r.settleBody(context.Background(), t, body)
+		}()
+	}
+	close(start)
+	wg.Wait()
+
+	successes := 0
+	tx := ""
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("caller %d: %v", i, errs[i])
+		}
+		res := outs[i].Response
+		if tx == "" {
+			tx = res.Transaction
+		}
+		if res.Transaction != tx || tx == "" {
+			t.Fatalf("caller %d saw transaction %q, another %q", i, res.Transaction, tx)
+		}
+		switch {
+		case res.Success:
+			successes++
+		case res.ErrorReason == facilitator.ReasonAlreadySettled:
+		default:
+			t.Fatalf("caller %d: %+v", i, res)
+		}
+	}
+	if successes != 1 {
+		t.Fatalf("%d callers were told success", successes)
+	}
+	if got := balance(t, p.payTo); got.Int64() != 700_000 {
+		t.Fatalf("payee holds %s, want exactly 700000", got)
+	}
+	if got := balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got.Int64() != 300_000 {
+		t.Fatalf("payer holds %s, want 300000", got)
+	}
+	signer := crypto.PubkeyToAddress(r.signers[0].PublicKey)
+	if nonce, err := chain.Client.NonceAt(context.Background(), signer, nil); err != nil || nonce != 1 {
+		t.Fatalf("signer sent %d transactions (%v), want exactly 1", nonce, err)
+	}
+}
+
+// TestSettleManyPayers: 200 distinct payments at concurrency 32 over two signer keys all settle,
+// with no nonce error, each signer's nonces used without gaps, and every payee paid once.
+func TestSettleManyPayers(t *testing.T) {
+	signers := []*ecdsa.PrivateKey{newSigner(t), newSigner(t)}
+	r := newRig(t, rigOptions{signers: signers})
+	const total, conc = 200, 32
+	pays := make([]pay, total)
+	bodies := make([][]byte, total)
+	for i := range pays {
+		pays[i] = newPay(t, fundedPayer(t, 10_000), 10_000)
+		bodies[i] = pays[i].body(t)
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failures := []string{}
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				out, err := r.settleBody(context.Background(), t, bodies[i])
+				if err != nil || !out.Response.Success {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("payment %d: %+v %v", i, out.Response, err))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range total {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("%d of %d failed, first: %s", len(failures), total, failures[0])
+	}
+	for i, p := range pays {
+		if got := balance(t, p.payTo); got.Int64() != 10_000 {
+			t.Fatalf("payee %d holds %s", i, got)
+		}
+	}
+	var sent uint64
+	for _, k := range signers {
+		n, err := chain.Client.NonceAt(context.Background(), crypto.PubkeyToAddress(k.PublicKey), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Fatalf("signer %s sent nothing: keys are not shared out", crypto.PubkeyToAddress(k.PublicKey))
+		}
+		sent += n
+	}
+	if sent != total {
+		t.Fatalf("signers used %d nonces for %d payments (a gap or a reuse)", sent, total)
+	}
+}
+
+// TestSettleInvalidLeavesNoRow: a payment that fails verification is answered with the reason and
+// nothing is written or sent, so the same authorization can be settled once it becomes valid.
+func TestSettleInvalidLeavesNoRow(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	ctx := context.Background()
+	payer, _ := crypto.GenerateKey() // holds no USDC yet
+	p := newPay(t, payer, 50_000)
+	body := p.body(t)
+	out, err := r.settleBody(ctx, t, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonInsufficientBalance || out.Response.Transaction != "" {
+		t.Fatalf("unfunded payer: %+v", out.Response)
+	}
+	key := facilitator.AuthorizationKey{Network: network().ID, Asset: chain.USDC.Address, Payer: crypto.PubkeyToAddress(payer.PublicKey), Nonce: p.nonce}
+	if _, err := r.db.SettlementByKey(ctx, key); err != facilitator.ErrNotFound {
+		t.Fatalf("a rejected settlement left a row: %v", err)
+	}
+	if err := chain.USDC.Mint(ctx, key.Payer, big.NewInt(50_000)); err != nil {
+		t.Fatal(err)
+	}
+	out, err = r.settleBody(ctx, t, body)
+	if err != nil || !out.Response.Success {
+		t.Fatalf("after funding: %+v %v", out.Response, err)
+	}
+}

@@ -1,0 +1,138 @@
+package settle
+
+import (
+	"context"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// flight is a settlement this process is working: its transactions, and everyone waiting for
+// its outcome. The ledger row is the truth; a flight is the engine's working copy of it.
+type flight struct {
+	id          int64
+	key         facilitator.AuthorizationKey
+	fingerprint facilitator.Fingerprint
+	payTo       common.Address
+	value       *big.Int
+	validBefore *big.Int
+	sender      *sender
+	nonce       uint64
+	gas         uint64
+	data        []byte
+
+	mu        sync.Mutex
+	state     facilitator.State
+	minedHash common.Hash
+	block     uint64
+	blockHash common.Hash
+	reason    string
+	message   string
+	txs       []*sentTx // in the order signed; the last is the one to (re)send
+	changed   chan struct{}
+}
+
+// sentTx is one signed variant of a flight's transaction.
+type sentTx struct {
+	hash     common.Hash
+	raw      []byte
+	fees     Fees
+	signedAt time.Time
+	sentAt   time.Time // zero until a node accepted it
+	tried    time.Time // last send attempt
+}
+
+// view is a consistent snapshot of a flight.
+type view struct {
+	id        int64
+	state     facilitator.State
+	hash      common.Hash // the mined variant, else the latest signed
+	block     uint64
+	reason    string
+	message   string
+	delivered bool
+}
+
+func newFlight(id int64, state facilitator.State) *flight {
+	return &flight{id: id, state: state, changed: make(chan struct{})}
+}
+
+func (f *flight) view() view {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.viewLocked()
+}
+
+func (f *flight) viewLocked() view {
+	v := view{id: f.id, state: f.state, block: f.block, reason: f.reason, message: f.message, hash: f.minedHash}
+	if v.hash == (common.Hash{}) && len(f.txs) > 0 {
+		v.hash = f.txs[len(f.txs)-1].hash
+	}
+	return v
+}
+
+// update changes the flight under its lock and wakes its waiters.
+func (f *flight) update(change func(f *flight)) {
+	f.mu.Lock()
+	change(f)
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
+}
+
+// wait returns the flight's view once done(view) holds, or the latest view when ctx ends.
+func (f *flight) wait(ctx context.Context, done func(view) bool) view {
+	for {
+		f.mu.Lock()
+		v, ch := f.viewLocked(), f.changed
+		f.mu.Unlock()
+		if done(v) {
+			return v
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return v
+		}
+	}
+}
+
+// latest is the variant to (re)send.
+func (f *flight) latest() *sentTx {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.txs) == 0 {
+		return nil
+	}
+	return f.txs[len(f.txs)-1]
+}
+
+func (f *flight) hashes() []common.Hash {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]common.Hash, len(f.txs))
+	for i, t := range f.txs {
+		out[i] = t.hash
+	}
+	return out
+}
+
+// settled reports whether the flight has its outcome (success or proven failure).
+func settled(v view) bool { return !v.state.Open() }
+
+// restoreTemplate recovers gas and calldata from the latest signed transaction, so a recovered
+// flight can be fee-bumped like a new one.
+func (f *flight) restoreTemplate() error {
+	t := f.txs[len(f.txs)-1]
+	var tx types.Transaction
+	if err := tx.UnmarshalBinary(t.raw); err != nil {
+		return err
+	}
+	f.gas, f.data = tx.Gas(), tx.Data()
+	return nil
+}

@@ -1,0 +1,98 @@
+package settle
+
+import (
+	"context"
+	"math/big"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// network is the engine's state for one chain: its signers and its fee suggestion.
+type network struct {
+	engine  *Engine
+	id      facilitator.Network
+	chain   Chain
+	senders []*sender
+	depth   uint64 // confirmations at which a mined settlement is final
+
+	feeMu   sync.Mutex
+	feeAt   time.Time
+	feeLast Fees
+
+	bumpMu sync.Mutex
+	bumps  map[int64]bool // flights a node called underpriced: bump on the next watch
+}
+
+// feeTTL bounds how stale a fee suggestion may be; base fees move once per block.
+const feeTTL = 2 * time.Second
+
+// fees returns the current suggestion, read at most once per feeTTL: the base fee of the latest
+// block and the node's tip, in one round trip.
+func (n *network) fees(ctx context.Context) (Fees, error) {
+	n.feeMu.Lock()
+	defer n.feeMu.Unlock()
+	e := n.engine
+	if !n.feeAt.IsZero() && e.now().Sub(n.feeAt) < feeTTL {
+		return n.feeLast, nil
+	}
+	var head struct {
+		BaseFee *hexutil.Big `json:"baseFeePerGas"`
+	}
+	var tip hexutil.Big
+	batch := []rpc.BatchElem{
+		{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &head},
+		{Method: "eth_maxPriorityFeePerGas", Result: &tip},
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
+	defer cancel()
+	err := n.chain.BatchCallContext(ctx, batch)
+	if err == nil {
+		err = batch[0].Error
+	}
+	if err != nil || head.BaseFee == nil {
+		return Fees{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the network's fees; nothing was sent, retry", err)
+	}
+	t := (*big.Int)(&tip)
+	if batch[1].Error != nil {
+		t = big.NewInt(0) // a node without the method: the floor applies
+	}
+	n.feeLast = SuggestFees((*big.Int)(head.BaseFee), t, e.cfg.MinTip)
+	n.feeAt = e.now()
+	return n.feeLast, nil
+}
+
+// pickSender returns the signer with the fewest transactions in flight, or nil when all are at
+// the limit (back-pressure: the caller answers 503 with Retry-After rather than queue forever).
+func (n *network) pickSender() *sender {
+	var best *sender
+	for _, s := range n.senders {
+		if s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
+			continue
+		}
+		if best == nil || s.inFlight.Load() < best.inFlight.Load() {
+			best = s
+		}
+	}
+	return best
+}
+
+func (n *network) wantBump(f *flight) {
+	n.bumpMu.Lock()
+	n.bumps[f.id] = true
+	n.bumpMu.Unlock()
+}
+
+func (n *network) takeBump(f *flight) bool {
+	n.bumpMu.Lock()
+	defer n.bumpMu.Unlock()
+	if n.bumps[f.id] {
+		delete(n.bumps, f.id)
+		return true
+	}
+	return false
+}

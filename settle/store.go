@@ -1,0 +1,78 @@
+package settle
+
+import (
+	"context"
+	"math/big"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Store is the part of the ledger the engine needs. Errors: facilitator.ErrNotFound,
+// facilitator.ErrDuplicate (the authorization has a row), facilitator.ErrNonceTaken (the signer's
+// tx nonce has a row); anything else means the ledger is unavailable.
+type Store interface {
+	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
+	SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error)
+	// InsertSettlement commits the row, its first signed transaction and the "signed" event at
+	// once. It is the write before the broadcast.
+	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
+	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent.
+	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
+	MarkBroadcast(ctx context.Context, ids []int64) error
+	// Resolve moves an open settlement to its outcome; it does nothing to a settlement no longer open.
+	Resolve(ctx context.Context, id int64, r Resolution) error
+	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain.
+	Reopen(ctx context.Context, id int64, detail string) error
+	MarkFinal(ctx context.Context, id int64) error
+	// ClaimDelivery records that a caller is being answered success: true. It returns false when
+	// another caller already was, or the settlement did not succeed.
+	ClaimDelivery(ctx context.Context, id int64) (bool, error)
+	// ReleaseDelivery undoes a claim whose answer could not be written.
+	ReleaseDelivery(ctx context.Context, id int64) error
+	// OpenSettlements lists the signer's settlements in signed, broadcast or mined state, with all
+	// their transactions, in tx nonce order.
+	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]OpenSettlement, error)
+	// MaxTxNonce is the highest tx nonce the ledger holds for the signer.
+	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
+}
+
+// NewSettlement is a row to insert.
+type NewSettlement struct {
+	Key         facilitator.AuthorizationKey
+	Fingerprint facilitator.Fingerprint
+	PayTo       common.Address
+	Value       *big.Int
+	ValidAfter  *big.Int
+	ValidBefore *big.Int
+	X402Version int
+	Request     []byte // JSON: {"paymentPayload":…,"paymentRequirements":…}
+	Signer      common.Address
+	TxNonce     uint64
+	Tx          TxRecord
+}
+
+// TxRecord is one signed transaction of a settlement.
+type TxRecord struct {
+	Hash   common.Hash
+	Raw    []byte
+	TipCap *big.Int
+	FeeCap *big.Int
+}
+
+// Resolution is a settlement's outcome as read from the chain.
+type Resolution struct {
+	State        facilitator.State
+	TxHash       common.Hash
+	BlockNumber  uint64
+	BlockHash    common.Hash
+	ErrorReason  string
+	ErrorMessage string
+}
+
+// OpenSettlement is a settlement the engine still watches, with every transaction it signed.
+type OpenSettlement struct {
+	facilitator.Settlement
+	Txs []TxRecord
+}
