@@ -1,0 +1,84 @@
+package settle_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"flag"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+var (
+	benchK       = flag.Int("settle.k", 1000, "BenchmarkSettle: distinct payments per run")
+	benchC       = flag.Int("settle.c", 64, "BenchmarkSettle: concurrent /settle callers")
+	benchSigners = flag.Int("settle.signers", 4, "BenchmarkSettle: signer keys")
+)
+
+// BenchmarkSettle settles K distinct pre-signed payments at concurrency C against anvil
+// (auto-mine) through the engine and the real ledger, and reports settlements per second from the
+// first request to the last success. Signing is not timed. Every payment must be paid exactly once.
+//
+//	go test ./settle/ -run '^$' -bench BenchmarkSettle -benchtime 1x -settle.k 1000 -settle.c 64
+func BenchmarkSettle(b *testing.B) {
+	signers := make([]*ecdsa.PrivateKey, *benchSigners)
+	for i := range signers {
+		signers[i] = newSigner(b)
+	}
+	r := newRig(b, rigOptions{signers: signers, deadline: time.Minute, cfg: func(c *settle.Config) { c.Logger = slog.New(slog.DiscardHandler) }})
+	for range b.N {
+		b.StopTimer()
+		pays := make([]pay, *benchK)
+		bodies := make([][]byte, *benchK)
+		for i := range pays {
+			pays[i] = newPay(b, fundedPayer(b, 10_000), 10_000)
+			bodies[i] = pays[i].body(b)
+		}
+		b.StartTimer()
+		start := time.Now()
+		work := make(chan int)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var failed []string
+		for range *benchC {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					out, err := r.settleBody(context.Background(), b, bodies[i])
+					if err != nil || !out.Response.Success {
+						mu.Lock()
+						failed = append(failed, fmt.Sprintf("%+v %v", out.Response, err))
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		for i := range bodies {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		elapsed := time.Since(start)
+		b.StopTimer()
+		if len(failed) > 0 {
+			b.Fatalf("%d of %d settlements failed; first: %s", len(failed), *benchK, failed[0])
+		}
+		transfers := 0
+		for _, p := range pays {
+			if balance(b, p.payTo).Int64() == p.value {
+				transfers++
+			}
+		}
+		if transfers != *benchK {
+			b.Fatalf("%d payees paid for %d payments", transfers, *benchK)
+		}
+		b.ReportMetric(float64(*benchK)/elapsed.Seconds(), "settlements/s")
+		b.ReportMetric(float64(transfers), "transfers")
+		b.StartTimer()
+	}
+}
