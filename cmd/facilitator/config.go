@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/big"
 	"os"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ type Config struct {
 	PollInterval  time.Duration
 	BumpAfter     time.Duration
 	MaxInFlight   int
+	MaxFeeCap     *big.Int // wei; nil: fee bumps are unbounded
 	// Fault is a crash point (settle.FaultPoint) at which the process kills itself: crash tests
 	// set it through FACILITATOR_TEST_FAULT, nothing else does.
 	Fault string
@@ -163,6 +165,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	settleTimeout := fs.String("settle-timeout", env("FACILITATOR_SETTLE_TIMEOUT", "30s"), "bound on one /settle; past it the answer is settlement_pending with the hash (FACILITATOR_SETTLE_TIMEOUT)")
 	pollInterval := fs.String("poll-interval", env("FACILITATOR_POLL_INTERVAL", "500ms"), "how often receipts are polled (FACILITATOR_POLL_INTERVAL)")
 	bumpAfter := fs.String("bump-after", env("FACILITATOR_BUMP_AFTER", "90s"), "replace an unmined settlement transaction with 10% higher fees after this long (FACILITATOR_BUMP_AFTER)")
+	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "cap on the max fee per gas a fee bump may reach, in gwei (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
 	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
@@ -217,6 +220,13 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		}
 	}
 	cfg.MaxInFlight = *maxInFlight
+	if *maxFeeGwei != "" {
+		f, ok := new(big.Float).SetString(*maxFeeGwei)
+		if !ok || f.Sign() <= 0 {
+			return nil, fmt.Errorf("max-fee-gwei: %q is not a positive number", *maxFeeGwei)
+		}
+		cfg.MaxFeeCap, _ = new(big.Float).Mul(f, big.NewFloat(1e9)).Int(nil)
+	}
 	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 	return cfg, nil
 }

@@ -99,6 +99,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Deadline:             cfg.SettleTimeout,
 		PollInterval:         cfg.PollInterval,
 		BumpAfter:            cfg.BumpAfter,
+		MaxFeeCap:            cfg.MaxFeeCap,
 		MaxInFlightPerSigner: cfg.MaxInFlight,
 		RPCTimeout:           cfg.RPCTimeout,
 		Logger:               log,

@@ -1,0 +1,483 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// TestCrashRecovery kills the real binary with SIGKILL at each step of a settlement (through
+// FACILITATOR_TEST_FAULT), restarts it on the same ledger and signer key, and has the merchant
+// retry the same payload: there is never a second transfer or a second transaction, the ledger
+// reaches the chain's truth, and the retrying caller is told success exactly once.
+func TestCrashRecovery(t *testing.T) {
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	dbURL, chain := crashStack(ctx, t)
+	bin := buildFacilitator(ctx, t)
+
+	// A signer of its own: nothing else in this test (or on this chain) moves its nonce.
+	signerKey, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer := crypto.PubkeyToAddress(signerKey.PublicKey)
+	if err := chain.SetBalance(ctx, signer, new(big.Int).Mul(big.NewInt(10), big.NewInt(1e18))); err != nil {
+		t.Fatal(err)
+	}
+	network := facilitator.CAIP2(chain.ChainID)
+	networks, err := json.Marshal([]map[string]any{{
+		"id": network, "rpc": chain.RPCURL, "finality": 1,
+		"tokens": []map[string]string{{"address": chain.USDC.Address.Hex(), "name": chain.USDC.Name, "version": chain.USDC.Version}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"DATABASE_URL":               dbURL,
+		"FACILITATOR_NETWORKS":       string(networks),
+		"FACILITATOR_SIGNER_KEYS":    "0x" + hex.EncodeToString(crypto.FromECDSA(signerKey)),
+		"FACILITATOR_POLL_INTERVAL":  "50ms",
+		"FACILITATOR_SETTLE_TIMEOUT": "5s",
+		"FACILITATOR_LOG_LEVEL":      "debug",
+	}
+	db, err := postgres.Open(ctx, dbURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+
+	h := &crashHarness{bin: bin, env: env, chain: chain, db: db, signer: signer, network: network}
+	for _, point := range []settle.FaultPoint{settle.FaultBeforeCommit, settle.FaultAfterCommit, settle.FaultAfterBroadcast, settle.FaultAfterReceipt} {
+		// The subtests share the ledger and the signer: after a failure the next would only
+		// measure its leftovers.
+		if !t.Run(string(point), func(t *testing.T) { h.run(ctx, t, point) }) {
+			break
+		}
+	}
+	t.Logf("crash recovery at %d fault points took %s", 4, time.Since(began).Round(time.Millisecond))
+}
+
+type crashHarness struct {
+	bin     string
+	env     map[string]string
+	chain   *devchain.Chain
+	db      *postgres.DB
+	signer  common.Address
+	network string
+}
+
+// run crashes one settlement at point, restarts, retries, and checks the outcome.
+func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.FaultPoint) {
+	began := time.Now()
+	chain := h.chain
+	payer := newAccount(t)
+	payee := newAccount(t).Address
+	value := big.NewInt(12_345)
+	if err := chain.USDC.Mint(ctx, payer.Address, big.NewInt(1_000_000)); err != nil {
+		t.Fatal(err)
+	}
+	var nonce [32]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		t.Fatal(err)
+	}
+	body := h.payment(t, payer, payee, value, nonce)
+	key := facilitator.AuthorizationKey{Network: h.network, Asset: chain.USDC.Address, Payer: payer.Address, Nonce: nonce}
+
+	payerBefore := h.balance(ctx, t, payer.Address)
+	payeeBefore := h.balance(ctx, t, payee)
+	nonceBefore := h.nonce(ctx, t, false)
+	if pending := h.nonce(ctx, t, true); pending != nonceBefore {
+		t.Fatalf("the signer has transactions in the pool before the test: latest %d pending %d", nonceBefore, pending)
+	}
+
+	// 1. The first process dies at the fault point while it handles /settle.
+	first := h.start(ctx, t, "crashing process", string(point))
+	res, status, err := first.settle(body)
+	if err == nil {
+		t.Fatalf("the process set to die at %s answered %d %+v", point, status, res)
+	}
+	first.waitExit(t, 15*time.Second)
+	ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the crashing process ended with %v, want death by SIGKILL", first.cmd.ProcessState)
+	}
+	if !strings.Contains(first.logs.String(), "test fault injection is on") {
+		t.Fatal("the crashing process did not log that fault injection is on")
+	}
+
+	// 2. What the crash left behind, on chain and in the ledger.
+	row, err := h.db.SettlementByKey(ctx, key)
+	used := h.used(ctx, t, payer.Address, nonce)
+	pendingNonce := h.nonce(ctx, t, true)
+	var crashHash common.Hash
+	if point == settle.FaultBeforeCommit {
+		if !errors.Is(err, facilitator.ErrNotFound) {
+			t.Fatalf("before-commit: the ledger has a settlement after the crash (row %+v, err %v); nothing may be written", row, err)
+		}
+	} else {
+		if err != nil {
+			t.Fatalf("%s: no ledger row after the crash: %v", point, err)
+		}
+		if !row.State.Open() || row.Signer != h.signer || row.TxNonce != nonceBefore {
+			t.Fatalf("%s: ledger row after the crash: state %s signer %s tx nonce %d (want open, %s, %d)",
+				point, row.State, row.Signer, row.TxNonce, h.signer, nonceBefore)
+		}
+		// The signed transaction committed with the row (an open row's tx_hash column is empty
+		// until a receipt names the mined variant; the signed ones are in settlement_txs).
+		open, err := h.db.OpenSettlements(ctx, h.network, h.signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range open {
+			if o.ID == row.ID {
+				if len(o.Txs) != 1 {
+					t.Fatalf("%s: the crashed settlement has %d signed transactions, want 1", point, len(o.Txs))
+				}
+				crashHash = o.Txs[0].Hash
+			}
+		}
+		if crashHash == (common.Hash{}) {
+			t.Fatalf("%s: the crashed settlement %d is not among the signer's open settlements (%d listed)", point, row.ID, len(open))
+		}
+	}
+	switch point {
+	case settle.FaultBeforeCommit, settle.FaultAfterCommit:
+		// Nothing left the process: the signer's nonce and the authorization are untouched.
+		if pendingNonce != nonceBefore || used {
+			t.Fatalf("%s: something reached the chain before the crash: pending nonce %d (was %d), authorization used %v",
+				point, pendingNonce, nonceBefore, used)
+		}
+	case settle.FaultAfterBroadcast, settle.FaultAfterReceipt:
+		// The one transaction reached the node (auto-mine: and was mined) before the crash.
+		if pendingNonce != nonceBefore+1 {
+			t.Fatalf("%s: the signer's pending nonce is %d after the crash, want %d", point, pendingNonce, nonceBefore+1)
+		}
+	}
+	if point == settle.FaultAfterReceipt && !used {
+		t.Fatal("after-receipt: the authorization is unused although the receipt was read")
+	}
+
+	// 3. Restart without the fault and retry the same payload, like a merchant whose call failed.
+	second := h.start(ctx, t, "restarted process", "")
+	var final facilitator.SettleResponse
+	pending, attempts := 0, 0
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		attempts++
+		res, status, err := second.settle(body)
+		if err != nil {
+			t.Fatalf("retry %d: %v", attempts, err)
+		}
+		if status == http.StatusOK && res.Success {
+			final = res
+			break
+		}
+		retryable := status >= 500 || (status == http.StatusOK && res.ErrorReason == facilitator.ReasonSettlementPending)
+		if !retryable {
+			t.Fatalf("retry %d: a definite answer other than success: %d %+v", attempts, status, res)
+		}
+		if status == http.StatusOK {
+			pending++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retry %d: still no final answer after 30s: %d %+v", attempts, status, res)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	hash := common.HexToHash(final.Transaction)
+	if final.Network != h.network || !strings.EqualFold(final.Payer, payer.Address.Hex()) || hash == (common.Hash{}) {
+		t.Fatalf("success answer: %+v", final)
+	}
+	if crashHash != (common.Hash{}) && hash != crashHash {
+		t.Fatalf("%s: the settled transaction %s is not the one committed before the crash %s (re-signed?)", point, hash, crashHash)
+	}
+
+	// 4. Exactly one transfer, one transaction, and the ledger agrees with the chain.
+	if got := h.balance(ctx, t, payee); new(big.Int).Sub(got, payeeBefore).Cmp(value) != 0 {
+		t.Fatalf("payee balance went from %s to %s, want +%s exactly once", payeeBefore, got, value)
+	}
+	if got := h.balance(ctx, t, payer.Address); new(big.Int).Sub(payerBefore, got).Cmp(value) != 0 {
+		t.Fatalf("payer balance went from %s to %s, want -%s exactly once", payerBefore, got, value)
+	}
+	if !h.used(ctx, t, payer.Address, nonce) {
+		t.Fatal("authorizationState is false after a successful settlement")
+	}
+	if latest, pending := h.nonce(ctx, t, false), h.nonce(ctx, t, true); latest != nonceBefore+1 || pending != latest {
+		t.Fatalf("signer nonce went from %d to latest %d / pending %d, want exactly one transaction (%d)", nonceBefore, latest, pending, nonceBefore+1)
+	}
+	rcpt, err := chain.Client.TransactionReceipt(ctx, hash)
+	if err != nil || rcpt.Status != 1 {
+		t.Fatalf("receipt of the answered transaction %s: %v %+v", hash, err, rcpt)
+	}
+	row, err = h.db.SettlementByKey(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !row.State.Succeeded() || row.TxHash != hash || row.BlockNumber != rcpt.BlockNumber.Uint64() ||
+		row.Signer != h.signer || row.TxNonce != nonceBefore || !row.Delivered || row.ErrorReason != "" {
+		t.Fatalf("ledger row after recovery: %+v; want mined/final, tx %s in block %d, tx nonce %d, delivered", row, hash, rcpt.BlockNumber, nonceBefore)
+	}
+
+	// 5. The success was delivered once: the same payload again gets no second success.
+	again, status, err := second.settle(body)
+	if err != nil || status != http.StatusOK || again.Success || again.ErrorReason != facilitator.ReasonAlreadySettled ||
+		common.HexToHash(again.Transaction) != hash {
+		t.Fatalf("a repeat after the success: %d %+v %v; want already_settled with %s", status, again, err, hash)
+	}
+	if strings.Contains(second.logs.String(), "test fault injection") {
+		t.Fatal("the restarted process has fault injection on")
+	}
+
+	second.stop(t)
+	t.Logf("%s: crash left a ledger row: %v; retry answered success after %d attempt(s) (%d settlement_pending); tx %s (nonce %d) %s; %s",
+		point, crashHash != (common.Hash{}), attempts, pending, hash.Hex()[:10], row.TxNonce, row.State, time.Since(began).Round(time.Millisecond))
+}
+
+// crashStack returns a fresh database and chain, or skips (fails under CI=true).
+func crashStack(ctx context.Context, t *testing.T) (string, *devchain.Chain) {
+	t.Helper()
+	var chain *devchain.Chain
+	url, err := postgrestest.Fresh(ctx, "crash")
+	if err == nil {
+		chain, err = devchain.Start(ctx, devchain.Options{})
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the crash test needs TEST_DATABASE_URL and anvil: %v", err)
+		}
+		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
+	}
+	t.Cleanup(func() { _ = chain.Close() })
+	return url, chain
+}
+
+// buildFacilitator builds this package's real binary.
+func buildFacilitator(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "facilitator")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func newAccount(t *testing.T) *devchain.Account {
+	t.Helper()
+	k, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &devchain.Account{Key: k, Address: crypto.PubkeyToAddress(k.PublicKey)}
+}
+
+// payment is a signed v2 /settle body, as a merchant sends it.
+func (h *crashHarness) payment(t *testing.T, payer *devchain.Account, payTo common.Address, value *big.Int, nonce [32]byte) []byte {
+	t.Helper()
+	a := devchain.TransferAuthorization{From: payer.Address, To: payTo, Value: value,
+		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 600), Nonce: nonce}
+	sig, err := h.chain.USDC.SignTransferAuthorization(payer.Key, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := map[string]any{"scheme": "exact", "network": h.network, "amount": value.String(), "asset": h.chain.USDC.Address.Hex(),
+		"payTo": payTo.Hex(), "maxTimeoutSeconds": 60, "extra": map[string]any{"name": h.chain.USDC.Name, "version": h.chain.USDC.Version}}
+	body, err := json.Marshal(map[string]any{"x402Version": 2, "paymentRequirements": reqs, "paymentPayload": map[string]any{
+		"x402Version": 2, "accepted": reqs, "resource": map[string]any{"url": "http://merchant.test/crash"},
+		"payload": map[string]any{"signature": "0x" + hex.EncodeToString(sig), "authorization": map[string]any{
+			"from": a.From.Hex(), "to": a.To.Hex(), "value": value.String(), "validAfter": "0",
+			"validBefore": a.ValidBefore.String(), "nonce": "0x" + hex.EncodeToString(nonce[:])}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
+func (h *crashHarness) balance(ctx context.Context, t *testing.T, addr common.Address) *big.Int {
+	t.Helper()
+	b, err := h.chain.USDC.BalanceOf(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (h *crashHarness) used(ctx context.Context, t *testing.T, payer common.Address, nonce [32]byte) bool {
+	t.Helper()
+	used, err := h.chain.USDC.AuthorizationState(ctx, payer, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return used
+}
+
+// nonce is the signer's transaction count, latest or pending.
+func (h *crashHarness) nonce(ctx context.Context, t *testing.T, pending bool) uint64 {
+	t.Helper()
+	var n uint64
+	var err error
+	if pending {
+		n, err = h.chain.Client.PendingNonceAt(ctx, h.signer)
+	} else {
+		n, err = h.chain.Client.NonceAt(ctx, h.signer, nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// child is one run of the binary.
+type child struct {
+	name   string
+	cmd    *exec.Cmd
+	logs   *syncBuffer
+	exited chan struct{}
+	base   string
+	client *http.Client
+}
+
+// start runs `facilitator serve` with the harness's environment (and the fault point, if any) and
+// returns once it answers /healthz.
+func (h *crashHarness) start(ctx context.Context, t *testing.T, name, fault string) *child {
+	t.Helper()
+	addr := freeAddr(t)
+	// The child sees none of the test's own FACILITATOR_* or DATABASE_URL settings, only ours.
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
+			env = append(env, kv)
+		}
+	}
+	for k, v := range h.env {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, "FACILITATOR_LISTEN="+addr)
+	if fault != "" {
+		env = append(env, "FACILITATOR_TEST_FAULT="+fault)
+	}
+	c := &child{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), base: "http://" + addr,
+		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
+	c.cmd = exec.Command(h.bin, "serve")
+	c.cmd.Env = env
+	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s output:\n%s", c.name, c.logs.String())
+		}
+	})
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.cmd.Wait(); close(c.exited) }()
+	// Registered after the log dump, so it runs first: the dump then holds everything.
+	t.Cleanup(func() {
+		select {
+		case <-c.exited:
+		default:
+			_ = c.cmd.Process.Kill()
+			<-c.exited
+		}
+	})
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-c.exited:
+			t.Fatalf("%s exited before serving: %v", name, c.cmd.ProcessState)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		default:
+		}
+		res, err := c.client.Get(c.base + "/healthz")
+		if err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not serve /healthz after 30s (last error %v)", name, err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// settle posts a /settle body. err is a transport failure (the process died mid-request).
+func (c *child) settle(body []byte) (facilitator.SettleResponse, int, error) {
+	var out facilitator.SettleResponse
+	res, err := c.client.Post(c.base+"/settle", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return out, 0, err
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(res.Body)
+	if err != nil {
+		return out, res.StatusCode, err
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return out, res.StatusCode, fmt.Errorf("answer %d is not a settle response: %w: %s", res.StatusCode, err, raw)
+	}
+	return out, res.StatusCode, nil
+}
+
+func (c *child) waitExit(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-c.exited:
+	case <-time.After(within):
+		t.Fatalf("%s still runs %s later", c.name, within)
+	}
+}
+
+// stop sends SIGTERM and expects a clean exit.
+func (c *child) stop(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	c.waitExit(t, 10*time.Second)
+	if code := c.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("%s exited %d after SIGTERM (%v), want 0", c.name, code, c.cmd.ProcessState)
+	}
+}
+
+// freeAddr is a loopback address with a port nothing listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}

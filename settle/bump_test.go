@@ -1,0 +1,87 @@
+package settle_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// TestSettleFeeBump: a transaction left unmined past BumpAfter is replaced by one with the same
+// nonce and at least 10% higher fees, committed to the ledger before it is sent; once blocks come,
+// exactly one of the variants is mined and the payment settles once.
+func TestSettleFeeBump(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOptions{deadline: 1500 * time.Millisecond, cfg: func(c *settle.Config) { c.BumpAfter = 300 * time.Millisecond }})
+	payer := fundedPayer(t, 100_000)
+	p := newPay(t, payer, 100_000)
+	body := p.body(t)
+	setAutomine(t, false)
+
+	out, err := r.settleBody(ctx, t, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction == "" {
+		t.Fatalf("with no blocks, want settlement_pending with a hash: %+v", out.Response)
+	}
+	// Let the engine bump at least once, then read the variants it committed.
+	var txs []settle.TxRecord
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		open, err := r.db.OpenSettlements(ctx, network().ID, addressOf(r.signers[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(open) == 1 && len(open[0].Txs) >= 2 {
+			txs = open[0].Txs
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(txs) < 2 {
+		t.Fatal("no replacement transaction was committed")
+	}
+	first, second := decodeTx(t, txs[0].Raw), decodeTx(t, txs[1].Raw)
+	if first.Nonce() != second.Nonce() || first.Hash() == second.Hash() {
+		t.Fatalf("replacement nonce %d vs %d", second.Nonce(), first.Nonce())
+	}
+	if second.GasTipCap().Cmp(pct(first.GasTipCap(), 110)) < 0 || second.GasFeeCap().Cmp(pct(first.GasFeeCap(), 110)) < 0 {
+		t.Fatalf("replacement fees %s/%s do not beat %s/%s by 10%%", second.GasTipCap(), second.GasFeeCap(), first.GasTipCap(), first.GasFeeCap())
+	}
+
+	setAutomine(t, true)
+	mine(t)
+	var final settle.Outcome
+	for time.Now().Before(deadline.Add(10 * time.Second)) {
+		final, err = r.settleBody(ctx, t, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if final.Response.ErrorReason != facilitator.ReasonSettlementPending {
+			break
+		}
+		mine(t)
+	}
+	if !final.Response.Success {
+		t.Fatalf("after mining: %+v", final.Response)
+	}
+	mined := common.HexToHash(final.Response.Transaction)
+	s, err := r.db.SettlementByID(ctx, final.SettlementID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.TxHash != mined || !s.State.Succeeded() {
+		t.Fatalf("ledger row %+v, answer %s", s, mined)
+	}
+	if got := balance(t, p.payTo); got.Int64() != 100_000 {
+		t.Fatalf("payee holds %s, want exactly 100000", got)
+	}
+	if n, err := chain.Client.NonceAt(ctx, addressOf(r.signers[0]), nil); err != nil || n != 1 {
+		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
+	}
+}
