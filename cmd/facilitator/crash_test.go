@@ -75,14 +75,15 @@ func TestCrashRecovery(t *testing.T) {
 	defer db.Close()
 
 	h := &crashHarness{bin: bin, env: env, chain: chain, db: db, signer: signer, network: network}
-	for _, point := range []settle.FaultPoint{settle.FaultBeforeCommit, settle.FaultAfterCommit, settle.FaultAfterBroadcast, settle.FaultAfterReceipt} {
+	points := []settle.FaultPoint{settle.FaultBeforeCommit, settle.FaultAfterCommit, settle.FaultAfterBroadcast, settle.FaultAfterReceipt}
+	for _, point := range points {
 		// The subtests share the ledger and the signer: after a failure the next would only
 		// measure its leftovers.
 		if !t.Run(string(point), func(t *testing.T) { h.run(ctx, t, point) }) {
 			break
 		}
 	}
-	t.Logf("crash recovery at %d fault points took %s", 4, time.Since(began).Round(time.Millisecond))
+	t.Logf("crash recovery at %d fault points took %s", len(points), time.Since(began).Round(time.Millisecond))
 }
 
 type crashHarness struct {

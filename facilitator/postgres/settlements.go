@@ -15,9 +15,13 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
+// settlementColumns reads a row; tx_hash falls back to the latest signed variant while nothing is
+// mined, so an open settlement still answers with the hash it may land under.
 const settlementColumns = `id, network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_before,
-	signer, tx_nonce, state, tx_hash, block_number, error_reason, error_message,
-	success_delivered_at IS NOT NULL, created_at`
+	signer, tx_nonce, state,
+	COALESCE(tx_hash, (SELECT t.tx_hash FROM settlement_txs t WHERE t.settlement_id = settlements.id
+		ORDER BY t.created_at DESC, t.tx_hash DESC LIMIT 1)),
+	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at`
 
 func scanSettlement(row pgx.Row) (*facilitator.Settlement, error) {
 	var (
