@@ -28,6 +28,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
@@ -552,31 +553,7 @@ func TestSettlePendingRetryAfter(t *testing.T) {
 	p := fundedPayment(t)
 	body := p.body(t)
 	ctx := context.Background()
-	if err := chain.RPC.CallContext(ctx, nil, "anvil_setAutomine", false); err != nil {
-		t.Fatalf("anvil_setAutomine false: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := chain.RPC.CallContext(ctx, nil, "anvil_setAutomine", true); err != nil {
-			t.Errorf("anvil_setAutomine true: %v", err)
-		}
-		for range 5 {
-			var pool struct{ Pending, Queued hexutil.Uint64 }
-			if err := chain.RPC.CallContext(ctx, &pool, "txpool_status"); err != nil {
-				t.Errorf("txpool_status: %v", err)
-				return
-			}
-			if pool.Pending+pool.Queued == 0 {
-				return
-			}
-			if err := chain.Mine(ctx); err != nil {
-				t.Errorf("evm_mine: %v", err)
-			}
-		}
-		t.Errorf("transactions still pending after mining; dropping them")
-		_ = chain.RPC.CallContext(ctx, nil, "anvil_dropAllTransactions")
-	})
+	devchaintest.ManualMining(t, chain)
 	s := newSettleStack(t, settleOptions{deadline: time.Second}) // registered after: stops first
 
 	r := s.settle(t, body)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
+	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
@@ -20,7 +21,7 @@ func TestSettleFeeBump(t *testing.T) {
 	payer := fundedPayer(t, 100_000)
 	p := newPay(t, payer, 100_000)
 	body := p.body(t)
-	setAutomine(t, false)
+	devchaintest.ManualMining(t, chain)
 
 	out, err := r.settleBody(ctx, t, body)
 	if err != nil {

@@ -11,18 +11,11 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 )
 
-// setAutomine switches anvil's mining per transaction; turning it off is undone (with a block for
-// whatever is pending) when the test ends, so later tests see an auto-mining chain.
+// setAutomine switches anvil's mining per transaction (devchaintest.ManualMining turns it off).
 func setAutomine(t testing.TB, on bool) {
 	t.Helper()
 	if err := chain.RPC.CallContext(context.Background(), nil, "anvil_setAutomine", on); err != nil {
 		t.Fatal(err)
-	}
-	if !on {
-		t.Cleanup(func() {
-			_ = chain.RPC.CallContext(context.Background(), nil, "anvil_setAutomine", true)
-			_ = chain.RPC.CallContext(context.Background(), nil, "evm_mine")
-		})
 	}
 }
 

@@ -11,55 +11,21 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
-// manualMining switches anvil's auto-mine off for the rest of the test. Call it before newRig,
-// so that at cleanup the engines stop first; then auto-mine is back on and every leftover
-// transaction is mined (or, failing that, dropped and reported), so later tests start clean.
-func manualMining(t *testing.T) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := chain.RPC.CallContext(ctx, nil, "anvil_setAutomine", false); err != nil {
-		t.Fatalf("anvil_setAutomine false: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := chain.RPC.CallContext(ctx, nil, "anvil_setAutomine", true); err != nil {
-			t.Errorf("anvil_setAutomine true: %v", err)
-		}
-		for range 5 {
-			if poolSize(t) == 0 {
-				return
-			}
-			if err := chain.Mine(ctx); err != nil {
-				t.Errorf("evm_mine: %v", err)
-			}
-		}
-		if n := poolSize(t); n != 0 {
-			t.Errorf("%d transactions still pending after mining; dropping them", n)
-			_ = chain.RPC.CallContext(ctx, nil, "anvil_dropAllTransactions")
-		}
-	})
-}
+func manualMining(t *testing.T) { devchaintest.ManualMining(t, chain) }
 
-// poolSize is the number of transactions in anvil's pool, pending and queued.
 func poolSize(t testing.TB) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var st struct {
-		Pending hexutil.Uint64 `json:"pending"`
-		Queued  hexutil.Uint64 `json:"queued"`
-	}
-	if err := chain.RPC.CallContext(ctx, &st, "txpool_status"); err != nil {
+	n, err := devchaintest.PoolSize(context.Background(), chain)
+	if err != nil {
 		t.Fatalf("txpool_status: %v", err)
 	}
-	return int(st.Pending + st.Queued)
+	return n
 }
 
 // inPool reports whether the node knows the transaction and has not mined it.

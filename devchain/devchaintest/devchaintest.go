@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common/hexutil"
+
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 )
 
@@ -37,4 +39,51 @@ func main(_ *testing.M, opts devchain.Options, run func(c *devchain.Chain) (int,
 	}
 	fmt.Fprintf(os.Stderr, "SKIP: these tests need anvil, node and node_modules (run 'make test'): %v\n", err)
 	return 0
+}
+
+// ManualMining switches c's auto-mine off for the rest of the test. Call it before building
+// anything that sends transactions, so that at cleanup those stop first; then auto-mine is back on
+// and every leftover transaction is mined (or, failing that, dropped and reported), so later tests
+// start from an empty pool.
+func ManualMining(t testing.TB, c *devchain.Chain) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.RPC.CallContext(ctx, nil, "anvil_setAutomine", false); err != nil {
+		t.Fatalf("anvil_setAutomine false: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := c.RPC.CallContext(ctx, nil, "anvil_setAutomine", true); err != nil {
+			t.Errorf("anvil_setAutomine true: %v", err)
+		}
+		for range 5 {
+			n, err := PoolSize(ctx, c)
+			if err != nil {
+				t.Errorf("txpool_status: %v", err)
+				return
+			}
+			if n == 0 {
+				return
+			}
+			if err := c.Mine(ctx); err != nil {
+				t.Errorf("evm_mine: %v", err)
+			}
+		}
+		t.Errorf("transactions still pending after mining; dropping them")
+		_ = c.RPC.CallContext(ctx, nil, "anvil_dropAllTransactions")
+	})
+}
+
+// PoolSize is the number of transactions in anvil's pool, pending and queued.
+func PoolSize(ctx context.Context, c *devchain.Chain) (int, error) {
+	var st struct {
+		Pending hexutil.Uint64 `json:"pending"`
+		Queued  hexutil.Uint64 `json:"queued"`
+	}
+	if err := c.RPC.CallContext(ctx, &st, "txpool_status"); err != nil {
+		return 0, err
+	}
+	return int(st.Pending + st.Queued), nil
 }
