@@ -86,3 +86,35 @@ func TestSettleFeeBump(t *testing.T) {
 		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
 	}
 }
+
+// TestSettleCapacity: when every signer has MaxInFlightPerSigner unmined transactions, a new
+// payment is refused as unavailable (503 with Retry-After at the API) and nothing is sent for it.
+func TestSettleCapacity(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(t, rigOptions{deadline: time.Second, cfg: func(c *settle.Config) { c.MaxInFlightPerSigner = 1 }})
+	first, second := newPay(t, fundedPayer(t, 1000), 1000), newPay(t, fundedPayer(t, 1000), 1000)
+	b1, b2 := first.body(t), second.body(t)
+	devchaintest.ManualMining(t, chain)
+
+	out, err := r.settleBody(ctx, t, b1)
+	if err != nil || out.Response.ErrorReason != facilitator.ReasonSettlementPending {
+		t.Fatalf("first: %+v %v", out.Response, err)
+	}
+	_, err = r.settleBody(ctx, t, b2)
+	if facilitator.ErrorCode(err) != facilitator.EUnavailable || facilitator.ErrorReason(err, "") != facilitator.ReasonSettlerBusy {
+		t.Fatalf("second, with the only signer full: want unavailable %s, got %v", facilitator.ReasonSettlerBusy, err)
+	}
+	if n, err := chain.Client.PendingNonceAt(ctx, addressOf(r.signers[0])); err != nil || n != 1 {
+		t.Fatalf("pending nonce %d (%v): the refused payment must send nothing", n, err)
+	}
+	mine(t)
+	setAutomine(t, true)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if out, err = r.settleBody(ctx, t, b2); err == nil {
+			break
+		}
+	}
+	if err != nil || !out.Response.Success {
+		t.Fatalf("second, once the first is mined: %+v %v", out.Response, err)
+	}
+}
