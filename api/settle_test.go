@@ -417,11 +417,11 @@ func (b *brokenLedger) MarkBroadcast(ctx context.Context, ids []int64) error {
 	return b.Store.MarkBroadcast(ctx, ids)
 }
 
-func (b *brokenLedger) Resolve(ctx context.Context, id int64, r settle.Resolution) error {
+func (b *brokenLedger) Resolve(ctx context.Context, rs []settle.Resolution) error {
 	if err := b.fail(false); err != nil {
 		return err
 	}
-	return b.Store.Resolve(ctx, id, r)
+	return b.Store.Resolve(ctx, rs)
 }
 
 func (b *brokenLedger) Reopen(ctx context.Context, id int64, detail string) error {
@@ -431,11 +431,11 @@ func (b *brokenLedger) Reopen(ctx context.Context, id int64, detail string) erro
 	return b.Store.Reopen(ctx, id, detail)
 }
 
-func (b *brokenLedger) MarkFinal(ctx context.Context, id int64) error {
+func (b *brokenLedger) MarkFinal(ctx context.Context, ids []int64) error {
 	if err := b.fail(false); err != nil {
 		return err
 	}
-	return b.Store.MarkFinal(ctx, id)
+	return b.Store.MarkFinal(ctx, ids)
 }
 
 func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64) (bool, error) {

@@ -17,6 +17,7 @@ var (
 	benchK       = flag.Int("settle.k", 1000, "BenchmarkSettle: distinct payments per run")
 	benchC       = flag.Int("settle.c", 64, "BenchmarkSettle: concurrent /settle callers")
 	benchSigners = flag.Int("settle.signers", 4, "BenchmarkSettle: signer keys")
+	benchPoll    = flag.Duration("settle.poll", 0, "BenchmarkSettle: receipt poll interval (0: the tests' 50ms)")
 )
 
 // BenchmarkSettle settles K distinct pre-signed payments at concurrency C against anvil
@@ -29,7 +30,12 @@ func BenchmarkSettle(b *testing.B) {
 	for i := range signers {
 		signers[i] = newSigner(b)
 	}
-	r := newRig(b, rigOptions{signers: signers, deadline: time.Minute, cfg: func(c *settle.Config) { c.Logger = slog.New(slog.DiscardHandler) }})
+	r := newRig(b, rigOptions{signers: signers, deadline: time.Minute, cfg: func(c *settle.Config) {
+		c.Logger = slog.New(slog.DiscardHandler)
+		if *benchPoll > 0 {
+			c.PollInterval = *benchPoll
+		}
+	}})
 	for range b.N {
 		b.StopTimer()
 		pays := make([]pay, *benchK)

@@ -110,7 +110,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		Store:        db,
 		Verifier:     v,
 		Deadline:     o.deadline,
-		PollInterval: 50 * time.Millisecond,
+		PollInterval: pollInterval,
 		Logger:       testLogger(t),
 	}
 	if cfg.Deadline == 0 {
@@ -200,3 +200,5 @@ func fundedPayer(t testing.TB, usdc int64) *ecdsa.PrivateKey {
 	}
 	return k
 }
+
+var pollInterval = 50 * time.Millisecond

@@ -26,6 +26,10 @@ type network struct {
 
 	bumpMu sync.Mutex
 	bumps  map[int64]bool // flights a node called underpriced: bump on the next watch
+
+	// Owned by the watcher goroutine.
+	lastBlock uint64
+	lastSweep time.Time
 }
 
 // feeTTL bounds how stale a fee suggestion may be; base fees move once per block.

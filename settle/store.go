@@ -21,11 +21,12 @@ type Store interface {
 	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent.
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
-	// Resolve moves an open settlement to its outcome; it does nothing to a settlement no longer open.
-	Resolve(ctx context.Context, id int64, r Resolution) error
+	// Resolve moves open settlements to their outcomes, at once; it leaves alone any that is no
+	// longer open.
+	Resolve(ctx context.Context, rs []Resolution) error
 	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain.
 	Reopen(ctx context.Context, id int64, detail string) error
-	MarkFinal(ctx context.Context, id int64) error
+	MarkFinal(ctx context.Context, ids []int64) error
 	// ClaimDelivery records that a caller is being answered success: true. It returns false when
 	// another caller already was, or the settlement did not succeed.
 	ClaimDelivery(ctx context.Context, id int64) (bool, error)
@@ -63,6 +64,7 @@ type TxRecord struct {
 
 // Resolution is a settlement's outcome as read from the chain.
 type Resolution struct {
+	ID           int64
 	State        facilitator.State
 	TxHash       common.Hash
 	BlockNumber  uint64

@@ -33,6 +33,11 @@ func (n *network) watchLoop(ctx context.Context) {
 	}
 }
 
+// watch is one round of the watcher. It follows new blocks rather than polling every receipt:
+// it reads the hashes of the blocks mined since the last round and fetches receipts only for our
+// transactions among them, so a thousand transactions in flight cost the node a few calls per
+// block, not a thousand per round. A full sweep of every receipt still runs at start, after a gap
+// of more than maxBlockGap blocks, and every fullSweepEvery, in case a block was missed.
 func (n *network) watch(ctx context.Context) {
 	e := n.engine
 	flights := e.flightsOf(n)
@@ -40,47 +45,188 @@ func (n *network) watch(ctx context.Context) {
 		return
 	}
 	var head hexutil.Uint64
-	elems := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}
+	if err := n.call(ctx, &head, "eth_blockNumber"); err != nil {
+		e.log.Warn("reading the head", "network", n.id.ID, "err", err)
+		return
+	}
+	now := e.now()
+	var candidates map[common.Hash]bool // nil: every transaction is a candidate
+	switch {
+	case n.lastBlock == 0, uint64(head) > n.lastBlock+maxBlockGap, now.Sub(n.lastSweep) >= fullSweepEvery:
+		n.lastSweep = now
+	case uint64(head) > n.lastBlock:
+		mined, err := n.blockTxs(ctx, n.lastBlock+1, uint64(head))
+		if err != nil {
+			e.log.Warn("reading new blocks", "network", n.id.ID, "err", err)
+			return
+		}
+		candidates = mined
+	default:
+		candidates = map[common.Hash]bool{}
+	}
+
+	// Receipts: our transactions in the new blocks, and mined settlements due for finality (their
+	// receipt is read again to be sure the block is still canonical).
 	type slot struct {
 		f    *flight
 		rcpt **types.Receipt
 	}
 	var slots []slot
-	for _, f := range flights {
-		for _, h := range f.hashes() {
-			r := new(*types.Receipt)
-			slots = append(slots, slot{f, r})
-			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: r})
-		}
+	var elems []rpc.BatchElem
+	ask := func(f *flight, h common.Hash) {
+		r := new(*types.Receipt)
+		slots = append(slots, slot{f, r})
+		elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: r})
 	}
-	if err := n.batch(ctx, elems); err != nil || elems[0].Error != nil {
-		e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
-		return
+	for _, f := range flights {
+		v := f.view()
+		if v.state.Succeeded() {
+			if candidates == nil || uint64(head)+1 >= v.block+n.depth {
+				ask(f, v.hash)
+			}
+			continue
+		}
+		for _, h := range f.hashes() {
+			if candidates == nil || candidates[h] {
+				ask(f, h)
+			}
+		}
 	}
 	receipts := map[*flight]*types.Receipt{}
-	for i, s := range slots {
-		if elems[i+1].Error == nil && *s.rcpt != nil {
-			receipts[s.f] = *s.rcpt
+	asked := map[*flight]bool{}
+	if len(elems) > 0 {
+		if err := n.batch(ctx, elems); err != nil {
+			e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
+			return
+		}
+		for i, s := range slots {
+			asked[s.f] = true
+			if elems[i].Error == nil && *s.rcpt != nil {
+				receipts[s.f] = *s.rcpt
+			}
 		}
 	}
+	n.lastBlock = uint64(head)
+
 	resend := map[*sender][]*flight{}
+	var outcomes []outcome
+	var finals []*flight
 	for _, f := range flights {
 		v := f.view()
 		rcpt := receipts[f]
 		switch {
 		case v.state.Succeeded():
-			n.confirm(ctx, f, rcpt, uint64(head))
+			if asked[f] && n.confirm(ctx, f, rcpt, uint64(head)) {
+				finals = append(finals, f)
+			}
 		case rcpt != nil:
-			n.resolve(ctx, f, rcpt)
+			if res, ok := n.outcome(ctx, f, rcpt); ok {
+				outcomes = append(outcomes, outcome{f, res})
+			}
 		default:
 			if n.needsSend(ctx, f) {
 				resend[f.sender] = append(resend[f.sender], f)
 			}
 		}
 	}
+	n.record(ctx, outcomes)
+	n.finalize(ctx, finals)
 	for s, fs := range resend {
 		s.send(ctx, fs)
 	}
+}
+
+type outcome struct {
+	f   *flight
+	res Resolution
+}
+
+// record writes a round's outcomes to the ledger in one statement, then tells the waiters. If the
+// write fails nothing is told: the next round finds the same receipts and tries again.
+func (n *network) record(ctx context.Context, outcomes []outcome) {
+	if len(outcomes) == 0 {
+		return
+	}
+	e := n.engine
+	e.fault(FaultAfterReceipt)
+	res := make([]Resolution, len(outcomes))
+	for i, o := range outcomes {
+		res[i] = o.res
+	}
+	if err := e.store.Resolve(ctx, res); err != nil {
+		e.log.Warn("recording outcomes; will retry", "network", n.id.ID, "count", len(res), "err", err)
+		return
+	}
+	for _, o := range outcomes {
+		f, r := o.f, o.res
+		f.update(func(f *flight) {
+			f.state, f.minedHash, f.block, f.blockHash = r.State, r.TxHash, r.BlockNumber, r.BlockHash
+			f.reason, f.message = r.ErrorReason, r.ErrorMessage
+		})
+		f.sender.inFlight.Add(-1)
+		e.log.Info("settlement resolved", "settlement", f.id, "state", r.State, "tx", r.TxHash, "block", r.BlockNumber,
+			"payer", f.key.Payer, "nonce", hexutil.Encode(f.key.Nonce[:]))
+		if !r.State.Succeeded() {
+			e.untrack(f)
+		}
+	}
+}
+
+// finalize marks a round's settlements final in one statement.
+func (n *network) finalize(ctx context.Context, finals []*flight) {
+	if len(finals) == 0 {
+		return
+	}
+	e := n.engine
+	ids := make([]int64, len(finals))
+	for i, f := range finals {
+		ids[i] = f.id
+	}
+	if err := e.store.MarkFinal(ctx, ids); err != nil {
+		e.log.Warn("marking settlements final; will retry", "network", n.id.ID, "err", err)
+		return
+	}
+	for _, f := range finals {
+		f.update(func(f *flight) { f.state = facilitator.StateFinal })
+		e.untrack(f)
+	}
+}
+
+const (
+	// maxBlockGap is the most blocks a round reads one by one; past it, a full sweep is cheaper.
+	maxBlockGap = 32
+	// fullSweepEvery bounds how long a receipt can go unnoticed if a block read was missed.
+	fullSweepEvery = 10 * time.Second
+)
+
+// blockTxs returns the hashes of the transactions in blocks from..to.
+func (n *network) blockTxs(ctx context.Context, from, to uint64) (map[common.Hash]bool, error) {
+	blocks := make([]struct {
+		Txs []common.Hash `json:"transactions"`
+	}, to-from+1)
+	elems := make([]rpc.BatchElem, len(blocks))
+	for i := range blocks {
+		elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(from + uint64(i)), false}, Result: &blocks[i]}
+	}
+	if err := n.batch(ctx, elems); err != nil {
+		return nil, err
+	}
+	out := map[common.Hash]bool{}
+	for i, b := range blocks {
+		if elems[i].Error != nil {
+			return nil, elems[i].Error
+		}
+		for _, h := range b.Txs {
+			out[h] = true
+		}
+	}
+	return out, nil
+}
+
+func (n *network) call(ctx context.Context, result any, method string, args ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, n.engine.cfg.RPCTimeout)
+	defer cancel()
+	return n.chain.CallContext(ctx, result, method, args...)
 }
 
 // batch runs elems in chunks, each bounded by the RPC timeout.
@@ -98,80 +244,58 @@ func (n *network) batch(ctx context.Context, elems []rpc.BatchElem) error {
 	return nil
 }
 
-// confirm moves a mined settlement to final at the network's depth, or back to broadcast when its
-// receipt is gone (its block was reorganised away; the transaction may be mined again).
-func (n *network) confirm(ctx context.Context, f *flight, rcpt *types.Receipt, head uint64) {
+// confirm reports whether a mined settlement has reached the network's depth; when its receipt is
+// gone (its block was reorganised away) it moves it back to broadcast, to be mined again.
+func (n *network) confirm(ctx context.Context, f *flight, rcpt *types.Receipt, head uint64) bool {
 	e := n.engine
 	if rcpt == nil {
 		if err := e.store.Reopen(ctx, f.id, "receipt disappeared: reorganised"); err != nil {
 			e.log.Warn("reopening a reorganised settlement", "settlement", f.id, "err", err)
-			return
+			return false
 		}
 		e.log.Warn("settlement's block was reorganised away; watching again", "settlement", f.id)
 		f.update(func(f *flight) {
 			f.state, f.minedHash, f.block = facilitator.StateBroadcast, common.Hash{}, 0
 		})
 		f.sender.inFlight.Add(1)
-		return
+		return false
 	}
-	if head+1 < rcpt.BlockNumber.Uint64()+n.depth {
-		return
-	}
-	if err := e.store.MarkFinal(ctx, f.id); err != nil {
-		e.log.Warn("marking a settlement final", "settlement", f.id, "err", err)
-		return
-	}
-	f.update(func(f *flight) { f.state = facilitator.StateFinal })
-	e.untrack(f)
+	return head+1 >= rcpt.BlockNumber.Uint64()+n.depth
 }
 
-// resolve turns a receipt into the settlement's outcome. A revert is explained from the chain:
-// the authorization used by someone else, expired, or a plain failure.
-func (n *network) resolve(ctx context.Context, f *flight, rcpt *types.Receipt) {
-	e := n.engine
-	res := Resolution{TxHash: rcpt.TxHash, BlockNumber: rcpt.BlockNumber.Uint64(), BlockHash: rcpt.BlockHash}
+// outcome turns a receipt into the settlement's outcome. A revert is explained from the chain:
+// the authorization used by someone else, expired, or a plain failure. ok is false when that
+// could not be read (the next round tries again).
+func (n *network) outcome(ctx context.Context, f *flight, rcpt *types.Receipt) (res Resolution, ok bool) {
+	res = Resolution{ID: f.id, TxHash: rcpt.TxHash, BlockNumber: rcpt.BlockNumber.Uint64(), BlockHash: rcpt.BlockHash}
 	if rcpt.Status == types.ReceiptStatusSuccessful {
 		res.State = facilitator.StateMined
 		if !transferLogged(rcpt, f) {
 			res.ErrorReason = facilitator.ReasonTransferEventMismatch
 			res.ErrorMessage = "the transaction succeeded without the expected Transfer event"
 		}
-	} else {
-		used, blockTime, err := n.explainRevert(ctx, f, rcpt)
-		if err != nil {
-			e.log.Warn("explaining a revert; will retry", "settlement", f.id, "err", err)
-			return
-		}
-		switch {
-		case used:
-			res.State = facilitator.StateSettledElsewhere
-			res.ErrorReason = facilitator.ReasonNonceAlreadyUsed
-			res.ErrorMessage = "the authorization was used by another transaction before ours"
-		case f.validBefore != nil && new(big.Int).SetUint64(blockTime).Cmp(f.validBefore) >= 0:
-			res.State = facilitator.StateExpired
-			res.ErrorReason = facilitator.ReasonValidBefore
-			res.ErrorMessage = "the authorization expired before the transaction was mined"
-		default:
-			res.State = facilitator.StateReverted
-			res.ErrorReason = facilitator.ReasonTransactionFailed
-			res.ErrorMessage = "the transaction reverted"
-		}
+		return res, true
 	}
-	e.fault(FaultAfterReceipt)
-	if err := e.store.Resolve(ctx, f.id, res); err != nil {
-		e.log.Warn("recording an outcome; will retry", "settlement", f.id, "err", err)
-		return
+	used, blockTime, err := n.explainRevert(ctx, f, rcpt)
+	if err != nil {
+		n.engine.log.Warn("explaining a revert; will retry", "settlement", f.id, "err", err)
+		return res, false
 	}
-	f.update(func(f *flight) {
-		f.state, f.minedHash, f.block, f.blockHash = res.State, res.TxHash, res.BlockNumber, res.BlockHash
-		f.reason, f.message = res.ErrorReason, res.ErrorMessage
-	})
-	f.sender.inFlight.Add(-1)
-	e.log.Info("settlement resolved", "settlement", f.id, "state", res.State, "tx", res.TxHash, "block", res.BlockNumber,
-		"payer", f.key.Payer, "nonce", hexutil.Encode(f.key.Nonce[:]))
-	if !res.State.Succeeded() {
-		e.untrack(f)
+	switch {
+	case used:
+		res.State = facilitator.StateSettledElsewhere
+		res.ErrorReason = facilitator.ReasonNonceAlreadyUsed
+		res.ErrorMessage = "the authorization was used by another transaction before ours"
+	case f.validBefore != nil && new(big.Int).SetUint64(blockTime).Cmp(f.validBefore) >= 0:
+		res.State = facilitator.StateExpired
+		res.ErrorReason = facilitator.ReasonValidBefore
+		res.ErrorMessage = "the authorization expired before the transaction was mined"
+	default:
+		res.State = facilitator.StateReverted
+		res.ErrorReason = facilitator.ReasonTransactionFailed
+		res.ErrorMessage = "the transaction reverted"
 	}
+	return res, true
 }
 
 // explainRevert reads whether the authorization is used now, and the block's time.

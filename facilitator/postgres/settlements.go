@@ -138,17 +138,28 @@ func (db *DB) MarkBroadcast(ctx context.Context, ids []int64) error {
 	return err
 }
 
-// Resolve records an open settlement's outcome.
-func (db *DB) Resolve(ctx context.Context, id int64, r settle.Resolution) error {
+// Resolve records open settlements' outcomes in one statement.
+func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
+	n := len(rs)
+	ids, states, reasons, messages := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
+	hashes, blockHashes, blocks := make([][]byte, n), make([][]byte, n), make([]int64, n)
+	for i, r := range rs {
+		ids[i], states[i], reasons[i], messages[i] = r.ID, string(r.State), r.ErrorReason, r.ErrorMessage
+		hashes[i], blockHashes[i], blocks[i] = r.TxHash.Bytes(), r.BlockHash.Bytes(), int64(r.BlockNumber)
+	}
 	_, err := db.pool.Exec(ctx, `
-		WITH u AS (
-			UPDATE settlements SET state = $2, tx_hash = $3, block_number = $4, block_hash = $5,
-				error_reason = NULLIF($6, ''), error_message = NULLIF($7, ''), updated_at = now()
-			WHERE id = $1 AND state IN ('signed', 'broadcast') RETURNING id)
+		WITH r AS (
+			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[])
+				AS r(id, state, tx_hash, block_number, block_hash, reason, message)),
+		u AS (
+			UPDATE settlements s SET state = r.state, tx_hash = r.tx_hash, block_number = r.block_number,
+				block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),
+				updated_at = now()
+			FROM r WHERE s.id = r.id AND s.state IN ('signed', 'broadcast')
+			RETURNING s.id, s.state, s.tx_hash, s.block_number, s.error_reason)
 		INSERT INTO settlement_events (settlement_id, state, detail)
-		SELECT id, $2, $8 FROM u`,
-		id, string(r.State), r.TxHash[:], int64(r.BlockNumber), r.BlockHash[:], r.ErrorReason, r.ErrorMessage,
-		fmt.Sprintf("tx %s block %d %s", r.TxHash.Hex(), r.BlockNumber, r.ErrorReason))
+		SELECT id, state, 'tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number || COALESCE(' ' || error_reason, '') FROM u`,
+		ids, states, hashes, blocks, blockHashes, reasons, messages)
 	return err
 }
 
@@ -163,12 +174,12 @@ func (db *DB) Reopen(ctx context.Context, id int64, detail string) error {
 	return err
 }
 
-// MarkFinal moves a mined settlement to final.
-func (db *DB) MarkFinal(ctx context.Context, id int64) error {
+// MarkFinal moves mined settlements to final.
+func (db *DB) MarkFinal(ctx context.Context, ids []int64) error {
 	_, err := db.pool.Exec(ctx, `
 		WITH u AS (
-			UPDATE settlements SET state = 'final', updated_at = now() WHERE id = $1 AND state = 'mined' RETURNING id)
-		INSERT INTO settlement_events (settlement_id, state) SELECT id, 'final' FROM u`, id)
+			UPDATE settlements SET state = 'final', updated_at = now() WHERE id = ANY($1) AND state = 'mined' RETURNING id)
+		INSERT INTO settlement_events (settlement_id, state) SELECT id, 'final' FROM u`, ids)
 	return err
 }
 
