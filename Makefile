@@ -1,4 +1,4 @@
-.PHONY: test run build fuzz bench
+.PHONY: test run build fuzz bench bench-settle
 
 # Run every test on real Postgres and anvil (installs npm packages and starts Postgres itself).
 test:
@@ -18,3 +18,8 @@ fuzz:
 # Benchmark /verify of a valid payload against anvil.
 bench:
 	scripts/npm.sh && go test ./api/ -run '^$$' -bench BenchmarkVerify -benchtime 2000x
+
+# Settle K distinct payments at concurrency C against anvil (auto-mine) through the engine and the
+# real ledger; prints settlements/s and the on-chain transfer count (must equal K).
+bench-settle:
+	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./settle/ -run '^$$' -bench BenchmarkSettle -benchtime 1x -settle.k 1000 -settle.c 64
