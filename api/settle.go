@@ -28,9 +28,10 @@ func (s *Server) settle(c echo.Context) error {
 	res := out.Response
 	c.Set(reasonKey, res.ErrorReason)
 	c.Set(payerKey, res.Payer)
-	if res.ErrorReason == facilitator.ReasonSettlementPending {
+	if res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
 		c.Response().Header().Set("Retry-After", retryAfterSeconds)
 	}
+	markReplay(c, res.Extensions)
 	// Every outcome, success or not, is 200: v1 clients accept nothing else, and the official v2
 	// resource server retries a settlement_pending answer either way.
 	if err := c.JSON(http.StatusOK, res); err != nil && out.Claimed {

@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 
@@ -23,6 +25,7 @@ func (s *Server) verify(c echo.Context) error {
 	}
 	c.Set(reasonKey, res.InvalidReason)
 	c.Set(payerKey, res.Payer)
+	markReplay(c, res.Extensions)
 	// Every verdict, valid or not, is 200: v1 clients accept nothing else.
 	return c.JSON(http.StatusOK, res)
 }
@@ -35,4 +38,20 @@ func readPayment(c echo.Context) (*facilitator.Payment, error) {
 		return nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPayload, "reading the request body failed")
 	}
 	return facilitator.DecodeRequest(body)
+}
+
+// ReplayHeader marks an answer given from an earlier request under the same payment identifier.
+const ReplayHeader = "Payment-Identifier-Replay"
+
+// markReplay sets the replay header, and the official packages' EXTENSION-RESPONSES header (base64
+// JSON keyed by extension), which their HTTP client attaches to the result as extensionResponses.
+func markReplay(c echo.Context, extensions map[string]any) {
+	if !facilitator.IsReplay(extensions) {
+		return
+	}
+	h := c.Response().Header()
+	h.Set(ReplayHeader, "true")
+	if b, err := json.Marshal(extensions); err == nil {
+		h.Set("EXTENSION-RESPONSES", base64.StdEncoding.EncodeToString(b))
+	}
 }

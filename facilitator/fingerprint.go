@@ -1,7 +1,6 @@
 package facilitator
 
 import (
-	"encoding/hex"
 	"strconv"
 	"strings"
 
@@ -29,8 +28,8 @@ func (p *Payment) Fingerprint() Fingerprint {
 		"x402-fingerprint-v1",
 		r.Scheme, r.Network, r.Asset.Hex(), r.Amount.String(), r.PayTo.Hex(),
 		a.From.Hex(), a.To.Hex(), a.Value.String(), a.ValidAfter.String(), a.ValidBefore.String(),
-		"0x" + hex.EncodeToString(a.Nonce[:]),
-		"0x" + hex.EncodeToString(p.Signature),
+		hexBytes(a.Nonce[:]),
+		hexBytes(p.Signature),
 		strconv.Itoa(p.X402Version),
 	}
 	return Fingerprint(crypto.Keccak256Hash([]byte(strings.Join(parts, "\n"))))

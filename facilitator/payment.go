@@ -30,6 +30,10 @@ type Payment struct {
 	Extensions map[string]json.RawMessage
 	// Body is the request as received, kept with the settlement for audit.
 	Body []byte
+	// PaymentID is the payment-identifier extension's id (v2 only), "" when none was sent.
+	PaymentID string
+	// IDScope scopes PaymentID: "" (global) until merchant API keys exist.
+	IDScope string
 }
 
 // Requirements is the resource server's requirement, typed.
@@ -125,6 +129,9 @@ func parseV2(req Request) (*Payment, error) {
 		Extensions:   pp.Extensions,
 	}
 	if err := parseExactPayload(p, pp.Payload); err != nil {
+		return nil, err
+	}
+	if err := parsePaymentID(p); err != nil {
 		return nil, err
 	}
 	return p, nil

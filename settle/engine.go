@@ -310,6 +310,9 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 	if row.Request == nil {
 		row.Request = []byte("{}")
 	}
+	if p.PaymentID != "" {
+		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Summary: p.Summary()}
+	}
 	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))
 	f, err := s.submit(waitCtx, row, key.Asset, data, gas)
 	if errors.Is(err, facilitator.ErrDuplicate) {
@@ -318,6 +321,11 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 			return Outcome{}, ledgerDown(err)
 		}
 		return e.follow(ctx, waitCtx, p, fp, existing)
+	}
+	if errors.Is(err, facilitator.ErrPaymentIDTaken) {
+		// Bound to another request between the caller's lookup and this insert; nothing was sent.
+		return Outcome{}, &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
+			Message: "this payment identifier is already bound to a different payment", Err: err}
 	}
 	if err != nil {
 		return Outcome{}, err

@@ -117,7 +117,7 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 			continue
 		}
 		if err != nil {
-			if errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrNonceTaken) {
+			if errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrNonceTaken) || errors.Is(err, facilitator.ErrPaymentIDTaken) {
 				return nil, err
 			}
 			return nil, ledgerDown(err)

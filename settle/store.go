@@ -52,6 +52,16 @@ type NewSettlement struct {
 	Signer      common.Address
 	TxNonce     uint64
 	Tx          TxRecord
+	// PaymentID, when set, is bound to this settlement in the same statement; an id already bound
+	// makes the insert fail with facilitator.ErrPaymentIDTaken and nothing is written.
+	PaymentID *PaymentIDBinding
+}
+
+// PaymentIDBinding is a payment-identifier id to bind to a new settlement.
+type PaymentIDBinding struct {
+	Scope   string
+	ID      string
+	Summary map[string]string
 }
 
 // TxRecord is one signed transaction of a settlement.

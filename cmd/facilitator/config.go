@@ -37,6 +37,9 @@ type Config struct {
 	BumpAfter     time.Duration
 	MaxInFlight   int
 	MaxFeeCap     *big.Int // wei; nil: fee bumps are unbounded
+
+	PaymentIDWindow   time.Duration
+	RetentionSchedule string
 	// Fault is a crash point (settle.FaultPoint) at which the process kills itself: crash tests
 	// set it through FACILITATOR_TEST_FAULT, nothing else does.
 	Fault string
@@ -165,6 +168,8 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	settleTimeout := fs.String("settle-timeout", env("FACILITATOR_SETTLE_TIMEOUT", "30s"), "bound on one /settle; past it the answer is settlement_pending with the hash (FACILITATOR_SETTLE_TIMEOUT)")
 	pollInterval := fs.String("poll-interval", env("FACILITATOR_POLL_INTERVAL", "500ms"), "how often receipts are polled (FACILITATOR_POLL_INTERVAL)")
 	bumpAfter := fs.String("bump-after", env("FACILITATOR_BUMP_AFTER", "90s"), "replace an unmined settlement transaction with 10% higher fees after this long (FACILITATOR_BUMP_AFTER)")
+	idWindow := fs.String("payment-id-window", env("FACILITATOR_PAYMENT_ID_WINDOW", "24h"), "how long the full answer under a payment identifier is kept (FACILITATOR_PAYMENT_ID_WINDOW); the id's link to its settlement stays after it")
+	fs.StringVar(&cfg.RetentionSchedule, "retention-schedule", env("FACILITATOR_RETENTION_SCHEDULE", "@every 10m"), "cron schedule of the payment-identifier retention job (FACILITATOR_RETENTION_SCHEDULE)")
 	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "cap on the max fee per gas a fee bump may reach, in gwei (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
 	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
@@ -214,7 +219,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		name string
 		in   string
 		out  *time.Duration
-	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}} {
+	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}} {
 		if *d.out, err = time.ParseDuration(d.in); err != nil {
 			return nil, fmt.Errorf("%s: %w", d.name, err)
 		}

@@ -60,6 +60,9 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		PollInterval:  100 * time.Millisecond,
 		BumpAfter:     30 * time.Second,
 		MaxInFlight:   128,
+
+		PaymentIDWindow:   24 * time.Hour,
+		RetentionSchedule: "@every 10m",
 	}
 	m := &Main{Config: cfg, Logger: log}
 	if err := m.Run(ctx); err != nil {

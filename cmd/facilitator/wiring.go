@@ -16,10 +16,12 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
+	"github.com/robfig/cron/v3"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/idempotency"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -36,6 +38,7 @@ type Main struct {
 	db       *postgres.DB
 	rpcs     []*rpc.Client
 	engine   *settle.Engine
+	jobs     *cron.Cron
 	server   *http.Server
 	serveErr chan error
 }
@@ -112,10 +115,20 @@ func (m *Main) Run(ctx context.Context) error {
 		m.engine = nil
 		return err
 	}
+	idsvc := idempotency.New(idempotency.Config{
+		Store:    m.db,
+		Settler:  m.engine,
+		Verifier: verifier,
+		Window:   cfg.PaymentIDWindow,
+		Logger:   log,
+	})
+	if m.jobs, err = startJobs(log, cfg, idsvc); err != nil {
+		return err
+	}
 	srv := api.New(api.Config{
-		Verifier:      verifier,
-		Settler:       m.engine,
-		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), nil),
+		Verifier:      idsvc,
+		Settler:       idsvc,
+		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
 	})
@@ -184,6 +197,9 @@ func (m *Main) Close() error {
 		if err := <-m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs = append(errs, err)
 		}
+	}
+	if m.jobs != nil {
+		<-m.jobs.Stop().Done()
 	}
 	if m.engine != nil {
 		m.engine.Stop()

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
@@ -88,6 +89,16 @@ func (db *DB) SettlementByID(ctx context.Context, id int64) (*facilitator.Settle
 // (one round trip, atomic) before anything is broadcast.
 func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
 	var id int64
+	var scope string
+	var pid *string
+	var summary []byte
+	if s.PaymentID != nil {
+		scope, pid = s.PaymentID.Scope, &s.PaymentID.ID
+		var err error
+		if summary, err = json.Marshal(s.PaymentID.Summary); err != nil {
+			return 0, err
+		}
+	}
 	err := db.pool.QueryRow(ctx, `
 		WITH s AS (
 			INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
@@ -99,18 +110,25 @@ func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (in
 			SELECT $14, id, $15, $16, $17 FROM s),
 		e AS (
 			INSERT INTO settlement_events (settlement_id, state, detail)
-			SELECT id, 'signed', $18 FROM s)
+			SELECT id, 'signed', $18 FROM s),
+		p AS (
+			INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
+			SELECT $19, $20, $5, id, $21 FROM s WHERE $20::text IS NOT NULL)
 		SELECT id FROM s`,
 		s.Key.Network, s.Key.Asset[:], s.Key.Payer[:], s.Key.Nonce[:], s.Fingerprint[:], s.PayTo[:],
 		numeric(s.Value), numeric(s.ValidAfter), numeric(s.ValidBefore), s.X402Version, s.Request,
 		s.Signer[:], int64(s.TxNonce),
 		s.Tx.Hash[:], s.Tx.Raw, numeric(s.Tx.TipCap), numeric(s.Tx.FeeCap),
 		fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce),
+		scope, pid, summary,
 	).Scan(&id)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		if pgErr.ConstraintName == "settlements_network_signer_tx_nonce_key" {
+		switch pgErr.ConstraintName {
+		case "settlements_network_signer_tx_nonce_key":
 			return 0, facilitator.ErrNonceTaken
+		case "payment_ids_pkey":
+			return 0, facilitator.ErrPaymentIDTaken
 		}
 		return 0, facilitator.ErrDuplicate
 	}

@@ -1,0 +1,95 @@
+package facilitator
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// PaymentIdentifierKey is the extension key of the payment-identifier extension (spec §4).
+const PaymentIdentifierKey = "payment-identifier"
+
+// paymentIDPattern is the extension's id rule: 16 to 128 of [A-Za-z0-9_-].
+var paymentIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
+
+// parsePaymentID reads extensions["payment-identifier"].info: the id the client attached, and
+// whether the resource server declared the id required.
+func parsePaymentID(p *Payment) error {
+	raw, ok := p.Extensions[PaymentIdentifierKey]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	var ext struct {
+		Info *struct {
+			Required *bool          `json:"required"`
+			ID       json.RawMessage `json:"id"`
+		} `json:"info"`
+	}
+	if err := json.Unmarshal(raw, &ext); err != nil || ext.Info == nil {
+		return Errorf(EInvalid, ReasonInvalidPaymentIdentifier, "extensions.%s must be an object with an info object", PaymentIdentifierKey)
+	}
+	required := ext.Info.Required != nil && *ext.Info.Required
+	if !isNull(ext.Info.ID) {
+		var id string
+		if err := json.Unmarshal(ext.Info.ID, &id); err != nil {
+			return Errorf(EInvalid, ReasonInvalidPaymentIdentifier, "extensions.%s.info.id must be a string", PaymentIdentifierKey)
+		}
+		if !paymentIDPattern.MatchString(id) {
+			return Errorf(EInvalid, ReasonInvalidPaymentIdentifier,
+				"extensions.%s.info.id must be 16 to 128 characters of A-Z, a-z, 0-9, _ and -", PaymentIdentifierKey)
+		}
+		p.PaymentID = id
+	}
+	if required && p.PaymentID == "" {
+		return Errorf(EInvalid, ReasonInvalidPaymentIdentifier, "the resource server requires a payment identifier (extensions.%s.info.id) and none was sent", PaymentIdentifierKey)
+	}
+	return nil
+}
+
+// Summary is the request's canonical fields by name (the fingerprint's inputs), kept with a
+// payment id so that a conflicting reuse can be logged with what differs.
+func (p *Payment) Summary() map[string]string {
+	r, a := p.Requirements, p.Authorization
+	return map[string]string{
+		"scheme": r.Scheme, "network": r.Network, "asset": r.Asset.Hex(), "amount": r.Amount.String(), "payTo": r.PayTo.Hex(),
+		"from": a.From.Hex(), "to": a.To.Hex(), "value": a.Value.String(), "validAfter": a.ValidAfter.String(),
+		"validBefore": a.ValidBefore.String(), "nonce": hexBytes(a.Nonce[:]), "signature": hexBytes(p.Signature),
+		"x402Version": strconv.Itoa(p.X402Version),
+	}
+}
+
+// PaymentIDRecord is a payment id and what it is bound to.
+type PaymentIDRecord struct {
+	Scope       string
+	ID          string
+	Fingerprint Fingerprint
+	Summary     map[string]string
+	// Settlement is the settlement the id was first used for, as it stands now.
+	Settlement *Settlement
+	// Response is the stored answer, nil once compacted; it is current until ResponseExpires.
+	Response        []byte
+	ResponseExpires time.Time
+	CreatedAt       time.Time
+}
+
+// ErrPaymentIDTaken: the payment id is already bound to another request.
+var ErrPaymentIDTaken = errors.New("payment identifier already bound to another request")
+
+func hexBytes(b []byte) string { return "0x" + hex.EncodeToString(b) }
+
+// ReplayInfo marks an answer given from an earlier request under the same payment id: the
+// payment-identifier extension's response info, {"info": {"id": …, "replay": true}}.
+func ReplayInfo(id string) map[string]any {
+	return map[string]any{PaymentIdentifierKey: map[string]any{"info": map[string]any{"id": id, "replay": true}}}
+}
+
+// IsReplay reports whether an answer's extensions carry ReplayInfo.
+func IsReplay(extensions map[string]any) bool {
+	ext, _ := extensions[PaymentIdentifierKey].(map[string]any)
+	info, _ := ext["info"].(map[string]any)
+	replay, _ := info["replay"].(bool)
+	return replay
+}

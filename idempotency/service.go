@@ -1,0 +1,242 @@
+// Package idempotency implements the payment-identifier extension on the facilitator side: an id
+// is bound to the request it first came with (its fingerprint), a retry with the same id and
+// request gets the stored answer without anything being sent again, a different request under
+// the same id is a conflict, and the id keeps resolving to its settlement long after the stored
+// answer is gone (DESIGN invariant 5).
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math/big"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// Store is the part of the ledger ids live in.
+type Store interface {
+	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
+	StorePaymentResponse(ctx context.Context, scope, id string, response []byte, expires time.Time) error
+	CompactPaymentIDs(ctx context.Context, now time.Time) (int64, error)
+}
+
+// Settler settles payments (the settle engine). It binds a new settlement's payment id itself, in
+// the statement that writes the settlement.
+type Settler interface {
+	Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error)
+	ReleaseDelivery(ctx context.Context, id int64) error
+}
+
+// Verifier verifies payments.
+type Verifier interface {
+	Verify(ctx context.Context, p *facilitator.Payment) (facilitator.VerifyResponse, error)
+}
+
+// Config configures the service.
+type Config struct {
+	Store    Store
+	Settler  Settler
+	Verifier Verifier
+	// Window is how long a stored answer is kept (default 24 h); never less than the
+	// authorization's validBefore plus FinalityMargin.
+	Window         time.Duration
+	FinalityMargin time.Duration // default 1 h
+	Now            func() time.Time
+	Logger         *slog.Logger
+}
+
+// Service wraps verify and settle with payment-identifier semantics. Requests without an id pass
+// straight through.
+type Service struct {
+	cfg       Config
+	log       *slog.Logger
+	conflicts atomic.Int64
+	replays   atomic.Int64
+}
+
+// New builds the service.
+func New(cfg Config) *Service {
+	if cfg.Window == 0 {
+		cfg.Window = 24 * time.Hour
+	}
+	if cfg.FinalityMargin == 0 {
+		cfg.FinalityMargin = time.Hour
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg, log: cfg.Logger}
+}
+
+// Counts reports how many conflicts and replays the service has answered since it started.
+func (s *Service) Counts() (conflicts, replays int64) { return s.conflicts.Load(), s.replays.Load() }
+
+// Settle settles p under its payment id.
+func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error) {
+	if p.PaymentID == "" {
+		return s.cfg.Settler.Settle(ctx, p)
+	}
+	rec, err := s.lookup(ctx, p)
+	if err != nil {
+		return settle.Outcome{}, err
+	}
+	if rec == nil {
+		out, err := s.cfg.Settler.Settle(ctx, p)
+		if err != nil {
+			if facilitator.ErrorReason(err, "") == facilitator.ReasonPaymentIdentifierConflict {
+				// Bound by a concurrent request after our lookup: say what differs.
+				if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil {
+					return settle.Outcome{}, s.conflict(ctx, p, rec)
+				}
+			}
+			return out, err
+		}
+		s.remember(ctx, p, out)
+		return out, nil
+	}
+	return s.replaySettle(ctx, p, rec)
+}
+
+// lookup returns p's id record when the id is known and bound to p itself; nil when the id is
+// new; a conflict error when it is bound to another request.
+func (s *Service) lookup(ctx context.Context, p *facilitator.Payment) (*facilitator.PaymentIDRecord, error) {
+	rec, err := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID)
+	switch {
+	case errors.Is(err, facilitator.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "the payment-identifier store is unavailable; nothing was sent, retry", err)
+	case rec.Fingerprint != p.Fingerprint():
+		return nil, s.conflict(ctx, p, rec)
+	}
+	return rec, nil
+}
+
+// replaySettle answers a retry of a request already settled (or settling) under its id. Nothing is
+// sent: the stored answer is returned while it is kept, else the settlement's own state, waited for
+// within the deadline when it is still in flight.
+func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec *facilitator.PaymentIDRecord) (settle.Outcome, error) {
+	s.replays.Add(1)
+	if rec.Response != nil && s.cfg.Now().Before(rec.ResponseExpires) {
+		var res facilitator.SettleResponse
+		if err := json.Unmarshal(rec.Response, &res); err == nil {
+			res.Extensions = facilitator.ReplayInfo(p.PaymentID)
+			return settle.Outcome{Response: res, SettlementID: rec.Settlement.ID}, nil
+		}
+	}
+	// The engine finds the settlement by its authorization, waits for it within the deadline, and
+	// sends nothing: the settlement row exists.
+	out, err := s.cfg.Settler.Settle(ctx, p)
+	if err != nil {
+		return out, err
+	}
+	res := &out.Response
+	switch res.ErrorReason {
+	case facilitator.ReasonAlreadySettled:
+		// The success went to this id's first request; its retry is owed the same answer.
+		*res = facilitator.SettleResponse{Success: true, Transaction: res.Transaction, Network: res.Network, Payer: res.Payer}
+	case facilitator.ReasonSettlementPending:
+		res.ErrorReason = facilitator.ReasonPaymentInFlight
+		res.ErrorMessage = "the first request with this payment identifier is still settling; retry after Retry-After with the same payload"
+	}
+	s.remember(ctx, p, out)
+	res.Extensions = facilitator.ReplayInfo(p.PaymentID)
+	return out, nil
+}
+
+// remember stores a settled answer under its id, for the window.
+func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out settle.Outcome) {
+	res := out.Response
+	if out.SettlementID == 0 || res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
+		return
+	}
+	res.Extensions = nil
+	body, err := json.Marshal(res)
+	if err != nil {
+		return
+	}
+	expires := s.cfg.Now().Add(s.cfg.Window)
+	if vb := p.Authorization.ValidBefore; vb.IsInt64() {
+		if floor := time.Unix(vb.Int64(), 0).Add(s.cfg.FinalityMargin); floor.After(expires) {
+			expires = floor
+		}
+	} else if vb.Cmp(big.NewInt(0)) > 0 {
+		expires = expires.Add(100 * 365 * 24 * time.Hour) // a validBefore past int64 seconds: keep it "forever"
+	}
+	if err := s.cfg.Store.StorePaymentResponse(context.WithoutCancel(ctx), p.IDScope, p.PaymentID, body, expires); err != nil {
+		// The link stays: a retry rebuilds the answer from the ledger.
+		s.log.Warn("storing a payment-identifier answer", "payment_id", p.PaymentID, "err", err)
+	}
+}
+
+// Verify verifies p under its payment id. A payment already settled (or settling) under this id
+// is valid, marked as a replay: after a lost response the official middleware verifies again
+// before it serves and settles, and the used nonce must not turn the retry away.
+func (s *Service) Verify(ctx context.Context, p *facilitator.Payment) (facilitator.VerifyResponse, error) {
+	if p.PaymentID == "" {
+		return s.cfg.Verifier.Verify(ctx, p)
+	}
+	rec, err := s.lookup(ctx, p)
+	if err != nil {
+		if facilitator.ErrorCode(err) == facilitator.EUnavailable {
+			return facilitator.VerifyResponse{}, facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError, "the payment-identifier store is unavailable, retry", err)
+		}
+		return facilitator.VerifyResponse{}, err
+	}
+	if rec == nil {
+		return s.cfg.Verifier.Verify(ctx, p)
+	}
+	s.replays.Add(1)
+	st := rec.Settlement
+	res := facilitator.VerifyResponse{Payer: p.Payer, Extensions: facilitator.ReplayInfo(p.PaymentID)}
+	switch {
+	case st.State.Open(), st.State.Succeeded() && st.ErrorReason == "":
+		res.IsValid = true
+	default:
+		res.InvalidReason = st.ErrorReason
+		if res.InvalidReason == "" {
+			res.InvalidReason = facilitator.ReasonTransactionFailed
+		}
+		res.InvalidMessage = "the settlement made under this payment identifier failed: " + st.ErrorMessage
+	}
+	return res, nil
+}
+
+// conflict reports p reusing an id bound to another request: a client bug or a quote drift, so it
+// is logged with what differs and counted.
+func (s *Service) conflict(ctx context.Context, p *facilitator.Payment, rec *facilitator.PaymentIDRecord) error {
+	s.conflicts.Add(1)
+	now := p.Summary()
+	var differs []string
+	for k, v := range now {
+		if rec.Summary[k] != v {
+			differs = append(differs, k)
+		}
+	}
+	sort.Strings(differs)
+	s.log.WarnContext(ctx, "payment identifier reused with a different payment",
+		"payment_id", p.PaymentID, "first_payer", rec.Summary["from"], "payer", now["from"],
+		"differs", strings.Join(differs, ","), "first_settlement", rec.Settlement.ID, "conflicts_total", s.conflicts.Load())
+	return &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
+		Message: "this payment identifier is already bound to a different payment (differs in: " + strings.Join(differs, ", ") + ")"}
+}
+
+// ReleaseDelivery passes through to the settler.
+func (s *Service) ReleaseDelivery(ctx context.Context, id int64) error {
+	return s.cfg.Settler.ReleaseDelivery(ctx, id)
+}
+
+// Compact drops stored answers past their window, keeping the id→settlement links.
+func (s *Service) Compact(ctx context.Context) (int64, error) {
+	return s.cfg.Store.CompactPaymentIDs(ctx, s.cfg.Now())
+}
