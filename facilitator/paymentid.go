@@ -24,7 +24,7 @@ func parsePaymentID(p *Payment) error {
 	}
 	var ext struct {
 		Info *struct {
-			Required *bool          `json:"required"`
+			Required *bool           `json:"required"`
 			ID       json.RawMessage `json:"id"`
 		} `json:"info"`
 	}

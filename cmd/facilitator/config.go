@@ -43,6 +43,12 @@ type Config struct {
 	// Fault is a crash point (settle.FaultPoint) at which the process kills itself: crash tests
 	// set it through FACILITATOR_TEST_FAULT, nothing else does.
 	Fault string
+
+	// Index runs the block indexer in this process (serve: on by default; replicas elect one
+	// indexer per network among themselves).
+	Index bool
+	// IndexOnly runs only the indexers (facilitator index): no HTTP, no settlement.
+	IndexOnly bool
 }
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
@@ -55,6 +61,11 @@ type NetworkConfig struct {
 	// Finality is the confirmations (the mined block counts as one) at which a settlement is
 	// final; 0 takes the default: 1 on local dev chains (31337, 1337), 12 elsewhere.
 	Finality uint64 `json:"finality,omitempty"`
+	// StartBlock is where the block indexer starts on an empty database (default 0; set it to the
+	// token's deployment block, or a recent one, on a real chain).
+	StartBlock uint64 `json:"startBlock,omitempty"`
+	// LogRange caps eth_getLogs block ranges during backfill (default 2000).
+	LogRange uint64 `json:"logRange,omitempty"`
 }
 
 // finality returns the network's finality depth.
@@ -137,7 +148,7 @@ func (c *Config) Check() error {
 	if c.RPCTimeout <= 0 || c.VerifyTimeout <= 0 || c.SettleTimeout <= 0 || c.PollInterval <= 0 || c.BumpAfter <= 0 {
 		return errors.New("timeouts and intervals must be positive")
 	}
-	if len(c.SignerKeys) == 0 {
+	if len(c.SignerKeys) == 0 && !c.IndexOnly {
 		return errors.New("no signer keys (FACILITATOR_SIGNER_KEYS or --signer-keys-file): /settle needs a funded wallet")
 	}
 	if c.MaxInFlight <= 0 {
@@ -170,6 +181,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	bumpAfter := fs.String("bump-after", env("FACILITATOR_BUMP_AFTER", "90s"), "replace an unmined settlement transaction with 10% higher fees after this long (FACILITATOR_BUMP_AFTER)")
 	idWindow := fs.String("payment-id-window", env("FACILITATOR_PAYMENT_ID_WINDOW", "24h"), "how long the full answer under a payment identifier is kept (FACILITATOR_PAYMENT_ID_WINDOW); the id's link to its settlement stays after it")
 	fs.StringVar(&cfg.RetentionSchedule, "retention-schedule", env("FACILITATOR_RETENTION_SCHEDULE", "@every 10m"), "cron schedule of the payment-identifier retention job (FACILITATOR_RETENTION_SCHEDULE)")
+	index := fs.String("index", env("FACILITATOR_INDEX", "true"), "run the block indexer in this process (FACILITATOR_INDEX)")
 	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "cap on the max fee per gas a fee bump may reach, in gwei (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
 	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
@@ -225,6 +237,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		}
 	}
 	cfg.MaxInFlight = *maxInFlight
+	cfg.Index = *index != "false" && *index != "0"
 	if *maxFeeGwei != "" {
 		f, ok := new(big.Float).SetString(*maxFeeGwei)
 		if !ok || f.Sign() <= 0 {

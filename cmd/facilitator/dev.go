@@ -61,6 +61,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		BumpAfter:     30 * time.Second,
 		MaxInFlight:   128,
 
+		Index:             true,
 		PaymentIDWindow:   24 * time.Hour,
 		RetentionSchedule: "@every 10m",
 	}

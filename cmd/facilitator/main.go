@@ -18,6 +18,7 @@ const usage = `usage: facilitator <command> [flags]
 commands:
   serve     run the facilitator HTTP API (applies pending migrations first unless --migrate=false)
   migrate   apply pending database migrations and exit
+  index     run only the block indexer (same configuration as serve), logging its progress
   dev       run the whole local stack: anvil with Circle's USDC deployed and funded, plus serve
             (needs DATABASE_URL; 'make run' provides one)
 
@@ -39,6 +40,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch args[0] {
 	case "serve":
 		err = runServe(ctx, args[1:], getenv, stderr)
+	case "index":
+		err = runIndex(ctx, args[1:], getenv, stderr)
 	case "migrate":
 		err = runMigrate(ctx, args[1:], getenv, stdout, stderr)
 	case "dev":
@@ -66,6 +69,21 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	m := &Main{Config: cfg, Logger: newLogger(stderr, cfg.LogLevel, cfg.LogFormat)}
+	if err := m.Run(ctx); err != nil {
+		m.Close()
+		return err
+	}
+	<-ctx.Done()
+	return m.Close()
+}
+
+func runIndex(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := parseServeFlags(args, getenv)
+	if err != nil {
+		return err
+	}
+	cfg.IndexOnly = true
 	m := &Main{Config: cfg, Logger: newLogger(stderr, cfg.LogLevel, cfg.LogFormat)}
 	if err := m.Run(ctx); err != nil {
 		m.Close()

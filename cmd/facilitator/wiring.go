@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -39,6 +41,9 @@ type Main struct {
 	rpcs     []*rpc.Client
 	engine   *settle.Engine
 	jobs     *cron.Cron
+	indexers []*indexer.Indexer
+	stopIdx  context.CancelFunc
+	idxDone  chan struct{}
 	server   *http.Server
 	serveErr chan error
 }
@@ -80,6 +85,11 @@ func (m *Main) Run(ctx context.Context) error {
 		for _, t := range n.Tokens {
 			m.checkToken(startCtx, readers[n.ID], n, t)
 		}
+	}
+	if cfg.IndexOnly {
+		m.startIndexers(networks)
+		log.Info("indexing only", "networks", len(networks))
+		return nil
 	}
 	verifier, err := verify.New(verify.Config{
 		Networks:         networks,
@@ -133,6 +143,10 @@ func (m *Main) Run(ctx context.Context) error {
 		Logger:        log,
 	})
 
+	if cfg.Index {
+		m.startIndexers(networks)
+	}
+
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
@@ -153,6 +167,35 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	log.Info("facilitator listening", "addr", m.Addr, "networks", strings.Join(ids, ","), "signers", len(cfg.SignerKeys))
 	return nil
+}
+
+// startIndexers runs one block indexer per network in the background. Replicas elect one leader
+// per network among themselves; a deep reorg stops that network's indexer, loudly, and nothing else.
+func (m *Main) startIndexers(networks []facilitator.Network) {
+	ctx, cancel := context.WithCancel(context.Background())
+	m.stopIdx, m.idxDone = cancel, make(chan struct{})
+	var wg sync.WaitGroup
+	for i, n := range networks {
+		nc := m.Config.Networks[i]
+		tokens := make([]common.Address, len(n.Tokens))
+		for j, t := range n.Tokens {
+			tokens[j] = t.Address
+		}
+		ix := indexer.New(indexer.Config{
+			Network: n.ID, Tokens: tokens, Chain: m.rpcs[i], WSURL: nc.WS, Store: m.db,
+			StartBlock: nc.StartBlock, FinalityDepth: nc.finality(n.ChainID), MaxRange: nc.LogRange,
+			PollInterval: m.Config.PollInterval, RPCTimeout: m.Config.RPCTimeout, Logger: m.Logger,
+		})
+		m.indexers = append(m.indexers, ix)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ix.Run(ctx); err != nil {
+				m.Logger.Error("block indexer stopped", "network", n.ID, "err", err)
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(m.idxDone) }()
 }
 
 // checkChain refuses an RPC that serves another chain than configured, and binds the database's
@@ -197,6 +240,10 @@ func (m *Main) Close() error {
 		if err := <-m.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs = append(errs, err)
 		}
+	}
+	if m.stopIdx != nil {
+		m.stopIdx()
+		<-m.idxDone
 	}
 	if m.jobs != nil {
 		<-m.jobs.Stop().Done()

@@ -31,6 +31,10 @@ func Open(ctx context.Context, url string, log *slog.Logger) (*DB, error) {
 		// The parse error can echo the URL, password included.
 		return nil, errors.New("postgres: DATABASE_URL is not a valid connection string")
 	}
+	if cfg.MaxConns < 16 {
+		// Long-held connections (the indexer's lease, one per network) must not starve requests.
+		cfg.MaxConns = 16
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

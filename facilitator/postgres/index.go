@@ -1,0 +1,184 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/x402-facilitator/x402-facilitator/indexer"
+)
+
+// leaseCheckEvery is how often a leader checks that the connection holding its lock is alive.
+const leaseCheckEvery = time.Second
+
+// Lead takes the network's indexer lease: a session advisory lock on a connection held for as long
+// as the lease. Replicas wait here and retry every second.
+func (db *DB) Lead(ctx context.Context, network string) (context.Context, func(), error) {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("x402-indexer:" + network))
+	key := int64(h.Sum64())
+	for {
+		conn, err := db.pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
+			conn.Release()
+			return nil, nil, err
+		}
+		if got {
+			leading, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				// A leader whose lock connection died no longer holds the lock: stop it writing.
+				t := time.NewTicker(leaseCheckEvery)
+				defer t.Stop()
+				for {
+					select {
+					case <-done:
+						return
+					case <-t.C:
+						pctx, pcancel := context.WithTimeout(leading, leaseCheckEvery)
+						err := conn.Ping(pctx)
+						pcancel()
+						if err != nil && leading.Err() == nil {
+							db.log.Warn("indexer lease connection lost", "network", network, "err", err)
+							cancel()
+							return
+						}
+					}
+				}
+			}()
+			release := func() {
+				close(done)
+				cancel()
+				uctx, ucancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer ucancel()
+				if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
+					// The session may be gone; then the lock went with it. Never reuse this conn.
+					_ = conn.Conn().Close(uctx)
+				}
+				conn.Release()
+			}
+			return leading, release, nil
+		}
+		conn.Release()
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Cursor returns the last indexed block of a network.
+func (db *DB) Cursor(ctx context.Context, network string) (indexer.Block, bool, error) {
+	var n int64
+	var hash []byte
+	err := db.pool.QueryRow(ctx, `SELECT number, hash FROM index_cursors WHERE network = $1`, network).Scan(&n, &hash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return indexer.Block{}, false, nil
+	}
+	if err != nil {
+		return indexer.Block{}, false, err
+	}
+	return indexer.Block{Number: uint64(n), Hash: common.BytesToHash(hash)}, true, nil
+}
+
+// Commit writes one indexer step in one transaction: an optional rollback above a reorg's
+// ancestor, the events (with COPY), the window blocks, and the cursor.
+func (db *DB) Commit(ctx context.Context, network string, b indexer.Batch) error {
+	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if b.RollbackTo != nil {
+			for _, q := range []string{
+				`DELETE FROM transfers WHERE network = $1 AND block_number > $2`,
+				`DELETE FROM authorization_events WHERE network = $1 AND block_number > $2`,
+				`DELETE FROM index_blocks WHERE network = $1 AND number > $2`,
+			} {
+				if _, err := tx.Exec(ctx, q, network, int64(b.RollbackTo.Number)); err != nil {
+					return err
+				}
+			}
+		}
+		if len(b.Events.Transfers) > 0 {
+			rows := make([][]any, len(b.Events.Transfers))
+			for i, t := range b.Events.Transfers {
+				rows[i] = []any{network, int64(t.BlockNumber), t.BlockHash[:], blockTime(t.BlockTime), t.TxHash[:], int32(t.LogIndex),
+					t.Token[:], t.From[:], t.To[:], pgtype.Numeric{Int: t.Value, Valid: true}}
+			}
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"transfers"},
+				[]string{"network", "block_number", "block_hash", "block_time", "tx_hash", "log_index", "token", "from_addr", "to_addr", "value"},
+				pgx.CopyFromRows(rows)); err != nil {
+				return err
+			}
+		}
+		if len(b.Events.Auths) > 0 {
+			rows := make([][]any, len(b.Events.Auths))
+			for i, a := range b.Events.Auths {
+				kind := "used"
+				if a.Canceled {
+					kind = "canceled"
+				}
+				rows[i] = []any{network, int64(a.BlockNumber), a.BlockHash[:], blockTime(a.BlockTime), a.TxHash[:], int32(a.LogIndex),
+					a.Token[:], kind, a.Authorizer[:], a.Nonce[:]}
+			}
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"authorization_events"},
+				[]string{"network", "block_number", "block_hash", "block_time", "tx_hash", "log_index", "token", "kind", "authorizer", "nonce"},
+				pgx.CopyFromRows(rows)); err != nil {
+				return err
+			}
+		}
+		if len(b.Blocks) > 0 {
+			nums, hashes, parents := make([]int64, len(b.Blocks)), make([][]byte, len(b.Blocks)), make([][]byte, len(b.Blocks))
+			for i, bl := range b.Blocks {
+				nums[i], hashes[i], parents[i] = int64(bl.Number), bl.Hash.Bytes(), bl.ParentHash.Bytes()
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO index_blocks (network, number, hash, parent_hash)
+				SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::bytea[])
+				ON CONFLICT (network, number) DO UPDATE SET hash = EXCLUDED.hash, parent_hash = EXCLUDED.parent_hash`,
+				network, nums, hashes, parents); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO index_cursors (network, number, hash) VALUES ($1, $2, $3)
+			ON CONFLICT (network) DO UPDATE SET number = EXCLUDED.number, hash = EXCLUDED.hash, updated_at = now()`,
+			network, int64(b.Cursor.Number), b.Cursor.Hash[:])
+		return err
+	})
+}
+
+func blockTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// WindowBlocks returns the kept blocks from number from upward.
+func (db *DB) WindowBlocks(ctx context.Context, network string, from uint64) ([]indexer.Block, error) {
+	rows, err := db.pool.Query(ctx, `SELECT number, hash, parent_hash FROM index_blocks
+		WHERE network = $1 AND number >= $2 ORDER BY number`, network, int64(from))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (indexer.Block, error) {
+		var n int64
+		var h, p []byte
+		err := r.Scan(&n, &h, &p)
+		return indexer.Block{Number: uint64(n), Hash: common.BytesToHash(h), ParentHash: common.BytesToHash(p)}, err
+	})
+}
+
+// PruneBlocks drops kept blocks below a number: they are final.
+func (db *DB) PruneBlocks(ctx context.Context, network string, below uint64) error {
+	_, err := db.pool.Exec(ctx, `DELETE FROM index_blocks WHERE network = $1 AND number < $2`, network, int64(below))
+	return err
+}
+
+var _ indexer.Store = (*DB)(nil)

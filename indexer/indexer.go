@@ -1,0 +1,453 @@
+// Package indexer follows a chain and stores the Transfer, AuthorizationUsed and
+// AuthorizationCanceled logs of the configured tokens in Postgres: the facilitator's memory of
+// the chain (DESIGN invariant 6). It backfills with adaptive eth_getLogs ranges written with COPY,
+// follows new heads (WebSocket subscription, polling fallback), and detects reorgs by parent hash,
+// rolling back to the common ancestor and indexing the new branch in one transaction.
+package indexer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"sync/atomic"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/rpc"
+)
+
+// Chain is the JSON-RPC access the indexer needs; *rpc.Client satisfies it.
+type Chain interface {
+	CallContext(ctx context.Context, result any, method string, args ...any) error
+	BatchCallContext(ctx context.Context, b []rpc.BatchElem) error
+}
+
+// ErrDeepReorg stops a network's indexer: the chain reorganised below the kept window, so what is
+// indexed cannot be reconciled automatically.
+var ErrDeepReorg = errors.New("indexer: reorg deeper than the unfinalized window")
+
+// Config configures one network's indexer.
+type Config struct {
+	Network string // CAIP-2
+	Tokens  []common.Address
+	Chain   Chain
+	// WSURL, when set, is used to subscribe to new heads; without it (or while the subscription is
+	// down) the indexer polls every PollInterval.
+	WSURL string
+	Store Store
+	// StartBlock is where indexing begins on an empty database.
+	StartBlock uint64
+	// FinalityDepth: blocks at least this deep (the head counts as one) are final; above them the
+	// indexer keeps block hashes to detect reorgs.
+	FinalityDepth uint64
+	// InitialRange and MaxRange size eth_getLogs block ranges during backfill.
+	InitialRange, MaxRange uint64
+	PollInterval           time.Duration
+	RPCTimeout             time.Duration
+	Logger                 *slog.Logger
+	Now                    func() time.Time
+}
+
+// Indexer indexes one network.
+type Indexer struct {
+	cfg    Config
+	log    *slog.Logger
+	sizer  *rangeSizer
+	window uint64
+
+	// Status, for logs and metrics.
+	head, cursor  atomic.Uint64
+	reorgs        atomic.Int64
+	leader        atomic.Bool
+	subscribed    atomic.Bool
+	eventsIndexed atomic.Int64
+
+	// Backfill progress, owned by the leading goroutine.
+	progressAt     time.Time
+	progressBlock  uint64
+	progressEvents int64
+}
+
+// New builds an indexer.
+func New(cfg Config) *Indexer {
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = time.Second
+	}
+	if cfg.RPCTimeout == 0 {
+		cfg.RPCTimeout = 10 * time.Second
+	}
+	if cfg.FinalityDepth == 0 {
+		cfg.FinalityDepth = 1
+	}
+	if cfg.InitialRange == 0 {
+		cfg.InitialRange = 1000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Indexer{
+		cfg:    cfg,
+		log:    cfg.Logger.With("network", cfg.Network, "component", "indexer"),
+		sizer:  newRangeSizer(cfg.InitialRange, cfg.MaxRange),
+		window: max(2*cfg.FinalityDepth, 128),
+	}
+}
+
+// Status is the indexer's state for operators.
+type Status struct {
+	Leader     bool
+	Subscribed bool
+	Head       uint64
+	Cursor     uint64
+	Lag        uint64
+	Reorgs     int64
+	Events     int64
+	RangeSize  uint64
+}
+
+// Status reports the indexer's state.
+func (ix *Indexer) Status() Status {
+	h, c := ix.head.Load(), ix.cursor.Load()
+	var lag uint64
+	if h > c {
+		lag = h - c
+	}
+	return Status{Leader: ix.leader.Load(), Subscribed: ix.subscribed.Load(), Head: h, Cursor: c, Lag: lag,
+		Reorgs: ix.reorgs.Load(), Events: ix.eventsIndexed.Load(), RangeSize: ix.sizer.size}
+}
+
+// Run indexes until ctx ends. Only the process holding the network's lease indexes; the others
+// wait to take over. A reorg deeper than the window returns ErrDeepReorg.
+func (ix *Indexer) Run(ctx context.Context) error {
+	for {
+		leading, release, err := ix.cfg.Store.Lead(ctx, ix.cfg.Network)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			ix.log.Warn("waiting for the indexer lease", "err", err)
+			if !sleep(ctx, time.Second) {
+				return nil
+			}
+			continue
+		}
+		ix.leader.Store(true)
+		ix.log.Info("leading this network's indexer")
+		err = ix.lead(leading)
+		ix.leader.Store(false)
+		release()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case leading.Err() != nil:
+			ix.log.Warn("lost the indexer lease; waiting to lead again")
+		case errors.Is(err, ErrDeepReorg):
+			ix.log.Error("indexer stopped: manual intervention needed", "err", err)
+			return err
+		default:
+			ix.log.Warn("indexer restarting", "err", err)
+			if !sleep(ctx, time.Second) {
+				return nil
+			}
+		}
+	}
+}
+
+// lead indexes while this process holds the lease: step until caught up, then wait for a head.
+func (ix *Indexer) lead(ctx context.Context) error {
+	heads := ix.followHeads(ctx)
+	failures := 0
+	for {
+		caughtUp, err := ix.step(ctx)
+		switch {
+		case errors.Is(err, ErrDeepReorg):
+			return err
+		case err != nil:
+			failures++
+			ix.log.Warn("indexing step failed; retrying", "err", err, "failures", failures)
+			if failures > 30 {
+				return err
+			}
+			if !sleep(ctx, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)) {
+				return ctx.Err()
+			}
+			continue
+		}
+		failures = 0
+		if !caughtUp {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-heads:
+		}
+	}
+}
+
+// step indexes the next piece of chain and reports whether the index has reached the head.
+func (ix *Indexer) step(ctx context.Context) (bool, error) {
+	var head hexutil.Uint64
+	if err := ix.call(ctx, &head, "eth_blockNumber"); err != nil {
+		return false, err
+	}
+	ix.head.Store(uint64(head))
+	cur, ok, err := ix.cfg.Store.Cursor(ctx, ix.cfg.Network)
+	if err != nil {
+		return false, err
+	}
+	next := ix.cfg.StartBlock
+	if ok {
+		next = cur.Number + 1
+		ix.cursor.Store(cur.Number)
+	}
+	if next > uint64(head) {
+		return true, nil
+	}
+	// Blocks at or below safe are final: no hashes needed to index them.
+	var safe uint64
+	if uint64(head)+1 > ix.cfg.FinalityDepth {
+		safe = uint64(head) + 1 - ix.cfg.FinalityDepth
+	}
+	if next+ix.window <= safe {
+		return false, ix.backfill(ctx, next, safe-ix.window+1)
+	}
+	return ix.live(ctx, cur, ok, next, uint64(head))
+}
+
+// backfill indexes final blocks [from, limit) with one eth_getLogs range and one COPY.
+func (ix *Indexer) backfill(ctx context.Context, from, limit uint64) error {
+	to := min(from+ix.sizer.size-1, limit-1)
+	logs, err := ix.getLogs(ctx, from, to)
+	if err != nil {
+		if tooLarge(err) && ix.sizer.shrink(from, to, err) {
+			ix.log.Info("log range refused; shrinking", "from", from, "to", to, "range", ix.sizer.size, "err", err)
+			return nil
+		}
+		return err
+	}
+	last, err := ix.header(ctx, to)
+	if err != nil {
+		return err
+	}
+	ev := Decode(logs)
+	if err := ix.cfg.Store.Commit(ctx, ix.cfg.Network, Batch{Events: ev, Blocks: []Block{last}, Cursor: last}); err != nil {
+		return err
+	}
+	ix.cursor.Store(to)
+	ix.eventsIndexed.Add(int64(ev.Len()))
+	ix.progress(to, limit-1)
+	if ix.sizer.grow() {
+		ix.log.Debug("log range grown", "range", ix.sizer.size)
+	}
+	return nil
+}
+
+// progress logs backfill speed every progressEvery: blocks and events per second, and the time
+// left to reach target at that speed.
+func (ix *Indexer) progress(at, target uint64) {
+	const progressEvery = 5 * time.Second
+	now := ix.cfg.Now()
+	events := ix.eventsIndexed.Load()
+	if ix.progressAt.IsZero() {
+		ix.progressAt, ix.progressBlock, ix.progressEvents = now, at, events
+		return
+	}
+	took := now.Sub(ix.progressAt)
+	if took < progressEvery && at < target {
+		return
+	}
+	bps := float64(at-ix.progressBlock) / took.Seconds()
+	eps := float64(events-ix.progressEvents) / took.Seconds()
+	attrs := []any{"block", at, "target", target, "blocks_per_s", int(bps), "events_per_s", int(eps), "range", ix.sizer.size}
+	if bps > 0 {
+		attrs = append(attrs, "eta", (time.Duration(float64(target-at)/bps) * time.Second).Round(time.Second).String())
+	}
+	ix.log.Info("backfill progress", attrs...)
+	ix.progressAt, ix.progressBlock, ix.progressEvents = now, at, events
+}
+
+// live indexes unfinalized blocks [next, head] (a bounded batch of them), checking that each links
+// to the last indexed one; a broken link is a reorg.
+func (ix *Indexer) live(ctx context.Context, cur Block, haveCursor bool, next, head uint64) (bool, error) {
+	to := min(head, next+min(ix.window, 256)-1)
+	headers, err := ix.headers(ctx, next, to)
+	if err != nil {
+		return false, err
+	}
+	if haveCursor && cur.Hash != (common.Hash{}) && headers[0].ParentHash != cur.Hash {
+		return false, ix.reorg(ctx, cur, head)
+	}
+	for i := 1; i < len(headers); i++ {
+		if headers[i].ParentHash != headers[i-1].Hash {
+			return false, fmt.Errorf("blocks %d and %d do not link (the chain moved while reading)", headers[i-1].Number, headers[i].Number)
+		}
+	}
+	ev, err := ix.logsFor(ctx, headers)
+	if err != nil {
+		return false, err
+	}
+	last := headers[len(headers)-1]
+	if err := ix.cfg.Store.Commit(ctx, ix.cfg.Network, Batch{Events: ev, Blocks: headers, Cursor: last}); err != nil {
+		return false, err
+	}
+	ix.cursor.Store(last.Number)
+	ix.eventsIndexed.Add(int64(ev.Len()))
+	if last.Number > ix.window {
+		if err := ix.cfg.Store.PruneBlocks(ctx, ix.cfg.Network, last.Number-ix.window); err != nil {
+			ix.log.Warn("pruning old window blocks", "err", err)
+		}
+	}
+	return last.Number == head, nil
+}
+
+// logsFor reads the logs of consecutive blocks and checks each came from the block hash read with
+// the headers: a log from another branch means the chain moved under us, and the step is retried.
+func (ix *Indexer) logsFor(ctx context.Context, headers []Block) (Events, error) {
+	first := headers[0].Number
+	logs, err := ix.getLogs(ctx, first, headers[len(headers)-1].Number)
+	if err != nil {
+		return Events{}, err
+	}
+	for _, l := range logs {
+		i := l.BlockNumber - first
+		if l.BlockNumber < first || i >= uint64(len(headers)) || l.BlockHash != headers[i].Hash {
+			return Events{}, fmt.Errorf("log of block %d (%s) is not from the block read (the chain moved while reading)", l.BlockNumber, l.BlockHash)
+		}
+	}
+	return Decode(logs), nil
+}
+
+// reorg finds the highest kept block still on the canonical chain and, in one transaction, rolls
+// everything above it back and indexes the new branch from there.
+func (ix *Indexer) reorg(ctx context.Context, cur Block, head uint64) error {
+	from := uint64(0)
+	if cur.Number > ix.window {
+		from = cur.Number - ix.window
+	}
+	kept, err := ix.cfg.Store.WindowBlocks(ctx, ix.cfg.Network, from)
+	if err != nil {
+		return err
+	}
+	if len(kept) == 0 {
+		return fmt.Errorf("%w: no kept blocks to compare at %d", ErrDeepReorg, cur.Number)
+	}
+	top := min(kept[len(kept)-1].Number, head)
+	if top < kept[0].Number {
+		return fmt.Errorf("%w: the chain is now shorter (%d) than the kept window (from %d)", ErrDeepReorg, head, kept[0].Number)
+	}
+	canonical, err := ix.headers(ctx, kept[0].Number, top)
+	if err != nil {
+		return err
+	}
+	var ancestor *Block
+	for i := len(kept) - 1; i >= 0; i-- {
+		k := kept[i]
+		if k.Number <= top && canonical[k.Number-kept[0].Number].Hash == k.Hash {
+			ancestor = &kept[i]
+			break
+		}
+	}
+	if ancestor == nil {
+		return fmt.Errorf("%w: no block from %d to %d is still canonical", ErrDeepReorg, kept[0].Number, cur.Number)
+	}
+	depth := cur.Number - ancestor.Number
+	batch := Batch{RollbackTo: ancestor, Cursor: *ancestor}
+	if ancestor.Number < head {
+		to := min(head, ancestor.Number+min(ix.window, 256))
+		headers, err := ix.headers(ctx, ancestor.Number+1, to)
+		if err != nil {
+			return err
+		}
+		if headers[0].ParentHash != ancestor.Hash {
+			return fmt.Errorf("the new branch at %d does not link to the ancestor (the chain moved while reading)", ancestor.Number+1)
+		}
+		if batch.Events, err = ix.logsFor(ctx, headers); err != nil {
+			return err
+		}
+		batch.Blocks, batch.Cursor = headers, headers[len(headers)-1]
+	}
+	if err := ix.cfg.Store.Commit(ctx, ix.cfg.Network, batch); err != nil {
+		return err
+	}
+	ix.reorgs.Add(1)
+	ix.cursor.Store(batch.Cursor.Number)
+	ix.log.Warn("reorg: rolled back to the common ancestor and indexed the new branch",
+		"ancestor", ancestor.Number, "depth", depth, "old_head", cur.Number, "new_cursor", batch.Cursor.Number, "reorgs_total", ix.reorgs.Load())
+	return nil
+}
+
+func (ix *Indexer) getLogs(ctx context.Context, from, to uint64) ([]types.Log, error) {
+	filter := map[string]any{
+		"fromBlock": hexutil.EncodeUint64(from),
+		"toBlock":   hexutil.EncodeUint64(to),
+		"address":   ix.cfg.Tokens,
+		"topics":    [][]common.Hash{{TransferTopic, AuthorizationUsedTopic, AuthorizationCanceledTopic}},
+	}
+	var logs []types.Log
+	err := ix.call(ctx, &logs, "eth_getLogs", filter)
+	return logs, err
+}
+
+type header struct {
+	Number     hexutil.Uint64 `json:"number"`
+	Hash       common.Hash    `json:"hash"`
+	ParentHash common.Hash    `json:"parentHash"`
+}
+
+func (ix *Indexer) header(ctx context.Context, n uint64) (Block, error) {
+	hs, err := ix.headers(ctx, n, n)
+	if err != nil {
+		return Block{}, err
+	}
+	return hs[0], nil
+}
+
+// headers reads blocks from..to in one batch.
+func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]Block, error) {
+	hs := make([]*header, to-from+1)
+	elems := make([]rpc.BatchElem, len(hs))
+	for i := range hs {
+		elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeBig(new(big.Int).SetUint64(from + uint64(i))), false}, Result: &hs[i]}
+	}
+	ctx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
+	defer cancel()
+	if err := ix.cfg.Chain.BatchCallContext(ctx, elems); err != nil {
+		return nil, err
+	}
+	out := make([]Block, len(hs))
+	for i, h := range hs {
+		if elems[i].Error != nil {
+			return nil, elems[i].Error
+		}
+		if h == nil || uint64(h.Number) != from+uint64(i) {
+			return nil, fmt.Errorf("block %d is not available yet", from+uint64(i))
+		}
+		out[i] = Block{Number: uint64(h.Number), Hash: h.Hash, ParentHash: h.ParentHash}
+	}
+	return out, nil
+}
+
+func (ix *Indexer) call(ctx context.Context, result any, method string, args ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
+	defer cancel()
+	return ix.cfg.Chain.CallContext(ctx, result, method, args...)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

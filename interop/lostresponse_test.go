@@ -1,0 +1,456 @@
+package interop
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// lostPrice is what the merchant charges for GET /paid, in USDC atomic units.
+const lostPrice = 10000
+
+// TestLostResponseRecovered is the payment-identifier extension end to end, with nothing but the
+// official packages around our facilitator: a merchant on @x402/express declaring the extension
+// (js/merchant.mjs), a client on @x402/fetch attaching an id (js/agent.mjs). The merchant settles
+// the first paid request and its response is dropped before it reaches the client; the client
+// sends the same request again with the same id and payload, gets the content, and the payer is
+// charged exactly once.
+func TestLostResponseRecovered(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	f := startLostFacilitator(t, ctx)
+
+	payerKey, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	payer := crypto.PubkeyToAddress(payerKey.PublicKey)
+	if err := chain.USDC.Mint(ctx, payer, big.NewInt(1_000_000)); err != nil { // 1 USDC
+		t.Fatal(err)
+	}
+	payTo := lostRandomAddress(t)
+	payerBefore, payToBefore := lostBalance(t, ctx, payer), lostBalance(t, ctx, payTo)
+
+	merchant, merchantLog := startLostMerchant(t, ctx, f.url, payTo)
+	defer merchant.stop()
+
+	id := "pay_" + lostRandomHex(t, 16)
+	started := time.Now()
+	res := runLostAgent(t, ctx, merchant.url+"/paid", id, payerKey)
+	elapsed := time.Since(started)
+	t.Logf("agent (%s): first attempt %q; retry %d %v; PAYMENT-RESPONSE %v", elapsed.Round(time.Millisecond),
+		res.FirstError, res.Status, res.Content, res.PaymentResponse)
+	t.Logf("merchant:\n%s", merchantLog.String())
+	t.Logf("what the official middleware asked our facilitator:\n%s", f.calls.String())
+
+	// The client: the first attempt was lost, the retry got the content and the receipt.
+	if res.FirstError == "" {
+		t.Errorf("the first attempt did not fail (status %v): the response was not dropped", res.FirstStatus)
+	}
+	if res.PaymentID != id {
+		t.Errorf("the payload carried payment id %q, want %q", res.PaymentID, id)
+	}
+	if res.Status != http.StatusOK {
+		t.Fatalf("the retry got %d %v, want 200", res.Status, res.Content)
+	}
+	if c, _ := res.Content.(map[string]any); c["content"] != "secret" {
+		t.Errorf("the retry got %v, want the content", res.Content)
+	}
+	pr := res.PaymentResponse
+	if pr == nil {
+		t.Fatal("the retry carried no PAYMENT-RESPONSE")
+	}
+	txHash, _ := pr["transaction"].(string)
+	if pr["success"] != true || len(common.FromHex(txHash)) != 32 || pr["network"] != facilitator.CAIP2(diffChainID) {
+		t.Errorf("PAYMENT-RESPONSE %v: want success with a transaction hash on %s", pr, facilitator.CAIP2(diffChainID))
+	}
+	if payer.Hex() != fmt.Sprint(pr["payer"]) {
+		t.Errorf("PAYMENT-RESPONSE payer %v, want %s", pr["payer"], payer.Hex())
+	}
+
+	// The chain: charged exactly once, one transaction sent.
+	if d := new(big.Int).Sub(payerBefore, lostBalance(t, ctx, payer)); d.Cmp(big.NewInt(lostPrice)) != 0 {
+		t.Errorf("the payer was charged %s, want exactly %d", d, lostPrice)
+	}
+	if d := new(big.Int).Sub(lostBalance(t, ctx, payTo), payToBefore); d.Cmp(big.NewInt(lostPrice)) != 0 {
+		t.Errorf("the merchant received %s, want exactly %d", d, lostPrice)
+	}
+	sent, err := chain.Client.PendingNonceAt(ctx, f.signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent != 1 {
+		t.Errorf("the facilitator's signer sent %d transactions, want 1", sent)
+	}
+	if receipt, err := chain.Client.TransactionReceipt(ctx, common.HexToHash(txHash)); err != nil || receipt.Status != 1 {
+		t.Errorf("receipt of %s: %v, %v", txHash, receipt, err)
+	}
+
+	// The ledger: one settlement for the payer, and the id resolves to it.
+	rows := f.settlementsOf(t, ctx, payer)
+	if len(rows) != 1 {
+		t.Fatalf("the ledger holds %d settlements for the payer, want 1: %v", len(rows), rows)
+	}
+	rec, err := f.db.PaymentID(ctx, "", id)
+	if err != nil {
+		t.Fatalf("payment id %s: %v", id, err)
+	}
+	st := rec.Settlement
+	if st.ID != rows[0] {
+		t.Errorf("the id resolves to settlement %d, want %d", st.ID, rows[0])
+	}
+	if !st.State.Succeeded() || st.ErrorReason != "" {
+		t.Errorf("settlement %d is %s (%s), want mined or final", st.ID, st.State, st.ErrorReason)
+	}
+	if st.TxHash != common.HexToHash(txHash) {
+		t.Errorf("settlement tx %s, PAYMENT-RESPONSE tx %s", st.TxHash.Hex(), txHash)
+	}
+	if rec.Response == nil {
+		t.Error("the id has no stored answer")
+	}
+
+	// Our facilitator: the first request verified and settled; the retry's verify and settle were
+	// answered as replays of it, and nothing else was asked.
+	calls := f.calls.list()
+	var verifies, settles []lostCall
+	for _, c := range calls {
+		switch c.Path {
+		case "/verify":
+			verifies = append(verifies, c)
+		case "/settle":
+			settles = append(settles, c)
+		}
+	}
+	if len(verifies) != 2 || len(settles) != 2 {
+		t.Fatalf("the merchant called /verify %d times and /settle %d times, want 2 and 2", len(verifies), len(settles))
+	}
+	for i, want := range []bool{false, true} {
+		for _, c := range []lostCall{verifies[i], settles[i]} {
+			if c.Status != http.StatusOK || c.Replay != want {
+				t.Errorf("%s #%d: %d replay=%v, want 200 replay=%v (%s)", c.Path, i+1, c.Status, c.Replay, want, c.Body)
+			}
+		}
+	}
+	if !strings.Contains(settles[0].Body, `"success":true`) || !strings.Contains(settles[1].Body, `"success":true`) {
+		t.Errorf("settle answers: %s / %s", settles[0].Body, settles[1].Body)
+	}
+	if !strings.Contains(verifies[1].Body, `"isValid":true`) {
+		t.Errorf("the retry's verify: %s", verifies[1].Body)
+	}
+	if _, replays := f.ids.Counts(); replays != 2 {
+		t.Errorf("the payment-id service counted %d replays, want 2", replays)
+	}
+}
+
+// lostFacilitator is our whole facilitator (verify, settle, payment ids, the HTTP API), wired as
+// cmd/facilitator's Main.Run wires it, over the package's chain and a database of its own.
+type lostFacilitator struct {
+	url    string
+	db     *postgres.DB
+	dbURL  string
+	signer common.Address
+	ids    *idempotency.Service
+	calls  *lostCalls
+}
+
+func startLostFacilitator(t *testing.T, ctx context.Context) *lostFacilitator {
+	t.Helper()
+	dbURL, err := postgrestest.Fresh(ctx, "interop_lost")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("this test needs TEST_DATABASE_URL: %v", err)
+		}
+		t.Skipf("needs TEST_DATABASE_URL; run 'make test': %v", err)
+	}
+	logs := &lostBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("facilitator log:\n%s", logs.String())
+		}
+	})
+
+	db, err := postgres.Open(ctx, dbURL, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n := facilitator.Network{ID: facilitator.CAIP2(diffChainID), ChainID: diffChainID, V1Name: "base-sepolia",
+		Tokens: []facilitator.Token{{Address: chain.USDC.Address, Name: chain.USDC.Name, Version: chain.USDC.Version}}}
+	genesis, err := chain.Client.HeaderByNumber(ctx, big.NewInt(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.BindNetwork(ctx, n.ID, n.ChainID, genesis.Hash()); err != nil {
+		t.Fatal(err)
+	}
+
+	verifier, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
+		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}},
+		Logger:  log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A fresh signer with gas money, so its nonce counts exactly the transactions of this test.
+	signerKey, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer := crypto.PubkeyToAddress(signerKey.PublicKey)
+	if err := chain.SetBalance(ctx, signer, new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
+		t.Fatal(err)
+	}
+	engine, err := settle.New(settle.Config{
+		Networks: []settle.NetworkConfig{{Network: n, Chain: chain.RPC, Signers: []*ecdsa.PrivateKey{signerKey},
+			FinalityDepth: 1}},
+		Store:        db,
+		Verifier:     verifier,
+		Deadline:     30 * time.Second,
+		PollInterval: 100 * time.Millisecond,
+		RPCTimeout:   5 * time.Second,
+		Logger:       log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(engine.Stop)
+	ids := idempotency.New(idempotency.Config{Store: db, Settler: engine, Verifier: verifier, Logger: log})
+	srv := api.New(api.Config{
+		Verifier:  ids,
+		Settler:   ids,
+		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{signer}, []string{facilitator.PaymentIdentifierKey}),
+		Logger:    log,
+	})
+	calls := &lostCalls{}
+	hs := httptest.NewServer(calls.wrap(srv.Handler()))
+	t.Cleanup(hs.Close) // runs before engine.Stop and db.Close
+	return &lostFacilitator{url: hs.URL, db: db, dbURL: dbURL, signer: signer, ids: ids, calls: calls}
+}
+
+// settlementsOf lists the ledger's settlement ids for payer.
+func (f *lostFacilitator) settlementsOf(t *testing.T, ctx context.Context, payer common.Address) []int64 {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, f.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT id FROM settlements WHERE payer = $1 ORDER BY id`, payer.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// lostCall is one request the merchant made to our facilitator, and our answer.
+type lostCall struct {
+	Method, Path string
+	Status       int
+	Replay       bool // answered with Payment-Identifier-Replay: true
+	Body         string
+	Took         time.Duration
+}
+
+// lostCalls records every request to the wrapped handler.
+type lostCalls struct {
+	mu    sync.Mutex
+	calls []lostCall
+}
+
+func (l *lostCalls) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rw := &lostRecorder{ResponseWriter: w, status: http.StatusOK}
+		start := time.Now()
+		h.ServeHTTP(rw, r)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.calls = append(l.calls, lostCall{Method: r.Method, Path: r.URL.Path, Status: rw.status,
+			Replay: w.Header().Get(api.ReplayHeader) == "true", Body: strings.TrimSpace(rw.body.String()), Took: time.Since(start)})
+	})
+}
+
+func (l *lostCalls) list() []lostCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]lostCall(nil), l.calls...)
+}
+
+func (l *lostCalls) String() string {
+	var b strings.Builder
+	for i, c := range l.list() {
+		fmt.Fprintf(&b, "%d. %s %s -> %d replay=%v (%s) %s\n", i+1, c.Method, c.Path, c.Status, c.Replay, c.Took.Round(time.Millisecond), c.Body)
+	}
+	return b.String()
+}
+
+type lostRecorder struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (r *lostRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *lostRecorder) Write(p []byte) (int, error) {
+	r.body.Write(p)
+	return r.ResponseWriter.Write(p)
+}
+
+func (r *lostRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// startLostMerchant runs js/merchant.mjs with the drop on, and waits for its listening line.
+func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*process, *lostBuffer) {
+	t.Helper()
+	cmd := exec.Command("node", "js/merchant.mjs", "--facilitator", facilitatorURL, "--chain-id", fmt.Sprint(diffChainID),
+		"--asset", chain.USDC.Address.Hex(), "--pay-to", payTo.Hex(), "--amount", fmt.Sprint(lostPrice),
+		"--token-name", chain.USDC.Name, "--token-version", chain.USDC.Version, "--port", "0")
+	cmd.Env = append(os.Environ(), "DROP_FIRST_PAID=1")
+	stderr := &lostBuffer{}
+	cmd.Stderr = stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the merchant: %v", err)
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	select {
+	case line := <-lines:
+		url, ok := strings.CutPrefix(line, "listening ")
+		if !ok {
+			p.stop()
+			t.Fatalf("the merchant said %q; stderr:\n%s", line, stderr.String())
+		}
+		p.url = url
+		return p, stderr
+	case <-p.done:
+		t.Fatalf("the merchant exited before listening:\n%s", stderr.String())
+	case <-ctx.Done():
+		p.stop()
+		t.Fatalf("the merchant did not start: %v\n%s", ctx.Err(), stderr.String())
+	}
+	return nil, nil
+}
+
+// lostAgentResult is js/agent.mjs's summary line.
+type lostAgentResult struct {
+	FirstError       string         `json:"firstError"`
+	FirstStatus      *int           `json:"firstStatus"`
+	Status           int            `json:"status"`
+	Content          any            `json:"content"`
+	PaymentResponse  map[string]any `json:"paymentResponse"`
+	PaymentID        string         `json:"paymentId"`
+	PaymentSignature string         `json:"paymentSignature"`
+}
+
+func runLostAgent(t *testing.T, ctx context.Context, url, id string, key *ecdsa.PrivateKey) lostAgentResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "js/agent.mjs", "--url", url, "--id", id,
+		"--asset", chain.USDC.Address.Hex(), "--network", facilitator.CAIP2(diffChainID))
+	cmd.Env = append(os.Environ(), "PAYER_KEY="+keyHex(key.D.Bytes()))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("agent.mjs: %v: %s", err, stderr.String())
+	}
+	var res lostAgentResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("agent.mjs output %q: %v", out, err)
+	}
+	return res
+}
+
+func lostBalance(t *testing.T, ctx context.Context, a common.Address) *big.Int {
+	t.Helper()
+	b, err := chain.USDC.BalanceOf(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func lostRandomHex(t *testing.T, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func lostRandomAddress(t *testing.T) common.Address {
+	return common.HexToAddress("0x" + lostRandomHex(t, 20))
+}
+
+// lostBuffer collects output written from several goroutines.
+type lostBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lostBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lostBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
