@@ -177,13 +177,17 @@ func (m *Main) startIndexers(networks []facilitator.Network) {
 	var wg sync.WaitGroup
 	for i, n := range networks {
 		nc := m.Config.Networks[i]
+		logRange := nc.LogRange
+		if logRange == 0 {
+			logRange = 2000 // what most hosted providers accept
+		}
 		tokens := make([]common.Address, len(n.Tokens))
 		for j, t := range n.Tokens {
 			tokens[j] = t.Address
 		}
 		ix := indexer.New(indexer.Config{
 			Network: n.ID, Tokens: tokens, Chain: m.rpcs[i], WSURL: nc.WS, Store: m.db,
-			StartBlock: nc.StartBlock, FinalityDepth: nc.finality(n.ChainID), MaxRange: nc.LogRange,
+			StartBlock: nc.StartBlock, FinalityDepth: nc.finality(n.ChainID), MaxRange: logRange,
 			PollInterval: m.Config.PollInterval, RPCTimeout: m.Config.RPCTimeout, Logger: m.Logger,
 		})
 		m.indexers = append(m.indexers, ix)
