@@ -23,6 +23,7 @@ type Verifier interface {
 type Config struct {
 	Verifier  Verifier
 	Settler   Settler
+	Status    Status
 	Supported facilitator.SupportedResponse
 	// VerifyTimeout bounds one /verify, chain reads included.
 	VerifyTimeout time.Duration
@@ -71,6 +72,11 @@ func New(cfg Config) *Server {
 		e.POST("/settle", s.settle)
 	}
 	e.GET("/supported", s.supported)
+	if cfg.Status != nil {
+		e.GET("/v1/authorizations/:network/:asset/:from/:nonce", s.authorizationStatus)
+		e.GET("/v1/payments/:id", s.paymentStatus)
+		e.GET("/v1/settlements/:tx", s.settlementStatus)
+	}
 	e.GET("/healthz", s.healthz)
 	s.echo = e
 	return s

@@ -101,6 +101,15 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (settle.Ou
 			}
 			return out, err
 		}
+		if out.Response.ErrorReason == facilitator.ReasonAlreadySettled {
+			// A concurrent request with this id and payment bound it and took the success first:
+			// this one is a retry of it, owed the same answer.
+			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil &&
+				rec.Fingerprint == p.Fingerprint() && rec.Settlement.ID == out.SettlementID {
+				s.replays.Add(1)
+				return s.replayed(ctx, p, out), nil
+			}
+		}
 		s.remember(ctx, p, out)
 		return out, nil
 	}
@@ -140,6 +149,11 @@ func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec 
 	if err != nil {
 		return out, err
 	}
+	return s.replayed(ctx, p, out), nil
+}
+
+// replayed turns the engine's answer to a repeat of an id's request into that request's answer.
+func (s *Service) replayed(ctx context.Context, p *facilitator.Payment, out settle.Outcome) settle.Outcome {
 	res := &out.Response
 	switch res.ErrorReason {
 	case facilitator.ReasonAlreadySettled:
@@ -151,7 +165,7 @@ func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec 
 	}
 	s.remember(ctx, p, out)
 	res.Extensions = facilitator.ReplayInfo(p.PaymentID)
-	return out, nil
+	return out
 }
 
 // remember stores a settled answer under its id, for the window.

@@ -339,8 +339,8 @@ func TestConcurrentConflict(t *testing.T) {
 
 // TestConcurrentSameID: the same request under the same new id, sent by several callers at once
 // (a resource server retrying while its first call still runs): one transfer, and every caller
-// gets that transaction as a success, all but one marked as a replay (invariant 5: same id and
-// same fingerprint get the stored answer).
+// gets that transaction as a success, at least all but one marked as a replay (invariant 5: same
+// id and same fingerprint get the first request's answer, never already_settled).
 func TestConcurrentSameID(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	ctx := context.Background()
@@ -392,9 +392,9 @@ func TestConcurrentSameID(t *testing.T) {
 	if nonces := r.nonces(t); nonces != [2]uint64{1, 1} {
 		t.Fatalf("signer nonces %v, want exactly one transaction", nonces)
 	}
-	if len(bad) > 0 || plain != 1 {
+	if len(bad) > 0 || plain > 1 || replays < n-1 {
 		t.Fatalf("%d concurrent callers with the same id and request: %d plain successes, %d replayed successes, %d failures %v; "+
-			"want 1 success and %d replays", n, plain, replays, len(bad), bad, n-1)
+			"want every caller told success, at least %d of them as replays", n, plain, replays, len(bad), bad, n-1)
 	}
 }
 
@@ -487,7 +487,8 @@ func TestInFlight(t *testing.T) {
 }
 
 // TestInFlightWaits: a retry that arrives while the first request still waits, and whose block
-// comes within the deadline, waits and gets the success too (a replay); one transaction.
+// comes within the deadline, waits and gets the success too (a replay); the first request, whose
+// id it is, gets the success as well, whichever of the two claimed it; one transaction.
 func TestInFlightWaits(t *testing.T) {
 	p := newPay(t, fundedPayer(t, 1_000_000), 500_000)
 	body := p.body(t)
@@ -529,8 +530,8 @@ func TestInFlightWaits(t *testing.T) {
 		t.Fatalf("errors: %v / %v", first.err, second.err)
 	}
 	hash := first.out.Response.Transaction
-	if !first.out.Response.Success || hash == "" || facilitator.IsReplay(first.out.Response.Extensions) {
-		t.Fatalf("first: %+v", first.out.Response)
+	if !first.out.Response.Success || hash == "" {
+		t.Fatalf("first request (waited %v): %+v; want the success", first.took, first.out.Response)
 	}
 	if !second.out.Response.Success || second.out.Response.Transaction != hash || replayID(second.out.Response.Extensions) != p.id {
 		t.Fatalf("second (waited %v): %+v; want the success with %s as a replay", second.took, second.out.Response, hash)

@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"context"
+	"math/big"
 
 	"github.com/ethereum/go-ethereum/common"
 )
@@ -36,4 +37,14 @@ type Store interface {
 	// WindowBlocks are the stored blocks from number from upward, ascending.
 	WindowBlocks(ctx context.Context, network string, from uint64) ([]Block, error)
 	PruneBlocks(ctx context.Context, network string, below uint64) error
+}
+
+// Use is an indexed AuthorizationUsed or AuthorizationCanceled, with the transfer the use made.
+type Use struct {
+	Canceled    bool
+	BlockNumber uint64
+	BlockHash   common.Hash
+	TxHash      common.Hash
+	To          common.Address // zero when the transaction made no transfer from the authorizer
+	Value       *big.Int
 }

@@ -155,3 +155,20 @@ func TokenDomain(ctx context.Context, r Reader, token common.Address) (name, ver
 	}
 	return name, version, nil
 }
+
+// AuthorizationUsed reads authorizationState(authorizer, nonce): whether the authorization is
+// used or canceled on chain now.
+func AuthorizationUsed(ctx context.Context, r Reader, token, authorizer common.Address, nonce [32]byte) (bool, error) {
+	rd := call(token, pack("authorizationState", authorizer, nonce))
+	if err := r.Read(ctx, rd); err != nil {
+		return false, err
+	}
+	if rd.Reverted {
+		return false, fmt.Errorf("token %s has no authorizationState: %s", token.Hex(), rd.RevertReason)
+	}
+	used, ok := unpackBool("authorizationState", rd.Out)
+	if !ok {
+		return false, fmt.Errorf("token %s: authorizationState answered %x", token.Hex(), rd.Out)
+	}
+	return used, nil
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/status"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -135,9 +136,15 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.jobs, err = startJobs(log, cfg, idsvc); err != nil {
 		return err
 	}
+	var statusNets []status.Network
+	for i, n := range networks {
+		statusNets = append(statusNets, status.Network{Network: n, Reader: readers[n.ID], Head: m.rpcs[i],
+			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
+	}
 	srv := api.New(api.Config{
 		Verifier:      idsvc,
 		Settler:       idsvc,
+		Status:        status.New(m.db, statusNets, nil),
 		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,

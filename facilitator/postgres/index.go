@@ -182,3 +182,39 @@ func (db *DB) PruneBlocks(ctx context.Context, network string, below uint64) err
 }
 
 var _ indexer.Store = (*DB)(nil)
+
+// AuthorizationUse returns the indexed use or cancellation of an authorization, with the transfer
+// its transaction made from the authorizer when it was a use.
+func (db *DB) AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*indexer.Use, error) {
+	var (
+		u             indexer.Use
+		kind          string
+		blockHash, tx []byte
+		block         int64
+		to            []byte
+		value         pgtype.Numeric
+	)
+	err := db.pool.QueryRow(ctx, `
+		SELECT a.kind, a.block_number, a.block_hash, a.tx_hash, t.to_addr, t.value
+		FROM authorization_events a
+		LEFT JOIN LATERAL (
+			SELECT to_addr, value FROM transfers t
+			WHERE t.network = a.network AND t.tx_hash = a.tx_hash AND t.token = a.token AND t.from_addr = a.authorizer
+			ORDER BY t.log_index LIMIT 1) t ON true
+		WHERE a.network = $1 AND a.token = $2 AND a.authorizer = $3 AND a.nonce = $4
+		ORDER BY a.block_number LIMIT 1`, network, token[:], authorizer[:], nonce[:]).
+		Scan(&kind, &block, &blockHash, &tx, &to, &value)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	u.Canceled = kind == "canceled"
+	u.BlockNumber, u.BlockHash, u.TxHash = uint64(block), common.BytesToHash(blockHash), common.BytesToHash(tx)
+	if to != nil {
+		u.To = common.BytesToAddress(to)
+		u.Value = numericInt(value)
+	}
+	return &u, nil
+}

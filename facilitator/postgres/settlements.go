@@ -279,3 +279,9 @@ func (db *DB) MaxTxNonce(ctx context.Context, network string, signer common.Addr
 }
 
 var _ settle.Store = (*DB)(nil)
+
+// SettlementByTx returns the settlement one of whose transactions (any fee-bump variant) has hash tx.
+func (db *DB) SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error) {
+	return scanSettlement(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+` FROM settlements
+		WHERE id = (SELECT settlement_id FROM settlement_txs WHERE tx_hash = $1)`, tx[:]))
+}

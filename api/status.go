@@ -1,0 +1,96 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/labstack/echo/v4"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/status"
+)
+
+// Status answers the /v1 status queries.
+type Status interface {
+	Authorization(ctx context.Context, key facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error)
+	Payment(ctx context.Context, scope, id string) (facilitator.AuthorizationStatus, error)
+	Settlement(ctx context.Context, tx common.Hash) (facilitator.AuthorizationStatus, error)
+}
+
+var (
+	addressParam = regexp.MustCompile(`^0[xX][0-9a-fA-F]{40}$`)
+	hashParam    = regexp.MustCompile(`^0[xX][0-9a-fA-F]{64}$`)
+	idParam      = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
+)
+
+func (s *Server) authorizationStatus(c echo.Context) error {
+	network, asset, from, nonce := c.Param("network"), c.Param("asset"), c.Param("from"), c.Param("nonce")
+	if _, err := facilitator.ParseCAIP2(network); err != nil {
+		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network must be eip155:<chain id>, got %q", clipParam(network)))
+	}
+	if !addressParam.MatchString(asset) || !addressParam.MatchString(from) {
+		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "asset and from must be 0x-prefixed 20-byte hex addresses"))
+	}
+	n, ok := status.ParseNonce(nonce)
+	if !ok {
+		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "nonce must be 0x-prefixed 32-byte hex"))
+	}
+	key := facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress(asset), Payer: common.HexToAddress(from), Nonce: n}
+	st, found, err := s.cfg.Status.Authorization(c.Request().Context(), key)
+	if err != nil {
+		return s.statusError(c, err)
+	}
+	if !found {
+		// Never seen by the ledger or the index: 404, still with the chain's word on it.
+		return c.JSON(http.StatusNotFound, st)
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+func (s *Server) paymentStatus(c echo.Context) error {
+	id := c.Param("id")
+	if !idParam.MatchString(id) {
+		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
+	}
+	st, err := s.cfg.Status.Payment(c.Request().Context(), "", id)
+	if err != nil {
+		return s.statusError(c, err)
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+func (s *Server) settlementStatus(c echo.Context) error {
+	tx := c.Param("tx")
+	if !hashParam.MatchString(tx) {
+		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "the transaction hash must be 0x-prefixed 32-byte hex"))
+	}
+	st, err := s.cfg.Status.Settlement(c.Request().Context(), common.HexToHash(tx))
+	if err != nil {
+		return s.statusError(c, err)
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+// statusError answers a status query that has no answer: {"error": reason, "message": …}.
+func (s *Server) statusError(c echo.Context, err error) error {
+	if errors.Is(err, facilitator.ErrNotFound) {
+		return c.JSON(http.StatusNotFound, map[string]string{"error": "not_found", "message": "nothing is known here under this key"})
+	}
+	status := statusOf[facilitator.ErrorCode(err)]
+	s.logError(c, status, err)
+	if status == http.StatusServiceUnavailable {
+		c.Response().Header().Set("Retry-After", retryAfterSeconds)
+	}
+	return c.JSON(status, map[string]string{"error": facilitator.ErrorReason(err, "internal_error"), "message": facilitator.ErrorMessage(err)})
+}
+
+func clipParam(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return strings.TrimSpace(s)
+}

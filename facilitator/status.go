@@ -1,0 +1,45 @@
+package facilitator
+
+// AuthorizationStatus answers "did authorization N settle?" (GET /v1/...). State is one of:
+//
+//	unused   the authorization has not been used on chain
+//	pending  our settlement is broadcast (or about to be) and not mined: Transaction is its hash
+//	settled  the authorization was used and its transfer is on chain; SettledBy says by whom
+//	canceled the authorizer canceled it on chain
+//	expired  validBefore passed with it unused: the only state in which a payer may sign again
+//	failed   our transaction was mined and reverted; the authorization is still unused
+type AuthorizationStatus struct {
+	State         string `json:"state"`
+	Network       string `json:"network"`
+	Asset         string `json:"asset"`
+	Authorizer    string `json:"authorizer"`
+	Nonce         string `json:"nonce"`
+	Transaction   string `json:"transaction,omitempty"`
+	BlockNumber   uint64 `json:"blockNumber,omitempty"`
+	Confirmations uint64 `json:"confirmations,omitempty"`
+	Final         bool   `json:"final"`
+	// SettledBy is "facilitator" when the transfer is ours, "other" when another party settled it.
+	SettledBy   string `json:"settledBy,omitempty"`
+	To          string `json:"to,omitempty"`
+	Value       string `json:"value,omitempty"`
+	ValidBefore string `json:"validBefore,omitempty"`
+	PaymentID   string `json:"paymentId,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	// Basis says what the answer was read from: "ledger" (our settlements), "index" (indexed
+	// chain events) or "chain" (a direct authorizationState read, when neither knows it).
+	Basis string `json:"basis"`
+	// IndexedHead is the last block the index had stored when this answer was read.
+	IndexedHead uint64 `json:"indexedHead"`
+	// Head is the chain's head at the time of reading.
+	Head uint64 `json:"head"`
+}
+
+// Status states.
+const (
+	StatusUnused   = "unused"
+	StatusPending  = "pending"
+	StatusSettled  = "settled"
+	StatusCanceled = "canceled"
+	StatusExpired  = "expired"
+	StatusFailed   = "failed"
+)

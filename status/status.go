@@ -1,0 +1,224 @@
+// Package status answers "what happened to this authorization?" from the ledger, the block index,
+// and, when neither knows it, the chain itself, so that no one has to settle again to find out.
+package status
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// Store is what status reads from Postgres.
+type Store interface {
+	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
+	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
+	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
+	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*indexer.Use, error)
+	Cursor(ctx context.Context, network string) (indexer.Block, bool, error)
+}
+
+// Head reads a chain's head.
+type Head interface {
+	CallContext(ctx context.Context, result any, method string, args ...any) error
+}
+
+// Network is one chain status answers for.
+type Network struct {
+	Network       facilitator.Network
+	Reader        verify.Reader
+	Head          Head
+	FinalityDepth uint64
+}
+
+// Service answers status queries.
+type Service struct {
+	store    Store
+	networks map[string]Network
+	now      func() time.Time
+}
+
+// New builds the service.
+func New(store Store, networks []Network, now func() time.Time) *Service {
+	s := &Service{store: store, networks: map[string]Network{}, now: now}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for _, n := range networks {
+		s.networks[n.Network.ID] = n
+	}
+	return s
+}
+
+// Authorization answers for one authorization. found is false when neither the ledger nor the
+// index has seen it; the answer then still carries the chain's word (unused or used).
+func (s *Service) Authorization(ctx context.Context, key facilitator.AuthorizationKey) (st facilitator.AuthorizationStatus, found bool, err error) {
+	n, ok := s.networks[key.Network]
+	if !ok {
+		return st, false, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network %q is not served here", key.Network)
+	}
+	st = facilitator.AuthorizationStatus{Network: key.Network, Asset: key.Asset.Hex(), Authorizer: key.Payer.Hex(), Nonce: hexutil.Encode(key.Nonce[:])}
+	if err := s.heads(ctx, n, &st); err != nil {
+		return st, false, err
+	}
+	row, err := s.store.SettlementByKey(ctx, key)
+	switch {
+	case err == nil:
+		return s.fromLedger(ctx, n, st, row)
+	case !errors.Is(err, facilitator.ErrNotFound):
+		return st, false, unavailable(err)
+	}
+	if found, err := s.fromIndex(ctx, n, &st, key); err != nil || found {
+		return st, found, err
+	}
+	return s.fromChain(ctx, n, st, key)
+}
+
+// Payment answers for a payment-identifier id.
+func (s *Service) Payment(ctx context.Context, scope, id string) (facilitator.AuthorizationStatus, error) {
+	rec, err := s.store.PaymentID(ctx, scope, id)
+	if errors.Is(err, facilitator.ErrNotFound) {
+		return facilitator.AuthorizationStatus{}, facilitator.ErrNotFound
+	}
+	if err != nil {
+		return facilitator.AuthorizationStatus{}, unavailable(err)
+	}
+	st, _, err := s.Authorization(ctx, rec.Settlement.Key)
+	st.PaymentID = id
+	return st, err
+}
+
+// Settlement answers for one of our transactions (any fee-bump variant).
+func (s *Service) Settlement(ctx context.Context, tx common.Hash) (facilitator.AuthorizationStatus, error) {
+	row, err := s.store.SettlementByTx(ctx, tx)
+	if errors.Is(err, facilitator.ErrNotFound) {
+		return facilitator.AuthorizationStatus{}, facilitator.ErrNotFound
+	}
+	if err != nil {
+		return facilitator.AuthorizationStatus{}, unavailable(err)
+	}
+	st, _, err := s.Authorization(ctx, row.Key)
+	return st, err
+}
+
+func (s *Service) heads(ctx context.Context, n Network, st *facilitator.AuthorizationStatus) error {
+	cur, ok, err := s.store.Cursor(ctx, n.Network.ID)
+	if err != nil {
+		return unavailable(err)
+	}
+	if ok {
+		st.IndexedHead = cur.Number
+	}
+	var head hexutil.Uint64
+	if err := n.Head.CallContext(ctx, &head, "eth_blockNumber"); err != nil {
+		// Ledger and index still answer; confirmations then count from the index.
+		st.Head = st.IndexedHead
+		return nil
+	}
+	st.Head = uint64(head)
+	return nil
+}
+
+func (s *Service) confirm(n Network, st *facilitator.AuthorizationStatus, block uint64) {
+	st.BlockNumber = block
+	if st.Head >= block {
+		st.Confirmations = st.Head - block + 1
+	}
+	st.Final = st.Confirmations >= max(n.FinalityDepth, 1)
+}
+
+func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.AuthorizationStatus, row *facilitator.Settlement) (facilitator.AuthorizationStatus, bool, error) {
+	st.Basis, st.To, st.Value = "ledger", row.PayTo.Hex(), row.Value.String()
+	st.ValidBefore = row.ValidBefore.String()
+	if row.TxHash != (common.Hash{}) {
+		st.Transaction = row.TxHash.Hex()
+	}
+	switch row.State {
+	case facilitator.StateSigned, facilitator.StateBroadcast:
+		st.State = facilitator.StatusPending
+	case facilitator.StateMined, facilitator.StateFinal:
+		st.State, st.SettledBy = facilitator.StatusSettled, "facilitator"
+		s.confirm(n, &st, row.BlockNumber)
+		st.Final = st.Final || row.State == facilitator.StateFinal
+	case facilitator.StateReverted:
+		st.State, st.Reason = facilitator.StatusFailed, row.ErrorReason
+	case facilitator.StateExpired:
+		st.State, st.Reason = facilitator.StatusExpired, row.ErrorReason
+	case facilitator.StateSettledElsewhere:
+		// Ours reverted; the transfer that used it is someone else's: the index knows which.
+		st.Transaction = ""
+		if found, err := s.fromIndex(ctx, n, &st, row.Key); err != nil || found {
+			st.Basis = "ledger+index"
+			return st, true, err
+		}
+		st.State, st.SettledBy = facilitator.StatusSettled, "other"
+	}
+	return st, true, nil
+}
+
+func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (bool, error) {
+	use, err := s.store.AuthorizationUse(ctx, key.Network, key.Asset, key.Payer, key.Nonce)
+	if err != nil {
+		return false, unavailable(err)
+	}
+	if use == nil {
+		return false, nil
+	}
+	st.Basis = "index"
+	st.Transaction = use.TxHash.Hex()
+	s.confirm(n, st, use.BlockNumber)
+	if use.Canceled {
+		st.State = facilitator.StatusCanceled
+		return true, nil
+	}
+	st.State, st.SettledBy = facilitator.StatusSettled, "other"
+	if use.To != (common.Address{}) {
+		st.To, st.Value = use.To.Hex(), use.Value.String()
+	}
+	return true, nil
+}
+
+// fromChain asks the token directly: the index may lag, or may not cover the authorization's block.
+func (s *Service) fromChain(ctx context.Context, n Network, st facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error) {
+	used, err := verify.AuthorizationUsed(ctx, n.Reader, key.Asset, key.Payer, key.Nonce)
+	if err != nil {
+		return st, false, facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError, fmt.Sprintf("could not read %s", n.Network.ID), err)
+	}
+	st.Basis = "chain"
+	st.State = facilitator.StatusUnused
+	if used {
+		// Used or canceled, by a transaction the index has not reached: more will be known once it has.
+		st.State, st.SettledBy = facilitator.StatusSettled, "other"
+	}
+	return st, false, nil
+}
+
+func unavailable(err error) error {
+	return facilitator.Unavailable("status_unavailable", "the ledger is unavailable, retry", err)
+}
+
+// ParseNonce parses a 0x-prefixed 32-byte hex nonce.
+func ParseNonce(s string) ([32]byte, bool) {
+	var n [32]byte
+	b, err := hex.DecodeString(trim0x(s))
+	if err != nil || len(b) != 32 {
+		return n, false
+	}
+	copy(n[:], b)
+	return n, true
+}
+
+func trim0x(s string) string {
+	if len(s) >= 2 && (s[:2] == "0x" || s[:2] == "0X") {
+		return s[2:]
+	}
+	return "!" // not 0x-prefixed: fail decoding
+}
