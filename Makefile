@@ -1,4 +1,4 @@
-.PHONY: test run build fuzz bench bench-settle
+.PHONY: test run build fuzz bench bench-settle bench-replay
 
 # Run every test on real Postgres and anvil (installs npm packages and starts Postgres itself).
 test:
@@ -23,3 +23,7 @@ bench:
 # real ledger; prints settlements/s and the on-chain transfer count (must equal K).
 bench-settle:
 	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./settle/ -run '^$$' -bench BenchmarkSettle -benchtime 1x -settle.k 1000 -settle.c 64
+
+# Latency of a payment-identifier replay of /settle over HTTP (p50, p99).
+bench-replay:
+	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./idempotency/ -run '^$$' -bench BenchmarkReplay -benchtime 2000x
