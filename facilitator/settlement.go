@@ -26,6 +26,8 @@ const (
 	StateExpired State = "expired"
 	// StateSettledElsewhere: the authorization was used by a transaction that is not ours.
 	StateSettledElsewhere State = "settled_elsewhere"
+	// StateCanceled: the authorizer canceled the authorization on chain before ours landed.
+	StateCanceled State = "canceled"
 )
 
 // Open reports whether the engine still owes this settlement an outcome.

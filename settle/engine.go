@@ -399,6 +399,8 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 			out.Response = fail(p, facilitator.ReasonAlreadySettled,
 				"this authorization was already settled and its success answered to an earlier request", v.hash).Response
 		}
+	case v.state == facilitator.StateCanceled:
+		out.Response = fail(p, facilitator.ReasonNonceAlreadyUsed, "the authorizer canceled the authorization", common.Hash{}).Response
 	case v.state == facilitator.StateSettledElsewhere:
 		out.Response = fail(p, facilitator.ReasonNonceAlreadyUsed, "the authorization was used by a transaction that is not ours", common.Hash{}).Response
 	default:

@@ -152,6 +152,8 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 		st.State, st.Reason = facilitator.StatusFailed, row.ErrorReason
 	case facilitator.StateExpired:
 		st.State, st.Reason = facilitator.StatusExpired, row.ErrorReason
+	case facilitator.StateCanceled:
+		st.State, st.Reason = facilitator.StatusCanceled, row.ErrorReason
 	case facilitator.StateSettledElsewhere:
 		// Ours reverted; the transfer that used it is someone else's: the index knows which.
 		st.Transaction = ""

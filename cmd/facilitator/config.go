@@ -38,8 +38,11 @@ type Config struct {
 	MaxInFlight   int
 	MaxFeeCap     *big.Int // wei; nil: fee bumps are unbounded
 
-	PaymentIDWindow   time.Duration
-	RetentionSchedule string
+	PaymentIDWindow     time.Duration
+	RetentionSchedule   string
+	ReconcileSchedule   string
+	IndexHealthSchedule string
+	ReconcileStale      time.Duration
 	// Fault is a crash point (settle.FaultPoint) at which the process kills itself: crash tests
 	// set it through FACILITATOR_TEST_FAULT, nothing else does.
 	Fault string
@@ -182,6 +185,9 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	idWindow := fs.String("payment-id-window", env("FACILITATOR_PAYMENT_ID_WINDOW", "24h"), "how long the full answer under a payment identifier is kept (FACILITATOR_PAYMENT_ID_WINDOW); the id's link to its settlement stays after it")
 	fs.StringVar(&cfg.RetentionSchedule, "retention-schedule", env("FACILITATOR_RETENTION_SCHEDULE", "@every 10m"), "cron schedule of the payment-identifier retention job (FACILITATOR_RETENTION_SCHEDULE)")
 	index := fs.String("index", env("FACILITATOR_INDEX", "true"), "run the block indexer in this process (FACILITATOR_INDEX)")
+	fs.StringVar(&cfg.ReconcileSchedule, "reconcile-schedule", env("FACILITATOR_RECONCILE_SCHEDULE", "@every 30s"), "cron schedule of the job that resolves settlements nothing is working on (FACILITATOR_RECONCILE_SCHEDULE)")
+	fs.StringVar(&cfg.IndexHealthSchedule, "index-health-schedule", env("FACILITATOR_INDEX_HEALTH_SCHEDULE", "@every 5m"), "cron schedule of the index health check (FACILITATOR_INDEX_HEALTH_SCHEDULE)")
+	reconcileStale := fs.String("reconcile-stale", env("FACILITATOR_RECONCILE_STALE", "2m"), "how long a settlement goes without an update before the reconcile job looks at it (FACILITATOR_RECONCILE_STALE)")
 	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "cap on the max fee per gas a fee bump may reach, in gwei (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
 	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
@@ -231,7 +237,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		name string
 		in   string
 		out  *time.Duration
-	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}} {
+	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}} {
 		if *d.out, err = time.ParseDuration(d.in); err != nil {
 			return nil, fmt.Errorf("%s: %w", d.name, err)
 		}

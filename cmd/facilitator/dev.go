@@ -61,9 +61,12 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		BumpAfter:     30 * time.Second,
 		MaxInFlight:   128,
 
-		Index:             true,
-		PaymentIDWindow:   24 * time.Hour,
-		RetentionSchedule: "@every 10m",
+		Index:               true,
+		PaymentIDWindow:     24 * time.Hour,
+		RetentionSchedule:   "@every 10m",
+		ReconcileSchedule:   "@every 10s",
+		IndexHealthSchedule: "@every 1m",
+		ReconcileStale:      30 * time.Second,
 	}
 	m := &Main{Config: cfg, Logger: log}
 	if err := m.Run(ctx); err != nil {

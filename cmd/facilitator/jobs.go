@@ -2,18 +2,36 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/robfig/cron/v3"
 
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/reconcile"
 )
 
 // startJobs schedules the background jobs. Each only calls a service method, bounded in time, and
 // logs what it changed.
-func startJobs(log *slog.Logger, cfg *Config, ids *idempotency.Service) (*cron.Cron, error) {
-	c := cron.New()
+func startJobs(log *slog.Logger, cfg *Config, ids *idempotency.Service, rec *reconcile.Jobs) (*cron.Cron, error) {
+	// SkipIfStillRunning: a slow run is never stacked under the next one.
+	c := cron.New(cron.WithChain(cron.SkipIfStillRunning(cron.DiscardLogger)))
+	bounded := func(name string, run func(context.Context) (reconcile.Changes, error)) func() {
+		return func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if _, err := run(ctx); err != nil {
+				log.Warn("reconcile job", "job", name, "err", err)
+			}
+		}
+	}
+	if _, err := c.AddFunc(cfg.ReconcileSchedule, bounded("settlements", rec.Settlements)); err != nil {
+		return nil, fmt.Errorf("reconcile-schedule: %w", err)
+	}
+	if _, err := c.AddFunc(cfg.IndexHealthSchedule, bounded("index-health", rec.IndexHealth)); err != nil {
+		return nil, fmt.Errorf("index-health-schedule: %w", err)
+	}
 	_, err := c.AddFunc(cfg.RetentionSchedule, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -27,7 +45,7 @@ func startJobs(log *slog.Logger, cfg *Config, ids *idempotency.Service) (*cron.C
 		}
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("retention-schedule: %w", err)
 	}
 	c.Start()
 	return c, nil

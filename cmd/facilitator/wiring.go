@@ -24,6 +24,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/reconcile"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
 	"github.com/x402-facilitator/x402-facilitator/verify"
@@ -133,7 +134,14 @@ func (m *Main) Run(ctx context.Context) error {
 		Window:   cfg.PaymentIDWindow,
 		Logger:   log,
 	})
-	if m.jobs, err = startJobs(log, cfg, idsvc); err != nil {
+	var recNets []reconcile.Network
+	for i, n := range networks {
+		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.rpcs[i], Reader: readers[n.ID],
+			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
+	}
+	rec := reconcile.New(reconcile.Config{Store: m.db, Networks: recNets, StaleAfter: cfg.ReconcileStale,
+		RPCTimeout: cfg.RPCTimeout, Logger: log})
+	if m.jobs, err = startJobs(log, cfg, idsvc, rec); err != nil {
 		return err
 	}
 	var statusNets []status.Network

@@ -19,9 +19,7 @@ const leaseCheckEvery = time.Second
 // Lead takes the network's indexer lease: a session advisory lock on a connection held for as long
 // as the lease. Replicas wait here and retry every second.
 func (db *DB) Lead(ctx context.Context, network string) (context.Context, func(), error) {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("x402-indexer:" + network))
-	key := int64(h.Sum64())
+	key := leaseKey(network)
 	for {
 		conn, err := db.pool.Acquire(ctx)
 		if err != nil {
@@ -217,4 +215,16 @@ func (db *DB) AuthorizationUse(ctx context.Context, network string, token, autho
 		u.Value = numericInt(value)
 	}
 	return &u, nil
+}
+
+func leaseKey(network string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("x402-indexer:" + network))
+	return int64(h.Sum64())
+}
+
+// TryLead takes the network's indexer lease if no one holds it, for a job that must not run while
+// an indexer writes (it would race the indexer's cursor).
+func (db *DB) TryLead(ctx context.Context, network string) (release func(), ok bool, err error) {
+	return db.tryLock(ctx, leaseKey(network))
 }

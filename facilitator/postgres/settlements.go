@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/big"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jackc/pgx/v5"
@@ -224,6 +226,11 @@ func (db *DB) OpenSettlements(ctx context.Context, network string, signer common
 	if err != nil {
 		return nil, err
 	}
+	return db.withTxs(ctx, rows)
+}
+
+// withTxs reads settlement rows and attaches every transaction each has signed.
+func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]settle.OpenSettlement, error) {
 	var out []settle.OpenSettlement
 	index := map[int64]int{}
 	for rows.Next() {
@@ -284,4 +291,49 @@ var _ settle.Store = (*DB)(nil)
 func (db *DB) SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error) {
 	return scanSettlement(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE id = (SELECT settlement_id FROM settlement_txs WHERE tx_hash = $1)`, tx[:]))
+}
+
+// StaleSettlements lists a network's settlements still owed an outcome (signed, broadcast, or mined
+// but not final) that nothing has updated since before, oldest first, with their transactions.
+func (db *DB) StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]settle.OpenSettlement, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
+		WHERE network = $1 AND state IN ('signed', 'broadcast', 'mined') AND updated_at < $2
+		ORDER BY updated_at LIMIT $3`, network, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	return db.withTxs(ctx, rows)
+}
+
+// Touch records that a settlement was looked at, so a job does not look again at once.
+func (db *DB) Touch(ctx context.Context, ids []int64) error {
+	_, err := db.pool.Exec(ctx, `UPDATE settlements SET updated_at = now() WHERE id = ANY($1)`, ids)
+	return err
+}
+
+// TryLock takes a session advisory lock named name for as long as the returned release is not
+// called; ok is false when another process holds it. Jobs use it to run once across replicas.
+func (db *DB) TryLock(ctx context.Context, name string) (release func(), ok bool, err error) {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("x402-job:" + name))
+	return db.tryLock(ctx, int64(h.Sum64()))
+}
+
+func (db *DB) tryLock(ctx context.Context, key int64) (release func(), ok bool, err error) {
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil || !ok {
+		conn.Release()
+		return nil, false, err
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+		conn.Release()
+	}, true, nil
 }

@@ -1,0 +1,399 @@
+// Package reconcile closes the loops the request path cannot: settlements whose process died
+// between signed and final, confirmations that arrive after the answer, authorizations used or
+// canceled by someone else, and the block index's own health. Each job reads chain state (the
+// index, receipts, authorizationState) and never signs anything new: at most it resends a raw
+// transaction the ledger already holds.
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// Store is what the jobs read and write.
+type Store interface {
+	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]settle.OpenSettlement, error)
+	Resolve(ctx context.Context, rs []settle.Resolution) error
+	MarkFinal(ctx context.Context, ids []int64) error
+	Reopen(ctx context.Context, id int64, detail string) error
+	Touch(ctx context.Context, ids []int64) error
+	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*indexer.Use, error)
+	Cursor(ctx context.Context, network string) (indexer.Block, bool, error)
+	WindowBlocks(ctx context.Context, network string, from uint64) ([]indexer.Block, error)
+	Commit(ctx context.Context, network string, b indexer.Batch) error
+	TryLock(ctx context.Context, name string) (release func(), ok bool, err error)
+	// TryLead takes a network's indexer lease when no indexer holds it.
+	TryLead(ctx context.Context, network string) (release func(), ok bool, err error)
+}
+
+// Chain is the JSON-RPC access the jobs need; *rpc.Client satisfies it.
+type Chain interface {
+	CallContext(ctx context.Context, result any, method string, args ...any) error
+	BatchCallContext(ctx context.Context, b []rpc.BatchElem) error
+}
+
+// Network is one chain the jobs watch.
+type Network struct {
+	Network       facilitator.Network
+	Chain         Chain
+	Reader        verify.Reader
+	FinalityDepth uint64
+}
+
+// Config configures the jobs.
+type Config struct {
+	Store    Store
+	Networks []Network
+	// StaleAfter is how long a settlement may go without an update before the job looks at it
+	// (the engine owns fresher ones).
+	StaleAfter time.Duration
+	// Batch bounds how many settlements one run looks at per network.
+	Batch      int
+	RPCTimeout time.Duration
+	Now        func() time.Time
+	Logger     *slog.Logger
+}
+
+// Jobs runs the reconcile jobs.
+type Jobs struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New builds the jobs.
+func New(cfg Config) *Jobs {
+	if cfg.StaleAfter == 0 {
+		cfg.StaleAfter = 2 * time.Minute
+	}
+	if cfg.Batch == 0 {
+		cfg.Batch = 500
+	}
+	if cfg.RPCTimeout == 0 {
+		cfg.RPCTimeout = 10 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile")}
+}
+
+// Changes counts what a run changed.
+type Changes struct {
+	Looked, Mined, Final, Reopened, Elsewhere, Canceled, Expired, Reverted, Resent, Rewound int
+}
+
+func (c Changes) attrs() []any {
+	return []any{"looked", c.Looked, "mined", c.Mined, "final", c.Final, "reopened", c.Reopened, "settled_elsewhere", c.Elsewhere,
+		"canceled", c.Canceled, "expired", c.Expired, "reverted", c.Reverted, "resent", c.Resent, "index_rewound", c.Rewound}
+}
+
+// once runs job under a lock named name, so that replicas run each job once at a time.
+func (j *Jobs) once(ctx context.Context, name string, job func(context.Context) (Changes, error)) (Changes, error) {
+	release, ok, err := j.cfg.Store.TryLock(ctx, name)
+	if err != nil {
+		return Changes{}, err
+	}
+	if !ok {
+		return Changes{}, nil // another replica is running it
+	}
+	defer release()
+	ch, err := job(ctx)
+	if err != nil {
+		j.log.Warn("reconcile job failed", append([]any{"job", name, "err", err}, ch.attrs()...)...)
+		return ch, err
+	}
+	if ch != (Changes{Looked: ch.Looked}) {
+		j.log.Info("reconcile job changed settlements", append([]any{"job", name}, ch.attrs()...)...)
+	}
+	return ch, nil
+}
+
+// Settlements resolves every settlement that has waited longer than StaleAfter, from what the
+// chain shows: the index's AuthorizationUsed by (payer, nonce), our transactions' receipts, and
+// the authorization's state once validBefore has passed. It moves mined settlements to final at
+// depth, and back to broadcast when their transaction left the chain.
+func (j *Jobs) Settlements(ctx context.Context) (Changes, error) {
+	return j.once(ctx, "settlements", func(ctx context.Context) (Changes, error) {
+		var total Changes
+		for _, n := range j.cfg.Networks {
+			ch, err := j.settlements(ctx, n)
+			total = add(total, ch)
+			if err != nil {
+				return total, fmt.Errorf("%s: %w", n.Network.ID, err)
+			}
+		}
+		return total, nil
+	})
+}
+
+func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
+	var ch Changes
+	rows, err := j.cfg.Store.StaleSettlements(ctx, n.Network.ID, j.cfg.Now().Add(-j.cfg.StaleAfter), j.cfg.Batch)
+	if err != nil || len(rows) == 0 {
+		return ch, err
+	}
+	cursor, _, err := j.cfg.Store.Cursor(ctx, n.Network.ID)
+	if err != nil {
+		return ch, err
+	}
+	head, headTime, err := j.head(ctx, n)
+	if err != nil {
+		return ch, err
+	}
+	var resolutions []settle.Resolution
+	var finals, looked []int64
+	for _, row := range rows {
+		ch.Looked++
+		looked = append(looked, row.ID)
+		ours := map[common.Hash]bool{}
+		for _, t := range row.Txs {
+			ours[t.Hash] = true
+		}
+		use, err := j.cfg.Store.AuthorizationUse(ctx, n.Network.ID, row.Key.Asset, row.Key.Payer, row.Key.Nonce)
+		if err != nil {
+			return ch, err
+		}
+		switch {
+		case row.State.Succeeded():
+			switch {
+			case use != nil && ours[use.TxHash] && cursor.Number+1 >= use.BlockNumber+max(n.FinalityDepth, 1):
+				finals = append(finals, row.ID)
+				ch.Final++
+			case use == nil && cursor.Number > row.BlockNumber:
+				// Indexed past its block and the use is gone: its block was reorganised away.
+				if err := j.cfg.Store.Reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
+					return ch, err
+				}
+				ch.Reopened++
+				if j.resend(ctx, n, row) {
+					ch.Resent++
+				}
+			}
+		case use != nil && use.Canceled:
+			resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateCanceled, TxHash: use.TxHash,
+				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
+				ErrorMessage: "the authorizer canceled the authorization"})
+			ch.Canceled++
+		case use != nil && ours[use.TxHash]:
+			resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
+				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
+			ch.Mined++
+		case use != nil:
+			resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateSettledElsewhere, TxHash: use.TxHash,
+				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
+				ErrorMessage: "the authorization was used by a transaction that is not ours"})
+			ch.Elsewhere++
+		default:
+			res, ok, err := j.fromReceipts(ctx, n, &row.Settlement, row.Txs, head, headTime)
+			if err != nil {
+				return ch, err
+			}
+			if ok {
+				resolutions = append(resolutions, res)
+				switch res.State {
+				case facilitator.StateMined:
+					ch.Mined++
+				case facilitator.StateExpired:
+					ch.Expired++
+				case facilitator.StateSettledElsewhere:
+					ch.Elsewhere++
+				default:
+					ch.Reverted++
+				}
+			} else if j.resend(ctx, n, row) {
+				ch.Resent++
+			}
+		}
+	}
+	if len(resolutions) > 0 {
+		if err := j.cfg.Store.Resolve(ctx, resolutions); err != nil {
+			return ch, err
+		}
+	}
+	if len(finals) > 0 {
+		if err := j.cfg.Store.MarkFinal(ctx, finals); err != nil {
+			return ch, err
+		}
+	}
+	return ch, j.cfg.Store.Touch(ctx, looked)
+}
+
+// fromReceipts resolves an open settlement the index does not know about (yet) from our
+// transactions' receipts; failing those, from validBefore: once it has passed on chain with the
+// authorization unused, nothing of ours can succeed any more.
+func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.Settlement, txs []settle.TxRecord, head uint64, headTime uint64) (settle.Resolution, bool, error) {
+	receipts := make([]*types.Receipt, len(txs))
+	elems := make([]rpc.BatchElem, len(txs))
+	for i, t := range txs {
+		elems[i] = rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{t.Hash}, Result: &receipts[i]}
+	}
+	if err := j.batch(ctx, n, elems); err != nil {
+		return settle.Resolution{}, false, err
+	}
+	for i, r := range receipts {
+		if elems[i].Error != nil || r == nil {
+			continue
+		}
+		res := settle.Resolution{ID: s.ID, TxHash: r.TxHash, BlockNumber: r.BlockNumber.Uint64(), BlockHash: r.BlockHash}
+		if r.Status == types.ReceiptStatusSuccessful {
+			res.State = facilitator.StateMined
+			return res, true, nil
+		}
+		used, err := verify.AuthorizationUsed(ctx, n.Reader, s.Key.Asset, s.Key.Payer, s.Key.Nonce)
+		if err != nil {
+			return settle.Resolution{}, false, err
+		}
+		switch {
+		case used:
+			res.State, res.ErrorReason = facilitator.StateSettledElsewhere, facilitator.ReasonNonceAlreadyUsed
+		case s.ValidBefore != nil && new(big.Int).SetUint64(headTime).Cmp(s.ValidBefore) >= 0:
+			res.State, res.ErrorReason = facilitator.StateExpired, facilitator.ReasonValidBefore
+		default:
+			res.State, res.ErrorReason = facilitator.StateReverted, facilitator.ReasonTransactionFailed
+		}
+		return res, true, nil
+	}
+	if s.ValidBefore == nil || new(big.Int).SetUint64(headTime).Cmp(s.ValidBefore) < 0 {
+		return settle.Resolution{}, false, nil
+	}
+	used, err := verify.AuthorizationUsed(ctx, n.Reader, s.Key.Asset, s.Key.Payer, s.Key.Nonce)
+	if err != nil || used {
+		// Used: the index will show by whom on a later run.
+		return settle.Resolution{}, false, err
+	}
+	return settle.Resolution{ID: s.ID, State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore,
+		ErrorMessage: fmt.Sprintf("validBefore passed at block %d with the authorization unused", head)}, true, nil
+}
+
+// resend broadcasts the settlement's latest signed transaction again: the chain may have lost it
+// (a node restart, a reorg), and the raw bytes are in the ledger. It never signs anything.
+func (j *Jobs) resend(ctx context.Context, n Network, s settle.OpenSettlement) bool {
+	if len(s.Txs) == 0 {
+		return false
+	}
+	raw := s.Txs[len(s.Txs)-1].Raw
+	var h common.Hash
+	ctx, cancel := context.WithTimeout(ctx, j.cfg.RPCTimeout)
+	defer cancel()
+	err := n.Chain.CallContext(ctx, &h, "eth_sendRawTransaction", hexutil.Bytes(raw))
+	if err != nil {
+		j.log.Debug("resend refused", "settlement", s.ID, "err", err)
+		return false
+	}
+	return true
+}
+
+func (j *Jobs) head(ctx context.Context, n Network) (number, time uint64, err error) {
+	var h struct {
+		Number hexutil.Uint64 `json:"number"`
+		Time   hexutil.Uint64 `json:"timestamp"`
+	}
+	ctx, cancel := context.WithTimeout(ctx, j.cfg.RPCTimeout)
+	defer cancel()
+	if err := n.Chain.CallContext(ctx, &h, "eth_getBlockByNumber", "latest", false); err != nil {
+		return 0, 0, err
+	}
+	return uint64(h.Number), uint64(h.Time), nil
+}
+
+func (j *Jobs) batch(ctx context.Context, n Network, elems []rpc.BatchElem) error {
+	if len(elems) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, j.cfg.RPCTimeout)
+	defer cancel()
+	return n.Chain.BatchCallContext(ctx, elems)
+}
+
+// IndexHealth compares the index's kept blocks with the canonical chain. A kept block that is no
+// longer canonical below the cursor is a reorg the indexer did not see (it was down, or not
+// leading): the index is rewound to the highest kept block still canonical, and the indexer
+// re-indexes from there.
+func (j *Jobs) IndexHealth(ctx context.Context) (Changes, error) {
+	return j.once(ctx, "index-health", func(ctx context.Context) (Changes, error) {
+		var ch Changes
+		for _, n := range j.cfg.Networks {
+			// An indexer that is leading checks parents itself, and rewinding under it would race
+			// its cursor: the check is for networks whose indexer is not running.
+			release, free, err := j.cfg.Store.TryLead(ctx, n.Network.ID)
+			if err != nil {
+				return ch, err
+			}
+			if !free {
+				continue
+			}
+			c, err := j.indexHealth(ctx, n)
+			release()
+			ch = add(ch, c)
+			if err != nil {
+				return ch, err
+			}
+		}
+		return ch, nil
+	})
+}
+
+func (j *Jobs) indexHealth(ctx context.Context, n Network) (Changes, error) {
+	var ch Changes
+	cur, ok, err := j.cfg.Store.Cursor(ctx, n.Network.ID)
+	if err != nil || !ok {
+		return ch, err
+	}
+	from := uint64(0)
+	if cur.Number > 256 {
+		from = cur.Number - 256
+	}
+	kept, err := j.cfg.Store.WindowBlocks(ctx, n.Network.ID, from)
+	if err != nil || len(kept) == 0 {
+		return ch, err
+	}
+	hashes := make([]*struct {
+		Hash common.Hash `json:"hash"`
+	}, len(kept))
+	elems := make([]rpc.BatchElem, len(kept))
+	for i, b := range kept {
+		elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(b.Number), false}, Result: &hashes[i]}
+	}
+	if err := j.batch(ctx, n, elems); err != nil {
+		return ch, err
+	}
+	var good *indexer.Block
+	for i := range kept {
+		if elems[i].Error != nil || hashes[i] == nil || hashes[i].Hash != kept[i].Hash {
+			if good == nil {
+				j.log.Error("index health: no kept block is canonical; the index needs a person", "network", n.Network.ID, "from", kept[0].Number)
+				return ch, nil
+			}
+			if err := j.cfg.Store.Commit(ctx, n.Network.ID, indexer.Batch{RollbackTo: good, Cursor: *good}); err != nil {
+				return ch, err
+			}
+			ch.Rewound++
+			j.log.Warn("index health: rewound the index to the last canonical block", "network", n.Network.ID, "to", good.Number, "cursor_was", cur.Number)
+			return ch, nil
+		}
+		good = &kept[i]
+	}
+	return ch, nil
+}
+
+func add(a, b Changes) Changes {
+	return Changes{Looked: a.Looked + b.Looked, Mined: a.Mined + b.Mined, Final: a.Final + b.Final, Reopened: a.Reopened + b.Reopened,
+		Elsewhere: a.Elsewhere + b.Elsewhere, Canceled: a.Canceled + b.Canceled, Expired: a.Expired + b.Expired,
+		Reverted: a.Reverted + b.Reverted, Resent: a.Resent + b.Resent, Rewound: a.Rewound + b.Rewound}
+}
