@@ -19,6 +19,7 @@ commands:
   serve     run the facilitator HTTP API (applies pending migrations first unless --migrate=false)
   migrate   apply pending database migrations and exit
   index     run only the block indexer (same configuration as serve), logging its progress
+  status    look up an authorization, a payment id or a transaction through the status API
   dev       run the whole local stack: anvil with Circle's USDC deployed and funded, plus serve
             (needs DATABASE_URL; 'make run' provides one)
 
@@ -40,6 +41,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch args[0] {
 	case "serve":
 		err = runServe(ctx, args[1:], getenv, stderr)
+	case "status":
+		err = runStatus(ctx, args[1:], getenv, stdout, stderr)
 	case "index":
 		err = runIndex(ctx, args[1:], getenv, stderr)
 	case "migrate":

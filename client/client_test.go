@@ -1,0 +1,118 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/client"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// TestSettleRetriesTheSamePayload: while the outcome is not known, Settle resends exactly the
+// payload it was given (never a new one), honouring Retry-After, and returns the final answer.
+func TestSettleRetriesTheSamePayload(t *testing.T) {
+	var mu sync.Mutex
+	var bodies [][]byte
+	answers := []struct {
+		status int
+		res    facilitator.SettleResponse
+	}{
+		{http.StatusServiceUnavailable, facilitator.SettleResponse{ErrorReason: "unexpected_settle_error", Network: "eip155:1"}},
+		{http.StatusOK, facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending, Transaction: "0xab", Network: "eip155:1"}},
+		{http.StatusOK, facilitator.SettleResponse{ErrorReason: facilitator.ReasonPaymentInFlight, Transaction: "0xab", Network: "eip155:1"}},
+		{http.StatusOK, facilitator.SettleResponse{Success: true, Transaction: "0xab", Network: "eip155:1"}},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		i := len(bodies)
+		bodies = append(bodies, b)
+		mu.Unlock()
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(answers[i].status)
+		_ = json.NewEncoder(w).Encode(answers[i].res)
+	}))
+	defer srv.Close()
+
+	payload := []byte(`{"x402Version":2,"paymentPayload":{"x402Version":2},"paymentRequirements":{}}`)
+	res, err := client.New(srv.URL).Settle(context.Background(), payload)
+	if err != nil || !res.Success || res.Transaction != "0xab" {
+		t.Fatalf("got %+v, %v", res, err)
+	}
+	if len(bodies) != 4 {
+		t.Fatalf("%d requests, want 4", len(bodies))
+	}
+	for i, b := range bodies {
+		if !bytes.Equal(b, payload) {
+			t.Fatalf("request %d sent %s, not the original payload", i, b)
+		}
+	}
+}
+
+// TestSettleStopsAtTheLimit: past its retries the client returns the pending answer with its hash,
+// for the caller to look up later, and does not keep going.
+func TestSettleStopsAtTheLimit(t *testing.T) {
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		w.Header().Set("Retry-After", "0")
+		_ = json.NewEncoder(w).Encode(facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending, Transaction: "0xcd", Network: "n"})
+	}))
+	defer srv.Close()
+	res, err := client.New(srv.URL, client.WithRetries(2)).Settle(context.Background(), []byte(`{}`))
+	if err != nil || res.ErrorReason != facilitator.ReasonSettlementPending || res.Transaction != "0xcd" || calls != 3 {
+		t.Fatalf("got %+v, %v after %d calls", res, err, calls)
+	}
+}
+
+// TestSettleDefiniteErrors: a 409 or 400 is not retried; the reason reaches the caller.
+func TestSettleDefiniteErrors(t *testing.T) {
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		w.WriteHeader(http.StatusConflict)
+		_ = json.NewEncoder(w).Encode(facilitator.SettleResponse{ErrorReason: facilitator.ReasonPaymentIdentifierConflict, ErrorMessage: "differs", Network: "n"})
+	}))
+	defer srv.Close()
+	_, err := client.New(srv.URL).Settle(context.Background(), []byte(`{}`))
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Status != http.StatusConflict || ce.Reason != facilitator.ReasonPaymentIdentifierConflict || calls != 1 {
+		t.Fatalf("got %v after %d calls", err, calls)
+	}
+}
+
+// TestSettleHonoursTheDeadline: a Retry-After longer than the caller's deadline ends the retries.
+func TestSettleHonoursTheDeadline(t *testing.T) {
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		w.Header().Set("Retry-After", "60")
+		_ = json.NewEncoder(w).Encode(facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending, Transaction: "0xef", Network: "n"})
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	res, err := client.New(srv.URL).Settle(ctx, []byte(`{}`))
+	if err != nil || res.Transaction != "0xef" || calls != 1 || ctx.Err() != nil {
+		t.Fatalf("got %+v, %v after %d calls (ctx %v): it must return the pending answer at once, not wait past the deadline", res, err, calls, ctx.Err())
+	}
+}
+
+func TestStatusNotFound(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":"not_found","message":"nothing"}`))
+	}))
+	defer srv.Close()
+	if _, err := client.New(srv.URL).Payment(context.Background(), "pay_0123456789abcdef"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("got %v", err)
+	}
+}
