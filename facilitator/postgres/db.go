@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,9 @@ import (
 type DB struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
+
+	leaseMu sync.Mutex
+	leases  map[string]*lease // indexer leases held by this process, by network
 }
 
 // Open connects to url and checks the connection within the context's bound.
@@ -46,7 +50,7 @@ func Open(ctx context.Context, url string, log *slog.Logger) (*DB, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &DB{pool: pool, log: log}, nil
+	return &DB{pool: pool, log: log, leases: map[string]*lease{}}, nil
 }
 
 // Close closes the pool.

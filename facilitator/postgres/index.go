@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"sync"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
@@ -16,24 +18,51 @@ import (
 // leaseCheckEvery is how often a leader checks that the connection holding its lock is alive.
 const leaseCheckEvery = time.Second
 
+// leaseIdleTimeout ends a lease session that goes quiet (its process frozen, or cut off): Postgres
+// then drops the session and its lock, and a replica takes over. A live leader pings every
+// leaseCheckEvery, so it never trips.
+const leaseIdleTimeout = "5s"
+
+// lease is a held indexer lease: the connection whose session holds the advisory lock. The index's
+// writes go through this connection only, so a process that lost its lock (its session ended)
+// cannot write: its commits fail with the connection.
+type lease struct {
+	mu   sync.Mutex // one statement at a time on conn: pings, commits, the unlock
+	conn *pgxpool.Conn
+}
+
+func (db *DB) setLease(network string, l *lease) {
+	db.leaseMu.Lock()
+	defer db.leaseMu.Unlock()
+	if l == nil {
+		delete(db.leases, network)
+		return
+	}
+	db.leases[network] = l
+}
+
+func (db *DB) lease(network string) *lease {
+	db.leaseMu.Lock()
+	defer db.leaseMu.Unlock()
+	return db.leases[network]
+}
+
+// ErrNotLeading: an index write was attempted by a process that does not hold the network's lease.
+var ErrNotLeading = errors.New("postgres: this process does not hold the network's indexer lease")
+
 // Lead takes the network's indexer lease: a session advisory lock on a connection held for as long
 // as the lease. Replicas wait here and retry every second.
 func (db *DB) Lead(ctx context.Context, network string) (context.Context, func(), error) {
-	key := leaseKey(network)
 	for {
-		conn, err := db.pool.Acquire(ctx)
+		l, ok, err := db.takeLease(ctx, network)
 		if err != nil {
 			return nil, nil, err
 		}
-		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
-			conn.Release()
-			return nil, nil, err
-		}
-		if got {
+		if ok {
 			leading, cancel := context.WithCancel(ctx)
-			done := make(chan struct{})
+			done, stopped := make(chan struct{}), make(chan struct{})
 			go func() {
+				defer close(stopped)
 				// A leader whose lock connection died no longer holds the lock: stop it writing.
 				t := time.NewTicker(leaseCheckEvery)
 				defer t.Stop()
@@ -43,7 +72,9 @@ func (db *DB) Lead(ctx context.Context, network string) (context.Context, func()
 						return
 					case <-t.C:
 						pctx, pcancel := context.WithTimeout(leading, leaseCheckEvery)
-						err := conn.Ping(pctx)
+						l.mu.Lock()
+						err := l.conn.Ping(pctx)
+						l.mu.Unlock()
 						pcancel()
 						if err != nil && leading.Err() == nil {
 							db.log.Warn("indexer lease connection lost", "network", network, "err", err)
@@ -55,24 +86,59 @@ func (db *DB) Lead(ctx context.Context, network string) (context.Context, func()
 			}()
 			release := func() {
 				close(done)
+				<-stopped
 				cancel()
-				uctx, ucancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer ucancel()
-				if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
-					// The session may be gone; then the lock went with it. Never reuse this conn.
-					_ = conn.Conn().Close(uctx)
-				}
-				conn.Release()
+				db.dropLease(network, l)
 			}
 			return leading, release, nil
 		}
-		conn.Release()
 		select {
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// TryLead takes the network's indexer lease if no one holds it, for a job that must not run while
+// an indexer writes (it would race the indexer's cursor).
+func (db *DB) TryLead(ctx context.Context, network string) (release func(), ok bool, err error) {
+	l, ok, err := db.takeLease(ctx, network)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return func() { db.dropLease(network, l) }, true, nil
+}
+
+func (db *DB) takeLease(ctx context.Context, network string) (*lease, bool, error) {
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, leaseKey(network)).Scan(&got); err != nil || !got {
+		conn.Release()
+		return nil, false, err
+	}
+	if _, err := conn.Exec(ctx, `SET idle_session_timeout = '`+leaseIdleTimeout+`'`); err != nil {
+		_ = conn.Conn().Close(ctx)
+		conn.Release()
+		return nil, false, err
+	}
+	l := &lease{conn: conn}
+	db.setLease(network, l)
+	return l, true, nil
+}
+
+func (db *DB) dropLease(network string, l *lease) {
+	db.setLease(network, nil)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// The session is not handed back to the pool: it carries the idle timeout, and it may be gone.
+	_ = l.conn.Conn().Close(uctx)
+	l.conn.Release()
 }
 
 // Cursor returns the last indexed block of a network.
@@ -92,7 +158,13 @@ func (db *DB) Cursor(ctx context.Context, network string) (indexer.Block, bool, 
 // Commit writes one indexer step in one transaction: an optional rollback above a reorg's
 // ancestor, the events (with COPY), the window blocks, and the cursor.
 func (db *DB) Commit(ctx context.Context, network string, b indexer.Batch) error {
-	return pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+	l := db.lease(network)
+	if l == nil {
+		return ErrNotLeading
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return pgx.BeginFunc(ctx, l.conn, func(tx pgx.Tx) error {
 		if b.RollbackTo != nil {
 			for _, q := range []string{
 				`DELETE FROM transfers WHERE network = $1 AND block_number > $2`,
@@ -221,10 +293,4 @@ func leaseKey(network string) int64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("x402-indexer:" + network))
 	return int64(h.Sum64())
-}
-
-// TryLead takes the network's indexer lease if no one holds it, for a job that must not run while
-// an indexer writes (it would race the indexer's cursor).
-func (db *DB) TryLead(ctx context.Context, network string) (release func(), ok bool, err error) {
-	return db.tryLock(ctx, leaseKey(network))
 }
