@@ -28,6 +28,8 @@ type Config struct {
 	// VerifyTimeout bounds one /verify, chain reads included.
 	VerifyTimeout time.Duration
 	Logger        *slog.Logger
+	// Notify serves webhook registration and event streams; nil leaves those routes out.
+	Notify Notify
 }
 
 // Server serves the facilitator's HTTP API.
@@ -76,6 +78,13 @@ func New(cfg Config) *Server {
 		e.GET("/v1/authorizations/:network/:asset/:from/:nonce", s.authorizationStatus)
 		e.GET("/v1/payments/:id", s.paymentStatus)
 		e.GET("/v1/settlements/:tx", s.settlementStatus)
+	}
+	if cfg.Notify != nil {
+		e.POST("/v1/webhooks", s.createWebhook)
+		e.GET("/v1/webhooks", s.listWebhooks)
+		e.DELETE("/v1/webhooks/:id", s.deleteWebhook)
+		e.GET("/v1/events/authorizations/:network/:asset/:from/:nonce", s.authorizationEvents)
+		e.GET("/v1/events/payments/:id", s.paymentEvents)
 	}
 	e.GET("/healthz", s.healthz)
 	s.echo = e

@@ -52,6 +52,12 @@ type Config struct {
 	Index bool
 	// IndexOnly runs only the indexers (facilitator index): no HTTP, no settlement.
 	IndexOnly bool
+
+	// WebhookPollInterval is how often new settlement events and due webhook deliveries are
+	// looked for (0: 1s).
+	WebhookPollInterval time.Duration
+	// WebhookAllowPrivate lets webhooks target loopback and private addresses (local development).
+	WebhookAllowPrivate bool
 }
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
@@ -192,6 +198,8 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
+	webhookPoll := fs.String("webhook-poll-interval", env("FACILITATOR_WEBHOOK_POLL_INTERVAL", "1s"), "how often new settlement events and due webhook deliveries are looked for (FACILITATOR_WEBHOOK_POLL_INTERVAL)")
+	webhookPrivate := fs.String("webhook-allow-private", env("FACILITATOR_WEBHOOK_ALLOW_PRIVATE", "false"), "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -251,6 +259,10 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		}
 		cfg.MaxFeeCap, _ = new(big.Float).Mul(f, big.NewFloat(1e9)).Int(nil)
 	}
+	if cfg.WebhookPollInterval, err = time.ParseDuration(*webhookPoll); err != nil || cfg.WebhookPollInterval <= 0 {
+		return nil, fmt.Errorf("webhook-poll-interval: %q is not a positive duration", *webhookPoll)
+	}
+	cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
 	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 	return cfg, nil
 }

@@ -67,6 +67,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		ReconcileSchedule:   "@every 10s",
 		IndexHealthSchedule: "@every 1m",
 		ReconcileStale:      30 * time.Second,
+		// A local merchant's webhook receiver lives on localhost.
+		WebhookAllowPrivate: true,
 	}
 	m := &Main{Config: cfg, Logger: log}
 	if err := m.Run(ctx); err != nil {

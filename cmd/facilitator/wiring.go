@@ -24,6 +24,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
@@ -48,6 +49,7 @@ type Main struct {
 	idxDone  chan struct{}
 	server   *http.Server
 	serveErr chan error
+	notifier *notify.Dispatcher
 }
 
 // Run starts the facilitator and returns once it is listening.
@@ -149,10 +151,17 @@ func (m *Main) Run(ctx context.Context) error {
 		statusNets = append(statusNets, status.Network{Network: n, Reader: readers[n.ID], Head: m.rpcs[i],
 			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
 	}
+	statusSvc := status.New(m.db, statusNets, nil)
+	m.notifier = notify.New(notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
+		AllowPrivateTargets: cfg.WebhookAllowPrivate, Logger: log})
+	if err := m.notifier.Start(startCtx); err != nil {
+		return err
+	}
 	srv := api.New(api.Config{
 		Verifier:      idsvc,
 		Settler:       idsvc,
-		Status:        status.New(m.db, statusNets, nil),
+		Status:        statusSvc,
+		Notify:        m.notifier,
 		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
@@ -252,6 +261,11 @@ func (m *Main) checkToken(ctx context.Context, r verify.Reader, n facilitator.Ne
 // Close stops serving (letting requests in flight finish) and closes everything Run opened.
 func (m *Main) Close() error {
 	var errs []error
+	// Event streams only end on their own after their lifetime: end them (and the webhook loop)
+	// first, so that the server's shutdown does not wait on them.
+	if m.notifier != nil {
+		m.notifier.Stop()
+	}
 	if m.server != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		errs = append(errs, m.server.Shutdown(ctx))

@@ -1,0 +1,197 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/notify"
+)
+
+var _ notify.Store = (*DB)(nil)
+
+// InsertWebhook stores a webhook unless limit are enabled already. Its cursor starts at this
+// statement's snapshot: events of transactions finished before it are not its business, those of
+// transactions still running (xid at or above xmin) are.
+func (db *DB) InsertWebhook(ctx context.Context, w *notify.Webhook, limit int) (bool, error) {
+	payTo := make([][]byte, 0, len(w.PayTo))
+	for _, a := range w.PayTo {
+		payTo = append(payTo, a.Bytes())
+	}
+	err := db.pool.QueryRow(ctx, `
+		INSERT INTO webhooks (id, url, secret, pay_to, cursor_xid)
+		SELECT $1, $2, $3, $4, pg_snapshot_xmin(pg_current_snapshot())
+		WHERE (SELECT count(*) FROM webhooks WHERE disabled_at IS NULL) < $5
+		RETURNING created_at`, w.ID, w.URL, w.Secret, payTo, limit).Scan(&w.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Webhooks lists the enabled webhooks, oldest first, without their secrets.
+func (db *DB) Webhooks(ctx context.Context) ([]notify.Webhook, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id, url, pay_to, created_at FROM webhooks
+		WHERE disabled_at IS NULL ORDER BY created_at, id`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (notify.Webhook, error) {
+		var w notify.Webhook
+		var payTo [][]byte
+		if err := row.Scan(&w.ID, &w.URL, &payTo, &w.CreatedAt); err != nil {
+			return w, err
+		}
+		w.PayTo = make([]common.Address, len(payTo))
+		for i, a := range payTo {
+			w.PayTo[i] = common.BytesToAddress(a)
+		}
+		return w, nil
+	})
+}
+
+// DisableWebhook stops a webhook and cancels what it is still owed.
+func (db *DB) DisableWebhook(ctx context.Context, id string) error {
+	var n int
+	err := db.pool.QueryRow(ctx, `
+		WITH w AS (
+			UPDATE webhooks SET disabled_at = COALESCE(disabled_at, now()) WHERE id = $1 RETURNING id),
+		d AS (
+			UPDATE webhook_deliveries SET next_attempt_at = NULL
+			WHERE webhook_id = $1 AND next_attempt_at IS NOT NULL AND EXISTS (SELECT 1 FROM w))
+		SELECT count(*) FROM w`, id).Scan(&n)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return facilitator.ErrNotFound
+	}
+	return nil
+}
+
+// EnqueueWebhookEvents advances every enabled webhook over its next events in one statement, so
+// a delivery exists exactly for the events its cursor has passed. Only events of transactions
+// below the snapshot's xmin are read: all of those are committed or never will be, so the cursor
+// never passes an event that commits later (see migration 0006). A webhook another replica is
+// advancing is skipped, not waited for.
+func (db *DB) EnqueueWebhookEvents(ctx context.Context, states []string, limit int) (bool, error) {
+	var more bool
+	err := db.pool.QueryRow(ctx, `
+		WITH w AS (
+			SELECT id, pay_to, cursor_xid, cursor_event_id FROM webhooks
+			WHERE disabled_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED),
+		ev AS (
+			SELECT w.id AS webhook_id, w.pay_to AS wanted, e.*
+			FROM w CROSS JOIN LATERAL (
+				SELECT e.id AS event_id, e.xid, e.state, s.pay_to
+				FROM settlement_events e JOIN settlements s ON s.id = e.settlement_id
+				WHERE (e.xid, e.id) > (w.cursor_xid, w.cursor_event_id)
+					AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+				ORDER BY e.xid, e.id LIMIT $2) e),
+		ins AS (
+			INSERT INTO webhook_deliveries (webhook_id, event_id, next_attempt_at)
+			SELECT webhook_id, event_id, now() FROM ev
+			WHERE state = ANY($1) AND (cardinality(wanted) = 0 OR pay_to = ANY(wanted))
+			ON CONFLICT DO NOTHING),
+		last AS (
+			SELECT DISTINCT ON (webhook_id) webhook_id, xid, event_id FROM ev
+			ORDER BY webhook_id, xid DESC, event_id DESC),
+		upd AS (
+			UPDATE webhooks SET cursor_xid = last.xid, cursor_event_id = last.event_id
+			FROM last WHERE webhooks.id = last.webhook_id)
+		SELECT COALESCE(max(n) >= $2, false) FROM (SELECT count(*) AS n FROM ev GROUP BY webhook_id) c`,
+		states, limit).Scan(&more)
+	return more, err
+}
+
+// ClaimWebhookDeliveries takes due deliveries of enabled webhooks for one attempt each: the
+// attempt is counted and the delivery hidden for lease, in one statement. SKIP LOCKED lets
+// replicas claim side by side without ever taking the same attempt.
+func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]notify.Delivery, error) {
+	rows, err := db.pool.Query(ctx, `
+		WITH due AS (
+			SELECT d.webhook_id, d.event_id FROM webhook_deliveries d
+			JOIN webhooks w ON w.id = d.webhook_id AND w.disabled_at IS NULL
+			WHERE d.next_attempt_at <= now()
+			ORDER BY d.next_attempt_at LIMIT $1
+			FOR UPDATE OF d SKIP LOCKED),
+		c AS (
+			UPDATE webhook_deliveries d SET attempts = d.attempts + 1,
+				next_attempt_at = now() + $2::bigint * interval '1 microsecond'
+			FROM due WHERE d.webhook_id = due.webhook_id AND d.event_id = due.event_id
+			RETURNING d.webhook_id, d.event_id, d.attempts)
+		SELECT c.webhook_id, w.url, w.secret, c.attempts, e.id, e.settlement_id, e.state, e.at,
+			s.network, s.asset, s.payer, s.auth_nonce,
+			COALESCE((SELECT p.id FROM payment_ids p WHERE p.settlement_id = s.id AND p.scope = '' LIMIT 1), '')
+		FROM c JOIN webhooks w ON w.id = c.webhook_id
+		JOIN settlement_events e ON e.id = c.event_id
+		JOIN settlements s ON s.id = e.settlement_id
+		ORDER BY e.id`, limit, lease.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (notify.Delivery, error) {
+		var (
+			d                   notify.Delivery
+			state               string
+			asset, payer, nonce []byte
+		)
+		err := row.Scan(&d.WebhookID, &d.URL, &d.Secret, &d.Attempt, &d.Event.ID, &d.Event.SettlementID, &state, &d.Event.At,
+			&d.Key.Network, &asset, &payer, &nonce, &d.PaymentID)
+		d.Event.State = facilitator.State(state)
+		d.Key.Asset, d.Key.Payer = common.BytesToAddress(asset), common.BytesToAddress(payer)
+		copy(d.Key.Nonce[:], nonce)
+		return d, err
+	})
+}
+
+// RecordWebhookAttempt stores an attempt's outcome. A delivery already marked delivered stays
+// so: a late report from an attempt whose claim had lapsed does not schedule it again; nor is one
+// scheduled for a webhook disabled while the attempt was in flight.
+func (db *DB) RecordWebhookAttempt(ctx context.Context, a notify.Attempt) error {
+	var status *int
+	if a.Status != 0 {
+		status = &a.Status
+	}
+	var errText *string
+	if a.Error != "" {
+		errText = &a.Error
+	}
+	_, err := db.pool.Exec(ctx, `
+		UPDATE webhook_deliveries SET
+			delivered_at = CASE WHEN $3 THEN now() END,
+			gave_up_at = CASE WHEN $4 AND NOT $3 THEN now() END,
+			next_attempt_at = CASE WHEN $3 OR $4 OR (SELECT disabled_at IS NOT NULL FROM webhooks WHERE id = $1) THEN NULL
+				ELSE now() + $5::bigint * interval '1 microsecond' END,
+			last_status = $6, last_error = $7
+		WHERE webhook_id = $1 AND event_id = $2 AND delivered_at IS NULL`,
+		a.WebhookID, a.EventID, a.Delivered, a.GiveUp, a.RetryIn.Microseconds(), status, errText)
+	return err
+}
+
+// SettlementEvents lists a settlement's events after an id with one of states, oldest first.
+func (db *DB) SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]notify.Event, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id, settlement_id, state, at FROM settlement_events
+		WHERE settlement_id = $1 AND id > $2 AND state = ANY($3) ORDER BY id LIMIT $4`, settlementID, after, states, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (notify.Event, error) {
+		var ev notify.Event
+		var state string
+		err := row.Scan(&ev.ID, &ev.SettlementID, &state, &ev.At)
+		ev.State = facilitator.State(state)
+		return ev, err
+	})
+}
+
+// LastSettlementEvent is the id of a settlement's latest event (0 when it has none).
+func (db *DB) LastSettlementEvent(ctx context.Context, settlementID int64) (int64, error) {
+	var id int64
+	err := db.pool.QueryRow(ctx, `SELECT COALESCE(max(id), 0) FROM settlement_events WHERE settlement_id = $1`, settlementID).Scan(&id)
+	return id, err
+}

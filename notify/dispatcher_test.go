@@ -1,0 +1,350 @@
+package notify_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/notify"
+)
+
+var settlementTypes = []string{"settlement.broadcast", "settlement.mined", "settlement.final"}
+
+// TestWebhookRetriesThenDeliversOnce: a receiver that fails twice and then succeeds gets every
+// event three times and processes it once (it dedupes on the event id), the ledger counts three
+// attempts, and every request carries a signature that verifies with the webhook's secret.
+func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
+	r := newRig(t)
+	d := r.dispatcher(t, r.db, nil)
+	rec := newReceiver(t, 2)
+	w := register(t, d, rec) // no payTo filter: every settlement (this package's tests run one at a time)
+	if len(w.Secret) != 64 {
+		t.Fatalf("secret %q, want 32 bytes of hex", w.Secret)
+	}
+	p := newPayment(t, newAddress(t))
+	out := r.settle(t, p)
+
+	msgs := rec.await(t, out.SettlementID, settlementTypes...)
+	eventually(t, "the three deliveries recorded as delivered", func() bool {
+		ds := deliveries(t, w.ID)
+		for _, m := range msgs {
+			if !ds[m.ID].delivered {
+				return false
+			}
+		}
+		return len(ds) == 3
+	})
+	ds := deliveries(t, w.ID)
+	requests, processed, badSig := rec.counts()
+	if badSig != 0 {
+		t.Fatalf("%d requests whose signature did not verify", badSig)
+	}
+	if processed != 3 {
+		t.Fatalf("the receiver processed %d events, want 3 (broadcast, mined, final; signed is not sent)", processed)
+	}
+	for ty, m := range msgs {
+		dl := ds[m.ID]
+		if requests[m.ID] != 3 || dl.attempts != 3 || dl.pending || dl.gaveUp || dl.lastStatus == nil || *dl.lastStatus != 204 {
+			t.Errorf("%s (event %s): %d requests, delivery %+v; want 3 requests, 3 attempts, delivered with 204", ty, m.ID, requests[m.ID], dl)
+		}
+		if m.State != strings.TrimPrefix(ty, "settlement.") {
+			t.Errorf("%s: state %q", ty, m.State)
+		}
+	}
+
+	var ids []int64
+	for _, ty := range settlementTypes {
+		id, err := strconv.ParseInt(msgs[ty].ID, 10, 64)
+		if err != nil {
+			t.Fatalf("%s: event id %q is not a settlement_events id", ty, msgs[ty].ID)
+		}
+		ids = append(ids, id)
+	}
+	if !(ids[0] < ids[1] && ids[1] < ids[2]) {
+		t.Errorf("event ids %v: want broadcast < mined < final", ids)
+	}
+	mined := msgs["settlement.mined"]
+	st := mined.Data
+	if st.State != facilitator.StatusSettled || st.Transaction != out.Response.Transaction || st.To != p.payTo.Hex() ||
+		st.SettledBy != "facilitator" || st.Value != "1000000" || st.Network != network().ID {
+		t.Errorf("mined event data %+v, want the settled status of %s", st, out.Response.Transaction)
+	}
+	if time.Since(mined.CreatedAt) > time.Minute || mined.CreatedAt.After(time.Now()) {
+		t.Errorf("createdAt %s", mined.CreatedAt)
+	}
+
+	// The signature is the secret's: recomputed with another key, it does not match.
+	h, bodies := rec.lastRequest(mined.ID)
+	ts, err := strconv.ParseInt(h.Get(notify.HeaderTimestamp), 10, 64)
+	if err != nil || time.Since(time.Unix(ts, 0)) > time.Minute {
+		t.Fatalf("X402-Timestamp %q", h.Get(notify.HeaderTimestamp))
+	}
+	sig := h.Get(notify.HeaderSignature)
+	var matches int
+	for _, b := range bodies {
+		for _, key := range []string{w.Secret, strings.Repeat("0", 64)} {
+			mac := hmac.New(sha256.New, []byte(key))
+			mac.Write([]byte(h.Get(notify.HeaderTimestamp) + "." + b))
+			if hmac.Equal([]byte(sig), []byte("sha256="+hex.EncodeToString(mac.Sum(nil)))) {
+				if key != w.Secret {
+					t.Fatalf("the signature verifies with a key that is not the secret")
+				}
+				matches++
+			}
+		}
+	}
+	if matches != 1 {
+		t.Fatalf("the last request's signature matches %d of the bodies received, want 1", matches)
+	}
+}
+
+// TestWebhookPayToFilter: a webhook for another payTo, and a disabled one, receive nothing; a
+// webhook whose list includes the payee receives its events.
+func TestWebhookPayToFilter(t *testing.T) {
+	r := newRig(t)
+	d := r.dispatcher(t, r.db, nil)
+	ctx := context.Background()
+	payTo := newAddress(t)
+	mine, other, off := newReceiver(t, 0), newReceiver(t, 0), newReceiver(t, 0)
+	wMine := register(t, d, mine, newAddress(t), payTo)
+	wOther := register(t, d, other, newAddress(t))
+	wOff := register(t, d, off, payTo)
+	if err := d.DisableWebhook(ctx, wOff.ID); err != nil {
+		t.Fatal(err)
+	}
+	out := r.settle(t, newPayment(t, payTo))
+	msgs := mine.await(t, out.SettlementID, settlementTypes...)
+	final, _ := strconv.ParseInt(msgs["settlement.final"].ID, 10, 64)
+
+	// The statement that owed the first webhook the final event moved the second one's cursor past
+	// it too: nothing more can come to the second webhook for this settlement.
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var passed bool
+	if err := conn.QueryRow(ctx, `SELECT (w.cursor_xid, w.cursor_event_id) >= (e.xid, e.id)
+		FROM webhooks w, settlement_events e WHERE w.id = $1 AND e.id = $2`, wOther.ID, final).Scan(&passed); err != nil {
+		t.Fatal(err)
+	}
+	if !passed {
+		t.Fatalf("the other webhook's cursor has not passed the final event")
+	}
+	if got := deliveries(t, wMine.ID); len(got) != 3 {
+		t.Fatalf("the payee's webhook owes %d deliveries, want 3", len(got))
+	}
+	for name, w := range map[string]notify.Webhook{"other payTo": wOther, "disabled": wOff} {
+		if got := deliveries(t, w.ID); len(got) != 0 {
+			t.Errorf("%s webhook owes %d deliveries, want none", name, len(got))
+		}
+	}
+	for name, rec := range map[string]*receiver{"other payTo": other, "disabled": off} {
+		if reqs, _, _ := rec.counts(); len(reqs) != 0 {
+			t.Errorf("%s webhook received %v", name, reqs)
+		}
+	}
+	// Only enabled webhooks are listed, and never with their secret.
+	ws, err := d.Webhooks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]notify.Webhook{}
+	for _, w := range ws {
+		if w.Secret != "" {
+			t.Fatalf("webhook %s listed with its secret", w.ID)
+		}
+		listed[w.ID] = w
+	}
+	if _, ok := listed[wOff.ID]; ok {
+		t.Fatalf("the disabled webhook is listed")
+	}
+	if got := listed[wMine.ID].PayTo; len(got) != 2 || got[1] != payTo {
+		t.Fatalf("listed payTo %v, want the two registered", got)
+	}
+}
+
+// TestLateCommitIsNotSkipped: an event written by a transaction that commits after a later-id
+// event was already visible is still delivered. A cursor on the event id alone would have moved
+// past it for good; the cursor on the writing transaction waits for it.
+func TestLateCommitIsNotSkipped(t *testing.T) {
+	r := newRig(t)
+	d := r.dispatcher(t, r.db, nil)
+	ctx := context.Background()
+	payTo := newAddress(t)
+	rec := newReceiver(t, 0)
+	register(t, d, rec, payTo)
+	out := r.settle(t, newPayment(t, payTo))
+	rec.await(t, out.SettlementID, settlementTypes...)
+
+	slow, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close(ctx)
+	fast, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fast.Close(ctx)
+	tx, err := slow.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	const insert = `INSERT INTO settlement_events (settlement_id, state, detail) VALUES ($1, $2, 'test: out-of-order commit') RETURNING id`
+	var early, late int64
+	if err := tx.QueryRow(ctx, insert, out.SettlementID, "expired").Scan(&early); err != nil {
+		t.Fatal(err)
+	}
+	if err := fast.QueryRow(ctx, insert, out.SettlementID, "reverted").Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	if late <= early {
+		t.Fatalf("ids %d then %d: the test needs the later statement to get the higher id", early, late)
+	}
+	// Ten polls: the committed later event waits behind the open transaction's.
+	time.Sleep(500 * time.Millisecond)
+	if reqs, _, _ := rec.counts(); reqs[strconv.FormatInt(late, 10)] != 0 {
+		t.Fatalf("event %d was sent while event %d could still commit", late, early)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	msgs := rec.await(t, out.SettlementID, "settlement.expired", "settlement.reverted")
+	if msgs["settlement.expired"].ID != strconv.FormatInt(early, 10) || msgs["settlement.reverted"].ID != strconv.FormatInt(late, 10) {
+		t.Fatalf("got %v, want events %d and %d", msgs, early, late)
+	}
+}
+
+// TestReplicasSendEachAttemptOnce: two dispatchers on one database share the work and never
+// send the same attempt twice: with a receiver failing each event once, each is requested
+// exactly twice.
+func TestReplicasSendEachAttemptOnce(t *testing.T) {
+	r := newRig(t)
+	r.dispatcher(t, openDB(t), nil)
+	d := r.dispatcher(t, openDB(t), nil)
+	payTo := newAddress(t)
+	rec := newReceiver(t, 1)
+	w := register(t, d, rec, payTo)
+
+	const n = 4
+	pays := make([]payment, n)
+	for i := range pays {
+		pays[i] = newPayment(t, payTo)
+	}
+	want := map[int64][]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for _, p := range pays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pay, err := facilitator.DecodeRequest(p.body)
+			if err != nil {
+				errs <- err
+				return
+			}
+			out, err := r.engine.Settle(context.Background(), pay)
+			if err != nil {
+				errs <- err
+				return
+			}
+			mu.Lock()
+			want[out.SettlementID] = settlementTypes
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	rec.awaitAll(t, want)
+	eventually(t, "every delivery recorded as delivered", func() bool {
+		ds := deliveries(t, w.ID)
+		for _, dl := range ds {
+			if !dl.delivered {
+				return false
+			}
+		}
+		return len(ds) == 3*n
+	})
+	requests, _, _ := rec.counts()
+	for id, dl := range deliveries(t, w.ID) {
+		if requests[id] != 2 || dl.attempts != 2 {
+			t.Errorf("event %s: %d requests, %d attempts; want 2 and 2", id, requests[id], dl.attempts)
+		}
+	}
+}
+
+// TestWebhookGivesUp: after MaxAttempts failures a delivery is given up: marked, no longer due,
+// and nothing more is sent.
+func TestWebhookGivesUp(t *testing.T) {
+	r := newRig(t)
+	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.MaxAttempts = 3 })
+	payTo := newAddress(t)
+	rec := newReceiver(t, 1<<30)
+	w := register(t, d, rec, payTo)
+	r.settle(t, newPayment(t, payTo))
+	eventually(t, "three deliveries given up", func() bool {
+		ds := deliveries(t, w.ID)
+		for _, dl := range ds {
+			if !dl.gaveUp {
+				return false
+			}
+		}
+		return len(ds) == 3
+	})
+	time.Sleep(300 * time.Millisecond) // several polls and backoffs: nothing more may be sent
+	requests, _, _ := rec.counts()
+	for id, dl := range deliveries(t, w.ID) {
+		if requests[id] != 3 || dl.attempts != 3 || dl.delivered || dl.pending || dl.lastStatus == nil || *dl.lastStatus != 500 ||
+			dl.lastError == nil || !strings.Contains(*dl.lastError, "HTTP 500") {
+			t.Errorf("event %s: %d requests, delivery %+v; want 3 attempts given up on HTTP 500", id, requests[id], dl)
+		}
+	}
+}
+
+// TestSlowReceiverHoldsOnlyItsOwn: a receiver that never answers holds a delivery slot per
+// delivery until the send timeout, not the loop: another webhook's events still arrive at once.
+func TestSlowReceiverHoldsOnlyItsOwn(t *testing.T) {
+	r := newRig(t)
+	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.SendTimeout = 5 * time.Second })
+	payTo := newAddress(t)
+	hang := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(hang) }) // runs before slow.Close, which waits for its handlers
+	ws, err := d.CreateWebhook(context.Background(), slow.URL, []string{payTo.Hex()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.DisableWebhook(context.Background(), ws.ID) })
+	fast := newReceiver(t, 0)
+	register(t, d, fast, payTo)
+
+	start := time.Now()
+	out := r.settle(t, newPayment(t, payTo))
+	fast.await(t, out.SettlementID, settlementTypes...)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("the fast receiver had all events after %s, behind the slow one", took)
+	}
+}

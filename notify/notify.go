@@ -1,0 +1,259 @@
+// Package notify tells merchants when their settlements change state: signed webhooks delivered
+// at least once from the settlement_events outbox, and server-sent-event streams of the same
+// events for one authorization or payment id. Nothing here runs on the request path of /settle:
+// that path only writes settlement_events, and the Dispatcher reads them in the background.
+package notify
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Store is what notify reads and writes in Postgres.
+type Store interface {
+	// InsertWebhook stores w (its CreatedAt is set) unless limit webhooks are already enabled;
+	// ok is false then. A new webhook hears only events written after it.
+	InsertWebhook(ctx context.Context, w *Webhook, limit int) (ok bool, err error)
+	// Webhooks lists the enabled webhooks, without their secrets.
+	Webhooks(ctx context.Context) ([]Webhook, error)
+	// DisableWebhook stops a webhook and what it is still owed; facilitator.ErrNotFound if unknown.
+	DisableWebhook(ctx context.Context, id string) error
+	// EnqueueWebhookEvents moves every enabled webhook's cursor over up to limit new events,
+	// recording a delivery for each that has one of states and matches its payTo filter. more
+	// reports that some webhook had limit events to read: call again.
+	EnqueueWebhookEvents(ctx context.Context, states []string, limit int) (more bool, err error)
+	// ClaimWebhookDeliveries takes up to limit due deliveries for one attempt each, hiding them
+	// from other claimers for lease.
+	ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]Delivery, error)
+	// RecordWebhookAttempt stores an attempt's outcome.
+	RecordWebhookAttempt(ctx context.Context, a Attempt) error
+
+	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
+	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
+	// SettlementEvents lists a settlement's events after the id after with one of states, oldest first.
+	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]Event, error)
+	// LastSettlementEvent is the id of a settlement's latest event of any state (0: none).
+	LastSettlementEvent(ctx context.Context, settlementID int64) (int64, error)
+}
+
+// Status answers what an authorization's settlement looks like now (status.Service): the data
+// every event carries.
+type Status interface {
+	Authorization(ctx context.Context, key facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error)
+}
+
+// Webhook is a merchant's registered endpoint.
+type Webhook struct {
+	ID  string
+	URL string
+	// Secret is the HMAC key; only set when the webhook is created (it is never listed).
+	Secret string
+	// PayTo limits the webhook to settlements paying one of these addresses; empty: all.
+	PayTo     []common.Address
+	CreatedAt time.Time
+}
+
+// Event is one state transition of a settlement (a settlement_events row).
+type Event struct {
+	ID           int64
+	SettlementID int64
+	State        facilitator.State
+	At           time.Time
+}
+
+// Delivery is one claimed attempt to send an event to a webhook.
+type Delivery struct {
+	WebhookID string
+	URL       string
+	Secret    string
+	Event     Event
+	// Attempt counts this one: 1 for the first.
+	Attempt int
+	// Key is the settlement's authorization, to read its status at delivery time.
+	Key facilitator.AuthorizationKey
+	// PaymentID is the settlement's payment-identifier id, if it came with one.
+	PaymentID string
+}
+
+// Attempt is the outcome of one delivery attempt.
+type Attempt struct {
+	WebhookID string
+	EventID   int64
+	Delivered bool
+	// Status is the receiver's HTTP status; 0 when it did not answer.
+	Status int
+	Error  string
+	// RetryIn is when to try again (after a failure that is not the last).
+	RetryIn time.Duration
+	// GiveUp marks the last failed attempt: nothing more is sent.
+	GiveUp bool
+}
+
+// Message is an event as merchants receive it: the body of a webhook POST, and the data of an
+// event-stream message.
+type Message struct {
+	// ID is the settlement_events id, as a string: the same on every retry, so receivers dedupe on it.
+	ID string `json:"id"`
+	// Type is "settlement.<state>", or "status" for a stream's opening snapshot.
+	Type      string    `json:"type"`
+	CreatedAt time.Time `json:"createdAt"`
+	// Data is the settlement's status when the message was sent (not when the event happened):
+	// a late or retried delivery carries the latest word.
+	Data facilitator.AuthorizationStatus `json:"data"`
+	// State is the transition's ledger state (the settlement's current one in a snapshot).
+	State        string `json:"state"`
+	SettlementID int64  `json:"settlementId"`
+}
+
+// EventStates are the ledger states whose transitions merchants hear about. signed (not yet sent)
+// and bumped (a fee replacement) change nothing for a merchant; broadcast is also the state a
+// reorg moves a mined settlement back to, which a merchant must hear.
+func EventStates() []string {
+	return []string{
+		string(facilitator.StateBroadcast), string(facilitator.StateMined), string(facilitator.StateFinal),
+		string(facilitator.StateReverted), string(facilitator.StateExpired), string(facilitator.StateSettledElsewhere),
+		string(facilitator.StateCanceled),
+	}
+}
+
+// Config configures the Dispatcher. Zero values take the defaults in brackets.
+type Config struct {
+	Store  Store
+	Status Status
+
+	// PollInterval is how often new events and due deliveries are looked for [1s].
+	PollInterval time.Duration
+	// SendTimeout bounds one webhook POST, answer included [5s].
+	SendTimeout time.Duration
+	// BaseBackoff is the wait after the first failed attempt; it doubles after each [1s].
+	BaseBackoff time.Duration
+	// MaxBackoff caps the wait between attempts [10m].
+	MaxBackoff time.Duration
+	// MaxAttempts is when a delivery is given up, loudly [20].
+	MaxAttempts int
+	// Concurrency is how many deliveries may be in flight at once [16]. A slow receiver holds
+	// one slot per delivery until SendTimeout, never the whole loop.
+	Concurrency int
+	// MaxWebhooks bounds the enabled webhooks: until registration is authenticated, anyone can
+	// register one, and each costs every poll [100].
+	MaxWebhooks int
+	// AllowPrivateTargets lets webhooks point at loopback, private and link-local addresses
+	// (local development, tests). Off, such targets are refused at registration and at dial time,
+	// so a webhook cannot be used to reach the facilitator's own network.
+	AllowPrivateTargets bool
+
+	// StreamPoll is how often an event stream looks for new events [500ms].
+	StreamPoll time.Duration
+	// KeepAlive is how often an idle stream sends a comment, so proxies keep it open [15s].
+	KeepAlive time.Duration
+	// StreamLifetime ends a stream after this long; clients reconnect with Last-Event-ID [10m].
+	StreamLifetime time.Duration
+	// MaxStreams bounds the open streams; past it a new one answers 503 [1000].
+	MaxStreams int
+
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// errClosed is returned for work asked of a stopped Dispatcher.
+var errClosed = errors.New("notify: dispatcher stopped")
+
+// Dispatcher delivers webhooks in the background, and serves webhook registration and event
+// streams to the API.
+type Dispatcher struct {
+	cfg    Config
+	store  Store
+	status Status
+	client *http.Client
+	log    *slog.Logger
+
+	inflight sync.WaitGroup // deliveries being sent
+	sending  atomic.Int64   // how many
+
+	mu      sync.Mutex
+	streams int
+	closed  chan struct{} // closed by Stop: ends the loop and every stream
+	stopped bool
+	cancel  context.CancelCauseFunc
+	done    chan struct{} // closed when the loop has returned
+}
+
+// New builds a Dispatcher; Start runs its delivery loop.
+func New(cfg Config) *Dispatcher {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.PollInterval, time.Second)
+	def(&cfg.SendTimeout, 5*time.Second)
+	def(&cfg.BaseBackoff, time.Second)
+	def(&cfg.MaxBackoff, 10*time.Minute)
+	def(&cfg.StreamPoll, 500*time.Millisecond)
+	def(&cfg.KeepAlive, 15*time.Second)
+	def(&cfg.StreamLifetime, 10*time.Minute)
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 20
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.MaxWebhooks <= 0 {
+		cfg.MaxWebhooks = 100
+	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 1000
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Dispatcher{cfg: cfg, store: cfg.Store, status: cfg.Status, log: cfg.Logger, closed: make(chan struct{}),
+		client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets)}
+}
+
+// Start runs the delivery loop until Stop.
+func (d *Dispatcher) Start(_ context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped {
+		return errClosed
+	}
+	if d.done != nil {
+		return errors.New("notify: dispatcher already started")
+	}
+	// The loop outlives Start's context (a start-up deadline); Stop ends it.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	d.cancel, d.done = cancel, make(chan struct{})
+	go d.run(ctx)
+	return nil
+}
+
+// Stop ends the delivery loop (attempts in flight are cut short, recorded, and retried later)
+// and every open event stream, and waits for the loop. It may be called more than once.
+func (d *Dispatcher) Stop() {
+	d.mu.Lock()
+	if !d.stopped {
+		d.stopped = true
+		close(d.closed)
+		if d.cancel != nil {
+			d.cancel(errClosed)
+		}
+	}
+	done := d.done
+	d.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}

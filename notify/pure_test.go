@@ -1,0 +1,179 @@
+package notify
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+func TestBackoff(t *testing.T) {
+	for _, c := range []struct {
+		attempt int
+		want    time.Duration
+	}{
+		{1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {10, 512 * time.Second},
+		{11, 10 * time.Minute}, {20, 10 * time.Minute}, {1 << 20, 10 * time.Minute}, {0, time.Second},
+	} {
+		if got := backoff(time.Second, 10*time.Minute, c.attempt); got != c.want {
+			t.Errorf("backoff after attempt %d = %s, want %s", c.attempt, got, c.want)
+		}
+	}
+}
+
+// TestSignature pins the signature to a vector computed outside Go:
+// printf '1700000000.{"id":"1"}' | openssl dgst -sha256 -hmac secret
+func TestSignature(t *testing.T) {
+	const want = "sha256=086f6aff7bd084c98679825129c5a64dbad88c760016d6d2c0fb123f27951d54"
+	if got := signature("secret", 1700000000, []byte(`{"id":"1"}`)); got != want {
+		t.Fatalf("signature = %s, want %s", got, want)
+	}
+}
+
+func TestCheckURL(t *testing.T) {
+	strict, lax := New(Config{}), New(Config{AllowPrivateTargets: true})
+	for _, c := range []struct {
+		url           string
+		strict, lax   bool // accepted
+		wantInMessage string
+	}{
+		{"https://merchant.example/hooks/x402?token=abc", true, true, ""},
+		{"http://merchant.example:8080/", true, true, ""},
+		{"https://8.8.8.8/hook", true, true, ""},
+		{"", false, false, "required"},
+		{"ftp://merchant.example/", false, false, "http or https"},
+		{"merchant.example/hook", false, false, "http or https"},
+		{"https:///path", false, false, "no host"},
+		{"https://user:pass@merchant.example/", false, false, "credentials"},
+		{"https://merchant.example/" + strings.Repeat("a", 2048), false, false, "2048"},
+		{"http://127.0.0.1:9000/", false, true, "public"},
+		{"http://localhost/", false, true, "public"},
+		{"http://api.localhost/", false, true, "public"},
+		{"http://10.1.2.3/", false, true, "public"},
+		{"http://169.254.169.254/latest/meta-data", false, true, "public"},
+		{"http://[::1]/", false, true, "public"},
+		{"http://[fd00::1]/", false, true, "public"},
+		{"http://100.100.100.200/", false, true, "public"},
+		{"http://[::ffff:10.0.0.1]/", false, true, "public"},
+		{"http://0.0.0.0/", false, true, "public"},
+		{"%zz", false, false, "parse"},
+	} {
+		for _, m := range []struct {
+			d    *Dispatcher
+			want bool
+			name string
+		}{{strict, c.strict, "strict"}, {lax, c.lax, "allowing private targets"}} {
+			_, err := m.d.checkURL(c.url)
+			if (err == nil) != m.want {
+				t.Errorf("%s: checkURL(%q) = %v, want accepted=%v", m.name, c.url, err, m.want)
+				continue
+			}
+			if err != nil {
+				if facilitator.ErrorCode(err) != facilitator.EInvalid || facilitator.ErrorReason(err, "") != ReasonInvalidWebhook ||
+					!strings.Contains(facilitator.ErrorMessage(err), c.wantInMessage) {
+					t.Errorf("%s: checkURL(%q) = %v, want invalid_webhook saying %q", m.name, c.url, err, c.wantInMessage)
+				}
+			}
+		}
+	}
+}
+
+func TestPublicAddr(t *testing.T) {
+	for s, want := range map[string]bool{
+		"8.8.8.8": true, "2606:4700:4700::1111": true, "127.0.0.1": false, "10.0.0.1": false, "172.16.0.1": false,
+		"192.168.1.1": false, "169.254.169.254": false, "100.64.0.1": false, "::1": false, "fe80::1": false,
+		"fc00::1": false, "::ffff:127.0.0.1": false, "224.0.0.1": false, "255.255.255.255": false, "0.1.2.3": false,
+	} {
+		if got := publicAddr(netip.MustParseAddr(s)); got != want {
+			t.Errorf("publicAddr(%s) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// TestClientRefusesPrivateTargets: the check runs on the dialled address, so a name that resolves
+// inward (or a URL stored before the rules changed) is refused too, and no redirect is followed.
+func TestClientRefusesPrivateTargets(t *testing.T) {
+	hits := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits++
+		http.Redirect(w, r, "/elsewhere", http.StatusFound)
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	post := func(c *http.Client, u string) (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader("{}"))
+		return c.Do(req)
+	}
+	name := strings.Replace(srv.URL, "127.0.0.1", "localhost", 1)
+	for _, u := range []string{srv.URL, name} {
+		_, err := post(newClient(time.Second, false), u)
+		if err == nil || !strings.Contains(err.Error(), "not a public address") {
+			t.Errorf("POST %s with private targets refused: err = %v", u, err)
+		}
+	}
+	if hits != 0 {
+		t.Fatalf("the receiver was reached %d times", hits)
+	}
+	res, err := post(newClient(time.Second, true), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusFound || hits != 1 {
+		t.Fatalf("redirect: status %d after %d requests, want the 302 itself after 1", res.StatusCode, hits)
+	}
+}
+
+// TestStopIsIdempotent: Stop before Start, twice, and a Start after Stop all behave.
+func TestStopIsIdempotent(t *testing.T) {
+	d := New(Config{})
+	d.Stop()
+	d.Stop()
+	if err := d.Start(context.Background()); !errors.Is(err, errClosed) {
+		t.Fatalf("Start after Stop = %v, want errClosed", err)
+	}
+}
+
+// fakeStatus answers every status query with st.
+type fakeStatus struct {
+	st facilitator.AuthorizationStatus
+}
+
+func (f fakeStatus) Authorization(context.Context, facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error) {
+	return f.st, true, nil
+}
+
+// TestAttemptOutcome: a failed attempt is retried after the backoff, or given up at MaxAttempts;
+// its error names the cause without the URL (whose query may hold a merchant's token).
+func TestAttemptOutcome(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	d := New(Config{Status: fakeStatus{}, MaxAttempts: 3, BaseBackoff: time.Second})
+	del := Delivery{WebhookID: "wh_1", URL: srv.URL + "/hook?token=s3cret", Secret: "k", Event: Event{ID: 7, State: facilitator.StateMined}}
+	for attempt, want := range map[int]Attempt{
+		1: {WebhookID: "wh_1", EventID: 7, RetryIn: time.Second},
+		2: {WebhookID: "wh_1", EventID: 7, RetryIn: 2 * time.Second},
+		3: {WebhookID: "wh_1", EventID: 7, GiveUp: true},
+	} {
+		del.Attempt = attempt
+		got := d.attempt(context.Background(), del)
+		if !strings.Contains(got.Error, "not a public address") || strings.Contains(got.Error, "s3cret") || strings.Contains(got.Error, "/hook") {
+			t.Errorf("attempt %d: error %q, want the cause without the URL", attempt, got.Error)
+		}
+		got.Error = ""
+		if got != want {
+			t.Errorf("attempt %d: %+v, want %+v", attempt, got, want)
+		}
+	}
+	d = New(Config{Status: fakeStatus{}, AllowPrivateTargets: true})
+	del.Attempt = 1
+	if got := d.attempt(context.Background(), del); !got.Delivered || got.Status != 200 || got.Error != "" {
+		t.Fatalf("a 200: %+v, want delivered", got)
+	}
+}

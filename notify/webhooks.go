@@ -1,0 +1,178 @@
+package notify
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/netip"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Limits on what one registration may hold.
+const (
+	maxURLLength = 2048
+	maxPayTo     = 100
+)
+
+// Reasons of registration errors (the "error" field of a 400 or 409).
+const (
+	ReasonInvalidWebhook      = "invalid_webhook"
+	ReasonWebhookLimitReached = "webhook_limit_reached"
+)
+
+var (
+	addressRE   = regexp.MustCompile(`^0[xX][0-9a-fA-F]{40}$`)
+	webhookIDRE = regexp.MustCompile(`^wh_[0-9a-f]{32}$`)
+)
+
+// CreateWebhook registers rawURL for the settlements paying one of payTo (all when empty). The
+// returned Webhook carries its secret: the only time it is shown.
+func (d *Dispatcher) CreateWebhook(ctx context.Context, rawURL string, payTo []string) (Webhook, error) {
+	u, err := d.checkURL(rawURL)
+	if err != nil {
+		return Webhook{}, err
+	}
+	w := Webhook{URL: u, PayTo: []common.Address{}}
+	if len(payTo) > maxPayTo {
+		return Webhook{}, facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "payTo holds at most %d addresses", maxPayTo)
+	}
+	seen := map[common.Address]bool{}
+	for i, a := range payTo {
+		if !addressRE.MatchString(a) {
+			return Webhook{}, facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "payTo[%d] must be a 0x-prefixed 20-byte hex address", i)
+		}
+		addr := common.HexToAddress(a)
+		if !seen[addr] {
+			seen[addr] = true
+			w.PayTo = append(w.PayTo, addr)
+		}
+	}
+	id, secret := make([]byte, 16), make([]byte, 32)
+	if _, err := rand.Read(id); err != nil {
+		return Webhook{}, err
+	}
+	if _, err := rand.Read(secret); err != nil {
+		return Webhook{}, err
+	}
+	w.ID, w.Secret = "wh_"+hex.EncodeToString(id), hex.EncodeToString(secret)
+	ok, err := d.store.InsertWebhook(ctx, &w, d.cfg.MaxWebhooks)
+	if err != nil {
+		return Webhook{}, facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)
+	}
+	if !ok {
+		return Webhook{}, facilitator.Errorf(facilitator.EConflict, ReasonWebhookLimitReached,
+			"%d webhooks are registered already; delete one first", d.cfg.MaxWebhooks)
+	}
+	d.log.InfoContext(ctx, "webhook registered", "webhook", w.ID, "host", hostOf(w.URL), "pay_to", len(w.PayTo))
+	return w, nil
+}
+
+// Webhooks lists the enabled webhooks, without secrets.
+func (d *Dispatcher) Webhooks(ctx context.Context) ([]Webhook, error) {
+	ws, err := d.store.Webhooks(ctx)
+	if err != nil {
+		return nil, facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)
+	}
+	return ws, nil
+}
+
+// DisableWebhook stops a webhook: nothing more is sent to it, retries included. Disabling a
+// disabled webhook is not an error.
+func (d *Dispatcher) DisableWebhook(ctx context.Context, id string) error {
+	if !webhookIDRE.MatchString(id) {
+		// Not one of ours: answered like an unknown id rather than a malformed request, so the
+		// id's format stays ours to change.
+		return facilitator.ErrNotFound
+	}
+	err := d.store.DisableWebhook(ctx, id)
+	switch {
+	case err == nil:
+		d.log.InfoContext(ctx, "webhook disabled", "webhook", id)
+		return nil
+	case errors.Is(err, facilitator.ErrNotFound):
+		return err
+	}
+	return facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)
+}
+
+// checkURL accepts an absolute http(s) URL with a host, without credentials (the signature is the
+// receiver's proof; a password in a URL ends up in logs and listings).
+func (d *Dispatcher) checkURL(raw string) (string, error) {
+	bad := func(msg string) error {
+		return facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "url %s", msg)
+	}
+	if raw == "" {
+		return "", bad("is required")
+	}
+	if len(raw) > maxURLLength {
+		return "", bad("is longer than 2048 characters")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", bad("does not parse")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", bad("must be http or https")
+	}
+	if u.Hostname() == "" {
+		return "", bad("has no host")
+	}
+	if u.User != nil {
+		return "", bad("must not carry credentials; verify the X402-Signature instead")
+	}
+	if !d.cfg.AllowPrivateTargets && !publicHost(u.Hostname()) {
+		return "", bad("must point at a public address")
+	}
+	return u.String(), nil
+}
+
+// publicHost reports whether a host may be public: a name (checked again at dial time, once
+// resolved) or a public IP literal.
+func publicHost(host string) bool {
+	if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		return false
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return publicAddr(ip)
+	}
+	return net.ParseIP(host) == nil // a form netip rejects (a zone, an odd spelling): refuse
+}
+
+// nonPublic are ranges IsGlobalUnicast lets through that a webhook must not reach.
+var nonPublic = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT; some clouds' metadata services
+	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+func publicAddr(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	if !ip.IsGlobalUnicast() || ip.IsPrivate() {
+		return false
+	}
+	for _, p := range nonPublic {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// hostOf is what logs say about a webhook's URL: its path and query may carry a merchant's token.
+func hostOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return u.Host
+}
