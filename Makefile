@@ -1,4 +1,4 @@
-.PHONY: test run build fuzz bench bench-settle bench-replay
+.PHONY: test run demo build fuzz bench bench-settle bench-replay
 
 # Run every test on real Postgres and anvil (installs npm packages and starts Postgres itself).
 test:
@@ -7,6 +7,11 @@ test:
 # Start the local stack: Postgres, anvil with USDC, the facilitator on 127.0.0.1:4021.
 run:
 	scripts/run.sh
+
+# The lost-response story on a fresh local stack: an agent pays, the answer is lost, the retry with the
+# same payment id gets it without paying twice; then the ledger is checked against the chain.
+demo:
+	scripts/npm.sh && DATABASE_URL="$$(scripts/postgres.sh x402_demo --fresh)" go run ./cmd/facilitator demo
 
 build:
 	go build -o bin/facilitator ./cmd/facilitator

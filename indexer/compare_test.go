@@ -3,13 +3,13 @@ package indexer_test
 import (
 	"context"
 	"fmt"
+	"math/big"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
-	"github.com/ethereum/go-ethereum/rpc"
 )
 
 // The three event signatures, spelled out here rather than taken from the indexer.
@@ -86,7 +86,7 @@ func fromChain(t testing.TB, tokens []common.Address, from, to uint64) (transfer
 			switch {
 			case l.Topics[0] == transferSig && len(l.Topics) == 3 && len(l.Data) == 32:
 				r.from, r.to = common.BytesToAddress(l.Topics[1][:]), common.BytesToAddress(l.Topics[2][:])
-				r.value = new(bigInt).SetBytes(l.Data).String()
+				r.value = new(big.Int).SetBytes(l.Data).String()
 				transfers = append(transfers, r)
 			case (l.Topics[0] == usedSig || l.Topics[0] == canceledSig) && len(l.Topics) == 3:
 				r.kind = "used"
@@ -308,5 +308,3 @@ func indexedTx(t testing.TB, network string, tx common.Hash) (transfers, auths i
 	}
 	return transfers, auths
 }
-
-var _ = rpc.BatchElem{}

@@ -10,9 +10,10 @@ import (
 // resubscribeEvery is how often a polling indexer tries to get its WebSocket subscription back.
 const resubscribeEvery = 10 * time.Second
 
-// followHeads signals new heads: from an eth_subscribe("newHeads") subscription when a WebSocket
-// URL is configured and the subscription holds, else on a PollInterval timer. A dropped
-// subscription falls back to polling at once and is retried every resubscribeEvery. The channel
+// followHeads signals new heads: on a PollInterval timer always, and at once on each head of an
+// eth_subscribe("newHeads") subscription when a WebSocket URL is configured. Polling never stops,
+// so a subscription that goes silent (open but forwarding nothing), or a dial that hangs, costs
+// latency, never progress; a dropped subscription is retried every resubscribeEvery. The channel
 // holds one pending signal; the indexer reads the head itself, so coalescing loses nothing.
 func (ix *Indexer) followHeads(ctx context.Context) <-chan struct{} {
 	out := make(chan struct{}, 1)
@@ -25,17 +26,7 @@ func (ix *Indexer) followHeads(ctx context.Context) <-chan struct{} {
 	go func() {
 		poll := time.NewTicker(ix.cfg.PollInterval)
 		defer poll.Stop()
-		var nextTry time.Time
 		for {
-			if ix.cfg.WSURL != "" && !time.Now().Before(nextTry) {
-				if ix.subscribe(ctx, signal) && ctx.Err() == nil {
-					ix.log.Warn("head subscription dropped; polling until it is back")
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				nextTry = time.Now().Add(resubscribeEvery)
-			}
 			select {
 			case <-ctx.Done():
 				return
@@ -44,6 +35,18 @@ func (ix *Indexer) followHeads(ctx context.Context) <-chan struct{} {
 			}
 		}
 	}()
+	if ix.cfg.WSURL != "" {
+		go func() {
+			for {
+				if ix.subscribe(ctx, signal) && ctx.Err() == nil {
+					ix.log.Warn("head subscription dropped; polling until it is back")
+				}
+				if !sleep(ctx, resubscribeEvery) {
+					return
+				}
+			}
+		}()
+	}
 	return out
 }
 
@@ -51,15 +54,16 @@ func (ix *Indexer) followHeads(ctx context.Context) <-chan struct{} {
 // was subscribed at all.
 func (ix *Indexer) subscribe(ctx context.Context, signal func()) bool {
 	dialCtx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
+	defer cancel()
 	client, err := rpc.DialContext(dialCtx, ix.cfg.WSURL)
-	cancel()
 	if err != nil {
 		ix.log.Debug("head subscription unavailable; polling", "err", err)
 		return false
 	}
 	defer client.Close()
 	heads := make(chan map[string]any, 16)
-	sub, err := client.EthSubscribe(ctx, heads, "newHeads")
+	// The context bounds the subscribe call only; the subscription outlives it.
+	sub, err := client.EthSubscribe(dialCtx, heads, "newHeads")
 	if err != nil {
 		ix.log.Debug("head subscription refused; polling", "err", err)
 		return false

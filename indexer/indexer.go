@@ -65,6 +65,8 @@ type Indexer struct {
 	leader        atomic.Bool
 	subscribed    atomic.Bool
 	eventsIndexed atomic.Int64
+	rangeSize     atomic.Uint64 // the sizer's size, for Status (the sizer is the leader's alone)
+	checkedCursor bool          // the resumed cursor was found canonical (leader's alone)
 
 	// Backfill progress, owned by the leading goroutine.
 	progressAt     time.Time
@@ -92,12 +94,14 @@ func New(cfg Config) *Indexer {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Indexer{
+	ix := &Indexer{
 		cfg:    cfg,
 		log:    cfg.Logger.With("network", cfg.Network, "component", "indexer"),
 		sizer:  newRangeSizer(cfg.InitialRange, cfg.MaxRange),
 		window: max(2*cfg.FinalityDepth, 128),
 	}
+	ix.rangeSize.Store(ix.sizer.size)
+	return ix
 }
 
 // Status is the indexer's state for operators.
@@ -120,7 +124,7 @@ func (ix *Indexer) Status() Status {
 		lag = h - c
 	}
 	return Status{Leader: ix.leader.Load(), Subscribed: ix.subscribed.Load(), Head: h, Cursor: c, Lag: lag,
-		Reorgs: ix.reorgs.Load(), Events: ix.eventsIndexed.Load(), RangeSize: ix.sizer.size}
+		Reorgs: ix.reorgs.Load(), Events: ix.eventsIndexed.Load(), RangeSize: ix.rangeSize.Load()}
 }
 
 // Run indexes until ctx ends. Only the process holding the network's lease indexes; the others
@@ -141,27 +145,30 @@ func (ix *Indexer) Run(ctx context.Context) error {
 		ix.leader.Store(true)
 		ix.log.Info("leading this network's indexer")
 		err = ix.lead(leading)
+		lost := leading.Err() != nil && ctx.Err() == nil
 		ix.leader.Store(false)
 		release()
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case leading.Err() != nil:
-			ix.log.Warn("lost the indexer lease; waiting to lead again")
 		case errors.Is(err, ErrDeepReorg):
 			ix.log.Error("indexer stopped: manual intervention needed", "err", err)
 			return err
+		case lost:
+			ix.log.Warn("lost the indexer lease; waiting to lead again")
 		default:
 			ix.log.Warn("indexer restarting", "err", err)
-			if !sleep(ctx, time.Second) {
-				return nil
-			}
+		}
+		// Give a replica its chance, and never spin.
+		if !sleep(ctx, time.Second) {
+			return nil
 		}
 	}
 }
 
 // lead indexes while this process holds the lease: step until caught up, then wait for a head.
 func (ix *Indexer) lead(ctx context.Context) error {
+	ix.checkedCursor = false
 	heads := ix.followHeads(ctx)
 	failures := 0
 	for {
@@ -169,6 +176,8 @@ func (ix *Indexer) lead(ctx context.Context) error {
 		switch {
 		case errors.Is(err, ErrDeepReorg):
 			return err
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
 		case err != nil:
 			failures++
 			ix.log.Warn("indexing step failed; retrying", "err", err, "failures", failures)
@@ -217,6 +226,18 @@ func (ix *Indexer) step(ctx context.Context) (bool, error) {
 		safe = uint64(head) + 1 - ix.cfg.FinalityDepth
 	}
 	if next+ix.window <= safe {
+		if ok && cur.Hash != (common.Hash{}) && !ix.checkedCursor {
+			// Resuming far behind (a restart, an outage): the cursor's block may have been
+			// reorganised away meanwhile, which backfilling from it would never notice.
+			h, err := ix.header(ctx, cur.Number)
+			if err != nil {
+				return false, err
+			}
+			if h.Hash != cur.Hash {
+				return false, ix.reorg(ctx, cur, uint64(head))
+			}
+			ix.checkedCursor = true
+		}
 		return false, ix.backfill(ctx, next, safe-ix.window+1)
 	}
 	return ix.live(ctx, cur, ok, next, uint64(head))
@@ -228,6 +249,7 @@ func (ix *Indexer) backfill(ctx context.Context, from, limit uint64) error {
 	logs, err := ix.getLogs(ctx, from, to)
 	if err != nil {
 		if tooLarge(err) && ix.sizer.shrink(from, to, err) {
+			ix.rangeSize.Store(ix.sizer.size)
 			ix.log.Info("log range refused; shrinking", "from", from, "to", to, "range", ix.sizer.size, "err", err)
 			return nil
 		}
@@ -245,6 +267,7 @@ func (ix *Indexer) backfill(ctx context.Context, from, limit uint64) error {
 	ix.eventsIndexed.Add(int64(ev.Len()))
 	ix.progress(to, limit-1)
 	if ix.sizer.grow() {
+		ix.rangeSize.Store(ix.sizer.size)
 		ix.log.Debug("log range grown", "range", ix.sizer.size)
 	}
 	return nil
@@ -277,8 +300,14 @@ func (ix *Indexer) progress(at, target uint64) {
 // live indexes unfinalized blocks [next, head] (a bounded batch of them), checking that each links
 // to the last indexed one; a broken link is a reorg.
 func (ix *Indexer) live(ctx context.Context, cur Block, haveCursor bool, next, head uint64) (bool, error) {
-	to := min(head, next+min(ix.window, 256)-1)
-	headers, err := ix.headers(ctx, next, to)
+	to := min(head, next+ix.liveSpan()-1)
+	from := next
+	if !haveCursor && next > 0 {
+		// Keep the first block's parent too, so a reorg of the very first indexed block still
+		// finds its common ancestor.
+		from = next - 1
+	}
+	headers, err := ix.headers(ctx, from, to)
 	if err != nil {
 		return false, err
 	}
@@ -290,8 +319,11 @@ func (ix *Indexer) live(ctx context.Context, cur Block, haveCursor bool, next, h
 			return false, fmt.Errorf("blocks %d and %d do not link (the chain moved while reading)", headers[i-1].Number, headers[i].Number)
 		}
 	}
-	ev, err := ix.logsFor(ctx, headers)
+	ev, err := ix.logsFor(ctx, headers[len(headers)-int(to-next+1):])
 	if err != nil {
+		if ix.refused(next, to, err) {
+			return false, nil
+		}
 		return false, err
 	}
 	last := headers[len(headers)-1]
@@ -306,6 +338,21 @@ func (ix *Indexer) live(ctx context.Context, cur Block, haveCursor bool, next, h
 		}
 	}
 	return last.Number == head, nil
+}
+
+// liveSpan is how many blocks one live step reads: the window, and no more than the provider
+// has accepted as a log range.
+func (ix *Indexer) liveSpan() uint64 { return max(min(ix.window, 256, ix.sizer.size), 1) }
+
+// refused shrinks the log range after a provider refused [from, to] as too large, reporting
+// whether it did (the step is then simply retried with the smaller range).
+func (ix *Indexer) refused(from, to uint64, err error) bool {
+	if !tooLarge(err) || !ix.sizer.shrink(from, to, err) {
+		return false
+	}
+	ix.rangeSize.Store(ix.sizer.size)
+	ix.log.Info("log range refused; shrinking", "from", from, "to", to, "range", ix.sizer.size, "err", err)
+	return true
 }
 
 // logsFor reads the logs of consecutive blocks and checks each came from the block hash read with
@@ -361,7 +408,7 @@ func (ix *Indexer) reorg(ctx context.Context, cur Block, head uint64) error {
 	depth := cur.Number - ancestor.Number
 	batch := Batch{RollbackTo: ancestor, Cursor: *ancestor}
 	if ancestor.Number < head {
-		to := min(head, ancestor.Number+min(ix.window, 256))
+		to := min(head, ancestor.Number+ix.liveSpan())
 		headers, err := ix.headers(ctx, ancestor.Number+1, to)
 		if err != nil {
 			return err
@@ -370,6 +417,9 @@ func (ix *Indexer) reorg(ctx context.Context, cur Block, head uint64) error {
 			return fmt.Errorf("the new branch at %d does not link to the ancestor (the chain moved while reading)", ancestor.Number+1)
 		}
 		if batch.Events, err = ix.logsFor(ctx, headers); err != nil {
+			if ix.refused(ancestor.Number+1, to, err) {
+				return nil
+			}
 			return err
 		}
 		batch.Blocks, batch.Cursor = headers, headers[len(headers)-1]

@@ -37,6 +37,7 @@ var (
 	store   *postgres.DB
 	pool    *pgxpool.Pool // for reading the index tables directly
 	genesis common.Hash
+	dbURL   string
 )
 
 func TestMain(m *testing.M) {
@@ -64,7 +65,7 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return 0, err
 		}
-		chain, store, pool, genesis = c, db, p, h.Hash()
+		chain, store, pool, genesis, dbURL = c, db, p, h.Hash(), u
 		return m.Run(), nil
 	})
 }
@@ -92,7 +93,7 @@ type running struct {
 }
 
 // config is the tests' default indexer configuration: USDC, a small finality depth, fast polling.
-func config(t testing.TB, network string) indexer.Config {
+func config(network string) indexer.Config {
 	return indexer.Config{
 		Network:       network,
 		Tokens:        []common.Address{chain.USDC.Address},
@@ -315,14 +316,16 @@ func sendAll(t testing.TB, txs []*types.Transaction, batch int) []*types.Receipt
 	return out
 }
 
-// waitMined waits for the receipts of txs; in auto-mine, transactions that did not fit the last
-// block wait for the next arrival, so a block is mined when some are missing.
+// waitMined waits for the receipts of txs. In auto-mine, transactions that did not fit the last
+// block wait for the next arrival, so a block is mined when some are missing and the chain has not
+// moved for a while (mining while anvil is still working only adds empty blocks).
 func waitMined(t testing.TB, txs []*types.Transaction) []*types.Receipt {
 	t.Helper()
 	ctx := context.Background()
 	rcpts := make([]*types.Receipt, len(txs))
 	deadline := time.Now().Add(60 * time.Second)
-	for polls := 0; ; polls++ {
+	lastHead, movedAt := head(t), time.Now()
+	for {
 		var elems []rpc.BatchElem
 		var idx []int
 		for i, r := range rcpts {
@@ -352,10 +355,13 @@ func waitMined(t testing.TB, txs []*types.Transaction) []*types.Receipt {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d transactions not mined after 60s", missing, len(txs))
 		}
-		if polls > 0 {
+		if h := head(t); h != lastHead {
+			lastHead, movedAt = h, time.Now()
+		} else if time.Since(movedAt) > 250*time.Millisecond {
 			if err := chain.Mine(ctx); err != nil {
 				t.Fatal(err)
 			}
+			movedAt = time.Now()
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

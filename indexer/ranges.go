@@ -52,6 +52,12 @@ func tooLarge(err error) bool {
 		return false
 	}
 	msg := strings.ToLower(err.Error())
+	// Rate limits are not about the range: shrinking would only slow the backfill down.
+	for _, s := range []string{"429", "rate limit", "too many requests", "compute units", "capacity", "throughput"} {
+		if strings.Contains(msg, s) {
+			return false
+		}
+	}
 	for _, s := range []string{"range", "too many", "limit", "exceed", "too large", "size", "10000", "query returned more than", "timeout"} {
 		if strings.Contains(msg, s) {
 			return true

@@ -71,11 +71,13 @@ func (db *DB) Lead(ctx context.Context, network string) (context.Context, func()
 					case <-done:
 						return
 					case <-t.C:
-						pctx, pcancel := context.WithTimeout(leading, leaseCheckEvery)
+						// Lock first: a long commit holds the connection, and its success proves the
+						// session alive as well as a ping would.
 						l.mu.Lock()
+						pctx, pcancel := context.WithTimeout(leading, leaseCheckEvery)
 						err := l.conn.Ping(pctx)
-						l.mu.Unlock()
 						pcancel()
+						l.mu.Unlock()
 						if err != nil && leading.Err() == nil {
 							db.log.Warn("indexer lease connection lost", "network", network, "err", err)
 							cancel()
@@ -247,7 +249,13 @@ func (db *DB) WindowBlocks(ctx context.Context, network string, from uint64) ([]
 
 // PruneBlocks drops kept blocks below a number: they are final.
 func (db *DB) PruneBlocks(ctx context.Context, network string, below uint64) error {
-	_, err := db.pool.Exec(ctx, `DELETE FROM index_blocks WHERE network = $1 AND number < $2`, network, int64(below))
+	l := db.lease(network)
+	if l == nil {
+		return ErrNotLeading
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err := l.conn.Exec(ctx, `DELETE FROM index_blocks WHERE network = $1 AND number < $2`, network, int64(below))
 	return err
 }
 

@@ -1,0 +1,110 @@
+package indexer_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/indexer"
+)
+
+// TestLeaseFailover runs two indexers for one network, as two replicas would (each with its own
+// database handle): one leads, the other waits; when the leader stops, the other takes over from
+// the cursor, and the index stays exactly eth_getLogs.
+func TestLeaseFailover(t *testing.T) {
+	network := bindNetwork(t)
+	cfg := config(network)
+	cfg.StartBlock = head(t) + 1
+	sender := gasAccount(t)
+
+	otherDB, err := postgres.Open(context.Background(), dbURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(otherDB.Close)
+
+	a := start(t, cfg)
+	a.waitFor(t, "a to lead", 5*time.Second, func(s indexer.Status) bool { return s.Leader })
+	cfgB := cfg
+	cfgB.Store = otherDB
+	b := start(t, cfgB)
+
+	p := payOnce(t, chain.Accounts[9], sender, 1)
+	a.waitCursor(t, p.block, 5*time.Second)
+	time.Sleep(1500 * time.Millisecond) // b tries the lease every second
+	if st := b.ix.Status(); st.Leader || st.Events != 0 {
+		t.Fatalf("the replica leads or indexes while the leader runs: %+v", st)
+	}
+
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	stoppedAt := time.Now()
+	b.waitFor(t, "b to take over", 5*time.Second, func(s indexer.Status) bool { return s.Leader })
+	t.Logf("the replica took over %s after the leader stopped", time.Since(stoppedAt).Round(time.Millisecond))
+	p = payOnce(t, chain.Accounts[9], sender, 2)
+	b.waitCursor(t, p.block, 5*time.Second)
+	c := compareWithChain(t, network, cfg.Tokens, cfg.StartBlock, p.block)
+	if c.used != 2 {
+		t.Errorf("indexed %+v, want 2 authorizations", c)
+	}
+	if got := a.ix.Status().Events + b.ix.Status().Events; got != int64(c.total()) {
+		t.Errorf("the two indexed %d events between them, the chain has %d", got, c.total())
+	}
+}
+
+// TestSlowCommitKeepsLease: a commit that takes a few seconds (here, blocked by a table lock; in
+// production, a large COPY or a busy database) must not cost the leader its lease.
+func TestSlowCommitKeepsLease(t *testing.T) {
+	network := bindNetwork(t)
+	cfg := config(network)
+	cfg.StartBlock = head(t) + 1
+	logs := &captured{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	sender := gasAccount(t)
+	r := start(t, cfg)
+	p := payOnce(t, chain.Accounts[9], sender, 1)
+	r.waitCursor(t, p.block, 5*time.Second)
+
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `LOCK TABLE transfers IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	p = payOnce(t, chain.Accounts[9], sender, 2)
+	time.Sleep(3 * time.Second) // the indexer's commit of p waits for the lock
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCursor(t, p.block, 10*time.Second)
+	time.Sleep(2 * time.Second)
+	if s := logs.String(); strings.Contains(s, "lost the indexer lease") || strings.Contains(s, "step failed") {
+		t.Errorf("a slow commit cost the lease:\n%s", s)
+	}
+}
+
+// captured collects log output.
+type captured struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (c *captured) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.Write(p)
+}
+
+func (c *captured) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.String()
+}
