@@ -87,6 +87,7 @@ func New(cfg Config) *Server {
 		e.GET("/v1/events/payments/:id", s.paymentEvents)
 	}
 	e.GET("/healthz", s.healthz)
+	e.GET("/openapi.json", s.openAPI)
 	s.echo = e
 	return s
 }
