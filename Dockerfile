@@ -22,7 +22,7 @@ RUN go build -trimpath -ldflags="-s -w" -o /out/facilitator ./cmd/facilitator
 FROM --platform=linux/amd64 node:20-bookworm-slim
 WORKDIR /app
 COPY package.json package-lock.json ./
-# No package in the lockfile has an install script, so none is run. node_modules stays
+# No production package in the lockfile has an install script, so none is run. node_modules stays
 # root-owned: the node user only reads it (devchain's scratch files go to /tmp).
 RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund \
  && npm cache clean --force

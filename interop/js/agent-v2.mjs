@@ -1,0 +1,86 @@
+#!/usr/bin/env node
+// A paying client built only from the official v2 packages: @x402/fetch's wrapFetchWithPayment over
+// an x402Client with the exact-EVM client scheme (@x402/evm). It pays for one resource, once.
+//
+// Usage:
+//   PAYER_KEY=0x... node agent-v2.mjs --url <paid resource> [--asset <addr> --network eip155:<n>]
+// --asset and --network add that asset to the client's spend controls (by default the client refuses
+// assets it does not know); without them spend controls are off. Each flag may also be --flag=value.
+// The key is only read from PAYER_KEY and never printed.
+//
+// Prints one JSON line on stdout:
+//   {"status": <final status>, "content": <JSON body or text>,
+//    "paymentResponse": <decoded PAYMENT-RESPONSE or null>,
+//    "paymentPayload": <decoded PAYMENT-SIGNATURE the client sent, or null>, "requests": <fetches made>}
+// Exits 1 with a message on stderr if the wrapped fetch throws.
+
+import { privateKeyToAccount } from "viem/accounts";
+import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
+import { toClientEvmSigner } from "@x402/evm";
+import { registerExactEvmScheme } from "@x402/evm/exact/client";
+
+function parseArgs(argv) {
+  const out = {};
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (!arg.startsWith("--")) throw new Error(`unexpected argument: ${arg}`);
+    const eq = arg.indexOf("=");
+    if (eq !== -1) {
+      out[arg.slice(2, eq)] = arg.slice(eq + 1);
+    } else {
+      if (i + 1 >= argv.length) throw new Error(`missing value for ${arg}`);
+      out[arg.slice(2)] = argv[++i];
+    }
+  }
+  return out;
+}
+
+async function main() {
+  const args = parseArgs(process.argv.slice(2));
+  if (!args.url) throw new Error("--url is required");
+  const key = process.env.PAYER_KEY;
+  if (!key) throw new Error("PAYER_KEY is not set");
+
+  const client = new x402Client();
+  registerExactEvmScheme(client, { signer: toClientEvmSigner(privateKeyToAccount(key)) });
+  if (args.asset && args.network) {
+    client.setSpendControls({ allowedAssets: [{ network: args.network, asset: args.asset }] });
+  } else {
+    client.setSpendControls(false);
+  }
+
+  // The inner fetch records what the wrapped fetch sends.
+  let paymentSignature = null;
+  let requests = 0;
+  const recordingFetch = async (input, init) => {
+    const req = input instanceof Request ? input : new Request(input, init);
+    requests++;
+    const sig = req.headers.get("payment-signature");
+    if (sig) paymentSignature = sig;
+    return fetch(req);
+  };
+  const payingFetch = wrapFetchWithPayment(recordingFetch, client);
+
+  const res = await payingFetch(args.url, { method: "GET" });
+  const text = await res.text();
+  let content;
+  try {
+    content = JSON.parse(text);
+  } catch {
+    content = text;
+  }
+  const header = res.headers.get("payment-response");
+  const summary = {
+    status: res.status,
+    content,
+    paymentResponse: header ? decodePaymentResponseHeader(header) : null,
+    paymentPayload: paymentSignature ? JSON.parse(Buffer.from(paymentSignature, "base64").toString("utf8")) : null,
+    requests,
+  };
+  process.stdout.write(JSON.stringify(summary) + "\n");
+}
+
+main().catch((err) => {
+  process.stderr.write(`agent-v2: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  process.exit(1);
+});
