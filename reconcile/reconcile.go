@@ -158,6 +158,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 	}
 	var resolutions []settle.Resolution
 	var finals, looked []int64
+	unlanded := map[int64]*settle.OpenSettlement{} // resolved without a receipt of ours
 	for _, row := range rows {
 		ch.Looked++
 		looked = append(looked, row.ID)
@@ -172,6 +173,16 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 		switch {
 		case row.State.Succeeded():
 			switch {
+			case use != nil && ours[use.TxHash] && use.BlockNumber != row.BlockNumber:
+				// A reorg the ledger did not see moved our transaction to another block: record where
+				// it is now (finality counts from there).
+				if err := j.cfg.Store.Reopen(ctx, row.ID, "reconcile: the transaction moved to another block"); err != nil {
+					return ch, err
+				}
+				resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
+					BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
+				ch.Reopened++
+				ch.Mined++
 			case use != nil && ours[use.TxHash] && cursor.Number+1 >= use.BlockNumber+max(n.FinalityDepth, 1):
 				finals = append(finals, row.ID)
 				ch.Final++
@@ -190,6 +201,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
 				ErrorMessage: "the authorizer canceled the authorization"})
 			ch.Canceled++
+			unlanded[row.ID] = &row
 		case use != nil && ours[use.TxHash]:
 			resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
 				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
@@ -199,6 +211,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
 				ErrorMessage: "the authorization was used by a transaction that is not ours"})
 			ch.Elsewhere++
+			unlanded[row.ID] = &row
 		default:
 			res, ok, err := j.fromReceipts(ctx, n, &row.Settlement, row.Txs, head, headTime)
 			if err != nil {
@@ -206,6 +219,9 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 			}
 			if ok {
 				resolutions = append(resolutions, res)
+				if res.TxHash == (common.Hash{}) {
+					unlanded[row.ID] = &row
+				}
 				switch res.State {
 				case facilitator.StateMined:
 					ch.Mined++
@@ -224,6 +240,17 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 	if len(resolutions) > 0 {
 		if err := j.cfg.Store.Resolve(ctx, resolutions); err != nil {
 			return ch, err
+		}
+		// A resolved settlement none of whose transactions landed still holds its signer's tx
+		// nonce: send the signed bytes once more so that the nonce is used (the transaction can
+		// only revert now), or every later transaction of the signer waits behind the gap.
+		for _, r := range resolutions {
+			if r.State.Succeeded() || unlanded[r.ID] == nil {
+				continue
+			}
+			if j.resend(ctx, n, *unlanded[r.ID]) {
+				ch.Resent++
+			}
 		}
 	}
 	if len(finals) > 0 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
@@ -149,6 +150,11 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 		s.confirm(n, &st, row.BlockNumber)
 		st.Final = st.Final || row.State == facilitator.StateFinal
 	case facilitator.StateReverted:
+		// Ours reverted, and the authorization stayed usable: someone may have used it since.
+		if found, err := s.fromIndex(ctx, n, &st, row.Key); err != nil || found {
+			st.Basis = "ledger+index"
+			return st, true, err
+		}
 		st.State, st.Reason = facilitator.StatusFailed, row.ErrorReason
 	case facilitator.StateExpired:
 		st.State, st.Reason = facilitator.StatusExpired, row.ErrorReason
@@ -197,11 +203,54 @@ func (s *Service) fromChain(ctx context.Context, n Network, st facilitator.Autho
 	st.Basis = "chain"
 	st.State = facilitator.StatusUnused
 	if used {
-		// Used or canceled, by a transaction the index has not reached: more will be known once it has.
-		st.State, st.SettledBy = facilitator.StatusSettled, "other"
+		// Used or canceled, by a transaction the index has not reached: the logs above the index
+		// say which (authorizationState cannot).
+		found, err := s.recentUse(ctx, n, &st, key)
+		if err != nil {
+			return st, false, facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError, fmt.Sprintf("could not read %s", n.Network.ID), err)
+		}
+		if !found {
+			st.State, st.SettledBy = facilitator.StatusSettled, "other"
+		}
 	}
 	return st, false, nil
 }
+
+// recentUse reads the authorization's AuthorizationUsed or AuthorizationCanceled log from the
+// blocks the index has not reached yet.
+func (s *Service) recentUse(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (bool, error) {
+	var logs []types.Log
+	// Bounded: with no index yet (or one far behind), look at recent blocks only.
+	from := st.IndexedHead + 1
+	if st.Head > from+recentLogBlocks {
+		from = st.Head - recentLogBlocks
+	}
+	filter := map[string]any{
+		"fromBlock": hexutil.EncodeUint64(from), "toBlock": "latest", "address": key.Asset,
+		"topics": [][]common.Hash{{indexer.AuthorizationUsedTopic, indexer.AuthorizationCanceledTopic},
+			{common.BytesToHash(key.Payer[:])}, {common.Hash(key.Nonce)}},
+	}
+	if err := n.Head.CallContext(ctx, &logs, "eth_getLogs", filter); err != nil {
+		return false, err
+	}
+	for _, l := range logs {
+		if l.Removed {
+			continue
+		}
+		st.Transaction = l.TxHash.Hex()
+		s.confirm(n, st, l.BlockNumber)
+		if l.Topics[0] == indexer.AuthorizationCanceledTopic {
+			st.State = facilitator.StatusCanceled
+		} else {
+			st.State, st.SettledBy = facilitator.StatusSettled, "other"
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// recentLogBlocks bounds the direct log read above the index (providers refuse wide ranges).
+const recentLogBlocks = 2000
 
 func unavailable(err error) error {
 	return facilitator.Unavailable("status_unavailable", "the ledger is unavailable, retry", err)

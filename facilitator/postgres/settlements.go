@@ -165,20 +165,28 @@ func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
 	hashes, blockHashes, blocks := make([][]byte, n), make([][]byte, n), make([]int64, n)
 	for i, r := range rs {
 		ids[i], states[i], reasons[i], messages[i] = r.ID, string(r.State), r.ErrorReason, r.ErrorMessage
-		hashes[i], blockHashes[i], blocks[i] = r.TxHash.Bytes(), r.BlockHash.Bytes(), int64(r.BlockNumber)
+		blocks[i] = int64(r.BlockNumber)
+		// No transaction (an outcome read from the clock): NULL, not a zero hash.
+		if r.TxHash != (common.Hash{}) {
+			hashes[i] = r.TxHash.Bytes()
+		}
+		if r.BlockHash != (common.Hash{}) {
+			blockHashes[i] = r.BlockHash.Bytes()
+		}
 	}
 	_, err := db.pool.Exec(ctx, `
 		WITH r AS (
 			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[])
 				AS r(id, state, tx_hash, block_number, block_hash, reason, message)),
 		u AS (
-			UPDATE settlements s SET state = r.state, tx_hash = r.tx_hash, block_number = r.block_number,
+			UPDATE settlements s SET state = r.state, tx_hash = r.tx_hash, block_number = NULLIF(r.block_number, 0),
 				block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),
 				updated_at = now()
 			FROM r WHERE s.id = r.id AND s.state IN ('signed', 'broadcast')
 			RETURNING s.id, s.state, s.tx_hash, s.block_number, s.error_reason)
 		INSERT INTO settlement_events (settlement_id, state, detail)
-		SELECT id, state, 'tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number || COALESCE(' ' || error_reason, '') FROM u`,
+		SELECT id, state, COALESCE('tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number, 'no transaction of ours landed')
+			|| COALESCE(' ' || error_reason, '') FROM u`,
 		ids, states, hashes, blocks, blockHashes, reasons, messages)
 	return err
 }

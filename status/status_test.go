@@ -1,0 +1,491 @@
+package status_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"errors"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/signer/core/apitypes"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/status"
+)
+
+// Each test below is one answer of the status service: its state, what it was read from (basis),
+// and, once on chain, the transaction, block, confirmations and finality.
+
+// unused: neither the ledger nor the index knows the authorization; the chain says unused.
+func TestStatusUnused(t *testing.T) {
+	ctx := context.Background()
+	p := newPay(t, fundedPayer(t, 1), 1)
+	h := head(t)
+	st, found, err := statusService(2).Authorization(ctx, p.key())
+	if err != nil || found {
+		t.Fatalf("found %v, err %v; want not found and no error", found, err)
+	}
+	if st.State != facilitator.StatusUnused || st.Basis != "chain" || st.Transaction != "" || st.SettledBy != "" || st.Final ||
+		st.Confirmations != 0 || st.Head < h {
+		t.Fatalf("status: %+v, want unused from the chain", st)
+	}
+	if st.Network != p.key().Network || st.Asset != chain.USDC.Address.Hex() || st.Authorizer != p.from().Hex() ||
+		st.Nonce != hexutil.Encode(p.nonce[:]) {
+		t.Fatalf("status does not echo the authorization: %+v", st)
+	}
+
+	// A network this service does not serve is the caller's mistake, not an outage.
+	k := p.key()
+	k.Network = "eip155:1"
+	var fe *facilitator.Error
+	if _, _, err := statusService(2).Authorization(ctx, k); !errors.As(err, &fe) || fe.Code != facilitator.EInvalid ||
+		fe.Reason != facilitator.ReasonInvalidNetwork {
+		t.Fatalf("unknown network: %v, want invalid_network", err)
+	}
+}
+
+// pending: our transaction is broadcast and not mined: the ledger answers, with the hash.
+func TestStatusPending(t *testing.T) {
+	ctx := context.Background()
+	p := newPay(t, fundedPayer(t, 1_000_000), 42_000)
+	p.id = randomID(t)
+	body := p.body(t)
+	manualMining(t)
+	e := newEngine(t, engineOptions{})
+	hash := e.settlePending(t, body)
+
+	svc := statusService(2)
+	st, found, err := svc.Authorization(ctx, p.key())
+	if err != nil || !found {
+		t.Fatalf("found %v, err %v", found, err)
+	}
+	if st.State != facilitator.StatusPending || st.Basis != "ledger" || st.Transaction != hash.Hex() || st.BlockNumber != 0 ||
+		st.Confirmations != 0 || st.Final || st.SettledBy != "" || st.To != p.payTo.Hex() || st.Value != "42000" ||
+		st.ValidBefore != p.validBefore.String() {
+		t.Fatalf("status: %+v, want pending from the ledger with %s", st, hash)
+	}
+	bySettlement, err := svc.Settlement(ctx, hash)
+	if err != nil || bySettlement != st {
+		t.Fatalf("by transaction: %+v %v, want %+v", bySettlement, err, st)
+	}
+	byPayment, err := svc.Payment(ctx, "", p.id)
+	want := st
+	want.PaymentID = p.id
+	if err != nil || byPayment != want {
+		t.Fatalf("by payment id: %+v %v, want %+v", byPayment, err, want)
+	}
+}
+
+// settled by the facilitator: the ledger answers, with confirmations counted from the chain's head
+// and final at the status service's depth, or when the ledger says final.
+func TestStatusSettledByFacilitator(t *testing.T) {
+	ctx := context.Background()
+	const depth = 3
+	p := newPay(t, fundedPayer(t, 1_000_000), 500_000)
+	e := newEngine(t, engineOptions{depth: 10, deadline: 10 * time.Second}) // the engine keeps it mined, not final
+	out := e.settle(t, p.body(t))
+	if !out.Response.Success {
+		t.Fatalf("settle: %+v", out.Response)
+	}
+	hash := common.HexToHash(out.Response.Transaction)
+	rc := receipt(t, hash)
+	svc := statusService(depth)
+
+	st, found, err := svc.Authorization(ctx, p.key())
+	if err != nil || !found {
+		t.Fatalf("found %v, err %v", found, err)
+	}
+	if st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Basis != "ledger" || st.Transaction != hash.Hex() ||
+		st.BlockNumber != rc.BlockNumber.Uint64() || st.Confirmations != 1 || st.Final {
+		t.Fatalf("status at 1 confirmation: %+v", st)
+	}
+	for range depth - 1 {
+		mine(t)
+	}
+	st, _, err = svc.Authorization(ctx, p.key())
+	if err != nil || st.State != facilitator.StatusSettled || st.Confirmations != depth || !st.Final {
+		t.Fatalf("status at %d confirmations: %+v %v, want final", depth, st, err)
+	}
+	if r := row(t, p.key()); r.State != facilitator.StateMined {
+		t.Fatalf("ledger: %+v, want mined (the engine's depth is 10)", r)
+	}
+
+	// The ledger's final counts even where the service's own depth is not reached.
+	q := newPay(t, fundedPayer(t, 1_000_000), 600_000)
+	e1 := newEngine(t, engineOptions{depth: 1, deadline: 10 * time.Second})
+	if out := e1.settle(t, q.body(t)); !out.Response.Success {
+		t.Fatalf("settle: %+v", out.Response)
+	}
+	waitState(t, q.key(), facilitator.StateFinal)
+	st, _, err = statusService(100).Authorization(ctx, q.key())
+	if err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations >= 100 {
+		t.Fatalf("status of a final row at depth 100: %+v %v, want final", st, err)
+	}
+}
+
+// settled by another party: no ledger row; from the chain (used) before the index has it, then from
+// the index with the transaction, block, payee and amount.
+func TestStatusSettledByOther(t *testing.T) {
+	ctx := context.Background()
+	p := newPay(t, fundedPayer(t, 1_000_000), 77_000)
+	theirs := p.submitElsewhere(t)
+	rc := receipt(t, theirs)
+	svc := statusService(2)
+
+	if use(t, p.key()) == nil {
+		st, found, err := svc.Authorization(ctx, p.key())
+		if err != nil || found || st.State != facilitator.StatusSettled || st.SettledBy != "other" || st.Basis != "chain" ||
+			st.Transaction != "" && st.Transaction != theirs.Hex() {
+			t.Fatalf("status before indexing: %+v %v %v, want settled by other from the chain", st, found, err)
+		}
+	}
+
+	startIndexer(t)
+	mine(t)
+	waitIndexed(t, head(t))
+	st, found, err := svc.Authorization(ctx, p.key())
+	if err != nil || !found {
+		t.Fatalf("found %v, err %v", found, err)
+	}
+	if st.State != facilitator.StatusSettled || st.SettledBy != "other" || st.Basis != "index" || st.Transaction != theirs.Hex() ||
+		st.BlockNumber != rc.BlockNumber.Uint64() || st.Confirmations != 2 || !st.Final || st.To != p.payTo.Hex() || st.Value != "77000" {
+		t.Fatalf("status from the index: %+v, want settled by other with %s", st, theirs)
+	}
+	if st.IndexedHead < rc.BlockNumber.Uint64() {
+		t.Fatalf("indexed head %d below the transfer's block %d", st.IndexedHead, rc.BlockNumber)
+	}
+	// Not ours: by its hash, status knows no settlement.
+	if _, err := svc.Settlement(ctx, theirs); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("Settlement(%s): %v, want ErrNotFound", theirs, err)
+	}
+}
+
+// canceled: the authorizer canceled it on chain; the index answers canceled. Before the index has it,
+// the chain can only say "used", and status must not turn that into a payment.
+func TestStatusCanceled(t *testing.T) {
+	ctx := context.Background()
+	payer := fundedPayer(t, 1_000_000)
+	p := newPay(t, payer, 10_000)
+	tx := cancelAuthorization(t, payer, p.nonce)
+	rc := receipt(t, tx)
+	svc := statusService(2)
+
+	startIndexer(t)
+	waitIndexed(t, rc.BlockNumber.Uint64())
+	st, found, err := svc.Authorization(ctx, p.key())
+	if err != nil || !found {
+		t.Fatalf("found %v, err %v", found, err)
+	}
+	if st.State != facilitator.StatusCanceled || st.Basis != "index" || st.Transaction != tx.Hex() || st.SettledBy != "" ||
+		st.BlockNumber != rc.BlockNumber.Uint64() || st.To != "" {
+		t.Fatalf("status from the index: %+v, want canceled with %s", st, tx)
+	}
+}
+
+// TestStatusCanceledNotYetIndexed: a cancellation the index has not reached. authorizationState
+// says only "used or canceled"; answering "settled" would tell a merchant to serve for a payment
+// that never happened.
+func TestStatusCanceledNotYetIndexed(t *testing.T) {
+	ctx := context.Background()
+	payer := fundedPayer(t, 1_000_000)
+	p := newPay(t, payer, 10_000)
+	cancelAuthorization(t, payer, p.nonce) // no indexer runs
+	if use(t, p.key()) != nil {
+		t.Fatal("the index has the cancellation although no indexer runs")
+	}
+	st, _, err := statusService(2).Authorization(ctx, p.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State == facilitator.StatusSettled {
+		t.Fatalf("status of a canceled, not yet indexed authorization: %+v; \"settled\" (by %q) claims a transfer that never "+
+			"happened", st, st.SettledBy)
+	}
+}
+
+// failed: our transaction was mined and reverted (the payer's balance went elsewhere first); the
+// authorization is still unused. The ledger answers failed, with our transaction.
+func TestStatusFailed(t *testing.T) {
+	ctx := context.Background()
+	p, hash := revertedSettlement(t)
+	st, found, err := statusService(2).Authorization(ctx, p.key())
+	if err != nil || !found {
+		t.Fatalf("found %v, err %v", found, err)
+	}
+	if st.State != facilitator.StatusFailed || st.Basis != "ledger" || st.Reason != facilitator.ReasonTransactionFailed ||
+		st.Transaction != hash.Hex() || st.SettledBy != "" {
+		t.Fatalf("status: %+v, want failed from the ledger with %s", st, hash)
+	}
+	if used, err := chain.USDC.AuthorizationState(ctx, p.from(), p.nonce); err != nil || used {
+		t.Fatalf("authorizationState: %v %v, want unused", used, err)
+	}
+}
+
+// TestStatusFailedThenSettledElsewhere: our transaction reverted (failed), and later another party
+// settles the very same authorization. The index is the memory of the chain: status must say
+// settled (by other), not "failed: sign anew", which would have the payer pay twice.
+func TestStatusFailedThenSettledElsewhere(t *testing.T) {
+	ctx := context.Background()
+	p, _ := revertedSettlement(t)
+	if err := chain.USDC.Mint(ctx, p.from(), big.NewInt(p.value)); err != nil {
+		t.Fatal(err)
+	}
+	theirs := p.submitElsewhere(t)
+	startIndexer(t)
+	waitIndexed(t, receipt(t, theirs).BlockNumber.Uint64())
+	st, _, err := statusService(2).Authorization(ctx, p.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != facilitator.StatusSettled || st.SettledBy != "other" || st.Transaction != theirs.Hex() {
+		t.Fatalf("status: %+v, want settled by other with %s (the ledger's reverted row is older news than the index's use)", st, theirs)
+	}
+}
+
+// expired, and the ledger's other outcomes, read from rows as the engine and the jobs write them.
+func TestStatusLedgerOutcomes(t *testing.T) {
+	ctx := context.Background()
+	svc := statusService(2)
+	for _, tc := range []struct {
+		res    settle.Resolution
+		state  string
+		reason string
+	}{
+		{settle.Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore}, facilitator.StatusExpired, facilitator.ReasonValidBefore},
+		{settle.Resolution{State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed}, facilitator.StatusFailed, facilitator.ReasonTransactionFailed},
+		{settle.Resolution{State: facilitator.StateCanceled, ErrorReason: facilitator.ReasonNonceAlreadyUsed}, facilitator.StatusCanceled, facilitator.ReasonNonceAlreadyUsed},
+		{settle.Resolution{State: facilitator.StateSigned}, facilitator.StatusPending, ""},
+	} {
+		t.Run(string(tc.res.State), func(t *testing.T) {
+			k, hash := insertRow(t, nil)
+			if tc.res.State != facilitator.StateSigned {
+				tc.res.ID = row(t, k).ID
+				if err := db.Resolve(ctx, []settle.Resolution{tc.res}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st, found, err := svc.Authorization(ctx, k)
+			if err != nil || !found {
+				t.Fatalf("found %v, err %v", found, err)
+			}
+			if st.State != tc.state || st.Reason != tc.reason || st.Basis != "ledger" || st.SettledBy != "" || st.Final {
+				t.Fatalf("status: %+v, want %s (%s) from the ledger", st, tc.state, tc.reason)
+			}
+			if tc.res.State == facilitator.StateSigned && st.Transaction != hash.Hex() {
+				t.Fatalf("pending status names %q, want %s", st.Transaction, hash)
+			}
+		})
+	}
+}
+
+// Payment and Settlement lookups: by payment id (scoped), and by any of our transactions' hashes
+// (a fee-bumped variant too); unknown ones are facilitator.ErrNotFound.
+func TestStatusLookups(t *testing.T) {
+	ctx := context.Background()
+	svc := statusService(2)
+	id := randomID(t)
+	k, first := insertRow(t, &settle.PaymentIDBinding{ID: id, Summary: map[string]string{}})
+	bumped := common.Hash{0xb0}
+	bumped[31] = 1
+	var rnd [31]byte
+	_, _ = rand.Read(rnd[:])
+	copy(bumped[1:], rnd[:])
+	if err := db.AddTx(ctx, row(t, k).ID, settle.TxRecord{Hash: bumped, Raw: []byte{0x02}, TipCap: big.NewInt(2), FeeCap: big.NewInt(4)}); err != nil {
+		t.Fatal(err)
+	}
+	want, found, err := svc.Authorization(ctx, k)
+	if err != nil || !found || want.State != facilitator.StatusPending {
+		t.Fatalf("status: %+v %v %v", want, found, err)
+	}
+
+	for _, h := range []common.Hash{first, bumped} {
+		st, err := svc.Settlement(ctx, h)
+		if err != nil || st != want {
+			t.Fatalf("Settlement(%s): %+v %v, want %+v", h, st, err, want)
+		}
+	}
+	st, err := svc.Payment(ctx, "", id)
+	if err != nil || st.PaymentID != id || st.State != want.State || st.Transaction != want.Transaction {
+		t.Fatalf("Payment(%s): %+v %v", id, st, err)
+	}
+
+	if _, err := svc.Payment(ctx, "", randomID(t)); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("unknown payment id: %v, want ErrNotFound", err)
+	}
+	if _, err := svc.Payment(ctx, "merchant-7", id); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("payment id in another scope: %v, want ErrNotFound", err)
+	}
+	if _, err := svc.Settlement(ctx, common.Hash{0xde, 0xad}); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("unknown transaction: %v, want ErrNotFound", err)
+	}
+}
+
+// When the node cannot be read, the ledger and the index still answer; confirmations then count
+// from the indexed head.
+func TestStatusHeadUnavailable(t *testing.T) {
+	ctx := context.Background()
+	p := newPay(t, fundedPayer(t, 1_000_000), 9_000)
+	e := newEngine(t, engineOptions{depth: 10, deadline: 10 * time.Second})
+	if out := e.settle(t, p.body(t)); !out.Response.Success {
+		t.Fatalf("settle: %+v", out.Response)
+	}
+	startIndexer(t)
+	mine(t)
+	waitIndexed(t, head(t))
+	cur, _, _ := db.Cursor(ctx, network().ID)
+	svc := status.New(db, []status.Network{{Network: network(), Reader: reader(), Head: downHead{}, FinalityDepth: 2}}, nil)
+	st, found, err := svc.Authorization(ctx, p.key())
+	if err != nil || !found {
+		t.Fatalf("found %v, err %v", found, err)
+	}
+	b := row(t, p.key()).BlockNumber
+	if st.State != facilitator.StatusSettled || st.Head != cur.Number || st.IndexedHead != cur.Number || st.Confirmations != cur.Number-b+1 {
+		t.Fatalf("status with the node down: %+v, want confirmations from the indexed head %d", st, cur.Number)
+	}
+}
+
+type downHead struct{}
+
+func (downHead) CallContext(context.Context, any, string, ...any) error {
+	return errors.New("connection refused")
+}
+
+// --- helpers ---
+
+// waitState waits until the ledger has the authorization's settlement in state s.
+func waitState(t testing.TB, k facilitator.AuthorizationKey, s facilitator.State) {
+	t.Helper()
+	limit := time.Now().Add(10 * time.Second)
+	for {
+		r := row(t, k)
+		if r.State == s {
+			return
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("settlement %d is %s, want %s", r.ID, r.State, s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// revertedSettlement makes a settlement whose transaction is mined and reverts: the engine signs it
+// with mining off and stops, the node drops it, the payer's whole balance goes elsewhere through
+// another authorization, and a restarted engine's recovery resends it into the revert. It returns
+// the payment and our transaction's hash, once the ledger says reverted.
+func revertedSettlement(t *testing.T) (*pay, common.Hash) {
+	t.Helper()
+	payer := fundedPayer(t, 100_000)
+	p := newPay(t, payer, 100_000)
+	drain := newPay(t, payer, 100_000)
+	body := p.body(t)
+	manualMining(t)
+	e := newEngine(t, engineOptions{})
+	hash := e.settlePending(t, body)
+	e.Stop()
+	dropPool(t)
+	setAutomine(t, true)
+	drain.submitElsewhere(t)
+	newEngine(t, engineOptions{signer: e.signer}) // recovery resends the ledger's transaction
+	waitState(t, p.key(), facilitator.StateReverted)
+	rc := receipt(t, hash)
+	if rc == nil || rc.Status != types.ReceiptStatusFailed {
+		t.Fatalf("receipt of %s: %+v, want a revert", hash, rc)
+	}
+	return p, hash
+}
+
+// insertRow writes a settlement row as the engine does before a broadcast (signed, one transaction),
+// for a fresh authorization; it returns the key and the transaction's hash. Nothing is sent.
+func insertRow(t testing.TB, id *settle.PaymentIDBinding) (facilitator.AuthorizationKey, common.Hash) {
+	t.Helper()
+	p := newPay(t, mustKey(t), 1_000)
+	var fp facilitator.Fingerprint
+	_, _ = rand.Read(fp[:])
+	var hash common.Hash
+	_, _ = rand.Read(hash[:])
+	n := &settle.NewSettlement{Key: p.key(), Fingerprint: fp, PayTo: p.payTo, Value: big.NewInt(p.value), ValidAfter: big.NewInt(0),
+		ValidBefore: p.validBefore, X402Version: 2, Request: []byte("{}"), Signer: addressOf(mustKey(t)), TxNonce: 0,
+		Tx: settle.TxRecord{Hash: hash, Raw: []byte{0x01}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)}, PaymentID: id}
+	if _, err := db.InsertSettlement(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	return p.key(), hash
+}
+
+func mustKey(t testing.TB) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// cancelAuthorization has the payer sign EIP-3009's CancelAuthorization(authorizer, nonce) and a dev
+// account submit it (auto-mining must be on); it returns the transaction's hash once mined.
+func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) common.Hash {
+	t.Helper()
+	ctx := context.Background()
+	authorizer := addressOf(payer)
+	td := apitypes.TypedData{
+		Types: apitypes.Types{
+			"EIP712Domain": {
+				{Name: "name", Type: "string"},
+				{Name: "version", Type: "string"},
+				{Name: "chainId", Type: "uint256"},
+				{Name: "verifyingContract", Type: "address"},
+			},
+			"CancelAuthorization": {{Name: "authorizer", Type: "address"}, {Name: "nonce", Type: "bytes32"}},
+		},
+		PrimaryType: "CancelAuthorization",
+		Domain:      chain.USDC.Domain(),
+		Message:     apitypes.TypedDataMessage{"authorizer": authorizer.Hex(), "nonce": nonce[:]},
+	}
+	digest, _, err := apitypes.TypedDataAndHash(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := crypto.Sign(digest, payer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig[64] += 27
+	method := ""
+	for name, m := range chain.USDC.ABI.Methods {
+		if m.RawName == "cancelAuthorization" && len(m.Inputs) == 3 {
+			method = name
+		}
+	}
+	if method == "" {
+		t.Fatal("cancelAuthorization(address,bytes32,bytes) is not in the token's ABI")
+	}
+	data, err := chain.USDC.ABI.Pack(method, authorizer, nonce, sig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hash common.Hash
+	tx := map[string]any{"from": chain.Accounts[2].Address, "to": chain.USDC.Address, "data": hexutil.Bytes(data)}
+	if err := chain.RPC.CallContext(ctx, &hash, "eth_sendTransaction", tx); err != nil {
+		t.Fatalf("cancelAuthorization: %v", err)
+	}
+	limit := time.Now().Add(10 * time.Second)
+	for {
+		if r := receipt(t, hash); r != nil {
+			if r.Status != types.ReceiptStatusSuccessful {
+				t.Fatalf("cancelAuthorization reverted: %+v", r)
+			}
+			return hash
+		}
+		if time.Now().After(limit) {
+			t.Fatal("no receipt for cancelAuthorization")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
