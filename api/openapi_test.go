@@ -36,6 +36,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
+	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/settle"
@@ -141,6 +142,69 @@ type oasFakes struct {
 	notifyErr    error // every Notify method's error, before the dispatcher is asked
 	storeFull    bool  // the webhook limit is reached
 	noSettlement bool  // the ledger has no settlement for a stream
+	keysDown     bool  // the API key store fails
+	perKey       auth.Limit
+	perClient    auth.Limit
+}
+
+// oasAPIKey is an API key the probes send: the key text and its stored form.
+type oasAPIKey struct {
+	full string
+	key  *auth.Key
+}
+
+func oasNewKey(scopes []auth.Scope, payTo []common.Address, revoked bool) oasAPIKey {
+	full, id, hash, err := auth.Generate()
+	if err != nil {
+		panic(err)
+	}
+	k := &auth.Key{ID: id, Hash: hash, Name: "oas", Scopes: scopes, PayTo: payTo, CreatedAt: time.Now()}
+	if revoked {
+		k.RevokedAt = &k.CreatedAt
+	}
+	return oasAPIKey{full: full, key: k}
+}
+
+// oasPayTo is the payee of examples/verify-v2.json.
+var oasPayTo = common.HexToAddress("0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC")
+
+// The keys the fake store holds, one for each case the middleware tells apart.
+var (
+	oasKeyAll     = oasNewKey(auth.AllScopes, nil, false)
+	oasKeyRevoked = oasNewKey(auth.AllScopes, nil, true)
+	oasKeyPayTo   = oasNewKey(auth.AllScopes, []common.Address{oasPayTo}, false)
+	oasKeyOtherTo = oasNewKey(auth.AllScopes, []common.Address{common.HexToAddress(oasAsset)}, false)
+	// oasKeyWithout[s] has every scope but s.
+	oasKeyWithout = func() map[auth.Scope]oasAPIKey {
+		out := map[auth.Scope]oasAPIKey{}
+		for _, s := range auth.AllScopes {
+			out[s] = oasNewKey(slices.DeleteFunc(slices.Clone(auth.AllScopes), func(x auth.Scope) bool { return x == s }), nil, false)
+		}
+		return out
+	}()
+	oasKeyUnknown = oasNewKey(auth.AllScopes, nil, false) // not in the store
+)
+
+// oasNoKey as a probe's key sends none.
+const oasNoKey = "-"
+
+// oasKeyStore is the API key store: the keys above but oasKeyUnknown.
+type oasKeyStore struct{ f *oasFakes }
+
+func (s oasKeyStore) APIKey(_ context.Context, id string) (*auth.Key, error) {
+	if s.f.keysDown {
+		return nil, errors.New("connection refused")
+	}
+	keys := []oasAPIKey{oasKeyAll, oasKeyRevoked, oasKeyPayTo, oasKeyOtherTo}
+	for _, k := range oasKeyWithout {
+		keys = append(keys, k)
+	}
+	for _, k := range keys {
+		if k.key.ID == id {
+			return k.key, nil
+		}
+	}
+	return nil, auth.ErrNotFound
 }
 
 func (f *oasFakes) Verify(_ context.Context, p *facilitator.Payment) (facilitator.VerifyResponse, error) {
@@ -287,6 +351,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 	cfg := Config{
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d},
 		Logger: slog.New(slog.DiscardHandler),
+		Auth:   &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		Supported: facilitator.SupportedResponse{
 			Kinds: []facilitator.SupportedKind{
 				{X402Version: 2, Scheme: "exact", Network: oasNetwork},
@@ -336,6 +401,10 @@ type oasProbe struct {
 	body   string
 	setup  func(f *oasFakes)
 	status int
+	// key is the API key sent as Authorization: Bearer; "" sends oasKeyAll, oasNoKey none.
+	key string
+	// before is how many times the request is sent first (to use up a rate limit).
+	before int
 }
 
 func oasProbes(t *testing.T) []oasProbe {
@@ -420,9 +489,10 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "settle internal", method: "POST", url: "/settle", body: pay, status: 500, setup: internal},
 		{name: "settle panic", method: "POST", url: "/settle", body: pay, status: 500, setup: panics},
 
-		{name: "supported", method: "GET", url: "/supported", status: 200},
-		{name: "healthz", method: "GET", url: "/healthz", status: 200},
-		{name: "openapi", method: "GET", url: "/openapi.json", status: 200},
+		{name: "supported", method: "GET", url: "/supported", status: 200, key: oasNoKey},
+		{name: "healthz", method: "GET", url: "/healthz", status: 200, key: oasNoKey},
+		{name: "openapi", method: "GET", url: "/openapi.json", status: 200, key: oasNoKey},
+		{name: "supported with a key", method: "GET", url: "/supported", status: 200},
 
 		{name: "authorization", method: "GET", url: authURL, route: authRoute, status: 200},
 		{name: "authorization unseen", method: "GET", url: authURL, route: authRoute, status: 404, setup: func(f *oasFakes) {
@@ -480,6 +550,43 @@ func oasProbes(t *testing.T) []oasProbe {
 	for i := range probes {
 		if probes[i].route == "" {
 			probes[i].route = probes[i].url
+		}
+	}
+	// The guard's refusals, on every route that needs a key, each built on the route's first
+	// probe that succeeds.
+	done := map[string]bool{}
+	for _, base := range slices.Clone(probes) {
+		scope := scopeOf(base.route)
+		op := base.method + " " + base.route
+		if scope == "" || base.status >= 300 || done[op] {
+			continue
+		}
+		done[op] = true
+		refusal := func(name string, status int, key string, setup func(*oasFakes)) oasProbe {
+			p := base
+			p.name, p.status, p.key, p.setup, p.header = op+" "+name, status, key, setup, nil
+			return p
+		}
+		probes = append(probes,
+			refusal("no key", 401, oasNoKey, nil),
+			refusal("not bearer", 401, oasNoKey, nil),
+			refusal("malformed key", 401, "not-a-key", nil),
+			refusal("unknown key", 401, oasKeyUnknown.full, nil),
+			refusal("revoked key", 401, oasKeyRevoked.full, nil),
+			refusal("wrong scope", 403, oasKeyWithout[scope].full, nil),
+			refusal("X-API-Key", base.status, oasNoKey, nil),
+			refusal("key rate limited", 429, "", func(f *oasFakes) { f.perKey = auth.Limit{Rate: 0.01, Burst: 1} }),
+			refusal("client rate limited", 429, oasNoKey, func(f *oasFakes) { f.perClient = auth.Limit{Rate: 0.01, Burst: 1} }),
+			refusal("key store down", 503, "", func(f *oasFakes) { f.keysDown = true }),
+		)
+		n := len(probes)
+		probes[n-9].header = map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}
+		probes[n-4].header = map[string]string{"X-API-Key": oasKeyAll.full}
+		probes[n-3].before, probes[n-2].before = 1, 1
+		if scope == auth.ScopeVerify || scope == auth.ScopeSettle {
+			probes = append(probes,
+				refusal("payTo not allowed", 403, oasKeyOtherTo.full, nil),
+				refusal("payTo allowed", base.status, oasKeyPayTo.full, nil))
 		}
 	}
 	return probes
@@ -549,6 +656,64 @@ func TestOpenAPIRoutes(t *testing.T) {
 		sort.Strings(got)
 		if !slices.Equal(want, got) {
 			t.Errorf("%s: path parameters %v, declared %v", key, want, got)
+		}
+	}
+}
+
+// TestOpenAPISecurity: each operation's security is the key scope the guard asks for its route
+// (as the role of both schemes), and none for the routes anyone may call; the schemes are the
+// headers presentedKey reads.
+func TestOpenAPISecurity(t *testing.T) {
+	doc := oasLoad(t)
+	schemes, _ := oasGet(doc, "components", "securitySchemes").(map[string]any)
+	want := map[string]map[string]any{
+		"bearerAuth": {"type": "http", "scheme": "bearer"},
+		"apiKey":     {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+	}
+	if len(schemes) != len(want) {
+		t.Errorf("components.securitySchemes has %v, want %v", slices.Sorted(maps.Keys(schemes)), slices.Sorted(maps.Keys(want)))
+	}
+	for name, fields := range want {
+		for k, v := range fields {
+			if got := oasGet(schemes, name, k); got != v {
+				t.Errorf("securitySchemes.%s.%s is %v, want %v", name, k, got, v)
+			}
+		}
+	}
+	for key, op := range oasOps(doc) {
+		sec, ok := op["security"]
+		if !ok {
+			sec, ok = doc["security"]
+		}
+		if !ok {
+			t.Errorf("%s: no security requirement (use [] for a route anyone may call)", key)
+			continue
+		}
+		list, _ := sec.([]any)
+		scope := scopeOf(strings.SplitN(key, " ", 2)[1])
+		if scope == "" {
+			if len(list) != 0 {
+				t.Errorf("%s needs no key, the document requires %v", key, sec)
+			}
+			continue
+		}
+		got := map[string][]string{}
+		for _, req := range list {
+			m, _ := req.(map[string]any)
+			if len(m) != 1 {
+				t.Errorf("%s: security requirement %v must name one scheme (either header is enough)", key, req)
+			}
+			for name, roles := range m {
+				got[name] = oasStrings(roles)
+			}
+		}
+		for name := range want {
+			if !slices.Equal(got[name], []string{string(scope)}) {
+				t.Errorf("%s: security %s roles are %v, the route needs scope %s", key, name, got[name], scope)
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("%s: security names %v, want %v", key, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
 		}
 	}
 }
@@ -702,8 +867,20 @@ func TestOpenAPIResponses(t *testing.T) {
 			if p.body != "" {
 				req.Header.Set("Content-Type", "application/json")
 			}
+			switch p.key {
+			case oasNoKey:
+			case "":
+				req.Header.Set("Authorization", "Bearer "+oasKeyAll.full)
+			default:
+				req.Header.Set("Authorization", "Bearer "+p.key)
+			}
 			for k, v := range p.header {
 				req.Header.Set(k, v)
+			}
+			for range p.before {
+				r := req.Clone(req.Context())
+				r.Body = io.NopCloser(strings.NewReader(p.body))
+				s.Handler().ServeHTTP(httptest.NewRecorder(), r)
 			}
 			rec := httptest.NewRecorder()
 			s.Handler().ServeHTTP(rec, req)
@@ -895,7 +1072,7 @@ func TestOpenAPIReasons(t *testing.T) {
 	text := string(openAPIDocument)
 	root := ".."
 	consts := map[string]string{} // name → value, of exported Reason* string constants
-	for _, dir := range []string{"facilitator", "notify"} {
+	for _, dir := range []string{"facilitator", "notify", "api"} {
 		files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)

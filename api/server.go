@@ -30,13 +30,16 @@ type Config struct {
 	Logger        *slog.Logger
 	// Notify serves webhook registration and event streams; nil leaves those routes out.
 	Notify Notify
+	// Auth guards the routes with merchant API keys and rate limits (auth.go); nil is open mode.
+	Auth *AuthConfig
 }
 
 // Server serves the facilitator's HTTP API.
 type Server struct {
-	cfg  Config
-	log  *slog.Logger
-	echo *echo.Echo
+	cfg   Config
+	log   *slog.Logger
+	echo  *echo.Echo
+	guard *authGuard
 }
 
 // New builds the server and its routes.
@@ -68,6 +71,10 @@ func New(cfg Config) *Server {
 		s.log.ErrorContext(c.Request().Context(), "panic in handler", "path", c.Path(), "err", err, "stack", string(stack))
 		return err
 	}}))
+	if cfg.Auth != nil {
+		s.guard = newAuthGuard(*cfg.Auth)
+		e.Use(s.authenticate)
+	}
 
 	e.POST("/verify", s.verify)
 	if cfg.Settler != nil {

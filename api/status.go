@@ -56,7 +56,7 @@ func (s *Server) paymentStatus(c echo.Context) error {
 	if !idParam.MatchString(id) {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
 	}
-	st, err := s.cfg.Status.Payment(c.Request().Context(), "", id)
+	st, err := s.cfg.Status.Payment(c.Request().Context(), idScope(c), id)
 	if err != nil {
 		return s.statusError(c, err)
 	}

@@ -37,7 +37,11 @@ func readPayment(c echo.Context) (*facilitator.Payment, error) {
 	if err != nil {
 		return nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPayload, "reading the request body failed")
 	}
-	return facilitator.DecodeRequest(body)
+	p, err := facilitator.DecodeRequest(body)
+	if err == nil {
+		p.IDScope = idScope(c) // payment ids are scoped per API key
+	}
+	return p, err
 }
 
 // ReplayHeader marks an answer given from an earlier request under the same payment identifier.

@@ -58,6 +58,14 @@ type Config struct {
 	WebhookPollInterval time.Duration
 	// WebhookAllowPrivate lets webhooks target loopback and private addresses (local development).
 	WebhookAllowPrivate bool
+
+	// Auth is "keys" (merchant API keys required; serve's default) or "open" (no keys: local
+	// development). "" is open: only programmatic configurations (dev, demo) leave it empty.
+	Auth string
+	// KeyRate/KeyBurst and ClientRate/ClientBurst are the per-key and per-client-IP request
+	// limits, per process (rate per second; 0: no limit).
+	KeyRate, ClientRate   float64
+	KeyBurst, ClientBurst int
 }
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
@@ -200,8 +208,27 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
 	webhookPoll := fs.String("webhook-poll-interval", env("FACILITATOR_WEBHOOK_POLL_INTERVAL", "1s"), "how often new settlement events and due webhook deliveries are looked for (FACILITATOR_WEBHOOK_POLL_INTERVAL)")
 	webhookPrivate := fs.String("webhook-allow-private", env("FACILITATOR_WEBHOOK_ALLOW_PRIVATE", "false"), "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")
+	fs.StringVar(&cfg.Auth, "auth", env("FACILITATOR_AUTH", "keys"), "keys (merchant API keys required) or open (no keys, local development only) (FACILITATOR_AUTH)")
+	keyRate := fs.String("rate-per-key", env("FACILITATOR_RATE_PER_KEY", "50"), "requests per second per API key, per process; 0: no limit (FACILITATOR_RATE_PER_KEY)")
+	fs.IntVar(&cfg.KeyBurst, "burst-per-key", atoi(env("FACILITATOR_BURST_PER_KEY", "100")), "burst per API key (FACILITATOR_BURST_PER_KEY)")
+	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
+	fs.IntVar(&cfg.ClientBurst, "burst-per-client", atoi(env("FACILITATOR_BURST_PER_CLIENT", "200")), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if cfg.Auth != "keys" && cfg.Auth != "open" {
+		return nil, fmt.Errorf("auth: %q is neither keys nor open", cfg.Auth)
+	}
+	for _, r := range []struct {
+		name string
+		in   string
+		out  *float64
+	}{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}} {
+		v, err := strconv.ParseFloat(r.in, 64)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%s: %q is not a non-negative number", r.name, r.in)
+		}
+		*r.out = v
 	}
 
 	raw := *networksJSON

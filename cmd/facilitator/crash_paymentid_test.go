@@ -60,6 +60,7 @@ func TestCrashWithPaymentID(t *testing.T) {
 		"FACILITATOR_POLL_INTERVAL":  "50ms",
 		"FACILITATOR_SETTLE_TIMEOUT": "5s",
 		"FACILITATOR_LOG_LEVEL":      "debug",
+		"FACILITATOR_AUTH":           "open", // these tests are about settlement, not keys
 	}}
 
 	payer := newAccount(t)

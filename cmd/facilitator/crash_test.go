@@ -67,6 +67,7 @@ func TestCrashRecovery(t *testing.T) {
 		"FACILITATOR_POLL_INTERVAL":  "50ms",
 		"FACILITATOR_SETTLE_TIMEOUT": "5s",
 		"FACILITATOR_LOG_LEVEL":      "debug",
+		"FACILITATOR_AUTH":           "open", // these tests are about settlement, not keys
 	}
 	db, err := postgres.Open(ctx, dbURL, nil)
 	if err != nil {

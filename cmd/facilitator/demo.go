@@ -26,6 +26,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -493,6 +494,8 @@ func demoStackConfig(chain *devchain.Chain, dbURL string) *Config {
 		IndexHealthSchedule: "@every 1m",
 		ReconcileStale:      30 * time.Second,
 		WebhookAllowPrivate: true,
+		// The local stack is for development: no API keys (serve requires them by default).
+		Auth: api.AuthOpen,
 	}
 }
 

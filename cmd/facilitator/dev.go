@@ -12,6 +12,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -69,6 +70,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		ReconcileStale:      30 * time.Second,
 		// A local merchant's webhook receiver lives on localhost.
 		WebhookAllowPrivate: true,
+		// The local stack is for development: no API keys (serve requires them by default).
+		Auth: api.AuthOpen,
 	}
 	m := &Main{Config: cfg, Logger: log}
 	if err := m.Run(ctx); err != nil {

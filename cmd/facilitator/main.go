@@ -19,6 +19,7 @@ commands:
   serve     run the facilitator HTTP API (applies pending migrations first unless --migrate=false)
   migrate   apply pending database migrations and exit
   index     run only the block indexer (same configuration as serve), logging its progress
+  keys      create, list and revoke merchant API keys (keys create --name N --scopes verify,settle,...)
   status    look up an authorization, a payment id or a transaction through the status API
   dev       run the whole local stack: anvil with Circle's USDC deployed and funded, plus serve
             (needs DATABASE_URL; 'make run' provides one)
@@ -52,6 +53,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runDev(ctx, args[1:], getenv, stdout, stderr)
 	case "demo":
 		err = runDemo(ctx, args[1:], getenv, stdout, stderr)
+	case "keys":
+		err = runKeys(ctx, args[1:], getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -70,6 +70,7 @@ func configFor(dbURL string, chain *devchain.Chain, keyHex string) (*Config, err
 		"FACILITATOR_SIGNER_KEYS": keyHex,
 		"FACILITATOR_LISTEN":      "127.0.0.1:0",
 		"FACILITATOR_LOG_LEVEL":   "debug",
+		"FACILITATOR_AUTH":        "open", // these tests are about settlement, not keys
 	}
 	return parseServeFlags(nil, func(k string) string { return env[k] })
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
@@ -165,6 +166,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
+		Auth:          authConfig(cfg, m.db),
 	})
 
 	if cfg.Index {
@@ -324,4 +326,16 @@ func newLogger(w io.Writer, level, format string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// authConfig is the API's key and rate-limit guard.
+func authConfig(cfg *Config, db *postgres.DB) *api.AuthConfig {
+	// Open only when asked for by name: anything else requires keys.
+	mode := api.AuthKeys
+	if cfg.Auth == api.AuthOpen {
+		mode = api.AuthOpen
+	}
+	return &api.AuthConfig{Mode: mode, Keys: db,
+		PerKey:    auth.Limit{Rate: cfg.KeyRate, Burst: cfg.KeyBurst},
+		PerClient: auth.Limit{Rate: cfg.ClientRate, Burst: cfg.ClientBurst}}
 }

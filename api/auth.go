@@ -1,0 +1,219 @@
+package api
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Auth modes.
+const (
+	// AuthOpen lets every request through, without keys: local development only.
+	AuthOpen = "open"
+	// AuthKeys requires a merchant API key with the route's scope.
+	AuthKeys = "keys"
+)
+
+// AuthConfig configures merchant API keys and rate limits.
+//
+// In keys mode a key is sent as "Authorization: Bearer x402_<id>_<secret>" (what the official
+// clients' per-endpoint auth headers carry) or as "X-API-Key: <key>". /verify needs the verify
+// scope, /settle settle, /v1/authorizations, /v1/payments and /v1/settlements status, /v1/webhooks
+// and /v1/events webhooks; /supported, /healthz and /openapi.json need no key. A key with a payTo
+// allow-list is refused (403) for payments to any other address. Payment-identifier ids are scoped
+// to the key that sent them.
+//
+// Rate limits are token buckets held in this process: with several replicas, a client gets up to
+// the limit times the number of replicas.
+type AuthConfig struct {
+	Mode string // AuthOpen or AuthKeys
+	// Keys looks keys up (keys mode).
+	Keys auth.Store
+	// PerKey and PerClient limit the keyed routes per key and per client IP (the TCP peer's
+	// address: behind a proxy that is the proxy). A zero Rate is no limit.
+	PerKey    auth.Limit
+	PerClient auth.Limit
+	// Now is the limiters' clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// Refusal reasons.
+const (
+	ReasonUnauthorized    = "unauthorized"
+	ReasonForbiddenScope  = "forbidden_scope"
+	ReasonPayToNotAllowed = "pay_to_not_allowed"
+	ReasonRateLimited     = "rate_limited"
+)
+
+// apiKeyKey is where the middleware leaves the request's *auth.Key.
+const apiKeyKey = "x402.apikey"
+
+type authGuard struct {
+	cfg       AuthConfig
+	perKey    *auth.Limiter
+	perClient *auth.Limiter
+}
+
+func newAuthGuard(cfg AuthConfig) *authGuard {
+	return &authGuard{cfg: cfg, perKey: auth.NewLimiter(cfg.PerKey, cfg.Now), perClient: auth.NewLimiter(cfg.PerClient, cfg.Now)}
+}
+
+// scopeOf is the scope a route needs; "" for the routes anyone may call.
+func scopeOf(path string) auth.Scope {
+	switch {
+	case path == "/verify":
+		return auth.ScopeVerify
+	case path == "/settle":
+		return auth.ScopeSettle
+	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"):
+		return auth.ScopeStatus
+	case path == "/v1/webhooks", strings.HasPrefix(path, "/v1/webhooks/"), strings.HasPrefix(path, "/v1/events/"):
+		return auth.ScopeWebhooks
+	}
+	return ""
+}
+
+// presentedKey returns the key sent with the request, "" if none.
+func presentedKey(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); h != "" {
+		scheme, rest, ok := strings.Cut(strings.TrimSpace(h), " ")
+		if ok && strings.EqualFold(scheme, "Bearer") {
+			return strings.TrimSpace(rest)
+		}
+		return ""
+	}
+	return strings.TrimSpace(r.Header.Get("X-API-Key"))
+}
+
+// clientAddress is the TCP peer's IP. Forwarding headers are not trusted: a client could set them.
+func clientAddress(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// authenticate is the middleware guarding keyed routes. A refused request never reaches a handler,
+// so nothing is verified or broadcast for it.
+func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	g := s.guard
+	return func(c echo.Context) error {
+		scope := scopeOf(c.Path())
+		if scope == "" {
+			return next(c)
+		}
+		req := c.Request()
+		if ok, wait := g.perClient.Allow(clientAddress(req)); !ok {
+			return s.refuse(c, http.StatusTooManyRequests, ReasonRateLimited, "too many requests from this address", wait)
+		}
+		if g.cfg.Mode != AuthKeys {
+			return next(c)
+		}
+		text := presentedKey(req)
+		if text == "" {
+			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="x402-facilitator"`)
+			return s.refuse(c, http.StatusUnauthorized, ReasonUnauthorized, "an API key is required (Authorization: Bearer <key>)", 0)
+		}
+		key, err := auth.Authenticate(req.Context(), g.cfg.Keys, text)
+		if err == auth.ErrUnauthorized {
+			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="x402-facilitator", error="invalid_token"`)
+			return s.refuse(c, http.StatusUnauthorized, ReasonUnauthorized, "the API key is invalid or revoked", 0)
+		}
+		if err != nil {
+			s.log.ErrorContext(req.Context(), "checking an API key failed", "path", c.Path(), "err", err)
+			c.Response().Header().Set("Retry-After", retryAfterSeconds)
+			return s.refuse(c, http.StatusServiceUnavailable, "", "checking the API key failed; retry later", 0)
+		}
+		c.Set(apiKeyKey, key)
+		if !key.Has(scope) {
+			return s.refuse(c, http.StatusForbidden, ReasonForbiddenScope, "the API key lacks the "+string(scope)+" scope", 0)
+		}
+		if ok, wait := g.perKey.Allow(key.ID); !ok {
+			return s.refuse(c, http.StatusTooManyRequests, ReasonRateLimited, "too many requests with this API key", wait)
+		}
+		if len(key.PayTo) > 0 && (scope == auth.ScopeVerify || scope == auth.ScopeSettle) {
+			// An undecodable body is left to the handler, which answers 400 without acting on it.
+			if p := peekPayment(c); p != nil && !key.AllowsPayTo(p.Requirements.PayTo) {
+				return s.refuse(c, http.StatusForbidden, ReasonPayToNotAllowed, "the API key may not be used for payments to "+p.Requirements.PayTo.Hex(), 0)
+			}
+		}
+		return next(c)
+	}
+}
+
+// apiKeyOf returns the request's authenticated key, nil in open mode.
+func apiKeyOf(c echo.Context) *auth.Key {
+	k, _ := c.Get(apiKeyKey).(*auth.Key)
+	return k
+}
+
+// idScope is the payment-identifier scope of the request: its key's id, "" without a key.
+func idScope(c echo.Context) string {
+	if k := apiKeyOf(c); k != nil {
+		return k.ID
+	}
+	return ""
+}
+
+// peekPayment decodes a /verify or /settle body without consuming it; nil if it does not decode.
+func peekPayment(c echo.Context) *facilitator.Payment {
+	req := c.Request()
+	if req.Body == nil {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(req.Body, facilitator.MaxBodyBytes+1))
+	req.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), req.Body))
+	if err != nil {
+		return nil
+	}
+	p, err := facilitator.DecodeRequest(body)
+	if err != nil {
+		return nil
+	}
+	return p
+}
+
+// refuse answers a request the guard turned away, in the shape the route's clients parse: a
+// VerifyResponse for /verify, a SettleResponse for /settle, {"error","message"} elsewhere.
+func (s *Server) refuse(c echo.Context, status int, reason, msg string, wait time.Duration) error {
+	if status == http.StatusTooManyRequests {
+		c.Response().Header().Set("Retry-After", strconv.Itoa(auth.RetryAfterSeconds(wait)))
+	}
+	switch c.Path() {
+	case "/verify":
+		if reason == "" {
+			reason = facilitator.ReasonUnexpectedVerifyError
+		}
+		c.Set(reasonKey, reason)
+		res := facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg}
+		if p := peekPayment(c); p != nil {
+			res.Payer = p.Payer
+		}
+		return c.JSON(status, res)
+	case "/settle":
+		if reason == "" {
+			reason = facilitator.ReasonUnexpectedSettleError
+		}
+		c.Set(reasonKey, reason)
+		res := facilitator.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Transaction: ""}
+		if p := peekPayment(c); p != nil {
+			res.Payer, res.Network = p.Payer, p.Network
+		}
+		return c.JSON(status, res)
+	}
+	if reason == "" {
+		reason = "unavailable"
+	}
+	c.Set(reasonKey, reason)
+	return c.JSON(status, map[string]string{"error": reason, "message": msg})
+}

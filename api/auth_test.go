@@ -1,0 +1,393 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// authStack is the real verify + settle stack (payment identifiers included) behind keys mode,
+// with keys stored in the package's ledger.
+type authStack struct {
+	settleStack
+}
+
+func newAuthStack(t *testing.T) *authStack {
+	t.Helper()
+	ctx := context.Background()
+	db, err := postgres.Open(ctx, ledger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	key, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &authStack{settleStack{RPC: newRPCCounter(t, chain.RPCURL), Logs: &syncBuffer{}, DB: db, Signer: crypto.PubkeyToAddress(key.PublicKey)}}
+	if err := chain.SetBalance(ctx, s.Signer, new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
+		t.Fatal(err)
+	}
+	client, err := rpc.DialContext(ctx, s.RPC.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	n := testNetwork(v1Name)
+	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
+		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: client, Timeout: 5 * time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e, err := settle.New(settle.Config{
+		Networks:     []settle.NetworkConfig{{Network: n, Chain: client, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
+		Store:        db,
+		Verifier:     v,
+		Deadline:     20 * time.Second,
+		PollInterval: 50 * time.Millisecond,
+		Logger:       logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Stop)
+	ids := idempotency.New(idempotency.Config{Store: db, Settler: e, Verifier: v, Logger: logger})
+	srv := api.New(api.Config{
+		Verifier:  ids,
+		Settler:   ids,
+		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey}),
+		Logger:    logger,
+		Auth:      &api.AuthConfig{Mode: api.AuthKeys, Keys: db},
+	})
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	s.URL = hs.URL
+	return s
+}
+
+// newKey stores a fresh key and returns its text and id.
+func newKey(t *testing.T, db *postgres.DB, scopes []auth.Scope, payTo ...common.Address) (string, string) {
+	t.Helper()
+	full, id, hash, err := auth.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.InsertAPIKey(context.Background(), &auth.Key{ID: id, Hash: hash, Name: t.Name(), Scopes: scopes, PayTo: payTo}); err != nil {
+		t.Fatal(err)
+	}
+	return full, id
+}
+
+func doAuth(tb testing.TB, method, u, key string, body []byte) response {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return response{Status: res.StatusCode, Header: res.Header, Body: b}
+}
+
+func withID(tb testing.TB, p payment, id string) []byte {
+	m := p.request(tb)
+	set(m, "paymentPayload.extensions", map[string]any{facilitator.PaymentIdentifierKey: map[string]any{"info": map[string]any{"id": id}}})
+	return marshal(tb, m)
+}
+
+// TestAuthRefusals: no key, a malformed or unknown key, a revoked key, a wrong scope and a payTo
+// outside the key's allow-list are refused with x402-shaped bodies, and nothing is broadcast.
+func TestAuthRefusals(t *testing.T) {
+	s := newAuthStack(t)
+	ctx := context.Background()
+	all := []auth.Scope{auth.ScopeVerify, auth.ScopeSettle}
+	revoked, revokedID := newKey(t, s.DB, all)
+	if _, err := s.DB.RevokeAPIKey(ctx, revokedID, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	verifyOnly, _ := newKey(t, s.DB, []auth.Scope{auth.ScopeVerify})
+	elsewhere, _ := newKey(t, s.DB, all, common.HexToAddress("0x00000000000000000000000000000000000000bb"))
+	good, goodID := newKey(t, s.DB, all)
+	forged := good[:len(good)-1] + map[bool]string{true: "1", false: "0"}[good[len(good)-1] == '0']
+
+	p := fundedPayment(t)
+	body := p.body(t)
+	before := s.nonces(t)
+	cases := []struct {
+		name   string
+		key    string
+		status int
+		reason string
+	}{
+		{"no key", "", 401, api.ReasonUnauthorized},
+		{"malformed key", "not-a-key", 401, api.ReasonUnauthorized},
+		{"forged secret", forged, 401, api.ReasonUnauthorized},
+		{"unknown key", "x402_000000000000_" + good[len(good)-64:], 401, api.ReasonUnauthorized},
+		{"revoked key", revoked, 401, api.ReasonUnauthorized},
+		{"wrong scope", verifyOnly, 403, api.ReasonForbiddenScope},
+		{"payTo outside the allow-list", elsewhere, 403, api.ReasonPayToNotAllowed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := doAuth(t, http.MethodPost, s.URL+"/settle", tc.key, body)
+			if r.Status != tc.status {
+				t.Fatalf("want %d, got %s", tc.status, r)
+			}
+			res, _ := settlement(t, r)
+			if res.Success || res.ErrorReason != tc.reason || res.Transaction != "" {
+				t.Fatalf("want success:false %s, got %s", tc.reason, r)
+			}
+			if tc.reason == api.ReasonPayToNotAllowed && res.Network != facilitator.CAIP2(chain.ChainID) {
+				t.Fatalf("network %q missing from the refusal", res.Network)
+			}
+			if tc.status != 403 || tc.reason == api.ReasonPayToNotAllowed {
+				vr := doAuth(t, http.MethodPost, s.URL+"/verify", tc.key, body)
+				v, _ := verdict(t, vr)
+				if vr.Status != tc.status || v.IsValid || v.InvalidReason != tc.reason {
+					t.Fatalf("/verify: want %d isValid:false %s, got %s", tc.status, tc.reason, vr)
+				}
+			}
+		})
+	}
+	if after := s.nonces(t); after != before {
+		t.Fatalf("signer nonces %v -> %v: a refused request was broadcast", before, after)
+	}
+	if _, err := s.DB.SettlementByKey(ctx, facilitator.AuthorizationKey{Network: facilitator.CAIP2(chain.ChainID), Asset: chain.USDC.Address, Payer: p.auth.From, Nonce: p.auth.Nonce}); err == nil {
+		t.Fatal("a refused request left a settlement row")
+	}
+
+	// The good key, and one whose allow-list holds the payee, settle it.
+	r := doAuth(t, http.MethodPost, s.URL+"/settle", good, body)
+	if res, _ := settlement(t, r); r.Status != 200 || !res.Success {
+		t.Fatalf("good key (%s): want a success, got %s", goodID, r)
+	}
+	p2 := fundedPayment(t)
+	listed, _ := newKey(t, s.DB, all, p2.auth.To)
+	r = doAuth(t, http.MethodPost, s.URL+"/settle", listed, p2.body(t))
+	if res, _ := settlement(t, r); r.Status != 200 || !res.Success {
+		t.Fatalf("allow-listed payTo: want a success, got %s", r)
+	}
+	// Open routes stay open.
+	for _, path := range []string{"/supported", "/healthz", "/openapi.json"} {
+		if r := doAuth(t, http.MethodGet, s.URL+path, "", nil); r.Status != 200 {
+			t.Fatalf("%s without a key: %s", path, r)
+		}
+		if r := doAuth(t, http.MethodGet, s.URL+path, good, nil); r.Status != 200 {
+			t.Fatalf("%s with a key: %s", path, r)
+		}
+	}
+}
+
+// TestAuthPaymentIDScoped: one payment id under two keys names two payments; under one key it is
+// bound to its first request.
+func TestAuthPaymentIDScoped(t *testing.T) {
+	s := newAuthStack(t)
+	all := []auth.Scope{auth.ScopeVerify, auth.ScopeSettle}
+	a, _ := newKey(t, s.DB, all)
+	b, _ := newKey(t, s.DB, all)
+	id := "scoped_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	p1, p2 := fundedPayment(t), fundedPayment(t)
+
+	r := doAuth(t, http.MethodPost, s.URL+"/settle", a, withID(t, p1, id))
+	res1, _ := settlement(t, r)
+	if r.Status != 200 || !res1.Success {
+		t.Fatalf("key A: want a success, got %s", r)
+	}
+	r = doAuth(t, http.MethodPost, s.URL+"/settle", b, withID(t, p2, id))
+	res2, _ := settlement(t, r)
+	if r.Status != 200 || !res2.Success || res2.Transaction == res1.Transaction {
+		t.Fatalf("key B, same id, another payment: want its own success, got %s", r)
+	}
+	// Under key A the id is still p1's: another payment under it is a conflict, p1 again a replay.
+	p3 := fundedPayment(t)
+	if r := doAuth(t, http.MethodPost, s.URL+"/settle", a, withID(t, p3, id)); r.Status != http.StatusConflict {
+		t.Fatalf("key A, same id, another payment: want 409, got %s", r)
+	}
+	r = doAuth(t, http.MethodPost, s.URL+"/settle", a, withID(t, p1, id))
+	if res, _ := settlement(t, r); r.Status != 200 || res.Transaction != res1.Transaction || r.Header.Get(api.ReplayHeader) != "true" {
+		t.Fatalf("key A replay: want %s replayed, got %s", res1.Transaction, r)
+	}
+}
+
+// stubVerifier answers every /verify valid and counts the calls.
+type stubVerifier struct{ calls atomic.Int64 }
+
+func (v *stubVerifier) Verify(_ context.Context, p *facilitator.Payment) (facilitator.VerifyResponse, error) {
+	v.calls.Add(1)
+	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil
+}
+
+// memKeys is an in-memory auth.Store.
+type memKeys struct {
+	mu   sync.Mutex
+	keys map[string]*auth.Key
+}
+
+func (m *memKeys) APIKey(_ context.Context, id string) (*auth.Key, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if k, ok := m.keys[id]; ok {
+		return k, nil
+	}
+	return nil, auth.ErrNotFound
+}
+
+func (m *memKeys) add(t *testing.T, scopes ...auth.Scope) string {
+	full, id, hash, err := auth.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.keys[id] = &auth.Key{ID: id, Hash: hash, Scopes: scopes}
+	return full
+}
+
+// TestAuthRateLimit: past its burst, a key gets 429 with Retry-After and a VerifyResponse body, and
+// the verifier is not called; all keys from one address share the address's limit.
+func TestAuthRateLimit(t *testing.T) {
+	keys := &memKeys{keys: map[string]*auth.Key{}}
+	v := &stubVerifier{}
+	now := time.Unix(1_700_000_000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	srv := api.New(api.Config{Verifier: v, Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: keys,
+		PerKey: auth.Limit{Rate: 0.5, Burst: 2}, PerClient: auth.Limit{Rate: 1, Burst: 5}, Now: clock}})
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	body := newPayment(t, 1).body(t)
+	k1 := keys.add(t, auth.ScopeVerify)
+	for i := 0; i < 2; i++ {
+		if r := doAuth(t, http.MethodPost, hs.URL+"/verify", k1, body); r.Status != 200 {
+			t.Fatalf("request %d: %s", i, r)
+		}
+	}
+	r := doAuth(t, http.MethodPost, hs.URL+"/verify", k1, body)
+	res, _ := verdict(t, r)
+	if r.Status != http.StatusTooManyRequests || res.IsValid || res.InvalidReason != api.ReasonRateLimited || r.Header.Get("Retry-After") != "2" {
+		t.Fatalf("third request with the key: want 429 rate_limited with Retry-After 2, got %s (Retry-After %q)", r, r.Header.Get("Retry-After"))
+	}
+	if v.calls.Load() != 2 {
+		t.Fatalf("the verifier ran %d times, want 2", v.calls.Load())
+	}
+	// Another key from the same address has its own bucket, until the address's runs out (5).
+	k2 := keys.add(t, auth.ScopeVerify)
+	for i := 0; i < 2; i++ {
+		if r := doAuth(t, http.MethodPost, hs.URL+"/verify", k2, body); r.Status != 200 {
+			t.Fatalf("key 2 request %d: %s", i, r)
+		}
+	}
+	r = doAuth(t, http.MethodPost, hs.URL+"/verify", keys.add(t, auth.ScopeVerify), body)
+	if r.Status != http.StatusTooManyRequests || r.Header.Get("Retry-After") != "1" {
+		t.Fatalf("sixth request from the address: want 429 with Retry-After 1, got %s", r)
+	}
+	// Time refills the buckets.
+	mu.Lock()
+	now = now.Add(10 * time.Second)
+	mu.Unlock()
+	if r := doAuth(t, http.MethodPost, hs.URL+"/verify", k1, body); r.Status != 200 {
+		t.Fatalf("after the refill: %s", r)
+	}
+}
+
+// TestAuthOpenMode: open mode lets requests through without a key, and ids stay in the global scope.
+func TestAuthOpenMode(t *testing.T) {
+	v := &stubVerifier{}
+	srv := api.New(api.Config{Verifier: v, Auth: &api.AuthConfig{Mode: api.AuthOpen}})
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	if r := doAuth(t, http.MethodPost, hs.URL+"/verify", "", newPayment(t, 1).body(t)); r.Status != 200 {
+		t.Fatalf("open mode without a key: %s", r)
+	}
+	if v.calls.Load() != 1 {
+		t.Fatalf("verifier calls %d, want 1", v.calls.Load())
+	}
+}
+
+// TestAuthOtherRoutes: status and webhook routes need their scopes and answer {"error","message"}.
+func TestAuthOtherRoutes(t *testing.T) {
+	keys := &memKeys{keys: map[string]*auth.Key{}}
+	srv := api.New(api.Config{Verifier: &stubVerifier{}, Status: &scopeStatus{}, Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: keys}})
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	u := hs.URL + "/v1/payments/abcdefghijklmnopq"
+	for _, tc := range []struct {
+		key    string
+		status int
+		reason string
+	}{{"", 401, api.ReasonUnauthorized}, {keys.add(t, auth.ScopeVerify), 403, api.ReasonForbiddenScope}} {
+		r := doAuth(t, http.MethodGet, u, tc.key, nil)
+		var body map[string]string
+		if err := json.Unmarshal(r.Body, &body); err != nil || r.Status != tc.status || body["error"] != tc.reason {
+			t.Fatalf("want %d %s, got %s", tc.status, tc.reason, r)
+		}
+	}
+	full := keys.add(t, auth.ScopeStatus)
+	if r := doAuth(t, http.MethodGet, u, full, nil); r.Status != 200 {
+		t.Fatalf("status key refused: %s", r)
+	}
+	id, _ := auth.ParseID(full)
+	var got facilitator.AuthorizationStatus
+	if r := doAuth(t, http.MethodGet, u, full, nil); json.Unmarshal(r.Body, &got) != nil || got.PaymentID != id+"/abcdefghijklmnopq" {
+		t.Fatalf("payment status looked up in scope %q, want the key's (%s)", got.PaymentID, r)
+	}
+}
+
+// scopeStatus answers payment lookups with "scope/id" as the payment id.
+type scopeStatus struct{}
+
+func (scopeStatus) Authorization(context.Context, facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error) {
+	return facilitator.AuthorizationStatus{}, false, nil
+}
+
+func (scopeStatus) Payment(_ context.Context, scope, id string) (facilitator.AuthorizationStatus, error) {
+	return facilitator.AuthorizationStatus{State: facilitator.StatusPending, PaymentID: scope + "/" + id}, nil
+}
+
+func (scopeStatus) Settlement(context.Context, common.Hash) (facilitator.AuthorizationStatus, error) {
+	return facilitator.AuthorizationStatus{}, facilitator.ErrNotFound
+}

@@ -1,0 +1,187 @@
+// Package auth holds merchant API keys: their format, how they are checked against the stored
+// (hashed) form, their scopes and payTo allow-lists, and the in-process rate limits applied per key
+// and per client address.
+//
+// A key is x402_<id>_<secret>: id is 12 hex characters (public, it names the key in logs, the CLI
+// and as the payment-identifier scope), secret is 32 random bytes in hex. Only the SHA-256 of the
+// whole key is stored; the key itself is shown once, when it is created.
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+)
+
+// Scope is what a key may do.
+type Scope string
+
+const (
+	ScopeVerify   Scope = "verify"
+	ScopeSettle   Scope = "settle"
+	ScopeStatus   Scope = "status"
+	ScopeWebhooks Scope = "webhooks"
+)
+
+// AllScopes lists every scope, in a stable order.
+var AllScopes = []Scope{ScopeVerify, ScopeSettle, ScopeStatus, ScopeWebhooks}
+
+const (
+	prefix    = "x402_"
+	idLen     = 12 // hex characters
+	secretLen = 64 // hex characters (32 bytes)
+)
+
+// Key is a stored API key. It never holds the secret, only its hash.
+type Key struct {
+	ID        string
+	Hash      [32]byte
+	Name      string
+	Scopes    []Scope
+	PayTo     []common.Address // empty: any payTo
+	CreatedAt time.Time
+	RevokedAt *time.Time
+}
+
+// Has reports whether k carries scope.
+func (k *Key) Has(scope Scope) bool { return slices.Contains(k.Scopes, scope) }
+
+// AllowsPayTo reports whether k may be used for payments to addr.
+func (k *Key) AllowsPayTo(addr common.Address) bool {
+	return len(k.PayTo) == 0 || slices.Contains(k.PayTo, addr)
+}
+
+// Revoked reports whether k has been revoked.
+func (k *Key) Revoked() bool { return k.RevokedAt != nil }
+
+// Generate makes a new key: the full text (to show once) and its id and hash (to store).
+func Generate() (full, id string, hash [32]byte, err error) {
+	var idb [idLen / 2]byte
+	var secret [secretLen / 2]byte
+	if _, err := rand.Read(idb[:]); err != nil {
+		return "", "", hash, fmt.Errorf("auth: generating a key: %w", err)
+	}
+	if _, err := rand.Read(secret[:]); err != nil {
+		return "", "", hash, fmt.Errorf("auth: generating a key: %w", err)
+	}
+	id = hex.EncodeToString(idb[:])
+	full = prefix + id + "_" + hex.EncodeToString(secret[:])
+	return full, id, Hash(full), nil
+}
+
+// Hash is what is stored for a key.
+func Hash(full string) [32]byte { return sha256.Sum256([]byte(full)) }
+
+// ParseID returns the id of a well-formed key text; ok is false for anything else.
+func ParseID(full string) (id string, ok bool) {
+	rest, found := strings.CutPrefix(full, prefix)
+	if !found || len(rest) != idLen+1+secretLen || rest[idLen] != '_' {
+		return "", false
+	}
+	id, secret := rest[:idLen], rest[idLen+1:]
+	if !isLowerHex(id) || !isLowerHex(secret) {
+		return "", false
+	}
+	return id, true
+}
+
+// ValidID reports whether id has the shape of a key id.
+func ValidID(id string) bool { return len(id) == idLen && isLowerHex(id) }
+
+func isLowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// Matches reports, in constant time, whether full is k's key.
+func (k *Key) Matches(full string) bool {
+	h := Hash(full)
+	return subtle.ConstantTimeCompare(h[:], k.Hash[:]) == 1
+}
+
+// ParseScopes reads a comma-separated scope list; it must name at least one known scope.
+func ParseScopes(s string) ([]Scope, error) {
+	var out []Scope
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		sc := Scope(part)
+		if !slices.Contains(AllScopes, sc) {
+			return nil, fmt.Errorf("unknown scope %q (want verify, settle, status or webhooks)", part)
+		}
+		if !slices.Contains(out, sc) {
+			out = append(out, sc)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("at least one scope is required (verify, settle, status, webhooks)")
+	}
+	return out, nil
+}
+
+// ParsePayTo reads a comma-separated address list (empty: no allow-list).
+func ParsePayTo(s string) ([]common.Address, error) {
+	var out []common.Address
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if !common.IsHexAddress(part) || !strings.HasPrefix(part, "0x") {
+			return nil, fmt.Errorf("pay-to %q is not a 0x address", part)
+		}
+		a := common.HexToAddress(part)
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// ErrNotFound is what a Store returns for an unknown key id.
+var ErrNotFound = errors.New("auth: no such key")
+
+// ErrUnauthorized: the key is malformed, unknown, wrong or revoked. Callers must not tell these
+// apart in what they answer.
+var ErrUnauthorized = errors.New("auth: invalid or revoked API key")
+
+// Store looks keys up by id.
+type Store interface {
+	APIKey(ctx context.Context, id string) (*Key, error)
+}
+
+// Authenticate checks a presented key text against store. It returns ErrUnauthorized for any key
+// that must be refused, and the store's error (wrapped) when the store could not answer.
+func Authenticate(ctx context.Context, store Store, presented string) (*Key, error) {
+	id, ok := ParseID(presented)
+	if !ok {
+		return nil, ErrUnauthorized
+	}
+	k, err := store.APIKey(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return nil, ErrUnauthorized
+	}
+	if err != nil {
+		return nil, fmt.Errorf("auth: looking up key %s: %w", id, err)
+	}
+	if !k.Matches(presented) || k.Revoked() {
+		return nil, ErrUnauthorized
+	}
+	return k, nil
+}

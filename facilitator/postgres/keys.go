@@ -1,0 +1,91 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/x402-facilitator/x402-facilitator/auth"
+)
+
+const apiKeyColumns = `id, key_hash, name, scopes, pay_to, created_at, revoked_at`
+
+func scanAPIKey(row pgx.Row) (*auth.Key, error) {
+	var (
+		k      auth.Key
+		hash   []byte
+		scopes []string
+		payTo  [][]byte
+	)
+	if err := row.Scan(&k.ID, &hash, &k.Name, &scopes, &payTo, &k.CreatedAt, &k.RevokedAt); err != nil {
+		return nil, err
+	}
+	if len(hash) != len(k.Hash) {
+		return nil, fmt.Errorf("postgres: api key %s: stored hash has %d bytes", k.ID, len(hash))
+	}
+	copy(k.Hash[:], hash)
+	for _, s := range scopes {
+		k.Scopes = append(k.Scopes, auth.Scope(s))
+	}
+	for _, a := range payTo {
+		k.PayTo = append(k.PayTo, common.BytesToAddress(a))
+	}
+	return &k, nil
+}
+
+// APIKey returns a key by id, revoked or not; auth.ErrNotFound if there is none.
+func (db *DB) APIKey(ctx context.Context, id string) (*auth.Key, error) {
+	k, err := scanAPIKey(db.pool.QueryRow(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, auth.ErrNotFound
+	}
+	return k, err
+}
+
+// InsertAPIKey stores a new key (its hash, never its text).
+func (db *DB) InsertAPIKey(ctx context.Context, k *auth.Key) error {
+	scopes := make([]string, len(k.Scopes))
+	for i, s := range k.Scopes {
+		scopes[i] = string(s)
+	}
+	payTo := make([][]byte, len(k.PayTo))
+	for i, a := range k.PayTo {
+		payTo[i] = a.Bytes()
+	}
+	return db.pool.QueryRow(ctx, `INSERT INTO api_keys (id, key_hash, name, scopes, pay_to)
+		VALUES ($1, $2, $3, $4, $5) RETURNING created_at`, k.ID, k.Hash[:], k.Name, scopes, payTo).Scan(&k.CreatedAt)
+}
+
+// APIKeys lists every key, oldest first.
+func (db *DB) APIKeys(ctx context.Context) ([]*auth.Key, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+apiKeyColumns+` FROM api_keys ORDER BY created_at, id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*auth.Key
+	for rows.Next() {
+		k, err := scanAPIKey(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RevokeAPIKey revokes a key from now on. Revoking a revoked key keeps its first revocation time;
+// an unknown id is auth.ErrNotFound.
+func (db *DB) RevokeAPIKey(ctx context.Context, id string, now time.Time) (time.Time, error) {
+	var at time.Time
+	err := db.pool.QueryRow(ctx, `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2)
+		WHERE id = $1 RETURNING revoked_at`, id, now).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, auth.ErrNotFound
+	}
+	return at, err
+}
