@@ -16,9 +16,10 @@ demo:
 build:
 	go build -o bin/facilitator ./cmd/facilitator
 
-# Fuzz the request decoder for a minute.
+# Every fuzz target for FUZZTIME seconds each (default 60), one after the other, then a summary
+# table (target, execs, new interesting, result). Needs anvil and Postgres like 'make test'.
 fuzz:
-	go test ./facilitator/ -run '^$$' -fuzz FuzzDecodeRequest -fuzztime 60s
+	scripts/fuzz.sh $(FUZZTIME)
 
 # Benchmark /verify of a valid payload against anvil.
 bench:
