@@ -193,7 +193,13 @@ func fuzzSegments(req *http.Request, prefix string) ([]string, bool) {
 // encodeURIComponent and OpenAPI-generated clients send for eip155:8453, is refused as a network.
 // Once the handlers unescape their parameters this becomes url.PathUnescape(seg) (seg if that
 // fails).
-func fuzzParam(seg string) string { return seg }
+func fuzzParam(seg string) string {
+	// The handlers percent-decode path parameters (what encodeURIComponent clients send).
+	if u, err := url.PathUnescape(seg); err == nil {
+		return u
+	}
+	return seg
+}
 
 // fuzzErrorBody checks a {"error": reason, "message": …} answer.
 func fuzzErrorBody(t *testing.T, w *httptest.ResponseRecorder, status int, reason string) {

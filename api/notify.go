@@ -78,14 +78,14 @@ func (s *Server) listWebhooks(c echo.Context) error {
 }
 
 func (s *Server) deleteWebhook(c echo.Context) error {
-	if err := s.cfg.Notify.DisableWebhook(c.Request().Context(), c.Param("id")); err != nil {
+	if err := s.cfg.Notify.DisableWebhook(c.Request().Context(), pathParam(c, "id")); err != nil {
 		return s.statusError(c, err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
 func (s *Server) authorizationEvents(c echo.Context) error {
-	network, asset, from, nonce := c.Param("network"), c.Param("asset"), c.Param("from"), c.Param("nonce")
+	network, asset, from, nonce := pathParam(c, "network"), pathParam(c, "asset"), pathParam(c, "from"), pathParam(c, "nonce")
 	if _, err := facilitator.ParseCAIP2(network); err != nil {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network must be eip155:<chain id>, got %q", clipParam(network)))
 	}
@@ -101,7 +101,7 @@ func (s *Server) authorizationEvents(c echo.Context) error {
 }
 
 func (s *Server) paymentEvents(c echo.Context) error {
-	id := c.Param("id")
+	id := pathParam(c, "id")
 	if !idParam.MatchString(id) {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
 	}

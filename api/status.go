@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 
@@ -28,7 +29,7 @@ var (
 )
 
 func (s *Server) authorizationStatus(c echo.Context) error {
-	network, asset, from, nonce := c.Param("network"), c.Param("asset"), c.Param("from"), c.Param("nonce")
+	network, asset, from, nonce := pathParam(c, "network"), pathParam(c, "asset"), pathParam(c, "from"), pathParam(c, "nonce")
 	if _, err := facilitator.ParseCAIP2(network); err != nil {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network must be eip155:<chain id>, got %q", clipParam(network)))
 	}
@@ -52,7 +53,7 @@ func (s *Server) authorizationStatus(c echo.Context) error {
 }
 
 func (s *Server) paymentStatus(c echo.Context) error {
-	id := c.Param("id")
+	id := pathParam(c, "id")
 	if !idParam.MatchString(id) {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
 	}
@@ -64,7 +65,7 @@ func (s *Server) paymentStatus(c echo.Context) error {
 }
 
 func (s *Server) settlementStatus(c echo.Context) error {
-	tx := c.Param("tx")
+	tx := pathParam(c, "tx")
 	if !hashParam.MatchString(tx) {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "the transaction hash must be 0x-prefixed 32-byte hex"))
 	}
@@ -93,4 +94,15 @@ func clipParam(s string) string {
 		return s[:64] + "…"
 	}
 	return strings.TrimSpace(s)
+}
+
+// pathParam is a path parameter as the client meant it: echo routes on the raw path and hands
+// parameters over still percent-encoded (eip155%3A8453 is what encodeURIComponent and OpenAPI
+// generators send for eip155:8453).
+func pathParam(c echo.Context, name string) string {
+	v := c.Param(name)
+	if u, err := url.PathUnescape(v); err == nil {
+		return u
+	}
+	return v
 }

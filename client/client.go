@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -217,9 +218,34 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		return 0, nil, err
 	}
 	if len(raw) > 0 && json.Valid(raw) {
-		_ = json.Unmarshal(raw, out)
+		if err := decodeStrict(raw, out); err != nil && res.StatusCode == http.StatusOK {
+			return 0, nil, fmt.Errorf("facilitator: %s %s answered 200 with an unexpected body: %w", method, path, err)
+		}
 	} else if res.StatusCode == http.StatusOK {
 		return 0, nil, fmt.Errorf("facilitator: %s %s answered 200 without JSON", method, path)
 	}
 	return res.StatusCode, res.Header, nil
+}
+
+// decodeStrict decodes raw into out (a pointer to a struct) the way the x402 schema reads it: a
+// JSON object whose values have the fields' types and whose keys match the fields exactly
+// (encoding/json alone also reads "Success" as "success", and goes on past a mistyped field).
+func decodeStrict(raw []byte, out any) error {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &keys); err != nil || keys == nil {
+		return errors.New("not a JSON object")
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return err
+	}
+	t := reflect.TypeOf(out).Elem()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		for k := range keys {
+			if k != name && strings.EqualFold(k, name) {
+				return fmt.Errorf("key %q where %q is expected", k, name)
+			}
+		}
+	}
+	return nil
 }

@@ -123,8 +123,8 @@ func parseV2(req Request) (*Payment, error) {
 	}
 	p := &Payment{
 		X402Version:  2,
-		Scheme:       pp.Accepted.Scheme,
-		Network:      pp.Accepted.Network,
+		Scheme:       clip(pp.Accepted.Scheme), // echoed in answers; no longer value can match a served one
+		Network:      clip(pp.Accepted.Network),
 		Requirements: reqs,
 		Extensions:   pp.Extensions,
 	}
@@ -150,7 +150,7 @@ func parseV1(req Request) (*Payment, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Payment{X402Version: 1, Scheme: pp.Scheme, Network: pp.Network, Requirements: reqs}
+	p := &Payment{X402Version: 1, Scheme: clip(pp.Scheme), Network: clip(pp.Network), Requirements: reqs}
 	if err := parseExactPayload(p, pp.Payload); err != nil {
 		return nil, err
 	}
@@ -214,7 +214,10 @@ func parseExactPayload(p *Payment, raw json.RawMessage) error {
 			From string `json:"from"`
 		}
 		_ = json.Unmarshal(ep.Permit2Authorization, &owner) // only to echo the payer, as upstream does
-		p.Payer = owner.From
+		// Only an address is echoed: nothing else about a Permit2 payload is checked.
+		if _, ok := parseAddress(owner.From); ok {
+			p.Payer = owner.From
+		}
 		return nil
 	}
 	a := ep.Authorization

@@ -131,7 +131,12 @@ func (d *Dispatcher) checkURL(raw string) (string, error) {
 	if !d.cfg.AllowPrivateTargets && !publicHost(u.Hostname()) {
 		return "", bad("must point at a public address")
 	}
-	return u.String(), nil
+	// What is stored and dialed is the URL re-encoded, which can be longer than what was sent.
+	out := u.String()
+	if len(out) > maxURLLength {
+		return "", bad("is longer than 2048 characters once percent-encoded")
+	}
+	return out, nil
 }
 
 // publicHost reports whether a host may be public: a name (checked again at dial time, once
