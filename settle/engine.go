@@ -76,6 +76,14 @@ type Config struct {
 	Now                  func() time.Time
 	// Fault is called at each FaultPoint; only crash tests set it.
 	Fault func(FaultPoint)
+	// Leaser, when set, leases each signer key to one process at a time, so that several
+	// processes can share one ledger (and the same keys): a key this process does not hold takes
+	// no settlement and sends nothing. Without it every key is this process's alone: run one
+	// process per database.
+	Leaser Leaser
+	// LeaseRetry is how often keys held elsewhere are tried again (and a held lease's hand-over
+	// considered).
+	LeaseRetry time.Duration
 }
 
 // Engine settles payments. Start it before use and Stop it at shutdown.
@@ -106,6 +114,7 @@ func New(cfg Config) (*Engine, error) {
 	def(&cfg.RebroadcastAfter, 30*time.Second)
 	def(&cfg.BumpAfter, 90*time.Second)
 	def(&cfg.RPCTimeout, 5*time.Second)
+	def(&cfg.LeaseRetry, time.Second)
 	if cfg.MaxInFlightPerSigner == 0 {
 		cfg.MaxInFlightPerSigner = 128
 	}
@@ -139,14 +148,33 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Start recovers every settlement the ledger holds between signed and final (rebroadcasting what
-// the chain may not have, watching the rest) and starts the broadcasters and watchers.
+// Start takes the signer keys (all of them without a Leaser; those no other process holds with
+// one), recovers every settlement the ledger holds between signed and final for each key taken
+// (rebroadcasting what the chain may not have, watching the rest), and starts the broadcasters
+// and watchers. With a Leaser, keys held elsewhere are taken over in the background when their
+// holder goes away, with the same recovery.
 func (e *Engine) Start(ctx context.Context) error {
+	initial := map[*sender]SignerLease{}
 	for _, n := range e.networks {
 		for _, s := range n.senders {
-			if err := e.recover(ctx, s); err != nil {
+			var l SignerLease = ownLease{e.store}
+			if e.cfg.Leaser != nil {
+				var err error
+				if l, err = e.cfg.Leaser.LeaseSigner(ctx, n.id.ID, s.addr, 0); err != nil {
+					e.releaseAll(initial)
+					return fmt.Errorf("settle: leasing signer %s on %s: %w", s.addr, n.id.ID, err)
+				}
+				if l == nil {
+					e.log.Info("signer key held by another process; waiting to take it over", "network", n.id.ID, "signer", s.addr)
+					continue
+				}
+			}
+			if err := e.takeKey(ctx, s, l); err != nil {
+				l.Release()
+				e.releaseAll(initial)
 				return err
 			}
+			initial[s] = l
 		}
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -155,6 +183,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		for _, s := range n.senders {
 			e.wg.Add(1)
 			go func() { defer e.wg.Done(); s.broadcastLoop(runCtx) }()
+			if e.cfg.Leaser != nil {
+				e.wg.Add(1)
+				go func() { defer e.wg.Done(); e.leaseLoop(runCtx, s, initial[s]) }()
+			}
 		}
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); n.watchLoop(runCtx) }()
@@ -162,7 +194,15 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the loops. Unfinished settlements stay in the ledger; the next Start resumes them.
+func (e *Engine) releaseAll(leases map[*sender]SignerLease) {
+	for s, l := range leases {
+		e.dropKey(s, l)
+		l.Release()
+	}
+}
+
+// Stop ends the loops and gives the signer leases back. Unfinished settlements stay in the
+// ledger; the next holder of their key resumes them.
 func (e *Engine) Stop() {
 	if e.cancel != nil {
 		e.cancel()
@@ -170,9 +210,9 @@ func (e *Engine) Stop() {
 	e.wg.Wait()
 }
 
-func (e *Engine) recover(ctx context.Context, s *sender) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// recoverLocked loads the key's next nonce and resumes its open settlements. Caller holds s.mu
+// and the key's lease.
+func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 	if err := s.load(ctx); err != nil {
 		return fmt.Errorf("settle: %s signer %s: %w", s.net.id.ID, s.addr, err)
 	}
@@ -199,7 +239,7 @@ func (e *Engine) recover(ctx context.Context, s *sender) error {
 		}
 		e.track(f)
 		if o.State.Open() {
-			s.inFlight.Add(1)
+			f.count(true)
 			s.enqueue(f) // the chain may never have seen it: resending is harmless if it has
 		}
 	}
@@ -217,7 +257,9 @@ func (e *Engine) track(f *flight) {
 
 func (e *Engine) untrack(f *flight) {
 	e.mu.Lock()
-	delete(e.flights, f.id)
+	if e.flights[f.id] == f {
+		delete(e.flights, f.id)
+	}
 	e.mu.Unlock()
 }
 
@@ -284,24 +326,6 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 		return Outcome{}, ledgerDown(err)
 	}
 
-	s := n.pickSender()
-	if s == nil {
-		return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
-	}
-	res, gas, err := e.verifier.Settleable(waitCtx, p, s.addr)
-	if err != nil {
-		return Outcome{}, err
-	}
-	if !res.IsValid {
-		if res.InvalidReason == facilitator.ReasonNonceAlreadyUsed {
-			// Possibly ours, committed by a concurrent request since the lookup above.
-			if existing, err := e.store.SettlementByKey(waitCtx, key); err == nil {
-				return e.follow(ctx, waitCtx, p, fp, existing)
-			}
-		}
-		return fail(p, res.InvalidReason, res.InvalidMessage, common.Hash{}), nil
-	}
-
 	row := &NewSettlement{
 		Key: key, Fingerprint: fp, PayTo: p.Authorization.To, Value: p.Authorization.Value,
 		ValidAfter: p.Authorization.ValidAfter, ValidBefore: p.Authorization.ValidBefore,
@@ -314,7 +338,44 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Summary: p.Summary()}
 	}
 	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))
-	f, err := s.submit(waitCtx, row, key.Asset, data, gas)
+
+	var (
+		s   *sender
+		f   *flight
+		gas uint64
+	)
+	// A key can be handed to another process between the pick and the commit: then nothing was
+	// signed with it, and another key of this process's takes the payment.
+	for tries := 0; ; tries++ {
+		s = n.pickSender()
+		if s == nil {
+			if n.leased() == 0 {
+				return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy,
+					"no settlement signer of this network is held by this instance right now (another instance holds them); nothing was sent, retry shortly", nil)
+			}
+			return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
+		}
+		if tries == 0 {
+			res, g, err := e.verifier.Settleable(waitCtx, p, s.addr)
+			if err != nil {
+				return Outcome{}, err
+			}
+			if !res.IsValid {
+				// Possibly ours, committed by a concurrent request (of this process or another)
+				// since the lookup above: its transaction may even be mined already, and then the
+				// simulation reverts ("authorization is used") rather than reporting the nonce used.
+				if existing, err := e.store.SettlementByKey(waitCtx, key); err == nil {
+					return e.follow(ctx, waitCtx, p, fp, existing)
+				}
+				return fail(p, res.InvalidReason, res.InvalidMessage, common.Hash{}), nil
+			}
+			gas = g
+		}
+		f, err = s.submit(waitCtx, row, key.Asset, data, gas)
+		if !errors.Is(err, errNotLeased) || tries >= len(n.senders) {
+			break
+		}
+	}
 	if errors.Is(err, facilitator.ErrDuplicate) {
 		existing, err := e.store.SettlementByKey(waitCtx, key)
 		if err != nil {
@@ -345,7 +406,12 @@ func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp
 	if f := e.flight(s.ID); f != nil {
 		return e.await(ctx, waitCtx, p, f), nil
 	}
-	// Not ours in memory: another process's, or resolved. Read the ledger until it is settled.
+	// Not ours in memory: another process's, or resolved.
+	return e.poll(ctx, waitCtx, p, s)
+}
+
+// poll reads the ledger until the settlement is settled or the deadline passes.
+func (e *Engine) poll(ctx, waitCtx context.Context, p *facilitator.Payment, s *facilitator.Settlement) (Outcome, error) {
 	for !s.State.Succeeded() && s.State.Open() {
 		select {
 		case <-waitCtx.Done():
@@ -368,9 +434,22 @@ func viewOf(s *facilitator.Settlement) view {
 	return view{id: s.ID, state: s.State, hash: s.TxHash, block: s.BlockNumber, reason: s.ErrorReason, message: s.ErrorMessage, delivered: s.Delivered}
 }
 
-// await waits for f's outcome within the deadline.
+// await waits for f's outcome within the deadline. When this process loses f's key meanwhile,
+// the key's next holder finishes f: the answer then comes from the ledger.
 func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *flight) Outcome {
-	return e.answer(ctx, p, f.wait(waitCtx, settled))
+	v := f.wait(waitCtx, func(v view) bool { return settled(v) || v.dropped })
+	if !v.dropped || settled(v) {
+		return e.answer(ctx, p, v)
+	}
+	s, err := e.store.SettlementByID(waitCtx, f.id)
+	if err != nil {
+		return e.answer(ctx, p, v) // open: pending with the hash; the caller asks again
+	}
+	out, err := e.poll(ctx, waitCtx, p, s)
+	if err != nil {
+		return e.answer(ctx, p, v)
+	}
+	return out
 }
 
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:

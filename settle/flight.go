@@ -35,6 +35,10 @@ type flight struct {
 	message   string
 	txs       []*sentTx // in the order signed; the last is the one to (re)send
 	changed   chan struct{}
+	// counted: the flight is in its sender's in-flight count (signed, not yet resolved).
+	counted bool
+	// dropped: this process lost the flight's key; the key's next holder works the settlement.
+	dropped bool
 }
 
 // sentTx is one signed variant of a flight's transaction.
@@ -56,6 +60,7 @@ type view struct {
 	reason    string
 	message   string
 	delivered bool
+	dropped   bool // the process no longer works the flight: read the ledger instead
 }
 
 func newFlight(id int64, state facilitator.State) *flight {
@@ -69,7 +74,7 @@ func (f *flight) view() view {
 }
 
 func (f *flight) viewLocked() view {
-	v := view{id: f.id, state: f.state, block: f.block, reason: f.reason, message: f.message, hash: f.minedHash}
+	v := view{id: f.id, state: f.state, block: f.block, reason: f.reason, message: f.message, hash: f.minedHash, dropped: f.dropped}
 	if v.hash == (common.Hash{}) && len(f.txs) > 0 {
 		v.hash = f.txs[len(f.txs)-1].hash
 	}
@@ -100,6 +105,30 @@ func (f *flight) wait(ctx context.Context, done func(view) bool) view {
 			return v
 		}
 	}
+}
+
+// count puts the flight in its sender's in-flight count (on) or takes it out; a dropped flight
+// no longer counts (its sender's count was reset when it was dropped).
+func (f *flight) count(on bool) {
+	f.mu.Lock()
+	change := f.counted != on && !f.dropped
+	if change {
+		f.counted = on
+	}
+	f.mu.Unlock()
+	switch {
+	case change && on:
+		f.sender.inFlight.Add(1)
+	case change:
+		f.sender.inFlight.Add(-1)
+	}
+}
+
+// isDropped reports whether this process has let go of the flight.
+func (f *flight) isDropped() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dropped
 }
 
 // latest is the variant to (re)send.

@@ -27,6 +27,12 @@ type network struct {
 	bumpMu sync.Mutex
 	bumps  map[int64]bool // flights a node called underpriced: bump on the next watch
 
+	// leaseMu orders hand-overs of the network's keys (one at a time, so that this process keeps
+	// one) and the turns at queueing for a key.
+	leaseMu sync.Mutex
+	waiting bool
+	turn    int
+
 	// Owned by the watcher goroutine.
 	lastBlock uint64
 	lastSweep time.Time
@@ -70,12 +76,13 @@ func (n *network) fees(ctx context.Context) (Fees, error) {
 	return n.feeLast, nil
 }
 
-// pickSender returns the signer with the fewest transactions in flight, or nil when all are at
-// the limit (back-pressure: the caller answers 503 with Retry-After rather than queue forever).
+// pickSender returns the signer this process holds with the fewest transactions in flight, or
+// nil when it holds none or all are at the limit (back-pressure: the caller answers 503 with
+// Retry-After rather than queue forever).
 func (n *network) pickSender() *sender {
 	var best *sender
 	for _, s := range n.senders {
-		if s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
+		if s.held() == nil || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
 			continue
 		}
 		if best == nil || s.inFlight.Load() < best.inFlight.Load() {

@@ -34,6 +34,10 @@ type sender struct {
 
 	inFlight atomic.Int64 // flights not yet mined or failed
 	queue    chan *flight // to the broadcaster, in nonce order
+
+	// lease is this process's hold on the key; nil while another process holds it. Set and
+	// cleared under mu, so a commit never straddles a change of holder.
+	lease atomic.Pointer[leaseBox]
 }
 
 func newSender(n *network, key *ecdsa.PrivateKey, queueSize int) *sender {
@@ -84,6 +88,10 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for attempt := 0; ; attempt++ {
+		l := s.held()
+		if l == nil {
+			return nil, errNotLeased
+		}
 		if !s.loaded {
 			if err := s.load(ctx); err != nil {
 				return nil, err
@@ -109,7 +117,10 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 		row.Signer, row.TxNonce = s.addr, nonce
 		row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap}
 		e.fault(FaultBeforeCommit)
-		id, err := e.store.InsertSettlement(ctx, row)
+		// The commit goes through the key's lease: it fails if this process no longer holds the key.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+		id, err := l.InsertSettlement(wctx, row)
+		cancel()
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
 			// Our view of the key is stale (a commit whose answer was lost, another process on the
 			// key): re-derive it and take the next free nonce.
@@ -129,7 +140,7 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
 		f.sender, f.nonce, f.gas, f.data = s, nonce, gasLimit, data
 		f.txs = []*sentTx{{hash: tx.Hash(), raw: raw, fees: fees, signedAt: e.now()}}
-		s.inFlight.Add(1)
+		f.count(true)
 		e.track(f)
 		s.enqueue(f)
 		return f, nil
@@ -177,9 +188,12 @@ func (s *sender) send(ctx context.Context, flights []*flight) {
 	elems := make([]rpc.BatchElem, 0, len(flights))
 	txs := make([]*sentTx, 0, len(flights))
 	var sendable []*flight
+	if s.held() == nil {
+		return // the key's holder sends them
+	}
 	for _, f := range flights {
 		t := f.latest()
-		if t == nil || !f.view().state.Open() {
+		if v := f.view(); t == nil || !v.state.Open() || v.dropped {
 			continue
 		}
 		sendable = append(sendable, f)

@@ -163,7 +163,7 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 			f.state, f.minedHash, f.block, f.blockHash = r.State, r.TxHash, r.BlockNumber, r.BlockHash
 			f.reason, f.message = r.ErrorReason, r.ErrorMessage
 		})
-		f.sender.inFlight.Add(-1)
+		f.count(false)
 		e.log.Info("settlement resolved", "settlement", f.id, "state", r.State, "tx", r.TxHash, "block", r.BlockNumber,
 			"payer", f.key.Payer, "nonce", hexutil.Encode(f.key.Nonce[:]))
 		if !r.State.Succeeded() {
@@ -257,7 +257,7 @@ func (n *network) confirm(ctx context.Context, f *flight, rcpt *types.Receipt, h
 		f.update(func(f *flight) {
 			f.state, f.minedHash, f.block = facilitator.StateBroadcast, common.Hash{}, 0
 		})
-		f.sender.inFlight.Add(1)
+		f.count(true)
 		return false
 	}
 	return head+1 >= rcpt.BlockNumber.Uint64()+n.depth
@@ -371,6 +371,10 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 		return nil
 	}
 	s := f.sender
+	l := s.held()
+	if l == nil || f.isDropped() {
+		return errNotLeased // the key's holder bumps it
+	}
 	to := f.key.Asset
 	tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
 		ChainID: new(big.Int).SetUint64(n.id.ChainID), Nonce: f.nonce,
@@ -383,7 +387,12 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	if err != nil {
 		return err
 	}
-	if err := e.store.AddTx(ctx, f.id, TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap}); err != nil {
+	// Through the lease: a process that lost the key cannot add a variant its next holder would
+	// not know of.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	err = l.AddTx(wctx, f.id, TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap})
+	cancel()
+	if err != nil {
 		return err
 	}
 	f.update(func(f *flight) {

@@ -122,6 +122,8 @@ func (m *Main) Run(ctx context.Context) error {
 		RPCTimeout:           cfg.RPCTimeout,
 		Logger:               log,
 		Fault:                faultInjector(cfg.Fault, log),
+		// Replicas on one database share the signer keys by leasing each to one of them at a time.
+		Leaser: m.db,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,256 @@
+package settle
+
+import (
+	"context"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Leaser leases signer keys to one process at a time (DESIGN invariant 7: across replicas a
+// signer key is leased, never shared). facilitator/postgres implements it with a session advisory
+// lock per key, held on a connection of its own.
+type Leaser interface {
+	// LeaseSigner takes the key's lease. With wait zero it returns (nil, nil) at once when another
+	// process holds it; with wait > 0 it queues behind the holder for up to wait, which tells a
+	// holder of several keys that someone wants one (SignerLease.Wanted). An error means the
+	// lease store is unavailable.
+	LeaseSigner(ctx context.Context, network string, signer common.Address, wait time.Duration) (SignerLease, error)
+}
+
+// SignerLease is a held lease. Its writes are the key's ledger writes that allocate or extend its
+// nonce stream: they go through the lease itself and fail once it is lost, so a process that lost a
+// key cannot commit a transaction for it.
+type SignerLease interface {
+	// Lost is closed when the lease ends: its session failed, or Release.
+	Lost() <-chan struct{}
+	// Wanted reports whether another process queued for this lease at the last check.
+	Wanted() bool
+	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
+	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
+	// Release gives the lease up. It is safe to call more than once.
+	Release()
+}
+
+// ownLease is the lease of an engine without a Leaser: every key is its own, for good (one
+// process per database).
+type ownLease struct{ store Store }
+
+func (ownLease) Lost() <-chan struct{} { return nil }
+func (ownLease) Wanted() bool          { return false }
+func (ownLease) Release()              {}
+func (o ownLease) InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error) {
+	return o.store.InsertSettlement(ctx, s)
+}
+func (o ownLease) AddTx(ctx context.Context, id int64, tx TxRecord) error {
+	return o.store.AddTx(ctx, id, tx)
+}
+
+// leaseBox holds a SignerLease in an atomic.Pointer.
+type leaseBox struct{ l SignerLease }
+
+// errNotLeased: the sender's key is not (or no longer) leased by this process; nothing was sent.
+var errNotLeased = facilitator.Unavailable(facilitator.ReasonSettlerBusy,
+	"the settlement signer was handed to another instance; nothing was sent, retry", nil)
+
+// leaseWriteTimeout bounds a write through a lease. The write does not follow the caller's
+// context: a caller that hangs up mid-commit must not cut the lease's session (a cancelled
+// statement closes its connection, and with it the lock).
+const leaseWriteTimeout = 5 * time.Second
+
+// leaseWait is how long a process that holds no key of a network queues for one.
+const leaseWait = 3 * time.Second
+
+// held is the sender's lease, nil when this process does not hold the key.
+func (s *sender) held() SignerLease {
+	if b := s.lease.Load(); b != nil {
+		return b.l
+	}
+	return nil
+}
+
+// takeKey makes l the sender's lease and runs the key's recovery: its next nonce from the chain
+// and the ledger, and every settlement the ledger holds open for it resumed (rebroadcast, watched).
+// On failure the key is not used.
+func (e *Engine) takeKey(ctx context.Context, s *sender, l SignerLease) error {
+	s.mu.Lock()
+	s.loaded = false
+	s.lease.Store(&leaseBox{l})
+	err := e.recoverLocked(ctx, s)
+	if err != nil {
+		s.lease.Store(nil)
+		s.loaded = false
+	}
+	s.mu.Unlock()
+	if err != nil {
+		e.dropFlights(s)
+	}
+	return err
+}
+
+// dropKey stops the sender using l at once: it takes no new settlement, signs nothing, and its
+// flights leave this process (the key's next holder resumes them from the ledger; their waiters
+// read the ledger). It returns how many flights were dropped.
+func (e *Engine) dropKey(s *sender, l SignerLease) int {
+	s.mu.Lock() // waits for a commit in progress: it either landed (and is in the ledger) or failed
+	if b := s.lease.Load(); b != nil && b.l == l {
+		s.lease.Store(nil)
+	}
+	s.loaded = false
+	s.mu.Unlock()
+	return e.dropFlights(s)
+}
+
+// dropFlights forgets the sender's flights and wakes their waiters.
+func (e *Engine) dropFlights(s *sender) int {
+	e.mu.Lock()
+	var dropped []*flight
+	for id, f := range e.flights {
+		if f.sender == s {
+			delete(e.flights, id)
+			dropped = append(dropped, f)
+		}
+	}
+	e.mu.Unlock()
+	for _, f := range dropped {
+		f.update(func(f *flight) { f.dropped, f.counted = true, false })
+		s.net.takeBump(f)
+	}
+	s.inFlight.Store(0)
+	return len(dropped)
+}
+
+// leaseLoop keeps the sender's key leased when it can be: it retries every LeaseRetry while
+// another process holds it, runs the key's recovery when it gets it, drops the key the moment
+// the lease is lost, and hands a key over to a replica that holds none of the network's.
+func (e *Engine) leaseLoop(ctx context.Context, s *sender, l SignerLease) {
+	n := s.net
+	t := time.NewTicker(e.cfg.LeaseRetry)
+	defer t.Stop()
+	for {
+		if l == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			l = e.lease(ctx, s, 0)
+			if l == nil && n.leased() == 0 && n.waitTurn(s) {
+				// This process settles nothing on the network: queue for a key, so that a holder
+				// of several hands one over.
+				l = e.lease(ctx, s, leaseWait)
+				n.waitDone()
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			e.dropKey(s, l)
+			l.Release()
+			return
+		case <-l.Lost():
+			dropped := e.dropKey(s, l)
+			l.Release()
+			l = nil
+			e.log.Warn("signer lease lost: the key is no longer used by this process", "network", n.id.ID, "signer", s.addr,
+				"flights_dropped", dropped)
+		case <-t.C:
+			if l.Wanted() && n.handOver(s, l) {
+				l.Release()
+				// The lock goes straight to the queued process: Postgres grants it to the
+				// waiter as the session ends, before this process could ask again.
+				l = nil
+			}
+		}
+	}
+}
+
+// lease tries to take the sender's key and recover it; nil when it is not this process's.
+func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) SignerLease {
+	began := time.Now()
+	l, err := e.cfg.Leaser.LeaseSigner(ctx, s.net.id.ID, s.addr, wait)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.Warn("taking a signer lease", "network", s.net.id.ID, "signer", s.addr, "err", err)
+		}
+		return nil
+	}
+	if l == nil {
+		return nil
+	}
+	if err := e.takeKey(ctx, s, l); err != nil {
+		l.Release()
+		if ctx.Err() == nil {
+			e.log.Warn("recovering a leased signer; gave the lease back", "network", s.net.id.ID, "signer", s.addr, "err", err)
+		}
+		return nil
+	}
+	e.log.Info("signer lease taken", "network", s.net.id.ID, "signer", s.addr, "next_nonce", s.nextNonce(),
+		"took", time.Since(began).Round(time.Millisecond))
+	return l
+}
+
+// leased counts the network's keys this process holds.
+func (n *network) leased() int {
+	c := 0
+	for _, s := range n.senders {
+		if s.held() != nil {
+			c++
+		}
+	}
+	return c
+}
+
+// handOver gives s's key up to a process queued for it, if this process keeps another key of the
+// network: every replica then settles with at least one key when there are enough.
+func (n *network) handOver(s *sender, l SignerLease) bool {
+	n.leaseMu.Lock()
+	defer n.leaseMu.Unlock()
+	if n.leased() < 2 {
+		return false
+	}
+	dropped := n.engine.dropKey(s, l)
+	n.engine.log.Info("signer lease handed over to a replica that holds no key of the network", "network", n.id.ID,
+		"signer", s.addr, "flights_dropped", dropped)
+	return true
+}
+
+// waitTurn lets one sender of the network at a time queue for its key, in turn.
+func (n *network) waitTurn(s *sender) bool {
+	n.leaseMu.Lock()
+	defer n.leaseMu.Unlock()
+	if n.waiting || n.senders[n.turn%len(n.senders)] != s {
+		return false
+	}
+	n.waiting = true
+	return true
+}
+
+func (n *network) waitDone() {
+	n.leaseMu.Lock()
+	n.waiting = false
+	n.turn++
+	n.leaseMu.Unlock()
+}
+
+func (s *sender) nextNonce() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.next
+}
+
+// HeldSigners lists, by network, the signer keys this process holds now (every key without a
+// Leaser).
+func (e *Engine) HeldSigners() map[string][]common.Address {
+	out := map[string][]common.Address{}
+	for id, n := range e.networks {
+		for _, s := range n.senders {
+			if s.held() != nil {
+				out[id] = append(out[id], s.addr)
+			}
+		}
+	}
+	return out
+}
