@@ -36,8 +36,17 @@ func Fresh(ctx context.Context, suffix string) (string, error) {
 	}
 	defer conn.Close(ctx)
 	ident := pgx.Identifier{name}.Sanitize()
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
-		return "", err
+	// FORCE cannot end a session this role does not own (an autovacuum worker on the old database,
+	// say): those finish within moments, so try again a few times.
+	for attempt := 0; ; attempt++ {
+		_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+		if err == nil {
+			break
+		}
+		if attempt >= 20 || ctx.Err() != nil {
+			return "", err
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
 		return "", err
