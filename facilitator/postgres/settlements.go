@@ -178,15 +178,23 @@ func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
 		WITH r AS (
 			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[])
 				AS r(id, state, tx_hash, block_number, block_hash, reason, message)),
+		o AS (SELECT id, state AS was FROM settlements WHERE id = ANY($1)),
 		u AS (
 			UPDATE settlements s SET state = r.state, tx_hash = r.tx_hash, block_number = NULLIF(r.block_number, 0),
 				block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),
 				updated_at = now()
-			FROM r WHERE s.id = r.id AND s.state IN ('signed', 'broadcast')
-			RETURNING s.id, s.state, s.tx_hash, s.block_number, s.error_reason)
+			FROM r, o WHERE s.id = r.id AND o.id = s.id AND s.state IN ('signed', 'broadcast')
+			RETURNING s.id, s.state, o.was, s.tx_hash, s.block_number, s.error_reason)
 		INSERT INTO settlement_events (settlement_id, state, detail)
-		SELECT id, state, COALESCE('tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number, 'no transaction of ours landed')
-			|| COALESCE(' ' || error_reason, '') FROM u`,
+		SELECT id, state, detail FROM (
+			-- A receipt can arrive before the broadcast is recorded (a node that mines on arrival):
+			-- the transaction was broadcast all the same, so its life keeps every step.
+			SELECT id, 'broadcast' AS state, NULL AS detail, 0 AS step FROM u
+				WHERE was = 'signed' AND state IN ('mined', 'reverted')
+			UNION ALL
+			SELECT id, state, COALESCE('tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number, 'no transaction of ours landed')
+				|| COALESCE(' ' || error_reason, ''), 1 FROM u) e
+		ORDER BY id, step`,
 		ids, states, hashes, blocks, blockHashes, reasons, messages)
 	return err
 }

@@ -1,0 +1,91 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// TestResolveKeepsEveryStep: a node that mines on arrival can hand the watcher a receipt before the
+// broadcast is recorded. The row still passes through broadcast in its event log, in order, so a
+// webhook subscriber sees the whole life, and the late MarkBroadcast changes nothing.
+func TestResolveKeepsEveryStep(t *testing.T) {
+	db := openTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	network := fmt.Sprintf("eip155:%d", time.Now().UnixNano()%1_000_000_000)
+	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x03")); err != nil {
+		t.Fatal(err)
+	}
+	txNonce := uint64(0)
+	insert := func() int64 {
+		t.Helper()
+		txNonce++
+		var nonce [32]byte
+		var hash common.Hash
+		rand.Read(nonce[:])
+		rand.Read(hash[:])
+		id, err := db.InsertSettlement(ctx, &settle.NewSettlement{
+			Key:   facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
+			PayTo: common.HexToAddress("0xc"),
+			Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
+			X402Version: 2, Request: []byte(`{}`), Signer: common.HexToAddress("0xd"), TxNonce: txNonce,
+			Tx: settle.TxRecord{Hash: hash, Raw: []byte{1}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	states := func(id int64) []facilitator.State {
+		t.Helper()
+		evs, err := db.SettlementEvents(ctx, id, 0, []string{"signed", "broadcast", "mined", "reverted", "expired", "final"}, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []facilitator.State
+		for _, ev := range evs {
+			out = append(out, ev.State)
+		}
+		return out
+	}
+	mined := settle.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+
+	early, normal, expired := insert(), insert(), insert()
+	if err := db.MarkBroadcast(ctx, []int64{normal}); err != nil {
+		t.Fatal(err)
+	}
+	r1, r2 := mined, mined
+	r1.ID, r2.ID = early, normal
+	if err := db.Resolve(ctx, []settle.Resolution{r1, r2, {ID: expired, State: facilitator.StateExpired}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MarkBroadcast(ctx, []int64{early}); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprint([]facilitator.State{"signed", "broadcast", "mined"})
+	for name, id := range map[string]int64{"mined before the broadcast was recorded": early, "broadcast then mined": normal} {
+		if got := fmt.Sprint(states(id)); got != want {
+			t.Errorf("%s: events %s, want %s", name, got, want)
+		}
+	}
+	// An outcome read from the clock never sent anything: no broadcast step is invented.
+	if got, want := fmt.Sprint(states(expired)), fmt.Sprint([]facilitator.State{"signed", "expired"}); got != want {
+		t.Errorf("expired: events %s, want %s", got, want)
+	}
+	s, err := db.SettlementByID(ctx, early)
+	if err != nil || s.State != facilitator.StateMined {
+		t.Fatalf("late MarkBroadcast moved the row: %+v, %v", s, err)
+	}
+}
