@@ -178,7 +178,9 @@ func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
 		WITH r AS (
 			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[])
 				AS r(id, state, tx_hash, block_number, block_hash, reason, message)),
-		o AS (SELECT id, state AS was FROM settlements WHERE id = ANY($1)),
+		-- FOR UPDATE waits for a concurrent MarkBroadcast and reads the state it left, so the step
+		-- below is added only when nothing recorded it.
+		o AS (SELECT id, state AS was FROM settlements WHERE id = ANY($1) FOR UPDATE),
 		u AS (
 			UPDATE settlements s SET state = r.state, tx_hash = r.tx_hash, block_number = NULLIF(r.block_number, 0),
 				block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),

@@ -89,3 +89,76 @@ func TestResolveKeepsEveryStep(t *testing.T) {
 		t.Fatalf("late MarkBroadcast moved the row: %+v, %v", s, err)
 	}
 }
+
+// TestResolveRacingMarkBroadcast: the sender's MarkBroadcast and the watcher's Resolve of the same
+// rows race; whichever wins, each row has exactly one broadcast event, before its mined one.
+func TestResolveRacingMarkBroadcast(t *testing.T) {
+	db := openTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	network := fmt.Sprintf("eip155:%d", time.Now().UnixNano()%1_000_000_000)
+	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x04")); err != nil {
+		t.Fatal(err)
+	}
+	const n = 150
+	ids := make([]int64, n)
+	for i := range ids {
+		var nonce [32]byte
+		var hash common.Hash
+		rand.Read(nonce[:])
+		rand.Read(hash[:])
+		id, err := db.InsertSettlement(ctx, &settle.NewSettlement{
+			Key:   facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
+			PayTo: common.HexToAddress("0xc"),
+			Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
+			X402Version: 2, Request: []byte(`{}`), Signer: common.HexToAddress("0xd"), TxNonce: uint64(i),
+			Tx: settle.TxRecord{Hash: hash, Raw: []byte{1}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = id
+	}
+	errs := make(chan error, 2)
+	go func() {
+		for _, id := range ids {
+			if err := db.MarkBroadcast(ctx, []int64{id}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	go func() {
+		for _, id := range ids {
+			r := settle.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+			if err := db.Resolve(ctx, []settle.Resolution{r}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := fmt.Sprint([]facilitator.State{"signed", "broadcast", "mined"})
+	for _, id := range ids {
+		evs, err := db.SettlementEvents(ctx, id, 0, []string{"signed", "broadcast", "mined"}, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []facilitator.State
+		for _, ev := range evs {
+			got = append(got, ev.State)
+		}
+		if fmt.Sprint(got) != want {
+			t.Fatalf("settlement %d: events %v, want %s", id, got, want)
+		}
+	}
+}
