@@ -8,12 +8,10 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/ethereum/go-ethereum/common"
 	"github.com/labstack/echo/v4"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
-	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // Notify serves webhook registration and event streams (notify.Dispatcher).
@@ -85,18 +83,10 @@ func (s *Server) deleteWebhook(c echo.Context) error {
 }
 
 func (s *Server) authorizationEvents(c echo.Context) error {
-	network, asset, from, nonce := pathParam(c, "network"), pathParam(c, "asset"), pathParam(c, "from"), pathParam(c, "nonce")
-	if _, err := facilitator.ParseCAIP2(network); err != nil {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network must be eip155:<chain id>, got %q", clipParam(network)))
+	key, err := authorizationKeyParam(c)
+	if err != nil {
+		return s.statusError(c, err)
 	}
-	if !addressParam.MatchString(asset) || !addressParam.MatchString(from) {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "asset and from must be 0x-prefixed 20-byte hex addresses"))
-	}
-	n, ok := status.ParseNonce(nonce)
-	if !ok {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "nonce must be 0x-prefixed 32-byte hex"))
-	}
-	key := facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress(asset), Payer: common.HexToAddress(from), Nonce: n}
 	return s.stream(c, notify.Target{Key: key})
 }
 

@@ -28,19 +28,27 @@ var (
 	idParam      = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
 )
 
-func (s *Server) authorizationStatus(c echo.Context) error {
+// authorizationKeyParam reads the /{network}/{asset}/{from}/{nonce} path of the status and event routes.
+func authorizationKeyParam(c echo.Context) (facilitator.AuthorizationKey, error) {
 	network, asset, from, nonce := pathParam(c, "network"), pathParam(c, "asset"), pathParam(c, "from"), pathParam(c, "nonce")
 	if _, err := facilitator.ParseCAIP2(network); err != nil {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network must be eip155:<chain id>, got %q", clipParam(network)))
+		return facilitator.AuthorizationKey{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network must be eip155:<chain id>, got %q", clipParam(network))
 	}
 	if !addressParam.MatchString(asset) || !addressParam.MatchString(from) {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "asset and from must be 0x-prefixed 20-byte hex addresses"))
+		return facilitator.AuthorizationKey{}, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "asset and from must be 0x-prefixed 20-byte hex addresses")
 	}
 	n, ok := status.ParseNonce(nonce)
 	if !ok {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "nonce must be 0x-prefixed 32-byte hex"))
+		return facilitator.AuthorizationKey{}, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "nonce must be 0x-prefixed 32-byte hex")
 	}
-	key := facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress(asset), Payer: common.HexToAddress(from), Nonce: n}
+	return facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress(asset), Payer: common.HexToAddress(from), Nonce: n}, nil
+}
+
+func (s *Server) authorizationStatus(c echo.Context) error {
+	key, err := authorizationKeyParam(c)
+	if err != nil {
+		return s.statusError(c, err)
+	}
 	st, found, err := s.cfg.Status.Authorization(c.Request().Context(), key)
 	if err != nil {
 		return s.statusError(c, err)

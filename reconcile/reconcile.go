@@ -277,22 +277,10 @@ func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.Settl
 		if elems[i].Error != nil || r == nil {
 			continue
 		}
-		res := settle.Resolution{ID: s.ID, TxHash: r.TxHash, BlockNumber: r.BlockNumber.Uint64(), BlockHash: r.BlockHash}
-		if r.Status == types.ReceiptStatusSuccessful {
-			res.State = facilitator.StateMined
-			return res, true, nil
-		}
-		used, err := verify.AuthorizationUsed(ctx, n.Reader, s.Key.Asset, s.Key.Payer, s.Key.Nonce)
+		res, err := settle.ReceiptOutcome(ctx, func(ctx context.Context, elems []rpc.BatchElem) error { return j.batch(ctx, n, elems) },
+			settle.ExpectedOf(s), r)
 		if err != nil {
 			return settle.Resolution{}, false, err
-		}
-		switch {
-		case used:
-			res.State, res.ErrorReason = facilitator.StateSettledElsewhere, facilitator.ReasonNonceAlreadyUsed
-		case s.ValidBefore != nil && new(big.Int).SetUint64(headTime).Cmp(s.ValidBefore) >= 0:
-			res.State, res.ErrorReason = facilitator.StateExpired, facilitator.ReasonValidBefore
-		default:
-			res.State, res.ErrorReason = facilitator.StateReverted, facilitator.ReasonTransactionFailed
 		}
 		return res, true, nil
 	}

@@ -1,7 +1,6 @@
 package settle
 
 import (
-	"bytes"
 	"context"
 	"math/big"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 var transferTopic = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
@@ -263,72 +261,14 @@ func (n *network) confirm(ctx context.Context, f *flight, rcpt *types.Receipt, h
 	return head+1 >= rcpt.BlockNumber.Uint64()+n.depth
 }
 
-// outcome turns a receipt into the settlement's outcome. A revert is explained from the chain:
-// the authorization used by someone else, expired, or a plain failure. ok is false when that
-// could not be read (the next round tries again).
-func (n *network) outcome(ctx context.Context, f *flight, rcpt *types.Receipt) (res Resolution, ok bool) {
-	res = Resolution{ID: f.id, TxHash: rcpt.TxHash, BlockNumber: rcpt.BlockNumber.Uint64(), BlockHash: rcpt.BlockHash}
-	if rcpt.Status == types.ReceiptStatusSuccessful {
-		res.State = facilitator.StateMined
-		if !transferLogged(rcpt, f) {
-			res.ErrorReason = facilitator.ReasonTransferEventMismatch
-			res.ErrorMessage = "the transaction succeeded without the expected Transfer event"
-		}
-		return res, true
-	}
-	used, blockTime, err := n.explainRevert(ctx, f, rcpt)
+// outcome classifies a receipt of f's; ok is false when the chain could not explain it this round.
+func (n *network) outcome(ctx context.Context, f *flight, rcpt *types.Receipt) (Resolution, bool) {
+	res, err := ReceiptOutcome(ctx, n.batch, Expected{ID: f.id, Key: f.key, PayTo: f.payTo, Value: f.value, ValidBefore: f.validBefore}, rcpt)
 	if err != nil {
 		n.engine.log.Warn("explaining a revert; will retry", "settlement", f.id, "err", err)
-		return res, false
-	}
-	switch {
-	case used:
-		res.State = facilitator.StateSettledElsewhere
-		res.ErrorReason = facilitator.ReasonNonceAlreadyUsed
-		res.ErrorMessage = "the authorization was used by another transaction before ours"
-	case f.validBefore != nil && new(big.Int).SetUint64(blockTime).Cmp(f.validBefore) >= 0:
-		res.State = facilitator.StateExpired
-		res.ErrorReason = facilitator.ReasonValidBefore
-		res.ErrorMessage = "the authorization expired before the transaction was mined"
-	default:
-		res.State = facilitator.StateReverted
-		res.ErrorReason = facilitator.ReasonTransactionFailed
-		res.ErrorMessage = "the transaction reverted"
+		return Resolution{}, false
 	}
 	return res, true
-}
-
-// explainRevert reads whether the authorization is used now, and the block's time.
-func (n *network) explainRevert(ctx context.Context, f *flight, rcpt *types.Receipt) (used bool, blockTime uint64, err error) {
-	var state hexutil.Bytes
-	var block struct {
-		Time hexutil.Uint64 `json:"timestamp"`
-	}
-	call := map[string]any{"to": f.key.Asset, "input": hexutil.Bytes(verify.AuthorizationStateCalldata(f.key.Payer, f.key.Nonce))}
-	elems := []rpc.BatchElem{
-		{Method: "eth_call", Args: []any{call, "latest"}, Result: &state},
-		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeBig(rcpt.BlockNumber), false}, Result: &block},
-	}
-	if err := n.batch(ctx, elems); err != nil {
-		return false, 0, err
-	}
-	for _, el := range elems {
-		if el.Error != nil {
-			return false, 0, el.Error
-		}
-	}
-	return len(state) == 32 && state[31] == 1, uint64(block.Time), nil
-}
-
-func transferLogged(rcpt *types.Receipt, f *flight) bool {
-	for _, l := range rcpt.Logs {
-		if l.Address == f.key.Asset && len(l.Topics) == 3 && l.Topics[0] == transferTopic &&
-			common.BytesToAddress(l.Topics[1][:]) == f.key.Payer && common.BytesToAddress(l.Topics[2][:]) == f.payTo &&
-			bytes.Equal(l.Data, common.LeftPadBytes(f.value.Bytes(), 32)) {
-			return true
-		}
-	}
-	return false
 }
 
 // needsSend decides whether an unmined flight's transaction should go out again now, bumping its

@@ -3,10 +3,8 @@ package postgres
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -14,30 +12,29 @@ import (
 // PaymentID returns a payment id's record with its settlement as it stands now.
 func (db *DB) PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error) {
 	var (
-		rec      facilitator.PaymentIDRecord
-		fp       []byte
-		summary  []byte
-		expires  *time.Time
-		settleID int64
+		rec     facilitator.PaymentIDRecord
+		fp      []byte
+		summary []byte
+		expires *time.Time
 	)
-	err := db.pool.QueryRow(ctx, `SELECT scope, id, fingerprint, summary, response, response_expires_at, created_at, settlement_id
-		FROM payment_ids WHERE scope = $1 AND id = $2`, scope, id).
-		Scan(&rec.Scope, &rec.ID, &fp, &summary, &rec.Response, &expires, &rec.CreatedAt, &settleID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, facilitator.ErrNotFound
-	}
+	// One round trip: a replay is answered from this read alone.
+	s, err := scanSettlementWith(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+`,
+			p.p_scope, p.p_id, p.p_fingerprint, p.summary, p.response, p.response_expires_at, p.p_created_at
+		FROM (SELECT scope AS p_scope, id AS p_id, fingerprint AS p_fingerprint, summary, response,
+				response_expires_at, created_at AS p_created_at, settlement_id
+			FROM payment_ids WHERE scope = $1 AND id = $2) p
+		JOIN settlements ON settlements.id = p.settlement_id`, scope, id),
+		&rec.Scope, &rec.ID, &fp, &summary, &rec.Response, &expires, &rec.CreatedAt)
 	if err != nil {
 		return nil, err
 	}
+	rec.Settlement = s
 	copy(rec.Fingerprint[:], fp)
 	if err := json.Unmarshal(summary, &rec.Summary); err != nil {
 		return nil, err
 	}
 	if expires != nil {
 		rec.ResponseExpires = *expires
-	}
-	if rec.Settlement, err = db.SettlementByID(ctx, settleID); err != nil {
-		return nil, err
 	}
 	return &rec, nil
 }

@@ -26,7 +26,10 @@ const settlementColumns = `id, network, asset, payer, auth_nonce, fingerprint, p
 		ORDER BY t.created_at DESC, t.tx_hash DESC LIMIT 1)),
 	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at`
 
-func scanSettlement(row pgx.Row) (*facilitator.Settlement, error) {
+func scanSettlement(row pgx.Row) (*facilitator.Settlement, error) { return scanSettlementWith(row) }
+
+// scanSettlementWith reads a row of settlementColumns followed by extra columns into extra.
+func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, error) {
 	var (
 		s                                     facilitator.Settlement
 		asset, payer, nonce, fp, payTo, signr []byte
@@ -37,8 +40,8 @@ func scanSettlement(row pgx.Row) (*facilitator.Settlement, error) {
 		state                                 string
 		txNonce                               int64
 	)
-	err := row.Scan(&s.ID, &s.Key.Network, &asset, &payer, &nonce, &fp, &payTo, &value, &validBefore,
-		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt)
+	err := row.Scan(append([]any{&s.ID, &s.Key.Network, &asset, &payer, &nonce, &fp, &payTo, &value, &validBefore,
+		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, facilitator.ErrNotFound
 	}
