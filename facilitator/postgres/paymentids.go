@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"time"
 
-
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
