@@ -82,6 +82,10 @@ func New() *Metrics {
 		Namespace: namespace, Name: "webhook_deliveries_total",
 		Help: "Webhook delivery attempts by result: delivered, failed_retrying, gave_up.",
 	}, []string{"result"})
+	// Known from the start, so that rate() sees a delivery result's first increment.
+	for _, r := range []string{"delivered", "failed_retrying", "gave_up"} {
+		m.webhooks.WithLabelValues(r)
+	}
 	m.reg.MustRegister(m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps,
 		m.reorgs, m.reorgDepth, m.webhooks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
