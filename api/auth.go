@@ -28,9 +28,9 @@ const (
 // In keys mode a key is sent as "Authorization: Bearer x402_<id>_<secret>" (what the official
 // clients' per-endpoint auth headers carry) or as "X-API-Key: <key>". /verify needs the verify
 // scope, /settle settle, /v1/authorizations, /v1/payments and /v1/settlements status, /v1/webhooks
-// and /v1/events webhooks; /supported, /healthz and /openapi.json need no key. A key with a payTo
-// allow-list is refused (403) for payments to any other address. Payment-identifier ids are scoped
-// to the key that sent them.
+// and /v1/events webhooks; /supported, /healthz, /readyz, /metrics and /openapi.json need no key.
+// A key with a payTo allow-list is refused (403) for payments to any other address.
+// Payment-identifier ids are scoped to the key that sent them.
 //
 // Rate limits are token buckets held in this process: with several replicas, a client gets up to
 // the limit times the number of replicas.

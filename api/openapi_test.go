@@ -38,6 +38,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
@@ -143,6 +144,7 @@ type oasFakes struct {
 	storeFull    bool  // the webhook limit is reached
 	noSettlement bool  // the ledger has no settlement for a stream
 	keysDown     bool  // the API key store fails
+	unready      bool  // a /readyz check fails
 	perKey       auth.Limit
 	perClient    auth.Limit
 }
@@ -348,7 +350,15 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 	d := notify.New(notify.Config{Store: &oasStore{f: f}, Status: f, StreamPoll: 10 * time.Millisecond,
 		KeepAlive: time.Hour, StreamLifetime: 300 * time.Millisecond})
 	t.Cleanup(d.Stop)
+	m := metrics.New()
 	cfg := Config{
+		Observer: m, Metrics: m.Handler(),
+		Ready: map[string]ReadyChecker{"postgres": ReadyFunc(func(context.Context) error {
+			if f.unready {
+				return errors.New("closed pool")
+			}
+			return nil
+		})},
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d},
 		Logger: slog.New(slog.DiscardHandler),
 		Auth:   &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
@@ -492,6 +502,9 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "supported", method: "GET", url: "/supported", status: 200, key: oasNoKey},
 		{name: "healthz", method: "GET", url: "/healthz", status: 200, key: oasNoKey},
 		{name: "openapi", method: "GET", url: "/openapi.json", status: 200, key: oasNoKey},
+		{name: "readyz", method: "GET", url: "/readyz", status: 200, key: oasNoKey},
+		{name: "readyz unready", method: "GET", url: "/readyz", status: 503, key: oasNoKey, setup: func(f *oasFakes) { f.unready = true }},
+		{name: "metrics", method: "GET", url: "/metrics", status: 200, key: oasNoKey},
 		{name: "supported with a key", method: "GET", url: "/supported", status: 200},
 
 		{name: "authorization", method: "GET", url: authURL, route: authRoute, status: 200},
@@ -950,6 +963,10 @@ func TestOpenAPIResponses(t *testing.T) {
 				}
 			case "text/event-stream":
 				oasCheckStream(t, doc, key, body)
+			case "text/plain":
+				if len(body) == 0 {
+					t.Errorf("%s: empty text body", key)
+				}
 			default:
 				t.Errorf("%s: no check for %s", key, mediaType)
 			}

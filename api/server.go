@@ -6,6 +6,8 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -32,6 +34,22 @@ type Config struct {
 	Notify Notify
 	// Auth guards the routes with merchant API keys and rate limits (auth.go); nil is open mode.
 	Auth *AuthConfig
+	// Observer hears every /verify and /settle answer (metrics); nil: nobody.
+	Observer Observer
+	// Metrics serves GET /metrics, open like /healthz; nil leaves the route out.
+	Metrics http.Handler
+	// Ready lists, by name, what GET /readyz checks (ready.go); none: always ready.
+	Ready map[string]ReadyChecker
+	// ReadyTimeout bounds one /readyz, all checks at once (default 2s).
+	ReadyTimeout time.Duration
+}
+
+// Observer hears the answers to /verify and /settle. network is the payment's network when it is
+// one /supported lists, else "unknown" (a client's free text must not mint label values); reason
+// is the x402 reason of the answer, "valid" for a valid /verify and "ok" for a successful /settle.
+type Observer interface {
+	Verified(network, reason string, took time.Duration)
+	Settled(network, reason string, took time.Duration)
 }
 
 // Server serves the facilitator's HTTP API.
@@ -40,6 +58,8 @@ type Server struct {
 	log   *slog.Logger
 	echo  *echo.Echo
 	guard *authGuard
+	// networks are the network names /supported lists: the values the Observer's network takes.
+	networks map[string]bool
 }
 
 // New builds the server and its routes.
@@ -59,7 +79,13 @@ func New(cfg Config) *Server {
 	if cfg.Supported.Signers == nil {
 		cfg.Supported.Signers = map[string][]string{}
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 2 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, networks: map[string]bool{}}
+	for _, k := range cfg.Supported.Kinds {
+		s.networks[k.Network] = true
+	}
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
@@ -94,6 +120,10 @@ func New(cfg Config) *Server {
 		e.GET("/v1/events/payments/:id", s.paymentEvents)
 	}
 	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+	if cfg.Metrics != nil {
+		e.GET("/metrics", echo.WrapHandler(cfg.Metrics))
+	}
 	e.GET("/openapi.json", s.openAPI)
 	s.echo = e
 	return s
@@ -123,16 +153,59 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 		if reason, ok := c.Get(reasonKey).(string); ok && reason != "" {
 			attrs = append(attrs, "reason", reason)
 		}
-		if payer, ok := c.Get(payerKey).(string); ok && payer != "" {
-			attrs = append(attrs, "payer", payer)
+		for _, k := range []string{payerKey, nonceKey, paymentIDKey, txKey} {
+			if v, ok := c.Get(k).(string); ok && v != "" {
+				attrs = append(attrs, strings.TrimPrefix(k, "x402."), v)
+			}
 		}
-		s.log.InfoContext(req.Context(), "http", attrs...)
+		s.observe(c, time.Since(start))
+		level := slog.LevelInfo
+		switch c.Path() {
+		case "/healthz", "/readyz", "/metrics":
+			level = slog.LevelDebug // polled by probes and scrapers every few seconds
+		}
+		s.log.Log(req.Context(), level, "http", attrs...)
 		return nil
 	}
 }
 
-// Keys under which handlers leave what the access log should carry.
+// observe tells the Observer about a /verify or /settle answer.
+func (s *Server) observe(c echo.Context, took time.Duration) {
+	if s.cfg.Observer == nil {
+		return
+	}
+	path := c.Path()
+	if path != "/verify" && path != "/settle" {
+		return
+	}
+	network, _ := c.Get(networkKey).(string)
+	if !s.networks[network] {
+		network = "unknown"
+	}
+	reason, _ := c.Get(reasonKey).(string)
+	if status := c.Response().Status; reason == "" && status != http.StatusOK {
+		reason = "http_" + strconv.Itoa(status) // an answer no handler gave a reason (a panic)
+	}
+	if path == "/verify" {
+		s.cfg.Observer.Verified(network, orDefault(reason, "valid"), took)
+	} else {
+		s.cfg.Observer.Settled(network, orDefault(reason, "ok"), took)
+	}
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// Keys under which handlers leave what the access log and the Observer should carry.
 const (
-	reasonKey = "x402.reason"
-	payerKey  = "x402.payer"
+	reasonKey    = "x402.reason"
+	payerKey     = "x402.payer"
+	nonceKey     = "x402.nonce"      // the authorization's nonce
+	paymentIDKey = "x402.payment_id" // the payment-identifier id, when sent
+	txKey        = "x402.tx"         // the settlement transaction's hash
+	networkKey   = "x402.network"
 )

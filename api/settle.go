@@ -18,6 +18,7 @@ type Settler interface {
 
 func (s *Server) settle(c echo.Context) error {
 	p, err := readPayment(c)
+	tagPayment(c, p)
 	if err != nil {
 		return s.settleError(c, p, err)
 	}
@@ -28,6 +29,7 @@ func (s *Server) settle(c echo.Context) error {
 	res := out.Response
 	c.Set(reasonKey, res.ErrorReason)
 	c.Set(payerKey, res.Payer)
+	c.Set(txKey, res.Transaction)
 	if res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
 		c.Response().Header().Set("Retry-After", retryAfterSeconds)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/labstack/echo/v4"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -14,6 +15,7 @@ import (
 
 func (s *Server) verify(c echo.Context) error {
 	p, err := readPayment(c)
+	tagPayment(c, p)
 	if err != nil {
 		return s.verifyError(c, p, err)
 	}
@@ -42,6 +44,17 @@ func readPayment(c echo.Context) (*facilitator.Payment, error) {
 		p.IDScope = idScope(c) // payment ids are scoped per API key
 	}
 	return p, err
+}
+
+// tagPayment leaves what the access log and the Observer carry about the payment.
+func tagPayment(c echo.Context, p *facilitator.Payment) {
+	if p == nil {
+		return
+	}
+	c.Set(networkKey, p.Network)
+	c.Set(payerKey, p.Payer)
+	c.Set(nonceKey, hexutil.Encode(p.Authorization.Nonce[:]))
+	c.Set(paymentIDKey, p.PaymentID)
 }
 
 // ReplayHeader marks an answer given from an earlier request under the same payment identifier.

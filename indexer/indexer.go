@@ -30,6 +30,12 @@ type Chain interface {
 // indexed cannot be reconciled automatically.
 var ErrDeepReorg = errors.New("indexer: reorg deeper than the unfinalized window")
 
+// Observer hears what the indexer does that operators count (metrics); it must not block.
+type Observer interface {
+	// Reorg: the indexer rolled depth blocks back to a common ancestor and indexed the new branch.
+	Reorg(network string, depth uint64)
+}
+
 // Config configures one network's indexer.
 type Config struct {
 	Network string // CAIP-2
@@ -50,6 +56,8 @@ type Config struct {
 	RPCTimeout             time.Duration
 	Logger                 *slog.Logger
 	Now                    func() time.Time
+	// Observer hears reorgs; nil: nobody.
+	Observer Observer
 }
 
 // Indexer indexes one network.
@@ -65,6 +73,7 @@ type Indexer struct {
 	leader        atomic.Bool
 	subscribed    atomic.Bool
 	eventsIndexed atomic.Int64
+	stopped       atomic.Bool   // Run gave up (ErrDeepReorg): an operator must step in
 	rangeSize     atomic.Uint64 // the sizer's size, for Status (the sizer is the leader's alone)
 	checkedCursor bool          // the resumed cursor was found canonical (leader's alone)
 
@@ -106,7 +115,9 @@ func New(cfg Config) *Indexer {
 
 // Status is the indexer's state for operators.
 type Status struct {
-	Leader     bool
+	Leader bool
+	// Stopped: the indexer gave up on a reorg deeper than its window and indexes nothing more.
+	Stopped    bool
 	Subscribed bool
 	Head       uint64
 	Cursor     uint64
@@ -123,8 +134,29 @@ func (ix *Indexer) Status() Status {
 	if h > c {
 		lag = h - c
 	}
-	return Status{Leader: ix.leader.Load(), Subscribed: ix.subscribed.Load(), Head: h, Cursor: c, Lag: lag,
+	return Status{Leader: ix.leader.Load(), Stopped: ix.stopped.Load(), Subscribed: ix.subscribed.Load(), Head: h, Cursor: c, Lag: lag,
 		Reorgs: ix.reorgs.Load(), Events: ix.eventsIndexed.Load(), RangeSize: ix.rangeSize.Load()}
+}
+
+// errStopped and errLagging are what Ready reports: their text is the state /readyz shows.
+var (
+	errStopped = errors.New("stopped")
+	errLagging = errors.New("lagging")
+)
+
+// Ready reports whether the index can be relied on: nil when the indexer runs and, if this
+// process leads it, is within maxLag blocks of the head (maxLag 0: any lag). A replica that does
+// not lead is ready: the leader elsewhere keeps the index, and this process takes over if it
+// goes. Ready reads counters only.
+func (ix *Indexer) Ready(maxLag uint64) error {
+	st := ix.Status()
+	switch {
+	case st.Stopped:
+		return errStopped
+	case st.Leader && maxLag > 0 && st.Lag > maxLag:
+		return fmt.Errorf("%w: %d blocks behind the head (at most %d)", errLagging, st.Lag, maxLag)
+	}
+	return nil
 }
 
 // Run indexes until ctx ends. Only the process holding the network's lease indexes; the others
@@ -153,6 +185,7 @@ func (ix *Indexer) Run(ctx context.Context) error {
 			return nil
 		case errors.Is(err, ErrDeepReorg):
 			ix.log.Error("indexer stopped: manual intervention needed", "err", err)
+			ix.stopped.Store(true)
 			return err
 		case lost:
 			ix.log.Warn("lost the indexer lease; waiting to lead again")
@@ -429,6 +462,9 @@ func (ix *Indexer) reorg(ctx context.Context, cur Block, head uint64) error {
 	}
 	ix.reorgs.Add(1)
 	ix.cursor.Store(batch.Cursor.Number)
+	if ix.cfg.Observer != nil {
+		ix.cfg.Observer.Reorg(ix.cfg.Network, depth)
+	}
 	ix.log.Warn("reorg: rolled back to the common ancestor and indexed the new branch",
 		"ancestor", ancestor.Number, "depth", depth, "old_head", cur.Number, "new_cursor", batch.Cursor.Number, "reorgs_total", ix.reorgs.Load())
 	return nil

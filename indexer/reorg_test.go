@@ -3,7 +3,10 @@ package indexer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/big"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +24,8 @@ func TestReorgRollsBack(t *testing.T) {
 		ctx := context.Background()
 		cfg := config(network)
 		cfg.StartBlock = head(t) + 1
+		obs := &reorgObserver{}
+		cfg.Observer = obs
 		r := start(t, cfg)
 		payer, sender := chain.Accounts[2], gasAccount(t)
 		// The common ancestor has to be a block the indexer has seen (see "the first indexed block").
@@ -53,6 +58,10 @@ func TestReorgRollsBack(t *testing.T) {
 		t.Logf("old branch %d..%d (authorization in %d), new branch %d..%d (transfer in %d); status %+v",
 			base+1, oldHead, old.block, base+1, newHead, replacement.block, st)
 		checkReorged(t, network, cfg, old, replacement, newHead)
+		// The observer heard it, with the depth rolled back: the old branch above the ancestor.
+		if got := obs.wait(t, 5*time.Second); len(got) != 1 || got[0] != fmt.Sprintf("%s %d", network, oldHead-base) {
+			t.Errorf("observed reorgs %v, want one on %s of depth %d", got, network, oldHead-base)
+		}
 	})
 
 	t.Run("anvil_reorg", func(t *testing.T) {
@@ -145,6 +154,9 @@ func TestReorgRollsBack(t *testing.T) {
 		mine(t, 150) // the window is max(2*2, 128) blocks
 		oldHead := head(t)
 		r.waitCursor(t, oldHead, 20*time.Second)
+		if err := r.ix.Ready(1); err != nil {
+			t.Fatalf("caught up, the indexer is not ready: %v", err)
+		}
 		if err := chain.Revert(ctx, snap); err != nil {
 			t.Fatal(err)
 		}
@@ -159,6 +171,13 @@ func TestReorgRollsBack(t *testing.T) {
 			t.Logf("Run: %v", err)
 		case <-time.After(20 * time.Second):
 			t.Fatalf("the indexer did not stop on a reorg deeper than its window; status %+v", r.ix.Status())
+		}
+		// Stopped is what /readyz reports, whatever the lag bound.
+		if st := r.ix.Status(); !st.Stopped {
+			t.Errorf("status %+v after stopping, want Stopped", st)
+		}
+		if err := r.ix.Ready(0); err == nil || err.Error() != "stopped" {
+			t.Errorf("Ready after stopping: %v, want stopped", err)
 		}
 		// It stopped without touching what it had: the old branch's rows are still there, for an
 		// operator to look at.
@@ -215,4 +234,29 @@ func mustUint(t testing.TB, v any) uint64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// reorgObserver records the reorgs an indexer reports, as "<network> <depth>".
+type reorgObserver struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (o *reorgObserver) Reorg(network string, depth uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.seen = append(o.seen, fmt.Sprintf("%s %d", network, depth))
+}
+
+// wait returns what was observed once something was, or after d.
+func (o *reorgObserver) wait(t *testing.T, d time.Duration) []string {
+	t.Helper()
+	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+		o.mu.Lock()
+		seen := slices.Clone(o.seen)
+		o.mu.Unlock()
+		if len(seen) > 0 || time.Now().After(deadline) {
+			return seen
+		}
+	}
 }

@@ -116,6 +116,9 @@ func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 			defer d.inflight.Done()
 			defer d.sending.Add(-1)
 			a := d.attempt(ctx, del)
+			if ctx.Err() == nil { // an attempt Stop cut short says nothing about the receiver
+				d.observe(a)
+			}
 			// Recorded even when Stop cut the attempt short, so it is retried without waiting for
 			// its claim to lapse.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
@@ -155,6 +158,20 @@ func (d *Dispatcher) attempt(ctx context.Context, del Delivery) Attempt {
 	a.RetryIn = backoff(d.cfg.BaseBackoff, d.cfg.MaxBackoff, del.Attempt)
 	d.log.WarnContext(ctx, "webhook delivery failed; retrying", append(attrs, "retry_in", a.RetryIn)...)
 	return a
+}
+
+func (d *Dispatcher) observe(a Attempt) {
+	if d.cfg.Observer == nil {
+		return
+	}
+	switch {
+	case a.Delivered:
+		d.cfg.Observer.WebhookAttempt(DeliveryDelivered)
+	case a.GiveUp:
+		d.cfg.Observer.WebhookAttempt(DeliveryGaveUp)
+	default:
+		d.cfg.Observer.WebhookAttempt(DeliveryRetrying)
+	}
 }
 
 // send POSTs the event, signed, and returns the receiver's HTTP status.

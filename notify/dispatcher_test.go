@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -26,7 +27,8 @@ var settlementTypes = []string{"settlement.broadcast", "settlement.mined", "sett
 // attempts, and every request carries a signature that verifies with the webhook's secret.
 func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	r := newRig(t)
-	d := r.dispatcher(t, r.db, nil)
+	obs := &attemptObserver{}
+	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.Observer = obs })
 	rec := newReceiver(t, 2)
 	w := register(t, d, rec) // no payTo filter: every settlement (this package's tests run one at a time)
 	if len(w.Secret) != 64 {
@@ -46,6 +48,10 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 		return len(ds) == 3
 	})
 	ds := deliveries(t, w.ID)
+	// Each event failed twice, then was delivered.
+	if got := obs.snapshot(); got[notify.DeliveryDelivered] != 3 || got[notify.DeliveryRetrying] != 6 || got[notify.DeliveryGaveUp] != 0 {
+		t.Errorf("observed attempts %v, want 3 delivered and 6 failed_retrying", got)
+	}
 	requests, processed, badSig := rec.counts()
 	if badSig != 0 {
 		t.Fatalf("%d requests whose signature did not verify", badSig)
@@ -294,7 +300,8 @@ func TestReplicasSendEachAttemptOnce(t *testing.T) {
 // and nothing more is sent.
 func TestWebhookGivesUp(t *testing.T) {
 	r := newRig(t)
-	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.MaxAttempts = 3 })
+	obs := &attemptObserver{}
+	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.MaxAttempts = 3; c.Observer = obs })
 	payTo := newAddress(t)
 	rec := newReceiver(t, 1<<30)
 	w := register(t, d, rec, payTo)
@@ -316,6 +323,30 @@ func TestWebhookGivesUp(t *testing.T) {
 			t.Errorf("event %s: %d requests, delivery %+v; want 3 attempts given up on HTTP 500", id, requests[id], dl)
 		}
 	}
+	if got := obs.snapshot(); got[notify.DeliveryGaveUp] != 3 || got[notify.DeliveryRetrying] != 6 || got[notify.DeliveryDelivered] != 0 {
+		t.Errorf("observed attempts %v, want 6 failed_retrying and 3 gave_up", got)
+	}
+}
+
+// attemptObserver counts the attempt results the dispatcher reports.
+type attemptObserver struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (o *attemptObserver) WebhookAttempt(result string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.counts == nil {
+		o.counts = map[string]int{}
+	}
+	o.counts[result]++
+}
+
+func (o *attemptObserver) snapshot() map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.counts)
 }
 
 // TestSlowReceiverHoldsOnlyItsOwn: a receiver that never answers holds a delivery slot per

@@ -162,7 +162,23 @@ type Config struct {
 
 	Now    func() time.Time
 	Logger *slog.Logger
+	// Observer hears each delivery attempt's result; nil: nobody.
+	Observer Observer
 }
+
+// Observer hears webhook delivery attempts (metrics); it must not block.
+type Observer interface {
+	// WebhookAttempt: one attempt ended with result DeliveryDelivered, DeliveryRetrying or
+	// DeliveryGaveUp.
+	WebhookAttempt(result string)
+}
+
+// Delivery attempt results.
+const (
+	DeliveryDelivered = "delivered"
+	DeliveryRetrying  = "failed_retrying"
+	DeliveryGaveUp    = "gave_up"
+)
 
 // errClosed is returned for work asked of a stopped Dispatcher.
 var errClosed = errors.New("notify: dispatcher stopped")

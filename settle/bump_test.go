@@ -2,6 +2,8 @@ package settle_test
 
 import (
 	"context"
+	"maps"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +19,11 @@ import (
 // exactly one of the variants is mined and the payment settles once.
 func TestSettleFeeBump(t *testing.T) {
 	ctx := context.Background()
-	r := newRig(t, rigOptions{deadline: 1500 * time.Millisecond, cfg: func(c *settle.Config) { c.BumpAfter = 300 * time.Millisecond }})
+	obs := &recordingObserver{}
+	r := newRig(t, rigOptions{deadline: 1500 * time.Millisecond, cfg: func(c *settle.Config) {
+		c.BumpAfter = 300 * time.Millisecond
+		c.Observer = obs
+	}})
 	payer := fundedPayer(t, 100_000)
 	p := newPay(t, payer, 100_000)
 	body := p.body(t)
@@ -46,6 +52,9 @@ func TestSettleFeeBump(t *testing.T) {
 	}
 	if len(txs) < 2 {
 		t.Fatal("no replacement transaction was committed")
+	}
+	if got := r.engine.InFlight()[network().ID][addressOf(r.signers[0])]; got != 1 {
+		t.Fatalf("in flight while unmined: %d, want 1", got)
 	}
 	first, second := decodeTx(t, txs[0].Raw), decodeTx(t, txs[1].Raw)
 	if first.Nonce() != second.Nonce() || first.Hash() == second.Hash() {
@@ -85,6 +94,46 @@ func TestSettleFeeBump(t *testing.T) {
 	if n, err := chain.Client.NonceAt(ctx, addressOf(r.signers[0]), nil); err != nil || n != 1 {
 		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
 	}
+	if got := r.engine.InFlight()[network().ID][addressOf(r.signers[0])]; got != 0 {
+		t.Errorf("in flight once mined: %d, want 0", got)
+	}
+	// Every replacement committed before mining was observed as a bump, on this network.
+	if bumps := obs.count("bump " + network().ID); bumps < len(txs)-1 {
+		t.Errorf("observed %d fee bumps; the ledger held %d variants", bumps, len(txs))
+	}
+}
+
+// recordingObserver counts what the engine reports.
+type recordingObserver struct {
+	mu     sync.Mutex
+	events map[string]int
+}
+
+func (o *recordingObserver) FeeBumped(network string) { o.add("bump " + network) }
+
+func (o *recordingObserver) NonceGap(network, signer, kind string) {
+	o.add("gap " + network + " " + signer + " " + kind)
+}
+
+func (o *recordingObserver) add(k string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.events == nil {
+		o.events = map[string]int{}
+	}
+	o.events[k]++
+}
+
+func (o *recordingObserver) snapshot() map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.events)
+}
+
+func (o *recordingObserver) count(k string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.events[k]
 }
 
 // TestSettleCapacity: when every signer has MaxInFlightPerSigner unmined transactions, a new

@@ -28,6 +28,29 @@ type Verifier interface {
 	Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, error)
 }
 
+// Observer hears what the engine does that operators count (metrics). Its methods are called on
+// the engine's goroutines and must not block.
+type Observer interface {
+	// FeeBumped: an unmined transaction was replaced with higher fees.
+	FeeBumped(network string)
+	// NonceGap: a signer's nonce was not what this process expected. kind is NonceResync (the
+	// node's pending nonce or the ledger moved it on a reload), NonceUsed (a node refused a send
+	// as nonce too low) or NonceTaken (the ledger already held the nonce).
+	NonceGap(network, signer, kind string)
+}
+
+// NonceGap kinds.
+const (
+	NonceResync = "resync"
+	NonceUsed   = "nonce_used"
+	NonceTaken  = "nonce_taken"
+)
+
+type noObserver struct{}
+
+func (noObserver) FeeBumped(string)                {}
+func (noObserver) NonceGap(string, string, string) {}
+
 // FaultPoint names a step of a settlement at which a crash test kills the process.
 type FaultPoint string
 
@@ -84,6 +107,8 @@ type Config struct {
 	// LeaseRetry is how often keys held elsewhere are tried again (and a held lease's hand-over
 	// considered).
 	LeaseRetry time.Duration
+	// Observer hears fee bumps and nonce gaps; nil: nobody.
+	Observer Observer
 }
 
 // Engine settles payments. Start it before use and Stop it at shutdown.
@@ -126,6 +151,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	e := &Engine{cfg: cfg, store: cfg.Store, verifier: cfg.Verifier, log: cfg.Logger,
 		networks: map[string]*network{}, flights: map[int64]*flight{}}
@@ -247,6 +275,21 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 		e.log.Info("resumed open settlements", "network", s.net.id.ID, "signer", s.addr, "count", len(open), "next_nonce", s.next)
 	}
 	return nil
+}
+
+// InFlight reports, by network and signer key, how many of the key's transactions this process
+// has signed and not yet resolved; a key held by another process reads 0. It only reads
+// counters, so a metrics scrape can call it as often as it likes.
+func (e *Engine) InFlight() map[string]map[common.Address]int {
+	out := make(map[string]map[common.Address]int, len(e.networks))
+	for id, n := range e.networks {
+		m := make(map[common.Address]int, len(n.senders))
+		for _, s := range n.senders {
+			m[s.addr] = int(s.inFlight.Load())
+		}
+		out[id] = m
+	}
+	return out
 }
 
 func (e *Engine) track(f *flight) {
@@ -391,8 +434,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 	if err != nil {
 		return Outcome{}, err
 	}
-	e.log.Info("settlement signed", "settlement", f.id, "network", id.ID, "payer", key.Payer, "nonce", hexutil.Encode(key.Nonce[:]),
-		"signer", s.addr, "tx_nonce", f.nonce, "tx", f.view().hash)
+	e.log.Info("settlement signed", f.logAttrs("network", id.ID, "signer", s.addr, "tx_nonce", f.nonce, "tx", f.view().hash)...)
 	return e.await(ctx, waitCtx, p, f), nil
 }
 
@@ -466,7 +508,8 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 		if ctx.Err() == nil {
 			claimed, err := e.store.ClaimDelivery(context.WithoutCancel(ctx), v.id)
 			if err != nil {
-				e.log.Warn("claiming a success; answering pending", "settlement", v.id, "err", err)
+				e.log.Warn("claiming a success; answering pending", "settlement", v.id, "payer", p.Payer,
+					"nonce", hexutil.Encode(p.Authorization.Nonce[:]), "tx", v.hash, "err", err)
 				out.Response = fail(p, facilitator.ReasonSettlementPending, "the transfer is mined; send the same payload again for the answer", v.hash).Response
 				return out
 			}

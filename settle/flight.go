@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -25,6 +26,9 @@ type flight struct {
 	nonce       uint64
 	gas         uint64
 	data        []byte
+	// paymentID is the payment-identifier id the settlement came with, for logs ("" when none, or
+	// when the flight was recovered from the ledger).
+	paymentID string
 
 	mu        sync.Mutex
 	state     facilitator.State
@@ -39,6 +43,16 @@ type flight struct {
 	counted bool
 	// dropped: this process lost the flight's key; the key's next holder works the settlement.
 	dropped bool
+}
+
+// logAttrs are the fields every log line about f starts with: the settlement, its payer and
+// authorization nonce, and its payment id when known; more follow.
+func (f *flight) logAttrs(more ...any) []any {
+	attrs := []any{"settlement", f.id, "payer", f.key.Payer, "nonce", hexutil.Encode(f.key.Nonce[:])}
+	if f.paymentID != "" {
+		attrs = append(attrs, "payment_id", f.paymentID)
+	}
+	return append(attrs, more...)
 }
 
 // sentTx is one signed variant of a flight's transaction.

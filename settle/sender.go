@@ -71,6 +71,7 @@ func (s *sender) load(ctx context.Context) error {
 	}
 	if s.loaded && next != s.next {
 		e.log.Warn("signer nonce resynchronised", "network", s.net.id.ID, "signer", s.addr, "was", s.next, "now", next)
+		e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceResync)
 	}
 	s.next, s.loaded = next, true
 	return nil
@@ -124,6 +125,7 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
 			// Our view of the key is stale (a commit whose answer was lost, another process on the
 			// key): re-derive it and take the next free nonce.
+			e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceTaken)
 			s.loaded = false
 			continue
 		}
@@ -139,6 +141,9 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 		f := newFlight(id, facilitator.StateSigned)
 		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
 		f.sender, f.nonce, f.gas, f.data = s, nonce, gasLimit, data
+		if row.PaymentID != nil {
+			f.paymentID = row.PaymentID.ID
+		}
 		f.txs = []*sentTx{{hash: tx.Hash(), raw: raw, fees: fees, signedAt: e.now()}}
 		f.count(true)
 		e.track(f)
@@ -233,11 +238,12 @@ func (s *sender) send(ctx context.Context, flights []*flight) {
 			s.net.wantBump(f)
 		case sendNonceUsed:
 			// Possibly our own earlier variant, mined: the watcher checks receipts and the authorization.
-			e.log.Info("node says nonce used; watching receipts", "settlement", f.id, "nonce", f.nonce, "signer", s.addr)
+			e.log.Info("node says nonce used; watching receipts", f.logAttrs("tx_nonce", f.nonce, "signer", s.addr, "tx", txs[i].hash)...)
+			e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceUsed)
 		case sendNoFunds:
-			e.log.Error("signer cannot pay for gas: fund it", "network", s.net.id.ID, "signer", s.addr, "settlement", f.id, "err", elems[i].Error)
+			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", s.net.id.ID, "signer", s.addr, "tx", txs[i].hash, "err", elems[i].Error)...)
 		default:
-			e.log.Warn("node refused transaction; will resend", "settlement", f.id, "tx", txs[i].hash, "err", elems[i].Error)
+			e.log.Warn("node refused transaction; will resend", f.logAttrs("tx", txs[i].hash, "err", elems[i].Error)...)
 		}
 	}
 	if len(accepted) == 0 {

@@ -162,8 +162,7 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 			f.reason, f.message = r.ErrorReason, r.ErrorMessage
 		})
 		f.count(false)
-		e.log.Info("settlement resolved", "settlement", f.id, "state", r.State, "tx", r.TxHash, "block", r.BlockNumber,
-			"payer", f.key.Payer, "nonce", hexutil.Encode(f.key.Nonce[:]))
+		e.log.Info("settlement resolved", f.logAttrs("state", r.State, "tx", r.TxHash, "block", r.BlockNumber, "reason", r.ErrorReason)...)
 		if !r.State.Succeeded() {
 			e.untrack(f)
 		}
@@ -248,10 +247,10 @@ func (n *network) confirm(ctx context.Context, f *flight, rcpt *types.Receipt, h
 	e := n.engine
 	if rcpt == nil {
 		if err := e.store.Reopen(ctx, f.id, "receipt disappeared: reorganised"); err != nil {
-			e.log.Warn("reopening a reorganised settlement", "settlement", f.id, "err", err)
+			e.log.Warn("reopening a reorganised settlement", f.logAttrs("err", err)...)
 			return false
 		}
-		e.log.Warn("settlement's block was reorganised away; watching again", "settlement", f.id)
+		e.log.Warn("settlement's block was reorganised away; watching again", f.logAttrs()...)
 		f.update(func(f *flight) {
 			f.state, f.minedHash, f.block = facilitator.StateBroadcast, common.Hash{}, 0
 		})
@@ -265,7 +264,7 @@ func (n *network) confirm(ctx context.Context, f *flight, rcpt *types.Receipt, h
 func (n *network) outcome(ctx context.Context, f *flight, rcpt *types.Receipt) (Resolution, bool) {
 	res, err := ReceiptOutcome(ctx, n.batch, Expected{ID: f.id, Key: f.key, PayTo: f.payTo, Value: f.value, ValidBefore: f.validBefore}, rcpt)
 	if err != nil {
-		n.engine.log.Warn("explaining a revert; will retry", "settlement", f.id, "err", err)
+		n.engine.log.Warn("explaining a revert; will retry", f.logAttrs("tx", rcpt.TxHash, "err", err)...)
 		return Resolution{}, false
 	}
 	return res, true
@@ -286,7 +285,7 @@ func (n *network) needsSend(ctx context.Context, f *flight) bool {
 	switch {
 	case n.takeBump(f), !sentAt.IsZero() && now.Sub(signedAt) >= e.cfg.BumpAfter:
 		if err := n.bump(ctx, f); err != nil {
-			e.log.Warn("fee bump failed; resending the current transaction", "settlement", f.id, "err", err)
+			e.log.Warn("fee bump failed; resending the current transaction", f.logAttrs("tx", t.hash, "err", err)...)
 		}
 		return true
 	case sentAt.IsZero():
@@ -307,7 +306,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	old := f.latest()
 	fees := BumpFees(old.fees, suggested)
 	if !WithinLimit(fees, e.cfg.MaxFeeCap) {
-		e.log.Warn("fee bump would exceed the fee cap limit; keeping the current fees", "settlement", f.id, "fee_cap", fees.FeeCap)
+		e.log.Warn("fee bump would exceed the fee cap limit; keeping the current fees", f.logAttrs("tx", old.hash, "fee_cap", fees.FeeCap)...)
 		return nil
 	}
 	s := f.sender
@@ -338,6 +337,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	f.update(func(f *flight) {
 		f.txs = append(f.txs, &sentTx{hash: tx.Hash(), raw: raw, fees: fees, signedAt: e.now()})
 	})
-	e.log.Info("fee bump", "settlement", f.id, "nonce", f.nonce, "tx", tx.Hash(), "tip", fees.TipCap, "fee_cap", fees.FeeCap)
+	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.nonce, "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
+	e.cfg.Observer.FeeBumped(n.id.ID)
 	return nil
 }

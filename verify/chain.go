@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -171,4 +172,21 @@ func AuthorizationUsed(ctx context.Context, r Reader, token, authorizer common.A
 		return false, fmt.Errorf("token %s: authorizationState answered %x", token.Hex(), rd.Out)
 	}
 	return used, nil
+}
+
+// Ready reports whether the node answers (eth_blockNumber), within Timeout. The error is short
+// and safe to show: a transport error names its cause, not the RPC URL, which can hold a
+// provider's API key.
+func (r *RPCReader) Ready(ctx context.Context) error {
+	if r.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.Timeout)
+		defer cancel()
+	}
+	var head hexutil.Uint64
+	err := r.Client.CallContext(ctx, &head, "eth_blockNumber")
+	if ue := (*url.Error)(nil); errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return err
 }

@@ -52,6 +52,11 @@ type Config struct {
 	Index bool
 	// IndexOnly runs only the indexers (facilitator index): no HTTP, no settlement.
 	IndexOnly bool
+	// ReadyMaxIndexLag is how many blocks behind the head an indexer this process leads may be
+	// while /readyz still answers ready (0: any lag).
+	ReadyMaxIndexLag uint64
+	// ReadyTimeout bounds one /readyz, all checks at once.
+	ReadyTimeout time.Duration
 
 	// WebhookPollInterval is how often new settlement events and due webhook deliveries are
 	// looked for (0: 1s).
@@ -199,6 +204,8 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	idWindow := fs.String("payment-id-window", env("FACILITATOR_PAYMENT_ID_WINDOW", "24h"), "how long the full answer under a payment identifier is kept (FACILITATOR_PAYMENT_ID_WINDOW); the id's link to its settlement stays after it")
 	fs.StringVar(&cfg.RetentionSchedule, "retention-schedule", env("FACILITATOR_RETENTION_SCHEDULE", "@every 10m"), "cron schedule of the payment-identifier retention job (FACILITATOR_RETENTION_SCHEDULE)")
 	index := fs.String("index", env("FACILITATOR_INDEX", "true"), "run the block indexer in this process (FACILITATOR_INDEX)")
+	readyLag := fs.String("ready-max-index-lag", env("FACILITATOR_READY_MAX_INDEX_LAG", "64"), "blocks an indexer this process leads may lag the head while /readyz answers ready; 0: any (FACILITATOR_READY_MAX_INDEX_LAG)")
+	readyTimeout := fs.String("ready-timeout", env("FACILITATOR_READY_TIMEOUT", "2s"), "bound on one /readyz, all checks at once (FACILITATOR_READY_TIMEOUT)")
 	fs.StringVar(&cfg.ReconcileSchedule, "reconcile-schedule", env("FACILITATOR_RECONCILE_SCHEDULE", "@every 30s"), "cron schedule of the job that resolves settlements nothing is working on (FACILITATOR_RECONCILE_SCHEDULE)")
 	fs.StringVar(&cfg.IndexHealthSchedule, "index-health-schedule", env("FACILITATOR_INDEX_HEALTH_SCHEDULE", "@every 5m"), "cron schedule of the index health check (FACILITATOR_INDEX_HEALTH_SCHEDULE)")
 	reconcileStale := fs.String("reconcile-stale", env("FACILITATOR_RECONCILE_STALE", "2m"), "how long a settlement goes without an update before the reconcile job looks at it (FACILITATOR_RECONCILE_STALE)")
@@ -279,6 +286,12 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	}
 	cfg.MaxInFlight = *maxInFlight
 	cfg.Index = *index != "false" && *index != "0"
+	if cfg.ReadyMaxIndexLag, err = strconv.ParseUint(*readyLag, 10, 64); err != nil {
+		return nil, fmt.Errorf("ready-max-index-lag: %q is not a block count", *readyLag)
+	}
+	if cfg.ReadyTimeout, err = time.ParseDuration(*readyTimeout); err != nil || cfg.ReadyTimeout <= 0 {
+		return nil, fmt.Errorf("ready-timeout: %q is not a positive duration", *readyTimeout)
+	}
 	if *maxFeeGwei != "" {
 		f, ok := new(big.Float).SetString(*maxFeeGwei)
 		if !ok || f.Sign() <= 0 {

@@ -25,6 +25,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 	"github.com/x402-facilitator/x402-facilitator/settle"
@@ -51,6 +52,7 @@ type Main struct {
 	server   *http.Server
 	serveErr chan error
 	notifier *notify.Dispatcher
+	metrics  *metrics.Metrics
 }
 
 // Run starts the facilitator and returns once it is listening.
@@ -76,7 +78,9 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}
 
+	m.metrics = metrics.New()
 	readers := map[string]verify.Reader{}
+	rpcReaders := map[string]*verify.RPCReader{}
 	for i, n := range networks {
 		client, err := rpc.DialContext(startCtx, cfg.Networks[i].RPC)
 		if err != nil {
@@ -86,7 +90,8 @@ func (m *Main) Run(ctx context.Context) error {
 		if err := m.checkChain(startCtx, client, n); err != nil {
 			return err
 		}
-		readers[n.ID] = &verify.RPCReader{Client: client, Timeout: cfg.RPCTimeout}
+		rpcReaders[n.ID] = &verify.RPCReader{Client: client, Timeout: cfg.RPCTimeout}
+		readers[n.ID] = rpcReaders[n.ID]
 		for _, t := range n.Tokens {
 			m.checkToken(startCtx, readers[n.ID], n, t)
 		}
@@ -123,7 +128,8 @@ func (m *Main) Run(ctx context.Context) error {
 		Logger:               log,
 		Fault:                faultInjector(cfg.Fault, log),
 		// Replicas on one database share the signer keys by leasing each to one of them at a time.
-		Leaser: m.db,
+		Leaser:   m.db,
+		Observer: m.metrics,
 	})
 	if err != nil {
 		return err
@@ -132,6 +138,7 @@ func (m *Main) Run(ctx context.Context) error {
 		m.engine = nil
 		return err
 	}
+	m.metrics.WatchSigners(signerSource(m.engine))
 	idsvc := idempotency.New(idempotency.Config{
 		Store:    m.db,
 		Settler:  m.engine,
@@ -139,6 +146,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Window:   cfg.PaymentIDWindow,
 		Logger:   log,
 	})
+	m.metrics.WatchPaymentIDs(idsvc.Counts)
 	var recNets []reconcile.Network
 	for i, n := range networks {
 		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.rpcs[i], Reader: readers[n.ID],
@@ -156,9 +164,12 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
 	m.notifier = notify.New(notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
-		AllowPrivateTargets: cfg.WebhookAllowPrivate, Logger: log})
+		AllowPrivateTargets: cfg.WebhookAllowPrivate, Logger: log, Observer: m.metrics})
 	if err := m.notifier.Start(startCtx); err != nil {
 		return err
+	}
+	if cfg.Index {
+		m.startIndexers(networks)
 	}
 	srv := api.New(api.Config{
 		Verifier:      idsvc,
@@ -169,11 +180,11 @@ func (m *Main) Run(ctx context.Context) error {
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
 		Auth:          authConfig(cfg, m.db),
+		Observer:      m.metrics,
+		Metrics:       m.metrics.Handler(),
+		Ready:         m.readyChecks(rpcReaders),
+		ReadyTimeout:  cfg.ReadyTimeout,
 	})
-
-	if cfg.Index {
-		m.startIndexers(networks)
-	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -217,6 +228,7 @@ func (m *Main) startIndexers(networks []facilitator.Network) {
 			Network: n.ID, Tokens: tokens, Chain: m.rpcs[i], WSURL: nc.WS, Store: m.db,
 			StartBlock: nc.StartBlock, FinalityDepth: nc.finality(n.ChainID), MaxRange: logRange,
 			PollInterval: m.Config.PollInterval, RPCTimeout: m.Config.RPCTimeout, Logger: m.Logger,
+			Observer: m.metrics,
 		})
 		m.indexers = append(m.indexers, ix)
 		wg.Add(1)
@@ -228,6 +240,47 @@ func (m *Main) startIndexers(networks []facilitator.Network) {
 		}()
 	}
 	go func() { wg.Wait(); close(m.idxDone) }()
+	m.metrics.WatchIndexers(indexerSource(networks, m.indexers))
+}
+
+// readyChecks are what /readyz asks: Postgres, each network's RPC, and each indexer this process
+// runs. Each check lives with its state; this only names them.
+func (m *Main) readyChecks(rpcs map[string]*verify.RPCReader) map[string]api.ReadyChecker {
+	checks := map[string]api.ReadyChecker{"postgres": api.ReadyFunc(m.db.Ping)}
+	for id, r := range rpcs {
+		checks["rpc:"+id] = r
+	}
+	for i, ix := range m.indexers {
+		maxLag := m.Config.ReadyMaxIndexLag
+		checks["indexer:"+m.Config.Networks[i].ID] = api.ReadyFunc(func(context.Context) error { return ix.Ready(maxLag) })
+	}
+	return checks
+}
+
+// signerSource reads the engine's in-flight counts at scrape time. The engine does not read
+// balances (yet): their series stay absent.
+func signerSource(e *settle.Engine) metrics.SignerSource {
+	return func() []metrics.Signer {
+		var out []metrics.Signer
+		for network, signers := range e.InFlight() {
+			for addr, n := range signers {
+				out = append(out, metrics.Signer{Network: network, Address: addr.Hex(), InFlight: n})
+			}
+		}
+		return out
+	}
+}
+
+// indexerSource reads the indexers' status at scrape time.
+func indexerSource(networks []facilitator.Network, ixs []*indexer.Indexer) metrics.IndexerSource {
+	return func() []metrics.Indexer {
+		out := make([]metrics.Indexer, len(ixs))
+		for i, ix := range ixs {
+			st := ix.Status()
+			out[i] = metrics.Indexer{Network: networks[i].ID, Leader: st.Leader, Stopped: st.Stopped, Lag: st.Lag}
+		}
+		return out
+	}
 }
 
 // checkChain refuses an RPC that serves another chain than configured, and binds the database's

@@ -1,0 +1,80 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+)
+
+// ReadyChecker is one dependency GET /readyz asks about. Ready returns nil when the dependency
+// can serve. The error's text is the check's state in the /readyz body, so it must be short and
+// free of secrets; a check still running when /readyz's bound passes reads "timeout".
+type ReadyChecker interface {
+	Ready(ctx context.Context) error
+}
+
+// ReadyFunc adapts a function to ReadyChecker.
+type ReadyFunc func(ctx context.Context) error
+
+// Ready implements ReadyChecker.
+func (f ReadyFunc) Ready(ctx context.Context) error { return f(ctx) }
+
+// ReadyResponse is the /readyz body: "ready" or "unready", and each check's state ("ok",
+// "timeout", or what failed).
+type ReadyResponse struct {
+	Status string            `json:"status"`
+	Checks map[string]string `json:"checks"`
+}
+
+// maxStateText bounds a state's text in the body.
+const maxStateText = 200
+
+// readyz runs every check at once within ReadyTimeout and answers 200 when all pass, else 503.
+// Unlike /healthz (is the process alive), it says whether this process should get traffic.
+func (s *Server) readyz(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.ReadyTimeout)
+	defer cancel()
+	type result struct{ name, state string }
+	results := make(chan result, len(s.cfg.Ready))
+	for name, chk := range s.cfg.Ready {
+		go func() {
+			err := chk.Ready(ctx)
+			state := "ok"
+			switch {
+			case err == nil:
+			case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+				state = "timeout"
+			default:
+				state = err.Error()
+				if len(state) > maxStateText {
+					state = state[:maxStateText] + "…"
+				}
+			}
+			results <- result{name, state}
+		}()
+	}
+	res := ReadyResponse{Status: "ready", Checks: map[string]string{}}
+	// A check that ignores its context cannot hold the answer past the bound.
+	for range s.cfg.Ready {
+		select {
+		case r := <-results:
+			res.Checks[r.name] = r.state
+		case <-ctx.Done():
+		}
+	}
+	for name := range s.cfg.Ready {
+		if _, ok := res.Checks[name]; !ok {
+			res.Checks[name] = "timeout"
+		}
+	}
+	status := http.StatusOK
+	for name, state := range res.Checks {
+		if state != "ok" {
+			res.Status, status = "unready", http.StatusServiceUnavailable
+			s.log.WarnContext(c.Request().Context(), "not ready", "check", name, "state", state)
+		}
+	}
+	return c.JSON(status, res)
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// TestServeMetricsAndReadiness runs the real wiring, verifies and settles one payment on anvil
+// with the real USDC, and reads /metrics and /readyz the way Prometheus and Kubernetes would.
+func TestServeMetricsAndReadiness(t *testing.T) {
+	dbURL, chain := requireStack(t)
+	signer := chain.Accounts[0]
+	cfg, err := configFor(dbURL, chain, "0x"+hex.EncodeToString(crypto.FromECDSA(signer.Key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Main{Config: cfg, Logger: newLogger(io.Discard, "error", "text")}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := m.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	base := "http://" + m.Addr
+	network := facilitator.CAIP2(chain.ChainID)
+
+	// Ready once the indexer has had its first look at the chain: poll, bounded.
+	var ready readyBody
+	var status int
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		status, ready = getReady(t, base)
+		if status == http.StatusOK || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if status != http.StatusOK || ready.Status != "ready" {
+		t.Fatalf("/readyz with everything up: %d %+v", status, ready)
+	}
+	for _, check := range []string{"postgres", "rpc:" + network, "indexer:" + network} {
+		if ready.Checks[check] != "ok" {
+			t.Errorf("/readyz check %s: %q, want ok (%+v)", check, ready.Checks[check], ready.Checks)
+		}
+	}
+
+	body := paymentBody(t, chain, [32]byte{0x4d, 0x45, 0x54})
+	if res := post(t, base+"/verify", body); !strings.Contains(res, `"isValid":true`) {
+		t.Fatalf("verify: %s", res)
+	}
+	if res := post(t, base+"/settle", body); !strings.Contains(res, `"success":true`) {
+		t.Fatalf("settle: %s", res)
+	}
+
+	families := scrape(t, base)
+	if got := counter(t, families, "facilitator_settle_requests_total", map[string]string{"network": network, "reason": "ok"}); got != 1 {
+		t.Errorf("settle ok count %v, want 1", got)
+	}
+	if got := counter(t, families, "facilitator_verify_requests_total", map[string]string{"network": network, "reason": "valid"}); got != 1 {
+		t.Errorf("verify valid count %v, want 1", got)
+	}
+	for _, name := range []string{"facilitator_verify_duration_seconds", "facilitator_settle_duration_seconds"} {
+		h := find(t, families, name, map[string]string{"network": network}).GetHistogram()
+		if h.GetSampleCount() < 1 || h.GetSampleSum() <= 0 {
+			t.Errorf("%s: count %d sum %v, want one observation", name, h.GetSampleCount(), h.GetSampleSum())
+		}
+	}
+	// The settlement is resolved: the signer's gauge is there, and back at 0.
+	if g := find(t, families, "facilitator_signer_in_flight", map[string]string{"network": network, "signer": signer.Address.Hex()}).GetGauge(); g.GetValue() != 0 {
+		t.Errorf("in flight after the settlement resolved: %v", g.GetValue())
+	}
+	if _, ok := families["facilitator_signer_balance_wei"]; ok {
+		t.Error("signer balances are exported though nothing reads them")
+	}
+	find(t, families, "facilitator_indexer_leader", map[string]string{"network": network})
+	find(t, families, "facilitator_indexer_stopped", map[string]string{"network": network})
+	if got := counter(t, families, "facilitator_payment_id_conflicts_total", nil); got != 0 {
+		t.Errorf("payment id conflicts %v", got)
+	}
+	if _, ok := families["go_goroutines"]; !ok {
+		t.Error("no Go runtime metrics")
+	}
+
+	// A second, identical /settle is answered from the ledger: its own reason, counted apart.
+	if res := post(t, base+"/settle", body); !strings.Contains(res, facilitator.ReasonAlreadySettled) {
+		t.Fatalf("second settle: %s", res)
+	}
+	families = scrape(t, base)
+	if got := counter(t, families, "facilitator_settle_requests_total", map[string]string{"network": network, "reason": facilitator.ReasonAlreadySettled}); got != 1 {
+		t.Errorf("settle %s count %v, want 1", facilitator.ReasonAlreadySettled, got)
+	}
+	if got := counter(t, families, "facilitator_settle_requests_total", map[string]string{"network": network, "reason": "ok"}); got != 1 {
+		t.Errorf("settle ok count %v after a repeat, want still 1", got)
+	}
+}
+
+type readyBody struct {
+	Status string            `json:"status"`
+	Checks map[string]string `json:"checks"`
+}
+
+func getReady(t *testing.T, base string) (int, readyBody) {
+	t.Helper()
+	res, err := http.Get(base + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var b readyBody
+	if err := json.NewDecoder(res.Body).Decode(&b); err != nil {
+		t.Fatalf("/readyz body: %v", err)
+	}
+	return res.StatusCode, b
+}
+
+// paymentBody is a v2 /verify and /settle body for 0.01 USDC from account 1 to account 2.
+func paymentBody(t *testing.T, chain *devchain.Chain, nonce [32]byte) []byte {
+	t.Helper()
+	payer := chain.Accounts[1]
+	a := devchain.TransferAuthorization{From: payer.Address, To: chain.Accounts[2].Address, Value: bigInt(10000),
+		ValidAfter: bigInt(0), ValidBefore: bigInt(time.Now().Unix() + 300), Nonce: nonce}
+	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := map[string]any{"scheme": "exact", "network": facilitator.CAIP2(chain.ChainID), "amount": "10000", "asset": chain.USDC.Address.Hex(),
+		"payTo": a.To.Hex(), "maxTimeoutSeconds": 60, "extra": map[string]any{"name": "USD Coin", "version": "2"}}
+	body, err := json.Marshal(map[string]any{"x402Version": 2, "paymentRequirements": reqs, "paymentPayload": map[string]any{
+		"x402Version": 2, "accepted": reqs, "resource": map[string]any{"url": "http://merchant.test/x"},
+		"payload": map[string]any{"signature": "0x" + hex.EncodeToString(sig), "authorization": map[string]any{
+			"from": a.From.Hex(), "to": a.To.Hex(), "value": "10000", "validAfter": "0",
+			"validBefore": a.ValidBefore.String(), "nonce": "0x" + hex.EncodeToString(a.Nonce[:])}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
+func post(t *testing.T, url string, body []byte) string {
+	t.Helper()
+	res, err := http.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("POST %s: %d %s", url, res.StatusCode, b)
+	}
+	return string(b)
+}
+
+// scrape reads /metrics with Prometheus's own text parser.
+func scrape(t *testing.T, base string) map[string]*dto.MetricFamily {
+	t.Helper()
+	res, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d", res.StatusCode)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		t.Fatalf("/metrics is not the Prometheus text format: %v", err)
+	}
+	return families
+}
+
+// find returns the series of name whose labels include labels, failing when there is none.
+func find(t *testing.T, families map[string]*dto.MetricFamily, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	f, ok := families[name]
+	if !ok {
+		t.Fatalf("%s is not exported", name)
+	}
+next:
+	for _, m := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for k, v := range labels {
+			if have[k] != v {
+				continue next
+			}
+		}
+		return m
+	}
+	t.Fatalf("%s has no series with labels %v", name, labels)
+	return nil
+}
+
+func counter(t *testing.T, families map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {
+	t.Helper()
+	return find(t, families, name, labels).GetCounter().GetValue()
+}

@@ -1,0 +1,246 @@
+// Package metrics exposes the facilitator's Prometheus metrics. It owns one registry (never the
+// global default one, so that two facilitators in one test process do not collide) and every
+// collector. The components do not import Prometheus: each declares a small observer interface
+// where it observes something, and *Metrics implements them all; what is state rather than an
+// event (signers in flight, indexer lag, payment-identifier counts) is read at scrape time
+// through plain functions, so the hot paths take no extra lock.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const namespace = "facilitator"
+
+// Metrics holds the registry and the collectors events are recorded in.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	verifyDuration *prometheus.HistogramVec
+	verifyTotal    *prometheus.CounterVec
+	settleDuration *prometheus.HistogramVec
+	settleTotal    *prometheus.CounterVec
+
+	nonceGaps *prometheus.CounterVec
+	feeBumps  *prometheus.CounterVec
+
+	reorgs     *prometheus.CounterVec
+	reorgDepth *prometheus.HistogramVec
+
+	webhooks *prometheus.CounterVec
+}
+
+// New builds the registry with the event collectors and the Go runtime and process collectors.
+// The scrape-time sources are added with WatchSigners, WatchIndexers and WatchPaymentIDs once
+// what they read exists.
+func New() *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.verifyDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "verify_duration_seconds",
+		Help:    "Time to answer POST /verify, by network.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"network"})
+	m.verifyTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "verify_requests_total",
+		Help: `POST /verify answers by network and reason: "valid", or the x402 invalidReason.`,
+	}, []string{"network", "reason"})
+	// A settlement waits for its receipt, up to the settle deadline (30 s by default).
+	m.settleDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "settle_duration_seconds",
+		Help:    "Time to answer POST /settle, by network.",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2, 4, 8, 15, 30, 60},
+	}, []string{"network"})
+	m.settleTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "settle_requests_total",
+		Help: `POST /settle answers by network and reason: "ok" for success, or the x402 errorReason.`,
+	}, []string{"network", "reason"})
+	m.nonceGaps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "nonce_gaps_total",
+		Help: "Times a signer's nonce was not what its nonce owner expected, by kind: resync (the node's pending " +
+			"nonce or the ledger moved it), nonce_used (a node refused a send as nonce too low), nonce_taken " +
+			"(the ledger already had the nonce).",
+	}, []string{"network", "signer", "kind"})
+	m.feeBumps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "fee_bumps_total",
+		Help: "Settlement transactions replaced with higher fees (same nonce).",
+	}, []string{"network"})
+	m.reorgs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "indexer_reorgs_total",
+		Help: "Reorgs the block indexer rolled back and re-indexed.",
+	}, []string{"network"})
+	m.reorgDepth = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "indexer_reorg_depth_blocks",
+		Help:    "Blocks rolled back per reorg.",
+		Buckets: []float64{1, 2, 3, 5, 8, 13, 21, 34, 64, 128},
+	}, []string{"network"})
+	m.webhooks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "webhook_deliveries_total",
+		Help: "Webhook delivery attempts by result: delivered, failed_retrying, gave_up.",
+	}, []string{"result"})
+	// Known from the start, so that rate() sees a delivery result's first increment.
+	for _, r := range []string{"delivered", "failed_retrying", "gave_up"} {
+		m.webhooks.WithLabelValues(r)
+	}
+	m.reg.MustRegister(m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps,
+		m.reorgs, m.reorgDepth, m.webhooks,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the registry in the Prometheus text (or negotiated) format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Registry is the registry, for tests and for adding collectors of one's own.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Verified records a /verify answer (api.Observer).
+func (m *Metrics) Verified(network, reason string, took time.Duration) {
+	m.verifyDuration.WithLabelValues(network).Observe(took.Seconds())
+	m.verifyTotal.WithLabelValues(network, reason).Inc()
+}
+
+// Settled records a /settle answer (api.Observer).
+func (m *Metrics) Settled(network, reason string, took time.Duration) {
+	m.settleDuration.WithLabelValues(network).Observe(took.Seconds())
+	m.settleTotal.WithLabelValues(network, reason).Inc()
+}
+
+// FeeBumped records a fee bump (settle.Observer).
+func (m *Metrics) FeeBumped(network string) { m.feeBumps.WithLabelValues(network).Inc() }
+
+// NonceGap records a signer nonce that was not what the engine expected (settle.Observer).
+func (m *Metrics) NonceGap(network, signer, kind string) {
+	m.nonceGaps.WithLabelValues(network, signer, kind).Inc()
+}
+
+// Reorg records a reorg the indexer handled (indexer.Observer).
+func (m *Metrics) Reorg(network string, depth uint64) {
+	m.reorgs.WithLabelValues(network).Inc()
+	m.reorgDepth.WithLabelValues(network).Observe(float64(depth))
+}
+
+// WebhookAttempt records a webhook delivery attempt's result (notify.Observer).
+func (m *Metrics) WebhookAttempt(result string) { m.webhooks.WithLabelValues(result).Inc() }
+
+// Signer is one signer key's state at scrape time.
+type Signer struct {
+	Network string
+	Address string
+	// InFlight counts the key's transactions signed and not yet resolved in this process.
+	InFlight int
+	// BalanceKnown says whether BalanceWei and BalanceLow were read; without it no balance
+	// series is exported for the key (absent, rather than a misleading zero).
+	BalanceKnown bool
+	BalanceWei   float64
+	BalanceLow   bool
+}
+
+// SignerSource lists the signer keys; it is called on every scrape, so it must be cheap.
+type SignerSource func() []Signer
+
+// WatchSigners exports the signers src lists: in-flight transactions, and balances when known.
+func (m *Metrics) WatchSigners(src SignerSource) {
+	m.reg.MustRegister(&signerCollector{src: src,
+		inFlight: prometheus.NewDesc(namespace+"_signer_in_flight", "Settlement transactions signed and not yet resolved, per signer key.",
+			[]string{"network", "signer"}, nil),
+		balance: prometheus.NewDesc(namespace+"_signer_balance_wei", "The signer key's native balance, in wei (absent when unknown).",
+			[]string{"network", "signer"}, nil),
+		low: prometheus.NewDesc(namespace+"_signer_balance_low", "1 when the signer key's balance is below its alert threshold (absent when unknown).",
+			[]string{"network", "signer"}, nil),
+	})
+}
+
+type signerCollector struct {
+	src                    SignerSource
+	inFlight, balance, low *prometheus.Desc
+}
+
+func (c *signerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.inFlight
+	ch <- c.balance
+	ch <- c.low
+}
+
+func (c *signerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.src() {
+		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight), s.Network, s.Address)
+		if s.BalanceKnown {
+			ch <- prometheus.MustNewConstMetric(c.balance, prometheus.GaugeValue, s.BalanceWei, s.Network, s.Address)
+			ch <- prometheus.MustNewConstMetric(c.low, prometheus.GaugeValue, boolValue(s.BalanceLow), s.Network, s.Address)
+		}
+	}
+}
+
+// Indexer is one network's block indexer at scrape time.
+type Indexer struct {
+	Network string
+	// Leader: this process indexes the network (a replica that does not has no lag of its own).
+	Leader bool
+	// Stopped: the indexer gave up (a reorg deeper than its window) and needs an operator.
+	Stopped bool
+	// Lag is head minus the last indexed block, as the leader last saw them.
+	Lag uint64
+}
+
+// IndexerSource lists the indexers this process runs; called on every scrape.
+type IndexerSource func() []Indexer
+
+// WatchIndexers exports the indexers src lists: leadership, stopped, and the leader's lag.
+func (m *Metrics) WatchIndexers(src IndexerSource) {
+	m.reg.MustRegister(&indexerCollector{src: src,
+		lag: prometheus.NewDesc(namespace+"_indexer_lag_blocks", "Blocks between the chain head and the last indexed block (only where this process leads the indexer).",
+			[]string{"network"}, nil),
+		leader: prometheus.NewDesc(namespace+"_indexer_leader", "1 when this process leads the network's indexer.",
+			[]string{"network"}, nil),
+		stopped: prometheus.NewDesc(namespace+"_indexer_stopped", "1 when the network's indexer stopped and needs an operator.",
+			[]string{"network"}, nil),
+	})
+}
+
+type indexerCollector struct {
+	src                  IndexerSource
+	lag, leader, stopped *prometheus.Desc
+}
+
+func (c *indexerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.lag
+	ch <- c.leader
+	ch <- c.stopped
+}
+
+func (c *indexerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, ix := range c.src() {
+		ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, boolValue(ix.Leader), ix.Network)
+		ch <- prometheus.MustNewConstMetric(c.stopped, prometheus.GaugeValue, boolValue(ix.Stopped), ix.Network)
+		if ix.Leader {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(ix.Lag), ix.Network)
+		}
+	}
+}
+
+// WatchPaymentIDs exports the payment-identifier conflicts and replays counts reads (the
+// idempotency service's own counters, which only grow).
+func (m *Metrics) WatchPaymentIDs(counts func() (conflicts, replays int64)) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "payment_id_conflicts_total",
+			Help: "Requests that reused a payment identifier bound to a different payment."},
+			func() float64 { c, _ := counts(); return float64(c) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "payment_id_replays_total",
+			Help: "Requests answered from an earlier request under the same payment identifier."},
+			func() float64 { _, r := counts(); return float64(r) }),
+	)
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,62 @@
+package settle_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// TestSettleNonceGapObserved: the signer key sends a transaction behind the engine's back, after
+// the engine loaded its nonce; the engine's next transaction reuses that nonce, the node refuses
+// it as nonce too low, and the observer hears a nonce gap for that network and key.
+func TestSettleNonceGapObserved(t *testing.T) {
+	ctx := context.Background()
+	obs := &recordingObserver{}
+	signer := newSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	r := newRig(t, rigOptions{signers: []*ecdsa.PrivateKey{signer}, deadline: time.Second,
+		cfg: func(c *settle.Config) { c.Observer = obs }})
+
+	// Nonce 0, spent outside the engine (anvil mines it at once).
+	tip := big.NewInt(1e9)
+	head, err := chain.Client.HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(chain.ChainID)), &types.DynamicFeeTx{
+		ChainID: new(big.Int).SetUint64(chain.ChainID), Nonce: 0, GasTipCap: tip,
+		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))), Gas: 21000, To: &addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chain.Client.SendTransaction(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if n, err := chain.Client.NonceAt(ctx, addr, nil); err == nil && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the outside transaction was not mined")
+		}
+	}
+	if got := obs.count("gap " + network().ID + " " + addr.Hex() + " " + settle.NonceUsed); got != 0 {
+		t.Fatalf("a gap observed before any send: %d", got)
+	}
+
+	if _, err := r.settleBody(ctx, t, newPay(t, fundedPayer(t, 1000), 1000).body(t)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); obs.count("gap "+network().ID+" "+addr.Hex()+" "+settle.NonceUsed) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no nonce gap observed; observer saw %v", obs.snapshot())
+		}
+	}
+}
