@@ -106,7 +106,8 @@ type Report struct {
 
 // Run runs every phase in turn and returns what it measured. Phases that grow the chain run in a
 // fixed order (ours, the reference, then the ceiling), because anvil slows down as its chain
-// grows: the report gives the head at each phase so that this can be judged.
+// grows: the report gives the head at the start and the blocks each phase mined, so that this
+// can be judged.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
