@@ -251,3 +251,15 @@ func runReplay(ctx context.Context, p *poster, n *node, pay *payment, count int)
 	}
 	return r, nil
 }
+
+// decodeJSON reads a 200 answer's JSON body into out.
+func decodeJSON(res *http.Response, out any) error {
+	raw, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d: %.200s", res.StatusCode, raw)
+	}
+	return json.Unmarshal(raw, out)
+}

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -371,5 +372,5 @@ func machine() string {
 			}
 		}
 	}
-	return fmt.Sprintf("%d cores, %s", numCPU(), model)
+	return fmt.Sprintf("%d cores, %s", runtime.NumCPU(), model)
 }

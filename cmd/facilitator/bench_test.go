@@ -43,7 +43,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 	for _, want := range []string{
 		"on-chain transfers (of K)  8 / 8",
-		"4 / 4",           // the reference's transfers
+		"4 / 4",            // the reference's transfers
 		"duplicates  0  0", // nothing paid twice, on either side
 		"answered as replays  5 / 5",
 		"one per request (20 txs)",
