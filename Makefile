@@ -1,12 +1,13 @@
-.PHONY: test run demo build fuzz bench bench-settle bench-replay
+.PHONY: test run demo build fuzz bench bench-settle bench-replay bench-index bench-load
 
 # Run every test on real Postgres and anvil (installs npm packages and starts Postgres itself).
 test:
 	scripts/test.sh -race
 
-# Start the local stack: Postgres, anvil with USDC, the facilitator on 127.0.0.1:4021.
+# Start the local stack: Postgres, anvil with USDC, the facilitator on 127.0.0.1:4021 with four
+# signer keys (one key sends one transaction at a time and would cap the settle rate).
 run:
-	scripts/run.sh
+	scripts/run.sh --signers 4
 
 # The lost-response story on a fresh local stack: an agent pays, the answer is lost, the retry with the
 # same payment id gets it without paying twice; then the ledger is checked against the chain.
@@ -37,3 +38,10 @@ bench-replay:
 # Backfill throughput: 100,000 events indexed from anvil into Postgres (events/s).
 bench-index:
 	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./indexer/ -run '^$$' -bench BenchmarkBackfill -benchtime 1x
+
+# Load test of the RUNNING local stack ('make run' in another shell): /verify and /settle under
+# load beside the official TypeScript facilitator on the same anvil, payment-identifier replays,
+# the chain's own ceiling and peak RSS, as one table (method and figures: BENCHMARKS.md). Flags go
+# in BENCH_FLAGS, e.g. BENCH_FLAGS="--url http://127.0.0.1:4021 --rpc http://127.0.0.1:8545 --k 500".
+bench-load:
+	scripts/npm.sh && go run ./cmd/facilitator bench $(BENCH_FLAGS)

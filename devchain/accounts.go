@@ -41,6 +41,24 @@ func accountFromHex(hexKey string) (*Account, error) {
 	return &Account{Key: key, Address: crypto.PubkeyToAddress(key.PublicKey)}, nil
 }
 
+// DevAccounts are anvil's ten default accounts, #0 first: what a client of a running dev stack
+// (the load generator) signs with, since it cannot ask the stack for them.
+func DevAccounts() ([]*Account, error) { return devAccounts() }
+
+// ExtraSigner is the dev stack's i-th extra facilitator signer key (i from 1), derived like the
+// role keys so that every run, and a load generator reading the chain, sees the same addresses.
+func ExtraSigner(i int) (*Account, error) { return roleAccount(fmt.Sprintf("signer %d", i)) }
+
+// DevUSDCAddress is where Start deploys the USDC proxy: the proxy-admin role's first (and only)
+// deployment, so a client of a running dev stack can find the token without being told.
+func DevUSDCAddress() (common.Address, error) {
+	r, err := roleAccount("proxy-admin")
+	if err != nil {
+		return common.Address{}, err
+	}
+	return crypto.CreateAddress(r.Address, 0), nil
+}
+
 func devAccounts() ([]*Account, error) {
 	var accs []*Account
 	for i, k := range devKeys() {

@@ -71,6 +71,10 @@ func (c *Chain) deployUSDC(ctx context.Context) (*USDC, error) {
 	if err != nil {
 		return nil, fmt.Errorf("deploy FiatTokenProxy: %w", err)
 	}
+	// Clients of a running stack find the token through DevUSDCAddress; keep that promise checked.
+	if want, err := DevUSDCAddress(); err != nil || proxy != want {
+		return nil, fmt.Errorf("devchain: USDC proxy deployed at %s, DevUSDCAddress says %s (%v)", proxy, want, err)
+	}
 
 	u := &USDC{Address: proxy, ABI: tokenArt.ABI, Implementation: impl, chain: c}
 	steps := []struct {

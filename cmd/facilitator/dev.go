@@ -28,8 +28,12 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	blockTime := fs.Duration("block-time", 0, "anvil block interval (0 mines one block per transaction)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
 	logLevel := fs.String("log-level", "info", "log level")
+	nSigners := fs.Int("signers", 1, "facilitator signer keys: dev account #0, then deterministic extra keys funded with ETH")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *nSigners < 1 {
+		return fmt.Errorf("--signers must be at least 1, got %d", *nSigners)
 	}
 	log := newLogger(stderr, *logLevel, "text")
 
@@ -40,6 +44,10 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 	defer chain.Close()
+	signers, err := devSigners(startCtx, chain, *nSigners)
+	if err != nil {
+		return err
+	}
 
 	v1Name, _ := facilitator.V1NetworkName(chain.ChainID)
 	cfg := &Config{
@@ -52,7 +60,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 			V1Name: &v1Name,
 			Tokens: []TokenConfig{{Address: chain.USDC.Address.Hex(), Name: chain.USDC.Name, Version: chain.USDC.Version}},
 		}},
-		SignerKeys:    []*ecdsa.PrivateKey{chain.Accounts[0].Key},
+		SignerKeys:    signers,
 		RPCTimeout:    5 * time.Second,
 		VerifyTimeout: 10 * time.Second,
 		Migrate:       true,
@@ -78,13 +86,32 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		m.Close()
 		return err
 	}
-	printStack(stdout, m.Addr, chain)
+	printStack(stdout, m.Addr, chain, len(signers))
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "\nstopping the facilitator and anvil")
 	return m.Close()
 }
 
-func printStack(w io.Writer, addr string, chain *devchain.Chain) {
+// devSigners is dev account #0 and n-1 extra keys. One key sends one transaction at a time in
+// nonce order, so a single key caps the settle rate; extra keys (not among #1-#9, which payers and
+// the load generator use) lift that cap without colliding with anyone's nonces.
+func devSigners(ctx context.Context, chain *devchain.Chain, n int) ([]*ecdsa.PrivateKey, error) {
+	keys := []*ecdsa.PrivateKey{chain.Accounts[0].Key}
+	thousandETH := new(big.Int).Mul(big.NewInt(1000), big.NewInt(1e18))
+	for i := 1; i < n; i++ {
+		a, err := devchain.ExtraSigner(i)
+		if err != nil {
+			return nil, err
+		}
+		if err := chain.SetBalance(ctx, a.Address, thousandETH); err != nil {
+			return nil, err
+		}
+		keys = append(keys, a.Key)
+	}
+	return keys, nil
+}
+
+func printStack(w io.Writer, addr string, chain *devchain.Chain, signers int) {
 	whole := new(big.Int).Div(devchain.InitialUSDC(), big.NewInt(1e6)).String()
 	for i := len(whole) - 3; i > 0; i -= 3 {
 		whole = whole[:i] + "," + whole[i:]
@@ -95,11 +122,11 @@ x402 facilitator local stack is up (Ctrl-C stops it)
   facilitator  http://%s   (POST /verify, POST /settle, GET /supported)
   anvil RPC    %s   chain id %d   network %s
   USDC         %s   EIP-712 name %q version %q, 6 decimals
-  signer       %s   (dev account #0)
+  signer       %s   (dev account #0; %d signer key(s) in all)
 
 funded accounts (10,000 ETH and %s USDC each; anvil's well-known dev keys, never use them elsewhere):
 `, addr, chain.RPCURL, chain.ChainID, facilitator.CAIP2(chain.ChainID), chain.USDC.Address.Hex(),
-		chain.USDC.Name, chain.USDC.Version, chain.Accounts[0].Address.Hex(), whole)
+		chain.USDC.Name, chain.USDC.Version, chain.Accounts[0].Address.Hex(), signers, whole)
 	for i, a := range chain.Accounts[1:] {
 		fmt.Fprintf(w, "  #%d %s  key 0x%s\n", i+1, a.Address.Hex(), hex.EncodeToString(crypto.FromECDSA(a.Key)))
 	}

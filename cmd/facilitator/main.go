@@ -23,6 +23,8 @@ commands:
   status    look up an authorization, a payment id or a transaction through the status API
   dev       run the whole local stack: anvil with Circle's USDC deployed and funded, plus serve
             (needs DATABASE_URL; 'make run' provides one)
+  bench     load-test a running local stack ('make run') and the official facilitator beside it,
+            print a table ('make bench-load')
   demo      the lost-response story on the local stack: pay, lose the answer, retry, look it up ('make demo')
 
 Run 'facilitator <command> -h' for a command's flags.
@@ -51,6 +53,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runMigrate(ctx, args[1:], getenv, stdout, stderr)
 	case "dev":
 		err = runDev(ctx, args[1:], getenv, stdout, stderr)
+	case "bench":
+		err = runBench(ctx, args[1:], stdout, stderr)
 	case "demo":
 		err = runDemo(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":

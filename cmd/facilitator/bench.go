@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/loadgen"
+)
+
+// runBench parses the bench flags and runs loadgen against a running local stack. The dev keys
+// are split so that no two senders share a nonce sequence: the facilitator signs with #0 (and
+// its extra dev signers), payers are #1-#7, the ceiling loop sends from #8, the official
+// facilitator signs with #9.
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := loadgen.Config{}
+	fs.StringVar(&cfg.FacilitatorURL, "url", "http://127.0.0.1:4021", "our facilitator (a running 'make run' stack, open auth)")
+	fs.StringVar(&cfg.RPCURL, "rpc", "http://127.0.0.1:8545", "the anvil the stack settles on")
+	asset := fs.String("asset", "", "the USDC token (default: where 'facilitator dev' deploys it)")
+	fs.DurationVar(&cfg.VerifyDuration, "duration", 10*time.Second, "how long each /verify load runs")
+	fs.IntVar(&cfg.VerifyConcurrency, "verify-c", 32, "concurrent /verify callers")
+	fs.IntVar(&cfg.SettleK, "k", 1000, "distinct payments settled by our facilitator")
+	fs.IntVar(&cfg.SettleC, "c", 64, "concurrent /settle callers (both facilitators)")
+	fs.IntVar(&cfg.RefK, "k-ref", 200, "distinct payments settled by the official facilitator")
+	fs.IntVar(&cfg.Replays, "replays", 1000, "payment-identifier replays of one settled payload (0 skips)")
+	fs.IntVar(&cfg.CeilingN, "ceiling-n", 1000, "pre-signed transactions per chain-ceiling mode (0 skips the ceiling)")
+	fs.IntVar(&cfg.CeilingBatch, "ceiling-batch", 100, "transactions per JSON-RPC batch in the batched ceiling mode")
+	fs.IntVar(&cfg.CeilingWindow, "ceiling-window", 256, "unconfirmed ceiling transactions at most (anvil 1.7.1 jams near 1,000 pending)")
+	fs.IntVar(&cfg.CeilingInFlight, "ceiling-inflight", 64, "outstanding eth_sendRawTransaction requests in the one-per-request mode")
+	fs.IntVar(&cfg.PID, "pid", 0, "our facilitator's process id for its memory (0: the process listening on --url's port; -1: skip)")
+	fs.DurationVar(&cfg.RPCTimeout, "rpc-timeout", 10*time.Second, "bound on each JSON-RPC call")
+	official := fs.Bool("official", true, "also run the load against the official TypeScript facilitator (needs node and node_modules)")
+	script := fs.String("official-script", "", "official-facilitator.mjs (default: interop/js/ under the module root above the working directory)")
+	nodeBin := fs.String("node", "node", "node binary for the official facilitator")
+	refPoll := fs.Duration("ref-poll", 100*time.Millisecond, "the official facilitator's receipt polling interval (the dev stack's own is 100ms)")
+	fs.StringVar(&cfg.IndexNote, "index-note", "not measured by this command: run 'make bench-index'", "what to print for indexer backfill")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench: unexpected arguments %v", fs.Args())
+	}
+
+	accounts, err := devchain.DevAccounts()
+	if err != nil {
+		return err
+	}
+	for _, a := range accounts[1:8] {
+		cfg.Payers = append(cfg.Payers, a.Key)
+	}
+	cfg.CeilingKey = accounts[8].Key
+	if *asset != "" {
+		if !common.IsHexAddress(*asset) {
+			return fmt.Errorf("--asset %q is not an address", *asset)
+		}
+		cfg.Asset = common.HexToAddress(*asset)
+	} else if cfg.Asset, err = devchain.DevUSDCAddress(); err != nil {
+		return err
+	}
+	if *official {
+		path := *script
+		if path == "" {
+			if path, err = officialScript(); err != nil {
+				return err
+			}
+		}
+		cfg.Official = &loadgen.Official{Node: *nodeBin, Script: path, Poll: *refPoll, Key: accounts[9].Key, Stderr: stderr}
+	}
+	cfg.Logger = newLogger(stderr, "info", "text")
+	rep, err := loadgen.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return loadgen.Render(stdout, rep)
+}
+
+// officialScript finds interop/js/official-facilitator.mjs above the working directory: the
+// bench runs from a checkout, where node_modules sits beside it.
+func officialScript() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, "interop", "js", "official-facilitator.mjs")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("interop/js/official-facilitator.mjs not found above the working directory; pass --official-script or --official=false")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,265 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// poster sends request bodies to one facilitator.
+type poster struct {
+	base string
+	hc   *http.Client
+}
+
+// post sends body to path and decodes a JSON answer into out, whatever the status.
+func (p *poster) post(ctx context.Context, path string, body []byte, out any) (int, http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.base+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := p.hc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return res.StatusCode, res.Header, err
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return res.StatusCode, res.Header, fmt.Errorf("HTTP %d, not JSON: %.200s", res.StatusCode, raw)
+	}
+	return res.StatusCode, res.Header, nil
+}
+
+// problems counts failed requests and keeps the first one's description.
+type problems struct {
+	mu    sync.Mutex
+	n     int
+	first string
+}
+
+func (p *problems) add(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n == 0 {
+		p.first = fmt.Sprintf(format, args...)
+	}
+	p.n++
+}
+
+// VerifyResult is one /verify load phase.
+type VerifyResult struct {
+	Concurrency int
+	Elapsed     time.Duration // first request to the last answer
+	Requests    int           // answered with isValid:true
+	Failed      int           // transport errors, non-200s and isValid:false
+	FirstFailed string
+	Latencies   Latencies
+}
+
+// Rate is valid verdicts per second.
+func (r VerifyResult) Rate() float64 { return rate(r.Requests, r.Elapsed) }
+
+// runVerify posts the pool's bodies in turn from c workers until d has passed (a request started
+// before then is waited for and counted).
+func runVerify(ctx context.Context, p *poster, pool []*payment, c int, d time.Duration) VerifyResult {
+	var next atomic.Int64
+	var bad problems
+	lats := make([]Latencies, c)
+	begin := time.Now()
+	deadline := begin.Add(d)
+	var wg sync.WaitGroup
+	for w := range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				body := pool[int(next.Add(1))%len(pool)].Body
+				var res facilitator.VerifyResponse
+				t0 := time.Now()
+				status, _, err := p.post(ctx, "/verify", body, &res)
+				took := time.Since(t0)
+				switch {
+				case err != nil:
+					bad.add("%v", err)
+				case status != http.StatusOK || !res.IsValid:
+					bad.add("HTTP %d isValid=%v %s %s", status, res.IsValid, res.InvalidReason, res.InvalidMessage)
+				default:
+					lats[w] = append(lats[w], took)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	r := VerifyResult{Concurrency: c, Elapsed: time.Since(begin), Failed: bad.n, FirstFailed: bad.first}
+	for _, l := range lats {
+		r.Latencies = append(r.Latencies, l...)
+	}
+	r.Requests = len(r.Latencies)
+	return r
+}
+
+// SettleResult is one /settle load phase.
+type SettleResult struct {
+	K, Concurrency int
+	Signers        int           // signer keys the facilitator settles with
+	Elapsed        time.Duration // first request to the last payment confirmed
+	Confirmed      int           // answered success, or pending and then mined successfully
+	Followed       int           // answers that were settlement_pending and were followed to the receipt
+	Failed         int           // everything else (includes NonceErrors)
+	NonceErrors    int           // failed answers whose reason or message mentions a nonce
+	FirstFailed    string
+	Latencies      Latencies // request to confirmation, confirmed payments only
+	Chain          ChainCount
+}
+
+// Rate is confirmed settlements per second.
+func (r SettleResult) Rate() float64 { return rate(r.Confirmed, r.Elapsed) }
+
+// settleTimeout bounds one payment, from its first request to its receipt.
+const settleTimeout = 3 * time.Minute
+
+// runSettle settles every payment from c workers. An answer that the settlement is pending (with
+// its transaction) is followed on chain until mined; one still in flight without a transaction is
+// asked again, with the same body, as a client would.
+func runSettle(ctx context.Context, p *poster, n *node, pays []*payment, c int) SettleResult {
+	var bad, nonceBad problems
+	var followed atomic.Int64
+	lats := make([]Latencies, c)
+	work := make(chan *payment)
+	begin := time.Now()
+	var wg sync.WaitGroup
+	for w := range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for pay := range work {
+				t0 := time.Now()
+				ok, pending, reason := settleOne(ctx, p, n, pay.Body)
+				if pending {
+					followed.Add(1)
+				}
+				switch {
+				case ok:
+					lats[w] = append(lats[w], time.Since(t0))
+				case mentionsNonce(reason):
+					nonceBad.add("%s", reason)
+					bad.add("%s", reason)
+				default:
+					bad.add("%s", reason)
+				}
+			}
+		}()
+	}
+	for _, pay := range pays {
+		work <- pay
+	}
+	close(work)
+	wg.Wait()
+	r := SettleResult{K: len(pays), Concurrency: c, Elapsed: time.Since(begin), Followed: int(followed.Load()),
+		Failed: bad.n, NonceErrors: nonceBad.n, FirstFailed: bad.first}
+	for _, l := range lats {
+		r.Latencies = append(r.Latencies, l...)
+	}
+	r.Confirmed = len(r.Latencies)
+	return r
+}
+
+// settleOne settles one body until it is confirmed or definitely not; reason describes a failure.
+func settleOne(ctx context.Context, p *poster, n *node, body []byte) (ok, followed bool, reason string) {
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	for {
+		var res facilitator.SettleResponse
+		status, _, err := p.post(ctx, "/settle", body, &res)
+		switch {
+		case err != nil:
+			return false, followed, err.Error()
+		case status == http.StatusOK && res.Success:
+			return true, followed, ""
+		case res.ErrorReason == facilitator.ReasonSettlementPending && res.Transaction != "":
+			followed = true
+			st, err := n.receiptStatus(ctx, common.HexToHash(res.Transaction), 25*time.Millisecond)
+			if err != nil {
+				return false, true, "following a pending settlement: " + err.Error()
+			}
+			if st != 1 {
+				return false, true, "pending settlement " + res.Transaction + " reverted"
+			}
+			return true, true, ""
+		case res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight ||
+			status == http.StatusServiceUnavailable:
+			followed = true
+			select {
+			case <-ctx.Done():
+				return false, true, "still " + res.ErrorReason + " at the deadline"
+			case <-time.After(250 * time.Millisecond):
+			}
+		default:
+			return false, followed, fmt.Sprintf("HTTP %d %s: %s", status, res.ErrorReason, res.ErrorMessage)
+		}
+	}
+}
+
+// ReplayResult is the payment-identifier replay phase: one settled payload resent n times.
+type ReplayResult struct {
+	N           int
+	Replayed    int // answers marked as replays with the original's transaction
+	FirstFailed string
+	Latencies   Latencies
+}
+
+// runReplay settles pay (which carries a payment id) and then resends it n times, one at a time,
+// timing each answer; a replay must come from the stored answer (api.ReplayHeader) with the same
+// transaction.
+func runReplay(ctx context.Context, p *poster, n *node, pay *payment, count int) (ReplayResult, error) {
+	r := ReplayResult{N: count}
+	if ok, _, reason := settleOne(ctx, p, n, pay.Body); !ok {
+		return r, fmt.Errorf("settling the payment to replay: %s", reason)
+	}
+	var first facilitator.SettleResponse
+	if _, _, err := p.post(ctx, "/settle", pay.Body, &first); err != nil || !first.Success {
+		return r, fmt.Errorf("first replay: %v %+v", err, first)
+	}
+	for range count {
+		var res facilitator.SettleResponse
+		t0 := time.Now()
+		status, h, err := p.post(ctx, "/settle", pay.Body, &res)
+		took := time.Since(t0)
+		if err != nil || status != http.StatusOK || h.Get(api.ReplayHeader) != "true" || res.Transaction != first.Transaction {
+			if r.FirstFailed == "" {
+				r.FirstFailed = fmt.Sprintf("HTTP %d %v replay=%q tx %s", status, err, h.Get(api.ReplayHeader), res.Transaction)
+			}
+			continue
+		}
+		r.Replayed++
+		r.Latencies = append(r.Latencies, took)
+	}
+	return r, nil
+}
+
+// decodeJSON reads a 200 answer's JSON body into out.
+func decodeJSON(res *http.Response, out any) error {
+	raw, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d: %.200s", res.StatusCode, raw)
+	}
+	return json.Unmarshal(raw, out)
+}

@@ -1,0 +1,376 @@
+// Package loadgen is the load generator behind `facilitator bench`: against a running local stack
+// (anvil with USDC and a facilitator, as `facilitator dev` starts them) it measures /verify and
+// /settle under load, the payment-identifier replay path, the chain's own transaction ceiling and
+// the facilitator's memory, and runs the same /verify and /settle load against the official
+// TypeScript facilitator on the same chain as the reference. Payments are signed before any clock
+// starts; settlements are counted on chain, not from the answers.
+package loadgen
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Config is one benchmark run.
+type Config struct {
+	FacilitatorURL string // our facilitator (open auth)
+	RPCURL         string // the chain it settles on
+	Asset          common.Address
+	// Payers sign the payments (many authorizations each; EIP-3009 nonces are random, so payers
+	// never collide). CeilingKey sends the ceiling loop's transactions and pays for them. Neither
+	// may be a key a facilitator signs with.
+	Payers     []*ecdsa.PrivateKey
+	CeilingKey *ecdsa.PrivateKey
+	Official   *Official // nil: no reference run
+
+	VerifyConcurrency int
+	VerifyDuration    time.Duration
+	SettleK, SettleC  int
+	RefK              int // payments the reference settles (at SettleC)
+	Replays           int
+	CeilingN          int // transactions per ceiling mode
+	CeilingBatch      int // transactions per JSON-RPC batch in the batched mode
+	// CeilingWindow bounds unconfirmed ceiling transactions (anvil 1.7.1 jams near 1,000 pending);
+	// CeilingInFlight is how many send requests are outstanding at once.
+	CeilingWindow, CeilingInFlight int
+	// PID is our facilitator's process, for its memory: 0 finds the one listening on
+	// FacilitatorURL's port, -1 skips memory.
+	PID        int
+	RPCTimeout time.Duration // bound on each JSON-RPC call
+	// IndexNote is printed for the indexer backfill, which this command does not measure.
+	IndexNote string
+	Logger    *slog.Logger
+}
+
+// Check reports a configuration that cannot run.
+func (c *Config) Check() error {
+	var errs []error
+	if c.FacilitatorURL == "" || c.RPCURL == "" {
+		errs = append(errs, errors.New("the facilitator URL and the RPC URL are required"))
+	}
+	if len(c.Payers) == 0 || c.CeilingKey == nil {
+		errs = append(errs, errors.New("payer keys and a ceiling sender key are required"))
+	}
+	if c.VerifyConcurrency < 1 || c.SettleC < 1 || c.SettleK < 1 || c.VerifyDuration <= 0 {
+		errs = append(errs, errors.New("concurrencies, K and the verify duration must be positive"))
+	}
+	if c.CeilingN > 0 && (c.CeilingBatch < 1 || c.CeilingInFlight < 1 || c.CeilingWindow < c.CeilingBatch) {
+		errs = append(errs, errors.New("the ceiling needs a batch size >= 1, in-flight >= 1 and a window >= the batch"))
+	}
+	if c.Official != nil && (c.Official.Key == nil || c.Official.Script == "") {
+		errs = append(errs, errors.New("the reference needs its script and a signer key"))
+	}
+	return errors.Join(errs...)
+}
+
+// Side is one facilitator's figures.
+type Side struct {
+	Name    string
+	URL     string
+	Signers int // signer keys it settles with
+	Verify  *VerifyResult
+	Settle  *SettleResult
+	Memory  *Memory
+}
+
+// Report is everything one run measured.
+type Report struct {
+	Started        time.Time
+	Machine        string
+	FacilitatorURL string
+	RPCURL         string
+	Token          token
+	HeadAtStart    uint64
+	Ours, Ref      Side
+	Replay         *ReplayResult
+	Ceiling        []CeilingResult
+	IndexNote      string
+	Notes          []string
+}
+
+// Run runs every phase in turn and returns what it measured. Phases that grow the chain run in a
+// fixed order (ours, the reference, then the ceiling), because anvil slows down as its chain
+// grows: the report gives the head at the start and the blocks each phase mined, so that this
+// can be judged.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	rc, err := rpc.DialContext(ctx, cfg.RPCURL)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", cfg.RPCURL, err)
+	}
+	defer rc.Close()
+	n := &node{c: rc, timeout: cfg.RPCTimeout}
+	tok, err := readToken(ctx, n, cfg.Asset)
+	if err != nil {
+		return nil, err
+	}
+	// Enough idle connections for every worker: the default (2 per host) would measure TCP
+	// handshakes rather than the facilitator.
+	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{
+		MaxIdleConns: 512, MaxIdleConnsPerHost: 512, IdleConnTimeout: time.Minute,
+		DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+	}}
+	defer hc.CloseIdleConnections()
+	ours := &poster{base: strings.TrimRight(cfg.FacilitatorURL, "/"), hc: hc}
+	signers, err := supportedSigners(ctx, ours, tok)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Started: time.Now(), Machine: machine(), FacilitatorURL: cfg.FacilitatorURL, RPCURL: cfg.RPCURL,
+		Token: tok, IndexNote: cfg.IndexNote,
+		Ours: Side{Name: "ours", URL: cfg.FacilitatorURL, Signers: len(signers)}}
+	if rep.HeadAtStart, err = n.head(ctx); err != nil {
+		return nil, err
+	}
+
+	var ourMem *sampler
+	if pid, err := facilitatorPID(cfg); err != nil {
+		rep.Notes = append(rep.Notes, "our memory not sampled: "+err.Error())
+	} else if pid > 0 {
+		ourMem = startSampler(ctx, pid, 100*time.Millisecond)
+	}
+
+	log.Info("signing", "verifyPool", 256, "settle", cfg.SettleK, "ref", cfg.RefK, "ceiling", 2*cfg.CeilingN)
+	pool, err := signPayments(tok, cfg.Payers, 256, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("verify load", "side", "ours", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
+	v := runVerify(ctx, ours, pool, cfg.VerifyConcurrency, cfg.VerifyDuration)
+	rep.Ours.Verify = &v
+
+	pays, err := signPayments(tok, cfg.Payers, cfg.SettleK, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("settle load", "side", "ours", "k", cfg.SettleK, "c", cfg.SettleC)
+	if rep.Ours.Settle, err = settlePhase(ctx, n, ours, tok, pays, cfg.SettleC, signers); err != nil {
+		return nil, err
+	}
+	rep.Ours.Settle.Signers = len(signers)
+
+	if cfg.Replays > 0 {
+		id, err := newPaymentID()
+		if err != nil {
+			return nil, err
+		}
+		p, err := signPayment(tok, cfg.Payers[0], time.Hour, id)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("payment-identifier replays", "n", cfg.Replays)
+		r, err := runReplay(ctx, ours, n, p, cfg.Replays)
+		if err != nil {
+			return nil, err
+		}
+		rep.Replay = &r
+	}
+	if ourMem != nil {
+		m := ourMem.finish()
+		rep.Ours.Memory = &m
+	}
+
+	if cfg.Official != nil {
+		if err := runReference(ctx, cfg, n, tok, pool, rep, log); err != nil {
+			return nil, fmt.Errorf("reference: %w", err)
+		}
+	}
+
+	if cfg.CeilingN > 0 {
+		for _, batch := range []int{1, cfg.CeilingBatch} {
+			log.Info("chain ceiling", "n", cfg.CeilingN, "batch", batch)
+			c, err := ceilingPhase(ctx, cfg, n, tok, batch)
+			if err != nil {
+				return nil, fmt.Errorf("ceiling (batch %d): %w", batch, err)
+			}
+			rep.Ceiling = append(rep.Ceiling, c)
+		}
+	}
+	return rep, nil
+}
+
+// runReference starts the official facilitator and runs the same verify and settle load on it.
+func runReference(ctx context.Context, cfg Config, n *node, tok token, pool []*payment, rep *Report, log *slog.Logger) error {
+	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	proc, err := startOfficial(startCtx, *cfg.Official, cfg.RPCURL, tok.ChainID)
+	if err != nil {
+		return err
+	}
+	defer proc.stop()
+	mem := startSampler(ctx, proc.pid(), 100*time.Millisecond)
+	hc := &http.Client{Timeout: 4 * time.Minute, Transport: &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512}}
+	defer hc.CloseIdleConnections()
+	ref := &poster{base: proc.url, hc: hc}
+	rep.Ref = Side{Name: "official", URL: proc.url, Signers: 1}
+
+	log.Info("verify load", "side", "official", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
+	v := runVerify(ctx, ref, pool, cfg.VerifyConcurrency, cfg.VerifyDuration)
+	rep.Ref.Verify = &v
+	if cfg.RefK > 0 {
+		pays, err := signPayments(tok, cfg.Payers, cfg.RefK, time.Hour)
+		if err != nil {
+			return err
+		}
+		log.Info("settle load", "side", "official", "k", cfg.RefK, "c", cfg.SettleC)
+		signer := crypto.PubkeyToAddress(cfg.Official.Key.PublicKey)
+		if rep.Ref.Settle, err = settlePhase(ctx, n, ref, tok, pays, cfg.SettleC, []common.Address{signer}); err != nil {
+			return err
+		}
+		rep.Ref.Settle.Signers = 1
+	}
+	m := mem.finish()
+	rep.Ref.Memory = &m
+	return nil
+}
+
+// settlePhase runs the settle load and then counts, on chain, what the blocks it spanned hold.
+func settlePhase(ctx context.Context, n *node, p *poster, tok token, pays []*payment, c int, signers []common.Address) (*SettleResult, error) {
+	from, err := n.head(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := runSettle(ctx, p, n, pays, c)
+	to, err := n.head(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if r.Chain, err = countOnChain(ctx, n, tok.Address, from+1, to, pays, signers); err != nil {
+		return nil, fmt.Errorf("counting transfers on chain: %w", err)
+	}
+	return &r, nil
+}
+
+func ceilingPhase(ctx context.Context, cfg Config, n *node, tok token, batch int) (CeilingResult, error) {
+	r := CeilingResult{Mode: "one per request", N: cfg.CeilingN}
+	if batch > 1 {
+		r.Mode = fmt.Sprintf("batches of %d", batch)
+	}
+	raws, pays, err := ceilingTxs(ctx, n, tok, cfg.CeilingKey, cfg.CeilingN)
+	if err != nil {
+		return r, err
+	}
+	from, err := n.head(ctx)
+	if err != nil {
+		return r, err
+	}
+	sender := crypto.PubkeyToAddress(cfg.CeilingKey.PublicKey)
+	inFlight := cfg.CeilingInFlight
+	if batch > 1 {
+		inFlight = max(1, cfg.CeilingWindow/batch)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if r.Elapsed, r.Nudges, err = runCeiling(runCtx, n, sender, raws, batch, cfg.CeilingWindow, inFlight); err != nil {
+		return r, err
+	}
+	to, err := n.head(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.Chain, err = countOnChain(ctx, n, tok.Address, from+1, to, pays, []common.Address{sender})
+	return r, err
+}
+
+// readToken reads the token's EIP-712 name and version from the chain: what a payer's wallet
+// would put in the domain.
+func readToken(ctx context.Context, n *node, addr common.Address) (token, error) {
+	id, err := n.uint(ctx, "eth_chainId")
+	if err != nil {
+		return token{}, err
+	}
+	name, err := n.callString(ctx, addr, "name()")
+	if err != nil {
+		return token{}, fmt.Errorf("reading the token at %s: %w", addr, err)
+	}
+	version, err := n.callString(ctx, addr, "version()")
+	if err != nil {
+		return token{}, fmt.Errorf("reading the token at %s: %w", addr, err)
+	}
+	return newToken(addr, name, version, id), nil
+}
+
+// supportedSigners asks /supported which keys the facilitator settles with, and checks that it
+// supports the chain at all.
+func supportedSigners(ctx context.Context, p *poster, tok token) ([]common.Address, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/supported", nil)
+	if err != nil {
+		return nil, err
+	}
+	res, err := p.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("is the stack up ('make run')? %w", err)
+	}
+	defer res.Body.Close()
+	var sup facilitator.SupportedResponse
+	if err := decodeJSON(res, &sup); err != nil {
+		return nil, fmt.Errorf("GET /supported: %w", err)
+	}
+	network := facilitator.CAIP2(tok.ChainID)
+	found := false
+	for _, k := range sup.Kinds {
+		found = found || (k.Network == network && k.X402Version == 2)
+	}
+	if !found {
+		return nil, fmt.Errorf("the facilitator at %s does not support %s (v2)", p.base, network)
+	}
+	var out []common.Address
+	for _, s := range sup.Signers["eip155:*"] {
+		out = append(out, common.HexToAddress(s))
+	}
+	return out, nil
+}
+
+func facilitatorPID(cfg Config) (int, error) {
+	if cfg.PID != 0 {
+		return cfg.PID, nil
+	}
+	u, err := url.Parse(cfg.FacilitatorURL)
+	if err != nil {
+		return 0, err
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		return 0, fmt.Errorf("no port in %s", cfg.FacilitatorURL)
+	}
+	return listeningPID(port)
+}
+
+// machine is the core count and CPU model, for the report's header.
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d cores, %s", runtime.NumCPU(), model)
+}

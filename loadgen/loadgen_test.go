@@ -1,0 +1,152 @@
+package loadgen
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+)
+
+func ms(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+
+func TestPercentile(t *testing.T) {
+	hundred := make(Latencies, 100)
+	for i := range hundred {
+		hundred[99-i] = ms(float64(i + 1)) // reversed: Percentile must sort
+	}
+	for _, tc := range []struct {
+		name string
+		l    Latencies
+		q    float64
+		want time.Duration
+	}{
+		{"empty", nil, 0.5, 0},
+		{"one sample is every percentile", Latencies{ms(7)}, 0.99, ms(7)},
+		{"p50 of 1..100 is the 50th", hundred, 0.50, ms(50)},
+		{"p99 of 1..100 is the 99th", hundred, 0.99, ms(99)},
+		{"p100 is the max", hundred, 1, ms(100)},
+		{"a tiny q is the min", hundred, 0.001, ms(1)},
+		// Nearest rank: p50 of four samples is the second, never an interpolated 2.5.
+		{"no interpolation", Latencies{ms(1), ms(2), ms(3), ms(4)}, 0.5, ms(2)},
+		{"p99 of four is the max", Latencies{ms(4), ms(1), ms(3), ms(2)}, 0.99, ms(4)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.l.Percentile(tc.q); got != tc.want {
+				t.Fatalf("Percentile(%v) = %v, want %v", tc.q, got, tc.want)
+			}
+		})
+	}
+	if hundred[0] != ms(100) {
+		t.Fatal("Percentile sorted its receiver in place")
+	}
+}
+
+func TestRate(t *testing.T) {
+	if got := rate(500, 2*time.Second); got != 250 {
+		t.Fatalf("rate = %v", got)
+	}
+	if got := rate(5, 0); got != 0 {
+		t.Fatalf("rate over nothing = %v", got)
+	}
+}
+
+func TestMentionsNonce(t *testing.T) {
+	for s, want := range map[string]bool{
+		"invalid_exact_evm_nonce_already_used": true,
+		"HTTP 200 x: nonce too low":            true,
+		"Nonce":                                true,
+		"invalid_exact_evm_signature":          false,
+	} {
+		if got := mentionsNonce("", s); got != want {
+			t.Errorf("mentionsNonce(%q) = %v", s, got)
+		}
+	}
+}
+
+func sampleReport(withRef bool) *Report {
+	r := &Report{
+		Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Machine: "2 cores, Test CPU",
+		FacilitatorURL: "http://127.0.0.1:4021", RPCURL: "http://127.0.0.1:8545",
+		Token: newToken(common.HexToAddress("0x01"), "USD Coin", "2", 31337), HeadAtStart: 12,
+		Ours: Side{Name: "ours", Signers: 4,
+			Verify: &VerifyResult{Concurrency: 32, Elapsed: 10 * time.Second, Requests: 20000, Latencies: Latencies{ms(5), ms(10)}},
+			Settle: &SettleResult{K: 1000, Concurrency: 64, Signers: 4, Elapsed: 4 * time.Second, Confirmed: 1000,
+				Failed: 3, NonceErrors: 2, Latencies: Latencies{ms(200), ms(400)},
+				Chain: ChainCount{Blocks: 300, Transfers: 1000, AuthorizationsUsed: 1000, SenderTxs: 1000}},
+			Memory: &Memory{PID: 42, Peak: 64 << 20, HWM: 70 << 20, Samples: 10}},
+		Replay:    &ReplayResult{N: 100, Replayed: 100, Latencies: Latencies{ms(0.5), ms(2)}},
+		Ceiling:   []CeilingResult{{Mode: "one per request", N: 1000, Elapsed: time.Second, Chain: ChainCount{SenderTxs: 1000}}, {Mode: "batches of 100", N: 1000, Elapsed: 500 * time.Millisecond, Chain: ChainCount{SenderTxs: 1000}}},
+		IndexNote: "not measured",
+	}
+	if withRef {
+		r.Ref = Side{Name: "official", Signers: 1,
+			Verify: &VerifyResult{Concurrency: 32, Elapsed: 10 * time.Second, Requests: 1000, Latencies: Latencies{ms(50), ms(100)}},
+			Settle: &SettleResult{K: 200, Concurrency: 64, Signers: 1, Elapsed: 4 * time.Second, Confirmed: 200, Latencies: Latencies{ms(800), ms(1600)},
+				Chain: ChainCount{Transfers: 200, SenderTxs: 200}}}
+	}
+	return r
+}
+
+func TestRender(t *testing.T) {
+	var b strings.Builder
+	if err := Render(&b, sampleReport(true)); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	t.Log("\n" + out)
+	lines := strings.Split(out, "\n")
+	find := func(prefix string) []string {
+		t.Helper()
+		for _, l := range lines {
+			if strings.HasPrefix(strings.TrimSpace(l), prefix) {
+				return strings.Fields(strings.TrimPrefix(strings.TrimSpace(l), prefix))
+			}
+		}
+		t.Fatalf("no line %q in:\n%s", prefix, out)
+		return nil
+	}
+	for _, tc := range []struct {
+		prefix string
+		want   []string
+	}{
+		// 20000/10s = 2000/s against 100/s: 20x; latencies official/ours.
+		{"valid verdicts/s", []string{"2000.0/s", "100.0/s", "20.00x"}},
+		{"latency p50", []string{"5.00", "ms", "50.0", "ms", "10.00x"}},
+		{"settlements/s", []string{"250.0/s", "50.0/s", "5.00x"}},
+		{"latency to confirmed p99", []string{"400", "ms", "1600", "ms", "4.00x"}},
+		{"signer keys", []string{"4", "1"}},
+		{"nonce errors (answers)", []string{"2", "0"}},
+		{"other failed answers", []string{"1", "0"}},
+		{"on-chain transfers (of K)", []string{"1000", "/", "1000", "200", "/", "200"}},
+		// The ceiling is the better mode, 2000/s: 250/s is 12.5 % of it, 50/s is 2.5 %.
+		{"settle rate as % of the ceiling", []string{"12.5%", "2.5%"}},
+		{"peak VmRSS", []string{"64.0", "MiB", "(pid", "42)", "not", "sampled"}},
+	} {
+		if got := find(tc.prefix); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("%s: %q, want %q", tc.prefix, got, tc.want)
+		}
+	}
+	for _, s := range []string{"2 cores, Test CPU", "reference settled K=200", "ours/official for rates"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q", s)
+		}
+	}
+	// Columns line up: every figure row puts the official column at the same offset.
+	col := strings.Index(lines[5], "official")
+	for _, l := range lines[6:] {
+		if strings.HasPrefix(l, "  ") && len(l) > col && strings.Contains(l, "/s ") && l[col-1] != ' ' {
+			t.Errorf("misaligned row %q", l)
+		}
+	}
+}
+
+func TestRenderWithoutReference(t *testing.T) {
+	var b strings.Builder
+	if err := Render(&b, sampleReport(false)); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "not run") || strings.Contains(out, "ours/official") {
+		t.Fatalf("a run without the reference must say so and print no ratios:\n%s", out)
+	}
+}

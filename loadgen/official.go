@@ -1,0 +1,100 @@
+package loadgen
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
+)
+
+// Official says how to run the official TypeScript facilitator (interop/js/official-facilitator.mjs)
+// as the reference.
+type Official struct {
+	Node   string // node binary ("" is "node" on PATH)
+	Script string // path of official-facilitator.mjs
+	// Poll is viem's receipt polling interval. viem's default (4 s) would make the reference's
+	// settle latency a polling artefact, so the run sets the same interval our dev stack uses.
+	Poll time.Duration
+	Key  *ecdsa.PrivateKey // its signer; an account nobody else sends from
+	// Stderr receives the process's diagnostics (nil discards them).
+	Stderr io.Writer
+}
+
+// officialProc is a running official facilitator.
+type officialProc struct {
+	cmd  *exec.Cmd
+	url  string
+	done chan struct{}
+}
+
+// startOfficial runs the official facilitator against rpcURL and waits (bounded by ctx) for the
+// one line it prints once listening.
+func startOfficial(ctx context.Context, o Official, rpcURL string, chainID uint64) (*officialProc, error) {
+	bin := o.Node
+	if bin == "" {
+		bin = "node"
+	}
+	cmd := exec.Command(bin, o.Script, "--rpc", rpcURL, "--chain-id", strconv.FormatUint(chainID, 10), "--port", "0",
+		"--polling-interval-ms", strconv.FormatInt(o.Poll.Milliseconds(), 10))
+	cmd.Env = append(os.Environ(), "FACILITATOR_KEY=0x"+hex.EncodeToString(crypto.FromECDSA(o.Key)))
+	cmd.Stderr = o.Stderr
+	// If we die without stopping it, the kernel does: no orphan keeps sending from its key.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the official facilitator: %w", err)
+	}
+	p := &officialProc{cmd: cmd, done: make(chan struct{})}
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	select {
+	case line := <-lines:
+		url, ok := strings.CutPrefix(line, "listening ")
+		if !ok {
+			p.stop()
+			return nil, fmt.Errorf("official facilitator said %q", line)
+		}
+		p.url = url
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("official facilitator (%s %s) exited before listening; is node_modules installed (scripts/npm.sh)?", bin, o.Script)
+	case <-ctx.Done():
+		p.stop()
+		return nil, fmt.Errorf("official facilitator did not start: %w", ctx.Err())
+	}
+}
+
+func (p *officialProc) pid() int { return p.cmd.Process.Pid }
+
+// stop asks it to exit (it gives in-flight settles 2 s) and kills it if it does not.
+func (p *officialProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}

@@ -1,0 +1,222 @@
+package loadgen
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Render prints the report as the table `facilitator bench` shows. Ratios put the better side's
+// advantage above 1 when ours is better: ours/official for rates, official/ours for latencies.
+func Render(w io.Writer, r *Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "x402 facilitator load benchmark, %s\n", r.Started.UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "machine:     %s\n", r.Machine)
+	fmt.Fprintf(&b, "facilitator: %s   chain: %s (chain id %d, head %d at start)\n", r.FacilitatorURL, r.RPCURL, r.Token.ChainID, r.HeadAtStart)
+	fmt.Fprintf(&b, "token:       %s (%q version %q); payments of %d atomic units, each to a fresh payee\n\n",
+		r.Token.Address.Hex(), r.Token.Name, r.Token.Version, paymentValue)
+
+	var t table
+	ref := r.Ref.Verify != nil || r.Ref.Settle != nil
+	refCol := func(s string) string {
+		if !ref {
+			return "not run"
+		}
+		return s
+	}
+	row := t.add
+	row("", "ours", "official (reference)", "ratio")
+	if v := r.Ours.Verify; v != nil {
+		rv := r.Ref.Verify
+		row(fmt.Sprintf("/verify, concurrency %d, %s", v.Concurrency, v.Elapsed.Round(100*time.Millisecond)))
+		row("  valid verdicts/s", fmtRate(v.Rate()), refCol(optRate(rv, func(x *VerifyResult) float64 { return x.Rate() })),
+			rateRatio(v.Rate(), rv, func(x *VerifyResult) float64 { return x.Rate() }))
+		for _, q := range []float64{0.50, 0.99} {
+			row(fmt.Sprintf("  latency p%.0f", q*100), fmtDur(v.Latencies.Percentile(q)),
+				refCol(optDur(rv, func(x *VerifyResult) time.Duration { return x.Latencies.Percentile(q) })),
+				latRatio(v.Latencies.Percentile(q), rv, func(x *VerifyResult) time.Duration { return x.Latencies.Percentile(q) }))
+		}
+		row("  failed (error or not valid)", fmt.Sprint(v.Failed), refCol(optInt(rv, func(x *VerifyResult) int { return x.Failed })), "")
+	}
+	if s := r.Ours.Settle; s != nil {
+		rs := r.Ref.Settle
+		row(fmt.Sprintf("/settle, concurrency %d, until all confirmed", s.Concurrency))
+		row("  payments (K)", fmt.Sprint(s.K), refCol(optInt(rs, func(x *SettleResult) int { return x.K })), "")
+		row("  signer keys", fmt.Sprint(s.Signers), refCol(optInt(rs, func(x *SettleResult) int { return x.Signers })), "")
+		row("  settlements/s", fmtRate(s.Rate()), refCol(optRate(rs, func(x *SettleResult) float64 { return x.Rate() })),
+			rateRatio(s.Rate(), rs, func(x *SettleResult) float64 { return x.Rate() }))
+		for _, q := range []float64{0.50, 0.99} {
+			row(fmt.Sprintf("  latency to confirmed p%.0f", q*100), fmtDur(s.Latencies.Percentile(q)),
+				refCol(optDur(rs, func(x *SettleResult) time.Duration { return x.Latencies.Percentile(q) })),
+				latRatio(s.Latencies.Percentile(q), rs, func(x *SettleResult) time.Duration { return x.Latencies.Percentile(q) }))
+		}
+		row("  confirmed / followed pending", fmt.Sprintf("%d / %d", s.Confirmed, s.Followed),
+			refCol(optStr(rs, func(x *SettleResult) string { return fmt.Sprintf("%d / %d", x.Confirmed, x.Followed) })), "")
+		row("  on-chain transfers (of K)", fmt.Sprintf("%d / %d", s.Chain.Transfers, s.K),
+			refCol(optStr(rs, func(x *SettleResult) string { return fmt.Sprintf("%d / %d", x.Chain.Transfers, x.K) })), "")
+		row("  duplicates", fmt.Sprint(s.Chain.Duplicates), refCol(optInt(rs, func(x *SettleResult) int { return x.Chain.Duplicates })), "")
+		row("  nonce errors (answers)", fmt.Sprint(s.NonceErrors), refCol(optInt(rs, func(x *SettleResult) int { return x.NonceErrors })), "")
+		row("  other failed answers", fmt.Sprint(s.Failed-s.NonceErrors), refCol(optInt(rs, func(x *SettleResult) int { return x.Failed - x.NonceErrors })), "")
+		row("  signer txs mined / reverted", fmt.Sprintf("%d / %d", s.Chain.SenderTxs, s.Chain.SenderReverted),
+			refCol(optStr(rs, func(x *SettleResult) string { return fmt.Sprintf("%d / %d", x.Chain.SenderTxs, x.Chain.SenderReverted) })), "")
+		row("  blocks", fmt.Sprint(s.Chain.Blocks), refCol(optInt(rs, func(x *SettleResult) int { return int(x.Chain.Blocks) })), "")
+	}
+	if rp := r.Replay; rp != nil {
+		row(fmt.Sprintf("payment-identifier replay of a settled payload, %d sequential", rp.N))
+		row("  latency p50", fmtDur(rp.Latencies.Percentile(0.50)), refCol("n/a (no payment-identifier)"), "")
+		row("  latency p99", fmtDur(rp.Latencies.Percentile(0.99)), refCol("n/a"), "")
+		row("  answered as replays", fmt.Sprintf("%d / %d", rp.Replayed, rp.N), "", "")
+	}
+	if len(r.Ceiling) > 0 {
+		best := 0.0
+		for _, c := range r.Ceiling {
+			best = max(best, c.Rate())
+		}
+		row("chain ceiling: pre-signed transferWithAuthorization txs, one sender, until mined")
+		for _, c := range r.Ceiling {
+			row(fmt.Sprintf("  %s (%d txs)", c.Mode, c.N), fmtRate(c.Rate()), "", fmt.Sprintf("(%d blocks, %d reverted, %d evm_mine nudges)", c.Chain.Blocks, c.Chain.SenderReverted, c.Nudges))
+		}
+		if s := r.Ours.Settle; s != nil && best > 0 {
+			refPct := "not run"
+			if rs := r.Ref.Settle; rs != nil {
+				refPct = fmt.Sprintf("%.1f%%", 100*rs.Rate()/best)
+			}
+			row("  settle rate as % of the ceiling", fmt.Sprintf("%.1f%%", 100*s.Rate()/best), refPct, "")
+		}
+	}
+	if r.IndexNote != "" {
+		row("indexer backfill events/s: " + r.IndexNote)
+	}
+	if r.Ours.Memory != nil || r.Ref.Memory != nil {
+		row("peak RSS of each facilitator process (VmRSS sampled every 100 ms during its phases; VmHWM since it started)")
+		row("  peak VmRSS", fmtMem(r.Ours.Memory, func(m *Memory) uint64 { return m.Peak }), refCol(fmtMem(r.Ref.Memory, func(m *Memory) uint64 { return m.Peak })), "")
+		row("  VmHWM", fmtMem(r.Ours.Memory, func(m *Memory) uint64 { return m.HWM }), refCol(fmtMem(r.Ref.Memory, func(m *Memory) uint64 { return m.HWM })), "")
+	}
+	t.write(&b)
+	notes := append([]string{}, r.Notes...)
+	if rs, os := r.Ref.Settle, r.Ours.Settle; rs != nil && os != nil && rs.K != os.K {
+		notes = append(notes, fmt.Sprintf("the reference settled K=%d payments (ours %d) at the same concurrency: it is slower, and a smaller K keeps the run short", rs.K, os.K))
+	}
+	if ref {
+		notes = append(notes, "ratios: ours/official for rates, official/ours for latencies (above 1: ours is better)")
+	}
+	for _, s := range []*Side{&r.Ours, &r.Ref} {
+		if s.Verify != nil && s.Verify.FirstFailed != "" {
+			notes = append(notes, fmt.Sprintf("%s /verify first failure: %s", s.Name, s.Verify.FirstFailed))
+		}
+		if s.Settle != nil && s.Settle.FirstFailed != "" {
+			notes = append(notes, fmt.Sprintf("%s /settle first failure: %s", s.Name, s.Settle.FirstFailed))
+		}
+		if s.Memory != nil && s.Memory.Err != "" {
+			notes = append(notes, fmt.Sprintf("%s memory: %s", s.Name, s.Memory.Err))
+		}
+	}
+	if r.Replay != nil && r.Replay.FirstFailed != "" {
+		notes = append(notes, "replay first failure: "+r.Replay.FirstFailed)
+	}
+	for _, n := range notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func fmtRate(f float64) string { return fmt.Sprintf("%.1f/s", f) }
+
+// fmtDur prints milliseconds with three significant digits or so: µs-level replays and
+// second-level settles fit the same column.
+func fmtDur(d time.Duration) string {
+	ms := float64(d) / float64(time.Millisecond)
+	switch {
+	case ms < 10:
+		return fmt.Sprintf("%.2f ms", ms)
+	case ms < 100:
+		return fmt.Sprintf("%.1f ms", ms)
+	default:
+		return fmt.Sprintf("%.0f ms", ms)
+	}
+}
+
+func fmtMem(m *Memory, f func(*Memory) uint64) string {
+	if m == nil || m.Samples == 0 {
+		return "not sampled"
+	}
+	return fmt.Sprintf("%.1f MiB (pid %d)", float64(f(m))/(1<<20), m.PID)
+}
+
+func optRate[T any](x *T, f func(*T) float64) string {
+	if x == nil {
+		return "—"
+	}
+	return fmtRate(f(x))
+}
+
+func optDur[T any](x *T, f func(*T) time.Duration) string {
+	if x == nil {
+		return "—"
+	}
+	return fmtDur(f(x))
+}
+
+func optInt[T any](x *T, f func(*T) int) string {
+	if x == nil {
+		return "—"
+	}
+	return fmt.Sprint(f(x))
+}
+
+func optStr[T any](x *T, f func(*T) string) string {
+	if x == nil {
+		return "—"
+	}
+	return f(x)
+}
+
+// rateRatio is ours/theirs; latRatio is theirs/ours. Both are "—" without a reference figure or
+// with a zero denominator.
+func rateRatio[T any](ours float64, x *T, f func(*T) float64) string {
+	if x == nil || f(x) == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2fx", ours/f(x))
+}
+
+func latRatio[T any](ours time.Duration, x *T, f func(*T) time.Duration) string {
+	if x == nil || ours == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2fx", float64(f(x))/float64(ours))
+}
+
+// table aligns its rows' cells in columns; a row of one cell is a section heading, printed as is
+// and left out of the column widths.
+type table struct{ rows [][]string }
+
+func (t *table) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) write(b *strings.Builder) {
+	var widths []int
+	for _, r := range t.rows {
+		if len(r) < 2 {
+			continue
+		}
+		for i, c := range r {
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	for _, r := range t.rows {
+		var line strings.Builder
+		for i, c := range r {
+			line.WriteString(c)
+			if i < len(r)-1 && len(r) > 1 {
+				line.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+2))
+			}
+		}
+		b.WriteString(strings.TrimRight(line.String(), " ") + "\n")
+	}
+}
