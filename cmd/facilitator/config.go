@@ -31,6 +31,8 @@ type Config struct {
 	Migrate       bool
 	LogLevel      string
 	LogFormat     string
+	// Pprof, when set, is a loopback address on which net/http/pprof is served (off by default).
+	Pprof string
 
 	SettleTimeout time.Duration
 	PollInterval  time.Duration
@@ -176,6 +178,11 @@ func (c *Config) Check() error {
 	if c.MaxInFlight <= 0 {
 		return errors.New("max-in-flight must be positive")
 	}
+	if c.Pprof != "" {
+		if err := checkPprofAddr(c.Pprof); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -212,6 +219,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "cap on the max fee per gas a fee bump may reach, in gwei (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
 	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
+	fs.StringVar(&cfg.Pprof, "pprof", env("FACILITATOR_PPROF", ""), "serve net/http/pprof on this loopback address, e.g. 127.0.0.1:6060 (FACILITATOR_PPROF; empty: off)")
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
 	webhookPoll := fs.String("webhook-poll-interval", env("FACILITATOR_WEBHOOK_POLL_INTERVAL", "1s"), "how often new settlement events and due webhook deliveries are looked for (FACILITATOR_WEBHOOK_POLL_INTERVAL)")
 	webhookPrivate := fs.String("webhook-allow-private", env("FACILITATOR_WEBHOOK_ALLOW_PRIVATE", "false"), "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")

@@ -28,6 +28,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	blockTime := fs.Duration("block-time", 0, "anvil block interval (0 mines one block per transaction)")
 	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
 	logLevel := fs.String("log-level", "info", "log level")
+	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback address, e.g. 127.0.0.1:6060 (empty: off)")
 	nSigners := fs.Int("signers", 1, "facilitator signer keys: dev account #0, then deterministic extra keys funded with ETH")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -65,6 +66,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		VerifyTimeout: 10 * time.Second,
 		Migrate:       true,
 		LogLevel:      *logLevel,
+		Pprof:         *pprofAddr,
 		SettleTimeout: 30 * time.Second,
 		PollInterval:  100 * time.Millisecond,
 		BumpAfter:     30 * time.Second,

@@ -53,6 +53,7 @@ type Main struct {
 	serveErr chan error
 	notifier *notify.Dispatcher
 	metrics  *metrics.Metrics
+	pprof    *pprofServer
 }
 
 // Run starts the facilitator and returns once it is listening.
@@ -66,6 +67,11 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	log := m.Logger
+	if cfg.Pprof != "" {
+		if m.pprof, err = startPprof(cfg.Pprof, log); err != nil {
+			return err
+		}
+	}
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -346,6 +352,9 @@ func (m *Main) Close() error {
 	}
 	if m.db != nil {
 		m.db.Close()
+	}
+	if m.pprof != nil {
+		m.pprof.Close()
 	}
 	return errors.Join(errs...)
 }
