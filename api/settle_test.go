@@ -403,6 +403,13 @@ func (b *brokenLedger) InsertSettlement(ctx context.Context, s *settle.NewSettle
 	return b.Store.InsertSettlement(ctx, s)
 }
 
+func (b *brokenLedger) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+	if err := b.fail(true); err != nil {
+		return nil, err
+	}
+	return b.Store.InsertSettlements(ctx, rows)
+}
+
 func (b *brokenLedger) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 	if err := b.fail(false); err != nil {
 		return err

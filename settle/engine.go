@@ -70,6 +70,9 @@ type NetworkConfig struct {
 	// FinalityDepth is the number of confirmations (the mined block counts as one) at which a
 	// settlement is final.
 	FinalityDepth uint64
+	// WSURL, when set, is a WebSocket endpoint of the chain whose newHeads subscription wakes the
+	// receipt watcher on every block (PollInterval polling goes on regardless).
+	WSURL string
 }
 
 // Config configures the engine. Zero durations take the defaults in New.
@@ -161,7 +164,7 @@ func New(cfg Config) (*Engine, error) {
 		if len(nc.Signers) == 0 {
 			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
 		}
-		n := &network{engine: e, id: nc.Network, chain: nc.Chain, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}}
+		n := &network{engine: e, id: nc.Network, chain: nc.Chain, wsURL: nc.WSURL, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1)}
 		seen := map[common.Address]bool{}
 		for _, k := range nc.Signers {
 			s := newSender(n, k, cfg.MaxInFlightPerSigner)
@@ -218,6 +221,8 @@ func (e *Engine) Start(ctx context.Context) error {
 		}
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); n.watchLoop(runCtx) }()
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); n.followHeads(runCtx) }()
 	}
 	return nil
 }

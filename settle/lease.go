@@ -29,6 +29,7 @@ type SignerLease interface {
 	// Wanted reports whether another process queued for this lease at the last check.
 	Wanted() bool
 	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
+	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
 	// Release gives the lease up. It is safe to call more than once.
 	Release()
@@ -43,6 +44,9 @@ func (ownLease) Wanted() bool          { return false }
 func (ownLease) Release()              {}
 func (o ownLease) InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error) {
 	return o.store.InsertSettlement(ctx, s)
+}
+func (o ownLease) InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error) {
+	return o.store.InsertSettlements(ctx, rows)
 }
 func (o ownLease) AddTx(ctx context.Context, id int64, tx TxRecord) error {
 	return o.store.AddTx(ctx, id, tx)

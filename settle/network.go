@@ -17,6 +17,7 @@ type network struct {
 	engine  *Engine
 	id      facilitator.Network
 	chain   Chain
+	wsURL   string // for the newHeads subscription; "" polls only
 	senders []*sender
 	depth   uint64 // confirmations at which a mined settlement is final
 
@@ -32,6 +33,9 @@ type network struct {
 	leaseMu sync.Mutex
 	waiting bool
 	turn    int
+
+	// kick wakes the watcher before its next tick (a broadcast was just accepted).
+	kick chan struct{}
 
 	// Owned by the watcher goroutine.
 	lastBlock uint64
@@ -106,4 +110,12 @@ func (n *network) takeBump(f *flight) bool {
 		return true
 	}
 	return false
+}
+
+// wake makes the watcher run a round now (or right after the one in progress).
+func (n *network) wake() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
 }

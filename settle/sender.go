@@ -32,6 +32,10 @@ type sender struct {
 	next   uint64
 	loaded bool
 
+	// pending are the submissions waiting for mu; whoever takes mu commits them all at once.
+	pmu     sync.Mutex
+	pending []*submission
+
 	inFlight atomic.Int64 // flights not yet mined or failed
 	queue    chan *flight // to the broadcaster, in nonce order
 
@@ -77,78 +81,163 @@ func (s *sender) load(ctx context.Context) error {
 	return nil
 }
 
+// submission is one settlement waiting for its turn at the key's next nonce.
+type submission struct {
+	row  *NewSettlement
+	to   common.Address
+	data []byte
+	gas  uint64
+	fees Fees
+
+	done bool // set under the sender's mu
+	f    *flight
+	err  error
+}
+
 // submit signs the settlement's transaction with the next nonce, commits it to the ledger, and
 // hands it to the broadcaster. Nothing leaves the process before the commit.
+//
+// Settlements arriving while the key's previous commit is running are committed together (a group
+// commit): whoever takes the key's lock next signs every waiting settlement with consecutive
+// nonces and writes them in one transaction, so the key's rate is not one ledger round trip per
+// settlement. Each still leaves only after its row is committed.
 func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Address, data []byte, gas uint64) (*flight, error) {
-	e := s.net.engine
 	fees, err := s.net.fees(ctx)
 	if err != nil {
 		return nil, err
 	}
-	gasLimit := gas + gas/4 // the estimate is exact only for the state it ran on
+	sub := &submission{row: row, to: to, data: data, gas: gas + gas/4, fees: fees} // the estimate is exact only for the state it ran on
+	s.pmu.Lock()
+	s.pending = append(s.pending, sub)
+	s.pmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !sub.done {
+		s.pmu.Lock()
+		batch := s.pending
+		s.pending = nil
+		s.pmu.Unlock()
+		s.commitLocked(context.WithoutCancel(ctx), batch)
+	}
+	return sub.f, sub.err
+}
+
+// commitLocked signs and commits subs, in order, with the key's next nonces, and hands what was
+// committed to the broadcaster; it sets every submission's outcome. Caller holds mu. ctx carries no
+// cancellation: the submissions are several callers'.
+func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
+	e := s.net.engine
+	finish := func(err error) {
+		for _, sub := range subs {
+			if !sub.done {
+				sub.done, sub.err = true, err
+			}
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		l := s.held()
 		if l == nil {
-			return nil, errNotLeased
+			finish(errNotLeased)
+			return
 		}
 		if !s.loaded {
-			if err := s.load(ctx); err != nil {
-				return nil, err
+			lctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
+			err := s.load(lctx)
+			cancel()
+			if err != nil {
+				finish(err)
+				return
 			}
 		}
-		nonce := s.next
-		tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
-			ChainID:   new(big.Int).SetUint64(s.net.id.ChainID),
-			Nonce:     nonce,
-			GasTipCap: fees.TipCap,
-			GasFeeCap: fees.FeeCap,
-			Gas:       gasLimit,
-			To:        &to,
-			Data:      data,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("settle: signing: %w", err)
+		var (
+			rows   []*NewSettlement
+			signed []*submission
+			raws   [][]byte
+		)
+		for _, sub := range subs {
+			if sub.done {
+				continue
+			}
+			nonce := s.next + uint64(len(rows))
+			tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
+				ChainID:   new(big.Int).SetUint64(s.net.id.ChainID),
+				Nonce:     nonce,
+				GasTipCap: sub.fees.TipCap,
+				GasFeeCap: sub.fees.FeeCap,
+				Gas:       sub.gas,
+				To:        &sub.to,
+				Data:      sub.data,
+			})
+			var raw []byte
+			if err == nil {
+				raw, err = tx.MarshalBinary()
+			}
+			if err != nil {
+				sub.done, sub.err = true, fmt.Errorf("settle: signing: %w", err)
+				continue
+			}
+			sub.row.Signer, sub.row.TxNonce = s.addr, nonce
+			sub.row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: sub.fees.TipCap, FeeCap: sub.fees.FeeCap}
+			rows, signed, raws = append(rows, sub.row), append(signed, sub), append(raws, raw)
 		}
-		raw, err := tx.MarshalBinary()
-		if err != nil {
-			return nil, fmt.Errorf("settle: encoding: %w", err)
+		if len(rows) == 0 {
+			return
 		}
-		row.Signer, row.TxNonce = s.addr, nonce
-		row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap}
 		e.fault(FaultBeforeCommit)
 		// The commit goes through the key's lease: it fails if this process no longer holds the key.
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-		id, err := l.InsertSettlement(wctx, row)
+		wctx, cancel := context.WithTimeout(ctx, leaseWriteTimeout)
+		var ids []int64
+		var err error
+		if len(rows) == 1 {
+			var id int64
+			id, err = l.InsertSettlement(wctx, rows[0])
+			ids = []int64{id}
+		} else {
+			ids, err = l.InsertSettlements(wctx, rows)
+		}
 		cancel()
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
 			// Our view of the key is stale (a commit whose answer was lost, another process on the
-			// key): re-derive it and take the next free nonce.
+			// key): re-derive it and take the next free nonces.
 			e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceTaken)
 			s.loaded = false
 			continue
 		}
-		if err != nil {
-			if errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrNonceTaken) || errors.Is(err, facilitator.ErrPaymentIDTaken) {
-				return nil, err
+		if len(rows) > 1 && (errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrPaymentIDTaken)) {
+			// One of the group collides with a row committed meanwhile (a concurrent request for the
+			// same authorization or payment id): nothing of the group was written. Commit them one
+			// by one, so that only the colliding one fails.
+			for _, sub := range signed {
+				s.commitLocked(ctx, []*submission{sub})
 			}
-			return nil, ledgerDown(err)
+			return
 		}
-		s.next++
+		if err != nil {
+			if !errors.Is(err, facilitator.ErrDuplicate) && !errors.Is(err, facilitator.ErrNonceTaken) && !errors.Is(err, facilitator.ErrPaymentIDTaken) {
+				err = ledgerDown(err)
+			}
+			finish(err)
+			return
+		}
+		s.next += uint64(len(rows))
 		e.fault(FaultAfterCommit)
 
-		f := newFlight(id, facilitator.StateSigned)
-		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
-		f.sender, f.nonce, f.gas, f.data = s, nonce, gasLimit, data
-		if row.PaymentID != nil {
-			f.paymentID = row.PaymentID.ID
+		now := e.now()
+		for i, sub := range signed {
+			row := sub.row
+			f := newFlight(ids[i], facilitator.StateSigned)
+			f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
+			f.sender, f.nonce, f.gas, f.data = s, row.TxNonce, sub.gas, sub.data
+			if row.PaymentID != nil {
+				f.paymentID = row.PaymentID.ID
+			}
+			f.txs = []*sentTx{{hash: row.Tx.Hash, raw: raws[i], fees: sub.fees, signedAt: now}}
+			f.count(true)
+			e.track(f)
+			s.enqueue(f)
+			sub.done, sub.f = true, f
 		}
-		f.txs = []*sentTx{{hash: tx.Hash(), raw: raw, fees: fees, signedAt: e.now()}}
-		f.count(true)
-		e.track(f)
-		s.enqueue(f)
-		return f, nil
+		return
 	}
 }
 
@@ -249,6 +338,8 @@ func (s *sender) send(ctx context.Context, flights []*flight) {
 	if len(accepted) == 0 {
 		return
 	}
+	// A node that mines on arrival has the receipts already: look now rather than at the next tick.
+	s.net.wake()
 	e.fault(FaultAfterBroadcast)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
 	defer cancel()

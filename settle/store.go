@@ -18,6 +18,10 @@ type Store interface {
 	// InsertSettlement commits the row, its first signed transaction and the "signed" event at
 	// once. It is the write before the broadcast.
 	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
+	// InsertSettlements commits several new settlements in one transaction, all or none (a group
+	// commit: one round trip for a burst of settlements on one key). Its error is
+	// InsertSettlement's for the first row that failed.
+	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
 	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent.
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error

@@ -17,7 +17,8 @@ import (
 var transferTopic = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
 
 // watchLoop polls receipts for every transaction this network's flights have signed, resolves
-// outcomes from them, and keeps unmined transactions moving (resend, fee bump).
+// outcomes from them, and keeps unmined transactions moving (resend, fee bump). It runs every
+// PollInterval, and at once after a broadcast is accepted (wake).
 func (n *network) watchLoop(ctx context.Context) {
 	t := time.NewTicker(n.engine.cfg.PollInterval)
 	defer t.Stop()
@@ -26,6 +27,8 @@ func (n *network) watchLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			n.watch(ctx)
+		case <-n.kick:
 			n.watch(ctx)
 		}
 	}
@@ -38,8 +41,7 @@ func (n *network) watchLoop(ctx context.Context) {
 // of more than maxBlockGap blocks, and every fullSweepEvery, in case a block was missed.
 func (n *network) watch(ctx context.Context) {
 	e := n.engine
-	flights := e.flightsOf(n)
-	if len(flights) == 0 {
+	if len(e.flightsOf(n)) == 0 {
 		return
 	}
 	var head hexutil.Uint64
@@ -47,6 +49,11 @@ func (n *network) watch(ctx context.Context) {
 		e.log.Warn("reading the head", "network", n.id.ID, "err", err)
 		return
 	}
+	// The flights are read after the head: a flight tracked later was broadcast later, so it lands
+	// in a block past head, which the next round reads. (Read before the head, a flight signed in
+	// between could be mined at or below head, in a block this round marks as read without
+	// asking for its receipt; only the next full sweep would find it.)
+	flights := e.flightsOf(n)
 	now := e.now()
 	var candidates map[common.Hash]bool // nil: every transaction is a candidate
 	switch {

@@ -119,7 +119,7 @@ func (m *Main) Run(ctx context.Context) error {
 	var settleNets []settle.NetworkConfig
 	for i, n := range networks {
 		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys,
-			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
+			FinalityDepth: cfg.Networks[i].finality(n.ChainID), WSURL: cfg.Networks[i].WS})
 	}
 	m.engine, err = settle.New(settle.Config{
 		Networks:             settleNets,

@@ -271,6 +271,14 @@ func (l *signerLease) InsertSettlement(ctx context.Context, s *settle.NewSettlem
 	return l.db.InsertSettlement(ctx, s)
 }
 
+// InsertSettlements commits new settlements on the lease's session; see DB.InsertSettlements.
+func (l *signerLease) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+	if l.isLost() {
+		return nil, errLeaseSessionGone
+	}
+	return l.db.InsertSettlements(ctx, rows)
+}
+
 // AddTx records a replacement transaction on the lease's session; see DB.AddTx.
 func (l *signerLease) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 	if l.isLost() {

@@ -93,18 +93,45 @@ func (db *DB) SettlementByID(ctx context.Context, id int64) (*facilitator.Settle
 // InsertSettlement writes the row, its first transaction and its first event in one statement
 // (one round trip, atomic) before anything is broadcast.
 func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+	args, err := insertSettlementArgs(s)
+	if err != nil {
+		return 0, err
+	}
 	var id int64
-	var scope string
-	var pid *string
-	var summary []byte
-	if s.PaymentID != nil {
-		scope, pid = s.PaymentID.Scope, &s.PaymentID.ID
-		var err error
-		if summary, err = json.Marshal(s.PaymentID.Summary); err != nil {
-			return 0, err
+	err = db.pool.QueryRow(ctx, insertSettlementSQL, args...).Scan(&id)
+	return id, insertError(err)
+}
+
+// InsertSettlements writes several new settlements at once, all or none: the statements go out in
+// one pipelined batch, which Postgres runs as one implicit transaction (one round trip, one
+// commit). The error is the first row's that failed, translated as InsertSettlement's.
+func (db *DB) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+	b := &pgx.Batch{}
+	for _, s := range rows {
+		args, err := insertSettlementArgs(s)
+		if err != nil {
+			return nil, err
+		}
+		b.Queue(insertSettlementSQL, args...)
+	}
+	br := db.pool.SendBatch(ctx, b)
+	ids := make([]int64, len(rows))
+	var err error
+	for i := range rows {
+		if err = br.QueryRow().Scan(&ids[i]); err != nil {
+			break
 		}
 	}
-	err := db.pool.QueryRow(ctx, `
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, insertError(err)
+	}
+	return ids, nil
+}
+
+const insertSettlementSQL = `
 		WITH s AS (
 			INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
 				valid_before, x402_version, request, signer, tx_nonce, state)
@@ -119,25 +146,42 @@ func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (in
 		p AS (
 			INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
 			SELECT $19, $20, $5, id, $21 FROM s WHERE $20::text IS NOT NULL)
-		SELECT id FROM s`,
+		SELECT id FROM s`
+
+func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
+	var scope string
+	var pid *string
+	var summary []byte
+	if s.PaymentID != nil {
+		scope, pid = s.PaymentID.Scope, &s.PaymentID.ID
+		var err error
+		if summary, err = json.Marshal(s.PaymentID.Summary); err != nil {
+			return nil, err
+		}
+	}
+	return []any{
 		s.Key.Network, s.Key.Asset[:], s.Key.Payer[:], s.Key.Nonce[:], s.Fingerprint[:], s.PayTo[:],
 		numeric(s.Value), numeric(s.ValidAfter), numeric(s.ValidBefore), s.X402Version, s.Request,
 		s.Signer[:], int64(s.TxNonce),
 		s.Tx.Hash[:], s.Tx.Raw, numeric(s.Tx.TipCap), numeric(s.Tx.FeeCap),
 		fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce),
 		scope, pid, summary,
-	).Scan(&id)
+	}, nil
+}
+
+// insertError translates the unique violations of a settlement insert.
+func insertError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		switch pgErr.ConstraintName {
 		case "settlements_network_signer_tx_nonce_key":
-			return 0, facilitator.ErrNonceTaken
+			return facilitator.ErrNonceTaken
 		case "payment_ids_pkey":
-			return 0, facilitator.ErrPaymentIDTaken
+			return facilitator.ErrPaymentIDTaken
 		}
-		return 0, facilitator.ErrDuplicate
+		return facilitator.ErrDuplicate
 	}
-	return id, err
+	return err
 }
 
 // AddTx records a replacement transaction before it is sent.
