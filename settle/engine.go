@@ -164,16 +164,17 @@ func New(cfg Config) (*Engine, error) {
 		if len(nc.Signers) == 0 {
 			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
 		}
-		n := &network{engine: e, id: nc.Network, chain: nc.Chain, wsURL: nc.WSURL, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1)}
+		n := &network{engine: e, id: nc.Network, chain: nc.Chain, wsURL: nc.WSURL, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64)}
 		seen := map[common.Address]bool{}
 		for _, k := range nc.Signers {
-			s := newSender(n, k, cfg.MaxInFlightPerSigner)
+			s := newSender(n, k)
 			if seen[s.addr] {
 				return nil, fmt.Errorf("settle: network %s lists signer %s twice", nc.Network.ID, s.addr)
 			}
 			seen[s.addr] = true
 			n.senders = append(n.senders, s)
 		}
+		n.queue = make(chan *flight, cfg.MaxInFlightPerSigner*len(n.senders))
 		e.networks[nc.Network.ID] = n
 	}
 	return e, nil
@@ -211,9 +212,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.cancel = cancel
 	for _, n := range e.networks {
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); n.broadcastLoop(runCtx) }()
 		for _, s := range n.senders {
-			e.wg.Add(1)
-			go func() { defer e.wg.Done(); s.broadcastLoop(runCtx) }()
 			if e.cfg.Leaser != nil {
 				e.wg.Add(1)
 				go func() { defer e.wg.Done(); e.leaseLoop(runCtx, s, initial[s]) }()
@@ -223,6 +224,8 @@ func (e *Engine) Start(ctx context.Context) error {
 		go func() { defer e.wg.Done(); n.watchLoop(runCtx) }()
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); n.followHeads(runCtx) }()
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); n.markLoop(runCtx) }()
 	}
 	return nil
 }

@@ -34,12 +34,19 @@ type network struct {
 	waiting bool
 	turn    int
 
+	// queue carries signed transactions of every key to broadcastLoop, each key's in nonce order.
+	queue chan *flight
+
+	// marks carries accepted broadcasts to markLoop, which records them in the ledger.
+	marks chan []int64
+
 	// kick wakes the watcher before its next tick (a broadcast was just accepted).
 	kick chan struct{}
 
 	// Owned by the watcher goroutine.
-	lastBlock uint64
-	lastSweep time.Time
+	lastBlock       uint64
+	lastSweep       time.Time
+	noBlockReceipts bool // the node refused eth_getBlockReceipts: read blocks, then receipts
 }
 
 // feeTTL bounds how stale a fee suggestion may be; base fees move once per block.
@@ -117,5 +124,46 @@ func (n *network) wake() {
 	select {
 	case n.kick <- struct{}{}:
 	default:
+	}
+}
+
+// markBroadcast hands ids to markLoop, or records them itself when markLoop is behind.
+func (n *network) markBroadcast(ctx context.Context, ids []int64) {
+	select {
+	case n.marks <- ids:
+	default:
+		n.recordBroadcasts(ctx, ids)
+	}
+}
+
+// markLoop records accepted broadcasts, merging whatever queued meanwhile into one statement.
+func (n *network) markLoop(ctx context.Context) {
+	for {
+		var ids []int64
+		select {
+		case <-ctx.Done():
+			return
+		case ids = <-n.marks:
+		}
+	more:
+		for {
+			select {
+			case more := <-n.marks:
+				ids = append(ids, more...)
+			default:
+				break more
+			}
+		}
+		n.recordBroadcasts(ctx, ids)
+	}
+}
+
+func (n *network) recordBroadcasts(ctx context.Context, ids []int64) {
+	e := n.engine
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
+	defer cancel()
+	if err := e.store.MarkBroadcast(ctx, ids); err != nil {
+		// Only bookkeeping: recovery treats signed and broadcast alike.
+		e.log.Warn("recording broadcasts", "network", n.id.ID, "err", err)
 	}
 }

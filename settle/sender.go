@@ -37,20 +37,18 @@ type sender struct {
 	pending []*submission
 
 	inFlight atomic.Int64 // flights not yet mined or failed
-	queue    chan *flight // to the broadcaster, in nonce order
 
 	// lease is this process's hold on the key; nil while another process holds it. Set and
 	// cleared under mu, so a commit never straddles a change of holder.
 	lease atomic.Pointer[leaseBox]
 }
 
-func newSender(n *network, key *ecdsa.PrivateKey, queueSize int) *sender {
+func newSender(n *network, key *ecdsa.PrivateKey) *sender {
 	return &sender{
 		net:    n,
 		key:    key,
 		addr:   crypto.PubkeyToAddress(key.PublicKey),
 		signer: types.LatestSignerForChainID(new(big.Int).SetUint64(n.id.ChainID)),
-		queue:  make(chan *flight, queueSize),
 	}
 }
 
@@ -241,24 +239,26 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 	}
 }
 
-// enqueue hands f to the broadcaster. The queue is sized to the in-flight limit, so this only
-// blocks when recovery hands over more than a queue's worth at once.
+// enqueue hands f to the network's broadcaster. The queue is sized to the in-flight limits, so
+// this only blocks when recovery hands over more than a queue's worth at once. One queue for all
+// of the network's keys keeps each key's transactions in nonce order (a key enqueues under its mu).
 func (s *sender) enqueue(f *flight) {
 	select {
-	case s.queue <- f:
+	case s.net.queue <- f:
 	default:
-		go func() { s.queue <- f }()
+		go func() { s.net.queue <- f }()
 	}
 }
 
-// broadcastLoop sends queued transactions in JSON-RPC batches: a burst of settlements reaches the
-// node in one request instead of one each, and in nonce order.
-func (s *sender) broadcastLoop(ctx context.Context) {
-	const maxBatch = 100
+// broadcastLoop sends queued transactions in JSON-RPC batches, every key's together: a burst of
+// settlements reaches the node in one request instead of one per key or per transaction, and a
+// node that mines on arrival (anvil) packs them in fewer, fuller blocks.
+func (n *network) broadcastLoop(ctx context.Context) {
+	const maxBatch = 200
 	for {
 		var batch []*flight
 		select {
-		case f := <-s.queue:
+		case f := <-n.queue:
 			batch = append(batch, f)
 		case <-ctx.Done():
 			return
@@ -266,26 +266,27 @@ func (s *sender) broadcastLoop(ctx context.Context) {
 	drain:
 		for len(batch) < maxBatch {
 			select {
-			case f := <-s.queue:
+			case f := <-n.queue:
 				batch = append(batch, f)
 			default:
 				break drain
 			}
 		}
-		s.send(ctx, batch)
+		n.send(ctx, batch)
 	}
 }
 
-// send broadcasts the latest variant of each flight and records which the node took.
-func (s *sender) send(ctx context.Context, flights []*flight) {
-	e := s.net.engine
+// send broadcasts the latest variant of each flight and records which the node took. Flights
+// whose key this process no longer holds are left to the key's holder.
+func (n *network) send(ctx context.Context, flights []*flight) {
+	e := n.engine
 	elems := make([]rpc.BatchElem, 0, len(flights))
 	txs := make([]*sentTx, 0, len(flights))
 	var sendable []*flight
-	if s.held() == nil {
-		return // the key's holder sends them
-	}
 	for _, f := range flights {
+		if f.sender.held() == nil {
+			continue // the key's holder sends it
+		}
 		t := f.latest()
 		if v := f.view(); t == nil || !v.state.Open() || v.dropped {
 			continue
@@ -299,11 +300,11 @@ func (s *sender) send(ctx context.Context, flights []*flight) {
 	}
 	now := e.now()
 	cctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
-	err := s.net.chain.BatchCallContext(cctx, elems)
+	err := n.chain.BatchCallContext(cctx, elems)
 	cancel()
 	if err != nil {
 		// The node may or may not have them: the watcher resends after RetryInterval.
-		e.log.Warn("broadcast failed; will resend", "network", s.net.id.ID, "signer", s.addr, "txs", len(elems), "err", err)
+		e.log.Warn("broadcast failed; will resend", "network", n.id.ID, "txs", len(elems), "err", err)
 		for i, f := range sendable {
 			f.mu.Lock()
 			txs[i].tried = now
@@ -324,13 +325,13 @@ func (s *sender) send(ctx context.Context, flights []*flight) {
 		case sentOK:
 			accepted = append(accepted, f.id)
 		case sendUnderpriced:
-			s.net.wantBump(f)
+			n.wantBump(f)
 		case sendNonceUsed:
 			// Possibly our own earlier variant, mined: the watcher checks receipts and the authorization.
-			e.log.Info("node says nonce used; watching receipts", f.logAttrs("tx_nonce", f.nonce, "signer", s.addr, "tx", txs[i].hash)...)
-			e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceUsed)
+			e.log.Info("node says nonce used; watching receipts", f.logAttrs("tx_nonce", f.nonce, "signer", f.sender.addr, "tx", txs[i].hash)...)
+			e.cfg.Observer.NonceGap(n.id.ID, f.sender.addr.Hex(), NonceUsed)
 		case sendNoFunds:
-			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", s.net.id.ID, "signer", s.addr, "tx", txs[i].hash, "err", elems[i].Error)...)
+			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", n.id.ID, "signer", f.sender.addr, "tx", txs[i].hash, "err", elems[i].Error)...)
 		default:
 			e.log.Warn("node refused transaction; will resend", f.logAttrs("tx", txs[i].hash, "err", elems[i].Error)...)
 		}
@@ -339,14 +340,12 @@ func (s *sender) send(ctx context.Context, flights []*flight) {
 		return
 	}
 	// A node that mines on arrival has the receipts already: look now rather than at the next tick.
-	s.net.wake()
+	n.wake()
 	e.fault(FaultAfterBroadcast)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
-	defer cancel()
-	if err := e.store.MarkBroadcast(sctx, accepted); err != nil {
-		// Only bookkeeping: recovery treats signed and broadcast alike.
-		e.log.Warn("recording broadcasts", "err", err)
-	}
+	// Recording the broadcast is only bookkeeping (recovery treats signed and broadcast alike, and
+	// Resolve records the step if it is still missing): it is written off the broadcaster's path,
+	// so the next batch does not wait for a ledger round trip.
+	n.markBroadcast(ctx, accepted)
 	for _, f := range sendable {
 		f.update(func(f *flight) {
 			if f.state == facilitator.StateSigned && f.txs[len(f.txs)-1].sentAt.Equal(now) {

@@ -2,6 +2,8 @@ package settle
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math/big"
 	"time"
 
@@ -56,16 +58,32 @@ func (n *network) watch(ctx context.Context) {
 	flights := e.flightsOf(n)
 	now := e.now()
 	var candidates map[common.Hash]bool // nil: every transaction is a candidate
+	var blockRcpts map[common.Hash]*types.Receipt
 	switch {
 	case n.lastBlock == 0, uint64(head) > n.lastBlock+maxBlockGap, now.Sub(n.lastSweep) >= fullSweepEvery:
 		n.lastSweep = now
 	case uint64(head) > n.lastBlock:
-		mined, err := n.blockTxs(ctx, n.lastBlock+1, uint64(head))
+		var err error
+		if !n.noBlockReceipts {
+			// Every receipt of the new blocks in one call per block: ours among them need no
+			// second round trip.
+			if blockRcpts, err = n.blockReceipts(ctx, n.lastBlock+1, uint64(head)); errors.Is(err, errNoBlockReceipts) {
+				e.log.Info("the node does not serve eth_getBlockReceipts; reading blocks, then receipts", "network", n.id.ID, "err", err)
+				n.noBlockReceipts = true
+			}
+		}
+		if n.noBlockReceipts {
+			candidates, err = n.blockTxs(ctx, n.lastBlock+1, uint64(head))
+		} else if err == nil {
+			candidates = make(map[common.Hash]bool, len(blockRcpts))
+			for h := range blockRcpts {
+				candidates[h] = true
+			}
+		}
 		if err != nil {
 			e.log.Warn("reading new blocks", "network", n.id.ID, "err", err)
 			return
 		}
-		candidates = mined
 	default:
 		candidates = map[common.Hash]bool{}
 	}
@@ -78,6 +96,7 @@ func (n *network) watch(ctx context.Context) {
 	}
 	var slots []slot
 	var elems []rpc.BatchElem
+	known := map[*flight]*types.Receipt{} // from the new blocks' receipts
 	ask := func(f *flight, h common.Hash) {
 		r := new(*types.Receipt)
 		slots = append(slots, slot{f, r})
@@ -92,12 +111,14 @@ func (n *network) watch(ctx context.Context) {
 			continue
 		}
 		for _, h := range f.hashes() {
-			if candidates == nil || candidates[h] {
+			if r := blockRcpts[h]; r != nil {
+				known[f] = r
+			} else if candidates == nil || candidates[h] {
 				ask(f, h)
 			}
 		}
 	}
-	receipts := map[*flight]*types.Receipt{}
+	receipts := known
 	asked := map[*flight]bool{}
 	if len(elems) > 0 {
 		if err := n.batch(ctx, elems); err != nil {
@@ -113,7 +134,7 @@ func (n *network) watch(ctx context.Context) {
 	}
 	n.lastBlock = uint64(head)
 
-	resend := map[*sender][]*flight{}
+	var resend []*flight
 	var outcomes []outcome
 	var finals []*flight
 	for _, f := range flights {
@@ -130,14 +151,14 @@ func (n *network) watch(ctx context.Context) {
 			}
 		default:
 			if n.needsSend(ctx, f) {
-				resend[f.sender] = append(resend[f.sender], f)
+				resend = append(resend, f)
 			}
 		}
 	}
 	n.record(ctx, outcomes)
 	n.finalize(ctx, finals)
-	for s, fs := range resend {
-		s.send(ctx, fs)
+	if len(resend) > 0 {
+		n.send(ctx, resend)
 	}
 }
 
@@ -202,6 +223,37 @@ const (
 	// fullSweepEvery bounds how long a receipt can go unnoticed if a block read was missed.
 	fullSweepEvery = 10 * time.Second
 )
+
+// errNoBlockReceipts: the node answered eth_getBlockReceipts with an error (it may not serve it).
+var errNoBlockReceipts = errors.New("eth_getBlockReceipts refused")
+
+// blockReceipts returns the receipts of every transaction in blocks from..to, by hash.
+func (n *network) blockReceipts(ctx context.Context, from, to uint64) (map[common.Hash]*types.Receipt, error) {
+	blocks := make([][]*types.Receipt, to-from+1)
+	elems := make([]rpc.BatchElem, len(blocks))
+	for i := range blocks {
+		elems[i] = rpc.BatchElem{Method: "eth_getBlockReceipts", Args: []any{hexutil.EncodeUint64(from + uint64(i))}, Result: &blocks[i]}
+	}
+	if err := n.batch(ctx, elems); err != nil {
+		return nil, err
+	}
+	out := map[common.Hash]*types.Receipt{}
+	for i, rs := range blocks {
+		if elems[i].Error != nil {
+			return nil, fmt.Errorf("%w: %w", errNoBlockReceipts, elems[i].Error)
+		}
+		if rs == nil {
+			// A block the node does not have (yet, or no longer): read it again next round.
+			return nil, fmt.Errorf("no receipts for block %d", from+uint64(i))
+		}
+		for _, r := range rs {
+			if r != nil {
+				out[r.TxHash] = r
+			}
+		}
+	}
+	return out, nil
+}
 
 // blockTxs returns the hashes of the transactions in blocks from..to.
 func (n *network) blockTxs(ctx context.Context, from, to uint64) (map[common.Hash]bool, error) {
