@@ -16,6 +16,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // sender owns one signer key on one network: it is the only allocator of that key's nonces
@@ -104,7 +105,7 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 	if err != nil {
 		return nil, err
 	}
-	sub := &submission{row: row, to: to, data: data, gas: gas + gas/4, fees: fees} // the estimate is exact only for the state it ran on
+	sub := &submission{row: row, to: to, data: data, gas: verify.GasLimit(gas), fees: fees}
 	s.pmu.Lock()
 	s.pending = append(s.pending, sub)
 	s.pmu.Unlock()

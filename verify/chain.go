@@ -21,13 +21,17 @@ type Reader interface {
 	Read(ctx context.Context, reads ...*Read) error
 }
 
-// Read is one eth_getCode (Code set), eth_estimateGas (Estimate set, from From) or eth_call.
+// Read is one eth_getCode (Code set), eth_estimateGas (Estimate set, from From) or eth_call
+// (from From when set, with a gas limit of GasCap when set).
 type Read struct {
 	Code     bool
 	Estimate bool
 	From     common.Address
 	To       common.Address
 	Data     []byte
+	// GasCap, on an eth_call, runs it with this gas limit: running out of gas then counts as a
+	// revert (whatever the node calls it), not as a node that could not answer.
+	GasCap uint64
 
 	Out          []byte
 	Gas          uint64 // eth_estimateGas's answer
@@ -49,6 +53,7 @@ type RPCReader struct {
 type callArgs struct {
 	From  *common.Address `json:"from,omitempty"`
 	To    common.Address  `json:"to"`
+	Gas   *hexutil.Uint64 `json:"gas,omitempty"`
 	Input hexutil.Bytes   `json:"input"`
 }
 
@@ -73,14 +78,23 @@ func (r *RPCReader) Read(ctx context.Context, reads ...*Read) error {
 			from := rd.From
 			batch[i] = rpc.BatchElem{Method: "eth_estimateGas", Args: []any{callArgs{From: &from, To: rd.To, Input: rd.Data}}, Result: &gas[i]}
 		default:
-			batch[i] = rpc.BatchElem{Method: "eth_call", Args: []any{callArgs{To: rd.To, Input: rd.Data}, "latest"}, Result: &out[i]}
+			args := callArgs{To: rd.To, Input: rd.Data}
+			if rd.From != (common.Address{}) {
+				from := rd.From
+				args.From = &from
+			}
+			if rd.GasCap > 0 {
+				g := hexutil.Uint64(rd.GasCap)
+				args.Gas = &g
+			}
+			batch[i] = rpc.BatchElem{Method: "eth_call", Args: []any{args, "latest"}, Result: &out[i]}
 		}
 	}
 	var err error
 	if len(batch) == 1 {
 		err = r.Client.CallContext(ctx, batch[0].Result, batch[0].Method, batch[0].Args...)
 		batch[0].Error = err
-		if err != nil && isExecutionError(err) {
+		if err != nil && (isExecutionError(err) || reads[0].GasCap > 0 && strings.Contains(strings.ToLower(err.Error()), "gas")) {
 			err = nil
 		}
 	} else {
@@ -91,7 +105,8 @@ func (r *RPCReader) Read(ctx context.Context, reads ...*Read) error {
 	}
 	for i, rd := range reads {
 		if e := batch[i].Error; e != nil {
-			if rd.Code || !isExecutionError(e) {
+			outOfGas := rd.GasCap > 0 && strings.Contains(strings.ToLower(e.Error()), "gas")
+			if rd.Code || !(isExecutionError(e) || outOfGas) {
 				return fmt.Errorf("%s %s: %w", batch[i].Method, rd.To, e)
 			}
 			rd.Reverted = true
