@@ -88,7 +88,7 @@ func (m *Main) Run(ctx context.Context) error {
 	readers := map[string]verify.Reader{}
 	rpcReaders := map[string]*verify.RPCReader{}
 	for i, n := range networks {
-		client, err := rpc.DialContext(startCtx, cfg.Networks[i].RPC)
+		client, err := dialRPC(startCtx, cfg.Networks[i].RPC)
 		if err != nil {
 			return fmt.Errorf("%s: dialing the RPC: %w", n.ID, err)
 		}
@@ -357,6 +357,16 @@ func (m *Main) Close() error {
 		m.pprof.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// dialRPC dials a node. Over HTTP, the client keeps as many idle connections as the busiest
+// moment used: go-ethereum's default HTTP client keeps 2 per host, so under load (dozens of
+// concurrent simulations, broadcasts and receipt reads) every other request opened a fresh TCP
+// connection and closed it, which cost this process and the node more CPU than the requests.
+func dialRPC(ctx context.Context, url string) (*rpc.Client, error) {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 256
+	return rpc.DialOptions(ctx, url, rpc.WithHTTPClient(&http.Client{Transport: t}))
 }
 
 // faultInjector kills the process with SIGKILL at the named settle step: the crash tests' way
