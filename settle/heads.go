@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 )
 
@@ -42,7 +43,9 @@ func (n *network) subscribeHeads(ctx context.Context) bool {
 		return false
 	}
 	defer client.Close()
-	heads := make(chan map[string]any, 16)
+	heads := make(chan struct {
+		Number hexutil.Uint64 `json:"number"`
+	}, 16)
 	// The context bounds the subscribe call only; the subscription outlives it.
 	sub, err := client.EthSubscribe(dialCtx, heads, "newHeads")
 	if err != nil {
@@ -58,8 +61,20 @@ func (n *network) subscribeHeads(ctx context.Context) bool {
 		case err := <-sub.Err():
 			e.log.Debug("settle: head subscription ended", "network", n.id.ID, "err", err)
 			return true
-		case <-heads:
+		case h := <-heads:
+			n.sawHead(uint64(h.Number))
 			n.wake()
+		}
+	}
+}
+
+// sawHead records the highest head number the subscription announced, so the watcher's next
+// round need not ask the node for it.
+func (n *network) sawHead(number uint64) {
+	for {
+		old := n.headHint.Load()
+		if number <= old || n.headHint.CompareAndSwap(old, number) {
+			return
 		}
 	}
 }

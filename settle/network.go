@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/big"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -39,6 +40,9 @@ type network struct {
 
 	// marks carries accepted broadcasts to markLoop, which records them in the ledger.
 	marks chan []int64
+
+	// headHint is the highest head the newHeads subscription announced (0: none yet).
+	headHint atomic.Uint64
 
 	// kick wakes the watcher before its next tick (a broadcast was just accepted).
 	kick chan struct{}

@@ -46,10 +46,14 @@ func (n *network) watch(ctx context.Context) {
 	if len(e.flightsOf(n)) == 0 {
 		return
 	}
-	var head hexutil.Uint64
-	if err := n.call(ctx, &head, "eth_blockNumber"); err != nil {
-		e.log.Warn("reading the head", "network", n.id.ID, "err", err)
-		return
+	// A head the subscription announced past the last round's saves asking the node for one
+	// (reading up to a head that is already behind is harmless: the next round reads on).
+	head := hexutil.Uint64(n.headHint.Load())
+	if uint64(head) <= n.lastBlock {
+		if err := n.call(ctx, &head, "eth_blockNumber"); err != nil {
+			e.log.Warn("reading the head", "network", n.id.ID, "err", err)
+			return
+		}
 	}
 	// The flights are read after the head: a flight tracked later was broadcast later, so it lands
 	// in a block past head, which the next round reads. (Read before the head, a flight signed in
@@ -81,6 +85,8 @@ func (n *network) watch(ctx context.Context) {
 			}
 		}
 		if err != nil {
+			// The announced head may be gone (a reorganisation to a shorter chain): ask the node next time.
+			n.headHint.Store(0)
 			e.log.Warn("reading new blocks", "network", n.id.ID, "err", err)
 			return
 		}
