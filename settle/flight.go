@@ -43,6 +43,8 @@ type flight struct {
 	counted bool
 	// dropped: this process lost the flight's key; the key's next holder works the settlement.
 	dropped bool
+	// resolving: the flight's outcome is being written to the ledger; the watcher leaves it alone.
+	resolving bool
 }
 
 // logAttrs are the fields every log line about f starts with: the settlement, its payer and
@@ -75,6 +77,7 @@ type view struct {
 	message   string
 	delivered bool
 	dropped   bool // the process no longer works the flight: read the ledger instead
+	resolving bool
 }
 
 func newFlight(id int64, state facilitator.State) *flight {
@@ -88,7 +91,7 @@ func (f *flight) view() view {
 }
 
 func (f *flight) viewLocked() view {
-	v := view{id: f.id, state: f.state, block: f.block, reason: f.reason, message: f.message, hash: f.minedHash, dropped: f.dropped}
+	v := view{id: f.id, state: f.state, block: f.block, reason: f.reason, message: f.message, hash: f.minedHash, dropped: f.dropped, resolving: f.resolving}
 	if v.hash == (common.Hash{}) && len(f.txs) > 0 {
 		v.hash = f.txs[len(f.txs)-1].hash
 	}
@@ -136,6 +139,12 @@ func (f *flight) count(on bool) {
 	case change:
 		f.sender.inFlight.Add(-1)
 	}
+}
+
+func (f *flight) setResolving(on bool) {
+	f.mu.Lock()
+	f.resolving = on
+	f.mu.Unlock()
 }
 
 // isDropped reports whether this process has let go of the flight.

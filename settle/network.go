@@ -41,6 +41,11 @@ type network struct {
 	// marks carries accepted broadcasts to markLoop, which records them in the ledger.
 	marks chan []int64
 
+	// recording is the ledger write of a round's outcomes in progress (recordAsync); resweep asks
+	// the next round for every receipt, after such a write failed.
+	recording sync.WaitGroup
+	resweep   atomic.Bool
+
 	// headHint is the highest head the newHeads subscription announced (0: none yet).
 	headHint atomic.Uint64
 

@@ -64,7 +64,7 @@ func (n *network) watch(ctx context.Context) {
 	var candidates map[common.Hash]bool // nil: every transaction is a candidate
 	var blockRcpts map[common.Hash]*types.Receipt
 	switch {
-	case n.lastBlock == 0, uint64(head) > n.lastBlock+maxBlockGap, now.Sub(n.lastSweep) >= fullSweepEvery:
+	case n.lastBlock == 0, uint64(head) > n.lastBlock+maxBlockGap, now.Sub(n.lastSweep) >= fullSweepEvery, n.resweep.Swap(false):
 		n.lastSweep = now
 	case uint64(head) > n.lastBlock:
 		var err error
@@ -110,6 +110,9 @@ func (n *network) watch(ctx context.Context) {
 	}
 	for _, f := range flights {
 		v := f.view()
+		if v.resolving {
+			continue // the previous round's outcome is being written
+		}
 		if v.state.Succeeded() {
 			if candidates == nil || uint64(head)+1 >= v.block+n.depth {
 				ask(f, v.hash)
@@ -145,6 +148,9 @@ func (n *network) watch(ctx context.Context) {
 	var finals []*flight
 	for _, f := range flights {
 		v := f.view()
+		if v.resolving {
+			continue
+		}
 		rcpt := receipts[f]
 		switch {
 		case v.state.Succeeded():
@@ -161,7 +167,7 @@ func (n *network) watch(ctx context.Context) {
 			}
 		}
 	}
-	n.record(ctx, outcomes)
+	n.recordAsync(ctx, outcomes)
 	n.finalize(ctx, finals)
 	if len(resend) > 0 {
 		n.send(ctx, resend)
@@ -171,6 +177,27 @@ func (n *network) watch(ctx context.Context) {
 type outcome struct {
 	f   *flight
 	res Resolution
+}
+
+// recordAsync records a round's outcomes while the next round reads the chain: the ledger write
+// (a commit) and the next receipts overlap, so a receipt does not wait for the previous round's
+// write to be noticed. Writes stay one at a time, in round order; the flights being written are
+// marked resolving, and rounds leave them alone until the write is done.
+func (n *network) recordAsync(ctx context.Context, outcomes []outcome) {
+	if len(outcomes) == 0 {
+		return
+	}
+	for _, o := range outcomes {
+		o.f.setResolving(true)
+	}
+	n.recording.Wait()
+	n.recording.Add(1)
+	n.engine.wg.Add(1)
+	go func() {
+		defer n.engine.wg.Done()
+		defer n.recording.Done()
+		n.record(ctx, outcomes)
+	}()
 }
 
 // record writes a round's outcomes to the ledger in one statement, then tells the waiters. If the
@@ -187,11 +214,17 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 	}
 	if err := e.store.Resolve(ctx, res); err != nil {
 		e.log.Warn("recording outcomes; will retry", "network", n.id.ID, "count", len(res), "err", err)
+		for _, o := range outcomes {
+			o.f.setResolving(false)
+		}
+		// The receipts' blocks are behind the watcher now: sweep them all again next round.
+		n.resweep.Store(true)
 		return
 	}
 	for _, o := range outcomes {
 		f, r := o.f, o.res
 		f.update(func(f *flight) {
+			f.resolving = false
 			f.state, f.minedHash, f.block, f.blockHash = r.State, r.TxHash, r.BlockNumber, r.BlockHash
 			f.reason, f.message = r.ErrorReason, r.ErrorMessage
 		})
