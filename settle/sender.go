@@ -211,10 +211,18 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			}
 			return
 		}
-		if err != nil {
-			if !errors.Is(err, facilitator.ErrDuplicate) && !errors.Is(err, facilitator.ErrNonceTaken) && !errors.Is(err, facilitator.ErrPaymentIDTaken) {
+		if err != nil && !errors.Is(err, facilitator.ErrDuplicate) && !errors.Is(err, facilitator.ErrNonceTaken) && !errors.Is(err, facilitator.ErrPaymentIDTaken) {
+			// A write that timed out or lost its connection may have committed all the same: then
+			// the transactions are the ledger's and must go out (an answer "nothing was sent" would
+			// be false, and their nonces a gap holding back the key's later transactions).
+			if committed, ok := s.committedAnyway(ctx, rows); ok {
+				ids, err = committed, nil
+			} else {
+				s.loaded = false // re-derive the key's next nonce from the ledger next time
 				err = ledgerDown(err)
 			}
+		}
+		if err != nil {
 			finish(err)
 			return
 		}
@@ -238,6 +246,24 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 		}
 		return
 	}
+}
+
+// committedAnyway reports whether rows, written in one transaction whose outcome is unknown, are
+// in the ledger after all, and their ids if so.
+func (s *sender) committedAnyway(ctx context.Context, rows []*NewSettlement) ([]int64, bool) {
+	e := s.net.engine
+	ctx, cancel := context.WithTimeout(ctx, leaseWriteTimeout)
+	defer cancel()
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		got, err := e.store.SettlementByKey(ctx, row.Key)
+		if err != nil || got.Signer != row.Signer || got.TxNonce != row.TxNonce || got.TxHash != row.Tx.Hash {
+			return nil, false
+		}
+		ids[i] = got.ID
+	}
+	e.log.Warn("a settlement write reported an error but had committed; sending", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
+	return ids, true
 }
 
 // enqueue hands f to the network's broadcaster. The queue is sized to the in-flight limits, so

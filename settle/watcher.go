@@ -387,6 +387,10 @@ func (n *network) needsSend(ctx context.Context, f *flight) bool {
 		}
 		return true
 	case sentAt.IsZero():
+		if tried.IsZero() {
+			// Still in the broadcaster's queue: it is the broadcaster's to send first.
+			tried = signedAt
+		}
 		return now.Sub(tried) >= e.cfg.RetryInterval
 	default:
 		// Accepted once but not mined: a node may have dropped it; resending is harmless.
