@@ -40,6 +40,7 @@ func readPayment(c echo.Context) (*facilitator.Payment, error) {
 	p, err := facilitator.DecodeRequest(body)
 	if err == nil {
 		p.IDScope = idScope(c) // payment ids are scoped per API key
+		p.KeyID = idScope(c)   // and the key's gas budget pays for its settlements
 	}
 	return p, err
 }

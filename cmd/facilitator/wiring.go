@@ -124,6 +124,10 @@ func (m *Main) Run(ctx context.Context) error {
 		Fault:                faultInjector(cfg.Fault, log),
 		// Replicas on one database share the signer keys by leasing each to one of them at a time.
 		Leaser: m.db,
+		Limits: settle.Guard{WalletCapCount: cfg.WalletCapCount, WalletCapAmount: cfg.WalletCapAmount,
+			WalletWindow: cfg.WalletCapWindow, KeyGasBudget: cfg.KeyGasBudget},
+		SignerMinBalance: cfg.SignerMinBalance,
+		BalanceInterval:  cfg.BalanceInterval,
 	})
 	if err != nil {
 		return err
