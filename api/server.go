@@ -32,6 +32,14 @@ type Config struct {
 	Notify Notify
 	// Auth guards the routes with merchant API keys and rate limits (auth.go); nil is open mode.
 	Auth *AuthConfig
+	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
+	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
+	Limits Limits
+}
+
+// Limits is the read-only limit check /verify makes.
+type Limits interface {
+	CheckLimits(ctx context.Context, p *facilitator.Payment) error
 }
 
 // Server serves the facilitator's HTTP API.

@@ -20,6 +20,9 @@ func (s *Server) verify(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.VerifyTimeout)
 	defer cancel()
 	res, err := s.cfg.Verifier.Verify(ctx, p)
+	if err == nil && res.IsValid && s.cfg.Limits != nil && !facilitator.IsReplay(res.Extensions) {
+		err = s.cfg.Limits.CheckLimits(ctx, p)
+	}
 	if err != nil {
 		return s.verifyError(c, p, err)
 	}

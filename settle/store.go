@@ -39,6 +39,9 @@ type Store interface {
 	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]OpenSettlement, error)
 	// MaxTxNonce is the highest tx nonce the ledger holds for the signer.
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
+	// WalletCapWait is how long until a settlement of value by payer would fit g's wallet caps
+	// (0: it fits now), read without a lock.
+	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g Guard) (time.Duration, error)
 }
 
 // NewSettlement is a row to insert.

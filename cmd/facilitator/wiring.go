@@ -173,6 +173,7 @@ func (m *Main) Run(ctx context.Context) error {
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
 		Auth:          authConfig(cfg, m.db),
+		Limits:        m.engine,
 	})
 
 	if cfg.Index {

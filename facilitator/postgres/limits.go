@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
@@ -52,25 +50,11 @@ func orZero(n *big.Int) *big.Int {
 func (db *DB) limitRefusal(ctx context.Context, s *settle.NewSettlement, walletOK, gasOK bool) error {
 	if !walletOK {
 		g := s.Guard
-		wait, err := db.secondsUntil(ctx, `
-			SELECT EXTRACT(EPOCH FROM min(created_at) + make_interval(secs => $5::float8) - now())::float8 FROM (
-				SELECT created_at, value, count(*) OVER newer AS n_from, sum(value) OVER newer AS v_from
-				FROM settlements
-				WHERE network = $1 AND asset = $2 AND payer = $3 AND state IN ('signed', 'broadcast', 'mined', 'final')
-					AND created_at > now() - make_interval(secs => $5::float8)
-				WINDOW newer AS (ORDER BY created_at DESC, id DESC ROWS UNBOUNDED PRECEDING)) r
-			-- r and every older row gone from the window, the rows left plus this one must fit.
-			WHERE ($6::bigint = 0 OR n_from <= $6::bigint) AND ($7::numeric = 0 OR v_from - value + $4::numeric <= $7::numeric)`,
-			s.Key.Network, s.Key.Asset[:], s.Key.Payer[:], numeric(s.Value), g.WalletWindow.Seconds(),
-			int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)))
+		wait, err := db.walletWait(ctx, s.Key.Network, s.Key.Asset, s.Key.Payer, s.Value, g)
 		if err != nil {
 			return err
 		}
-		if wait == 0 {
-			wait = g.WalletWindow // the payment alone exceeds the cap: no wait makes it fit
-		}
-		return &facilitator.Error{Code: facilitator.ELimited, Reason: facilitator.ReasonWalletCapExceeded, RetryAfter: wait,
-			Message: fmt.Sprintf("the paying wallet has reached this facilitator's cap of settlements of this asset over %s; nothing was sent, retry after Retry-After", g.WalletWindow)}
+		return settle.WalletCapExceeded(wait, g.WalletWindow)
 	}
 	if !gasOK {
 		wait, err := db.secondsUntil(ctx, `
@@ -85,10 +69,9 @@ func (db *DB) limitRefusal(ctx context.Context, s *settle.NewSettlement, walletO
 			return err
 		}
 		if wait == 0 {
-			wait = keyGasWindow
+			wait = keyGasWindow // this settlement alone exceeds the budget
 		}
-		return &facilitator.Error{Code: facilitator.ELimited, Reason: facilitator.ReasonGasBudgetExceeded, RetryAfter: wait,
-			Message: "this API key's gas budget for the last 24 hours would be exceeded by this settlement; nothing was sent, retry after Retry-After"}
+		return settle.GasBudgetExceeded(wait)
 	}
 	return fmt.Errorf("postgres: a settlement insert wrote nothing although its guard passed")
 }
@@ -106,18 +89,47 @@ func (db *DB) secondsUntil(ctx context.Context, sql string, args ...any) (time.D
 	return time.Duration(max(math.Ceil(*secs), 1)) * time.Second, nil
 }
 
-// WalletUsage is a wallet's settlements of one asset on one network within a window, as the wallet
-// cap counts them.
-func (db *DB) WalletUsage(ctx context.Context, network string, asset, payer common.Address, window time.Duration) (int, *big.Int, error) {
-	var n int64
-	var total pgtype.Numeric
-	err := db.pool.QueryRow(ctx, `
-		SELECT count(*), COALESCE(sum(value), 0) FROM settlements
-		WHERE network = $1 AND asset = $2 AND payer = $3 AND state IN ('signed', 'broadcast', 'mined', 'final')
-			AND created_at > now() - make_interval(secs => $4::float8)`,
-		network, asset[:], payer[:], window.Seconds()).Scan(&n, &total)
-	if err != nil {
-		return 0, nil, err
+// WalletCapWait is how long until a settlement of value by payer would fit the guard's wallet
+// caps: 0 when it fits now, the whole window when it never can. It reads without a lock: /verify's
+// advice, which InsertSettlement enforces exactly.
+func (db *DB) WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error) {
+	if !g.WalletCapped() {
+		return 0, nil
 	}
-	return int(n), numericInt(total), nil
+	var fits bool
+	err := db.pool.QueryRow(ctx, `
+		SELECT ($4::bigint = 0 OR count(*) < $4::bigint) AND ($5::numeric = 0 OR COALESCE(sum(value), 0) + $6::numeric <= $5::numeric)
+		FROM settlements
+		WHERE network = $1 AND asset = $2 AND payer = $3 AND state IN ('signed', 'broadcast', 'mined', 'final')
+			AND created_at > now() - make_interval(secs => $7::float8)`,
+		network, asset[:], payer[:], int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)), numeric(value),
+		g.WalletWindow.Seconds()).Scan(&fits)
+	if err != nil || fits {
+		return 0, err
+	}
+	return db.walletWait(ctx, network, asset, payer, value, g)
+}
+
+// walletWait is how long until a settlement of value by payer fits the wallet caps, assuming it
+// does not now: when enough of the oldest settlements have left the window. When the payment
+// alone exceeds the amount cap no wait makes it fit, and the answer is the whole window.
+func (db *DB) walletWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error) {
+	wait, err := db.secondsUntil(ctx, `
+		SELECT EXTRACT(EPOCH FROM min(created_at) + make_interval(secs => $5::float8) - now())::float8 FROM (
+			SELECT created_at, value, count(*) OVER newer AS n_from, sum(value) OVER newer AS v_from
+			FROM settlements
+			WHERE network = $1 AND asset = $2 AND payer = $3 AND state IN ('signed', 'broadcast', 'mined', 'final')
+				AND created_at > now() - make_interval(secs => $5::float8)
+			WINDOW newer AS (ORDER BY created_at DESC, id DESC ROWS UNBOUNDED PRECEDING)) r
+		-- r and every older row gone from the window, the rows left plus this one must fit.
+		WHERE ($6::bigint = 0 OR n_from <= $6::bigint) AND ($7::numeric = 0 OR v_from - value + $4::numeric <= $7::numeric)`,
+		network, asset[:], payer[:], numeric(value), g.WalletWindow.Seconds(),
+		int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)))
+	if err != nil {
+		return 0, err
+	}
+	if wait == 0 {
+		wait = g.WalletWindow
+	}
+	return wait, nil
 }

@@ -206,7 +206,7 @@ func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
 			VALUES ($1, $2, $3, $4, $5)),
 		r AS (
-			UPDATE settlements SET gas_reserved = $7 WHERE id = $2 AND $7 > 0 AND gas_reserved < $7)
+			UPDATE settlements SET gas_reserved = $7::numeric WHERE id = $2 AND $7::numeric > 0 AND gas_reserved < $7::numeric)
 		INSERT INTO settlement_events (settlement_id, state, detail) VALUES ($2, 'bumped', $6)`,
 		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex(), numeric(reserved))
 	return err
