@@ -2,6 +2,7 @@ package settle_test
 
 import (
 	"context"
+	"math/big"
 	"testing"
 	"time"
 
@@ -75,6 +76,11 @@ func TestSettleFeeBump(t *testing.T) {
 	s, err := r.db.SettlementByID(ctx, final.SettlementID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The reserved gas cost follows the most expensive variant signed (gas budgets count it).
+	bumped := new(big.Int).Mul(new(big.Int).SetUint64(second.Gas()), second.GasFeeCap())
+	if got := gasReserved(t, final.SettlementID); got.Cmp(bumped) < 0 {
+		t.Fatalf("gas reserved %s, below the replacement's %s", got, bumped)
 	}
 	if s.TxHash != mined || !s.State.Succeeded() {
 		t.Fatalf("ledger row %+v, answer %s", s, mined)
