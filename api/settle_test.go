@@ -103,6 +103,8 @@ type settleOptions struct {
 	deadline time.Duration
 	// store wraps the ledger the engine uses.
 	store func(*postgres.DB) settle.Store
+	// engine adjusts the engine's configuration.
+	engine func(*settle.Config)
 }
 
 func newSettleStack(t *testing.T, o settleOptions) *settleStack {
@@ -140,14 +142,18 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 		o.deadline = 20 * time.Second
 	}
 	logger := slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e, err := settle.New(settle.Config{
+	cfg := settle.Config{
 		Networks:     []settle.NetworkConfig{{Network: n, Chain: client, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
 		Store:        store,
 		Verifier:     v,
 		Deadline:     o.deadline,
 		PollInterval: 50 * time.Millisecond,
 		Logger:       logger,
-	})
+	}
+	if o.engine != nil {
+		o.engine(&cfg)
+	}
+	e, err := settle.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,6 +166,7 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 		Settler:   e,
 		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{s.Signer}, nil),
 		Logger:    logger,
+		Limits:    e,
 	})
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close) // before the engine stops

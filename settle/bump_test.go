@@ -3,6 +3,7 @@ package settle_test
 import (
 	"context"
 	"maps"
+	"math/big"
 	"sync"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func TestSettleFeeBump(t *testing.T) {
 	if len(txs) < 2 {
 		t.Fatal("no replacement transaction was committed")
 	}
-	if got := r.engine.InFlight()[network().ID][addressOf(r.signers[0])]; got != 1 {
+	if got := inFlight(r.engine, addressOf(r.signers[0])); got != 1 {
 		t.Fatalf("in flight while unmined: %d, want 1", got)
 	}
 	first, second := decodeTx(t, txs[0].Raw), decodeTx(t, txs[1].Raw)
@@ -85,6 +86,11 @@ func TestSettleFeeBump(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The reserved gas cost follows the most expensive variant signed (gas budgets count it).
+	bumped := new(big.Int).Mul(new(big.Int).SetUint64(second.Gas()), second.GasFeeCap())
+	if got := gasReserved(t, final.SettlementID); got.Cmp(bumped) < 0 {
+		t.Fatalf("gas reserved %s, below the replacement's %s", got, bumped)
+	}
 	if s.TxHash != mined || !s.State.Succeeded() {
 		t.Fatalf("ledger row %+v, answer %s", s, mined)
 	}
@@ -94,7 +100,7 @@ func TestSettleFeeBump(t *testing.T) {
 	if n, err := chain.Client.NonceAt(ctx, addressOf(r.signers[0]), nil); err != nil || n != 1 {
 		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
 	}
-	if got := r.engine.InFlight()[network().ID][addressOf(r.signers[0])]; got != 0 {
+	if got := inFlight(r.engine, addressOf(r.signers[0])); got != 0 {
 		t.Errorf("in flight once mined: %d, want 0", got)
 	}
 	// Every replacement committed before mining was observed as a bump, on this network.
@@ -166,4 +172,14 @@ func TestSettleCapacity(t *testing.T) {
 	if err != nil || !out.Response.Success {
 		t.Fatalf("second, once the first is mined: %+v %v", out.Response, err)
 	}
+}
+
+// inFlight is a signer's in-flight count as the engine reports it.
+func inFlight(e *settle.Engine, signer common.Address) int {
+	for _, st := range e.Signers() {
+		if st.Network == network().ID && st.Address == signer {
+			return st.InFlight
+		}
+	}
+	return -1
 }

@@ -33,7 +33,11 @@ type sender struct {
 	loaded bool
 
 	inFlight atomic.Int64 // flights not yet mined or failed
-	queue    chan *flight // to the broadcaster, in nonce order
+	// balance is the native balance at the last read (nil before); low: it is below the minimum,
+	// so the key takes no new settlement (balance.go).
+	balance atomic.Pointer[big.Int]
+	low     atomic.Bool
+	queue   chan *flight // to the broadcaster, in nonce order
 
 	// lease is this process's hold on the key; nil while another process holds it. Set and
 	// cleared under mu, so a commit never straddles a change of holder.
@@ -116,7 +120,8 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 			return nil, fmt.Errorf("settle: encoding: %w", err)
 		}
 		row.Signer, row.TxNonce = s.addr, nonce
-		row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap}
+		row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: gasLimit}
+		row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(gasLimit), fees.FeeCap)
 		e.fault(FaultBeforeCommit)
 		// The commit goes through the key's lease: it fails if this process no longer holds the key.
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
@@ -131,6 +136,11 @@ func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Addre
 		}
 		if err != nil {
 			if errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrNonceTaken) || errors.Is(err, facilitator.ErrPaymentIDTaken) {
+				return nil, err
+			}
+			if facilitator.ErrorCode(err) == facilitator.ELimited {
+				// A limit refused the row: nothing was written, and the nonce is not taken (s.next
+				// stays), so the signed transaction is simply dropped.
 				return nil, err
 			}
 			return nil, ledgerDown(err)

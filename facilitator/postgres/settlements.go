@@ -91,9 +91,12 @@ func (db *DB) SettlementByID(ctx context.Context, id int64) (*facilitator.Settle
 }
 
 // InsertSettlement writes the row, its first transaction and its first event in one statement
-// (one round trip, atomic) before anything is broadcast.
+// (one round trip, atomic) before anything is broadcast. The statement also checks the row's
+// Guard against the ledger and writes nothing when it does not fit (limits.go): with a wallet cap
+// or a key that has a gas budget, the check runs behind a transaction-scoped advisory lock on the
+// wallet (and the key) taken in the same batch, so a concurrent insert for the same wallet waits
+// and then counts this one.
 func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
-	var id int64
 	var scope string
 	var pid *string
 	var summary []byte
@@ -104,29 +107,43 @@ func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (in
 			return 0, err
 		}
 	}
-	err := db.pool.QueryRow(ctx, `
-		WITH s AS (
-			INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
-				valid_before, x402_version, request, signer, tx_nonce, state)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'signed')
-			RETURNING id),
-		t AS (
-			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-			SELECT $14, id, $15, $16, $17 FROM s),
-		e AS (
-			INSERT INTO settlement_events (settlement_id, state, detail)
-			SELECT id, 'signed', $18 FROM s),
-		p AS (
-			INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
-			SELECT $19, $20, $5, id, $21 FROM s WHERE $20::text IS NOT NULL)
-		SELECT id FROM s`,
+	g := s.Guard
+	walletCapped := g.WalletCapped()
+	gasReserved := orZero(s.GasReserved)
+	args := []any{
 		s.Key.Network, s.Key.Asset[:], s.Key.Payer[:], s.Key.Nonce[:], s.Fingerprint[:], s.PayTo[:],
 		numeric(s.Value), numeric(s.ValidAfter), numeric(s.ValidBefore), s.X402Version, s.Request,
 		s.Signer[:], int64(s.TxNonce),
 		s.Tx.Hash[:], s.Tx.Raw, numeric(s.Tx.TipCap), numeric(s.Tx.FeeCap),
 		fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce),
 		scope, pid, summary,
-	).Scan(&id)
+		walletCapped, g.WalletWindow.Seconds(), int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)),
+		s.KeyID, numeric(orZero(g.KeyGasBudget)), numeric(gasReserved),
+	}
+	var (
+		id              *int64
+		walletOK, gasOK bool
+		err             error
+	)
+	scan := func(row pgx.Row) error { return row.Scan(&id, &walletOK, &gasOK) }
+	if !walletCapped && s.KeyID == "" {
+		err = scan(db.pool.QueryRow(ctx, insertSettlementSQL, args...))
+	} else {
+		// One batch is one round trip and one implicit transaction: the locks are held until the
+		// insert commits, and the insert (a later statement) reads the ledger after getting them.
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, limitLockTimeout)
+		if walletCapped {
+			b.Queue(`SELECT pg_advisory_xact_lock($1)`, walletLockKey(s.Key.Network, s.Key.Asset, s.Key.Payer))
+		}
+		if s.KeyID != "" {
+			// Only a key that has a budget is locked: unlimited keys keep settling in parallel.
+			b.Queue(`SELECT pg_advisory_xact_lock($1) FROM api_keys WHERE id = $2 AND COALESCE(gas_budget_wei, $3) > 0`,
+				keyGasLockKey(s.KeyID), s.KeyID, numeric(orZero(g.KeyGasBudget)))
+		}
+		b.Queue(insertSettlementSQL, args...).QueryRow(scan)
+		err = db.pool.SendBatch(ctx, b).Close()
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		switch pgErr.ConstraintName {
@@ -137,17 +154,64 @@ func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (in
 		}
 		return 0, facilitator.ErrDuplicate
 	}
-	return id, err
+	if err != nil {
+		return 0, err
+	}
+	if id == nil {
+		return 0, db.limitRefusal(ctx, s, walletOK, gasOK)
+	}
+	return *id, nil
 }
 
-// AddTx records a replacement transaction before it is sent.
+// insertSettlementSQL is InsertSettlement's statement. The guard's sums are computed first (each
+// off, and free, when its switch is off); the row is inserted only when both fit. Every parameter
+// is cast: an INSERT ... SELECT does not take the types of its target columns.
+const insertSettlementSQL = `
+	WITH w AS (
+		SELECT count(*) AS n, COALESCE(sum(value), 0) AS total FROM settlements
+		WHERE $22::boolean AND network = $1::text AND asset = $2::bytea AND payer = $3::bytea
+			AND state IN ('signed', 'broadcast', 'mined', 'final')
+			AND created_at > now() - make_interval(secs => $23::float8)),
+	budget AS (
+		SELECT COALESCE((SELECT gas_budget_wei FROM api_keys WHERE id = $26::text), $27::numeric) AS wei),
+	used AS (
+		SELECT COALESCE(sum(gas_reserved), 0) AS gas FROM settlements
+		WHERE $26::text <> '' AND api_key = $26::text AND created_at > now() - interval '24 hours'),
+	ok AS (
+		SELECT NOT $22::boolean OR (($24::bigint = 0 OR w.n < $24::bigint)
+				AND ($25::numeric = 0 OR w.total + $7::numeric <= $25::numeric)) AS wallet_ok,
+			$26::text = '' OR budget.wei = 0 OR used.gas + $28::numeric <= budget.wei AS gas_ok
+		FROM w, budget, used),
+	s AS (
+		INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
+			valid_before, x402_version, request, signer, tx_nonce, state, api_key, gas_reserved)
+		SELECT $1::text, $2::bytea, $3::bytea, $4::bytea, $5::bytea, $6::bytea, $7::numeric, $8::numeric,
+			$9::numeric, $10::smallint, $11::bytea, $12::bytea, $13::bigint, 'signed', NULLIF($26::text, ''), $28::numeric
+		FROM ok WHERE wallet_ok AND gas_ok
+		RETURNING id),
+	t AS (
+		INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
+		SELECT $14::bytea, id, $15::bytea, $16::numeric, $17::numeric FROM s),
+	e AS (
+		INSERT INTO settlement_events (settlement_id, state, detail)
+		SELECT id, 'signed', $18::text FROM s),
+	p AS (
+		INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
+		SELECT $19::text, $20::text, $5::bytea, id, $21::jsonb FROM s WHERE $20::text IS NOT NULL)
+	SELECT (SELECT id FROM s), wallet_ok, gas_ok FROM ok`
+
+// AddTx records a replacement transaction before it is sent, and raises the settlement's reserved
+// gas cost to the replacement's when that is higher.
 func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
+	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 	_, err := db.pool.Exec(ctx, `
 		WITH t AS (
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-			VALUES ($1, $2, $3, $4, $5))
+			VALUES ($1, $2, $3, $4, $5)),
+		r AS (
+			UPDATE settlements SET gas_reserved = $7::numeric WHERE id = $2 AND $7::numeric > 0 AND gas_reserved < $7::numeric)
 		INSERT INTO settlement_events (settlement_id, state, detail) VALUES ($2, 'bumped', $6)`,
-		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex())
+		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex(), numeric(reserved))
 	return err
 }
 
