@@ -19,16 +19,15 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 // settleAs settles a body sent with the API key keyID ("" for none), as the API does.
-func (r *rig) settleAs(ctx context.Context, t testing.TB, body []byte, keyID string) (settle.Outcome, error) {
-	p, err := facilitator.DecodeRequest(body)
-	if err != nil {
-		t.Fatalf("decoding: %v", err)
-	}
+func settleAs(ctx context.Context, t testing.TB, r *settletest.Engine, body []byte, keyID string) (settle.Outcome, error) {
+	t.Helper()
+	p := settletest.Decode(t, body)
 	p.KeyID, p.IDScope = keyID, keyID
-	return r.engine.Settle(ctx, p)
+	return r.Engine.Settle(ctx, p)
 }
 
 // wantLimited checks err is a refusal by a limit with reason and a Retry-After within (0, most].
@@ -47,7 +46,7 @@ func wantLimited(t *testing.T, err error, reason string, most time.Duration) {
 func pendingNonce(t testing.TB, addr common.Address) uint64 {
 	t.Helper()
 	var n hexutil.Uint64
-	if err := chain.RPC.CallContext(context.Background(), &n, "eth_getTransactionCount", addr, "pending"); err != nil {
+	if err := env.Chain.RPC.CallContext(context.Background(), &n, "eth_getTransactionCount", addr, "pending"); err != nil {
 		t.Fatal(err)
 	}
 	return uint64(n)
@@ -64,28 +63,28 @@ func mustSucceed(t *testing.T, out settle.Outcome, err error) {
 // with a Retry-After within the window), nothing is signed or written for it, the tx nonce it
 // would have used goes to the next settlement, and another wallet is not affected.
 func TestWalletCapCount(t *testing.T) {
-	r := newRig(t, rigOptions{cfg: func(c *settle.Config) {
+	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
 		c.Limits = settle.Guard{WalletCapCount: 2, WalletWindow: time.Hour}
 	}})
 	ctx := context.Background()
-	signer := crypto.PubkeyToAddress(r.signers[0].PublicKey)
-	payer := fundedPayer(t, 10_000)
+	signer := crypto.PubkeyToAddress(r.Signers[0].PublicKey)
+	payer := env.FundedPayer(t, 10_000)
 	from := crypto.PubkeyToAddress(payer.PublicKey)
 	for i := 0; i < 2; i++ {
-		out, err := r.settleBody(ctx, t, newPay(t, payer, 1_000).body(t))
+		out, err := r.SettleBody(ctx, t, env.NewPay(t, payer, 1_000).Body(t))
 		mustSucceed(t, out, err)
 	}
-	third := newPay(t, payer, 1_000)
-	_, err := r.settleBody(ctx, t, third.body(t))
+	third := env.NewPay(t, payer, 1_000)
+	_, err := r.SettleBody(ctx, t, third.Body(t))
 	wantLimited(t, err, facilitator.ReasonWalletCapExceeded, time.Hour)
-	if got := balance(t, from); got.Int64() != 8_000 {
-		t.Fatalf("payer holds %s, want 8000: exactly two transfers", got)
+	if got := env.Balance(t, from); got != 8_000 {
+		t.Fatalf("payer holds %d, want 8000: exactly two transfers", got)
 	}
-	if got := balance(t, third.payTo); got.Sign() != 0 {
-		t.Fatalf("the refused payment's payee holds %s", got)
+	if got := env.Balance(t, third.PayTo); got != 0 {
+		t.Fatalf("the refused payment's payee holds %d", got)
 	}
-	key := facilitator.AuthorizationKey{Network: network().ID, Asset: chain.USDC.Address, Payer: from, Nonce: third.nonce}
-	if _, err := r.db.SettlementByKey(ctx, key); !errors.Is(err, facilitator.ErrNotFound) {
+	key := facilitator.AuthorizationKey{Network: env.Network().ID, Asset: env.Chain.USDC.Address, Payer: from, Nonce: third.Nonce}
+	if _, err := r.DB.SettlementByKey(ctx, key); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("ledger row for the refused payment: %v", err)
 	}
 	if n := pendingNonce(t, signer); n != 2 {
@@ -93,11 +92,11 @@ func TestWalletCapCount(t *testing.T) {
 	}
 	// The same refusal again (a retry before the window passed), then another wallet settles on
 	// the nonce the refused one did not take.
-	_, err = r.settleBody(ctx, t, third.body(t))
+	_, err = r.SettleBody(ctx, t, third.Body(t))
 	wantLimited(t, err, facilitator.ReasonWalletCapExceeded, time.Hour)
-	out, err := r.settleBody(ctx, t, newPay(t, fundedPayer(t, 1_000), 1_000).body(t))
+	out, err := r.SettleBody(ctx, t, env.NewPay(t, env.FundedPayer(t, 1_000), 1_000).Body(t))
 	mustSucceed(t, out, err)
-	s, err := r.db.SettlementByID(ctx, out.SettlementID)
+	s, err := r.DB.SettlementByID(ctx, out.SettlementID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,27 +108,27 @@ func TestWalletCapCount(t *testing.T) {
 // TestWalletCapAmount: a cap of 250 base units admits 100 + 100, refuses a third 100, and still
 // admits 50 (the exact remainder).
 func TestWalletCapAmount(t *testing.T) {
-	r := newRig(t, rigOptions{cfg: func(c *settle.Config) {
+	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
 		c.Limits = settle.Guard{WalletCapAmount: big.NewInt(250), WalletWindow: time.Hour}
 	}})
 	ctx := context.Background()
-	payer := fundedPayer(t, 1_000)
+	payer := env.FundedPayer(t, 1_000)
 	for i := 0; i < 2; i++ {
-		out, err := r.settleBody(ctx, t, newPay(t, payer, 100).body(t))
+		out, err := r.SettleBody(ctx, t, env.NewPay(t, payer, 100).Body(t))
 		mustSucceed(t, out, err)
 	}
-	_, err := r.settleBody(ctx, t, newPay(t, payer, 100).body(t))
+	_, err := r.SettleBody(ctx, t, env.NewPay(t, payer, 100).Body(t))
 	wantLimited(t, err, facilitator.ReasonWalletCapExceeded, time.Hour)
-	out, err := r.settleBody(ctx, t, newPay(t, payer, 50).body(t))
+	out, err := r.SettleBody(ctx, t, env.NewPay(t, payer, 50).Body(t))
 	mustSucceed(t, out, err)
-	if got := balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got.Int64() != 750 {
-		t.Fatalf("payer holds %s, want 750", got)
+	if got := env.Balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got != 750 {
+		t.Fatalf("payer holds %d, want 750", got)
 	}
 	// A payment larger than the cap on its own can never fit: Retry-After is the whole window.
-	tight := newRig(t, rigOptions{cfg: func(c *settle.Config) {
+	tight := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
 		c.Limits = settle.Guard{WalletCapAmount: big.NewInt(10), WalletWindow: time.Minute}
 	}})
-	_, err = tight.settleBody(ctx, t, newPay(t, fundedPayer(t, 100), 11).body(t))
+	_, err = tight.SettleBody(ctx, t, env.NewPay(t, env.FundedPayer(t, 100), 11).Body(t))
 	wantLimited(t, err, facilitator.ReasonWalletCapExceeded, time.Minute)
 	if ra := facilitator.ErrorRetryAfter(err); ra != time.Minute {
 		t.Fatalf("RetryAfter %s, want the window", ra)
@@ -141,12 +140,12 @@ func TestWalletCapAmount(t *testing.T) {
 // three: exactly three transfers happen, the seven others are refused.
 func TestWalletCapConcurrent(t *testing.T) {
 	capped := func(c *settle.Config) { c.Limits = settle.Guard{WalletCapCount: 3, WalletWindow: time.Hour} }
-	rigs := []*rig{newRig(t, rigOptions{cfg: capped}), newRig(t, rigOptions{cfg: capped})}
+	rigs := []*settletest.Engine{env.NewEngine(t, settletest.EngineOptions{Config: capped}), env.NewEngine(t, settletest.EngineOptions{Config: capped})}
 	ctx := context.Background()
-	payer := fundedPayer(t, 10_000)
+	payer := env.FundedPayer(t, 10_000)
 	bodies := make([][]byte, 10)
 	for i := range bodies {
-		bodies[i] = newPay(t, payer, 1_000).body(t)
+		bodies[i] = env.NewPay(t, payer, 1_000).Body(t)
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -155,7 +154,7 @@ func TestWalletCapConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, err := rigs[i%2].settleBody(ctx, t, body)
+			out, err := rigs[i%2].SettleBody(ctx, t, body)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -172,12 +171,12 @@ func TestWalletCapConcurrent(t *testing.T) {
 	if ok != 3 || refused != 7 {
 		t.Fatalf("%d settled, %d refused; want 3 and 7", ok, refused)
 	}
-	if got := balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got.Int64() != 7_000 {
-		t.Fatalf("payer holds %s, want 7000: exactly three transfers", got)
+	if got := env.Balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got != 7_000 {
+		t.Fatalf("payer holds %d, want 7000: exactly three transfers", got)
 	}
 	sent := uint64(0)
 	for _, r := range rigs {
-		sent += pendingNonce(t, crypto.PubkeyToAddress(r.signers[0].PublicKey))
+		sent += pendingNonce(t, crypto.PubkeyToAddress(r.Signers[0].PublicKey))
 	}
 	if sent != 3 {
 		t.Fatalf("signers sent %d transactions, want 3", sent)
@@ -188,11 +187,11 @@ func TestWalletCapConcurrent(t *testing.T) {
 // second refused; other keys and requests without a key are not charged; raising the budget to
 // unlimited lets it settle again.
 func TestKeyGasBudget(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := env.NewEngine(t, settletest.EngineOptions{})
 	ctx := context.Background()
 	keyID := newKeyID(t, r, nil)
-	payer := fundedPayer(t, 10_000)
-	out, err := r.settleAs(ctx, t, newPay(t, payer, 1_000).body(t), keyID)
+	payer := env.FundedPayer(t, 10_000)
+	out, err := settleAs(ctx, t, r, env.NewPay(t, payer, 1_000).Body(t), keyID)
 	mustSucceed(t, out, err)
 	reserved := gasReserved(t, out.SettlementID)
 	if reserved.Sign() <= 0 {
@@ -200,43 +199,43 @@ func TestKeyGasBudget(t *testing.T) {
 	}
 	// Room for 1.2 settlements: the next one does not fit.
 	budget := new(big.Int).Div(new(big.Int).Mul(reserved, big.NewInt(12)), big.NewInt(10))
-	if err := r.db.SetAPIKeyGasBudget(ctx, keyID, budget); err != nil {
+	if err := r.DB.SetAPIKeyGasBudget(ctx, keyID, budget); err != nil {
 		t.Fatal(err)
 	}
-	second := newPay(t, payer, 1_000)
-	_, err = r.settleAs(ctx, t, second.body(t), keyID)
+	second := env.NewPay(t, payer, 1_000)
+	_, err = settleAs(ctx, t, r, second.Body(t), keyID)
 	wantLimited(t, err, facilitator.ReasonGasBudgetExceeded, 24*time.Hour)
-	if got := balance(t, second.payTo); got.Sign() != 0 {
-		t.Fatalf("the refused payment moved %s", got)
+	if got := env.Balance(t, second.PayTo); got != 0 {
+		t.Fatalf("the refused payment moved %d", got)
 	}
 	// Another key (no budget: the engine's default, none) and no key at all still settle.
-	out, err = r.settleAs(ctx, t, newPay(t, payer, 1_000).body(t), newKeyID(t, r, nil))
+	out, err = settleAs(ctx, t, r, env.NewPay(t, payer, 1_000).Body(t), newKeyID(t, r, nil))
 	mustSucceed(t, out, err)
-	out, err = r.settleAs(ctx, t, newPay(t, payer, 1_000).body(t), "")
+	out, err = settleAs(ctx, t, r, env.NewPay(t, payer, 1_000).Body(t), "")
 	mustSucceed(t, out, err)
 	// Unlimited: the refused payment settles.
-	if err := r.db.SetAPIKeyGasBudget(ctx, keyID, big.NewInt(0)); err != nil {
+	if err := r.DB.SetAPIKeyGasBudget(ctx, keyID, big.NewInt(0)); err != nil {
 		t.Fatal(err)
 	}
-	out, err = r.settleAs(ctx, t, second.body(t), keyID)
+	out, err = settleAs(ctx, t, r, second.Body(t), keyID)
 	mustSucceed(t, out, err)
 
 	// The engine's default applies to keys without a budget of their own.
-	d := newRig(t, rigOptions{cfg: func(c *settle.Config) { c.Limits.KeyGasBudget = big.NewInt(1) }})
-	_, err = d.settleAs(ctx, t, newPay(t, payer, 1_000).body(t), newKeyID(t, d, nil))
+	d := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) { c.Limits.KeyGasBudget = big.NewInt(1) }})
+	_, err = settleAs(ctx, t, d, env.NewPay(t, payer, 1_000).Body(t), newKeyID(t, d, nil))
 	wantLimited(t, err, facilitator.ReasonGasBudgetExceeded, 24*time.Hour)
-	out, err = d.settleAs(ctx, t, newPay(t, payer, 1_000).body(t), newKeyID(t, d, big.NewInt(0)))
+	out, err = settleAs(ctx, t, d, env.NewPay(t, payer, 1_000).Body(t), newKeyID(t, d, big.NewInt(0)))
 	mustSucceed(t, out, err)
 }
 
-func newKeyID(t *testing.T, r *rig, budget *big.Int) string {
+func newKeyID(t *testing.T, r *settletest.Engine, budget *big.Int) string {
 	t.Helper()
 	_, id, hash, err := auth.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}
 	k := &auth.Key{ID: id, Hash: hash, Name: t.Name(), Scopes: []auth.Scope{auth.ScopeSettle}, GasBudgetWei: budget}
-	if err := r.db.InsertAPIKey(context.Background(), k); err != nil {
+	if err := r.DB.InsertAPIKey(context.Background(), k); err != nil {
 		t.Fatal(err)
 	}
 	return id
@@ -245,7 +244,7 @@ func newKeyID(t *testing.T, r *rig, budget *big.Int) string {
 // gasReserved reads a settlement's reserved gas cost straight from the ledger.
 func gasReserved(t *testing.T, id int64) *big.Int {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dbURL)
+	conn, err := pgx.Connect(context.Background(), env.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,17 +296,17 @@ next:
 // insufficient_signer_funds and nothing is signed; funding a signer lets settlement resume.
 func TestSignerBalanceGuard(t *testing.T) {
 	logs := &logBuffer{t: t}
-	a, b := newSigner(t), newSigner(t)
+	a, b := env.NewSigner(t), env.NewSigner(t)
 	addrA, addrB := crypto.PubkeyToAddress(a.PublicKey), crypto.PubkeyToAddress(b.PublicKey)
 	eth := big.NewInt(1e18)
-	r := newRig(t, rigOptions{signers: []*ecdsa.PrivateKey{a, b}, cfg: func(c *settle.Config) {
+	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{a, b}, Config: func(c *settle.Config) {
 		c.SignerMinBalance = eth
 		c.BalanceInterval = 50 * time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}})
 	ctx := context.Background()
 	status := func(addr common.Address) settle.SignerStatus {
-		for _, s := range r.engine.Signers() {
+		for _, s := range r.Engine.Signers() {
 			if s.Address == addr {
 				return s
 			}
@@ -326,20 +325,20 @@ func TestSignerBalanceGuard(t *testing.T) {
 		}
 	}
 	st := status(addrA)
-	if st.Network != network().ID || !st.Leased || st.BalanceLow || st.Balance == nil || st.Balance.Cmp(eth) <= 0 {
+	if st.Network != env.Network().ID || !st.Leased || st.BalanceLow || st.Balance == nil || st.Balance.Cmp(eth) <= 0 {
 		t.Fatalf("status at start: %+v", st)
 	}
 
 	half := new(big.Int).Div(eth, big.NewInt(2))
-	if err := chain.SetBalance(ctx, addrA, half); err != nil {
+	if err := env.Chain.SetBalance(ctx, addrA, half); err != nil {
 		t.Fatal(err)
 	}
 	waitLow(addrA, true)
-	payer := fundedPayer(t, 10_000)
+	payer := env.FundedPayer(t, 10_000)
 	for i := 0; i < 2; i++ {
-		out, err := r.settleBody(ctx, t, newPay(t, payer, 1_000).body(t))
+		out, err := r.SettleBody(ctx, t, env.NewPay(t, payer, 1_000).Body(t))
 		mustSucceed(t, out, err)
-		s, err := r.db.SettlementByID(ctx, out.SettlementID)
+		s, err := r.DB.SettlementByID(ctx, out.SettlementID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -351,13 +350,13 @@ func TestSignerBalanceGuard(t *testing.T) {
 		t.Fatalf("%d ERROR lines for the low signer, want exactly 1", n)
 	}
 
-	if err := chain.SetBalance(ctx, addrB, half); err != nil {
+	if err := env.Chain.SetBalance(ctx, addrB, half); err != nil {
 		t.Fatal(err)
 	}
 	waitLow(addrB, true)
-	refused := newPay(t, payer, 1_000)
+	refused := env.NewPay(t, payer, 1_000)
 	sentA, sentB := pendingNonce(t, addrA), pendingNonce(t, addrB)
-	_, err := r.settleBody(ctx, t, refused.body(t))
+	_, err := r.SettleBody(ctx, t, refused.Body(t))
 	var fe *facilitator.Error
 	if !errors.As(err, &fe) || fe.Code != facilitator.EUnavailable || fe.Reason != facilitator.ReasonInsufficientSignerFunds || fe.RetryAfter <= 0 {
 		t.Fatalf("with every signer low: %v", err)
@@ -365,18 +364,18 @@ func TestSignerBalanceGuard(t *testing.T) {
 	if pendingNonce(t, addrA) != sentA || pendingNonce(t, addrB) != sentB {
 		t.Fatal("a transaction was sent while every signer was low")
 	}
-	key := facilitator.AuthorizationKey{Network: network().ID, Asset: chain.USDC.Address, Payer: crypto.PubkeyToAddress(payer.PublicKey), Nonce: refused.nonce}
-	if _, err := r.db.SettlementByKey(ctx, key); !errors.Is(err, facilitator.ErrNotFound) {
+	key := facilitator.AuthorizationKey{Network: env.Network().ID, Asset: env.Chain.USDC.Address, Payer: crypto.PubkeyToAddress(payer.PublicKey), Nonce: refused.Nonce}
+	if _, err := r.DB.SettlementByKey(ctx, key); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("ledger row for the refused payment: %v", err)
 	}
 
-	if err := chain.SetBalance(ctx, addrA, new(big.Int).Mul(eth, big.NewInt(10))); err != nil {
+	if err := env.Chain.SetBalance(ctx, addrA, new(big.Int).Mul(eth, big.NewInt(10))); err != nil {
 		t.Fatal(err)
 	}
 	waitLow(addrA, false)
-	out, err := r.settleBody(ctx, t, refused.body(t))
+	out, err := r.SettleBody(ctx, t, refused.Body(t))
 	mustSucceed(t, out, err)
-	if s, err := r.db.SettlementByID(ctx, out.SettlementID); err != nil || s.Signer != addrA {
+	if s, err := r.DB.SettlementByID(ctx, out.SettlementID); err != nil || s.Signer != addrA {
 		t.Fatalf("after funding: %+v, %v", s, err)
 	}
 	if n := logs.count("level=INFO", "signer balance back above threshold", strings.ToLower(addrA.Hex())); n != 1 {
@@ -385,7 +384,7 @@ func TestSignerBalanceGuard(t *testing.T) {
 	if n := logs.count("level=ERROR", "signer balance below threshold", strings.ToLower(addrA.Hex())); n != 1 {
 		t.Fatalf("%d ERROR lines for signer A over the test, want 1 (once per transition)", n)
 	}
-	for _, s := range r.engine.Signers() {
+	for _, s := range r.Engine.Signers() {
 		if !s.Leased || s.Balance == nil {
 			t.Fatalf("status: %+v", s)
 		}
