@@ -1,7 +1,6 @@
 package interop
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -254,49 +253,13 @@ func (r *lostRecorder) Write(p []byte) (int, error) {
 func (r *lostRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // startLostMerchant runs js/merchant.mjs with the drop on, and waits for its listening line.
-func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*process, *lostBuffer) {
+func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*nodeServer, *lostBuffer) {
 	t.Helper()
-	cmd := exec.Command("node", "js/merchant.mjs", "--facilitator", facilitatorURL, "--chain-id", fmt.Sprint(diffChainID),
+	m := startNode(t, "js/merchant.mjs", []string{"--facilitator", facilitatorURL, "--chain-id", fmt.Sprint(diffChainID),
 		"--asset", chain.USDC.Address.Hex(), "--pay-to", payTo.Hex(), "--amount", fmt.Sprint(lostPrice),
-		"--token-name", chain.USDC.Name, "--token-version", chain.USDC.Version, "--port", "0")
-	cmd.Env = append(os.Environ(), "DROP_FIRST_PAID=1")
-	stderr := &lostBuffer{}
-	cmd.Stderr = stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the merchant: %v", err)
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			default:
-			}
-		}
-	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	select {
-	case line := <-lines:
-		url, ok := strings.CutPrefix(line, "listening ")
-		if !ok {
-			p.stop()
-			t.Fatalf("the merchant said %q; stderr:\n%s", line, stderr.String())
-		}
-		p.url = url
-		return p, stderr
-	case <-p.done:
-		t.Fatalf("the merchant exited before listening:\n%s", stderr.String())
-	case <-ctx.Done():
-		p.stop()
-		t.Fatalf("the merchant did not start: %v\n%s", ctx.Err(), stderr.String())
-	}
-	return nil, nil
+		"--token-name", chain.USDC.Name, "--token-version", chain.USDC.Version, "--port", "0"}, "DROP_FIRST_PAID=1")
+	m.listening(t, ctx)
+	return m, m.stderr
 }
 
 // lostAgentResult is js/agent.mjs's summary line.
