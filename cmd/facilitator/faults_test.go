@@ -32,8 +32,9 @@ import (
 // while something breaks under it (Postgres, the RPC, the process itself), let it recover without
 // manual steps, and then audit the ledger against the chain (auditLedger).
 
-// faultStack starts a chain and, unless dbSuffix is empty, a fresh database on the shared test
-// server; it skips when they are missing (fails under CI=true).
+// faultStack starts a chain mining a block every second (so that settlements are in flight, not
+// mined at once, when the fault strikes) and, unless dbSuffix is empty, a fresh database on the
+// shared test server; it skips when they are missing (fails under CI=true).
 func faultStack(ctx context.Context, t *testing.T, dbSuffix string) (string, *devchain.Chain) {
 	t.Helper()
 	var (
@@ -45,7 +46,7 @@ func faultStack(ctx context.Context, t *testing.T, dbSuffix string) (string, *de
 		url, err = postgrestest.Fresh(ctx, dbSuffix)
 	}
 	if err == nil {
-		chain, err = devchain.Start(ctx, devchain.Options{})
+		chain, err = devchain.Start(ctx, devchain.Options{BlockTime: time.Second})
 	}
 	if err != nil {
 		if os.Getenv("CI") == "true" {
