@@ -253,7 +253,6 @@ func (l *faultLoad) settleAll(ctx context.Context, c *child) {
 	l.t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	defer l.nudgeAnvil(ctx)()
 	l.mu.Lock()
 	var open []*faultPayment
 	for _, p := range l.payments {
@@ -285,42 +284,6 @@ func (l *faultLoad) settleAll(ctx context.Context, c *child) {
 	}
 }
 
-// nudgeAnvil works around anvil 1.7.1's auto-mine leaving ready transactions in its pool until
-// another transaction arrives (shared/anvil-notes.md): once the load has stopped, nothing else
-// arrives, and a transaction the facilitator sent would wait for its fee bump. Until the returned
-// stop is called it mines a block whenever the pool has held transactions for two checks in a
-// row; nudges are counted in the summary. (A nonce gap is not helped by it: the audit catches it.)
-func (l *faultLoad) nudgeAnvil(ctx context.Context) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		waiting := 0
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-			}
-			n, err := devchaintest.PoolSize(ctx, l.h.chain)
-			if err != nil || n == 0 {
-				waiting = 0
-				continue
-			}
-			if waiting++; waiting >= 2 {
-				if l.h.chain.Mine(ctx) == nil {
-					l.nudges.Add(1)
-				}
-				waiting = 0
-			}
-		}
-	}()
-	return func() { close(done); wg.Wait() }
-}
-
 // audit checks, once everything is settled: the ledger against the chain (auditLedger), each
 // payment moved money exactly once, and the status API reports each settled by us with its
 // transaction.
@@ -337,9 +300,7 @@ func (l *faultLoad) audit(ctx context.Context, dbURL string, c *child) auditRepo
 		in.successes[p.key] = p.successes
 		total.Add(total, p.value)
 	}
-	stopNudge := l.nudgeAnvil(ctx)
 	rep := auditLedger(ctx, t, in)
-	stopNudge()
 	if rep.transfers != len(l.payments) {
 		t.Errorf("%d payments made, %d transfers to the merchant on chain; want one each", len(l.payments), rep.transfers)
 	}
@@ -358,6 +319,6 @@ func (l *faultLoad) audit(ctx context.Context, dbURL string, c *child) auditRepo
 }
 
 func (l *faultLoad) summary() string {
-	return fmt.Sprintf("%d payments, %d requests: %d success (%d replays), %d pending, %d clean 503, %d lost in transit; anvil nudged %d time(s)",
-		len(l.payments), l.attempts.Load(), l.successes.Load(), l.replays.Load(), l.pending.Load(), l.unavailable.Load(), l.lost.Load(), l.nudges.Load())
+	return fmt.Sprintf("%d payments, %d requests: %d success (%d replays), %d pending, %d clean 503, %d lost in transit",
+		len(l.payments), l.attempts.Load(), l.successes.Load(), l.replays.Load(), l.pending.Load(), l.unavailable.Load(), l.lost.Load())
 }
