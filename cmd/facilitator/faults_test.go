@@ -74,7 +74,6 @@ type faultLoad struct {
 	payments []*faultPayment
 
 	attempts, successes, unavailable, pending, lost, replays atomic.Int64
-	nudges                                                   atomic.Int64 // blocks mined by nudgeAnvil
 	// refused counts answers that are not allowed under these faults (t.Errorf'd as they come).
 	refused atomic.Int64
 }
