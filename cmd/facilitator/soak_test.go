@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-var soakFlag = flag.Duration("soak", 0, "how long TestSoakKill kills the binary under load (default 60s, or SOAK_DURATION)")
+var soakFlag = flag.Duration("soak", 0, "how long TestSoakKill kills the binary under load (default 45s, or SOAK_DURATION)")
 
 // soakDuration is -soak, else SOAK_DURATION, else the CI bound.
 func soakDuration(t *testing.T) time.Duration {
@@ -25,7 +25,7 @@ func soakDuration(t *testing.T) time.Duration {
 		}
 		return d
 	}
-	return 60 * time.Second
+	return 45 * time.Second
 }
 
 // TestSoakKill SIGKILLs the real binary again and again, at random moments, under concurrent
