@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ethereum/go-ethereum/crypto"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -25,7 +24,7 @@ import (
 func TestServeMetricsAndReadiness(t *testing.T) {
 	dbURL, chain := requireStack(t)
 	signer := chain.Accounts[0]
-	cfg, err := configFor(dbURL, chain, "0x"+hex.EncodeToString(crypto.FromECDSA(signer.Key)))
+	cfg, err := configFor(t, dbURL, chain, signer.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
