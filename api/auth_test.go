@@ -3,11 +3,8 @@ package api_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
 	"encoding/json"
 	"io"
-	"log/slog"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,16 +14,12 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/crypto"
-	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
-	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // authStack is the real verify + settle stack (payment identifiers included) behind keys mode,
@@ -37,59 +30,12 @@ type authStack struct {
 
 func newAuthStack(t *testing.T) *authStack {
 	t.Helper()
-	ctx := context.Background()
-	db, err := postgres.Open(ctx, ledger(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	key, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &authStack{settleStack{RPC: newRPCCounter(t, chain.RPCURL), Logs: &syncBuffer{}, DB: db, Signer: crypto.PubkeyToAddress(key.PublicKey)}}
-	if err := chain.SetBalance(ctx, s.Signer, new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	client, err := rpc.DialContext(ctx, s.RPC.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
-	n := testNetwork(v1Name)
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: client, Timeout: 5 * time.Second}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e, err := settle.New(settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: client, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
-		Store:        db,
-		Verifier:     v,
-		Deadline:     20 * time.Second,
-		PollInterval: 50 * time.Millisecond,
-		Logger:       logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Stop)
-	ids := idempotency.New(idempotency.Config{Store: db, Settler: e, Verifier: v, Logger: logger})
-	srv := api.New(api.Config{
-		Verifier:  ids,
-		Settler:   ids,
-		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey}),
-		Logger:    logger,
-		Auth:      &api.AuthConfig{Mode: api.AuthKeys, Keys: db},
-	})
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	s.URL = hs.URL
-	return s
+	return &authStack{*newSettleStack(t, settleOptions{server: func(cfg *api.Config, s *settleStack) {
+		ids := idempotency.New(idempotency.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
+		cfg.Verifier, cfg.Settler, cfg.Limits = ids, ids, nil
+		cfg.Supported = facilitator.Supported([]facilitator.Network{s.Network}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey})
+		cfg.Auth = &api.AuthConfig{Mode: api.AuthKeys, Keys: s.DB}
+	}})}
 }
 
 // newKey stores a fresh key and returns its text and id.

@@ -3,6 +3,8 @@ package api
 import (
 	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -13,12 +15,26 @@ import (
 var statusOf = map[facilitator.Code]int{
 	facilitator.EInvalid:     http.StatusBadRequest,
 	facilitator.EConflict:    http.StatusConflict,
+	facilitator.ELimited:     http.StatusTooManyRequests,
 	facilitator.EUnavailable: http.StatusServiceUnavailable,
 	facilitator.EInternal:    http.StatusInternalServerError,
 }
 
 // retryAfterSeconds is sent with 503s: the dependency that failed is usually back within seconds.
 const retryAfterSeconds = "1"
+
+// setRetryAfter sets Retry-After on a 429 or 503: the error's own advice (rounded up to whole
+// seconds) when it has one, else retryAfterSeconds.
+func setRetryAfter(c echo.Context, status int, err error) {
+	if status != http.StatusServiceUnavailable && status != http.StatusTooManyRequests {
+		return
+	}
+	v := retryAfterSeconds
+	if d := facilitator.ErrorRetryAfter(err); d > 0 {
+		v = strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+	}
+	c.Response().Header().Set("Retry-After", v)
+}
 
 // verifyError answers a /verify that got no verdict with a VerifyResponse-shaped body, so that both
 // client generations surface the reason instead of a parse error.
@@ -35,9 +51,7 @@ func (s *Server) verifyError(c echo.Context, p *facilitator.Payment, err error) 
 	}
 	s.logError(c, status, err)
 	c.Set(reasonKey, res.InvalidReason)
-	if status == http.StatusServiceUnavailable {
-		c.Response().Header().Set("Retry-After", retryAfterSeconds)
-	}
+	setRetryAfter(c, status, err)
 	return c.JSON(status, res)
 }
 
@@ -83,8 +97,6 @@ func (s *Server) settleError(c echo.Context, p *facilitator.Payment, err error) 
 	}
 	s.logError(c, status, err)
 	c.Set(reasonKey, res.ErrorReason)
-	if status == http.StatusServiceUnavailable {
-		c.Response().Header().Set("Retry-After", retryAfterSeconds)
-	}
+	setRetryAfter(c, status, err)
 	return c.JSON(status, res)
 }

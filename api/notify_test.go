@@ -3,81 +3,26 @@ package api_test
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"log/slog"
-	"math/big"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/notify"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
-// The webhook and event-stream tests have a database of their own ("apinotify"): webhooks hear
+// notifyLedger is the webhook and event-stream tests' own database ("apinotify"): webhooks hear
 // every settlement of their database, and the other tests' settlements are none of theirs.
-var (
-	notifyDBOnce sync.Once
-	notifyDBURL  string
-	notifyDBErr  error
-)
-
-func notifyLedger(t *testing.T) string {
-	t.Helper()
-	notifyDBOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		notifyDBURL, notifyDBErr = postgrestest.Fresh(ctx, "apinotify")
-		if notifyDBErr != nil {
-			return
-		}
-		db, err := postgres.Open(ctx, notifyDBURL, nil)
-		if err != nil {
-			notifyDBErr = err
-			return
-		}
-		defer db.Close()
-		if _, err := db.Migrate(ctx); err != nil {
-			notifyDBErr = err
-			return
-		}
-		genesis, err := chain.Client.HeaderByNumber(ctx, big.NewInt(0))
-		if err != nil {
-			notifyDBErr = err
-			return
-		}
-		notifyDBErr = db.BindNetwork(ctx, facilitator.CAIP2(chain.ChainID), chain.ChainID, genesis.Hash())
-	})
-	if errors.Is(notifyDBErr, postgrestest.ErrNoDatabase) {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("webhook tests need Postgres: %v", notifyDBErr)
-		}
-		t.Skipf("webhook tests need Postgres: %v", notifyDBErr)
-	}
-	if notifyDBErr != nil {
-		t.Fatalf("setting up the database: %v", notifyDBErr)
-	}
-	return notifyDBURL
-}
+func notifyLedger(t *testing.T) string { return ledgerNamed(t, "apinotify") }
 
 // notifyStack is the HTTP API with /settle (an engine on a fresh signer), the status routes and
 // the notify routes, over the shared chain and the apinotify database.
@@ -93,64 +38,17 @@ type notifyOptions struct {
 
 func newNotifyStack(t *testing.T, o notifyOptions) *notifyStack {
 	t.Helper()
-	ctx := context.Background()
-	db, err := postgres.Open(ctx, notifyLedger(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	key, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := chain.SetBalance(ctx, crypto.PubkeyToAddress(key.PublicKey), new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	n := testNetwork(v1Name)
-	reader := &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o.deadline == 0 {
-		o.deadline = 20 * time.Second
-	}
-	s := &notifyStack{Logs: &syncBuffer{}}
-	logger := slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e, err := settle.New(settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: chain.RPC, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
-		Store:        db,
-		Verifier:     v,
-		Deadline:     o.deadline,
-		PollInterval: 50 * time.Millisecond,
-		Logger:       logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Stop)
-	st := status.New(db, []status.Network{{Network: n, Reader: reader, Head: chain.RPC, FinalityDepth: 1}}, nil)
-	cfg := notify.Config{Store: db, Status: st, StreamPoll: 50 * time.Millisecond, Logger: logger}
-	if o.notify != nil {
-		o.notify(&cfg)
-	}
-	d := notify.New(cfg)
-	t.Cleanup(d.Stop)
-	srv := api.New(api.Config{
-		Verifier:  v,
-		Settler:   e,
-		Status:    st,
-		Notify:    d,
-		Supported: facilitator.Supported([]facilitator.Network{n}, nil, nil),
-		Logger:    logger,
-	})
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close) // first: ends the streams' connections before the engine stops
-	s.URL = hs.URL
-	return s
+	st := newSettleStack(t, settleOptions{deadline: o.deadline, database: "apinotify", server: func(cfg *api.Config, s *settleStack) {
+		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client, FinalityDepth: 1}}, nil)
+		ncfg := notify.Config{Store: s.DB, Status: stat, StreamPoll: 50 * time.Millisecond, Logger: s.Logger}
+		if o.notify != nil {
+			o.notify(&ncfg)
+		}
+		d := notify.New(ncfg)
+		t.Cleanup(d.Stop)
+		cfg.Status, cfg.Notify, cfg.Limits = stat, d, nil
+	}})
+	return &notifyStack{URL: st.URL, Logs: st.Logs}
 }
 
 // errorBody checks a {"error": reason, "message": …} answer.

@@ -145,9 +145,12 @@ type oasFakes struct {
 	noSettlement bool  // the ledger has no settlement for a stream
 	keysDown     bool  // the API key store fails
 	unready      bool  // a /readyz check fails
+	limitErr     error // the read-only limit check /verify makes
 	perKey       auth.Limit
 	perClient    auth.Limit
 }
+
+func (f *oasFakes) CheckLimits(context.Context, *facilitator.Payment) error { return f.limitErr }
 
 // oasAPIKey is an API key the probes send: the key text and its stored form.
 type oasAPIKey struct {
@@ -359,7 +362,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 			}
 			return nil
 		})},
-		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d},
+		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f,
 		Logger: slog.New(slog.DiscardHandler),
 		Auth:   &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		Supported: facilitator.SupportedResponse{
@@ -469,6 +472,13 @@ func oasProbes(t *testing.T) []oasProbe {
 				Network: p.Network, Extensions: facilitator.ReplayInfo(oasPayID)}}, nil
 		}
 	}
+	limited := func(reason string) func(*oasFakes) {
+		return func(f *oasFakes) {
+			err := &facilitator.Error{Code: facilitator.ELimited, Reason: reason, Message: "a limit refuses it for now", RetryAfter: time.Minute}
+			f.limitErr = err // /verify: a valid verdict, then the limit check
+			f.settle = func(*facilitator.Payment) (settle.Outcome, error) { return settle.Outcome{}, err }
+		}
+	}
 	notFound := func(f *oasFakes) { f.found, f.noSettlement = false, true }
 	probes := []oasProbe{
 		{name: "verify valid", method: "POST", url: "/verify", body: pay, status: 200},
@@ -482,6 +492,7 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "verify v3", method: "POST", url: "/verify", body: `{"paymentPayload":{"x402Version":3},"paymentRequirements":{}}`, status: 400},
 		{name: "verify conflict", method: "POST", url: "/verify", body: pay, status: 409, setup: conflict},
 		{name: "verify unavailable", method: "POST", url: "/verify", body: pay, status: 503, setup: unavailable(facilitator.ReasonUnexpectedVerifyError)},
+		{name: "verify wallet cap", method: "POST", url: "/verify", body: pay, status: 429, setup: limited(facilitator.ReasonWalletCapExceeded)},
 		{name: "verify internal", method: "POST", url: "/verify", body: pay, status: 500, setup: internal},
 		{name: "verify panic", method: "POST", url: "/verify", body: pay, status: 500, setup: panics},
 
@@ -496,6 +507,9 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "settle malformed", method: "POST", url: "/settle", body: `{"paymentPayload": null}`, status: 400},
 		{name: "settle conflict", method: "POST", url: "/settle", body: pay, status: 409, setup: conflict},
 		{name: "settle busy", method: "POST", url: "/settle", body: pay, status: 503, setup: unavailable(facilitator.ReasonSettlerBusy)},
+		{name: "settle unfunded signers", method: "POST", url: "/settle", body: pay, status: 503, setup: unavailable(facilitator.ReasonInsufficientSignerFunds)},
+		{name: "settle wallet cap", method: "POST", url: "/settle", body: pay, status: 429, setup: limited(facilitator.ReasonWalletCapExceeded)},
+		{name: "settle gas budget", method: "POST", url: "/settle", body: pay, status: 429, setup: limited(facilitator.ReasonGasBudgetExceeded)},
 		{name: "settle internal", method: "POST", url: "/settle", body: pay, status: 500, setup: internal},
 		{name: "settle panic", method: "POST", url: "/settle", body: pay, status: 500, setup: panics},
 

@@ -42,6 +42,14 @@ type Config struct {
 	Ready map[string]ReadyChecker
 	// ReadyTimeout bounds one /readyz, all checks at once (default 2s).
 	ReadyTimeout time.Duration
+	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
+	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
+	Limits Limits
+}
+
+// Limits is the read-only limit check /verify makes.
+type Limits interface {
+	CheckLimits(ctx context.Context, p *facilitator.Payment) error
 }
 
 // Observer hears the answers to /verify and /settle. network is the payment's network when it is

@@ -36,57 +36,67 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
-// Only /settle needs a ledger: the database is made on first use, so the /verify tests run
-// without one.
+// Each database is created once per package run; tests that must not see the others'
+// settlements (webhooks hear every settlement of their database) name one of their own.
 var (
-	ledgerOnce sync.Once
-	ledgerURL  string
-	ledgerErr  error
+	ledgersMu sync.Mutex
+	ledgers   = map[string]*ledgerSetup{}
 )
 
-// ledger returns the package's migrated database with the test chain's network bound. Without
-// TEST_DATABASE_URL the test fails under CI=true and is skipped elsewhere.
-func ledger(t *testing.T) string {
+type ledgerSetup struct {
+	once sync.Once
+	url  string
+	err  error
+}
+
+// ledger returns the package's migrated database with the test chain's network bound.
+func ledger(t *testing.T) string { return ledgerNamed(t, "api") }
+
+// ledgerNamed returns the migrated database named name (created on first use) with the test
+// chain's network bound. Without TEST_DATABASE_URL the test fails under CI=true and is skipped
+// elsewhere.
+func ledgerNamed(t *testing.T, name string) string {
 	t.Helper()
-	ledgerOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		u, err := postgrestest.Fresh(ctx, "api")
-		if err != nil {
-			ledgerErr = err
-			return
-		}
-		db, err := postgres.Open(ctx, u, nil)
-		if err != nil {
-			ledgerErr = err
-			return
-		}
-		defer db.Close()
-		if _, err := db.Migrate(ctx); err != nil {
-			ledgerErr = err
-			return
-		}
-		genesis, err := chain.Client.HeaderByNumber(ctx, big.NewInt(0))
-		if err != nil {
-			ledgerErr = err
-			return
-		}
-		if err := db.BindNetwork(ctx, facilitator.CAIP2(chain.ChainID), chain.ChainID, genesis.Hash()); err != nil {
-			ledgerErr = err
-			return
-		}
-		ledgerURL = u
-	})
-	if errors.Is(ledgerErr, postgrestest.ErrNoDatabase) {
+	ledgersMu.Lock()
+	l := ledgers[name]
+	if l == nil {
+		l = &ledgerSetup{}
+		ledgers[name] = l
+	}
+	ledgersMu.Unlock()
+	l.once.Do(func() { l.url, l.err = setUpLedger(name) })
+	if errors.Is(l.err, postgrestest.ErrNoDatabase) {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("/settle tests need Postgres: %v", ledgerErr)
+			t.Fatalf("these tests need Postgres: %v", l.err)
 		}
-		t.Skipf("/settle tests need Postgres: %v", ledgerErr)
+		t.Skipf("these tests need Postgres: %v", l.err)
 	}
-	if ledgerErr != nil {
-		t.Fatalf("setting up the ledger: %v", ledgerErr)
+	if l.err != nil {
+		t.Fatalf("setting up the database %s: %v", name, l.err)
 	}
-	return ledgerURL
+	return l.url
+}
+
+func setUpLedger(name string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := postgrestest.Fresh(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	db, err := postgres.Open(ctx, u, nil)
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx); err != nil {
+		return "", err
+	}
+	genesis, err := chain.Client.HeaderByNumber(ctx, big.NewInt(0))
+	if err != nil {
+		return "", err
+	}
+	return u, db.BindNetwork(ctx, facilitator.CAIP2(chain.ChainID), chain.ChainID, genesis.Hash())
 }
 
 // settleStack is the HTTP API with a settlement engine on a fresh signer key, over the shared
@@ -97,18 +107,36 @@ type settleStack struct {
 	Logs   *syncBuffer
 	DB     *postgres.DB
 	Signer common.Address
+
+	// What a server hook may build on.
+	Network  facilitator.Network
+	Client   *rpc.Client
+	Reader   *verify.RPCReader
+	Verifier *verify.Verifier
+	Engine   *settle.Engine
+	Logger   *slog.Logger
 }
 
 type settleOptions struct {
 	deadline time.Duration
+	// database names the package database to use ("" is the shared "api" one).
+	database string
+	// server finishes the API's configuration, which already has the stack's verifier, engine,
+	// supported kinds and logger.
+	server func(*api.Config, *settleStack)
 	// store wraps the ledger the engine uses.
 	store func(*postgres.DB) settle.Store
+	// engine adjusts the engine's configuration.
+	engine func(*settle.Config)
 }
 
 func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 	t.Helper()
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, ledger(t), nil)
+	if o.database == "" {
+		o.database = "api"
+	}
+	db, err := postgres.Open(ctx, ledgerNamed(t, o.database), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,8 +155,8 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 	}
 	t.Cleanup(client.Close)
 	n := testNetwork(v1Name)
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: client, Timeout: 5 * time.Second}}})
+	reader := &verify.RPCReader{Client: client, Timeout: 5 * time.Second}
+	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,14 +168,18 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 		o.deadline = 20 * time.Second
 	}
 	logger := slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e, err := settle.New(settle.Config{
+	cfg := settle.Config{
 		Networks:     []settle.NetworkConfig{{Network: n, Chain: client, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
 		Store:        store,
 		Verifier:     v,
 		Deadline:     o.deadline,
 		PollInterval: 50 * time.Millisecond,
 		Logger:       logger,
-	})
+	}
+	if o.engine != nil {
+		o.engine(&cfg)
+	}
+	e, err := settle.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,14 +187,20 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Stop)
-	srv := api.New(api.Config{
+	s.Network, s.Client, s.Reader, s.Verifier, s.Engine, s.Logger = n, client, reader, v, e, logger
+	apiCfg := api.Config{
 		Verifier:  v,
 		Settler:   e,
 		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{s.Signer}, nil),
 		Logger:    logger,
-	})
+		Limits:    e,
+	}
+	if o.server != nil {
+		o.server(&apiCfg, s)
+	}
+	srv := api.New(apiCfg)
 	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close) // before the engine stops
+	t.Cleanup(hs.Close) // before the engine stops (and ends event streams' connections first)
 	s.URL = hs.URL
 	return s
 }

@@ -22,6 +22,9 @@ func (s *Server) verify(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.VerifyTimeout)
 	defer cancel()
 	res, err := s.cfg.Verifier.Verify(ctx, p)
+	if err == nil && res.IsValid && s.cfg.Limits != nil && !facilitator.IsReplay(res.Extensions) {
+		err = s.cfg.Limits.CheckLimits(ctx, p)
+	}
 	if err != nil {
 		return s.verifyError(c, p, err)
 	}
@@ -42,6 +45,7 @@ func readPayment(c echo.Context) (*facilitator.Payment, error) {
 	p, err := facilitator.DecodeRequest(body)
 	if err == nil {
 		p.IDScope = idScope(c) // payment ids are scoped per API key
+		p.KeyID = idScope(c)   // and the key's gas budget pays for its settlements
 	}
 	return p, err
 }

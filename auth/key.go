@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/big"
 	"slices"
 	"strings"
 	"time"
@@ -43,13 +44,16 @@ const (
 
 // Key is a stored API key. It never holds the secret, only its hash.
 type Key struct {
-	ID        string
-	Hash      [32]byte
-	Name      string
-	Scopes    []Scope
-	PayTo     []common.Address // empty: any payTo
-	CreatedAt time.Time
-	RevokedAt *time.Time
+	ID     string
+	Hash   [32]byte
+	Name   string
+	Scopes []Scope
+	PayTo  []common.Address // empty: any payTo
+	// GasBudgetWei is the key's gas budget per rolling 24 hours (worst-case gas cost of its
+	// settlements); nil: the server's default; 0: unlimited.
+	GasBudgetWei *big.Int
+	CreatedAt    time.Time
+	RevokedAt    *time.Time
 }
 
 // Has reports whether k carries scope.

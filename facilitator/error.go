@@ -3,6 +3,7 @@ package facilitator
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Code is the category of an error: it decides the HTTP status in api/, while Reason carries the
@@ -14,6 +15,9 @@ const (
 	EInvalid Code = "invalid"
 	// EConflict: the request contradicts an earlier one (409).
 	EConflict Code = "conflict"
+	// ELimited: a configured limit refuses the request for now (429); nothing was changed, and
+	// RetryAfter says when the same request may pass.
+	ELimited Code = "limited"
 	// EUnavailable: a dependency (RPC node, Postgres) failed; the outcome is unknown, retry later (503).
 	EUnavailable Code = "unavailable"
 	// EInternal: a bug or an unclassified failure (500).
@@ -27,6 +31,9 @@ type Error struct {
 	Reason  string
 	Message string
 	Err     error
+	// RetryAfter is how long the caller should wait before sending the request again; zero leaves
+	// it to the API's default for the code.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -68,6 +75,15 @@ func ErrorReason(err error, fallback string) string {
 		return e.Reason
 	}
 	return fallback
+}
+
+// ErrorRetryAfter returns how long the caller of err should wait before retrying; zero: no advice.
+func ErrorRetryAfter(err error) time.Duration {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.RetryAfter
+	}
+	return 0
 }
 
 // ErrorMessage returns the caller-safe message of err. Untyped errors never leak their text,

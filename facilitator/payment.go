@@ -34,6 +34,9 @@ type Payment struct {
 	PaymentID string
 	// IDScope scopes PaymentID: "" (global) until merchant API keys exist.
 	IDScope string
+	// KeyID is the id of the merchant API key the request came with, "" in open mode: the key's
+	// gas budget is charged for the settlement.
+	KeyID string
 }
 
 // Requirements is the resource server's requirement, typed.

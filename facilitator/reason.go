@@ -54,3 +54,16 @@ const ReasonAlreadySettled = "already_settled"
 // ReasonSettlerBusy answers a /settle refused because every signer's queue is full (HTTP 503 with
 // Retry-After). Ours, additive.
 const ReasonSettlerBusy = "settlement_capacity_exceeded"
+
+// Limits and guards (ours, additive). Each refuses a /settle before anything is signed.
+const (
+	// ReasonWalletCapExceeded: the paying wallet reached its cap of settlements (count or amount)
+	// per network and asset over the rolling window (HTTP 429 with Retry-After).
+	ReasonWalletCapExceeded = "wallet_cap_exceeded"
+	// ReasonGasBudgetExceeded: the merchant API key's gas budget for the last 24 hours would be
+	// exceeded by this settlement's worst-case gas cost (HTTP 429 with Retry-After).
+	ReasonGasBudgetExceeded = "gas_budget_exceeded"
+	// ReasonInsufficientSignerFunds: every settlement signer of the network is below its minimum
+	// native balance; the operator must fund them (HTTP 503 with Retry-After).
+	ReasonInsufficientSignerFunds = "insufficient_signer_funds"
+)

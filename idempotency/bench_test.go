@@ -20,8 +20,8 @@ import (
 func BenchmarkReplay(b *testing.B) {
 	r := newRig(b, rigOptions{quiet: true})
 	url := r.server(b) + "/settle"
-	p := newPay(b, fundedPayer(b, 1_000_000), 10_000)
-	body := p.body(b)
+	p := newPay(b, env.FundedPayer(b, 1_000_000), 10_000)
+	body := p.Body(b)
 	first := post(b, url, body)
 	if res := first.settle(b); first.Status != http.StatusOK || !res.Success {
 		b.Fatalf("first settle: %d %s", first.Status, first.Body)

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"math/big"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 // TestReplay: a payment settled under an id, sent again with the same id and request, gets the
@@ -27,27 +29,27 @@ func TestReplay(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	url := r.server(t)
 	ctx := context.Background()
-	payer := fundedPayer(t, 1_000_000)
+	payer := env.FundedPayer(t, 1_000_000)
 	p := newPay(t, payer, 250_000)
-	body := p.body(t)
+	body := p.Body(t)
 
 	out, err := r.settle(t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	res := out.Response
-	if !res.Success || res.Transaction == "" || !out.Claimed || res.Payer != p.from().Hex() || replayID(res.Extensions) != "" {
+	if !res.Success || res.Transaction == "" || !out.Claimed || res.Payer != p.From().Hex() || replayID(res.Extensions) != "" {
 		t.Fatalf("first settle: %+v (claimed %v)", res, out.Claimed)
 	}
 	tx := res.Transaction
-	rec := r.record(t, p.id)
-	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || rec.Fingerprint != decode(t, body).Fingerprint() {
+	rec := r.record(t, p.ID)
+	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || rec.Fingerprint != settletest.Decode(t, body).Fingerprint() {
 		t.Fatalf("id record %+v, want bound to settlement %d with the request's fingerprint", rec, out.SettlementID)
 	}
 	if rec.Response == nil || time.Until(rec.ResponseExpires) < 23*time.Hour {
 		t.Fatalf("stored answer %q until %s, want one kept for the 24 h window", rec.Response, rec.ResponseExpires)
 	}
-	if rec.Summary["from"] != p.from().Hex() || rec.Summary["amount"] != "250000" || rec.Summary["payTo"] != p.payTo.Hex() {
+	if rec.Summary["from"] != p.From().Hex() || rec.Summary["amount"] != "250000" || rec.Summary["payTo"] != p.PayTo.Hex() {
 		t.Fatalf("stored summary %v", rec.Summary)
 	}
 	sent := r.nonces(t)
@@ -61,11 +63,11 @@ func TestReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !again.Response.Success || again.Response.Transaction != tx || again.Response.ErrorReason != "" || again.Claimed ||
-		again.SettlementID != out.SettlementID || replayID(again.Response.Extensions) != p.id {
+		again.SettlementID != out.SettlementID || replayID(again.Response.Extensions) != p.ID {
 		t.Fatalf("replay: %+v (claimed %v, settlement %d); want success with %s marked as a replay of %s",
-			again.Response, again.Claimed, again.SettlementID, tx, p.id)
+			again.Response, again.Claimed, again.SettlementID, tx, p.ID)
 	}
-	if again.Response.Network != network().ID || again.Response.Payer != p.from().Hex() {
+	if again.Response.Network != env.Network().ID || again.Response.Payer != p.From().Hex() {
 		t.Fatalf("replay network/payer: %+v", again.Response)
 	}
 	if got := r.engine.calls.Load() - calls; got != 0 {
@@ -74,8 +76,8 @@ func TestReplay(t *testing.T) {
 
 	// The same payment spelled differently (another resource text) is the same request.
 	respelled := p
-	respelled.resource = "http://merchant.test/other?x=1"
-	if out, err := r.settle(t, respelled.body(t)); err != nil || !out.Response.Success || out.Response.Transaction != tx || !facilitator.IsReplay(out.Response.Extensions) {
+	respelled.Resource = "http://merchant.test/other?x=1"
+	if out, err := r.settle(t, respelled.Body(t)); err != nil || !out.Response.Success || out.Response.Transaction != tx || !facilitator.IsReplay(out.Response.Extensions) {
 		t.Fatalf("replay of the request spelled differently: %+v %v", out.Response, err)
 	}
 
@@ -84,10 +86,10 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !vres.IsValid || vres.InvalidReason != "" || vres.Payer != p.from().Hex() || replayID(vres.Extensions) != p.id {
+	if !vres.IsValid || vres.InvalidReason != "" || vres.Payer != p.From().Hex() || replayID(vres.Extensions) != p.ID {
 		t.Fatalf("verify of a settled id: %+v", vres)
 	}
-	plain, err := r.verifier.Verify(ctx, decode(t, body))
+	plain, err := r.verifier.Verify(ctx, settletest.Decode(t, body))
 	if err != nil || plain.IsValid || plain.InvalidReason != facilitator.ReasonNonceAlreadyUsed {
 		t.Fatalf("the plain verifier on the settled payment: %+v %v; want %s (the case the replay covers)", plain, err, facilitator.ReasonNonceAlreadyUsed)
 	}
@@ -100,28 +102,28 @@ func TestReplay(t *testing.T) {
 		}
 		raw, err := base64.StdEncoding.DecodeString(hr.Header.Get("EXTENSION-RESPONSES"))
 		var ext map[string]any
-		if err != nil || json.Unmarshal(raw, &ext) != nil || replayID(ext) != p.id {
+		if err != nil || json.Unmarshal(raw, &ext) != nil || replayID(ext) != p.ID {
 			t.Fatalf("%s EXTENSION-RESPONSES %q: %v", path, hr.Header.Get("EXTENSION-RESPONSES"), err)
 		}
 		if path == "/settle" {
-			if sr := hr.settle(t); !sr.Success || sr.Transaction != tx || replayID(sr.Extensions) != p.id {
+			if sr := hr.settle(t); !sr.Success || sr.Transaction != tx || replayID(sr.Extensions) != p.ID {
 				t.Fatalf("/settle replay body: %s", hr.Body)
 			}
-		} else if vr := hr.verify(t); !vr.IsValid || replayID(vr.Extensions) != p.id {
+		} else if vr := hr.verify(t); !vr.IsValid || replayID(vr.Extensions) != p.ID {
 			t.Fatalf("/verify replay body: %s", hr.Body)
 		}
 	}
 	if n := r.nonces(t); n != sent {
 		t.Fatalf("signer nonces %v -> %v: a replay sent something", sent, n)
 	}
-	if got := balance(t, p.payTo); got != 250_000 {
+	if got := env.Balance(t, p.PayTo); got != 250_000 {
 		t.Fatalf("payee holds %d, want 250000 once", got)
 	}
 
 	// No id: invariant 4 as before, and nothing is marked as a replay.
 	q := newPay(t, payer, 100_000)
-	q.id = ""
-	qbody := q.body(t)
+	q.ID = ""
+	qbody := q.Body(t)
 	first, err := r.settle(t, qbody)
 	if err != nil || !first.Response.Success {
 		t.Fatalf("settle without an id: %+v %v", first.Response, err)
@@ -155,36 +157,36 @@ func TestConflict(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name    string
-		edit    func(t *testing.T, first pay) pay
+		edit    func(t *testing.T, first settletest.Pay) settletest.Pay
 		differs []string
 	}{
-		{"amount", func(t *testing.T, f pay) pay {
-			f.nonce, f.value = random32(t), f.value+1
+		{"amount", func(t *testing.T, f settletest.Pay) settletest.Pay {
+			f.Nonce, f.Value = settletest.Random32(t), f.Value+1
 			return f
 		}, []string{"amount", "value"}},
-		{"payTo", func(t *testing.T, f pay) pay {
-			f.nonce, f.payTo = random32(t), newAddress(t)
+		{"payTo", func(t *testing.T, f settletest.Pay) settletest.Pay {
+			f.Nonce, f.PayTo = settletest.Random32(t), settletest.NewAddress(t)
 			return f
 		}, []string{"payTo", "to"}},
-		{"payer", func(t *testing.T, f pay) pay {
-			f.nonce, f.payer = random32(t), fundedPayer(t, 1_000_000)
+		{"payer", func(t *testing.T, f settletest.Pay) settletest.Pay {
+			f.Nonce, f.Payer = settletest.Random32(t), env.FundedPayer(t, 1_000_000)
 			return f
 		}, []string{"from"}},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			first := newPay(t, fundedPayer(t, 1_000_000), 100_000)
-			out, err := r.settle(t, first.body(t))
+			first := newPay(t, env.FundedPayer(t, 1_000_000), 100_000)
+			out, err := r.settle(t, first.Body(t))
 			if err != nil || !out.Response.Success {
 				t.Fatalf("first settle: %+v %v", out.Response, err)
 			}
 			second := tc.edit(t, first)
-			body := second.body(t)
-			if v, err := r.verifier.Verify(ctx, decode(t, body)); err != nil || !v.IsValid {
+			body := second.Body(t)
+			if v, err := r.verifier.Verify(ctx, settletest.Decode(t, body)); err != nil || !v.IsValid {
 				t.Fatalf("the second payment is not valid on its own: %+v %v", v, err)
 			}
 			before := r.nonces(t)
-			payerBefore, payeeBefore := balance(t, second.from()), balance(t, second.payTo)
+			payerBefore, payeeBefore := env.Balance(t, second.From()), env.Balance(t, second.PayTo)
 
 			_, err = r.settle(t, body)
 			checkConflict(t, "settle", err, tc.differs)
@@ -197,7 +199,7 @@ func TestConflict(t *testing.T) {
 				}
 				if path == "/settle" {
 					sr := hr.settle(t)
-					if sr.Success || sr.ErrorReason != facilitator.ReasonPaymentIdentifierConflict || sr.Transaction != "" || sr.Network != network().ID {
+					if sr.Success || sr.ErrorReason != facilitator.ReasonPaymentIdentifierConflict || sr.Transaction != "" || sr.Network != env.Network().ID {
 						t.Fatalf("/settle conflict body: %s", hr.Body)
 					}
 				} else if vr := hr.verify(t); vr.IsValid || vr.InvalidReason != facilitator.ReasonPaymentIdentifierConflict {
@@ -208,13 +210,13 @@ func TestConflict(t *testing.T) {
 			if n := r.nonces(t); n != before {
 				t.Fatalf("signer nonces %v -> %v: the conflicting payment was sent", before, n)
 			}
-			if got := balance(t, second.payTo); got != payeeBefore {
+			if got := env.Balance(t, second.PayTo); got != payeeBefore {
 				t.Fatalf("the second payee went from %d to %d", payeeBefore, got)
 			}
-			if got := balance(t, second.from()); got != payerBefore {
+			if got := env.Balance(t, second.From()); got != payerBefore {
 				t.Fatalf("the second payer went from %d to %d", payerBefore, got)
 			}
-			if _, err := r.db.SettlementByKey(ctx, second.key()); !errors.Is(err, facilitator.ErrNotFound) {
+			if _, err := r.db.SettlementByKey(ctx, second.Key()); !errors.Is(err, facilitator.ErrNotFound) {
 				t.Fatalf("the conflicting authorization has a ledger row: %v", err)
 			}
 			if conflicts, _ := r.svc.Counts(); conflicts != int64(4*(i+1)) {
@@ -222,13 +224,13 @@ func TestConflict(t *testing.T) {
 			}
 
 			// The id is still bound to the first payment, whose retry replays...
-			if again, err := r.settle(t, first.body(t)); err != nil || !again.Response.Success ||
+			if again, err := r.settle(t, first.Body(t)); err != nil || !again.Response.Success ||
 				again.Response.Transaction != out.Response.Transaction || !facilitator.IsReplay(again.Response.Extensions) {
 				t.Fatalf("the first payment's retry after the conflict: %+v %v", again.Response, err)
 			}
 			// ... and the second authorization is untouched: under an id of its own it settles.
-			second.id = newID(t)
-			if o, err := r.settle(t, second.body(t)); err != nil || !o.Response.Success {
+			second.ID = settletest.RandomID(t)
+			if o, err := r.settle(t, second.Body(t)); err != nil || !o.Response.Success {
 				t.Fatalf("the second payment under its own id: %+v %v", o.Response, err)
 			}
 		})
@@ -275,12 +277,12 @@ func TestConcurrentConflict(t *testing.T) {
 	const rounds = 8
 	raced := 0
 	for round := range rounds {
-		id := newID(t)
-		a := newPay(t, fundedPayer(t, 1_000_000), 100_000)
-		b := newPay(t, fundedPayer(t, 1_000_000), 200_000)
-		a.id, b.id = id, id
-		pays := []pay{a, b}
-		bodies := [][]byte{a.body(t), b.body(t)}
+		id := settletest.RandomID(t)
+		a := newPay(t, env.FundedPayer(t, 1_000_000), 100_000)
+		b := newPay(t, env.FundedPayer(t, 1_000_000), 200_000)
+		a.ID, b.ID = id, id
+		pays := []settletest.Pay{a, b}
+		bodies := [][]byte{a.Body(t), b.Body(t)}
 		before := r.nonces(t)
 		calls := r.engine.calls.Load()
 
@@ -292,7 +294,7 @@ func TestConcurrentConflict(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				p := decode(t, bodies[i])
+				p := settletest.Decode(t, bodies[i])
 				<-start
 				outs[i], errs[i] = r.svc.Settle(ctx, p)
 			}()
@@ -321,16 +323,16 @@ func TestConcurrentConflict(t *testing.T) {
 		if n := r.nonces(t); n[1] != before[1]+1 {
 			t.Fatalf("round %d: signer nonces %v -> %v, want exactly one transaction", round, before, n)
 		}
-		if got := balance(t, pays[won].payTo); got != pays[won].value {
+		if got := env.Balance(t, pays[won].PayTo); got != pays[won].Value {
 			t.Fatalf("round %d: the winner's payee holds %d", round, got)
 		}
-		if got := balance(t, pays[lost].payTo); got != 0 {
+		if got := env.Balance(t, pays[lost].PayTo); got != 0 {
 			t.Fatalf("round %d: the conflicting payee holds %d", round, got)
 		}
-		if _, err := r.db.SettlementByKey(ctx, pays[lost].key()); !errors.Is(err, facilitator.ErrNotFound) {
+		if _, err := r.db.SettlementByKey(ctx, pays[lost].Key()); !errors.Is(err, facilitator.ErrNotFound) {
 			t.Fatalf("round %d: the conflicting authorization has a ledger row: %v", round, err)
 		}
-		if rec := r.record(t, id); rec.Settlement.ID != outs[won].SettlementID || rec.Fingerprint != decode(t, bodies[won]).Fingerprint() {
+		if rec := r.record(t, id); rec.Settlement.ID != outs[won].SettlementID || rec.Fingerprint != settletest.Decode(t, bodies[won]).Fingerprint() {
 			t.Fatalf("round %d: the id is bound to settlement %d, the winner's is %d", round, rec.Settlement.ID, outs[won].SettlementID)
 		}
 	}
@@ -344,8 +346,8 @@ func TestConcurrentConflict(t *testing.T) {
 func TestConcurrentSameID(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	ctx := context.Background()
-	p := newPay(t, fundedPayer(t, 1_000_000), 300_000)
-	body := p.body(t)
+	p := newPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+	body := p.Body(t)
 	const n = 8
 	outs := make([]settle.Outcome, n)
 	errs := make([]error, n)
@@ -355,7 +357,7 @@ func TestConcurrentSameID(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			q := decode(t, body)
+			q := settletest.Decode(t, body)
 			<-start
 			outs[i], errs[i] = r.svc.Settle(ctx, q)
 		}()
@@ -386,7 +388,7 @@ func TestConcurrentSameID(t *testing.T) {
 			plain++
 		}
 	}
-	if got := balance(t, p.payTo); got != 300_000 {
+	if got := env.Balance(t, p.PayTo); got != 300_000 {
 		t.Fatalf("payee holds %d, want 300000 once", got)
 	}
 	if nonces := r.nonces(t); nonces != [2]uint64{1, 1} {
@@ -402,10 +404,10 @@ func TestConcurrentSameID(t *testing.T) {
 // waits out the deadline and answers payment_in_flight with the same hash (Retry-After over
 // HTTP), marked as a replay, and nothing is sent twice; once mined, the retry gets the success.
 func TestInFlight(t *testing.T) {
-	p := newPay(t, fundedPayer(t, 1_000_000), 400_000) // minted while anvil still mines
-	body := p.body(t)
+	p := newPay(t, env.FundedPayer(t, 1_000_000), 400_000) // minted while anvil still mines
+	body := p.Body(t)
 	const deadline = time.Second
-	devchaintest.ManualMining(t, chain)
+	devchaintest.ManualMining(t, env.Chain)
 	r := newRig(t, rigOptions{deadline: deadline})
 	url := r.server(t)
 
@@ -421,7 +423,7 @@ func TestInFlight(t *testing.T) {
 		t.Fatalf("first answer after %v, want about the %v deadline", took, deadline)
 	}
 	hash := first.Response.Transaction
-	rec := r.record(t, p.id)
+	rec := r.record(t, p.ID)
 	if !rec.Settlement.State.Open() || rec.Settlement.ID != first.SettlementID || rec.Response != nil {
 		t.Fatalf("id record while pending: state %s settlement %d response %q; want open, %d, none stored",
 			rec.Settlement.State, rec.Settlement.ID, rec.Response, first.SettlementID)
@@ -434,7 +436,7 @@ func TestInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := second.Response
-	if res.Success || res.ErrorReason != facilitator.ReasonPaymentInFlight || res.Transaction != hash || replayID(res.Extensions) != p.id || second.Claimed {
+	if res.Success || res.ErrorReason != facilitator.ReasonPaymentInFlight || res.Transaction != hash || replayID(res.Extensions) != p.ID || second.Claimed {
 		t.Fatalf("retry while in flight: %+v; want payment_in_flight with %s, a replay", res, hash)
 	}
 	if took < deadline-100*time.Millisecond || took > deadline+2*time.Second {
@@ -454,23 +456,23 @@ func TestInFlight(t *testing.T) {
 	if v, err := r.verify(t, body); err != nil || !v.IsValid || !facilitator.IsReplay(v.Extensions) {
 		t.Fatalf("verify while in flight: %+v %v", v, err)
 	}
-	if rec := r.record(t, p.id); rec.Response != nil {
+	if rec := r.record(t, p.ID); rec.Response != nil {
 		t.Fatalf("an in-flight answer was stored: %s", rec.Response)
 	}
 	if n := r.nonces(t); n != [2]uint64{0, 1} {
 		t.Fatalf("signer nonces %v while pending, want [0 1]", n)
 	}
 
-	mine(t)
+	env.Mine(t)
 
 	third, err := r.settle(t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !third.Response.Success || third.Response.Transaction != hash || replayID(third.Response.Extensions) != p.id || !third.Claimed {
+	if !third.Response.Success || third.Response.Transaction != hash || replayID(third.Response.Extensions) != p.ID || !third.Claimed {
 		t.Fatalf("retry after the block: %+v (claimed %v); want the success with %s, replayed", third.Response, third.Claimed, hash)
 	}
-	if rec := r.record(t, p.id); rec.Response == nil || !rec.Settlement.State.Succeeded() {
+	if rec := r.record(t, p.ID); rec.Response == nil || !rec.Settlement.State.Succeeded() {
 		t.Fatalf("after the success: stored %q, state %s", rec.Response, rec.Settlement.State)
 	}
 	hr = post(t, url+"/settle", body)
@@ -481,7 +483,7 @@ func TestInFlight(t *testing.T) {
 	if n := r.nonces(t); n != [2]uint64{1, 1} {
 		t.Fatalf("signer nonces %v, want exactly one transaction", n)
 	}
-	if got := balance(t, p.payTo); got != 400_000 {
+	if got := env.Balance(t, p.PayTo); got != 400_000 {
 		t.Fatalf("payee holds %d, want 400000 once", got)
 	}
 }
@@ -490,10 +492,10 @@ func TestInFlight(t *testing.T) {
 // comes within the deadline, waits and gets the success too (a replay); the first request, whose
 // id it is, gets the success as well, whichever of the two claimed it; one transaction.
 func TestInFlightWaits(t *testing.T) {
-	p := newPay(t, fundedPayer(t, 1_000_000), 500_000)
-	body := p.body(t)
+	p := newPay(t, env.FundedPayer(t, 1_000_000), 500_000)
+	body := p.Body(t)
 	const deadline = 10 * time.Second
-	devchaintest.ManualMining(t, chain)
+	devchaintest.ManualMining(t, env.Chain)
 	r := newRig(t, rigOptions{deadline: deadline})
 
 	type answer struct {
@@ -505,7 +507,7 @@ func TestInFlightWaits(t *testing.T) {
 		ch := make(chan answer, 1)
 		go func() {
 			start := time.Now()
-			out, err := r.svc.Settle(context.Background(), decode(t, body))
+			out, err := r.svc.Settle(context.Background(), settletest.Decode(t, body))
 			ch <- answer{out, err, time.Since(start)}
 		}()
 		return ch
@@ -513,18 +515,18 @@ func TestInFlightWaits(t *testing.T) {
 	firstCh := call()
 	// The id is bound once the settlement is written, before the broadcast.
 	for range 200 {
-		if _, err := r.db.PaymentID(context.Background(), "", p.id); err == nil {
+		if _, err := r.db.PaymentID(context.Background(), "", p.ID); err == nil {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r.record(t, p.id)
+	r.record(t, p.ID)
 	secondCh := call()
 	time.Sleep(300 * time.Millisecond)
 	if n := r.nonces(t); n != [2]uint64{0, 1} {
 		t.Fatalf("signer nonces %v with two requests waiting, want [0 1]", n)
 	}
-	mine(t)
+	env.Mine(t)
 	first, second := <-firstCh, <-secondCh
 	if first.err != nil || second.err != nil {
 		t.Fatalf("errors: %v / %v", first.err, second.err)
@@ -533,7 +535,7 @@ func TestInFlightWaits(t *testing.T) {
 	if !first.out.Response.Success || hash == "" {
 		t.Fatalf("first request (waited %v): %+v; want the success", first.took, first.out.Response)
 	}
-	if !second.out.Response.Success || second.out.Response.Transaction != hash || replayID(second.out.Response.Extensions) != p.id {
+	if !second.out.Response.Success || second.out.Response.Transaction != hash || replayID(second.out.Response.Extensions) != p.ID {
 		t.Fatalf("second (waited %v): %+v; want the success with %s as a replay", second.took, second.out.Response, hash)
 	}
 	if first.took > deadline/2 || second.took > deadline/2 {
@@ -542,7 +544,7 @@ func TestInFlightWaits(t *testing.T) {
 	if n := r.nonces(t); n != [2]uint64{1, 1} {
 		t.Fatalf("signer nonces %v, want exactly one transaction", n)
 	}
-	if got := balance(t, p.payTo); got != 500_000 {
+	if got := env.Balance(t, p.PayTo); got != 500_000 {
 		t.Fatalf("payee holds %d, want 500000 once", got)
 	}
 }
@@ -555,9 +557,9 @@ func TestRetention(t *testing.T) {
 	const window, margin = time.Minute, 2 * time.Minute
 	r := newRig(t, rigOptions{window: window, margin: margin})
 	ctx := context.Background()
-	p := newPay(t, fundedPayer(t, 1_000_000), 600_000)
-	p.validBefore = time.Now().Unix() + 120 // the stored answer's floor: validBefore + margin, past the window
-	body := p.body(t)
+	p := newPay(t, env.FundedPayer(t, 1_000_000), 600_000)
+	p.ValidBefore = big.NewInt(time.Now().Unix() + 120) // the stored answer's floor: validBefore + margin, past the window
+	body := p.Body(t)
 
 	t0 := r.clock.Now()
 	out, err := r.settle(t, body)
@@ -565,8 +567,8 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("settle: %+v %v", out.Response, err)
 	}
 	tx := out.Response.Transaction
-	rec := r.record(t, p.id)
-	floor := time.Unix(p.validBefore, 0).Add(margin)
+	rec := r.record(t, p.ID)
+	floor := time.Unix(p.ValidBefore.Int64(), 0).Add(margin)
 	if rec.Response == nil || rec.ResponseExpires.Sub(floor).Abs() > time.Second {
 		t.Fatalf("stored answer %q until %s; want one kept until validBefore+margin %s (past T0+window %s)",
 			rec.Response, rec.ResponseExpires, floor, t0.Add(window))
@@ -580,7 +582,7 @@ func TestRetention(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		res := out.Response
-		if !res.Success || res.Transaction != tx || res.ErrorReason != "" || replayID(res.Extensions) != p.id {
+		if !res.Success || res.Transaction != tx || res.ErrorReason != "" || replayID(res.Extensions) != p.ID {
 			t.Fatalf("%s: %+v; want the success with %s, replayed", what, res, tx)
 		}
 		if called := r.engine.calls.Load() != calls; called == fromStore {
@@ -601,7 +603,7 @@ func TestRetention(t *testing.T) {
 	}
 	replay("past the expiry, before compaction", false)
 	// The rebuilt answer is stored again, for a new window from now.
-	rec = r.record(t, p.id)
+	rec = r.record(t, p.ID)
 	if rec.Response == nil || rec.ResponseExpires.Sub(r.clock.Now().Add(window)).Abs() > 5*time.Second {
 		t.Fatalf("after the rebuilt answer: stored %q until %s, want until now+window %s", rec.Response, rec.ResponseExpires, r.clock.Now().Add(window))
 	}
@@ -612,12 +614,12 @@ func TestRetention(t *testing.T) {
 	if err != nil || n < 1 {
 		t.Fatalf("Compact: %d %v, want at least 1", n, err)
 	}
-	rec = r.record(t, p.id)
+	rec = r.record(t, p.ID)
 	if rec.Response != nil {
 		t.Fatalf("stored answer %q survived compaction", rec.Response)
 	}
 	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || !rec.Settlement.State.Succeeded() || rec.Settlement.TxHash.Hex() != tx ||
-		rec.Fingerprint != decode(t, body).Fingerprint() {
+		rec.Fingerprint != settletest.Decode(t, body).Fingerprint() {
 		t.Fatalf("link after compaction: %+v; want settlement %d mined with %s", rec.Settlement, out.SettlementID, tx)
 	}
 	if n, err := r.svc.Compact(ctx); err != nil || n != 0 {
@@ -626,19 +628,19 @@ func TestRetention(t *testing.T) {
 
 	// A retry now: the outcome from the compact link, rebuilt from the ledger.
 	replay("after compaction", false)
-	if v, err := r.verify(t, body); err != nil || !v.IsValid || replayID(v.Extensions) != p.id {
+	if v, err := r.verify(t, body); err != nil || !v.IsValid || replayID(v.Extensions) != p.ID {
 		t.Fatalf("verify after compaction: %+v %v", v, err)
 	}
 	// A different payment under the compacted id is still a conflict.
-	other := newPay(t, fundedPayer(t, 1_000_000), 1)
-	other.id = p.id
-	_, err = r.settle(t, other.body(t))
+	other := newPay(t, env.FundedPayer(t, 1_000_000), 1)
+	other.ID = p.ID
+	_, err = r.settle(t, other.Body(t))
 	checkConflict(t, "after compaction", err, []string{"amount", "from"})
 
 	if n := r.nonces(t); n != [2]uint64{1, 1} {
 		t.Fatalf("signer nonces %v, want exactly one transaction", n)
 	}
-	if got := balance(t, p.payTo); got != 600_000 {
+	if got := env.Balance(t, p.PayTo); got != 600_000 {
 		t.Fatalf("payee holds %d, want 600000 once", got)
 	}
 }
@@ -653,25 +655,25 @@ func TestInvalidLeavesIDFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPay(t, payer, 70_000)
-	body := p.body(t)
+	body := p.Body(t)
 	out, err := r.settle(t, body)
 	if err != nil || out.Response.Success || out.Response.ErrorReason != facilitator.ReasonInsufficientBalance {
 		t.Fatalf("unfunded: %+v %v", out.Response, err)
 	}
-	if _, err := r.db.PaymentID(ctx, "", p.id); !errors.Is(err, facilitator.ErrNotFound) {
+	if _, err := r.db.PaymentID(ctx, "", p.ID); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("a rejected payment bound its id: %v", err)
 	}
 	if v, err := r.verify(t, body); err != nil || v.IsValid || v.InvalidReason != facilitator.ReasonInsufficientBalance || v.Extensions != nil {
 		t.Fatalf("verify unfunded: %+v %v", v, err)
 	}
-	if err := chain.USDC.Mint(ctx, p.from(), p.valueBig()); err != nil {
+	if err := env.Chain.USDC.Mint(ctx, p.From(), big.NewInt(p.Value)); err != nil {
 		t.Fatal(err)
 	}
 	out, err = r.settle(t, body)
 	if err != nil || !out.Response.Success || facilitator.IsReplay(out.Response.Extensions) {
 		t.Fatalf("after funding: %+v %v", out.Response, err)
 	}
-	if rec := r.record(t, p.id); rec.Settlement.ID != out.SettlementID {
+	if rec := r.record(t, p.ID); rec.Settlement.ID != out.SettlementID {
 		t.Fatalf("id bound to %d, want %d", rec.Settlement.ID, out.SettlementID)
 	}
 }

@@ -1,10 +1,8 @@
 package interop
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,17 +10,15 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/loadgen"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -45,12 +41,14 @@ func run(m *testing.M, c *devchain.Chain) (int, error) {
 	defer cancel()
 	chain = c
 
-	official, err := startOfficial(ctx, c)
+	// The official facilitator signs with dev account #0.
+	official, err := loadgen.StartOfficial(ctx, loadgen.Official{Script: "js/official-facilitator.mjs",
+		Key: c.Accounts[0].Key, Stderr: os.Stderr}, c.RPCURL, diffChainID)
 	if err != nil {
 		return 0, err
 	}
-	defer official.stop()
-	officialURL = official.url
+	defer official.Stop()
+	officialURL = official.URL
 
 	n := facilitator.Network{ID: facilitator.CAIP2(diffChainID), ChainID: diffChainID, V1Name: "base-sepolia",
 		Tokens: []facilitator.Token{{Address: c.USDC.Address, Name: c.USDC.Name, Version: c.USDC.Version}}}
@@ -66,52 +64,11 @@ func run(m *testing.M, c *devchain.Chain) (int, error) {
 	return m.Run(), nil
 }
 
+// process is a child node script that serves HTTP.
 type process struct {
 	cmd  *exec.Cmd
 	url  string
 	done chan struct{}
-}
-
-// startOfficial runs the official facilitator with dev account #0 as its signer and waits for
-// the one line it prints once listening.
-func startOfficial(ctx context.Context, c *devchain.Chain) (*process, error) {
-	cmd := exec.Command("node", "js/official-facilitator.mjs", "--rpc", c.RPCURL, "--chain-id", fmt.Sprint(diffChainID), "--port", "0")
-	cmd.Env = append(os.Environ(), "FACILITATOR_KEY=0x"+hex.EncodeToString(crypto.FromECDSA(c.Accounts[0].Key)))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting the official facilitator: %w", err)
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			default:
-			}
-		}
-	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	select {
-	case line := <-lines:
-		url, ok := strings.CutPrefix(line, "listening ")
-		if !ok {
-			p.stop()
-			return nil, fmt.Errorf("official facilitator said %q", line)
-		}
-		p.url = url
-		return p, nil
-	case <-p.done:
-		return nil, fmt.Errorf("official facilitator exited before listening")
-	case <-ctx.Done():
-		p.stop()
-		return nil, fmt.Errorf("official facilitator did not start: %w", ctx.Err())
-	}
 }
 
 func (p *process) stop() {

@@ -1,7 +1,6 @@
 package interop
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
@@ -9,10 +8,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"math/big"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -26,11 +23,6 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
-	"github.com/x402-facilitator/x402-facilitator/idempotency"
-	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // lostPrice is what the merchant charges for GET /paid, in USDC atomic units.
@@ -169,95 +161,17 @@ func TestLostResponseRecovered(t *testing.T) {
 	}
 }
 
-// lostFacilitator is our whole facilitator (verify, settle, payment ids, the HTTP API), wired as
-// cmd/facilitator's Main.Run wires it, over the package's chain and a database of its own.
+// lostFacilitator is the merchant tests' stack with a record of which answers were replays.
 type lostFacilitator struct {
-	url    string
-	db     *postgres.DB
-	dbURL  string
-	signer common.Address
-	ids    *idempotency.Service
-	calls  *lostCalls
+	*stack
+	calls *lostCalls
 }
 
 func startLostFacilitator(t *testing.T, ctx context.Context) *lostFacilitator {
 	t.Helper()
-	dbURL, err := postgrestest.Fresh(ctx, "interop_lost")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("this test needs TEST_DATABASE_URL: %v", err)
-		}
-		t.Skipf("needs TEST_DATABASE_URL; run 'make test': %v", err)
-	}
-	logs := &lostBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("facilitator log:\n%s", logs.String())
-		}
-	})
-
-	db, err := postgres.Open(ctx, dbURL, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n := facilitator.Network{ID: facilitator.CAIP2(diffChainID), ChainID: diffChainID, V1Name: "base-sepolia",
-		Tokens: []facilitator.Token{{Address: chain.USDC.Address, Name: chain.USDC.Name, Version: chain.USDC.Version}}}
-	genesis, err := chain.Client.HeaderByNumber(ctx, big.NewInt(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.BindNetwork(ctx, n.ID, n.ChainID, genesis.Hash()); err != nil {
-		t.Fatal(err)
-	}
-
-	verifier, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}},
-		Logger:  log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A fresh signer with gas money, so its nonce counts exactly the transactions of this test.
-	signerKey, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer := crypto.PubkeyToAddress(signerKey.PublicKey)
-	if err := chain.SetBalance(ctx, signer, new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	engine, err := settle.New(settle.Config{
-		Networks: []settle.NetworkConfig{{Network: n, Chain: chain.RPC, Signers: []*ecdsa.PrivateKey{signerKey},
-			FinalityDepth: 1}},
-		Store:        db,
-		Verifier:     verifier,
-		Deadline:     30 * time.Second,
-		PollInterval: 100 * time.Millisecond,
-		RPCTimeout:   5 * time.Second,
-		Logger:       log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := engine.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(engine.Stop)
-	ids := idempotency.New(idempotency.Config{Store: db, Settler: engine, Verifier: verifier, Logger: log})
-	srv := api.New(api.Config{
-		Verifier:  ids,
-		Settler:   ids,
-		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{signer}, []string{facilitator.PaymentIdentifierKey}),
-		Logger:    log,
-	})
 	calls := &lostCalls{}
-	hs := httptest.NewServer(calls.wrap(srv.Handler()))
-	t.Cleanup(hs.Close) // runs before engine.Stop and db.Close
-	return &lostFacilitator{url: hs.URL, db: db, dbURL: dbURL, signer: signer, ids: ids, calls: calls}
+	s := startStack(t, ctx, stackOptions{db: "interop_lost", settleDeadline: 30 * time.Second, around: calls.wrap})
+	return &lostFacilitator{stack: s, calls: calls}
 }
 
 // settlementsOf lists the ledger's settlement ids for payer.
@@ -339,49 +253,13 @@ func (r *lostRecorder) Write(p []byte) (int, error) {
 func (r *lostRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // startLostMerchant runs js/merchant.mjs with the drop on, and waits for its listening line.
-func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*process, *lostBuffer) {
+func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*nodeServer, *lostBuffer) {
 	t.Helper()
-	cmd := exec.Command("node", "js/merchant.mjs", "--facilitator", facilitatorURL, "--chain-id", fmt.Sprint(diffChainID),
+	m := startNode(t, "js/merchant.mjs", []string{"--facilitator", facilitatorURL, "--chain-id", fmt.Sprint(diffChainID),
 		"--asset", chain.USDC.Address.Hex(), "--pay-to", payTo.Hex(), "--amount", fmt.Sprint(lostPrice),
-		"--token-name", chain.USDC.Name, "--token-version", chain.USDC.Version, "--port", "0")
-	cmd.Env = append(os.Environ(), "DROP_FIRST_PAID=1")
-	stderr := &lostBuffer{}
-	cmd.Stderr = stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the merchant: %v", err)
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			default:
-			}
-		}
-	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	select {
-	case line := <-lines:
-		url, ok := strings.CutPrefix(line, "listening ")
-		if !ok {
-			p.stop()
-			t.Fatalf("the merchant said %q; stderr:\n%s", line, stderr.String())
-		}
-		p.url = url
-		return p, stderr
-	case <-p.done:
-		t.Fatalf("the merchant exited before listening:\n%s", stderr.String())
-	case <-ctx.Done():
-		p.stop()
-		t.Fatalf("the merchant did not start: %v\n%s", ctx.Err(), stderr.String())
-	}
-	return nil, nil
+		"--token-name", chain.USDC.Name, "--token-version", chain.USDC.Version, "--port", "0"}, "DROP_FIRST_PAID=1")
+	m.listening(t, ctx)
+	return m, m.stderr
 }
 
 // lostAgentResult is js/agent.mjs's summary line.

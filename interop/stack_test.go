@@ -45,13 +45,14 @@ type stackOptions struct {
 }
 
 // stack is our whole facilitator (verify, settle, payment ids, the HTTP API) wired as
-// startLostFacilitator wires it (cmd/facilitator's way), over the package's chain and a database
+// cmd/facilitator's Main.Run wires it, over the package's chain and a database
 // of its own, behind a log of every request and answer.
 type stack struct {
 	url      string
 	dbURL    string
 	db       *postgres.DB
 	signer   common.Address
+	ids      *idempotency.Service
 	networks []facilitator.Network
 	log      *callLog
 }
@@ -135,7 +136,7 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	calls := &callLog{}
 	hs := httptest.NewServer(calls.wrap(h))
 	t.Cleanup(hs.Close) // runs before engine.Stop and db.Close
-	return &stack{url: hs.URL, dbURL: dbURL, db: db, signer: signer, networks: []facilitator.Network{n}, log: calls}
+	return &stack{url: hs.URL, dbURL: dbURL, db: db, signer: signer, ids: ids, networks: []facilitator.Network{n}, log: calls}
 }
 
 // sent is how many transactions the stack's signer has sent (its pending nonce).

@@ -216,16 +216,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func runReference(ctx context.Context, cfg Config, n *node, tok token, pool []*payment, rep *Report, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	proc, err := startOfficial(startCtx, *cfg.Official, cfg.RPCURL, tok.ChainID)
+	proc, err := StartOfficial(startCtx, *cfg.Official, cfg.RPCURL, tok.ChainID)
 	if err != nil {
 		return err
 	}
-	defer proc.stop()
-	mem := startSampler(ctx, proc.pid(), 100*time.Millisecond)
+	defer proc.Stop()
+	mem := startSampler(ctx, proc.Pid(), 100*time.Millisecond)
 	hc := &http.Client{Timeout: 4 * time.Minute, Transport: &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512}}
 	defer hc.CloseIdleConnections()
-	ref := &poster{base: proc.url, hc: hc}
-	rep.Ref = Side{Name: "official", URL: proc.url, Signers: 1}
+	ref := &poster{base: proc.URL, hc: hc}
+	rep.Ref = Side{Name: "official", URL: proc.URL, Signers: 1}
 
 	log.Info("verify load", "side", "official", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
 	v := runVerify(ctx, ref, pool, cfg.VerifyConcurrency, cfg.VerifyDuration)

@@ -30,22 +30,25 @@ type Official struct {
 	Stderr io.Writer
 }
 
-// officialProc is a running official facilitator.
-type officialProc struct {
+// Process is a running official facilitator.
+type Process struct {
 	cmd  *exec.Cmd
-	url  string
+	URL  string
 	done chan struct{}
 }
 
-// startOfficial runs the official facilitator against rpcURL and waits (bounded by ctx) for the
+// StartOfficial runs the official facilitator against rpcURL and waits (bounded by ctx) for the
 // one line it prints once listening.
-func startOfficial(ctx context.Context, o Official, rpcURL string, chainID uint64) (*officialProc, error) {
+func StartOfficial(ctx context.Context, o Official, rpcURL string, chainID uint64) (*Process, error) {
 	bin := o.Node
 	if bin == "" {
 		bin = "node"
 	}
-	cmd := exec.Command(bin, o.Script, "--rpc", rpcURL, "--chain-id", strconv.FormatUint(chainID, 10), "--port", "0",
-		"--polling-interval-ms", strconv.FormatInt(o.Poll.Milliseconds(), 10))
+	args := []string{o.Script, "--rpc", rpcURL, "--chain-id", strconv.FormatUint(chainID, 10), "--port", "0"}
+	if o.Poll > 0 {
+		args = append(args, "--polling-interval-ms", strconv.FormatInt(o.Poll.Milliseconds(), 10))
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "FACILITATOR_KEY=0x"+hex.EncodeToString(crypto.FromECDSA(o.Key)))
 	cmd.Stderr = o.Stderr
 	// If we die without stopping it, the kernel does: no orphan keeps sending from its key.
@@ -57,7 +60,7 @@ func startOfficial(ctx context.Context, o Official, rpcURL string, chainID uint6
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the official facilitator: %w", err)
 	}
-	p := &officialProc{cmd: cmd, done: make(chan struct{})}
+	p := &Process{cmd: cmd, done: make(chan struct{})}
 	lines := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -73,23 +76,24 @@ func startOfficial(ctx context.Context, o Official, rpcURL string, chainID uint6
 	case line := <-lines:
 		url, ok := strings.CutPrefix(line, "listening ")
 		if !ok {
-			p.stop()
+			p.Stop()
 			return nil, fmt.Errorf("official facilitator said %q", line)
 		}
-		p.url = url
+		p.URL = url
 		return p, nil
 	case <-p.done:
 		return nil, fmt.Errorf("official facilitator (%s %s) exited before listening; is node_modules installed (scripts/npm.sh)?", bin, o.Script)
 	case <-ctx.Done():
-		p.stop()
+		p.Stop()
 		return nil, fmt.Errorf("official facilitator did not start: %w", ctx.Err())
 	}
 }
 
-func (p *officialProc) pid() int { return p.cmd.Process.Pid }
+// Pid is the process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
-// stop asks it to exit (it gives in-flight settles 2 s) and kills it if it does not.
-func (p *officialProc) stop() {
+// Stop asks it to exit (it gives in-flight settles 2 s) and kills it if it does not.
+func (p *Process) Stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:

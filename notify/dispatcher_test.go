@@ -18,6 +18,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 var settlementTypes = []string{"settlement.broadcast", "settlement.mined", "settlement.final"}
@@ -34,7 +35,7 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	if len(w.Secret) != 64 {
 		t.Fatalf("secret %q, want 32 bytes of hex", w.Secret)
 	}
-	p := newPayment(t, newAddress(t))
+	p := newPayment(t, settletest.NewAddress(t))
 	out := r.settle(t, p)
 
 	msgs := rec.await(t, out.SettlementID, settlementTypes...)
@@ -82,8 +83,8 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	}
 	mined := msgs["settlement.mined"]
 	st := mined.Data
-	if st.State != facilitator.StatusSettled || st.Transaction != out.Response.Transaction || st.To != p.payTo.Hex() ||
-		st.SettledBy != "facilitator" || st.Value != "1000000" || st.Network != network().ID {
+	if st.State != facilitator.StatusSettled || st.Transaction != out.Response.Transaction || st.To != p.PayTo.Hex() ||
+		st.SettledBy != "facilitator" || st.Value != "1000000" || st.Network != env.Network().ID {
 		t.Errorf("mined event data %+v, want the settled status of %s", st, out.Response.Transaction)
 	}
 	if time.Since(mined.CreatedAt) > time.Minute || mined.CreatedAt.After(time.Now()) {
@@ -121,10 +122,10 @@ func TestWebhookPayToFilter(t *testing.T) {
 	r := newRig(t)
 	d := r.dispatcher(t, r.db, nil)
 	ctx := context.Background()
-	payTo := newAddress(t)
+	payTo := settletest.NewAddress(t)
 	mine, other, off := newReceiver(t, 0), newReceiver(t, 0), newReceiver(t, 0)
-	wMine := register(t, d, mine, newAddress(t), payTo)
-	wOther := register(t, d, other, newAddress(t))
+	wMine := register(t, d, mine, settletest.NewAddress(t), payTo)
+	wOther := register(t, d, other, settletest.NewAddress(t))
 	wOff := register(t, d, off, payTo)
 	if err := d.DisableWebhook(ctx, wOff.ID); err != nil {
 		t.Fatal(err)
@@ -135,7 +136,7 @@ func TestWebhookPayToFilter(t *testing.T) {
 
 	// The statement that owed the first webhook the final event moved the second one's cursor past
 	// it too: nothing more can come to the second webhook for this settlement.
-	conn, err := pgx.Connect(ctx, dbURL)
+	conn, err := pgx.Connect(ctx, env.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,18 +189,18 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 	r := newRig(t)
 	d := r.dispatcher(t, r.db, nil)
 	ctx := context.Background()
-	payTo := newAddress(t)
+	payTo := settletest.NewAddress(t)
 	rec := newReceiver(t, 0)
 	register(t, d, rec, payTo)
 	out := r.settle(t, newPayment(t, payTo))
 	rec.await(t, out.SettlementID, settlementTypes...)
 
-	slow, err := pgx.Connect(ctx, dbURL)
+	slow, err := pgx.Connect(ctx, env.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer slow.Close(ctx)
-	fast, err := pgx.Connect(ctx, dbURL)
+	fast, err := pgx.Connect(ctx, env.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,9 +240,9 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 // exactly twice.
 func TestReplicasSendEachAttemptOnce(t *testing.T) {
 	r := newRig(t)
-	r.dispatcher(t, openDB(t), nil)
-	d := r.dispatcher(t, openDB(t), nil)
-	payTo := newAddress(t)
+	r.dispatcher(t, env.OpenDB(t), nil)
+	d := r.dispatcher(t, env.OpenDB(t), nil)
+	payTo := settletest.NewAddress(t)
 	rec := newReceiver(t, 1)
 	w := register(t, d, rec, payTo)
 
@@ -302,7 +303,7 @@ func TestWebhookGivesUp(t *testing.T) {
 	r := newRig(t)
 	obs := &attemptObserver{}
 	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.MaxAttempts = 3; c.Observer = obs })
-	payTo := newAddress(t)
+	payTo := settletest.NewAddress(t)
 	rec := newReceiver(t, 1<<30)
 	w := register(t, d, rec, payTo)
 	r.settle(t, newPayment(t, payTo))
@@ -354,7 +355,7 @@ func (o *attemptObserver) snapshot() map[string]int {
 func TestSlowReceiverHoldsOnlyItsOwn(t *testing.T) {
 	r := newRig(t)
 	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.SendTimeout = 5 * time.Second })
-	payTo := newAddress(t)
+	payTo := settletest.NewAddress(t)
 	hang := make(chan struct{})
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {

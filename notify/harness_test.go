@@ -2,15 +2,11 @@ package notify_test
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"log/slog"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -19,58 +15,22 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/status"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own. They run one
 // after another: a webhook without a payTo filter hears every settlement in the database.
-var (
-	chain *devchain.Chain
-	dbURL string
-)
+var env *settletest.Env
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		u, err := postgrestest.Fresh(ctx, "notify")
-		if err != nil {
-			return 0, err
-		}
-		chain, dbURL = c, u
-		db, err := postgres.Open(ctx, dbURL, nil)
-		if err != nil {
-			return 0, err
-		}
-		defer db.Close()
-		if _, err := db.Migrate(ctx); err != nil {
-			return 0, err
-		}
-		genesis, err := c.Client.HeaderByNumber(ctx, big.NewInt(0))
-		if err != nil {
-			return 0, err
-		}
-		if err := db.BindNetwork(ctx, network().ID, c.ChainID, genesis.Hash()); err != nil {
-			return 0, err
-		}
-		return m.Run(), nil
-	})
-}
-
-func network() facilitator.Network {
-	return facilitator.Network{ID: facilitator.CAIP2(chain.ChainID), ChainID: chain.ChainID,
-		Tokens: []facilitator.Token{{Address: chain.USDC.Address, Name: chain.USDC.Name, Version: chain.USDC.Version}}}
+	settletest.Main(m, "notify", func(e *settletest.Env) int { env = e; return m.Run() })
 }
 
 // rig is a settle engine (one fresh signer, finality 1) and the status service over the shared
@@ -83,48 +43,10 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	ctx := context.Background()
-	db := openDB(t)
-	key, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := chain.SetBalance(ctx, crypto.PubkeyToAddress(key.PublicKey), new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	n := network()
-	reader := &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := settle.New(settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: chain.RPC, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
-		Store:        db,
-		Verifier:     v,
-		Deadline:     20 * time.Second,
-		PollInterval: 50 * time.Millisecond,
-		Logger:       testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Stop)
-	st := status.New(db, []status.Network{{Network: n, Reader: reader, Head: chain.RPC, FinalityDepth: 1}}, nil)
-	return &rig{db: db, engine: e, status: st}
-}
-
-func openDB(t *testing.T) *postgres.DB {
-	t.Helper()
-	db, err := postgres.Open(context.Background(), dbURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return db
+	db := env.OpenDB(t)
+	e := env.NewEngine(t, settletest.EngineOptions{DB: db})
+	st := status.New(db, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: 1}}, nil)
+	return &rig{db: db, engine: e.Engine, status: st}
 }
 
 // dispatcher is a started Dispatcher on db with test-speed polling and backoff; edit changes its
@@ -138,7 +60,7 @@ func (r *rig) dispatcher(t *testing.T, db *postgres.DB, edit func(*notify.Config
 		BaseBackoff:         50 * time.Millisecond,
 		SendTimeout:         2 * time.Second,
 		AllowPrivateTargets: true, // the receivers are on 127.0.0.1
-		Logger:              testLogger(t),
+		Logger:              settletest.Logger(t),
 	}
 	if edit != nil {
 		edit(&cfg)
@@ -173,47 +95,17 @@ func register(t *testing.T, d *notify.Dispatcher, rec *receiver, payTo ...common
 	return w
 }
 
-// payment is a signed 1 USDC authorization from a fresh funded payer to payTo.
+// payment is a signed 1 USDC authorization from a fresh funded payer to payTo, with its body.
 type payment struct {
-	payer *ecdsa.PrivateKey
-	payTo common.Address
-	nonce [32]byte
-	body  []byte
+	settletest.Pay
+	body []byte
 }
 
 func newPayment(t *testing.T, payTo common.Address) payment {
 	t.Helper()
-	payer, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	from := crypto.PubkeyToAddress(payer.PublicKey)
-	value := big.NewInt(1_000_000)
-	if err := chain.USDC.Mint(context.Background(), from, value); err != nil {
-		t.Fatal(err)
-	}
-	p := payment{payer: payer, payTo: payTo}
-	if _, err := rand.Read(p.nonce[:]); err != nil {
-		t.Fatal(err)
-	}
-	a := devchain.TransferAuthorization{From: from, To: payTo, Value: value, ValidAfter: big.NewInt(0),
-		ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: p.nonce}
-	sig, err := chain.USDC.SignTransferAuthorization(payer, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := map[string]any{"scheme": "exact", "network": network().ID, "amount": value.String(),
-		"asset": chain.USDC.Address.Hex(), "payTo": payTo.Hex(), "maxTimeoutSeconds": 3600,
-		"extra": map[string]any{"name": chain.USDC.Name, "version": chain.USDC.Version}}
-	p.body, err = json.Marshal(map[string]any{"x402Version": 2, "paymentRequirements": reqs, "paymentPayload": map[string]any{
-		"x402Version": 2, "accepted": reqs, "resource": map[string]any{"url": "http://merchant.test/paid"},
-		"payload": map[string]any{"signature": "0x" + hex.EncodeToString(sig), "authorization": map[string]any{
-			"from": from.Hex(), "to": payTo.Hex(), "value": value.String(), "validAfter": "0",
-			"validBefore": a.ValidBefore.String(), "nonce": "0x" + hex.EncodeToString(p.nonce[:])}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 1_000_000)
+	p.PayTo = payTo
+	return payment{Pay: p, body: p.Body(t)}
 }
 
 // settle settles p to success and returns the outcome.
@@ -231,15 +123,6 @@ func (r *rig) settle(t *testing.T, p payment) settle.Outcome {
 		t.Fatalf("settle: %+v", out.Response)
 	}
 	return out
-}
-
-func newAddress(t *testing.T) common.Address {
-	t.Helper()
-	k, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return crypto.PubkeyToAddress(k.PublicKey)
 }
 
 // receiver is a merchant's webhook endpoint done right: it checks the signature, processes each
@@ -395,7 +278,7 @@ type delivery struct {
 func deliveries(t *testing.T, webhookID string) map[string]delivery {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dbURL)
+	conn, err := pgx.Connect(ctx, env.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,16 +313,4 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// testLogger sends logs to t.Log, so a failing test shows what the dispatcher did.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tbWriter struct{ t testing.TB }
-
-func (w tbWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p[:len(p)-1]))
-	return len(p), nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 // TestReconcileAfterDeath: a facilitator dies right after broadcasting a settlement that carries a
@@ -38,21 +39,21 @@ func TestReconcileAfterDeath(t *testing.T) {
 
 func testAfterDeath(t *testing.T, lost bool) {
 	ctx := context.Background()
-	startIndexer(t)
-	p := newPay(t, fundedPayer(t, 1_000_000), 250_000)
-	p.id = randomID(t)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	hash := e.settlePending(t, body)
+	env.StartIndexer(t)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 250_000)
+	p.ID = settletest.RandomID(t)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	hash := e.SettlePending(t, body)
 	e.Stop() // the process dies after the broadcast
-	r := row(t, p.key())
+	r := env.Row(t, p.Key())
 	if !r.State.Open() || r.TxHash != hash {
 		t.Fatalf("ledger after the death: %+v, want open with %s", r, hash)
 	}
 	svc := statusService(2)
-	if st, err := svc.Payment(ctx, "", p.id); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() ||
-		st.Basis != "ledger" || st.PaymentID != p.id {
+	if st, err := svc.Payment(ctx, "", p.ID); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() ||
+		st.Basis != "ledger" || st.PaymentID != p.ID {
 		t.Fatalf("status while pending: %+v %v, want pending with %s from the ledger", st, err, hash)
 	}
 
@@ -65,67 +66,67 @@ func testAfterDeath(t *testing.T, lost bool) {
 
 	j := jobs(t, 2, later)
 	if lost {
-		dropPool(t)
+		env.DropPool(t)
 		// The chain does not have it: with validBefore ahead the job cannot tell lost from slow,
 		// and resends the ledger's signed bytes.
 		ch := runSettlements(t, j)
-		if ch.Resent < 1 || !inPool(t, hash) {
-			t.Fatalf("the job did not resend the lost transaction %s (changes %+v, in pool %v)", hash, ch, inPool(t, hash))
+		if ch.Resent < 1 || !env.InPool(t, hash) {
+			t.Fatalf("the job did not resend the lost transaction %s (changes %+v, in pool %v)", hash, ch, env.InPool(t, hash))
 		}
-		if r := row(t, p.key()); !r.State.Open() || r.TxHash != hash {
+		if r := env.Row(t, p.Key()); !r.State.Open() || r.TxHash != hash {
 			t.Fatalf("ledger after the resend: %+v", r)
 		}
 	}
 
-	mine(t)
-	rc := receipt(t, hash)
+	env.Mine(t)
+	rc := env.Receipt(t, hash)
 	if rc == nil || rc.Status != types.ReceiptStatusSuccessful {
 		t.Fatalf("receipt of %s: %+v", hash, rc)
 	}
-	waitIndexed(t, rc.BlockNumber.Uint64())
+	env.WaitIndexed(t, rc.BlockNumber.Uint64())
 
 	// One job interval after the chain has the transfer.
 	ch := runSettlements(t, j)
 	if ch.Mined < 1 {
 		t.Fatalf("the job did not resolve the settlement: %+v", ch)
 	}
-	r = row(t, p.key())
+	r = env.Row(t, p.Key())
 	if r.State != facilitator.StateMined || r.TxHash != hash || r.BlockNumber != rc.BlockNumber.Uint64() || r.ErrorReason != "" {
 		t.Fatalf("ledger after the job: %+v, want mined with %s in block %d", r, hash, rc.BlockNumber)
 	}
-	rec, err := db.PaymentID(ctx, "", p.id)
+	rec, err := env.DB.PaymentID(ctx, "", p.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rec.Settlement.ID != r.ID || rec.Settlement.State != facilitator.StateMined || rec.Settlement.TxHash != hash {
 		t.Fatalf("payment id's settlement: %+v, want the mined row", rec.Settlement)
 	}
-	st, err := svc.Payment(ctx, "", p.id)
+	st, err := svc.Payment(ctx, "", p.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Transaction != hash.Hex() || st.Basis != "ledger" ||
-		st.BlockNumber != rc.BlockNumber.Uint64() || st.PaymentID != p.id || st.Confirmations != 1 || st.Final {
+		st.BlockNumber != rc.BlockNumber.Uint64() || st.PaymentID != p.ID || st.Confirmations != 1 || st.Final {
 		t.Fatalf("status after the job: %+v", st)
 	}
 
 	// One more block: final at depth 2.
-	mine(t)
-	waitIndexed(t, head(t))
+	env.Mine(t)
+	env.WaitIndexed(t, env.Head(t))
 	if ch := runSettlements(t, j); ch.Final < 1 {
 		t.Fatalf("the job did not finalise the settlement: %+v", ch)
 	}
-	if r := row(t, p.key()); r.State != facilitator.StateFinal || r.TxHash != hash {
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateFinal || r.TxHash != hash {
 		t.Fatalf("ledger at depth 2: %+v", r)
 	}
-	if st, err := svc.Payment(ctx, "", p.id); err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations < 2 {
+	if st, err := svc.Payment(ctx, "", p.ID); err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations < 2 {
 		t.Fatalf("status at depth 2: %+v %v", st, err)
 	}
-	if got := balance(t, p.payTo); got != p.value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.value)
+	if got := env.Balance(t, p.PayTo); got != p.Value {
+		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
 	}
 	want := []string{"signed", "broadcast", "mined", "final"}
-	if got := states(events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
+	if got := settletest.States(env.Events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("settlement events %v, want %v", got, want)
 	}
 }
@@ -135,19 +136,19 @@ func testAfterDeath(t *testing.T, lost bool) {
 // and records settled_elsewhere; status answers settled by "other" with the third party's hash.
 func TestReconcileSettledElsewhere(t *testing.T) {
 	ctx := context.Background()
-	startIndexer(t)
-	p := newPay(t, fundedPayer(t, 1_000_000), 400_000)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	ours := e.settlePending(t, body)
+	env.StartIndexer(t)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	ours := e.SettlePending(t, body)
 	e.Stop()
-	dropPool(t) // ours never lands
-	setAutomine(t, true)
-	theirs := p.submitElsewhere(t)
-	rc := receipt(t, theirs)
-	waitIndexed(t, rc.BlockNumber.Uint64())
-	if u := use(t, p.key()); u == nil || u.TxHash != theirs || u.Canceled {
+	env.DropPool(t) // ours never lands
+	env.SetAutomine(t, true)
+	theirs := p.SubmitElsewhere(t)
+	rc := env.Receipt(t, theirs)
+	env.WaitIndexed(t, rc.BlockNumber.Uint64())
+	if u := env.Use(t, p.Key()); u == nil || u.TxHash != theirs || u.Canceled {
 		t.Fatalf("indexed use: %+v, want %s", u, theirs)
 	}
 
@@ -155,18 +156,18 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 	if ch.Elsewhere < 1 {
 		t.Fatalf("changes %+v, want settled_elsewhere", ch)
 	}
-	r := row(t, p.key())
+	r := env.Row(t, p.Key())
 	if r.State != facilitator.StateSettledElsewhere || r.ErrorReason != facilitator.ReasonNonceAlreadyUsed ||
 		r.BlockNumber != rc.BlockNumber.Uint64() {
 		t.Fatalf("ledger: %+v, want settled_elsewhere in block %d", r, rc.BlockNumber)
 	}
 	svc := statusService(2)
-	st, found, err := svc.Authorization(ctx, p.key())
+	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("status: %v, found %v", err, found)
 	}
 	if st.State != facilitator.StatusSettled || st.SettledBy != "other" || st.Transaction != theirs.Hex() || st.Basis != "ledger+index" ||
-		st.BlockNumber != rc.BlockNumber.Uint64() || st.To != p.payTo.Hex() || st.Value != big.NewInt(p.value).String() {
+		st.BlockNumber != rc.BlockNumber.Uint64() || st.To != p.PayTo.Hex() || st.Value != big.NewInt(p.Value).String() {
 		t.Fatalf("status: %+v, want settled by other with %s", st, theirs)
 	}
 	// Asked by our own (never mined) transaction's hash, status says the same.
@@ -175,12 +176,12 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 	}
 	// Whatever becomes of our signed transaction now (a resend would only spend its nonce), it
 	// cannot move the money a second time.
-	mine(t)
-	if rc := receipt(t, ours); rc != nil && rc.Status != types.ReceiptStatusFailed {
+	env.Mine(t)
+	if rc := env.Receipt(t, ours); rc != nil && rc.Status != types.ReceiptStatusFailed {
 		t.Fatalf("our transaction %s succeeded after the authorization was used elsewhere", ours)
 	}
-	if got := balance(t, p.payTo); got != p.value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.value)
+	if got := env.Balance(t, p.PayTo); got != p.Value {
+		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
 	}
 }
 
@@ -208,59 +209,59 @@ func TestReconcileExpired(t *testing.T) {
 
 func testExpired(t *testing.T, lostAgain bool) {
 	ctx := context.Background()
-	startIndexer(t)
-	p := newPay(t, fundedPayer(t, 1_000_000), 100_000)
-	p.validBefore = big.NewInt(timeBase(t) + 30)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	hash := e.settlePending(t, body)
+	env.StartIndexer(t)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 100_000)
+	p.ValidBefore = big.NewInt(env.TimeBase(t) + 30)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	hash := e.SettlePending(t, body)
 	e.Stop()
-	dropPool(t)
+	env.DropPool(t)
 
 	j := jobs(t, 2, later)
 	ch := runSettlements(t, j)
-	if ch.Resent < 1 || ch.Expired != 0 || !inPool(t, hash) {
-		t.Fatalf("before validBefore: changes %+v (in pool %v), want the raw transaction resent", ch, inPool(t, hash))
+	if ch.Resent < 1 || ch.Expired != 0 || !env.InPool(t, hash) {
+		t.Fatalf("before validBefore: changes %+v (in pool %v), want the raw transaction resent", ch, env.InPool(t, hash))
 	}
 	svc := statusService(2)
-	if st, _, err := svc.Authorization(ctx, p.key()); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() {
+	if st, _, err := svc.Authorization(ctx, p.Key()); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() {
 		t.Fatalf("status before validBefore: %+v %v", st, err)
 	}
 
 	if lostAgain {
-		dropPool(t)
+		env.DropPool(t)
 	}
-	if err := chain.IncreaseTime(ctx, 60); err != nil { // mines the first block past validBefore
+	if err := env.Chain.IncreaseTime(ctx, 60); err != nil { // mines the first block past validBefore
 		t.Fatal(err)
 	}
-	if now := blockAt(t, "latest").Time; uint64(now) < p.validBefore.Uint64() {
-		t.Fatalf("chain time %d is not past validBefore %s", now, p.validBefore)
+	if now := env.BlockAt(t, "latest").Time; uint64(now) < p.ValidBefore.Uint64() {
+		t.Fatalf("chain time %d is not past validBefore %s", now, p.ValidBefore)
 	}
-	rc := receipt(t, hash)
+	rc := env.Receipt(t, hash)
 	switch {
 	case lostAgain && rc != nil:
 		t.Fatalf("a dropped transaction was mined: %+v", rc)
 	case !lostAgain && (rc == nil || rc.Status != types.ReceiptStatusFailed):
 		t.Fatalf("the resend mined past validBefore: receipt %+v, want a revert", rc)
 	}
-	waitIndexed(t, head(t))
+	env.WaitIndexed(t, env.Head(t))
 
 	ch = runSettlements(t, j)
 	if ch.Expired < 1 {
 		t.Fatalf("after validBefore: changes %+v, want expired", ch)
 	}
-	r := row(t, p.key())
+	r := env.Row(t, p.Key())
 	if r.State != facilitator.StateExpired || r.ErrorReason != facilitator.ReasonValidBefore {
 		t.Fatalf("ledger: %+v, want expired", r)
 	}
 	if !lostAgain && (r.TxHash != hash || r.BlockNumber != rc.BlockNumber.Uint64()) {
 		t.Fatalf("ledger: %+v, want our reverted transaction %s in block %d", r, hash, rc.BlockNumber)
 	}
-	if used, err := chain.USDC.AuthorizationState(ctx, p.from(), p.nonce); err != nil || used {
+	if used, err := env.Chain.USDC.AuthorizationState(ctx, p.From(), p.Nonce); err != nil || used {
 		t.Fatalf("authorizationState: %v %v, want unused", used, err)
 	}
-	st, found, err := svc.Authorization(ctx, p.key())
+	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found || st.State != facilitator.StatusExpired || st.Basis != "ledger" || st.Reason != facilitator.ReasonValidBefore {
 		t.Fatalf("status: %+v %v %v, want expired from the ledger", st, found, err)
 	}
@@ -269,16 +270,16 @@ func testExpired(t *testing.T, lostAgain bool) {
 	}
 	// Nothing of ours can land any more: mined now, our transaction can only revert, and the
 	// outcome stays expired.
-	mine(t)
-	if rc := receipt(t, hash); rc != nil && rc.Status != types.ReceiptStatusFailed {
+	env.Mine(t)
+	if rc := env.Receipt(t, hash); rc != nil && rc.Status != types.ReceiptStatusFailed {
 		t.Fatalf("our transaction %s succeeded after validBefore", hash)
 	}
-	waitIndexed(t, head(t))
+	env.WaitIndexed(t, env.Head(t))
 	runSettlements(t, j)
-	if r := row(t, p.key()); r.State != facilitator.StateExpired {
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateExpired {
 		t.Fatalf("ledger after a later run: %+v, want still expired", r)
 	}
-	if got := balance(t, p.payTo); got != 0 {
+	if got := env.Balance(t, p.PayTo); got != 0 {
 		t.Fatalf("payee holds %d after an expiry", got)
 	}
 }
@@ -297,26 +298,26 @@ func TestReconcileLateTransfer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.indexed {
-				startIndexer(t)
+				env.StartIndexer(t)
 			}
-			p := newPay(t, fundedPayer(t, 1_000_000), 70_000)
-			body := p.body(t)
-			manualMining(t)
-			e := newEngine(t, engineOptions{deadline: 500 * time.Millisecond})
-			hash := e.settlePending(t, body)
+			p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 70_000)
+			body := p.Body(t)
+			env.ManualMining(t)
+			e := env.NewEngine(t, settletest.EngineOptions{Deadline: 500 * time.Millisecond})
+			hash := e.SettlePending(t, body)
 			e.Stop()
 
-			mine(t) // the transfer lands after the pending answer
-			rc := receipt(t, hash)
+			env.Mine(t) // the transfer lands after the pending answer
+			rc := env.Receipt(t, hash)
 			if rc == nil || rc.Status != types.ReceiptStatusSuccessful {
 				t.Fatalf("receipt: %+v", rc)
 			}
-			if r := row(t, p.key()); r.State != facilitator.StateBroadcast {
+			if r := env.Row(t, p.Key()); r.State != facilitator.StateBroadcast {
 				t.Fatalf("ledger after the late transfer: %+v, want still broadcast", r)
 			}
 			if tc.indexed {
-				waitIndexed(t, rc.BlockNumber.Uint64())
-			} else if use(t, p.key()) != nil {
+				env.WaitIndexed(t, rc.BlockNumber.Uint64())
+			} else if env.Use(t, p.Key()) != nil {
 				t.Fatal("the index has the use although no indexer runs")
 			}
 
@@ -324,20 +325,20 @@ func TestReconcileLateTransfer(t *testing.T) {
 			if ch.Mined < 1 {
 				t.Fatalf("changes %+v, want mined", ch)
 			}
-			r := row(t, p.key())
+			r := env.Row(t, p.Key())
 			if r.State != facilitator.StateMined || r.TxHash != hash || r.BlockNumber != rc.BlockNumber.Uint64() {
 				t.Fatalf("ledger: %+v, want mined with %s in block %d", r, hash, rc.BlockNumber)
 			}
-			es := events(t, r.ID)
+			es := env.Events(t, r.ID)
 			last := es[len(es)-1]
 			if last.State != "mined" || !strings.Contains(last.Detail, strings.ToLower(hash.Hex()[2:])) {
 				t.Fatalf("events %+v, want the last to record mined with %s", es, hash)
 			}
 			want := []string{"signed", "broadcast", "mined"}
-			if got := states(es); strings.Join(got, ",") != strings.Join(want, ",") {
+			if got := settletest.States(es); strings.Join(got, ",") != strings.Join(want, ",") {
 				t.Fatalf("settlement events %v, want %v", got, want)
 			}
-			st, _, err := statusService(2).Authorization(context.Background(), p.key())
+			st, _, err := statusService(2).Authorization(context.Background(), p.Key())
 			if err != nil || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Transaction != hash.Hex() {
 				t.Fatalf("status: %+v %v", st, err)
 			}
@@ -352,52 +353,52 @@ func TestReconcileLateTransfer(t *testing.T) {
 func TestReconcileReorg(t *testing.T) {
 	ctx := context.Background()
 	const depth = 3
-	startIndexer(t)
-	p := newPay(t, fundedPayer(t, 1_000_000), 123_000)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	hash := e.settlePending(t, body)
+	env.StartIndexer(t)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 123_000)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	hash := e.SettlePending(t, body)
 	e.Stop()
 
-	snap, err := chain.Snapshot(ctx)
+	snap, err := env.Chain.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mine(t)
-	first := receipt(t, hash)
+	env.Mine(t)
+	first := env.Receipt(t, hash)
 	if first == nil || first.Status != types.ReceiptStatusSuccessful {
 		t.Fatalf("receipt: %+v", first)
 	}
 	b := first.BlockNumber.Uint64()
-	mine(t)
-	waitIndexed(t, b+1)
+	env.Mine(t)
+	env.WaitIndexed(t, b+1)
 	j := jobs(t, depth, later)
 	if ch := runSettlements(t, j); ch.Mined < 1 {
 		t.Fatalf("changes %+v, want mined", ch)
 	}
-	if r := row(t, p.key()); r.State != facilitator.StateMined || r.BlockNumber != b {
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateMined || r.BlockNumber != b {
 		t.Fatalf("ledger before the reorg: %+v", r)
 	}
 	svc := statusService(depth)
-	if st, _, err := svc.Authorization(ctx, p.key()); err != nil || st.State != facilitator.StatusSettled || st.Final || st.Confirmations != 2 {
+	if st, _, err := svc.Authorization(ctx, p.Key()); err != nil || st.State != facilitator.StatusSettled || st.Final || st.Confirmations != 2 {
 		t.Fatalf("status before the reorg: %+v %v, want settled, 2 confirmations, not final", st, err)
 	}
 
 	// The reorg: back to before the block, and a longer branch without the transaction.
-	if err := chain.Revert(ctx, snap); err != nil {
+	if err := env.Chain.Revert(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("reverted to block %d; pool %d", head(t), poolLen(t))
-	dropPool(t)
+	t.Logf("reverted to block %d; pool %d", env.Head(t), poolLen(t))
+	env.DropPool(t)
 	for range 3 {
-		mine(t)
+		env.Mine(t)
 	}
-	if receipt(t, hash) != nil {
+	if env.Receipt(t, hash) != nil {
 		t.Fatal("the transaction is still on the chain after the reorg")
 	}
-	waitIndexed(t, b+2)
-	if u := use(t, p.key()); u != nil {
+	env.WaitIndexed(t, b+2)
+	if u := env.Use(t, p.Key()); u != nil {
 		t.Fatalf("the index still has the use after the reorg: %+v", u)
 	}
 
@@ -405,51 +406,51 @@ func TestReconcileReorg(t *testing.T) {
 	if ch.Reopened != 1 || ch.Resent != 1 {
 		t.Fatalf("after the reorg: changes %+v, want reopened and resent", ch)
 	}
-	r := row(t, p.key())
+	r := env.Row(t, p.Key())
 	if r.State != facilitator.StateBroadcast || r.TxHash != hash || r.BlockNumber != 0 {
 		t.Fatalf("ledger after the reorg: %+v, want broadcast with %s", r, hash)
 	}
-	if !inPool(t, hash) {
+	if !env.InPool(t, hash) {
 		t.Fatalf("the job did not resend %s", hash)
 	}
-	if st, _, err := svc.Authorization(ctx, p.key()); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() {
+	if st, _, err := svc.Authorization(ctx, p.Key()); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() {
 		t.Fatalf("status after the reorg: %+v %v, want pending with %s", st, err, hash)
 	}
 
 	// Re-mined: the same transaction in a new block.
-	mine(t)
-	again := receipt(t, hash)
+	env.Mine(t)
+	again := env.Receipt(t, hash)
 	if again == nil || again.Status != types.ReceiptStatusSuccessful || again.BlockHash == first.BlockHash {
 		t.Fatalf("receipt after re-mining: %+v", again)
 	}
-	waitIndexed(t, again.BlockNumber.Uint64())
+	env.WaitIndexed(t, again.BlockNumber.Uint64())
 	if ch := runSettlements(t, j); ch.Mined < 1 {
 		t.Fatalf("changes %+v, want mined", ch)
 	}
-	r = row(t, p.key())
+	r = env.Row(t, p.Key())
 	if r.State != facilitator.StateMined || r.TxHash != hash || r.BlockNumber != again.BlockNumber.Uint64() {
 		t.Fatalf("ledger after re-mining: %+v, want mined with %s in block %d", r, hash, again.BlockNumber)
 	}
 	for range depth - 1 {
-		mine(t)
+		env.Mine(t)
 	}
-	waitIndexed(t, head(t))
+	env.WaitIndexed(t, env.Head(t))
 	if ch := runSettlements(t, j); ch.Final < 1 {
 		t.Fatalf("changes %+v, want final", ch)
 	}
-	if r := row(t, p.key()); r.State != facilitator.StateFinal || r.BlockNumber != again.BlockNumber.Uint64() {
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateFinal || r.BlockNumber != again.BlockNumber.Uint64() {
 		t.Fatalf("ledger at depth: %+v", r)
 	}
-	st, _, err := svc.Authorization(ctx, p.key())
+	st, _, err := svc.Authorization(ctx, p.Key())
 	if err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations != depth || st.BlockNumber != again.BlockNumber.Uint64() {
 		t.Fatalf("status at depth: %+v %v", st, err)
 	}
 	want := []string{"signed", "broadcast", "mined", "broadcast", "mined", "final"}
-	if got := states(events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
+	if got := settletest.States(env.Events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("settlement events %v, want %v", got, want)
 	}
-	if got := balance(t, p.payTo); got != p.value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.value)
+	if got := env.Balance(t, p.PayTo); got != p.Value {
+		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
 	}
 }
 
@@ -459,52 +460,52 @@ func TestReconcileReorg(t *testing.T) {
 func TestReconcileReorgRemined(t *testing.T) {
 	ctx := context.Background()
 	const depth = 3
-	startIndexer(t)
-	p := newPay(t, fundedPayer(t, 1_000_000), 321_000)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	hash := e.settlePending(t, body)
+	env.StartIndexer(t)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 321_000)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	hash := e.SettlePending(t, body)
 	raw := rawTx(t, hash)
 	e.Stop()
 
-	snap, err := chain.Snapshot(ctx)
+	snap, err := env.Chain.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mine(t)
-	b := receipt(t, hash).BlockNumber.Uint64()
-	waitIndexed(t, b)
+	env.Mine(t)
+	b := env.Receipt(t, hash).BlockNumber.Uint64()
+	env.WaitIndexed(t, b)
 	j := jobs(t, depth, later)
 	runSettlements(t, j)
-	if r := row(t, p.key()); r.State != facilitator.StateMined || r.BlockNumber != b {
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateMined || r.BlockNumber != b {
 		t.Fatalf("ledger before the reorg: %+v", r)
 	}
 
-	if err := chain.Revert(ctx, snap); err != nil {
+	if err := env.Chain.Revert(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
-	dropPool(t)
-	mine(t) // block b, empty
-	if err := chain.RPC.CallContext(ctx, nil, "eth_sendRawTransaction", hexutil.Bytes(raw)); err != nil {
+	env.DropPool(t)
+	env.Mine(t) // block b, empty
+	if err := env.Chain.RPC.CallContext(ctx, nil, "eth_sendRawTransaction", hexutil.Bytes(raw)); err != nil {
 		t.Fatal(err)
 	}
-	mine(t) // block b+1, with our transaction
-	again := receipt(t, hash)
+	env.Mine(t) // block b+1, with our transaction
+	again := env.Receipt(t, hash)
 	if again == nil || again.BlockNumber.Uint64() != b+1 {
 		t.Fatalf("receipt after the reorg: %+v, want block %d", again, b+1)
 	}
-	waitIndexed(t, b+1)
-	if u := use(t, p.key()); u == nil || u.BlockNumber != b+1 {
+	env.WaitIndexed(t, b+1)
+	if u := env.Use(t, p.Key()); u == nil || u.BlockNumber != b+1 {
 		t.Fatalf("indexed use: %+v, want block %d", u, b+1)
 	}
 
 	runSettlements(t, j)
-	if r := row(t, p.key()); !r.State.Succeeded() || r.BlockNumber != b+1 {
+	if r := env.Row(t, p.Key()); !r.State.Succeeded() || r.BlockNumber != b+1 {
 		t.Errorf("ledger after the job: %+v, want mined in block %d (the transaction's block on the canonical chain), "+
 			"not the orphaned block %d", r, b+1, b)
 	}
-	st, _, err := statusService(depth).Authorization(ctx, p.key())
+	st, _, err := statusService(depth).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,36 +518,36 @@ func TestReconcileReorgRemined(t *testing.T) {
 // chain; the job records canceled from the index, and status says canceled.
 func TestReconcileCanceled(t *testing.T) {
 	ctx := context.Background()
-	startIndexer(t)
-	payer := fundedPayer(t, 1_000_000)
-	p := newPay(t, payer, 55_000)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	ours := e.settlePending(t, body)
+	env.StartIndexer(t)
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 55_000)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	ours := e.SettlePending(t, body)
 	e.Stop()
-	dropPool(t)
-	setAutomine(t, true)
-	cancelTx := cancelAuthorization(t, payer, p.nonce)
-	rc := receipt(t, cancelTx)
-	waitIndexed(t, rc.BlockNumber.Uint64())
+	env.DropPool(t)
+	env.SetAutomine(t, true)
+	cancelTx := cancelAuthorization(t, payer, p.Nonce)
+	rc := env.Receipt(t, cancelTx)
+	env.WaitIndexed(t, rc.BlockNumber.Uint64())
 
 	ch := runSettlements(t, jobs(t, 2, later))
 	if ch.Canceled < 1 {
 		t.Fatalf("changes %+v, want canceled", ch)
 	}
-	r := row(t, p.key())
+	r := env.Row(t, p.Key())
 	if r.State != facilitator.StateCanceled || r.ErrorReason != facilitator.ReasonNonceAlreadyUsed {
 		t.Fatalf("ledger: %+v, want canceled", r)
 	}
-	st, found, err := statusService(2).Authorization(ctx, p.key())
+	st, found, err := statusService(2).Authorization(ctx, p.Key())
 	if err != nil || !found || st.State != facilitator.StatusCanceled || st.Basis != "ledger" {
 		t.Fatalf("status: %+v %v %v, want canceled from the ledger", st, found, err)
 	}
-	if rc := receipt(t, ours); rc != nil && rc.Status != types.ReceiptStatusFailed {
+	if rc := env.Receipt(t, ours); rc != nil && rc.Status != types.ReceiptStatusFailed {
 		t.Fatalf("our transaction %s succeeded after the cancellation", ours)
 	}
-	if got := balance(t, p.payTo); got != 0 {
+	if got := env.Balance(t, p.PayTo); got != 0 {
 		t.Fatalf("payee holds %d after a cancellation", got)
 	}
 }
@@ -556,30 +557,30 @@ func TestReconcileCanceled(t *testing.T) {
 // ledger holds it. A new engine on the same signer must still get its next settlements mined.
 func TestReconcileLeavesNoNonceGap(t *testing.T) {
 	ctx := context.Background()
-	startIndexer(t)
-	p := newPay(t, fundedPayer(t, 1_000_000), 10_000)
-	body := p.body(t)
-	signer := newSigner(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{signer: signer})
-	e.settlePending(t, body)
+	env.StartIndexer(t)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 10_000)
+	body := p.Body(t)
+	signer := env.NewSigner(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
+	e.SettlePending(t, body)
 	e.Stop()
-	dropPool(t)
-	setAutomine(t, true)
-	theirs := p.submitElsewhere(t)
-	waitIndexed(t, receipt(t, theirs).BlockNumber.Uint64())
+	env.DropPool(t)
+	env.SetAutomine(t, true)
+	theirs := p.SubmitElsewhere(t)
+	env.WaitIndexed(t, env.Receipt(t, theirs).BlockNumber.Uint64())
 	runSettlements(t, jobs(t, 2, later))
-	if r := row(t, p.key()); r.State != facilitator.StateSettledElsewhere {
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateSettledElsewhere {
 		t.Fatalf("ledger: %+v, want settled_elsewhere", r)
 	}
 
 	// The signer's key comes back with a new process: the next payment must settle.
-	next := newPay(t, fundedPayer(t, 1_000_000), 20_000)
-	e2 := newEngine(t, engineOptions{signer: signer, deadline: 5 * time.Second})
-	out := e2.settle(t, next.body(t))
+	next := env.NewPay(t, env.FundedPayer(t, 1_000_000), 20_000)
+	e2 := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 5 * time.Second})
+	out := e2.MustSettle(t, next.Body(t))
 	if !out.Response.Success {
 		var onChain hexutil.Uint64
-		_ = chain.RPC.CallContext(ctx, &onChain, "eth_getTransactionCount", addressOf(signer), "latest")
+		_ = env.Chain.RPC.CallContext(ctx, &onChain, "eth_getTransactionCount", settletest.AddressOf(signer), "latest")
 		t.Fatalf("a payment after the job resolved an unlanded settlement: %+v; the signer's nonce on chain is %d while "+
 			"the ledger holds nonce 0 for the resolved row and the new transaction took the next: a nonce gap", out.Response, onChain)
 	}
@@ -590,43 +591,43 @@ func TestReconcileLeavesNoNonceGap(t *testing.T) {
 // block; a restarted indexer then re-indexes the new branch, and the index matches eth_getLogs.
 func TestIndexHealthRewinds(t *testing.T) {
 	ctx := context.Background()
-	ix := startIndexer(t)
-	waitIndexed(t, head(t))
-	fork := blockAt(t, "latest")
-	snap, err := chain.Snapshot(ctx)
+	ix := env.StartIndexer(t)
+	env.WaitIndexed(t, env.Head(t))
+	fork := env.BlockAt(t, "latest")
+	snap, err := env.Chain.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gone := addressOf(mustKey(t))
-	if err := chain.USDC.Mint(ctx, gone, big.NewInt(1)); err != nil { // a transfer only the old branch has
+	gone := settletest.AddressOf(mustKey(t))
+	if err := env.Chain.USDC.Mint(ctx, gone, big.NewInt(1)); err != nil { // a transfer only the old branch has
 		t.Fatal(err)
 	}
-	mine(t)
-	mine(t)
-	waitIndexed(t, head(t))
-	if err := ix.stop(); err != nil {
+	env.Mine(t)
+	env.Mine(t)
+	env.WaitIndexed(t, env.Head(t))
+	if err := ix.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	oldCursor, _, _ := db.Cursor(ctx, network().ID)
+	oldCursor, _, _ := env.DB.Cursor(ctx, env.Network().ID)
 	if n := countTransfersTo(t, gone); n != 1 {
 		t.Fatalf("%d indexed transfers to %s before the reorg, want 1", n, gone)
 	}
 
-	if err := chain.Revert(ctx, snap); err != nil {
+	if err := env.Chain.Revert(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
-	kept := addressOf(mustKey(t))
-	if err := chain.USDC.Mint(ctx, kept, big.NewInt(2)); err != nil { // and one only the new branch has
+	kept := settletest.AddressOf(mustKey(t))
+	if err := env.Chain.USDC.Mint(ctx, kept, big.NewInt(2)); err != nil { // and one only the new branch has
 		t.Fatal(err)
 	}
 	for range 4 {
-		mine(t)
+		env.Mine(t)
 	}
 
 	// While an indexer holds the network's lease, IndexHealth leaves the index to it: rewinding
 	// under a running indexer would race its cursor.
 	leadStart := time.Now()
-	_, release, err := db.Lead(ctx, network().ID)
+	_, release, err := env.DB.Lead(ctx, env.Network().ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,7 +639,7 @@ func TestIndexHealthRewinds(t *testing.T) {
 	if err != nil || ch != (reconcile.Changes{}) {
 		t.Fatalf("IndexHealth while the lease is held: %+v %v, want no change", ch, err)
 	}
-	if cur, _, _ := db.Cursor(ctx, network().ID); cur != oldCursor {
+	if cur, _, _ := env.DB.Cursor(ctx, env.Network().ID); cur != oldCursor {
 		t.Fatalf("cursor moved from %+v to %+v under a held lease", oldCursor, cur)
 	}
 
@@ -653,11 +654,11 @@ func TestIndexHealthRewinds(t *testing.T) {
 		if ch.Rewound != 0 || time.Now().After(limit) {
 			break
 		}
-		rel, free, err := db.TryLead(ctx, network().ID)
+		rel, free, err := env.DB.TryLead(ctx, env.Network().ID)
 		if free {
 			rel()
 		}
-		relJob, freeJob, errJob := db.TryLock(ctx, "index-health")
+		relJob, freeJob, errJob := env.DB.TryLock(ctx, "index-health")
 		if freeJob {
 			relJob()
 		}
@@ -667,7 +668,7 @@ func TestIndexHealthRewinds(t *testing.T) {
 	if ch.Rewound != 1 {
 		t.Fatalf("IndexHealth: %+v, want the index rewound once", ch)
 	}
-	cur, _, err := db.Cursor(ctx, network().ID)
+	cur, _, err := env.DB.Cursor(ctx, env.Network().ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -682,11 +683,11 @@ func TestIndexHealthRewinds(t *testing.T) {
 		t.Fatalf("second IndexHealth: %+v %v", ch, err)
 	}
 
-	startIndexer(t)
-	h := head(t)
-	waitIndexed(t, h)
-	cur, _, _ = db.Cursor(ctx, network().ID)
-	got, want := indexedLogs(t), chainLogs(t, cur.Number)
+	env.StartIndexer(t)
+	h := env.Head(t)
+	env.WaitIndexed(t, h)
+	cur, _, _ = env.DB.Cursor(ctx, env.Network().ID)
+	got, want := env.IndexedLogs(t), env.ChainLogs(t, cur.Number)
 	if len(got) != len(want) {
 		t.Fatalf("index holds %d logs, eth_getLogs %d", len(got), len(want))
 	}
@@ -706,7 +707,7 @@ func TestIndexHealthRewinds(t *testing.T) {
 func updatedAt(t testing.TB, id int64) time.Time {
 	t.Helper()
 	var at time.Time
-	if err := pool.QueryRow(context.Background(), `SELECT updated_at FROM settlements WHERE id = $1`, id).Scan(&at); err != nil {
+	if err := env.Pool.QueryRow(context.Background(), `SELECT updated_at FROM settlements WHERE id = $1`, id).Scan(&at); err != nil {
 		t.Fatal(err)
 	}
 	return at
@@ -715,8 +716,8 @@ func updatedAt(t testing.TB, id int64) time.Time {
 func countTransfersTo(t testing.TB, to common.Address) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM transfers WHERE network = $1 AND to_addr = $2`,
-		network().ID, to[:]).Scan(&n); err != nil {
+	if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM transfers WHERE network = $1 AND to_addr = $2`,
+		env.Network().ID, to[:]).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -728,7 +729,7 @@ func poolLen(t testing.TB) int {
 		Pending hexutil.Uint64 `json:"pending"`
 		Queued  hexutil.Uint64 `json:"queued"`
 	}
-	if err := chain.RPC.CallContext(context.Background(), &st, "txpool_status"); err != nil {
+	if err := env.Chain.RPC.CallContext(context.Background(), &st, "txpool_status"); err != nil {
 		t.Fatal(err)
 	}
 	return int(st.Pending + st.Queued)
@@ -747,7 +748,7 @@ func mustKey(t testing.TB) *ecdsa.PrivateKey {
 func rawTx(t testing.TB, hash common.Hash) []byte {
 	t.Helper()
 	var raw []byte
-	if err := pool.QueryRow(context.Background(), `SELECT raw FROM settlement_txs WHERE tx_hash = $1`, hash[:]).Scan(&raw); err != nil {
+	if err := env.Pool.QueryRow(context.Background(), `SELECT raw FROM settlement_txs WHERE tx_hash = $1`, hash[:]).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
 	return raw
@@ -758,7 +759,7 @@ func rawTx(t testing.TB, hash common.Hash) []byte {
 func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) common.Hash {
 	t.Helper()
 	ctx := context.Background()
-	authorizer := addressOf(payer)
+	authorizer := settletest.AddressOf(payer)
 	td := apitypes.TypedData{
 		Types: apitypes.Types{
 			"EIP712Domain": {
@@ -770,7 +771,7 @@ func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) 
 			"CancelAuthorization": {{Name: "authorizer", Type: "address"}, {Name: "nonce", Type: "bytes32"}},
 		},
 		PrimaryType: "CancelAuthorization",
-		Domain:      chain.USDC.Domain(),
+		Domain:      env.Chain.USDC.Domain(),
 		Message:     apitypes.TypedDataMessage{"authorizer": authorizer.Hex(), "nonce": nonce[:]},
 	}
 	digest, _, err := apitypes.TypedDataAndHash(td)
@@ -783,7 +784,7 @@ func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) 
 	}
 	sig[64] += 27
 	method := ""
-	for name, m := range chain.USDC.ABI.Methods {
+	for name, m := range env.Chain.USDC.ABI.Methods {
 		if m.RawName == "cancelAuthorization" && len(m.Inputs) == 3 {
 			method = name
 		}
@@ -791,18 +792,18 @@ func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) 
 	if method == "" {
 		t.Fatal("cancelAuthorization(address,bytes32,bytes) is not in the token's ABI")
 	}
-	data, err := chain.USDC.ABI.Pack(method, authorizer, nonce, sig)
+	data, err := env.Chain.USDC.ABI.Pack(method, authorizer, nonce, sig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var hash common.Hash
-	tx := map[string]any{"from": chain.Accounts[2].Address, "to": chain.USDC.Address, "data": hexutil.Bytes(data)}
-	if err := chain.RPC.CallContext(ctx, &hash, "eth_sendTransaction", tx); err != nil {
+	tx := map[string]any{"from": env.Chain.Accounts[2].Address, "to": env.Chain.USDC.Address, "data": hexutil.Bytes(data)}
+	if err := env.Chain.RPC.CallContext(ctx, &hash, "eth_sendTransaction", tx); err != nil {
 		t.Fatalf("cancelAuthorization: %v", err)
 	}
 	limit := time.Now().Add(10 * time.Second)
 	for {
-		if r := receipt(t, hash); r != nil {
+		if r := env.Receipt(t, hash); r != nil {
 			if r.Status != types.ReceiptStatusSuccessful {
 				t.Fatalf("cancelAuthorization reverted: %+v", r)
 			}

@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 var (
 	benchK       = flag.Int("settle.k", 1000, "BenchmarkSettle: distinct payments per run")
 	benchC       = flag.Int("settle.c", 64, "BenchmarkSettle: concurrent /settle callers")
-	benchSigners = flag.Int("settle.signers", 4, "BenchmarkSettle: signer keys")
+	benchSigners = flag.Int("settle.Signers", 4, "BenchmarkSettle: signer keys")
 	benchPoll    = flag.Duration("settle.poll", 0, "BenchmarkSettle: receipt poll interval (0: the tests' 50ms)")
 )
 
@@ -28,9 +29,9 @@ var (
 func BenchmarkSettle(b *testing.B) {
 	signers := make([]*ecdsa.PrivateKey, *benchSigners)
 	for i := range signers {
-		signers[i] = newSigner(b)
+		signers[i] = env.NewSigner(b)
 	}
-	r := newRig(b, rigOptions{signers: signers, deadline: time.Minute, cfg: func(c *settle.Config) {
+	r := env.NewEngine(b, settletest.EngineOptions{Signers: signers, Deadline: time.Minute, Config: func(c *settle.Config) {
 		c.Logger = slog.New(slog.DiscardHandler)
 		if *benchPoll > 0 {
 			c.PollInterval = *benchPoll
@@ -38,11 +39,11 @@ func BenchmarkSettle(b *testing.B) {
 	}})
 	for range b.N {
 		b.StopTimer()
-		pays := make([]pay, *benchK)
+		pays := make([]settletest.Pay, *benchK)
 		bodies := make([][]byte, *benchK)
 		for i := range pays {
-			pays[i] = newPay(b, fundedPayer(b, 10_000), 10_000)
-			bodies[i] = pays[i].body(b)
+			pays[i] = env.NewPay(b, env.FundedPayer(b, 10_000), 10_000)
+			bodies[i] = pays[i].Body(b)
 		}
 		b.StartTimer()
 		start := time.Now()
@@ -55,7 +56,7 @@ func BenchmarkSettle(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				for i := range work {
-					out, err := r.settleBody(context.Background(), b, bodies[i])
+					out, err := r.SettleBody(context.Background(), b, bodies[i])
 					if err != nil || !out.Response.Success {
 						mu.Lock()
 						failed = append(failed, fmt.Sprintf("%+v %v", out.Response, err))
@@ -76,7 +77,7 @@ func BenchmarkSettle(b *testing.B) {
 		}
 		transfers := 0
 		for _, p := range pays {
-			if balance(b, p.payTo).Int64() == p.value {
+			if env.Balance(b, p.PayTo) == p.Value {
 				transfers++
 			}
 		}

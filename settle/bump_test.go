@@ -3,15 +3,16 @@ package settle_test
 import (
 	"context"
 	"maps"
+	"math/big"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 // TestSettleFeeBump: a transaction left unmined past BumpAfter is replaced by one with the same
@@ -20,16 +21,16 @@ import (
 func TestSettleFeeBump(t *testing.T) {
 	ctx := context.Background()
 	obs := &recordingObserver{}
-	r := newRig(t, rigOptions{deadline: 1500 * time.Millisecond, cfg: func(c *settle.Config) {
+	r := env.NewEngine(t, settletest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
 		c.BumpAfter = 300 * time.Millisecond
 		c.Observer = obs
 	}})
-	payer := fundedPayer(t, 100_000)
-	p := newPay(t, payer, 100_000)
-	body := p.body(t)
-	devchaintest.ManualMining(t, chain)
+	payer := env.FundedPayer(t, 100_000)
+	p := env.NewPay(t, payer, 100_000)
+	body := p.Body(t)
+	env.ManualMining(t)
 
-	out, err := r.settleBody(ctx, t, body)
+	out, err := r.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func TestSettleFeeBump(t *testing.T) {
 	var txs []settle.TxRecord
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		open, err := r.db.OpenSettlements(ctx, network().ID, addressOf(r.signers[0]))
+		open, err := r.DB.OpenSettlements(ctx, env.Network().ID, settletest.AddressOf(r.Signers[0]))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +54,7 @@ func TestSettleFeeBump(t *testing.T) {
 	if len(txs) < 2 {
 		t.Fatal("no replacement transaction was committed")
 	}
-	if got := r.engine.InFlight()[network().ID][addressOf(r.signers[0])]; got != 1 {
+	if got := inFlight(r.Engine, settletest.AddressOf(r.Signers[0])); got != 1 {
 		t.Fatalf("in flight while unmined: %d, want 1", got)
 	}
 	first, second := decodeTx(t, txs[0].Raw), decodeTx(t, txs[1].Raw)
@@ -64,41 +65,46 @@ func TestSettleFeeBump(t *testing.T) {
 		t.Fatalf("replacement fees %s/%s do not beat %s/%s by 10%%", second.GasTipCap(), second.GasFeeCap(), first.GasTipCap(), first.GasFeeCap())
 	}
 
-	setAutomine(t, true)
-	mine(t)
+	env.SetAutomine(t, true)
+	env.Mine(t)
 	var final settle.Outcome
 	for time.Now().Before(deadline.Add(10 * time.Second)) {
-		final, err = r.settleBody(ctx, t, body)
+		final, err = r.SettleBody(ctx, t, body)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if final.Response.ErrorReason != facilitator.ReasonSettlementPending {
 			break
 		}
-		mine(t)
+		env.Mine(t)
 	}
 	if !final.Response.Success {
 		t.Fatalf("after mining: %+v", final.Response)
 	}
 	mined := common.HexToHash(final.Response.Transaction)
-	s, err := r.db.SettlementByID(ctx, final.SettlementID)
+	s, err := r.DB.SettlementByID(ctx, final.SettlementID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The reserved gas cost follows the most expensive variant signed (gas budgets count it).
+	bumped := new(big.Int).Mul(new(big.Int).SetUint64(second.Gas()), second.GasFeeCap())
+	if got := gasReserved(t, final.SettlementID); got.Cmp(bumped) < 0 {
+		t.Fatalf("gas reserved %s, below the replacement's %s", got, bumped)
 	}
 	if s.TxHash != mined || !s.State.Succeeded() {
 		t.Fatalf("ledger row %+v, answer %s", s, mined)
 	}
-	if got := balance(t, p.payTo); got.Int64() != 100_000 {
-		t.Fatalf("payee holds %s, want exactly 100000", got)
+	if got := env.Balance(t, p.PayTo); got != 100_000 {
+		t.Fatalf("payee holds %d, want exactly 100000", got)
 	}
-	if n, err := chain.Client.NonceAt(ctx, addressOf(r.signers[0]), nil); err != nil || n != 1 {
+	if n, err := env.Chain.Client.NonceAt(ctx, settletest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
 		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
 	}
-	if got := r.engine.InFlight()[network().ID][addressOf(r.signers[0])]; got != 0 {
+	if got := inFlight(r.Engine, settletest.AddressOf(r.Signers[0])); got != 0 {
 		t.Errorf("in flight once mined: %d, want 0", got)
 	}
 	// Every replacement committed before mining was observed as a bump, on this network.
-	if bumps := obs.count("bump " + network().ID); bumps < len(txs)-1 {
+	if bumps := obs.count("bump " + env.Network().ID); bumps < len(txs)-1 {
 		t.Errorf("observed %d fee bumps; the ledger held %d variants", bumps, len(txs))
 	}
 }
@@ -140,30 +146,40 @@ func (o *recordingObserver) count(k string) int {
 // payment is refused as unavailable (503 with Retry-After at the API) and nothing is sent for it.
 func TestSettleCapacity(t *testing.T) {
 	ctx := context.Background()
-	r := newRig(t, rigOptions{deadline: time.Second, cfg: func(c *settle.Config) { c.MaxInFlightPerSigner = 1 }})
-	first, second := newPay(t, fundedPayer(t, 1000), 1000), newPay(t, fundedPayer(t, 1000), 1000)
-	b1, b2 := first.body(t), second.body(t)
-	devchaintest.ManualMining(t, chain)
+	r := env.NewEngine(t, settletest.EngineOptions{Deadline: time.Second, Config: func(c *settle.Config) { c.MaxInFlightPerSigner = 1 }})
+	first, second := env.NewPay(t, env.FundedPayer(t, 1000), 1000), env.NewPay(t, env.FundedPayer(t, 1000), 1000)
+	b1, b2 := first.Body(t), second.Body(t)
+	env.ManualMining(t)
 
-	out, err := r.settleBody(ctx, t, b1)
+	out, err := r.SettleBody(ctx, t, b1)
 	if err != nil || out.Response.ErrorReason != facilitator.ReasonSettlementPending {
 		t.Fatalf("first: %+v %v", out.Response, err)
 	}
-	_, err = r.settleBody(ctx, t, b2)
+	_, err = r.SettleBody(ctx, t, b2)
 	if facilitator.ErrorCode(err) != facilitator.EUnavailable || facilitator.ErrorReason(err, "") != facilitator.ReasonSettlerBusy {
 		t.Fatalf("second, with the only signer full: want unavailable %s, got %v", facilitator.ReasonSettlerBusy, err)
 	}
-	if n, err := chain.Client.PendingNonceAt(ctx, addressOf(r.signers[0])); err != nil || n != 1 {
+	if n, err := env.Chain.Client.PendingNonceAt(ctx, settletest.AddressOf(r.Signers[0])); err != nil || n != 1 {
 		t.Fatalf("pending nonce %d (%v): the refused payment must send nothing", n, err)
 	}
-	mine(t)
-	setAutomine(t, true)
+	env.Mine(t)
+	env.SetAutomine(t, true)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if out, err = r.settleBody(ctx, t, b2); err == nil {
+		if out, err = r.SettleBody(ctx, t, b2); err == nil {
 			break
 		}
 	}
 	if err != nil || !out.Response.Success {
 		t.Fatalf("second, once the first is mined: %+v %v", out.Response, err)
 	}
+}
+
+// inFlight is a signer's in-flight count as the engine reports it.
+func inFlight(e *settle.Engine, signer common.Address) int {
+	for _, st := range e.Signers() {
+		if st.Network == env.Network().ID && st.Address == signer {
+			return st.InFlight
+		}
+	}
+	return -1
 }

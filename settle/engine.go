@@ -112,6 +112,14 @@ type Config struct {
 	LeaseRetry time.Duration
 	// Observer hears fee bumps and nonce gaps; nil: nobody.
 	Observer Observer
+	// Limits are the per-wallet caps and the default per-key gas budget every new settlement must
+	// fit; the zero value limits nothing.
+	Limits Guard
+	// SignerMinBalance is the native balance (wei) below which a signer takes no new settlement;
+	// nil or 0: no minimum.
+	SignerMinBalance *big.Int
+	// BalanceInterval is how often the signers' native balances are read.
+	BalanceInterval time.Duration
 }
 
 // Engine settles payments. Start it before use and Stop it at shutdown.
@@ -143,6 +151,7 @@ func New(cfg Config) (*Engine, error) {
 	def(&cfg.BumpAfter, 90*time.Second)
 	def(&cfg.RPCTimeout, 5*time.Second)
 	def(&cfg.LeaseRetry, time.Second)
+	def(&cfg.BalanceInterval, 15*time.Second)
 	if cfg.MaxInFlightPerSigner == 0 {
 		cfg.MaxInFlightPerSigner = 128
 	}
@@ -209,11 +218,17 @@ func (e *Engine) Start(ctx context.Context) error {
 			initial[s] = l
 		}
 	}
+	for _, n := range e.networks {
+		// Before the first settlement: a key below its minimum is known as such from the start.
+		n.readBalances(ctx)
+	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.cancel = cancel
 	for _, n := range e.networks {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); n.broadcastLoop(runCtx) }()
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); n.balanceLoop(runCtx) }()
 		for _, s := range n.senders {
 			if e.cfg.Leaser != nil {
 				e.wg.Add(1)
@@ -283,21 +298,6 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 		e.log.Info("resumed open settlements", "network", s.net.id.ID, "signer", s.addr, "count", len(open), "next_nonce", s.next)
 	}
 	return nil
-}
-
-// InFlight reports, by network and signer key, how many of the key's transactions this process
-// has signed and not yet resolved; a key held by another process reads 0. It only reads
-// counters, so a metrics scrape can call it as often as it likes.
-func (e *Engine) InFlight() map[string]map[common.Address]int {
-	out := make(map[string]map[common.Address]int, len(e.networks))
-	for id, n := range e.networks {
-		m := make(map[common.Address]int, len(n.senders))
-		for _, s := range n.senders {
-			m[s.addr] = int(s.inFlight.Load())
-		}
-		out[id] = m
-	}
-	return out
 }
 
 func (e *Engine) track(f *flight) {
@@ -388,6 +388,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 	if p.PaymentID != "" {
 		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Summary: p.Summary()}
 	}
+	row.KeyID, row.Guard = p.KeyID, e.cfg.Limits
 	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))
 
 	var (
@@ -403,6 +404,12 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 			if n.leased() == 0 {
 				return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy,
 					"no settlement signer of this network is held by this instance right now (another instance holds them); nothing was sent, retry shortly", nil)
+			}
+			if n.allLow() {
+				// The operator was alerted (balance.go); the balance is read again every BalanceInterval.
+				return Outcome{}, &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonInsufficientSignerFunds,
+					Message:    "every settlement signer of this network is below its minimum balance for gas; nothing was sent, retry later",
+					RetryAfter: e.cfg.BalanceInterval}
 			}
 			return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
 		}
@@ -438,6 +445,11 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 		// Bound to another request between the caller's lookup and this insert; nothing was sent.
 		return Outcome{}, &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
 			Message: "this payment identifier is already bound to a different payment", Err: err}
+	}
+	if facilitator.ErrorCode(err) == facilitator.ELimited {
+		e.log.Info("settlement refused by a limit; nothing was sent", "network", id.ID, "payer", key.Payer,
+			"nonce", hexutil.Encode(key.Nonce[:]), "api_key", p.KeyID, "reason", facilitator.ErrorReason(err, ""))
+		return Outcome{}, err
 	}
 	if err != nil {
 		return Outcome{}, err

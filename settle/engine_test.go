@@ -12,29 +12,30 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 // TestSettleOnce: one payment settles, the payee gets exactly the amount, the ledger row is
 // mined with the receipt's hash, and a repeat of the same payload is not a second success.
 func TestSettleOnce(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := env.NewEngine(t, settletest.EngineOptions{})
 	ctx := context.Background()
-	payer := fundedPayer(t, 5_000_000)
-	p := newPay(t, payer, 1_250_000)
-	body := p.body(t)
+	payer := env.FundedPayer(t, 5_000_000)
+	p := env.NewPay(t, payer, 1_250_000)
+	body := p.Body(t)
 
-	out, err := r.settleBody(ctx, t, body)
+	out, err := r.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	res := out.Response
-	if !res.Success || res.Transaction == "" || res.Network != network().ID || res.Payer != crypto.PubkeyToAddress(payer.PublicKey).Hex() || !out.Claimed {
+	if !res.Success || res.Transaction == "" || res.Network != env.Network().ID || res.Payer != crypto.PubkeyToAddress(payer.PublicKey).Hex() || !out.Claimed {
 		t.Fatalf("first settle: %+v", out)
 	}
-	if got := balance(t, p.payTo); got.Int64() != 1_250_000 {
-		t.Fatalf("payee holds %s, want 1250000", got)
+	if got := env.Balance(t, p.PayTo); got != 1_250_000 {
+		t.Fatalf("payee holds %d, want 1250000", got)
 	}
-	s, err := r.db.SettlementByID(ctx, out.SettlementID)
+	s, err := r.DB.SettlementByID(ctx, out.SettlementID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,25 +43,25 @@ func TestSettleOnce(t *testing.T) {
 		t.Fatalf("ledger row %+v", s)
 	}
 
-	again, err := r.settleBody(ctx, t, body)
+	again, err := r.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled || again.Response.Transaction != res.Transaction {
 		t.Fatalf("repeat: %+v", again.Response)
 	}
-	if got := balance(t, p.payTo); got.Int64() != 1_250_000 {
-		t.Fatalf("payee holds %s after the repeat", got)
+	if got := env.Balance(t, p.PayTo); got != 1_250_000 {
+		t.Fatalf("payee holds %d after the repeat", got)
 	}
 }
 
 // TestSettleConcurrentDuplicates: 50 concurrent settles of one payload make one transaction and
 // one transfer; one caller gets success, every other gets the same transaction as already settled.
 func TestSettleConcurrentDuplicates(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	payer := fundedPayer(t, 1_000_000)
-	p := newPay(t, payer, 700_000)
-	body := p.body(t)
+	r := env.NewEngine(t, settletest.EngineOptions{})
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 700_000)
+	body := p.Body(t)
 
 	const n = 50
 	outs := make([]settle.Outcome, n)
@@ -72,7 +73,7 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			outs[i], errs[i] = r.settleBody(context.Background(), t, body)
+			outs[i], errs[i] = r.SettleBody(context.Background(), t, body)
 		}()
 	}
 	close(start)
@@ -102,14 +103,14 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 	if successes != 1 {
 		t.Fatalf("%d callers were told success", successes)
 	}
-	if got := balance(t, p.payTo); got.Int64() != 700_000 {
-		t.Fatalf("payee holds %s, want exactly 700000", got)
+	if got := env.Balance(t, p.PayTo); got != 700_000 {
+		t.Fatalf("payee holds %d, want exactly 700000", got)
 	}
-	if got := balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got.Int64() != 300_000 {
-		t.Fatalf("payer holds %s, want 300000", got)
+	if got := env.Balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got != 300_000 {
+		t.Fatalf("payer holds %d, want 300000", got)
 	}
-	signer := crypto.PubkeyToAddress(r.signers[0].PublicKey)
-	if nonce, err := chain.Client.NonceAt(context.Background(), signer, nil); err != nil || nonce != 1 {
+	signer := crypto.PubkeyToAddress(r.Signers[0].PublicKey)
+	if nonce, err := env.Chain.Client.NonceAt(context.Background(), signer, nil); err != nil || nonce != 1 {
 		t.Fatalf("signer sent %d transactions (%v), want exactly 1", nonce, err)
 	}
 }
@@ -117,14 +118,14 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 // TestSettleManyPayers: 200 distinct payments at concurrency 32 over two signer keys all settle,
 // with no nonce error, each signer's nonces used without gaps, and every payee paid once.
 func TestSettleManyPayers(t *testing.T) {
-	signers := []*ecdsa.PrivateKey{newSigner(t), newSigner(t)}
-	r := newRig(t, rigOptions{signers: signers})
+	signers := []*ecdsa.PrivateKey{env.NewSigner(t), env.NewSigner(t)}
+	r := env.NewEngine(t, settletest.EngineOptions{Signers: signers})
 	const total, conc = 200, 32
-	pays := make([]pay, total)
+	pays := make([]settletest.Pay, total)
 	bodies := make([][]byte, total)
 	for i := range pays {
-		pays[i] = newPay(t, fundedPayer(t, 10_000), 10_000)
-		bodies[i] = pays[i].body(t)
+		pays[i] = env.NewPay(t, env.FundedPayer(t, 10_000), 10_000)
+		bodies[i] = pays[i].Body(t)
 	}
 	work := make(chan int)
 	var wg sync.WaitGroup
@@ -135,7 +136,7 @@ func TestSettleManyPayers(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				out, err := r.settleBody(context.Background(), t, bodies[i])
+				out, err := r.SettleBody(context.Background(), t, bodies[i])
 				if err != nil || !out.Response.Success {
 					mu.Lock()
 					failures = append(failures, fmt.Sprintf("payment %d: %+v %v", i, out.Response, err))
@@ -153,13 +154,13 @@ func TestSettleManyPayers(t *testing.T) {
 		t.Fatalf("%d of %d failed, first: %s", len(failures), total, failures[0])
 	}
 	for i, p := range pays {
-		if got := balance(t, p.payTo); got.Int64() != 10_000 {
-			t.Fatalf("payee %d holds %s", i, got)
+		if got := env.Balance(t, p.PayTo); got != 10_000 {
+			t.Fatalf("payee %d holds %d", i, got)
 		}
 	}
 	var sent uint64
 	for _, k := range signers {
-		n, err := chain.Client.NonceAt(context.Background(), crypto.PubkeyToAddress(k.PublicKey), nil)
+		n, err := env.Chain.Client.NonceAt(context.Background(), crypto.PubkeyToAddress(k.PublicKey), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,26 +177,26 @@ func TestSettleManyPayers(t *testing.T) {
 // TestSettleInvalidLeavesNoRow: a payment that fails verification is answered with the reason and
 // nothing is written or sent, so the same authorization can be settled once it becomes valid.
 func TestSettleInvalidLeavesNoRow(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := env.NewEngine(t, settletest.EngineOptions{})
 	ctx := context.Background()
 	payer, _ := crypto.GenerateKey() // holds no USDC yet
-	p := newPay(t, payer, 50_000)
-	body := p.body(t)
-	out, err := r.settleBody(ctx, t, body)
+	p := env.NewPay(t, payer, 50_000)
+	body := p.Body(t)
+	out, err := r.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonInsufficientBalance || out.Response.Transaction != "" {
 		t.Fatalf("unfunded payer: %+v", out.Response)
 	}
-	key := facilitator.AuthorizationKey{Network: network().ID, Asset: chain.USDC.Address, Payer: crypto.PubkeyToAddress(payer.PublicKey), Nonce: p.nonce}
-	if _, err := r.db.SettlementByKey(ctx, key); err != facilitator.ErrNotFound {
+	key := facilitator.AuthorizationKey{Network: env.Network().ID, Asset: env.Chain.USDC.Address, Payer: crypto.PubkeyToAddress(payer.PublicKey), Nonce: p.Nonce}
+	if _, err := r.DB.SettlementByKey(ctx, key); err != facilitator.ErrNotFound {
 		t.Fatalf("a rejected settlement left a row: %v", err)
 	}
-	if err := chain.USDC.Mint(ctx, key.Payer, big.NewInt(50_000)); err != nil {
+	if err := env.Chain.USDC.Mint(ctx, key.Payer, big.NewInt(50_000)); err != nil {
 		t.Fatal(err)
 	}
-	out, err = r.settleBody(ctx, t, body)
+	out, err = r.SettleBody(ctx, t, body)
 	if err != nil || !out.Response.Success {
 		t.Fatalf("after funding: %+v %v", out.Response, err)
 	}

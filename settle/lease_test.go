@@ -15,21 +15,24 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 // leased makes a rig lease its keys through its own database handle: two rigs are then two
 // processes as far as Postgres knows (each its own sessions).
-func leased(deadline time.Duration, signers ...*ecdsa.PrivateKey) rigOptions {
-	return rigOptions{signers: signers, deadline: deadline, cfg: func(c *settle.Config) {
+func leased(deadline time.Duration, signers ...*ecdsa.PrivateKey) settletest.EngineOptions {
+	return settletest.EngineOptions{Signers: signers, Deadline: deadline, Config: func(c *settle.Config) {
 		c.Leaser = c.Store.(*postgres.DB)
 	}}
 }
 
-func (r *rig) holds(k *ecdsa.PrivateKey) bool {
-	return slices.Contains(r.engine.HeldSigners()[network().ID], addressOf(k))
+// holds reports whether r holds k's lease.
+func holds(r *settletest.Engine, k *ecdsa.PrivateKey) bool {
+	return slices.Contains(r.Engine.HeldSigners()[env.Network().ID], settletest.AddressOf(k))
 }
 
-func (r *rig) held() int { return len(r.engine.HeldSigners()[network().ID]) }
+// held is how many keys r holds.
+func held(r *settletest.Engine) int { return len(r.Engine.HeldSigners()[env.Network().ID]) }
 
 // waitFor polls cond until it holds, or fails after within; it returns how long it took.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) time.Duration {
@@ -46,7 +49,7 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 
 func sqlConn(t testing.TB) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dbURL)
+	conn, err := pgx.Connect(context.Background(), env.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +61,7 @@ func sqlConn(t testing.TB) *pgx.Conn {
 func leaseRow(t testing.TB, conn *pgx.Conn, k *ecdsa.PrivateKey) (pid int32, epoch int64) {
 	t.Helper()
 	if err := conn.QueryRow(context.Background(), `SELECT session_pid, epoch FROM signer_leases WHERE network = $1 AND signer = $2`,
-		network().ID, addressOf(k).Bytes()).Scan(&pid, &epoch); err != nil {
+		env.Network().ID, settletest.AddressOf(k).Bytes()).Scan(&pid, &epoch); err != nil {
 		t.Fatal(err)
 	}
 	return pid, epoch
@@ -68,7 +71,7 @@ func leaseRow(t testing.TB, conn *pgx.Conn, k *ecdsa.PrivateKey) (pid int32, epo
 func ledgerNonces(t testing.TB, conn *pgx.Conn, signer common.Address) []uint64 {
 	t.Helper()
 	rows, err := conn.Query(context.Background(), `SELECT tx_nonce FROM settlements WHERE network = $1 AND signer = $2 ORDER BY tx_nonce`,
-		network().ID, signer.Bytes())
+		env.Network().ID, signer.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,41 +103,41 @@ func wantSequence(t testing.TB, got []uint64, n int) {
 // payload the holder settled from the ledger.
 func TestSignerLeaseOneHolder(t *testing.T) {
 	ctx := context.Background()
-	key := newSigner(t)
-	a := newRig(t, leased(10*time.Second, key))
-	b := newRig(t, leased(10*time.Second, key))
-	if !a.holds(key) || b.holds(key) {
-		t.Fatalf("holders: first engine %v, second %v; want the first alone", a.engine.HeldSigners(), b.engine.HeldSigners())
+	key := env.NewSigner(t)
+	a := env.NewEngine(t, leased(10*time.Second, key))
+	b := env.NewEngine(t, leased(10*time.Second, key))
+	if !holds(a, key) || holds(b, key) {
+		t.Fatalf("holders: first engine %v, second %v; want the first alone", a.Engine.HeldSigners(), b.Engine.HeldSigners())
 	}
 
-	p := newPay(t, fundedPayer(t, 50_000), 50_000)
-	body := p.body(t)
-	_, err := b.settleBody(ctx, t, body)
+	p := env.NewPay(t, env.FundedPayer(t, 50_000), 50_000)
+	body := p.Body(t)
+	_, err := b.SettleBody(ctx, t, body)
 	if facilitator.ErrorCode(err) != facilitator.EUnavailable || facilitator.ErrorReason(err, "") != facilitator.ReasonSettlerBusy {
 		t.Fatalf("the engine without the key: want 503 settlement_capacity_exceeded, got %v", err)
 	}
-	if _, err := a.db.SettlementByKey(ctx, p.key()); err == nil {
+	if _, err := a.DB.SettlementByKey(ctx, p.Key()); err == nil {
 		t.Fatal("the engine without the key wrote a ledger row")
 	}
-	if n := nonceOf(t, addressOf(key), "pending"); n != 0 {
+	if n := nonceOf(t, settletest.AddressOf(key), "pending"); n != 0 {
 		t.Fatalf("the key sent %d transactions after a refusal", n)
 	}
 
-	out, err := a.settleBody(ctx, t, body)
+	out, err := a.SettleBody(ctx, t, body)
 	if err != nil || !out.Response.Success {
 		t.Fatalf("the holder: want success, got %+v %v", out.Response, err)
 	}
-	again, err := b.settleBody(ctx, t, body)
+	again, err := b.SettleBody(ctx, t, body)
 	if err != nil || again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled ||
 		again.Response.Transaction != out.Response.Transaction {
 		t.Fatalf("the other engine, same payload: want already_settled with %s, got %+v %v", out.Response.Transaction, again.Response, err)
 	}
 	// Still one holder after a few lease rounds.
 	time.Sleep(2500 * time.Millisecond)
-	if !a.holds(key) || b.holds(key) {
-		t.Fatalf("holders after 2.5s: first %v, second %v", a.engine.HeldSigners(), b.engine.HeldSigners())
+	if !holds(a, key) || holds(b, key) {
+		t.Fatalf("holders after 2.5s: first %v, second %v", a.Engine.HeldSigners(), b.Engine.HeldSigners())
 	}
-	if n := nonceOf(t, addressOf(key), "latest"); n != 1 {
+	if n := nonceOf(t, settletest.AddressOf(key), "latest"); n != 1 {
 		t.Fatalf("the key's nonce is %d, want 1", n)
 	}
 }
@@ -146,29 +149,29 @@ func TestSignerLeaseOneHolder(t *testing.T) {
 // reuse and no gap. A caller waiting on the first engine gets the outcome from the ledger.
 func TestSignerLeaseTakeover(t *testing.T) {
 	ctx := context.Background()
-	key := newSigner(t)
-	addr := addressOf(key)
+	key := env.NewSigner(t)
+	addr := settletest.AddressOf(key)
 	const value = 20_000
-	pays := make([]pay, 5)
+	pays := make([]settletest.Pay, 5)
 	bodies := make([][]byte, len(pays))
 	for i := range pays {
-		pays[i] = newPay(t, fundedPayer(t, value), value)
-		bodies[i] = pays[i].body(t)
+		pays[i] = env.NewPay(t, env.FundedPayer(t, value), value)
+		bodies[i] = pays[i].Body(t)
 	}
-	manualMining(t)
+	env.ManualMining(t)
 	conn := sqlConn(t)
 
-	a := newRig(t, leased(20*time.Second, key))
-	b := newRig(t, leased(20*time.Second, key))
-	if !a.holds(key) || b.holds(key) {
-		t.Fatalf("holders: %v / %v; want the first engine alone", a.engine.HeldSigners(), b.engine.HeldSigners())
+	a := env.NewEngine(t, leased(20*time.Second, key))
+	b := env.NewEngine(t, leased(20*time.Second, key))
+	if !holds(a, key) || holds(b, key) {
+		t.Fatalf("holders: %v / %v; want the first engine alone", a.Engine.HeldSigners(), b.Engine.HeldSigners())
 	}
 
 	// Three settlements in flight on the holder (no mining: they stay pending).
 	hashes := make([]string, len(pays))
 	for i := range 3 {
 		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		out, err := a.settleBody(cctx, t, bodies[i])
+		out, err := a.SettleBody(cctx, t, bodies[i])
 		cancel()
 		if err != nil || out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction == "" {
 			t.Fatalf("payment %d on the holder: want pending with a hash, got %+v %v", i, out.Response, err)
@@ -184,7 +187,7 @@ func TestSignerLeaseTakeover(t *testing.T) {
 	}
 	waiter := make(chan answer, 1)
 	go func() {
-		out, err := a.settleBody(ctx, t, bodies[0])
+		out, err := a.SettleBody(ctx, t, bodies[0])
 		waiter <- answer{out, err}
 	}()
 	time.Sleep(200 * time.Millisecond)
@@ -195,11 +198,11 @@ func TestSignerLeaseTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	lostAt := time.Now()
-	if err := chain.RPC.CallContext(ctx, nil, "anvil_dropAllTransactions"); err != nil {
+	if err := env.Chain.RPC.CallContext(ctx, nil, "anvil_dropAllTransactions"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the first engine lets go of the key", func() bool { return !a.holds(key) })
-	waitFor(t, 10*time.Second, "the second engine takes the key over", func() bool { return b.holds(key) })
+	waitFor(t, 5*time.Second, "the first engine lets go of the key", func() bool { return !holds(a, key) })
+	waitFor(t, 10*time.Second, "the second engine takes the key over", func() bool { return holds(b, key) })
 	t.Logf("takeover %s after the lease session ended", time.Since(lostAt).Round(time.Millisecond))
 	if _, newEpoch := leaseRow(t, conn, key); newEpoch != epoch+1 {
 		t.Fatalf("lease epoch %d after the takeover, want %d", newEpoch, epoch+1)
@@ -208,20 +211,20 @@ func TestSignerLeaseTakeover(t *testing.T) {
 	// The new holder resent the three from the ledger: the very same signed transactions.
 	waitFor(t, 5*time.Second, "the new holder rebroadcasts the open settlements", func() bool {
 		for i := range 3 {
-			if !inPool(t, hashes[i]) {
+			if !env.InPool(t, common.HexToHash(hashes[i])) {
 				return false
 			}
 		}
 		return true
 	})
 	// The old holder takes nothing new.
-	if _, err := a.settleBody(ctx, t, bodies[3]); facilitator.ErrorCode(err) != facilitator.EUnavailable {
+	if _, err := a.SettleBody(ctx, t, bodies[3]); facilitator.ErrorCode(err) != facilitator.EUnavailable {
 		t.Fatalf("the engine that lost the key: want 503, got %v", err)
 	}
 	// The new holder continues the nonces.
 	for i := 3; i < 5; i++ {
 		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		out, err := b.settleBody(cctx, t, bodies[i])
+		out, err := b.SettleBody(cctx, t, bodies[i])
 		cancel()
 		if err != nil || out.Response.ErrorReason != facilitator.ReasonSettlementPending {
 			t.Fatalf("payment %d on the new holder: want pending, got %+v %v", i, out.Response, err)
@@ -232,7 +235,7 @@ func TestSignerLeaseTakeover(t *testing.T) {
 	if n := poolSize(t); n != 5 {
 		t.Fatalf("%d transactions in the pool, want 5", n)
 	}
-	mine(t)
+	env.Mine(t)
 
 	// The caller that waited on the old holder gets the success, read from the ledger.
 	select {
@@ -245,7 +248,7 @@ func TestSignerLeaseTakeover(t *testing.T) {
 	}
 	for i := 1; i < 5; i++ {
 		waitFor(t, 10*time.Second, "payment settles", func() bool {
-			out, err := b.settleBody(ctx, t, bodies[i])
+			out, err := b.SettleBody(ctx, t, bodies[i])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -256,8 +259,8 @@ func TestSignerLeaseTakeover(t *testing.T) {
 		})
 	}
 	for i, p := range pays {
-		if got := balance(t, p.payTo); got.Int64() != value {
-			t.Fatalf("payee %d holds %s, want %d exactly once", i, got, value)
+		if got := env.Balance(t, p.PayTo); got != value {
+			t.Fatalf("payee %d holds %d, want %d exactly once", i, got, value)
 		}
 	}
 	if n := nonceOf(t, addr, "latest"); n != 5 {
@@ -273,22 +276,22 @@ func TestSignerLeaseTakeover(t *testing.T) {
 // payload sent to both at once still settles once.
 func TestSignerLeaseHandOver(t *testing.T) {
 	ctx := context.Background()
-	k1, k2 := newSigner(t), newSigner(t)
-	a := newRig(t, leased(10*time.Second, k1, k2))
-	b := newRig(t, leased(10*time.Second, k1, k2))
-	if a.held() != 2 || b.held() != 0 {
-		t.Fatalf("at start: first holds %d keys, second %d; want 2 and 0", a.held(), b.held())
+	k1, k2 := env.NewSigner(t), env.NewSigner(t)
+	a := env.NewEngine(t, leased(10*time.Second, k1, k2))
+	b := env.NewEngine(t, leased(10*time.Second, k1, k2))
+	if held(a) != 2 || held(b) != 0 {
+		t.Fatalf("at start: first holds %d keys, second %d; want 2 and 0", held(a), held(b))
 	}
-	took := waitFor(t, 10*time.Second, "each engine holds one key", func() bool { return a.held() == 1 && b.held() == 1 })
+	took := waitFor(t, 10*time.Second, "each engine holds one key", func() bool { return held(a) == 1 && held(b) == 1 })
 	t.Logf("hand-over took %s", took.Round(time.Millisecond))
 	time.Sleep(2500 * time.Millisecond)
-	if a.held() != 1 || b.held() != 1 {
-		t.Fatalf("after the hand-over: %v / %v; want one key each, stable", a.engine.HeldSigners(), b.engine.HeldSigners())
+	if held(a) != 1 || held(b) != 1 {
+		t.Fatalf("after the hand-over: %v / %v; want one key each, stable", a.Engine.HeldSigners(), b.Engine.HeldSigners())
 	}
 
 	// Payments through both; one payload through both at once.
-	p := newPay(t, fundedPayer(t, 30_000), 30_000)
-	body := p.body(t)
+	p := env.NewPay(t, env.FundedPayer(t, 30_000), 30_000)
+	body := p.Body(t)
 	var wg sync.WaitGroup
 	outs := make([]settle.Outcome, 20)
 	errs := make([]error, len(outs))
@@ -298,7 +301,7 @@ func TestSignerLeaseHandOver(t *testing.T) {
 			r = b
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); outs[i], errs[i] = r.settleBody(ctx, t, body) }()
+		go func() { defer wg.Done(); outs[i], errs[i] = r.SettleBody(ctx, t, body) }()
 	}
 	wg.Wait()
 	success, tx := 0, ""
@@ -321,17 +324,17 @@ func TestSignerLeaseHandOver(t *testing.T) {
 	if success != 1 {
 		t.Fatalf("%d successes, want 1", success)
 	}
-	if got := balance(t, p.payTo); got.Int64() != 30_000 {
-		t.Fatalf("payee holds %s, want 30000 once", got)
+	if got := env.Balance(t, p.PayTo); got != 30_000 {
+		t.Fatalf("payee holds %d, want 30000 once", got)
 	}
-	for _, r := range []*rig{a, b} {
-		q := newPay(t, fundedPayer(t, 1_000), 1_000)
-		out, err := r.settleBody(ctx, t, q.body(t))
+	for _, r := range []*settletest.Engine{a, b} {
+		q := env.NewPay(t, env.FundedPayer(t, 1_000), 1_000)
+		out, err := r.SettleBody(ctx, t, q.Body(t))
 		if err != nil || !out.Response.Success {
 			t.Fatalf("a payment through each engine: %+v %v", out.Response, err)
 		}
 	}
-	total := nonceOf(t, addressOf(k1), "latest") + nonceOf(t, addressOf(k2), "latest")
+	total := nonceOf(t, settletest.AddressOf(k1), "latest") + nonceOf(t, settletest.AddressOf(k2), "latest")
 	if total != 3 {
 		t.Fatalf("the keys sent %d transactions, want 3", total)
 	}
@@ -340,16 +343,16 @@ func TestSignerLeaseHandOver(t *testing.T) {
 // TestSignerLeaseStop: a stopped engine gives its keys back at once, and a waiting engine takes
 // them over within a lease round.
 func TestSignerLeaseStop(t *testing.T) {
-	key := newSigner(t)
-	a := newRig(t, leased(5*time.Second, key))
-	b := newRig(t, leased(5*time.Second, key))
-	if !a.holds(key) || b.holds(key) {
+	key := env.NewSigner(t)
+	a := env.NewEngine(t, leased(5*time.Second, key))
+	b := env.NewEngine(t, leased(5*time.Second, key))
+	if !holds(a, key) || holds(b, key) {
 		t.Fatal("want the first engine alone to hold the key")
 	}
-	a.engine.Stop()
-	took := waitFor(t, 5*time.Second, "the second engine takes the key", func() bool { return b.holds(key) })
+	a.Engine.Stop()
+	took := waitFor(t, 5*time.Second, "the second engine takes the key", func() bool { return holds(b, key) })
 	t.Logf("taken over %s after a clean stop", took.Round(time.Millisecond))
-	out, err := b.settleBody(context.Background(), t, newPay(t, fundedPayer(t, 1_000), 1_000).body(t))
+	out, err := b.SettleBody(context.Background(), t, env.NewPay(t, env.FundedPayer(t, 1_000), 1_000).Body(t))
 	if err != nil || !out.Response.Success {
 		t.Fatalf("settling on the new holder: %+v %v", out.Response, err)
 	}
@@ -361,31 +364,31 @@ func TestSignerLeaseStop(t *testing.T) {
 // lost within its check interval.
 func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 	ctx := context.Background()
-	key := newSigner(t)
-	db, err := postgres.Open(ctx, dbURL, nil)
+	key := env.NewSigner(t)
+	db, err := postgres.Open(ctx, env.DBURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
 	conn := sqlConn(t)
-	l, err := db.LeaseSigner(ctx, network().ID, addressOf(key), 0)
+	l, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 0)
 	if err != nil || l == nil {
 		t.Fatalf("leasing a free key: %v %v", l, err)
 	}
 	defer l.Release()
-	if other, err := db.LeaseSigner(ctx, network().ID, addressOf(key), 0); err != nil || other != nil {
+	if other, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 0); err != nil || other != nil {
 		t.Fatalf("a second lease of a held key: %v %v; want none", other, err)
 	}
-	if other, err := db.LeaseSigner(ctx, network().ID, addressOf(key), 300*time.Millisecond); err != nil || other != nil {
+	if other, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 300*time.Millisecond); err != nil || other != nil {
 		t.Fatalf("queueing for a held key: %v %v; want none after the wait", other, err)
 	}
 
 	row := func(nonce uint64) *settle.NewSettlement {
-		p := newPay(t, fundedPayer(t, 1), 1)
+		p := env.NewPay(t, env.FundedPayer(t, 1), 1)
 		var h common.Hash
 		h[0], h[31] = 0xee, byte(nonce)
-		return &settle.NewSettlement{Key: p.key(), PayTo: p.payTo, Value: bigOne(), ValidAfter: bigOne(), ValidBefore: bigOne(),
-			X402Version: 2, Request: []byte("{}"), Signer: addressOf(key), TxNonce: nonce,
+		return &settle.NewSettlement{Key: p.Key(), PayTo: p.PayTo, Value: bigOne(), ValidAfter: bigOne(), ValidBefore: bigOne(),
+			X402Version: 2, Request: []byte("{}"), Signer: settletest.AddressOf(key), TxNonce: nonce,
 			Tx: settle.TxRecord{Hash: h, Raw: []byte{1}, TipCap: bigOne(), FeeCap: bigOne()}}
 	}
 	if _, err := l.InsertSettlement(ctx, row(0)); err != nil {
@@ -400,7 +403,7 @@ func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 	if _, err := l.InsertSettlement(ctx, row(1)); err == nil {
 		t.Fatal("a write through a lease whose session ended succeeded")
 	}
-	if got := ledgerNonces(t, conn, addressOf(key)); len(got) != 1 {
+	if got := ledgerNonces(t, conn, settletest.AddressOf(key)); len(got) != 1 {
 		t.Fatalf("ledger tx nonces %v, want only the one written under the lease", got)
 	}
 	select {
@@ -412,7 +415,7 @@ func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 		t.Fatal("a write through a lost lease succeeded")
 	}
 	// The key is free for the next holder, which sees the row written under the first lease.
-	next, err := db.LeaseSigner(ctx, network().ID, addressOf(key), 0)
+	next, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 0)
 	if err != nil || next == nil {
 		t.Fatalf("leasing the key after its holder's session ended: %v %v", next, err)
 	}
@@ -445,25 +448,25 @@ func (v *raceVerifier) Settleable(ctx context.Context, p *facilitator.Payment, s
 // failure that would make the merchant think the payment failed.
 func TestSettleDuplicateMinedDuringVerify(t *testing.T) {
 	ctx := context.Background()
-	k1, k2 := newSigner(t), newSigner(t)
-	p := newPay(t, fundedPayer(t, 40_000), 40_000)
-	body := p.body(t)
-	other := newRig(t, rigOptions{signers: []*ecdsa.PrivateKey{k1}})
+	k1, k2 := env.NewSigner(t), env.NewSigner(t)
+	p := env.NewPay(t, env.FundedPayer(t, 40_000), 40_000)
+	body := p.Body(t)
+	other := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{k1}})
 	var first settle.Outcome
-	r := newRig(t, rigOptions{signers: []*ecdsa.PrivateKey{k2}, cfg: func(c *settle.Config) {
+	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{k2}, Config: func(c *settle.Config) {
 		c.Verifier = &raceVerifier{Verifier: c.Verifier, before: func() {
 			var err error
-			if first, err = other.settleBody(ctx, t, body); err != nil || !first.Response.Success {
+			if first, err = other.SettleBody(ctx, t, body); err != nil || !first.Response.Success {
 				t.Errorf("the other process: want success, got %+v %v", first.Response, err)
 			}
 		}}
 	}})
-	out, err := r.settleBody(ctx, t, body)
+	out, err := r.SettleBody(ctx, t, body)
 	if err != nil || out.Response.Success || out.Response.ErrorReason != facilitator.ReasonAlreadySettled ||
 		out.Response.Transaction != first.Response.Transaction {
 		t.Fatalf("want already_settled with %s, got %+v %v", first.Response.Transaction, out.Response, err)
 	}
-	if got := balance(t, p.payTo); got.Int64() != 40_000 {
-		t.Fatalf("payee holds %s, want 40000 once", got)
+	if got := env.Balance(t, p.PayTo); got != 40_000 {
+		t.Fatalf("payee holds %d, want 40000 once", got)
 	}
 }

@@ -97,12 +97,12 @@ func (n *network) fees(ctx context.Context) (Fees, error) {
 }
 
 // pickSender returns the signer this process holds with the fewest transactions in flight, or
-// nil when it holds none or all are at the limit (back-pressure: the caller answers 503 with
-// Retry-After rather than queue forever).
+// nil when it holds none or all are at the limit or below their minimum balance (back-pressure:
+// the caller answers 503 with Retry-After rather than queue forever).
 func (n *network) pickSender() *sender {
 	var best *sender
 	for _, s := range n.senders {
-		if s.held() == nil || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
+		if s.held() == nil || s.low.Load() || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
 			continue
 		}
 		if best == nil || s.inFlight.Load() < best.inFlight.Load() {

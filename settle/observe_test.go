@@ -11,6 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
 // TestSettleNonceGapObserved: the signer key sends a transaction behind the engine's back, after
@@ -19,42 +20,42 @@ import (
 func TestSettleNonceGapObserved(t *testing.T) {
 	ctx := context.Background()
 	obs := &recordingObserver{}
-	signer := newSigner(t)
+	signer := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(signer.PublicKey)
-	r := newRig(t, rigOptions{signers: []*ecdsa.PrivateKey{signer}, deadline: time.Second,
-		cfg: func(c *settle.Config) { c.Observer = obs }})
+	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
+		Config: func(c *settle.Config) { c.Observer = obs }})
 
 	// Nonce 0, spent outside the engine (anvil mines it at once).
 	tip := big.NewInt(1e9)
-	head, err := chain.Client.HeaderByNumber(ctx, nil)
+	head, err := env.Chain.Client.HeaderByNumber(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(chain.ChainID)), &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(chain.ChainID), Nonce: 0, GasTipCap: tip,
+	tx, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
+		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: 0, GasTipCap: tip,
 		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))), Gas: 21000, To: &addr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := chain.Client.SendTransaction(ctx, tx); err != nil {
+	if err := env.Chain.Client.SendTransaction(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if n, err := chain.Client.NonceAt(ctx, addr, nil); err == nil && n == 1 {
+		if n, err := env.Chain.Client.NonceAt(ctx, addr, nil); err == nil && n == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the outside transaction was not mined")
 		}
 	}
-	if got := obs.count("gap " + network().ID + " " + addr.Hex() + " " + settle.NonceUsed); got != 0 {
+	if got := obs.count("gap " + env.Network().ID + " " + addr.Hex() + " " + settle.NonceUsed); got != 0 {
 		t.Fatalf("a gap observed before any send: %d", got)
 	}
 
-	if _, err := r.settleBody(ctx, t, newPay(t, fundedPayer(t, 1000), 1000).body(t)); err != nil {
+	if _, err := r.SettleBody(ctx, t, env.NewPay(t, env.FundedPayer(t, 1000), 1000).Body(t)); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); obs.count("gap "+network().ID+" "+addr.Hex()+" "+settle.NonceUsed) == 0; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceUsed) == 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no nonce gap observed; observer saw %v", obs.snapshot())
 		}

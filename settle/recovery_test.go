@@ -15,54 +15,36 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
-
-func manualMining(t *testing.T) { devchaintest.ManualMining(t, chain) }
 
 func poolSize(t testing.TB) int {
 	t.Helper()
-	n, err := devchaintest.PoolSize(context.Background(), chain)
+	n, err := devchaintest.PoolSize(context.Background(), env.Chain)
 	if err != nil {
 		t.Fatalf("txpool_status: %v", err)
 	}
 	return n
 }
 
-// inPool reports whether the node knows the transaction and has not mined it.
-func inPool(t testing.TB, hash string) bool {
-	t.Helper()
-	var tx *struct {
-		BlockNumber *hexutil.Big `json:"blockNumber"`
-	}
-	if err := chain.RPC.CallContext(context.Background(), &tx, "eth_getTransactionByHash", common.HexToHash(hash)); err != nil {
-		t.Fatalf("eth_getTransactionByHash: %v", err)
-	}
-	return tx != nil && tx.BlockNumber == nil
-}
-
 func nonceOf(t testing.TB, addr common.Address, block string) uint64 {
 	t.Helper()
 	var n hexutil.Uint64
-	if err := chain.RPC.CallContext(context.Background(), &n, "eth_getTransactionCount", addr, block); err != nil {
+	if err := env.Chain.RPC.CallContext(context.Background(), &n, "eth_getTransactionCount", addr, block); err != nil {
 		t.Fatal(err)
 	}
 	return uint64(n)
 }
 
-func (p pay) key() facilitator.AuthorizationKey {
-	return facilitator.AuthorizationKey{Network: network().ID, Asset: chain.USDC.Address,
-		Payer: crypto.PubkeyToAddress(p.payer.PublicKey), Nonce: p.nonce}
-}
-
 // openRows is the ledger's open settlements of a signer, by authorization, as recovery reads them.
 func openRows(t testing.TB, signer common.Address) map[facilitator.AuthorizationKey]*settle.OpenSettlement {
 	t.Helper()
-	db, err := postgres.Open(context.Background(), dbURL, nil)
+	db, err := postgres.Open(context.Background(), env.DBURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	rows, err := db.OpenSettlements(context.Background(), network().ID, signer)
+	rows, err := db.OpenSettlements(context.Background(), env.Network().ID, signer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,16 +68,16 @@ func latestTx(s *settle.OpenSettlement) string {
 // once the block is mined gets the success with that hash, and a third time already_settled.
 func TestSettleSlowChainPending(t *testing.T) {
 	ctx := context.Background()
-	payer := fundedPayer(t, 2_000_000) // minted while anvil still mines
-	p := newPay(t, payer, 1_500_000)
-	body := p.body(t)
+	payer := env.FundedPayer(t, 2_000_000) // minted while anvil still mines
+	p := env.NewPay(t, payer, 1_500_000)
+	body := p.Body(t)
 	const deadline = 1500 * time.Millisecond
-	manualMining(t)
-	r := newRig(t, rigOptions{deadline: deadline})
-	signer := crypto.PubkeyToAddress(r.signers[0].PublicKey)
+	env.ManualMining(t)
+	r := env.NewEngine(t, settletest.EngineOptions{Deadline: deadline})
+	signer := crypto.PubkeyToAddress(r.Signers[0].PublicKey)
 
 	start := time.Now()
-	out, err := r.settleBody(ctx, t, body)
+	out, err := r.SettleBody(ctx, t, body)
 	took := time.Since(start)
 	if err != nil {
 		t.Fatalf("a slow chain is not an error: %v", err)
@@ -104,38 +86,38 @@ func TestSettleSlowChainPending(t *testing.T) {
 	if res.Success || res.ErrorReason != facilitator.ReasonSettlementPending || res.Transaction == "" || out.Claimed {
 		t.Fatalf("want settlement_pending with a hash, got %+v (claimed %v)", res, out.Claimed)
 	}
-	if res.Network != network().ID || res.Payer != crypto.PubkeyToAddress(payer.PublicKey).Hex() {
+	if res.Network != env.Network().ID || res.Payer != crypto.PubkeyToAddress(payer.PublicKey).Hex() {
 		t.Fatalf("network/payer: %+v", res)
 	}
 	if took < deadline-100*time.Millisecond || took > deadline+2*time.Second {
 		t.Fatalf("answered after %v, want about the %v deadline", took, deadline)
 	}
 	hash := res.Transaction
-	if !inPool(t, hash) {
+	if !env.InPool(t, common.HexToHash(hash)) {
 		t.Fatalf("the pending answer's transaction %s is not in the node's pool", hash)
 	}
 	open := openRows(t, signer)
-	if len(open) != 1 || open[p.key()] == nil || open[p.key()].Delivered || latestTx(open[p.key()]) != hash {
+	if len(open) != 1 || open[p.Key()] == nil || open[p.Key()].Delivered || latestTx(open[p.Key()]) != hash {
 		t.Fatalf("ledger while pending: %+v, want one open row with transaction %s", open, hash)
 	}
-	if row, err := r.db.SettlementByKey(ctx, p.key()); err != nil || !row.State.Open() || row.TxHash.Hex() != hash {
+	if row, err := r.DB.SettlementByKey(ctx, p.Key()); err != nil || !row.State.Open() || row.TxHash.Hex() != hash {
 		t.Fatalf("ledger row while pending: %+v %v, want open with transaction %s", row, err, hash)
 	}
-	if got := balance(t, p.payTo); got.Sign() != 0 {
-		t.Fatalf("payee holds %s before any block", got)
+	if got := env.Balance(t, p.PayTo); got != 0 {
+		t.Fatalf("payee holds %d before any block", got)
 	}
 
-	mine(t)
+	env.Mine(t)
 
 	// The official resource server's one retry: the same payload, owed the final outcome.
-	again, err := r.settleBody(ctx, t, body)
+	again, err := r.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !again.Response.Success || again.Response.Transaction != hash || again.Response.ErrorReason != "" || !again.Claimed {
 		t.Fatalf("retry after the block: want success with %s, got %+v (claimed %v)", hash, again.Response, again.Claimed)
 	}
-	third, err := r.settleBody(ctx, t, body)
+	third, err := r.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,16 +125,16 @@ func TestSettleSlowChainPending(t *testing.T) {
 		t.Fatalf("third call: want already_settled with %s, got %+v", hash, third.Response)
 	}
 
-	if got := balance(t, p.payTo); got.Int64() != 1_500_000 {
-		t.Fatalf("payee holds %s, want exactly 1500000", got)
+	if got := env.Balance(t, p.PayTo); got != 1_500_000 {
+		t.Fatalf("payee holds %d, want exactly 1500000", got)
 	}
-	if got := balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got.Int64() != 500_000 {
-		t.Fatalf("payer holds %s, want 500000", got)
+	if got := env.Balance(t, crypto.PubkeyToAddress(payer.PublicKey)); got != 500_000 {
+		t.Fatalf("payer holds %d, want 500000", got)
 	}
 	if n := nonceOf(t, signer, "latest"); n != 1 {
 		t.Fatalf("signer sent %d transactions, want 1", n)
 	}
-	row, err := r.db.SettlementByKey(ctx, p.key())
+	row, err := r.DB.SettlementByKey(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,20 +163,20 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	ctx := context.Background()
 	const before, after, value = 5, 3, 10_000
 	const deadline = 1500 * time.Millisecond
-	pays := make([]pay, before+after)
+	pays := make([]settletest.Pay, before+after)
 	bodies := make([][]byte, len(pays))
 	for i := range pays {
-		pays[i] = newPay(t, fundedPayer(t, value), value)
-		bodies[i] = pays[i].body(t)
+		pays[i] = env.NewPay(t, env.FundedPayer(t, value), value)
+		bodies[i] = pays[i].Body(t)
 	}
-	signer := newSigner(t)
+	signer := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(signer.PublicKey)
 	keys := []*ecdsa.PrivateKey{signer}
-	manualMining(t)
+	env.ManualMining(t)
 
 	// settleAll settles bodies[from:to] concurrently through r; every answer must be pending.
 	hashes := make([]string, len(pays))
-	settleAll := func(r *rig, from, to int) {
+	settleAll := func(r *settletest.Engine, from, to int) {
 		t.Helper()
 		outs := make([]settle.Outcome, to-from)
 		errs := make([]error, to-from)
@@ -203,7 +185,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				outs[i-from], errs[i-from] = r.settleBody(ctx, t, bodies[i])
+				outs[i-from], errs[i-from] = r.SettleBody(ctx, t, bodies[i])
 			}()
 		}
 		wg.Wait()
@@ -231,7 +213,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 		out := map[uint64]bool{}
 		open := openRows(t, addr)
 		for i := from; i < to; i++ {
-			row := open[pays[i].key()]
+			row := open[pays[i].Key()]
 			if row == nil || row.Signer != addr || len(row.Txs) != 1 || latestTx(row) != hashes[i] {
 				t.Fatalf("payment %d: open ledger row %+v, want signer %s, tx %s", i, row, addr, hashes[i])
 			}
@@ -255,18 +237,18 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	}
 
 	// Engine A: five settlements left pending, then a "restart".
-	a := newRig(t, rigOptions{signers: keys, deadline: deadline})
+	a := env.NewEngine(t, settletest.EngineOptions{Signers: keys, Deadline: deadline})
 	settleAll(a, 0, before)
 	wantNonces(rowNonces(0, before), 0, before)
-	a.engine.Stop()
-	a.engine.Stop() // Stop is idempotent; the rig's cleanup calls it again too
+	a.Engine.Stop()
+	a.Engine.Stop() // Stop is idempotent; the rig's cleanup calls it again too
 	for i := range before {
-		if !inPool(t, hashes[i]) {
+		if !env.InPool(t, common.HexToHash(hashes[i])) {
 			t.Fatalf("payment %d: transaction %s is not in the node's pool after stop", i, hashes[i])
 		}
 	}
 	if dropPool {
-		if err := chain.RPC.CallContext(ctx, nil, "anvil_dropAllTransactions"); err != nil {
+		if err := env.Chain.RPC.CallContext(ctx, nil, "anvil_dropAllTransactions"); err != nil {
 			t.Fatalf("anvil_dropAllTransactions: %v", err)
 		}
 		if n := poolSize(t); n != 0 {
@@ -278,12 +260,12 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	}
 
 	// Engine B on the same key and ledger: recovery, then new payments.
-	b := newRig(t, rigOptions{signers: keys, deadline: deadline})
+	b := env.NewEngine(t, settletest.EngineOptions{Signers: keys, Deadline: deadline})
 	if dropPool {
 		// Recovery must resend the very same signed transactions from the ledger.
 		limit := time.Now().Add(5 * time.Second)
 		for i := range before {
-			for !inPool(t, hashes[i]) {
+			for !env.InPool(t, common.HexToHash(hashes[i])) {
 				if time.Now().After(limit) {
 					t.Fatalf("payment %d: transaction %s was not rebroadcast by the new engine", i, hashes[i])
 				}
@@ -297,14 +279,14 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 		t.Fatalf("%d transactions in the pool before mining, want %d", n, before+after)
 	}
 
-	mine(t)
-	mine(t)
+	env.Mine(t)
+	env.Mine(t)
 
 	// Every payload, sent again, gets its one success with the hash of its first answer.
 	limit := time.Now().Add(10 * time.Second)
 	for i := range pays {
 		for {
-			out, err := b.settleBody(ctx, t, bodies[i])
+			out, err := b.SettleBody(ctx, t, bodies[i])
 			if err != nil {
 				t.Fatalf("payment %d after mining: %v", i, err)
 			}
@@ -322,17 +304,17 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 				t.Fatalf("payment %d still pending after mining: %+v", i, res)
 			}
 		}
-		again, err := b.settleBody(ctx, t, bodies[i])
+		again, err := b.SettleBody(ctx, t, bodies[i])
 		if err != nil || again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled {
 			t.Fatalf("payment %d, once more: want already_settled, got %+v %v", i, again.Response, err)
 		}
 	}
 
 	for i, p := range pays {
-		if got := balance(t, p.payTo); got.Int64() != value {
-			t.Fatalf("payee %d holds %s, want exactly %d", i, got, value)
+		if got := env.Balance(t, p.PayTo); got != value {
+			t.Fatalf("payee %d holds %d, want exactly %d", i, got, value)
 		}
-		row, err := b.db.SettlementByKey(ctx, p.key())
+		row, err := b.DB.SettlementByKey(ctx, p.Key())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,21 +339,21 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 // the success with the same hash once mined.
 func TestSettlePendingSeenByAnotherEngine(t *testing.T) {
 	ctx := context.Background()
-	payer := fundedPayer(t, 100_000)
-	p := newPay(t, payer, 100_000)
-	body := p.body(t)
+	payer := env.FundedPayer(t, 100_000)
+	p := env.NewPay(t, payer, 100_000)
+	body := p.Body(t)
 	const deadline = time.Second
-	manualMining(t)
-	owner := newRig(t, rigOptions{deadline: deadline})
-	replica := newRig(t, rigOptions{deadline: deadline}) // another signer key, the same ledger
+	env.ManualMining(t)
+	owner := env.NewEngine(t, settletest.EngineOptions{Deadline: deadline})
+	replica := env.NewEngine(t, settletest.EngineOptions{Deadline: deadline}) // another signer key, the same ledger
 
-	first, err := owner.settleBody(ctx, t, body)
+	first, err := owner.SettleBody(ctx, t, body)
 	if err != nil || first.Response.ErrorReason != facilitator.ReasonSettlementPending || first.Response.Transaction == "" {
 		t.Fatalf("owner: want settlement_pending with a hash, got %+v %v", first.Response, err)
 	}
 	hash := first.Response.Transaction
 
-	seen, err := replica.settleBody(ctx, t, body)
+	seen, err := replica.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,18 +362,18 @@ func TestSettlePendingSeenByAnotherEngine(t *testing.T) {
 			"signed hash), got %+v", hash, seen.Response)
 	}
 
-	mine(t)
-	done, err := replica.settleBody(ctx, t, body)
+	env.Mine(t)
+	done, err := replica.SettleBody(ctx, t, body)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !done.Response.Success || done.Response.Transaction != hash {
 		t.Fatalf("replica after the block: want success with %s, got %+v", hash, done.Response)
 	}
-	if got := balance(t, p.payTo); got.Int64() != 100_000 {
-		t.Fatalf("payee holds %s, want exactly 100000", got)
+	if got := env.Balance(t, p.PayTo); got != 100_000 {
+		t.Fatalf("payee holds %d, want exactly 100000", got)
 	}
-	if n := nonceOf(t, crypto.PubkeyToAddress(replica.signers[0].PublicKey), "latest"); n != 0 {
+	if n := nonceOf(t, crypto.PubkeyToAddress(replica.Signers[0].PublicKey), "latest"); n != 0 {
 		t.Fatalf("the replica's signer sent %d transactions for a settlement it does not own", n)
 	}
 }

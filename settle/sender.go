@@ -38,6 +38,10 @@ type sender struct {
 	pending []*submission
 
 	inFlight atomic.Int64 // flights not yet mined or failed
+	// balance is the native balance at the last read (nil before); low: it is below the minimum,
+	// so the key takes no new settlement (balance.go).
+	balance atomic.Pointer[big.Int]
+	low     atomic.Bool
 
 	// lease is this process's hold on the key; nil while another process holds it. Set and
 	// cleared under mu, so a commit never straddles a change of holder.
@@ -176,7 +180,8 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 				continue
 			}
 			sub.row.Signer, sub.row.TxNonce = s.addr, nonce
-			sub.row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: sub.fees.TipCap, FeeCap: sub.fees.FeeCap}
+			sub.row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: sub.fees.TipCap, FeeCap: sub.fees.FeeCap, Gas: sub.gas}
+			sub.row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(sub.gas), sub.fees.FeeCap)
 			rows, signed, raws = append(rows, sub.row), append(signed, sub), append(raws, raw)
 		}
 		if len(rows) == 0 {
@@ -202,13 +207,22 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			s.loaded = false
 			continue
 		}
-		if len(rows) > 1 && (errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrPaymentIDTaken)) {
+		if len(rows) > 1 && (errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrPaymentIDTaken) ||
+			errors.Is(err, ErrGroupRefused)) {
 			// One of the group collides with a row committed meanwhile (a concurrent request for the
-			// same authorization or payment id): nothing of the group was written. Commit them one
-			// by one, so that only the colliding one fails.
+			// same authorization or payment id), or a limit refused one: nothing of the group was
+			// written. Commit them one by one, so that only that one fails, and the others take
+			// consecutive nonces (a refused row takes none).
 			for _, sub := range signed {
 				s.commitLocked(ctx, []*submission{sub})
 			}
+			return
+		}
+		if facilitator.ErrorCode(err) == facilitator.ELimited {
+			// A limit refused the row (a group's rows are refused only one by one, above): nothing
+			// was written, and the nonce is not taken (s.next stays), so the signed transaction is
+			// simply dropped.
+			finish(err)
 			return
 		}
 		if err != nil && !errors.Is(err, facilitator.ErrDuplicate) && !errors.Is(err, facilitator.ErrNonceTaken) && !errors.Is(err, facilitator.ErrPaymentIDTaken) {

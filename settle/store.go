@@ -2,7 +2,9 @@ package settle
 
 import (
 	"context"
+	"errors"
 	"math/big"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 
@@ -16,11 +18,13 @@ type Store interface {
 	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
 	SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error)
 	// InsertSettlement commits the row, its first signed transaction and the "signed" event at
-	// once. It is the write before the broadcast.
+	// once. It is the write before the broadcast. When the row's Guard refuses it, nothing is
+	// written and the error is a *facilitator.Error with code ELimited and a RetryAfter.
 	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
 	// InsertSettlements commits several new settlements in one transaction, all or none (a group
 	// commit: one round trip for a burst of settlements on one key). Its error is
-	// InsertSettlement's for the first row that failed.
+	// InsertSettlement's for the first row that failed, except that a row its Guard refuses makes
+	// it write nothing and return ErrGroupRefused (the caller then commits the rows one by one).
 	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
 	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent.
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
@@ -41,7 +45,14 @@ type Store interface {
 	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]OpenSettlement, error)
 	// MaxTxNonce is the highest tx nonce the ledger holds for the signer.
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
+	// WalletCapWait is how long until a settlement of value by payer would fit g's wallet caps
+	// (0: it fits now), read without a lock.
+	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g Guard) (time.Duration, error)
 }
+
+// ErrGroupRefused is InsertSettlements' answer when a row's Guard refused it: nothing of the
+// group was written. Each row's own insert (InsertSettlement) tells which, and why.
+var ErrGroupRefused = errors.New("settle: a limit refused a row of the group; nothing was written")
 
 // NewSettlement is a row to insert.
 type NewSettlement struct {
@@ -59,6 +70,31 @@ type NewSettlement struct {
 	// PaymentID, when set, is bound to this settlement in the same statement; an id already bound
 	// makes the insert fail with facilitator.ErrPaymentIDTaken and nothing is written.
 	PaymentID *PaymentIDBinding
+	// KeyID is the merchant API key the settlement was requested with ("" in open mode).
+	KeyID string
+	// GasReserved is the transaction's worst-case gas cost in wei: gas limit × max fee per gas.
+	GasReserved *big.Int
+	// Guard holds the limits the row is checked against in the same transaction as its insert.
+	Guard Guard
+}
+
+// Guard is the limits a new settlement must fit. The store checks them against the ledger under
+// a lock per wallet (and per key) taken in the insert's own transaction, so concurrent inserts
+// from any number of processes see each other: the limits are exact.
+type Guard struct {
+	// WalletCapCount and WalletCapAmount bound the payer's settlements per network and asset
+	// (signed, broadcast, mined or final) created within WalletWindow; 0 or nil: no bound.
+	WalletCapCount  int
+	WalletCapAmount *big.Int
+	WalletWindow    time.Duration
+	// KeyGasBudget is the gas budget (wei per rolling 24 hours) of a key with no budget of its
+	// own; nil or 0: unlimited. Applies only when the row has a KeyID.
+	KeyGasBudget *big.Int
+}
+
+// WalletCapped reports whether the guard bounds wallets at all.
+func (g Guard) WalletCapped() bool {
+	return g.WalletWindow > 0 && (g.WalletCapCount > 0 || (g.WalletCapAmount != nil && g.WalletCapAmount.Sign() > 0))
 }
 
 // PaymentIDBinding is a payment-identifier id to bind to a new settlement.
@@ -74,6 +110,9 @@ type TxRecord struct {
 	Raw    []byte
 	TipCap *big.Int
 	FeeCap *big.Int
+	// Gas is the transaction's gas limit, when known (AddTx raises the settlement's reserved gas
+	// cost to Gas × FeeCap); records read back from the ledger leave it 0.
+	Gas uint64
 }
 
 // Resolution is a settlement's outcome as read from the chain.

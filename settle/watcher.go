@@ -431,7 +431,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	// Through the lease: a process that lost the key cannot add a variant its next holder would
 	// not know of.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-	err = l.AddTx(wctx, f.id, TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap})
+	err = l.AddTx(wctx, f.id, TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas})
 	cancel()
 	if err != nil {
 		return err

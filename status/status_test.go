@@ -17,6 +17,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -26,9 +27,9 @@ import (
 // unused: neither the ledger nor the index knows the authorization; the chain says unused.
 func TestStatusUnused(t *testing.T) {
 	ctx := context.Background()
-	p := newPay(t, fundedPayer(t, 1), 1)
-	h := head(t)
-	st, found, err := statusService(2).Authorization(ctx, p.key())
+	p := env.NewPay(t, env.FundedPayer(t, 1), 1)
+	h := env.Head(t)
+	st, found, err := statusService(2).Authorization(ctx, p.Key())
 	if err != nil || found {
 		t.Fatalf("found %v, err %v; want not found and no error", found, err)
 	}
@@ -36,13 +37,13 @@ func TestStatusUnused(t *testing.T) {
 		st.Confirmations != 0 || st.Head < h {
 		t.Fatalf("status: %+v, want unused from the chain", st)
 	}
-	if st.Network != p.key().Network || st.Asset != chain.USDC.Address.Hex() || st.Authorizer != p.from().Hex() ||
-		st.Nonce != hexutil.Encode(p.nonce[:]) {
+	if st.Network != p.Key().Network || st.Asset != env.Chain.USDC.Address.Hex() || st.Authorizer != p.From().Hex() ||
+		st.Nonce != hexutil.Encode(p.Nonce[:]) {
 		t.Fatalf("status does not echo the authorization: %+v", st)
 	}
 
 	// A network this service does not serve is the caller's mistake, not an outage.
-	k := p.key()
+	k := p.Key()
 	k.Network = "eip155:1"
 	var fe *facilitator.Error
 	if _, _, err := statusService(2).Authorization(ctx, k); !errors.As(err, &fe) || fe.Code != facilitator.EInvalid ||
@@ -54,30 +55,30 @@ func TestStatusUnused(t *testing.T) {
 // pending: our transaction is broadcast and not mined: the ledger answers, with the hash.
 func TestStatusPending(t *testing.T) {
 	ctx := context.Background()
-	p := newPay(t, fundedPayer(t, 1_000_000), 42_000)
-	p.id = randomID(t)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	hash := e.settlePending(t, body)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 42_000)
+	p.ID = settletest.RandomID(t)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	hash := e.SettlePending(t, body)
 
 	svc := statusService(2)
-	st, found, err := svc.Authorization(ctx, p.key())
+	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
 	if st.State != facilitator.StatusPending || st.Basis != "ledger" || st.Transaction != hash.Hex() || st.BlockNumber != 0 ||
-		st.Confirmations != 0 || st.Final || st.SettledBy != "" || st.To != p.payTo.Hex() || st.Value != "42000" ||
-		st.ValidBefore != p.validBefore.String() {
+		st.Confirmations != 0 || st.Final || st.SettledBy != "" || st.To != p.PayTo.Hex() || st.Value != "42000" ||
+		st.ValidBefore != p.ValidBefore.String() {
 		t.Fatalf("status: %+v, want pending from the ledger with %s", st, hash)
 	}
 	bySettlement, err := svc.Settlement(ctx, hash)
 	if err != nil || bySettlement != st {
 		t.Fatalf("by transaction: %+v %v, want %+v", bySettlement, err, st)
 	}
-	byPayment, err := svc.Payment(ctx, "", p.id)
+	byPayment, err := svc.Payment(ctx, "", p.ID)
 	want := st
-	want.PaymentID = p.id
+	want.PaymentID = p.ID
 	if err != nil || byPayment != want {
 		t.Fatalf("by payment id: %+v %v, want %+v", byPayment, err, want)
 	}
@@ -88,17 +89,17 @@ func TestStatusPending(t *testing.T) {
 func TestStatusSettledByFacilitator(t *testing.T) {
 	ctx := context.Background()
 	const depth = 3
-	p := newPay(t, fundedPayer(t, 1_000_000), 500_000)
-	e := newEngine(t, engineOptions{depth: 10, deadline: 10 * time.Second}) // the engine keeps it mined, not final
-	out := e.settle(t, p.body(t))
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 500_000)
+	e := env.NewEngine(t, settletest.EngineOptions{Depth: 10, Deadline: 10 * time.Second}) // the engine keeps it mined, not final
+	out := e.MustSettle(t, p.Body(t))
 	if !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
 	hash := common.HexToHash(out.Response.Transaction)
-	rc := receipt(t, hash)
+	rc := env.Receipt(t, hash)
 	svc := statusService(depth)
 
-	st, found, err := svc.Authorization(ctx, p.key())
+	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
@@ -107,24 +108,24 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 		t.Fatalf("status at 1 confirmation: %+v", st)
 	}
 	for range depth - 1 {
-		mine(t)
+		env.Mine(t)
 	}
-	st, _, err = svc.Authorization(ctx, p.key())
+	st, _, err = svc.Authorization(ctx, p.Key())
 	if err != nil || st.State != facilitator.StatusSettled || st.Confirmations != depth || !st.Final {
 		t.Fatalf("status at %d confirmations: %+v %v, want final", depth, st, err)
 	}
-	if r := row(t, p.key()); r.State != facilitator.StateMined {
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateMined {
 		t.Fatalf("ledger: %+v, want mined (the engine's depth is 10)", r)
 	}
 
 	// The ledger's final counts even where the service's own depth is not reached.
-	q := newPay(t, fundedPayer(t, 1_000_000), 600_000)
-	e1 := newEngine(t, engineOptions{depth: 1, deadline: 10 * time.Second})
-	if out := e1.settle(t, q.body(t)); !out.Response.Success {
+	q := env.NewPay(t, env.FundedPayer(t, 1_000_000), 600_000)
+	e1 := env.NewEngine(t, settletest.EngineOptions{Depth: 1, Deadline: 10 * time.Second})
+	if out := e1.MustSettle(t, q.Body(t)); !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
-	waitState(t, q.key(), facilitator.StateFinal)
-	st, _, err = statusService(100).Authorization(ctx, q.key())
+	waitState(t, q.Key(), facilitator.StateFinal)
+	st, _, err = statusService(100).Authorization(ctx, q.Key())
 	if err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations >= 100 {
 		t.Fatalf("status of a final row at depth 100: %+v %v, want final", st, err)
 	}
@@ -134,28 +135,28 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 // the index with the transaction, block, payee and amount.
 func TestStatusSettledByOther(t *testing.T) {
 	ctx := context.Background()
-	p := newPay(t, fundedPayer(t, 1_000_000), 77_000)
-	theirs := p.submitElsewhere(t)
-	rc := receipt(t, theirs)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 77_000)
+	theirs := p.SubmitElsewhere(t)
+	rc := env.Receipt(t, theirs)
 	svc := statusService(2)
 
-	if use(t, p.key()) == nil {
-		st, found, err := svc.Authorization(ctx, p.key())
+	if env.Use(t, p.Key()) == nil {
+		st, found, err := svc.Authorization(ctx, p.Key())
 		if err != nil || found || st.State != facilitator.StatusSettled || st.SettledBy != "other" || st.Basis != "chain" ||
 			st.Transaction != "" && st.Transaction != theirs.Hex() {
 			t.Fatalf("status before indexing: %+v %v %v, want settled by other from the chain", st, found, err)
 		}
 	}
 
-	startIndexer(t)
-	mine(t)
-	waitIndexed(t, head(t))
-	st, found, err := svc.Authorization(ctx, p.key())
+	env.StartIndexer(t)
+	env.Mine(t)
+	env.WaitIndexed(t, env.Head(t))
+	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
 	if st.State != facilitator.StatusSettled || st.SettledBy != "other" || st.Basis != "index" || st.Transaction != theirs.Hex() ||
-		st.BlockNumber != rc.BlockNumber.Uint64() || st.Confirmations != 2 || !st.Final || st.To != p.payTo.Hex() || st.Value != "77000" {
+		st.BlockNumber != rc.BlockNumber.Uint64() || st.Confirmations != 2 || !st.Final || st.To != p.PayTo.Hex() || st.Value != "77000" {
 		t.Fatalf("status from the index: %+v, want settled by other with %s", st, theirs)
 	}
 	if st.IndexedHead < rc.BlockNumber.Uint64() {
@@ -171,15 +172,15 @@ func TestStatusSettledByOther(t *testing.T) {
 // the chain can only say "used", and status must not turn that into a payment.
 func TestStatusCanceled(t *testing.T) {
 	ctx := context.Background()
-	payer := fundedPayer(t, 1_000_000)
-	p := newPay(t, payer, 10_000)
-	tx := cancelAuthorization(t, payer, p.nonce)
-	rc := receipt(t, tx)
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 10_000)
+	tx := cancelAuthorization(t, payer, p.Nonce)
+	rc := env.Receipt(t, tx)
 	svc := statusService(2)
 
-	startIndexer(t)
-	waitIndexed(t, rc.BlockNumber.Uint64())
-	st, found, err := svc.Authorization(ctx, p.key())
+	env.StartIndexer(t)
+	env.WaitIndexed(t, rc.BlockNumber.Uint64())
+	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
@@ -194,13 +195,13 @@ func TestStatusCanceled(t *testing.T) {
 // that never happened.
 func TestStatusCanceledNotYetIndexed(t *testing.T) {
 	ctx := context.Background()
-	payer := fundedPayer(t, 1_000_000)
-	p := newPay(t, payer, 10_000)
-	cancelAuthorization(t, payer, p.nonce) // no indexer runs
-	if use(t, p.key()) != nil {
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 10_000)
+	cancelAuthorization(t, payer, p.Nonce) // no indexer runs
+	if env.Use(t, p.Key()) != nil {
 		t.Fatal("the index has the cancellation although no indexer runs")
 	}
-	st, _, err := statusService(2).Authorization(ctx, p.key())
+	st, _, err := statusService(2).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,7 @@ func TestStatusCanceledNotYetIndexed(t *testing.T) {
 func TestStatusFailed(t *testing.T) {
 	ctx := context.Background()
 	p, hash := revertedSettlement(t)
-	st, found, err := statusService(2).Authorization(ctx, p.key())
+	st, found, err := statusService(2).Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
@@ -223,7 +224,7 @@ func TestStatusFailed(t *testing.T) {
 		st.Transaction != hash.Hex() || st.SettledBy != "" {
 		t.Fatalf("status: %+v, want failed from the ledger with %s", st, hash)
 	}
-	if used, err := chain.USDC.AuthorizationState(ctx, p.from(), p.nonce); err != nil || used {
+	if used, err := env.Chain.USDC.AuthorizationState(ctx, p.From(), p.Nonce); err != nil || used {
 		t.Fatalf("authorizationState: %v %v, want unused", used, err)
 	}
 }
@@ -234,13 +235,13 @@ func TestStatusFailed(t *testing.T) {
 func TestStatusFailedThenSettledElsewhere(t *testing.T) {
 	ctx := context.Background()
 	p, _ := revertedSettlement(t)
-	if err := chain.USDC.Mint(ctx, p.from(), big.NewInt(p.value)); err != nil {
+	if err := env.Chain.USDC.Mint(ctx, p.From(), big.NewInt(p.Value)); err != nil {
 		t.Fatal(err)
 	}
-	theirs := p.submitElsewhere(t)
-	startIndexer(t)
-	waitIndexed(t, receipt(t, theirs).BlockNumber.Uint64())
-	st, _, err := statusService(2).Authorization(ctx, p.key())
+	theirs := p.SubmitElsewhere(t)
+	env.StartIndexer(t)
+	env.WaitIndexed(t, env.Receipt(t, theirs).BlockNumber.Uint64())
+	st, _, err := statusService(2).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,8 +267,8 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 		t.Run(string(tc.res.State), func(t *testing.T) {
 			k, hash := insertRow(t, nil)
 			if tc.res.State != facilitator.StateSigned {
-				tc.res.ID = row(t, k).ID
-				if err := db.Resolve(ctx, []settle.Resolution{tc.res}); err != nil {
+				tc.res.ID = env.Row(t, k).ID
+				if err := env.DB.Resolve(ctx, []settle.Resolution{tc.res}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -290,14 +291,14 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 func TestStatusLookups(t *testing.T) {
 	ctx := context.Background()
 	svc := statusService(2)
-	id := randomID(t)
+	id := settletest.RandomID(t)
 	k, first := insertRow(t, &settle.PaymentIDBinding{ID: id, Summary: map[string]string{}})
 	bumped := common.Hash{0xb0}
 	bumped[31] = 1
 	var rnd [31]byte
 	_, _ = rand.Read(rnd[:])
 	copy(bumped[1:], rnd[:])
-	if err := db.AddTx(ctx, row(t, k).ID, settle.TxRecord{Hash: bumped, Raw: []byte{0x02}, TipCap: big.NewInt(2), FeeCap: big.NewInt(4)}); err != nil {
+	if err := env.DB.AddTx(ctx, env.Row(t, k).ID, settle.TxRecord{Hash: bumped, Raw: []byte{0x02}, TipCap: big.NewInt(2), FeeCap: big.NewInt(4)}); err != nil {
 		t.Fatal(err)
 	}
 	want, found, err := svc.Authorization(ctx, k)
@@ -316,7 +317,7 @@ func TestStatusLookups(t *testing.T) {
 		t.Fatalf("Payment(%s): %+v %v", id, st, err)
 	}
 
-	if _, err := svc.Payment(ctx, "", randomID(t)); !errors.Is(err, facilitator.ErrNotFound) {
+	if _, err := svc.Payment(ctx, "", settletest.RandomID(t)); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("unknown payment id: %v, want ErrNotFound", err)
 	}
 	if _, err := svc.Payment(ctx, "merchant-7", id); !errors.Is(err, facilitator.ErrNotFound) {
@@ -331,21 +332,21 @@ func TestStatusLookups(t *testing.T) {
 // from the indexed head.
 func TestStatusHeadUnavailable(t *testing.T) {
 	ctx := context.Background()
-	p := newPay(t, fundedPayer(t, 1_000_000), 9_000)
-	e := newEngine(t, engineOptions{depth: 10, deadline: 10 * time.Second})
-	if out := e.settle(t, p.body(t)); !out.Response.Success {
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 9_000)
+	e := env.NewEngine(t, settletest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
+	if out := e.MustSettle(t, p.Body(t)); !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
-	startIndexer(t)
-	mine(t)
-	waitIndexed(t, head(t))
-	cur, _, _ := db.Cursor(ctx, network().ID)
-	svc := status.New(db, []status.Network{{Network: network(), Reader: reader(), Head: downHead{}, FinalityDepth: 2}}, nil)
-	st, found, err := svc.Authorization(ctx, p.key())
+	env.StartIndexer(t)
+	env.Mine(t)
+	env.WaitIndexed(t, env.Head(t))
+	cur, _, _ := env.DB.Cursor(ctx, env.Network().ID)
+	svc := status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: downHead{}, FinalityDepth: 2}}, nil)
+	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
-	b := row(t, p.key()).BlockNumber
+	b := env.Row(t, p.Key()).BlockNumber
 	if st.State != facilitator.StatusSettled || st.Head != cur.Number || st.IndexedHead != cur.Number || st.Confirmations != cur.Number-b+1 {
 		t.Fatalf("status with the node down: %+v, want confirmations from the indexed head %d", st, cur.Number)
 	}
@@ -364,7 +365,7 @@ func waitState(t testing.TB, k facilitator.AuthorizationKey, s facilitator.State
 	t.Helper()
 	limit := time.Now().Add(10 * time.Second)
 	for {
-		r := row(t, k)
+		r := env.Row(t, k)
 		if r.State == s {
 			return
 		}
@@ -379,22 +380,22 @@ func waitState(t testing.TB, k facilitator.AuthorizationKey, s facilitator.State
 // with mining off and stops, the node drops it, the payer's whole balance goes elsewhere through
 // another authorization, and a restarted engine's recovery resends it into the revert. It returns
 // the payment and our transaction's hash, once the ledger says reverted.
-func revertedSettlement(t *testing.T) (*pay, common.Hash) {
+func revertedSettlement(t *testing.T) (settletest.Pay, common.Hash) {
 	t.Helper()
-	payer := fundedPayer(t, 100_000)
-	p := newPay(t, payer, 100_000)
-	drain := newPay(t, payer, 100_000)
-	body := p.body(t)
-	manualMining(t)
-	e := newEngine(t, engineOptions{})
-	hash := e.settlePending(t, body)
+	payer := env.FundedPayer(t, 100_000)
+	p := env.NewPay(t, payer, 100_000)
+	drain := env.NewPay(t, payer, 100_000)
+	body := p.Body(t)
+	env.ManualMining(t)
+	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	hash := e.SettlePending(t, body)
 	e.Stop()
-	dropPool(t)
-	setAutomine(t, true)
-	drain.submitElsewhere(t)
-	newEngine(t, engineOptions{signer: e.signer}) // recovery resends the ledger's transaction
-	waitState(t, p.key(), facilitator.StateReverted)
-	rc := receipt(t, hash)
+	env.DropPool(t)
+	env.SetAutomine(t, true)
+	drain.SubmitElsewhere(t)
+	env.NewEngine(t, settletest.EngineOptions{Signers: e.Signers, Deadline: pendingDeadline}) // recovery resends the ledger's transaction
+	waitState(t, p.Key(), facilitator.StateReverted)
+	rc := env.Receipt(t, hash)
 	if rc == nil || rc.Status != types.ReceiptStatusFailed {
 		t.Fatalf("receipt of %s: %+v, want a revert", hash, rc)
 	}
@@ -405,18 +406,18 @@ func revertedSettlement(t *testing.T) (*pay, common.Hash) {
 // for a fresh authorization; it returns the key and the transaction's hash. Nothing is sent.
 func insertRow(t testing.TB, id *settle.PaymentIDBinding) (facilitator.AuthorizationKey, common.Hash) {
 	t.Helper()
-	p := newPay(t, mustKey(t), 1_000)
+	p := env.NewPay(t, mustKey(t), 1_000)
 	var fp facilitator.Fingerprint
 	_, _ = rand.Read(fp[:])
 	var hash common.Hash
 	_, _ = rand.Read(hash[:])
-	n := &settle.NewSettlement{Key: p.key(), Fingerprint: fp, PayTo: p.payTo, Value: big.NewInt(p.value), ValidAfter: big.NewInt(0),
-		ValidBefore: p.validBefore, X402Version: 2, Request: []byte("{}"), Signer: addressOf(mustKey(t)), TxNonce: 0,
+	n := &settle.NewSettlement{Key: p.Key(), Fingerprint: fp, PayTo: p.PayTo, Value: big.NewInt(p.Value), ValidAfter: big.NewInt(0),
+		ValidBefore: p.ValidBefore, X402Version: 2, Request: []byte("{}"), Signer: settletest.AddressOf(mustKey(t)), TxNonce: 0,
 		Tx: settle.TxRecord{Hash: hash, Raw: []byte{0x01}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)}, PaymentID: id}
-	if _, err := db.InsertSettlement(context.Background(), n); err != nil {
+	if _, err := env.DB.InsertSettlement(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
-	return p.key(), hash
+	return p.Key(), hash
 }
 
 func mustKey(t testing.TB) *ecdsa.PrivateKey {
@@ -433,7 +434,7 @@ func mustKey(t testing.TB) *ecdsa.PrivateKey {
 func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) common.Hash {
 	t.Helper()
 	ctx := context.Background()
-	authorizer := addressOf(payer)
+	authorizer := settletest.AddressOf(payer)
 	td := apitypes.TypedData{
 		Types: apitypes.Types{
 			"EIP712Domain": {
@@ -445,7 +446,7 @@ func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) 
 			"CancelAuthorization": {{Name: "authorizer", Type: "address"}, {Name: "nonce", Type: "bytes32"}},
 		},
 		PrimaryType: "CancelAuthorization",
-		Domain:      chain.USDC.Domain(),
+		Domain:      env.Chain.USDC.Domain(),
 		Message:     apitypes.TypedDataMessage{"authorizer": authorizer.Hex(), "nonce": nonce[:]},
 	}
 	digest, _, err := apitypes.TypedDataAndHash(td)
@@ -458,7 +459,7 @@ func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) 
 	}
 	sig[64] += 27
 	method := ""
-	for name, m := range chain.USDC.ABI.Methods {
+	for name, m := range env.Chain.USDC.ABI.Methods {
 		if m.RawName == "cancelAuthorization" && len(m.Inputs) == 3 {
 			method = name
 		}
@@ -466,18 +467,18 @@ func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) 
 	if method == "" {
 		t.Fatal("cancelAuthorization(address,bytes32,bytes) is not in the token's ABI")
 	}
-	data, err := chain.USDC.ABI.Pack(method, authorizer, nonce, sig)
+	data, err := env.Chain.USDC.ABI.Pack(method, authorizer, nonce, sig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var hash common.Hash
-	tx := map[string]any{"from": chain.Accounts[2].Address, "to": chain.USDC.Address, "data": hexutil.Bytes(data)}
-	if err := chain.RPC.CallContext(ctx, &hash, "eth_sendTransaction", tx); err != nil {
+	tx := map[string]any{"from": env.Chain.Accounts[2].Address, "to": env.Chain.USDC.Address, "data": hexutil.Bytes(data)}
+	if err := env.Chain.RPC.CallContext(ctx, &hash, "eth_sendTransaction", tx); err != nil {
 		t.Fatalf("cancelAuthorization: %v", err)
 	}
 	limit := time.Now().Add(10 * time.Second)
 	for {
-		if r := receipt(t, hash); r != nil {
+		if r := env.Receipt(t, hash); r != nil {
 			if r.Status != types.ReceiptStatusSuccessful {
 				t.Fatalf("cancelAuthorization reverted: %+v", r)
 			}

@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/ethereum/go-ethereum/crypto"
 )
 
 // TestBenchEndToEnd runs 'facilitator bench' briefly (tiny K, 1 s of /verify, a short ceiling)
@@ -15,8 +12,7 @@ import (
 // command cannot rot. The figures are not checked, only that every phase ran and was counted.
 func TestBenchEndToEnd(t *testing.T) {
 	dbURL, chain := requireStack(t)
-	keyHex := "0x" + hex.EncodeToString(crypto.FromECDSA(chain.Accounts[0].Key))
-	cfg, err := configFor(dbURL, chain, keyHex)
+	cfg, err := configFor(t, dbURL, chain, chain.Accounts[0].Key)
 	if err != nil {
 		t.Fatal(err)
 	}

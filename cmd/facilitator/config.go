@@ -73,6 +73,19 @@ type Config struct {
 	// limits, per process (rate per second; 0: no limit).
 	KeyRate, ClientRate   float64
 	KeyBurst, ClientBurst int
+
+	// WalletCapCount and WalletCapAmount (token base units) bound each paying wallet's settlements
+	// per network and asset over WalletCapWindow; 0/nil: no cap.
+	WalletCapCount  int
+	WalletCapAmount *big.Int
+	WalletCapWindow time.Duration
+	// KeyGasBudget is the gas budget (wei per rolling 24 hours) of an API key that has none of its
+	// own; nil: unlimited.
+	KeyGasBudget *big.Int
+	// SignerMinBalance is the native balance (wei) below which a signer takes no new settlement;
+	// nil: no minimum. BalanceInterval is how often balances are read.
+	SignerMinBalance *big.Int
+	BalanceInterval  time.Duration
 }
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
@@ -178,6 +191,12 @@ func (c *Config) Check() error {
 	if c.MaxInFlight <= 0 {
 		return errors.New("max-in-flight must be positive")
 	}
+	if c.WalletCapCount < 0 {
+		return errors.New("wallet-cap-count must not be negative")
+	}
+	if (c.WalletCapCount > 0 || c.WalletCapAmount != nil) && c.WalletCapWindow <= 0 {
+		return errors.New("wallet-cap-window must be positive when a wallet cap is set")
+	}
 	if c.Pprof != "" {
 		if err := checkPprofAddr(c.Pprof); err != nil {
 			return err
@@ -228,8 +247,27 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	fs.IntVar(&cfg.KeyBurst, "burst-per-key", atoi(env("FACILITATOR_BURST_PER_KEY", "100")), "burst per API key (FACILITATOR_BURST_PER_KEY)")
 	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
 	fs.IntVar(&cfg.ClientBurst, "burst-per-client", atoi(env("FACILITATOR_BURST_PER_CLIENT", "200")), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
+	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", atoi(env("FACILITATOR_WALLET_CAP_COUNT", "0")), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
+	walletCapAmount := fs.String("wallet-cap-amount", env("FACILITATOR_WALLET_CAP_AMOUNT", "0"), "most token base units settled per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_AMOUNT)")
+	walletCapWindow := fs.String("wallet-cap-window", env("FACILITATOR_WALLET_CAP_WINDOW", "24h"), "the rolling window of the wallet caps (FACILITATOR_WALLET_CAP_WINDOW)")
+	keyGasBudget := fs.String("key-gas-budget-wei", env("FACILITATOR_KEY_GAS_BUDGET_WEI", "0"), "gas budget in wei per rolling 24 hours of an API key without its own (keys create --gas-budget-wei); 0: unlimited (FACILITATOR_KEY_GAS_BUDGET_WEI)")
+	minBalance := fs.String("signer-min-balance-wei", env("FACILITATOR_SIGNER_MIN_BALANCE_WEI", "10000000000000000"), "native balance in wei below which a signer takes no new settlement (default 0.01 ether); 0: no minimum (FACILITATOR_SIGNER_MIN_BALANCE_WEI)")
+	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read (FACILITATOR_BALANCE_INTERVAL)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	for _, w := range []struct {
+		name string
+		in   string
+		out  **big.Int
+	}{{"wallet-cap-amount", *walletCapAmount, &cfg.WalletCapAmount}, {"key-gas-budget-wei", *keyGasBudget, &cfg.KeyGasBudget}, {"signer-min-balance-wei", *minBalance, &cfg.SignerMinBalance}} {
+		v, ok := new(big.Int).SetString(strings.TrimSpace(w.in), 10)
+		if !ok || v.Sign() < 0 {
+			return nil, fmt.Errorf("%s: %q is not a non-negative integer", w.name, w.in)
+		}
+		if v.Sign() > 0 {
+			*w.out = v
+		}
 	}
 	if cfg.Auth != "keys" && cfg.Auth != "open" {
 		return nil, fmt.Errorf("auth: %q is neither keys nor open", cfg.Auth)
@@ -287,7 +325,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		name string
 		in   string
 		out  *time.Duration
-	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}} {
+	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}} {
 		if *d.out, err = time.ParseDuration(d.in); err != nil {
 			return nil, fmt.Errorf("%s: %w", d.name, err)
 		}

@@ -41,27 +41,13 @@ func TestCrashWithPaymentID(t *testing.T) {
 		t.Fatal(err)
 	}
 	network := facilitator.CAIP2(chain.ChainID)
-	networks, err := json.Marshal([]map[string]any{{
-		"id": network, "rpc": chain.RPCURL, "finality": 1,
-		"tokens": []map[string]string{{"address": chain.USDC.Address.Hex(), "name": chain.USDC.Name, "version": chain.USDC.Version}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	db, err := postgres.Open(ctx, dbURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	h := &crashHarness{bin: bin, chain: chain, db: db, signer: signer, network: network, env: map[string]string{
-		"DATABASE_URL":               dbURL,
-		"FACILITATOR_NETWORKS":       string(networks),
-		"FACILITATOR_SIGNER_KEYS":    "0x" + hex.EncodeToString(crypto.FromECDSA(signerKey)),
-		"FACILITATOR_POLL_INTERVAL":  "50ms",
-		"FACILITATOR_SETTLE_TIMEOUT": "5s",
-		"FACILITATOR_LOG_LEVEL":      "debug",
-		"FACILITATOR_AUTH":           "open", // these tests are about settlement, not keys
-	}}
+	h := &crashHarness{bin: bin, chain: chain, db: db, signer: signer, network: network,
+		env: serveEnv(t, dbURL, chain, chain.RPCURL, signerKey)}
 
 	payer := newAccount(t)
 	payee := newAccount(t).Address

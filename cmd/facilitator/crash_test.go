@@ -1,21 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"math/big"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -53,22 +46,7 @@ func TestCrashRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	network := facilitator.CAIP2(chain.ChainID)
-	networks, err := json.Marshal([]map[string]any{{
-		"id": network, "rpc": chain.RPCURL, "finality": 1,
-		"tokens": []map[string]string{{"address": chain.USDC.Address.Hex(), "name": chain.USDC.Name, "version": chain.USDC.Version}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := map[string]string{
-		"DATABASE_URL":               dbURL,
-		"FACILITATOR_NETWORKS":       string(networks),
-		"FACILITATOR_SIGNER_KEYS":    "0x" + hex.EncodeToString(crypto.FromECDSA(signerKey)),
-		"FACILITATOR_POLL_INTERVAL":  "50ms",
-		"FACILITATOR_SETTLE_TIMEOUT": "5s",
-		"FACILITATOR_LOG_LEVEL":      "debug",
-		"FACILITATOR_AUTH":           "open", // these tests are about settlement, not keys
-	}
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, signerKey)
 	db, err := postgres.Open(ctx, dbURL, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -281,17 +259,6 @@ func crashStack(ctx context.Context, t *testing.T) (string, *devchain.Chain) {
 	return url, chain
 }
 
-// buildFacilitator builds this package's real binary.
-func buildFacilitator(ctx context.Context, t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "facilitator")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 func newAccount(t *testing.T) *devchain.Account {
 	t.Helper()
 	k, err := crypto.GenerateKey()
@@ -357,129 +324,16 @@ func (h *crashHarness) nonce(ctx context.Context, t *testing.T, pending bool) ui
 	return n
 }
 
-// child is one run of the binary.
-type child struct {
-	name   string
-	cmd    *exec.Cmd
-	logs   *syncBuffer
-	exited chan struct{}
-	base   string
-	client *http.Client
-}
-
 // start runs `facilitator serve` with the harness's environment (and the fault point, if any) and
 // returns once it answers /healthz.
 func (h *crashHarness) start(ctx context.Context, t *testing.T, name, fault string) *child {
 	t.Helper()
-	addr := freeAddr(t)
-	// The child sees none of the test's own FACILITATOR_* or DATABASE_URL settings, only ours.
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
-			env = append(env, kv)
-		}
-	}
+	env := map[string]string{}
 	for k, v := range h.env {
-		env = append(env, k+"="+v)
+		env[k] = v
 	}
-	env = append(env, "FACILITATOR_LISTEN="+addr)
 	if fault != "" {
-		env = append(env, "FACILITATOR_TEST_FAULT="+fault)
+		env["FACILITATOR_TEST_FAULT"] = fault
 	}
-	c := &child{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), base: "http://" + addr,
-		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
-	c.cmd = exec.Command(h.bin, "serve")
-	c.cmd.Env = env
-	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("%s output:\n%s", c.name, c.logs.String())
-		}
-	})
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = c.cmd.Wait(); close(c.exited) }()
-	// Registered after the log dump, so it runs first: the dump then holds everything.
-	t.Cleanup(func() {
-		select {
-		case <-c.exited:
-		default:
-			_ = c.cmd.Process.Kill()
-			<-c.exited
-		}
-	})
-
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case <-c.exited:
-			t.Fatalf("%s exited before serving: %v", name, c.cmd.ProcessState)
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		default:
-		}
-		res, err := c.client.Get(c.base + "/healthz")
-		if err == nil {
-			_, _ = io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return c
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not serve /healthz after 30s (last error %v)", name, err)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
-// settle posts a /settle body. err is a transport failure (the process died mid-request).
-func (c *child) settle(body []byte) (facilitator.SettleResponse, int, error) {
-	var out facilitator.SettleResponse
-	res, err := c.client.Post(c.base+"/settle", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return out, 0, err
-	}
-	defer res.Body.Close()
-	raw, err := io.ReadAll(res.Body)
-	if err != nil {
-		return out, res.StatusCode, err
-	}
-	if err := json.Unmarshal(raw, &out); err != nil {
-		return out, res.StatusCode, fmt.Errorf("answer %d is not a settle response: %w: %s", res.StatusCode, err, raw)
-	}
-	return out, res.StatusCode, nil
-}
-
-func (c *child) waitExit(t *testing.T, within time.Duration) {
-	t.Helper()
-	select {
-	case <-c.exited:
-	case <-time.After(within):
-		t.Fatalf("%s still runs %s later", c.name, within)
-	}
-}
-
-// stop sends SIGTERM and expects a clean exit.
-func (c *child) stop(t *testing.T) {
-	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	c.waitExit(t, 10*time.Second)
-	if code := c.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("%s exited %d after SIGTERM (%v), want 0", c.name, code, c.cmd.ProcessState)
-	}
-}
-
-// freeAddr is a loopback address with a port nothing listens on right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	return startServe(ctx, t, h.bin, env, name)
 }

@@ -26,7 +26,6 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -175,7 +174,8 @@ func (d *demo) story(ctx context.Context) error {
 		return &demoStackError{err}
 	}
 	d.chain = chain
-	d.fac = &Main{Config: demoStackConfig(chain, d.opts.DatabaseURL), Logger: log}
+	d.fac = &Main{Config: devStackConfig(chain, "127.0.0.1:0", d.opts.DatabaseURL, "info",
+		[]*ecdsa.PrivateKey{chain.Accounts[0].Key}), Logger: log}
 	if err := d.fac.Run(startCtx); err != nil {
 		if errors.Is(err, postgres.ErrNetworkMismatch) {
 			return fmt.Errorf("this database already holds another chain's ledger; the demo needs an empty one ('make demo' makes one): %w", err)
@@ -461,42 +461,6 @@ func (d *demo) transfers(ctx context.Context, from, to common.Address) (int, err
 		return 0, fmt.Errorf("reading Transfer logs: %w", err)
 	}
 	return len(logs), nil
-}
-
-// demoStackConfig is the facilitator configuration `facilitator dev` uses, on a free port, with
-// the same signer (dev account #0).
-func demoStackConfig(chain *devchain.Chain, dbURL string) *Config {
-	v1Name, _ := facilitator.V1NetworkName(chain.ChainID)
-	return &Config{
-		Listen:      "127.0.0.1:0",
-		DatabaseURL: dbURL,
-		Networks: []NetworkConfig{{
-			ID:     facilitator.CAIP2(chain.ChainID),
-			RPC:    chain.RPCURL,
-			WS:     chain.WSURL,
-			V1Name: &v1Name,
-			Tokens: []TokenConfig{{Address: chain.USDC.Address.Hex(), Name: chain.USDC.Name, Version: chain.USDC.Version}},
-		}},
-		SignerKeys:    []*ecdsa.PrivateKey{chain.Accounts[0].Key},
-		RPCTimeout:    5 * time.Second,
-		VerifyTimeout: 10 * time.Second,
-		Migrate:       true,
-		LogLevel:      "info",
-		SettleTimeout: 30 * time.Second,
-		PollInterval:  100 * time.Millisecond,
-		BumpAfter:     30 * time.Second,
-		MaxInFlight:   128,
-
-		Index:               true,
-		PaymentIDWindow:     24 * time.Hour,
-		RetentionSchedule:   "@every 10m",
-		ReconcileSchedule:   "@every 10s",
-		IndexHealthSchedule: "@every 1m",
-		ReconcileStale:      30 * time.Second,
-		WebhookAllowPrivate: true,
-		// The local stack is for development: no API keys (serve requires them by default).
-		Auth: api.AuthOpen,
-	}
 }
 
 // demoPaymentRequired is the x402 v2 PaymentRequired a 402 carries (base64 JSON in PAYMENT-REQUIRED).

@@ -50,39 +50,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 
-	v1Name, _ := facilitator.V1NetworkName(chain.ChainID)
-	cfg := &Config{
-		Listen:      *listen,
-		DatabaseURL: *dbURL,
-		Networks: []NetworkConfig{{
-			ID:     facilitator.CAIP2(chain.ChainID),
-			RPC:    chain.RPCURL,
-			WS:     chain.WSURL,
-			V1Name: &v1Name,
-			Tokens: []TokenConfig{{Address: chain.USDC.Address.Hex(), Name: chain.USDC.Name, Version: chain.USDC.Version}},
-		}},
-		SignerKeys:    signers,
-		RPCTimeout:    5 * time.Second,
-		VerifyTimeout: 10 * time.Second,
-		Migrate:       true,
-		LogLevel:      *logLevel,
-		Pprof:         *pprofAddr,
-		SettleTimeout: 30 * time.Second,
-		PollInterval:  100 * time.Millisecond,
-		BumpAfter:     30 * time.Second,
-		MaxInFlight:   128,
-
-		Index:               true,
-		PaymentIDWindow:     24 * time.Hour,
-		RetentionSchedule:   "@every 10m",
-		ReconcileSchedule:   "@every 10s",
-		IndexHealthSchedule: "@every 1m",
-		ReconcileStale:      30 * time.Second,
-		// A local merchant's webhook receiver lives on localhost.
-		WebhookAllowPrivate: true,
-		// The local stack is for development: no API keys (serve requires them by default).
-		Auth: api.AuthOpen,
-	}
+	cfg := devStackConfig(chain, *listen, *dbURL, *logLevel, signers)
+	cfg.Pprof = *pprofAddr
 	m := &Main{Config: cfg, Logger: log}
 	if err := m.Run(ctx); err != nil {
 		m.Close()
@@ -133,4 +102,42 @@ funded accounts (10,000 ETH and %s USDC each; anvil's well-known dev keys, never
 		fmt.Fprintf(w, "  #%d %s  key 0x%s\n", i+1, a.Address.Hex(), hex.EncodeToString(crypto.FromECDSA(a.Key)))
 	}
 	fmt.Fprintf(w, "\ntry it: scripts/sample-verify.sh http://%s\n", addr)
+}
+
+// devStackConfig is the local stack's facilitator configuration (dev's, and the demo's on a free
+// port): the chain's one network and USDC, the given signer keys, background jobs on short
+// schedules, webhooks allowed to localhost, and no API keys.
+func devStackConfig(chain *devchain.Chain, listen, dbURL, logLevel string, signers []*ecdsa.PrivateKey) *Config {
+	v1Name, _ := facilitator.V1NetworkName(chain.ChainID)
+	return &Config{
+		Listen:      listen,
+		DatabaseURL: dbURL,
+		Networks: []NetworkConfig{{
+			ID:     facilitator.CAIP2(chain.ChainID),
+			RPC:    chain.RPCURL,
+			WS:     chain.WSURL,
+			V1Name: &v1Name,
+			Tokens: []TokenConfig{{Address: chain.USDC.Address.Hex(), Name: chain.USDC.Name, Version: chain.USDC.Version}},
+		}},
+		SignerKeys:    signers,
+		RPCTimeout:    5 * time.Second,
+		VerifyTimeout: 10 * time.Second,
+		Migrate:       true,
+		LogLevel:      logLevel,
+		SettleTimeout: 30 * time.Second,
+		PollInterval:  100 * time.Millisecond,
+		BumpAfter:     30 * time.Second,
+		MaxInFlight:   128,
+
+		Index:               true,
+		PaymentIDWindow:     24 * time.Hour,
+		RetentionSchedule:   "@every 10m",
+		ReconcileSchedule:   "@every 10s",
+		IndexHealthSchedule: "@every 1m",
+		ReconcileStale:      30 * time.Second,
+		// A local merchant's webhook receiver lives on localhost.
+		WebhookAllowPrivate: true,
+		// The local stack is for development: no API keys (serve requires them by default).
+		Auth: api.AuthOpen,
+	}
 }

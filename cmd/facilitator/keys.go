@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,13 +14,17 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/auth"
 )
 
-const keysUsage = `usage: facilitator keys <create|list|revoke> [flags]
+const keysUsage = `usage: facilitator keys <create|list|revoke|budget> [flags]
 
-  create --name N --scopes verify,settle,status,webhooks [--pay-to 0x..,0x..]
+  create --name N --scopes verify,settle,status,webhooks [--pay-to 0x..,0x..] [--gas-budget-wei N]
          make a key and print it, once: only its hash is stored
-  list   list keys (id, name, scopes, pay-to allow-list, created, revoked)
+  list   list keys (id, name, scopes, pay-to allow-list, gas budget, created, revoked)
   revoke <id>
          revoke a key; requests with it are refused from then on
+  budget --gas-budget-wei N|default <id>
+         set a key's gas budget: wei of worst-case gas cost (gas limit x max fee per gas) its
+         settlements may reserve per rolling 24 hours; 0 is unlimited, default (or none given at
+         create) follows serve's --key-gas-budget-wei
 
 Keys are sent as "Authorization: Bearer <key>". Uses DATABASE_URL (or --database-url).
 `
@@ -34,12 +39,15 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	fs := flag.NewFlagSet("keys "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	url := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
-	var name, scopes, payTo *string
+	var name, scopes, payTo, budget *string
 	switch sub {
 	case "create":
 		name = fs.String("name", "", "what the key is for (shown in list)")
 		scopes = fs.String("scopes", "", "comma-separated: verify, settle, status, webhooks")
 		payTo = fs.String("pay-to", "", "comma-separated payTo addresses the key may be used for (empty: any)")
+		budget = fs.String("gas-budget-wei", "default", "gas budget in wei per rolling 24 hours; 0: unlimited; default: serve's --key-gas-budget-wei")
+	case "budget":
+		budget = fs.String("gas-budget-wei", "", "gas budget in wei per rolling 24 hours; 0: unlimited; default: serve's --key-gas-budget-wei")
 	case "list", "revoke":
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, keysUsage)
@@ -53,7 +61,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	// Check the arguments before touching the database.
 	var key auth.Key
-	var revokeID string
+	var keyID string
 	switch sub {
 	case "create":
 		if strings.TrimSpace(*name) == "" {
@@ -67,15 +75,32 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if err != nil {
 			return fmt.Errorf("keys create: --pay-to: %w", err)
 		}
-		key = auth.Key{Name: strings.TrimSpace(*name), Scopes: sc, PayTo: pt}
+		gb, err := parseGasBudget(*budget)
+		if err != nil {
+			return fmt.Errorf("keys create: --gas-budget-wei: %w", err)
+		}
+		key = auth.Key{Name: strings.TrimSpace(*name), Scopes: sc, PayTo: pt, GasBudgetWei: gb}
 		if fs.NArg() != 0 {
 			return fmt.Errorf("keys create: unexpected argument %q", fs.Arg(0))
 		}
+	case "budget":
+		if *budget == "" {
+			return errors.New("keys budget: --gas-budget-wei is required (a number of wei, 0 for unlimited, or default)")
+		}
+		gb, err := parseGasBudget(*budget)
+		if err != nil {
+			return fmt.Errorf("keys budget: --gas-budget-wei: %w", err)
+		}
+		key.GasBudgetWei = gb
+		if fs.NArg() != 1 || !auth.ValidID(fs.Arg(0)) {
+			return errors.New("keys budget: want exactly one key id (12 hex characters, as keys list shows it) after the flags")
+		}
+		keyID = fs.Arg(0)
 	case "revoke":
 		if fs.NArg() != 1 || !auth.ValidID(fs.Arg(0)) {
 			return errors.New("keys revoke: want exactly one key id (12 hex characters, as keys list shows it)")
 		}
-		revokeID = fs.Arg(0)
+		keyID = fs.Arg(0)
 	}
 	if *url == "" {
 		return errors.New("DATABASE_URL is required")
@@ -104,7 +129,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 			return fmt.Errorf("keys list: %w", err)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 2, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tPAY-TO\tCREATED\tREVOKED")
+		fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tPAY-TO\tGAS-BUDGET-WEI\tCREATED\tREVOKED")
 		for _, k := range keys {
 			pt := "any"
 			if len(k.PayTo) > 0 {
@@ -118,20 +143,52 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 			if k.RevokedAt != nil {
 				revoked = k.RevokedAt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, joinScopes(k.Scopes), pt, k.CreatedAt.UTC().Format(time.RFC3339), revoked)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, joinScopes(k.Scopes), pt, budgetText(k.GasBudgetWei),
+				k.CreatedAt.UTC().Format(time.RFC3339), revoked)
 		}
 		return tw.Flush()
 	case "revoke":
-		at, err := db.RevokeAPIKey(ctx, revokeID, time.Now())
+		at, err := db.RevokeAPIKey(ctx, keyID, time.Now())
 		if errors.Is(err, auth.ErrNotFound) {
-			return fmt.Errorf("keys revoke: no key %s", revokeID)
+			return fmt.Errorf("keys revoke: no key %s", keyID)
 		}
 		if err != nil {
 			return fmt.Errorf("keys revoke: %w", err)
 		}
-		fmt.Fprintf(stdout, "key %s revoked at %s\n", revokeID, at.UTC().Format(time.RFC3339))
+		fmt.Fprintf(stdout, "key %s revoked at %s\n", keyID, at.UTC().Format(time.RFC3339))
+	case "budget":
+		err := db.SetAPIKeyGasBudget(ctx, keyID, key.GasBudgetWei)
+		if errors.Is(err, auth.ErrNotFound) {
+			return fmt.Errorf("keys budget: no key %s", keyID)
+		}
+		if err != nil {
+			return fmt.Errorf("keys budget: %w", err)
+		}
+		fmt.Fprintf(stdout, "key %s gas budget: %s\n", keyID, budgetText(key.GasBudgetWei))
 	}
 	return nil
+}
+
+// parseGasBudget reads a gas budget: wei, or "default" (nil: the server's default).
+func parseGasBudget(s string) (*big.Int, error) {
+	if s = strings.TrimSpace(s); s == "default" {
+		return nil, nil
+	}
+	v, ok := new(big.Int).SetString(s, 10)
+	if !ok || v.Sign() < 0 {
+		return nil, fmt.Errorf("%q is neither a non-negative number of wei nor default", s)
+	}
+	return v, nil
+}
+
+func budgetText(wei *big.Int) string {
+	switch {
+	case wei == nil:
+		return "default"
+	case wei.Sign() == 0:
+		return "unlimited"
+	}
+	return wei.String()
 }
 
 func joinScopes(scopes []auth.Scope) string {

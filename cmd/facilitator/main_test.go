@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -61,17 +62,10 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func configFor(dbURL string, chain *devchain.Chain, keyHex string) (*Config, error) {
-	networks := `[{"id":"` + facilitator.CAIP2(chain.ChainID) + `","rpc":"` + chain.RPCURL + `",
-		"tokens":[{"address":"` + chain.USDC.Address.Hex() + `","name":"USD Coin","version":"2"}]}]`
-	env := map[string]string{
-		"DATABASE_URL":            dbURL,
-		"FACILITATOR_NETWORKS":    networks,
-		"FACILITATOR_SIGNER_KEYS": keyHex,
-		"FACILITATOR_LISTEN":      "127.0.0.1:0",
-		"FACILITATOR_LOG_LEVEL":   "debug",
-		"FACILITATOR_AUTH":        "open", // these tests are about settlement, not keys
-	}
+// configFor is serve's configuration for the in-process tests: serveEnv's, listening on port 0.
+func configFor(t *testing.T, dbURL string, chain *devchain.Chain, key *ecdsa.PrivateKey) (*Config, error) {
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, key)
+	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
 	return parseServeFlags(nil, func(k string) string { return env[k] })
 }
 
@@ -80,7 +74,7 @@ func configFor(dbURL string, chain *devchain.Chain, keyHex string) (*Config, err
 func TestServeEndToEnd(t *testing.T) {
 	dbURL, chain := requireStack(t)
 	keyHex := "0x" + hex.EncodeToString(crypto.FromECDSA(chain.Accounts[0].Key))
-	cfg, err := configFor(dbURL, chain, keyHex)
+	cfg, err := configFor(t, dbURL, chain, chain.Accounts[0].Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +154,7 @@ func TestServeRefusesAnotherChain(t *testing.T) {
 	db.Close()
 
 	start := func(chain *devchain.Chain) error {
-		cfg, err := configFor(dbURL, chain, "0x"+hex.EncodeToString(crypto.FromECDSA(chain.Accounts[0].Key)))
+		cfg, err := configFor(t, dbURL, chain, chain.Accounts[0].Key)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ethereum/go-ethereum/crypto"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -25,7 +24,7 @@ import (
 func TestServeMetricsAndReadiness(t *testing.T) {
 	dbURL, chain := requireStack(t)
 	signer := chain.Accounts[0]
-	cfg, err := configFor(dbURL, chain, "0x"+hex.EncodeToString(crypto.FromECDSA(signer.Key)))
+	cfg, err := configFor(t, dbURL, chain, signer.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,8 +82,13 @@ func TestServeMetricsAndReadiness(t *testing.T) {
 	if g := find(t, families, "facilitator_signer_in_flight", map[string]string{"network": network, "signer": signer.Address.Hex()}).GetGauge(); g.GetValue() != 0 {
 		t.Errorf("in flight after the settlement resolved: %v", g.GetValue())
 	}
-	if _, ok := families["facilitator_signer_balance_wei"]; ok {
-		t.Error("signer balances are exported though nothing reads them")
+	// The balance guard read the signer's balance at start: a funded key, not low.
+	signerLabels := map[string]string{"network": network, "signer": signer.Address.Hex()}
+	if g := find(t, families, "facilitator_signer_balance_wei", signerLabels).GetGauge(); g.GetValue() <= 0 {
+		t.Errorf("signer balance %v, want the funded key's balance", g.GetValue())
+	}
+	if g := find(t, families, "facilitator_signer_balance_low", signerLabels).GetGauge(); g.GetValue() != 0 {
+		t.Errorf("signer balance low = %v for a funded key", g.GetValue())
 	}
 	find(t, families, "facilitator_indexer_leader", map[string]string{"network": network})
 	find(t, families, "facilitator_indexer_stopped", map[string]string{"network": network})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/big"
@@ -78,7 +77,6 @@ func TestSettleReplicas(t *testing.T) {
 	// Two keys of their own, with ETH for gas.
 	keys := make([]*ecdsa.PrivateKey, 2)
 	signers := make([]common.Address, 2)
-	var keyHex []string
 	for i := range keys {
 		if keys[i], err = crypto.GenerateKey(); err != nil {
 			t.Fatal(err)
@@ -87,26 +85,12 @@ func TestSettleReplicas(t *testing.T) {
 		if err := chain.SetBalance(ctx, signers[i], new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
 			t.Fatal(err)
 		}
-		keyHex = append(keyHex, "0x"+hex.EncodeToString(crypto.FromECDSA(keys[i])))
 	}
-	networks, err := json.Marshal([]map[string]any{{
-		"id": network, "rpc": chain.RPCURL, "finality": 1,
-		"tokens": []map[string]string{{"address": chain.USDC.Address.Hex(), "name": chain.USDC.Name, "version": chain.USDC.Version}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &crashHarness{bin: bin, chain: chain, db: db, network: network, env: map[string]string{
-		"DATABASE_URL":                dbURL,
-		"FACILITATOR_NETWORKS":        string(networks),
-		"FACILITATOR_SIGNER_KEYS":     strings.Join(keyHex, ","),
-		"FACILITATOR_POLL_INTERVAL":   "50ms",
-		"FACILITATOR_SETTLE_TIMEOUT":  "10s",
-		"FACILITATOR_LOG_FORMAT":      "json",
-		"FACILITATOR_LOG_LEVEL":       "info",
-		"FACILITATOR_AUTH":            "open", // this test is about settlement, not API keys
-		"FACILITATOR_RATE_PER_CLIENT": "0",    // nor rate limits: the test client is one address
-	}}
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, keys...)
+	env["FACILITATOR_SETTLE_TIMEOUT"] = "10s"
+	env["FACILITATOR_LOG_FORMAT"] = "json"
+	env["FACILITATOR_LOG_LEVEL"] = "info"
+	h := &crashHarness{bin: bin, chain: chain, db: db, network: network, env: env}
 	r := &settleReplicas{t: t, conn: conn, network: network, signers: signers, chain: chain}
 
 	// 1. Two replicas with the same keys: each ends up holding one.

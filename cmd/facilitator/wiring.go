@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -136,6 +137,10 @@ func (m *Main) Run(ctx context.Context) error {
 		// Replicas on one database share the signer keys by leasing each to one of them at a time.
 		Leaser:   m.db,
 		Observer: m.metrics,
+		Limits: settle.Guard{WalletCapCount: cfg.WalletCapCount, WalletCapAmount: cfg.WalletCapAmount,
+			WalletWindow: cfg.WalletCapWindow, KeyGasBudget: cfg.KeyGasBudget},
+		SignerMinBalance: cfg.SignerMinBalance,
+		BalanceInterval:  cfg.BalanceInterval,
 	})
 	if err != nil {
 		return err
@@ -190,6 +195,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Metrics:       m.metrics.Handler(),
 		Ready:         m.readyChecks(rpcReaders),
 		ReadyTimeout:  cfg.ReadyTimeout,
+		Limits:        m.engine,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -263,15 +269,18 @@ func (m *Main) readyChecks(rpcs map[string]*verify.RPCReader) map[string]api.Rea
 	return checks
 }
 
-// signerSource reads the engine's in-flight counts at scrape time. The engine does not read
-// balances (yet): their series stay absent.
+// signerSource reads the engine's signer keys at scrape time: in-flight counts, and balances once
+// the balance guard has read them (absent before, rather than a misleading zero).
 func signerSource(e *settle.Engine) metrics.SignerSource {
 	return func() []metrics.Signer {
 		var out []metrics.Signer
-		for network, signers := range e.InFlight() {
-			for addr, n := range signers {
-				out = append(out, metrics.Signer{Network: network, Address: addr.Hex(), InFlight: n})
+		for _, st := range e.Signers() {
+			sig := metrics.Signer{Network: st.Network, Address: st.Address.Hex(), InFlight: st.InFlight, BalanceLow: st.BalanceLow}
+			if st.Balance != nil {
+				sig.BalanceKnown = true
+				sig.BalanceWei, _ = new(big.Float).SetInt(st.Balance).Float64()
 			}
+			out = append(out, sig)
 		}
 		return out
 	}

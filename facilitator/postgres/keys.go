@@ -4,15 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/x402-facilitator/x402-facilitator/auth"
 )
 
-const apiKeyColumns = `id, key_hash, name, scopes, pay_to, created_at, revoked_at`
+const apiKeyColumns = `id, key_hash, name, scopes, pay_to, gas_budget_wei, created_at, revoked_at`
 
 func scanAPIKey(row pgx.Row) (*auth.Key, error) {
 	var (
@@ -20,14 +22,16 @@ func scanAPIKey(row pgx.Row) (*auth.Key, error) {
 		hash   []byte
 		scopes []string
 		payTo  [][]byte
+		budget pgtype.Numeric
 	)
-	if err := row.Scan(&k.ID, &hash, &k.Name, &scopes, &payTo, &k.CreatedAt, &k.RevokedAt); err != nil {
+	if err := row.Scan(&k.ID, &hash, &k.Name, &scopes, &payTo, &budget, &k.CreatedAt, &k.RevokedAt); err != nil {
 		return nil, err
 	}
 	if len(hash) != len(k.Hash) {
 		return nil, fmt.Errorf("postgres: api key %s: stored hash has %d bytes", k.ID, len(hash))
 	}
 	copy(k.Hash[:], hash)
+	k.GasBudgetWei = numericInt(budget)
 	for _, s := range scopes {
 		k.Scopes = append(k.Scopes, auth.Scope(s))
 	}
@@ -56,8 +60,28 @@ func (db *DB) InsertAPIKey(ctx context.Context, k *auth.Key) error {
 	for i, a := range k.PayTo {
 		payTo[i] = a.Bytes()
 	}
-	return db.pool.QueryRow(ctx, `INSERT INTO api_keys (id, key_hash, name, scopes, pay_to)
-		VALUES ($1, $2, $3, $4, $5) RETURNING created_at`, k.ID, k.Hash[:], k.Name, scopes, payTo).Scan(&k.CreatedAt)
+	var budget *pgtype.Numeric
+	if k.GasBudgetWei != nil {
+		n := numeric(k.GasBudgetWei)
+		budget = &n
+	}
+	return db.pool.QueryRow(ctx, `INSERT INTO api_keys (id, key_hash, name, scopes, pay_to, gas_budget_wei)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at`, k.ID, k.Hash[:], k.Name, scopes, payTo, budget).Scan(&k.CreatedAt)
+}
+
+// SetAPIKeyGasBudget sets a key's gas budget (wei per rolling 24 hours; nil: the server's default,
+// 0: unlimited). It applies to the key's next settlement. An unknown id is auth.ErrNotFound.
+func (db *DB) SetAPIKeyGasBudget(ctx context.Context, id string, wei *big.Int) error {
+	var budget *pgtype.Numeric
+	if wei != nil {
+		n := numeric(wei)
+		budget = &n
+	}
+	tag, err := db.pool.Exec(ctx, `UPDATE api_keys SET gas_budget_wei = $2 WHERE id = $1`, id, budget)
+	if err == nil && tag.RowsAffected() == 0 {
+		return auth.ErrNotFound
+	}
+	return err
 }
 
 // APIKeys lists every key, oldest first.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/big"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -91,22 +92,112 @@ func (db *DB) SettlementByID(ctx context.Context, id int64) (*facilitator.Settle
 }
 
 // InsertSettlement writes the row, its first transaction and its first event in one statement
-// (one round trip, atomic) before anything is broadcast.
+// (one round trip, atomic) before anything is broadcast. The statement also checks the row's
+// Guard against the ledger and writes nothing when it does not fit (limits.go): with a wallet cap
+// or a key that has a gas budget, the check runs behind a transaction-scoped advisory lock on the
+// wallet (and the key) taken in the same batch, so a concurrent insert for the same wallet waits
+// and then counts this one.
 func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
 	args, err := insertSettlementArgs(s)
 	if err != nil {
 		return 0, err
 	}
-	var id int64
-	err = db.pool.QueryRow(ctx, insertSettlementSQL, args...).Scan(&id)
-	return id, insertError(err)
+	var (
+		id              *int64
+		walletOK, gasOK bool
+	)
+	scan := func(row pgx.Row) error { return row.Scan(&id, &walletOK, &gasOK) }
+	if !guarded(s) {
+		err = scan(db.pool.QueryRow(ctx, insertSettlementSQL, args...))
+	} else {
+		// One batch is one round trip and one implicit transaction: the locks are held until the
+		// insert commits, and the insert (a later statement) reads the ledger after getting them.
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, limitLockTimeout)
+		queueLimitLocks(b, []*settle.NewSettlement{s})
+		b.Queue(insertSettlementSQL, args...).QueryRow(scan)
+		err = db.pool.SendBatch(ctx, b).Close()
+	}
+	if err != nil {
+		return 0, insertError(err)
+	}
+	if id == nil {
+		return 0, db.limitRefusal(ctx, s, walletOK, gasOK)
+	}
+	return *id, nil
 }
 
-// InsertSettlements writes several new settlements at once, all or none: the statements go out in
-// one pipelined batch, which Postgres runs as one implicit transaction (one round trip, one
-// commit). The error is the first row's that failed, translated as InsertSettlement's.
+// guarded reports whether a row's insert checks a limit, and so runs behind advisory locks.
+func guarded(s *settle.NewSettlement) bool { return s.Guard.WalletCapped() || s.KeyID != "" }
+
+// queueLimitLocks queues the advisory locks that rows' guarded inserts run behind: each capped
+// row's wallet lock, and each keyed row's key lock when the key has a budget (an unlimited key is
+// not locked, so its settlements keep going in parallel). Each lock is taken once, and all in
+// ascending order of lock key, so two transactions that need overlapping locks (a group commit
+// and a single insert, or two groups on different signers) queue rather than deadlock.
+func queueLimitLocks(b *pgx.Batch, rows []*settle.NewSettlement) {
+	type keyLock struct {
+		id     string
+		budget *big.Int // the largest default budget among the key's rows: locked if any applies
+	}
+	wallets := map[int64]bool{}
+	keys := map[int64]*keyLock{}
+	var order []int64
+	for _, s := range rows {
+		if s.Guard.WalletCapped() {
+			k := walletLockKey(s.Key.Network, s.Key.Asset, s.Key.Payer)
+			if !wallets[k] && keys[k] == nil {
+				order = append(order, k)
+			}
+			wallets[k] = true
+		}
+		if s.KeyID != "" {
+			k := keyGasLockKey(s.KeyID)
+			budget := orZero(s.Guard.KeyGasBudget)
+			if kl := keys[k]; kl != nil {
+				if budget.Cmp(kl.budget) > 0 {
+					kl.budget = budget
+				}
+				continue
+			}
+			if !wallets[k] {
+				order = append(order, k)
+			}
+			keys[k] = &keyLock{id: s.KeyID, budget: budget}
+		}
+	}
+	slices.Sort(order)
+	for _, k := range order {
+		if kl := keys[k]; kl != nil && !wallets[k] {
+			b.Queue(`SELECT pg_advisory_xact_lock($1) FROM api_keys WHERE id = $2 AND COALESCE(gas_budget_wei, $3) > 0`,
+				k, kl.id, numeric(kl.budget))
+		} else {
+			b.Queue(`SELECT pg_advisory_xact_lock($1)`, k)
+		}
+	}
+}
+
+// InsertSettlements writes several new settlements at once, all or none. The error is the first
+// row's that failed, translated as InsertSettlement's; when a row's guard refuses it, nothing is
+// written and the error is settle.ErrGroupRefused (the caller commits the rows one by one, so
+// that only the refused one fails, with its reason, and no nonce is left unused).
+//
+// Without guarded rows, the statements go out in one pipelined batch, which Postgres runs as one
+// implicit transaction (one round trip, one commit). With any, the group runs in one explicit
+// transaction: it takes every lock its rows need at once (ascending, as queueLimitLocks), then
+// pipelines the inserts, then commits only if every row was inserted. The locks are held from
+// before the first insert's check to the commit, so each check counts every row committed before
+// it, and the group's earlier rows (the same transaction's).
 func (db *DB) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+	anyGuarded := false
+	for _, s := range rows {
+		anyGuarded = anyGuarded || guarded(s)
+	}
 	b := &pgx.Batch{}
+	if anyGuarded {
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, limitLockTimeout)
+		queueLimitLocks(b, rows)
+	}
 	for _, s := range rows {
 		args, err := insertSettlementArgs(s)
 		if err != nil {
@@ -114,39 +205,65 @@ func (db *DB) InsertSettlements(ctx context.Context, rows []*settle.NewSettlemen
 		}
 		b.Queue(insertSettlementSQL, args...)
 	}
-	br := db.pool.SendBatch(ctx, b)
-	ids := make([]int64, len(rows))
+	if !anyGuarded {
+		ids, _, err := sendInserts(db.pool.SendBatch(ctx, b), b, len(rows))
+		if err != nil {
+			return nil, insertError(err)
+		}
+		return ids, nil
+	}
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids, refused, err := sendInserts(tx.SendBatch(ctx, b), b, len(rows))
+	if err != nil || refused {
+		// Nothing of the group stays. A rollback that fails leaves the transaction uncommitted all
+		// the same (its connection is closed).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = tx.Rollback(rctx)
+		cancel()
+		if err != nil {
+			return nil, insertError(err)
+		}
+		return nil, settle.ErrGroupRefused
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, insertError(err)
+	}
+	return ids, nil
+}
+
+// sendInserts reads a batch whose last n statements are settlement inserts (the ones before them
+// answer nothing that matters): their ids, and whether a guard refused any of them.
+func sendInserts(br pgx.BatchResults, b *pgx.Batch, n int) ([]int64, bool, error) {
 	var err error
-	for i := range rows {
-		if err = br.QueryRow().Scan(&ids[i]); err != nil {
-			break
+	for i := 0; i < b.Len()-n && err == nil; i++ {
+		_, err = br.Exec()
+	}
+	ids := make([]int64, n)
+	refused := false
+	for i := 0; i < n && err == nil; i++ {
+		var (
+			id              *int64
+			walletOK, gasOK bool
+		)
+		if err = br.QueryRow().Scan(&id, &walletOK, &gasOK); err == nil {
+			if id == nil {
+				refused = true
+			} else {
+				ids[i] = *id
+			}
 		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return nil, insertError(err)
+		return nil, false, err
 	}
-	return ids, nil
+	return ids, refused, nil
 }
-
-const insertSettlementSQL = `
-		WITH s AS (
-			INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
-				valid_before, x402_version, request, signer, tx_nonce, state)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'signed')
-			RETURNING id),
-		t AS (
-			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-			SELECT $14, id, $15, $16, $17 FROM s),
-		e AS (
-			INSERT INTO settlement_events (settlement_id, state, detail)
-			SELECT id, 'signed', $18 FROM s),
-		p AS (
-			INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
-			SELECT $19, $20, $5, id, $21 FROM s WHERE $20::text IS NOT NULL)
-		SELECT id FROM s`
 
 func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 	var scope string
@@ -159,6 +276,7 @@ func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 			return nil, err
 		}
 	}
+	g := s.Guard
 	return []any{
 		s.Key.Network, s.Key.Asset[:], s.Key.Payer[:], s.Key.Nonce[:], s.Fingerprint[:], s.PayTo[:],
 		numeric(s.Value), numeric(s.ValidAfter), numeric(s.ValidBefore), s.X402Version, s.Request,
@@ -166,6 +284,8 @@ func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 		s.Tx.Hash[:], s.Tx.Raw, numeric(s.Tx.TipCap), numeric(s.Tx.FeeCap),
 		fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce),
 		scope, pid, summary,
+		g.WalletCapped(), g.WalletWindow.Seconds(), int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)),
+		s.KeyID, numeric(orZero(g.KeyGasBudget)), numeric(orZero(s.GasReserved)),
 	}, nil
 }
 
@@ -184,14 +304,55 @@ func insertError(err error) error {
 	return err
 }
 
-// AddTx records a replacement transaction before it is sent.
+// insertSettlementSQL is InsertSettlement's statement. The guard's sums are computed first (each
+// off, and free, when its switch is off); the row is inserted only when both fit. Every parameter
+// is cast: an INSERT ... SELECT does not take the types of its target columns.
+const insertSettlementSQL = `
+	WITH w AS (
+		SELECT count(*) AS n, COALESCE(sum(value), 0) AS total FROM settlements
+		WHERE $22::boolean AND network = $1::text AND asset = $2::bytea AND payer = $3::bytea
+			AND state IN ('signed', 'broadcast', 'mined', 'final')
+			AND created_at > now() - make_interval(secs => $23::float8)),
+	budget AS (
+		SELECT COALESCE((SELECT gas_budget_wei FROM api_keys WHERE id = $26::text), $27::numeric) AS wei),
+	used AS (
+		SELECT COALESCE(sum(gas_reserved), 0) AS gas FROM settlements
+		WHERE $26::text <> '' AND api_key = $26::text AND created_at > now() - interval '24 hours'),
+	ok AS (
+		SELECT NOT $22::boolean OR (($24::bigint = 0 OR w.n < $24::bigint)
+				AND ($25::numeric = 0 OR w.total + $7::numeric <= $25::numeric)) AS wallet_ok,
+			$26::text = '' OR budget.wei = 0 OR used.gas + $28::numeric <= budget.wei AS gas_ok
+		FROM w, budget, used),
+	s AS (
+		INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
+			valid_before, x402_version, request, signer, tx_nonce, state, api_key, gas_reserved)
+		SELECT $1::text, $2::bytea, $3::bytea, $4::bytea, $5::bytea, $6::bytea, $7::numeric, $8::numeric,
+			$9::numeric, $10::smallint, $11::bytea, $12::bytea, $13::bigint, 'signed', NULLIF($26::text, ''), $28::numeric
+		FROM ok WHERE wallet_ok AND gas_ok
+		RETURNING id),
+	t AS (
+		INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
+		SELECT $14::bytea, id, $15::bytea, $16::numeric, $17::numeric FROM s),
+	e AS (
+		INSERT INTO settlement_events (settlement_id, state, detail)
+		SELECT id, 'signed', $18::text FROM s),
+	p AS (
+		INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
+		SELECT $19::text, $20::text, $5::bytea, id, $21::jsonb FROM s WHERE $20::text IS NOT NULL)
+	SELECT (SELECT id FROM s), wallet_ok, gas_ok FROM ok`
+
+// AddTx records a replacement transaction before it is sent, and raises the settlement's reserved
+// gas cost to the replacement's when that is higher.
 func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
+	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 	_, err := db.pool.Exec(ctx, `
 		WITH t AS (
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-			VALUES ($1, $2, $3, $4, $5))
+			VALUES ($1, $2, $3, $4, $5)),
+		r AS (
+			UPDATE settlements SET gas_reserved = $7::numeric WHERE id = $2 AND $7::numeric > 0 AND gas_reserved < $7::numeric)
 		INSERT INTO settlement_events (settlement_id, state, detail) VALUES ($2, 'bumped', $6)`,
-		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex())
+		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex(), numeric(reserved))
 	return err
 }
 

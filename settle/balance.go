@@ -1,0 +1,121 @@
+package settle
+
+import (
+	"context"
+	"math/big"
+	"sort"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
+)
+
+// SignerStatus is one signer key as this process sees it, for metrics and operators.
+type SignerStatus struct {
+	Network string
+	Address common.Address
+	// InFlight is the key's transactions in flight (signed, not yet mined or failed) in this process.
+	InFlight int
+	// Balance is the key's native balance at the last read; nil until it was read once.
+	Balance *big.Int
+	// BalanceLow: the balance is below Config.SignerMinBalance, so the key takes no new settlement.
+	BalanceLow bool
+	// Leased: this process holds the key (always, without a Leaser). A key held elsewhere has no
+	// in-flight count here, and its balance is not read.
+	Leased bool
+}
+
+// Signers lists every configured signer key of every network, by network then in configured order.
+func (e *Engine) Signers() []SignerStatus {
+	ids := make([]string, 0, len(e.networks))
+	for id := range e.networks {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var out []SignerStatus
+	for _, id := range ids {
+		for _, s := range e.networks[id].senders {
+			st := SignerStatus{Network: id, Address: s.addr, InFlight: int(s.inFlight.Load()), BalanceLow: s.low.Load(),
+				Leased: s.held() != nil}
+			if b := s.balance.Load(); b != nil {
+				st.Balance = new(big.Int).Set(b)
+			}
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// balanceLoop reads the network's signer balances every BalanceInterval.
+func (n *network) balanceLoop(ctx context.Context) {
+	t := time.NewTicker(n.engine.cfg.BalanceInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n.readBalances(ctx)
+		}
+	}
+}
+
+// readBalances reads the native balance of every key this process holds on the network, in one
+// batch, and moves each key in or out of the low state. A key below the minimum takes no new
+// settlement (pickSender skips it); what it has in flight carries on, fee bumps included, since
+// abandoning a signed transaction would strand its nonce. A failed read keeps the last state.
+func (n *network) readBalances(ctx context.Context) {
+	e := n.engine
+	var senders []*sender
+	var elems []rpc.BatchElem
+	for _, s := range n.senders {
+		if s.held() == nil {
+			continue
+		}
+		senders = append(senders, s)
+		elems = append(elems, rpc.BatchElem{Method: "eth_getBalance", Args: []any{s.addr, "latest"}, Result: new(hexutil.Big)})
+	}
+	if len(elems) == 0 {
+		return
+	}
+	if err := n.batch(ctx, elems); err != nil {
+		if ctx.Err() == nil {
+			e.log.Warn("reading signer balances", "network", n.id.ID, "err", err)
+		}
+		return
+	}
+	threshold := e.cfg.SignerMinBalance
+	for i, s := range senders {
+		if elems[i].Error != nil {
+			e.log.Warn("reading a signer balance", "network", n.id.ID, "signer", s.addr, "err", elems[i].Error)
+			continue
+		}
+		bal := new(big.Int).Set((*big.Int)(elems[i].Result.(*hexutil.Big)))
+		s.balance.Store(bal)
+		low := threshold != nil && threshold.Sign() > 0 && bal.Cmp(threshold) < 0
+		switch was := s.low.Swap(low); {
+		case low && !was:
+			e.log.Error("signer balance below threshold: fund it; the signer takes no new settlements until then",
+				"network", n.id.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
+		case !low && was:
+			e.log.Info("signer balance back above threshold; the signer takes settlements again",
+				"network", n.id.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
+		}
+	}
+}
+
+// allLow reports whether every key this process holds on the network is below its minimum balance.
+func (n *network) allLow() bool {
+	held := 0
+	for _, s := range n.senders {
+		if s.held() == nil {
+			continue
+		}
+		held++
+		if !s.low.Load() {
+			return false
+		}
+	}
+	return held > 0
+}

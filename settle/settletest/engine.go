@@ -1,0 +1,109 @@
+package settletest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// EngineOptions shape an engine; the zero value is one fresh funded signer, a 20 s deadline and
+// finality depth 1 over a ledger handle of its own.
+type EngineOptions struct {
+	Signers  []*ecdsa.PrivateKey  // default: one fresh funded key
+	Deadline time.Duration        // default: 20 s (1 s gets pending answers with mining off)
+	Depth    uint64               // finality depth; default 1
+	DB       *postgres.DB         // default: a handle of its own, as a process of its own has
+	Logger   *slog.Logger         // default: the test's log
+	Config   func(*settle.Config) // edits the configuration before the engine is built
+}
+
+// Engine is a started settle engine over the env's chain and ledger, stopped when the test ends;
+// stop it sooner to play a process that died with its settlements in flight.
+type Engine struct {
+	*settle.Engine
+	DB       *postgres.DB
+	Verifier *verify.Verifier
+	Signers  []*ecdsa.PrivateKey
+}
+
+// NewEngine builds and starts an engine.
+func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
+	t.Helper()
+	ctx := context.Background()
+	if o.Signers == nil {
+		o.Signers = []*ecdsa.PrivateKey{e.NewSigner(t)}
+	}
+	if o.Deadline == 0 {
+		o.Deadline = 20 * time.Second
+	}
+	if o.DB == nil {
+		o.DB = e.OpenDB(t)
+	}
+	if o.Logger == nil {
+		o.Logger = Logger(t).With("component", "engine")
+	}
+	n := e.Network()
+	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: e.Reader()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := settle.Config{
+		Networks:     []settle.NetworkConfig{{Network: n, Chain: e.Chain.RPC, Signers: o.Signers, FinalityDepth: max(o.Depth, 1)}},
+		Store:        o.DB,
+		Verifier:     v,
+		Deadline:     o.Deadline,
+		PollInterval: 50 * time.Millisecond,
+		Logger:       o.Logger,
+	}
+	if o.Config != nil {
+		o.Config(&cfg)
+	}
+	s, err := settle.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return &Engine{Engine: s, DB: o.DB, Verifier: v, Signers: o.Signers}
+}
+
+// Signer is the engine's first signer key.
+func (e *Engine) Signer() *ecdsa.PrivateKey { return e.Signers[0] }
+
+// SettleBody decodes and settles one request body, as the API does.
+func (e *Engine) SettleBody(ctx context.Context, t testing.TB, body []byte) (settle.Outcome, error) {
+	t.Helper()
+	return e.Settle(ctx, Decode(t, body))
+}
+
+// MustSettle is SettleBody that fails the test on an error (not on a failed settlement).
+func (e *Engine) MustSettle(t testing.TB, body []byte) settle.Outcome {
+	t.Helper()
+	out, err := e.SettleBody(context.Background(), t, body)
+	if err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+	return out
+}
+
+// SettlePending settles body with mining off and requires the settlement_pending answer; it
+// returns the transaction's hash.
+func (e *Engine) SettlePending(t testing.TB, body []byte) common.Hash {
+	t.Helper()
+	out := e.MustSettle(t, body)
+	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction == "" {
+		t.Fatalf("want settlement_pending with a hash, got %+v", out.Response)
+	}
+	return common.HexToHash(out.Response.Transaction)
+}

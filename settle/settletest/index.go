@@ -1,0 +1,150 @@
+package settletest
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/indexer"
+)
+
+// Indexer is an indexer for the env's network (finality depth 2), running in the background.
+type Indexer struct {
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+	quiet  func()
+}
+
+// StartIndexer runs an indexer until the test ends (or Stop).
+func (e *Env) StartIndexer(t testing.TB) *Indexer {
+	t.Helper()
+	log, quiet := QuietableLogger(t)
+	ix := indexer.New(indexer.Config{Network: e.Network().ID, Tokens: []common.Address{e.Chain.USDC.Address}, Chain: e.Chain.RPC,
+		Store: e.DB, FinalityDepth: 2, PollInterval: 50 * time.Millisecond, Logger: log.With("component", "indexer")})
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Indexer{cancel: cancel, done: make(chan error, 1), quiet: quiet}
+	go func() { r.done <- ix.Run(ctx) }()
+	t.Cleanup(func() {
+		if err := r.Stop(); err != nil {
+			t.Errorf("indexer: %v", err)
+		}
+	})
+	return r
+}
+
+// Stop stops the indexer and returns what its Run returned.
+func (r *Indexer) Stop() error {
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case r.err = <-r.done:
+		case <-time.After(20 * time.Second):
+			r.err = errors.New("the indexer did not stop within 20s")
+		}
+		r.quiet()
+	})
+	return r.err
+}
+
+// WaitIndexed waits until the index's cursor is at block n or above and on the canonical chain.
+func (e *Env) WaitIndexed(t testing.TB, n uint64) {
+	t.Helper()
+	limit := time.Now().Add(10 * time.Second)
+	for {
+		cur, ok, err := e.DB.Cursor(context.Background(), e.Network().ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && cur.Number >= n {
+			if b, on := e.BlockIf(t, hexutil.EncodeUint64(cur.Number)); on && b.Hash == cur.Hash {
+				return
+			}
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("the index did not reach block %d within 10s: cursor %d %s", n, cur.Number, cur.Hash)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Use is the index's record of an authorization's use or cancellation (nil: none).
+func (e *Env) Use(t testing.TB, k facilitator.AuthorizationKey) *indexer.Use {
+	t.Helper()
+	u, err := e.DB.AuthorizationUse(context.Background(), k.Network, k.Asset, k.Payer, k.Nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// LogID identifies an indexed log.
+type LogID struct {
+	Block     uint64
+	BlockHash common.Hash
+	Tx        common.Hash
+	Index     uint
+}
+
+// IndexedLogs is everything the index holds for the network, sorted.
+func (e *Env) IndexedLogs(t testing.TB) []LogID {
+	t.Helper()
+	rows, err := e.Pool.Query(context.Background(), `
+		SELECT block_number, block_hash, tx_hash, log_index FROM transfers WHERE network = $1
+		UNION ALL
+		SELECT block_number, block_hash, tx_hash, log_index FROM authorization_events WHERE network = $1`, e.Network().ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []LogID
+	for rows.Next() {
+		var n int64
+		var bh, tx []byte
+		var i int32
+		if err := rows.Scan(&n, &bh, &tx, &i); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, LogID{uint64(n), common.BytesToHash(bh), common.BytesToHash(tx), uint(i)})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	sortLogs(out)
+	return out
+}
+
+// ChainLogs is what eth_getLogs returns for USDC's three indexed events in blocks 0..to.
+func (e *Env) ChainLogs(t testing.TB, to uint64) []LogID {
+	t.Helper()
+	var logs []types.Log
+	filter := map[string]any{"fromBlock": "0x0", "toBlock": hexutil.EncodeUint64(to), "address": []common.Address{e.Chain.USDC.Address},
+		"topics": [][]common.Hash{{indexer.TransferTopic, indexer.AuthorizationUsedTopic, indexer.AuthorizationCanceledTopic}}}
+	if err := e.Chain.RPC.CallContext(context.Background(), &logs, "eth_getLogs", filter); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]LogID, len(logs))
+	for i, l := range logs {
+		out[i] = LogID{l.BlockNumber, l.BlockHash, l.TxHash, l.Index}
+	}
+	sortLogs(out)
+	return out
+}
+
+func sortLogs(l []LogID) {
+	sort.Slice(l, func(i, j int) bool {
+		if l[i].Block != l[j].Block {
+			return l[i].Block < l[j].Block
+		}
+		return l[i].Index < l[j].Index
+	})
+}
