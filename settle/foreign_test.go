@@ -23,7 +23,6 @@ import (
 // one transfer the authorization allows, the ledger keeps every variant and the new tx nonce, and
 // the key's next settlement takes the nonce after it.
 func TestSettleForeignNonceResigned(t *testing.T) {
-	ctx := context.Background()
 	obs := &recordingObserver{}
 	signer := env.NewSigner(t)
 	addr := settletest.AddressOf(signer)
@@ -48,25 +47,7 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 		t.Fatalf("open settlement: %+v", open)
 	}
 
-	// The key, used elsewhere: a self-transfer at the same nonce, paying twice the fees, replaces
-	// ours in the pool; then it is mined.
-	tip := new(big.Int).Mul(open.Txs[0].TipCap, big.NewInt(2))
-	feeCap := new(big.Int).Mul(open.Txs[0].FeeCap, big.NewInt(2))
-	foreign, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: taken, GasTipCap: tip, GasFeeCap: feeCap, Gas: 21000, To: &addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Chain.Client.SendTransaction(ctx, foreign); err != nil {
-		t.Fatalf("replacing the settlement's transaction: %v", err)
-	}
-	if env.InPool(t, ours) {
-		t.Fatal("the foreign transaction did not replace ours in the pool")
-	}
-	env.Mine(t)
-	if rcpt := env.Receipt(t, foreign.Hash()); rcpt == nil {
-		t.Fatal("the foreign transaction was not mined")
-	}
+	takeNonce(t, signer, taken, open.Txs[0], ours)
 	payerBefore := env.Balance(t, p.From())
 
 	// The engine resends ours, hears nonce too low, and re-signs with a new nonce.
@@ -183,4 +164,86 @@ func authorizationUses(t testing.TB, p settletest.Pay) int {
 		t.Fatal(err)
 	}
 	return len(logs)
+}
+
+// takeNonce plays the key used elsewhere: a 0-value self-transfer at nonce, paying twice our
+// fees, replaces our unmined transaction in the pool (auto-mine off); then it is mined.
+func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours settle.TxRecord, oursHash common.Hash) {
+	t.Helper()
+	addr := settletest.AddressOf(signer)
+	tip := new(big.Int).Mul(ours.TipCap, big.NewInt(2))
+	feeCap := new(big.Int).Mul(ours.FeeCap, big.NewInt(2))
+	foreign, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
+		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: 21000, To: &addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(context.Background(), foreign); err != nil {
+		t.Fatalf("replacing the settlement's transaction: %v", err)
+	}
+	if env.InPool(t, oursHash) {
+		t.Fatal("the foreign transaction did not replace ours in the pool")
+	}
+	env.Mine(t)
+	if rcpt := env.Receipt(t, foreign.Hash()); rcpt == nil {
+		t.Fatal("the foreign transaction was not mined")
+	}
+}
+
+// TestSettleForeignNonceRecovered: a settlement re-signed with a new nonce (a foreign
+// transaction took its first) and not mined yet when its process stops is resumed by the next
+// process from the ledger: at the new nonce, with every variant, and it settles once.
+func TestSettleForeignNonceRecovered(t *testing.T) {
+	obs := &recordingObserver{}
+	signer := env.NewSigner(t)
+	addr := settletest.AddressOf(signer)
+	payer := env.FundedPayer(t, 1000)
+	p := env.NewPay(t, payer, 1000)
+	body := p.Body(t)
+	env.ManualMining(t)
+	fast := func(c *settle.Config) {
+		c.Observer = obs
+		c.RebroadcastAfter = 200 * time.Millisecond
+		c.RetryInterval = 200 * time.Millisecond
+	}
+	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
+	ours := r.SettlePending(t, body)
+	taken := env.Row(t, p.Key()).TxNonce
+	takeNonce(t, signer, taken, openRows(t, addr)[p.Key()].Txs[0], ours)
+	for deadline := time.Now().Add(15 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceForeign) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no foreign nonce observed; observer saw %v", obs.snapshot())
+		}
+	}
+	r.Stop()
+	env.DropPool(t) // the node lost the re-signed transaction too: only the ledger has it
+	moved := openRows(t, addr)[p.Key()]
+	if moved == nil || moved.TxNonce <= taken || len(moved.Txs) < 2 {
+		t.Fatalf("the ledger after the re-sign: %+v", moved)
+	}
+
+	r2 := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
+	var out settle.Outcome
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		env.Mine(t)
+		out = r2.MustSettle(t, body)
+		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still pending after the restart: %+v", out.Response)
+		}
+	}
+	if !out.Response.Success || common.HexToHash(out.Response.Transaction) != moved.Txs[len(moved.Txs)-1].Hash {
+		t.Fatalf("after the restart: %+v, want the success of %s", out.Response, moved.Txs[len(moved.Txs)-1].Hash)
+	}
+	if row := env.Row(t, p.Key()); row.TxNonce != moved.TxNonce || !row.State.Succeeded() {
+		t.Fatalf("ledger row %+v", row)
+	}
+	if got := env.Balance(t, p.PayTo); got != p.Value {
+		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
+	}
+	if n := authorizationUses(t, p); n != 1 {
+		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
+	}
 }
