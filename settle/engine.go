@@ -35,15 +35,17 @@ type Observer interface {
 	FeeBumped(network string)
 	// NonceGap: a signer's nonce was not what this process expected. kind is NonceResync (the
 	// node's pending nonce or the ledger moved it on a reload), NonceUsed (a node refused a send
-	// as nonce too low) or NonceTaken (the ledger already held the nonce).
+	// as nonce too low), NonceTaken (the ledger already held the nonce) or NonceForeign (a
+	// transaction that is not ours took a settlement's nonce; it was re-signed with a new one).
 	NonceGap(network, signer, kind string)
 }
 
 // NonceGap kinds.
 const (
-	NonceResync = "resync"
-	NonceUsed   = "nonce_used"
-	NonceTaken  = "nonce_taken"
+	NonceResync  = "resync"
+	NonceUsed    = "nonce_used"
+	NonceTaken   = "nonce_taken"
+	NonceForeign = "foreign"
 )
 
 type noObserver struct{}
@@ -454,7 +456,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 	if err != nil {
 		return Outcome{}, err
 	}
-	e.log.Info("settlement signed", f.logAttrs("network", id.ID, "signer", s.addr, "tx_nonce", f.nonce, "tx", f.view().hash)...)
+	e.log.Info("settlement signed", f.logAttrs("network", id.ID, "signer", s.addr, "tx_nonce", f.txNonce(), "tx", f.view().hash)...)
 	return e.await(ctx, waitCtx, p, f), nil
 }
 

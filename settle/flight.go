@@ -45,6 +45,9 @@ type flight struct {
 	dropped bool
 	// resolving: the flight's outcome is being written to the ledger; the watcher leaves it alone.
 	resolving bool
+	// nonceLow: a node refused the latest variant as nonce too low; the watcher checks whether a
+	// foreign transaction took the nonce (foreign.go).
+	nonceLow bool
 }
 
 // logAttrs are the fields every log line about f starts with: the settlement, its payer and
@@ -145,6 +148,23 @@ func (f *flight) setResolving(on bool) {
 	f.mu.Lock()
 	f.resolving = on
 	f.mu.Unlock()
+}
+
+// txNonce is the settlement's current tx nonce (it changes when a foreign transaction took the
+// previous one).
+func (f *flight) txNonce() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nonce
+}
+
+// takeNonceLow reports, and clears, whether a node called the flight's nonce too low.
+func (f *flight) takeNonceLow() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	was := f.nonceLow
+	f.nonceLow = false
+	return was
 }
 
 // isDropped reports whether this process has let go of the flight.

@@ -31,6 +31,7 @@ type SignerLease interface {
 	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
 	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
+	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
 	// Release gives the lease up. It is safe to call more than once.
 	Release()
 }
@@ -50,6 +51,9 @@ func (o ownLease) InsertSettlements(ctx context.Context, rows []*NewSettlement) 
 }
 func (o ownLease) AddTx(ctx context.Context, id int64, tx TxRecord) error {
 	return o.store.AddTx(ctx, id, tx)
+}
+func (o ownLease) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx TxRecord) error {
+	return o.store.MoveNonce(ctx, id, txNonce, tx)
 }
 
 // leaseBox holds a SignerLease in an atomic.Pointer.

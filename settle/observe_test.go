@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
@@ -52,12 +53,31 @@ func TestSettleNonceGapObserved(t *testing.T) {
 		t.Fatalf("a gap observed before any send: %d", got)
 	}
 
-	if _, err := r.SettleBody(ctx, t, env.NewPay(t, env.FundedPayer(t, 1000), 1000).Body(t)); err != nil {
+	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
+	body := p.Body(t)
+	out, err := r.SettleBody(ctx, t, body)
+	if err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceUsed) == 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no nonce gap observed; observer saw %v", obs.snapshot())
 		}
+	}
+	// The nonce went to a transaction that is not ours: the settlement is re-signed with the next
+	// one, and settles.
+	for deadline := time.Now().Add(10 * time.Second); !out.Response.Success; time.Sleep(100 * time.Millisecond) {
+		if out.Response.ErrorReason != facilitator.ReasonSettlementPending || time.Now().After(deadline) {
+			t.Fatalf("after the foreign transaction: %+v", out.Response)
+		}
+		if out, err = r.SettleBody(ctx, t, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := env.Row(t, p.Key()).TxNonce; got != 1 {
+		t.Fatalf("ledger tx nonce %d, want 1 (0 is the foreign transaction's)", got)
+	}
+	if got := obs.count("gap " + env.Network().ID + " " + addr.Hex() + " " + settle.NonceForeign); got != 1 {
+		t.Fatalf("foreign nonce observed %d times, want 1", got)
 	}
 }

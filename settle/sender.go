@@ -368,8 +368,13 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 		case sendUnderpriced:
 			n.wantBump(f)
 		case sendNonceUsed:
-			// Possibly our own earlier variant, mined: the watcher checks receipts and the authorization.
-			e.log.Info("node says nonce used; watching receipts", f.logAttrs("tx_nonce", f.nonce, "signer", f.sender.addr, "tx", txs[i].hash)...)
+			// Possibly our own earlier variant, mined: the watcher checks receipts and the authorization,
+			// and whether a transaction that is not ours took the nonce (foreign.go).
+			f.mu.Lock()
+			f.nonceLow = true
+			nonce := f.nonce
+			f.mu.Unlock()
+			e.log.Info("node says nonce used; watching receipts", f.logAttrs("tx_nonce", nonce, "signer", f.sender.addr, "tx", txs[i].hash)...)
 			e.cfg.Observer.NonceGap(n.id.ID, f.sender.addr.Hex(), NonceUsed)
 		case sendNoFunds:
 			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", n.id.ID, "signer", f.sender.addr, "tx", txs[i].hash, "err", elems[i].Error)...)

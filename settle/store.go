@@ -28,6 +28,11 @@ type Store interface {
 	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
 	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent.
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
+	// MoveNonce records a re-signed transaction with a new tx nonce (the old one was taken by a
+	// transaction that is not ours) and makes txNonce the settlement's, before it is sent. The
+	// earlier variants stay recorded and watched. Errors: facilitator.ErrNonceTaken (the signer's
+	// txNonce has a row), facilitator.ErrNotFound (the settlement is no longer signed or broadcast).
+	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
 	// Resolve moves open settlements to their outcomes, at once; it leaves alone any that is no
 	// longer open.

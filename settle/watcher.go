@@ -162,6 +162,16 @@ func (n *network) watch(ctx context.Context) {
 				outcomes = append(outcomes, outcome{f, res})
 			}
 		default:
+			if f.takeNonceLow() {
+				// A node called the nonce too low and no receipt of ours is in: a transaction
+				// that is not ours may hold the nonce (foreign.go).
+				if res, resolved, handled := n.foreignNonce(ctx, f); resolved {
+					outcomes = append(outcomes, outcome{f, res})
+					continue
+				} else if handled {
+					continue
+				}
+			}
 			if n.needsSend(ctx, f) {
 				resend = append(resend, f)
 			}
@@ -418,7 +428,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	}
 	to := f.key.Asset
 	tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(n.id.ChainID), Nonce: f.nonce,
+		ChainID: new(big.Int).SetUint64(n.id.ChainID), Nonce: f.txNonce(),
 		GasTipCap: fees.TipCap, GasFeeCap: fees.FeeCap, Gas: f.gas, To: &to, Data: f.data,
 	})
 	if err != nil {
@@ -439,7 +449,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	f.update(func(f *flight) {
 		f.txs = append(f.txs, &sentTx{hash: tx.Hash(), raw: raw, fees: fees, signedAt: e.now()})
 	})
-	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.nonce, "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
+	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
 	e.cfg.Observer.FeeBumped(n.id.ID)
 	return nil
 }

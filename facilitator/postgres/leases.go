@@ -287,6 +287,14 @@ func (l *signerLease) AddTx(ctx context.Context, id int64, tx settle.TxRecord) e
 	return l.db.AddTx(ctx, id, tx)
 }
 
+// MoveNonce records a re-signed transaction on the lease's session; see DB.MoveNonce.
+func (l *signerLease) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle.TxRecord) error {
+	if l.isLost() {
+		return errLeaseSessionGone
+	}
+	return l.db.MoveNonce(ctx, id, txNonce, tx)
+}
+
 var _ settle.Leaser = (*DB)(nil)
 
 func signerLeaseKey(network string, signer common.Address) int64 {

@@ -356,6 +356,35 @@ func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 	return err
 }
 
+// MoveNonce records a transaction re-signed with a new tx nonce (the settlement's old one was
+// taken by a transaction that is not ours) and moves the settlement to that nonce, in one
+// statement, before it is sent. Every earlier variant stays in settlement_txs, watched as before.
+// The settlement must still be signed or broadcast (else facilitator.ErrNotFound); a nonce the
+// signer's other settlement holds is facilitator.ErrNonceTaken.
+func (db *DB) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle.TxRecord) error {
+	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
+	var moved int
+	err := db.pool.QueryRow(ctx, `
+		WITH u AS (
+			UPDATE settlements SET tx_nonce = $6, gas_reserved = GREATEST(gas_reserved, NULLIF($7::numeric, 0)), updated_at = now()
+			WHERE id = $2 AND state IN ('signed', 'broadcast') RETURNING id, (SELECT tx_nonce FROM settlements WHERE id = $2) AS was),
+		t AS (
+			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
+			SELECT $1, id, $3, $4, $5 FROM u),
+		e AS (
+			INSERT INTO settlement_events (settlement_id, state, detail)
+			SELECT id, 'renonced', 'tx nonce ' || was || ' taken by a foreign transaction; tx ' || $8 || ' nonce ' || $6 FROM u)
+		SELECT count(*) FROM u`,
+		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), int64(txNonce), numeric(reserved), tx.Hash.Hex()).Scan(&moved)
+	if err != nil {
+		return insertError(err)
+	}
+	if moved == 0 {
+		return facilitator.ErrNotFound
+	}
+	return nil
+}
+
 // MarkBroadcast records that nodes accepted these settlements' transactions.
 func (db *DB) MarkBroadcast(ctx context.Context, ids []int64) error {
 	_, err := db.pool.Exec(ctx, `

@@ -162,3 +162,89 @@ func TestResolveRacingMarkBroadcast(t *testing.T) {
 		}
 	}
 }
+
+// TestMoveNonce: a settlement whose tx nonce a foreign transaction took moves to a new nonce with
+// its re-signed transaction, in one statement: every earlier variant stays, the new one is the
+// latest, the signer's highest nonce follows, a nonce another settlement holds is refused as
+// ErrNonceTaken, and a settlement that is no longer open is not moved.
+func TestMoveNonce(t *testing.T) {
+	db := openTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	network := fmt.Sprintf("eip155:%d", time.Now().UnixNano()%1_000_000_000)
+	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x03")); err != nil {
+		t.Fatal(err)
+	}
+	signer := common.HexToAddress("0xd")
+	record := func() settle.TxRecord {
+		var hash common.Hash
+		rand.Read(hash[:])
+		return settle.TxRecord{Hash: hash, Raw: hash[:], TipCap: big.NewInt(1), FeeCap: big.NewInt(2), Gas: 100_000}
+	}
+	insert := func(txNonce uint64) (int64, settle.TxRecord) {
+		t.Helper()
+		var nonce [32]byte
+		rand.Read(nonce[:])
+		tx := record()
+		id, err := db.InsertSettlement(ctx, &settle.NewSettlement{
+			Key:   facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
+			PayTo: common.HexToAddress("0xc"),
+			Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
+			X402Version: 2, Request: []byte(`{}`), Signer: signer, TxNonce: txNonce, Tx: tx,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, tx
+	}
+	moved, first := insert(0)
+	other, _ := insert(1)
+
+	if err := db.MoveNonce(ctx, moved, 1, record()); err != facilitator.ErrNonceTaken {
+		t.Fatalf("moving onto another settlement's nonce: %v, want ErrNonceTaken", err)
+	}
+	resigned := record()
+	if err := db.MoveNonce(ctx, moved, 2, resigned); err != nil {
+		t.Fatal(err)
+	}
+	s, err := db.SettlementByID(ctx, moved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.TxNonce != 2 || s.TxHash != resigned.Hash || s.State != facilitator.StateSigned {
+		t.Fatalf("after the move: nonce %d, hash %s, state %s", s.TxNonce, s.TxHash, s.State)
+	}
+	if top, ok, err := db.MaxTxNonce(ctx, network, signer); err != nil || !ok || top != 2 {
+		t.Fatalf("MaxTxNonce %d %v %v, want 2", top, ok, err)
+	}
+	open, err := db.OpenSettlements(ctx, network, signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(open) != 2 || open[0].ID != other || open[1].ID != moved {
+		t.Fatalf("open settlements in tx nonce order: %+v", open)
+	}
+	if txs := open[1].Txs; len(txs) != 2 || txs[0].Hash != first.Hash || txs[1].Hash != resigned.Hash {
+		t.Fatalf("variants %+v: want the first, then the re-signed one", txs)
+	}
+	if got, err := db.SettlementByTx(ctx, first.Hash); err != nil || got.ID != moved {
+		t.Fatalf("the first variant still names its settlement: %v %v", got, err)
+	}
+	evs, err := db.SettlementEvents(ctx, moved, 0, []string{"renonced"}, 10)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("renonced events: %+v %v", evs, err)
+	}
+
+	if err := db.Resolve(ctx, []settle.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MoveNonce(ctx, other, 3, record()); err != facilitator.ErrNotFound {
+		t.Fatalf("moving a closed settlement: %v, want ErrNotFound", err)
+	}
+	if s, err := db.SettlementByID(ctx, other); err != nil || s.TxNonce != 1 {
+		t.Fatalf("the closed settlement changed: %+v %v", s, err)
+	}
+}
