@@ -41,7 +41,9 @@ bench-index:
 
 # Load test of the RUNNING local stack ('make run' in another shell): /verify and /settle under
 # load beside the official TypeScript facilitator on the same anvil, payment-identifier replays,
-# the chain's own ceiling and peak RSS, as one table (method and figures: BENCHMARKS.md). Flags go
-# in BENCH_FLAGS, e.g. BENCH_FLAGS="--url http://127.0.0.1:4021 --rpc http://127.0.0.1:8545 --k 500".
+# the chain's own ceiling, peak RSS and, last, the indexer's backfill of 100,000 events into a
+# fresh database of its own (not the stack's x402_dev ledger), as one table (method and figures:
+# BENCHMARKS.md). Flags go in BENCH_FLAGS, e.g.
+# BENCH_FLAGS="--url http://127.0.0.1:4021 --rpc http://127.0.0.1:8545 --k 500 --backfill=false".
 bench-load:
-	scripts/npm.sh && go run ./cmd/facilitator bench $(BENCH_FLAGS)
+	scripts/npm.sh && go run ./cmd/facilitator bench --database-url "$$(scripts/postgres.sh x402_bench_index --fresh)" $(BENCH_FLAGS)

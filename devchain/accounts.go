@@ -49,6 +49,11 @@ func DevAccounts() ([]*Account, error) { return devAccounts() }
 // role keys so that every run, and a load generator reading the chain, sees the same addresses.
 func ExtraSigner(i int) (*Account, error) { return roleAccount(fmt.Sprintf("signer %d", i)) }
 
+// BenchEmitter is the key that sends the backfill benchmark's event-emitting transactions: off the
+// ten dev accounts and the signer keys, which the load's other phases send from, so that it never
+// shares a nonce sequence with them. Whoever uses it funds it (anvil_setBalance).
+func BenchEmitter() (*Account, error) { return roleAccount("bench emitter") }
+
 // DevUSDCAddress is where Start deploys the USDC proxy: the proxy-admin role's first (and only)
 // deployment, so a client of a running dev stack can find the token without being told.
 func DevUSDCAddress() (common.Address, error) {

@@ -24,6 +24,8 @@ var (
 	solcScript string
 	//go:embed testdata/SmartWallet.sol
 	smartWalletSource string
+	//go:embed testdata/Emitter.sol
+	emitterSource string
 )
 
 // ERC1271Magic is what isValidSignature returns for a valid signature.
@@ -84,7 +86,33 @@ func (c *Chain) smartWallet(ctx context.Context) (*compiled, error) {
 }
 
 func (c *Chain) compile(ctx context.Context, name, source string) (*compiled, error) {
-	dir, err := os.MkdirTemp(c.tmpDir, "solc-")
+	return compileSolidity(ctx, c.tmpDir, c.nodeModules, name, source)
+}
+
+// CompileEmitter compiles testdata/Emitter.sol (emitMany(n): n Transfer and n AuthorizationUsed
+// events) for the indexer's backfill benchmarks, which run against an anvil they did not start:
+// solc-js is found in the node_modules above the working directory, as anvil is.
+func CompileEmitter(ctx context.Context) (abi.ABI, []byte, error) {
+	nm, err := findNodeModules(".")
+	if err != nil {
+		return abi.ABI{}, nil, err
+	}
+	tmp, err := os.MkdirTemp("", "x402-solc-")
+	if err != nil {
+		return abi.ABI{}, nil, err
+	}
+	defer os.RemoveAll(tmp)
+	c, err := compileSolidity(ctx, tmp, nm, "Emitter.sol", emitterSource)
+	if err != nil {
+		return abi.ABI{}, nil, err
+	}
+	return c.ABI, c.Bytecode, nil
+}
+
+// compileSolidity compiles one source file with solc-js under tmpDir; node runs the embedded
+// solc.mjs, so a built binary needs no source tree.
+func compileSolidity(ctx context.Context, tmpDir, nodeModules, name, source string) (*compiled, error) {
+	dir, err := os.MkdirTemp(tmpDir, "solc-")
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +128,7 @@ func (c *Chain) compile(ctx context.Context, name, source string) (*compiled, er
 		return nil, fmt.Errorf("devchain: node is needed to compile %s: %w", name, err)
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, node, script, src, c.nodeModules)
+	cmd := exec.CommandContext(ctx, node, script, src, nodeModules)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("devchain: compile %s with solc-js: %w: %s", name, err, strings.TrimSpace(stderr.String()))

@@ -54,7 +54,9 @@ type Config struct {
 	// FacilitatorURL's port, -1 skips memory.
 	PID        int
 	RPCTimeout time.Duration // bound on each JSON-RPC call
-	// IndexNote is printed for the indexer backfill, which this command does not measure.
+	// Backfill, when set, runs the indexer backfill phase last; nil skips it and the table prints
+	// IndexNote instead.
+	Backfill  *Backfill
 	IndexNote string
 	Logger    *slog.Logger
 }
@@ -73,6 +75,9 @@ func (c *Config) Check() error {
 	}
 	if c.CeilingN > 0 && (c.CeilingBatch < 1 || c.CeilingInFlight < 1 || c.CeilingWindow < c.CeilingBatch) {
 		errs = append(errs, errors.New("the ceiling needs a batch size >= 1, in-flight >= 1 and a window >= the batch"))
+	}
+	if c.Backfill != nil && (c.Backfill.DB == nil || c.Backfill.Key == nil || c.Backfill.Events < 1) {
+		errs = append(errs, errors.New("the backfill needs a database, a sender key and at least one event"))
 	}
 	if c.Official != nil && (c.Official.Key == nil || c.Official.Script == "") {
 		errs = append(errs, errors.New("the reference needs its script and a signer key"))
@@ -101,14 +106,16 @@ type Report struct {
 	Ours, Ref      Side
 	Replay         *ReplayResult
 	Ceiling        []CeilingResult
+	Backfill       *BackfillResult
 	IndexNote      string
 	Notes          []string
 }
 
 // Run runs every phase in turn and returns what it measured. Phases that grow the chain run in a
-// fixed order (ours, the reference, then the ceiling), because anvil slows down as its chain
-// grows: the report gives the head at the start and the blocks each phase mined, so that this
-// can be judged.
+// fixed order (ours, the reference, the ceiling, then the indexer backfill), because anvil slows
+// down as its chain grows: the report gives the head at the start and the blocks each phase
+// mined, so that this can be judged. The backfill goes last because it grows the chain most
+// (100,000 events and 200 empty blocks) and its timing is the indexer's, not the chain's writes.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
@@ -208,6 +215,23 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			rep.Ceiling = append(rep.Ceiling, c)
 		}
+	}
+
+	if b := cfg.Backfill; b != nil {
+		log.Info("indexer backfill: emitting", "events", b.Events)
+		e, err := EmitEvents(ctx, rc, cfg.RPCTimeout, b.Key, b.Events)
+		if err != nil {
+			return nil, fmt.Errorf("backfill: %w", err)
+		}
+		// A network id of the run's own: the rows never mix with a facilitator's index, even in
+		// its database, and a second run on the same database starts from an empty cursor.
+		network := fmt.Sprintf("%s#bench-%d", facilitator.CAIP2(tok.ChainID), time.Now().Unix())
+		log.Info("indexer backfill: indexing", "network", network, "events", e.Events, "from", e.DeployBlock, "to", e.Head)
+		r, err := TimeBackfill(ctx, rc, cfg.RPCTimeout, b.DB, network, e, log)
+		if err != nil {
+			return nil, fmt.Errorf("backfill: %w", err)
+		}
+		rep.Backfill = &r
 	}
 	return rep, nil
 }

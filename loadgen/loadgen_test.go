@@ -80,6 +80,8 @@ func sampleReport(withRef bool) *Report {
 		IndexNote: "not measured",
 	}
 	if withRef {
+		r.Backfill = &BackfillResult{Network: "eip155:31337#bench-1", Stored: 100000, Elapsed: 2500 * time.Millisecond,
+			Emitted: Emitted{DeployBlock: 570, Head: 787, Calls: 50, Events: 100000}}
 		r.Ref = Side{Name: "official", Signers: 1,
 			Verify: &VerifyResult{Concurrency: 32, Elapsed: 10 * time.Second, Requests: 1000, Latencies: Latencies{ms(50), ms(100)}},
 			Settle: &SettleResult{K: 200, Concurrency: 64, Signers: 1, Elapsed: 4 * time.Second, Confirmed: 200, Latencies: Latencies{ms(800), ms(1600)},
@@ -122,6 +124,11 @@ func TestRender(t *testing.T) {
 		// The ceiling is the better mode, 2000/s: 250/s is 12.5 % of it, 50/s is 2.5 %.
 		{"settle rate as % of the ceiling", []string{"12.5%", "2.5%"}},
 		{"peak VmRSS", []string{"64.0", "MiB", "(pid", "42)", "not", "sampled"}},
+		// The backfill replaces the note: 100,000 events in 2.5 s, blocks 570..787 inclusive.
+		{"events/s", []string{"40000.0/s"}},
+		{"events stored / emitted", []string{"100000", "/", "100000", "(50", "emitMany", "transactions)"}},
+		{"blocks read", []string{"218", "(570..787)"}},
+		{"time", []string{"2500", "ms"}},
 	} {
 		if got := find(tc.prefix); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 			t.Errorf("%s: %q, want %q", tc.prefix, got, tc.want)
@@ -148,5 +155,8 @@ func TestRenderWithoutReference(t *testing.T) {
 	}
 	if out := b.String(); !strings.Contains(out, "not run") || strings.Contains(out, "ours/official") {
 		t.Fatalf("a run without the reference must say so and print no ratios:\n%s", out)
+	}
+	if out := b.String(); !strings.Contains(out, "indexer backfill events/s: not measured") {
+		t.Fatalf("a run without the backfill must print its note:\n%s", out)
 	}
 }

@@ -86,7 +86,14 @@ func Render(w io.Writer, r *Report) error {
 			row("  settle rate as % of the ceiling", fmt.Sprintf("%.1f%%", 100*s.Rate()/best), refPct, "")
 		}
 	}
-	if r.IndexNote != "" {
+	if bf := r.Backfill; bf != nil {
+		e := bf.Emitted
+		row("indexer backfill into Postgres: Emitter events from its deploy block to the head (" + bf.Network + ")")
+		row("  events/s", fmtRate(bf.Rate()), "", "")
+		row("  events stored / emitted", fmt.Sprintf("%d / %d", bf.Stored, e.Events), "", fmt.Sprintf("(%d emitMany transactions)", e.Calls))
+		row("  blocks read", fmt.Sprint(bf.Blocks()), "", fmt.Sprintf("(%d..%d)", e.DeployBlock, e.Head))
+		row("  time", fmtDur(bf.Elapsed), "", "")
+	} else if r.IndexNote != "" {
 		row("indexer backfill events/s: " + r.IndexNote)
 	}
 	if r.Ours.Memory != nil || r.Ref.Memory != nil {

@@ -19,8 +19,9 @@ import (
 // runBench parses the bench flags and runs loadgen against a running local stack. The dev keys
 // are split so that no two senders share a nonce sequence: the facilitator signs with #0 (and
 // its extra dev signers), payers are #1-#7, the ceiling loop sends from #8, the official
-// facilitator signs with #9.
-func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// facilitator signs with #9, and the backfill's Emitter is deployed and called from a key of its
+// own (devchain.BenchEmitter), since anvil has no eleventh dev account.
+func runBench(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg := loadgen.Config{}
@@ -43,7 +44,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	script := fs.String("official-script", "", "official-facilitator.mjs (default: interop/js/ under the module root above the working directory)")
 	nodeBin := fs.String("node", "node", "node binary for the official facilitator")
 	refPoll := fs.Duration("ref-poll", 100*time.Millisecond, "the official facilitator's receipt polling interval (the dev stack's own is 100ms)")
-	fs.StringVar(&cfg.IndexNote, "index-note", "not measured by this command: run 'make bench-index'", "what to print for indexer backfill")
+	backfill := fs.Bool("backfill", true, "measure the indexer's backfill into Postgres last (needs --database-url, node and node_modules)")
+	backfillEvents := fs.Int("backfill-events", 100_000, "events the backfill's Emitter emits (rounded up to whole 2,000-event calls)")
+	dbURL := fs.String("database-url", getenv("DATABASE_URL"), "Postgres for the backfill (DATABASE_URL); it writes under a network id of its own, eip155:<chain>#bench-<unix time>")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,6 +80,30 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cfg.Official = &loadgen.Official{Node: *nodeBin, Script: path, Poll: *refPoll, Key: accounts[9].Key, Stderr: stderr}
 	}
 	cfg.Logger = newLogger(stderr, "info", "text")
+	if *backfill {
+		if *dbURL == "" {
+			return errors.New("the backfill phase needs --database-url or DATABASE_URL (--backfill=false skips it)")
+		}
+		// Opened and migrated before any load, so that a wrong URL fails the run at once rather
+		// than after minutes of it.
+		db, err := openDB(ctx, *dbURL, cfg.Logger)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		migrateCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if _, err := db.Migrate(migrateCtx); err != nil {
+			return err
+		}
+		emitter, err := devchain.BenchEmitter()
+		if err != nil {
+			return err
+		}
+		cfg.Backfill = &loadgen.Backfill{DB: db, Key: emitter.Key, Events: *backfillEvents}
+	} else {
+		cfg.IndexNote = "skipped (--backfill=false)"
+	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if err != nil {
 		return err

@@ -54,7 +54,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "dev":
 		err = runDev(ctx, args[1:], getenv, stdout, stderr)
 	case "bench":
-		err = runBench(ctx, args[1:], stdout, stderr)
+		err = runBench(ctx, args[1:], getenv, stdout, stderr)
 	case "demo":
 		err = runDemo(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":

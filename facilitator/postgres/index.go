@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"sync"
 	"time"
@@ -295,6 +296,18 @@ func (db *DB) AuthorizationUse(ctx context.Context, network string, token, autho
 		u.Value = numericInt(value)
 	}
 	return &u, nil
+}
+
+// IndexedEvents counts a network's stored events (transfers plus authorization uses and
+// cancellations): what a backfill benchmark checks against the events it emitted.
+func (db *DB) IndexedEvents(ctx context.Context, network string) (int64, error) {
+	var n int64
+	err := db.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM transfers WHERE network = $1)
+		+ (SELECT count(*) FROM authorization_events WHERE network = $1)`, network).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("postgres: counting indexed events of %s: %w", network, err)
+	}
+	return n, nil
 }
 
 func leaseKey(network string) int64 {
