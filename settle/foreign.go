@@ -84,7 +84,11 @@ func (n *network) foreignNonce(ctx context.Context, f *flight) (res Resolution, 
 		}
 	}
 	if len(state) == 32 && state[31] == 1 {
-		// Used, and by no transaction of ours.
+		// Used, and by no transaction of ours. No hash is recorded: none of ours landed, and the
+		// engine does not know which transaction used it (the index does, later). The status API
+		// reads the using transaction from the index for every settled_elsewhere row and never
+		// shows the row's own hash (the watcher's is our reverted one, reconcile's the index's),
+		// so this row answers the same as theirs (TestSettleForeignNonceUsedElsewhere).
 		return Resolution{ID: f.id, State: facilitator.StateSettledElsewhere, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
 			ErrorMessage: "the authorization was used by a transaction that is not ours"}, true, true
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // TestSettleForeignNonceResigned: a transaction sent from the signer key outside the engine (a
@@ -170,6 +172,17 @@ func authorizationUses(t testing.TB, p settletest.Pay) int {
 // fees, replaces our unmined transaction in the pool (auto-mine off); then it is mined.
 func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours settle.TxRecord, oursHash common.Hash) {
 	t.Helper()
+	foreign := replaceNonce(t, signer, nonce, ours, oursHash)
+	env.Mine(t)
+	if rcpt := env.Receipt(t, foreign); rcpt == nil {
+		t.Fatal("the foreign transaction was not mined")
+	}
+}
+
+// replaceNonce is takeNonce without the mining: the foreign transaction is in the pool in place
+// of ours, and its hash is returned.
+func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours settle.TxRecord, oursHash common.Hash) common.Hash {
+	t.Helper()
 	addr := settletest.AddressOf(signer)
 	tip := new(big.Int).Mul(ours.TipCap, big.NewInt(2))
 	feeCap := new(big.Int).Mul(ours.FeeCap, big.NewInt(2))
@@ -184,10 +197,7 @@ func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours settle
 	if env.InPool(t, oursHash) {
 		t.Fatal("the foreign transaction did not replace ours in the pool")
 	}
-	env.Mine(t)
-	if rcpt := env.Receipt(t, foreign.Hash()); rcpt == nil {
-		t.Fatal("the foreign transaction was not mined")
-	}
+	return foreign.Hash()
 }
 
 // TestSettleForeignNonceRecovered: a settlement re-signed with a new nonce (a foreign
@@ -246,4 +256,235 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 	if n := authorizationUses(t, p); n != 1 {
 		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
 	}
+}
+
+// displaced is a settlement whose unmined transaction a foreign transaction (the signer key used
+// elsewhere) replaced in the pool, not mined yet: auto-mine is off, and the engine rebroadcasts
+// fast, so it hears nonce too low soon after the foreign transaction is mined.
+type displaced struct {
+	r       *settletest.Engine
+	obs     *recordingObserver
+	addr    common.Address
+	p       settletest.Pay
+	body    []byte
+	ours    common.Hash // the settlement's one transaction
+	taken   uint64      // its tx nonce, which the foreign transaction holds
+	foreign common.Hash
+	payer   int64 // the payer's balance before
+}
+
+// displace settles p with mining off and replaces its transaction with a foreign one at the
+// same nonce (unmined).
+func displace(t *testing.T, p settletest.Pay) *displaced {
+	t.Helper()
+	d := &displaced{obs: &recordingObserver{}, p: p, body: p.Body(t)}
+	signer := env.NewSigner(t)
+	d.addr = settletest.AddressOf(signer)
+	env.ManualMining(t)
+	d.r = env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
+		Config: func(c *settle.Config) {
+			c.Observer = d.obs
+			c.RebroadcastAfter = 200 * time.Millisecond
+			c.RetryInterval = 200 * time.Millisecond
+		}})
+	d.ours = d.r.SettlePending(t, d.body)
+	d.taken = env.Row(t, p.Key()).TxNonce
+	open := openRows(t, d.addr)[p.Key()]
+	if open == nil || len(open.Txs) != 1 {
+		t.Fatalf("open settlement: %+v", open)
+	}
+	d.payer = env.Balance(t, p.From())
+	d.foreign = replaceNonce(t, signer, d.taken, open.Txs[0], d.ours)
+	return d
+}
+
+// resolved waits for the settlement to leave the open states and returns its row.
+func (d *displaced) resolved(t *testing.T) *facilitator.Settlement {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		row := env.Row(t, d.p.Key())
+		if !row.State.Open() {
+			return row
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still open: %+v; observer saw %v", row, d.obs.snapshot())
+		}
+	}
+}
+
+// heardTooLow waits until a node called the settlement's transaction nonce too low n more times
+// (each one makes the next watcher round run the foreign-nonce check).
+func (d *displaced) heardTooLow(t *testing.T, n int) {
+	t.Helper()
+	key := "gap " + env.Network().ID + " " + d.addr.Hex() + " " + settle.NonceUsed
+	want := d.obs.count(key) + n
+	for deadline := time.Now().Add(15 * time.Second); d.obs.count(key) < want; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nonce too low heard %d times, want %d; observer saw %v", d.obs.count(key), want, d.obs.snapshot())
+		}
+	}
+}
+
+// notResigned checks that the settlement kept its one transaction at the taken nonce: no
+// variant at a new nonce, no renonced event, no foreign re-sign reported.
+func (d *displaced) notResigned(t *testing.T, id int64) {
+	t.Helper()
+	if raws := txsOf(t, id); len(raws) != 1 || decodeTx(t, raws[0]).Hash() != d.ours {
+		t.Errorf("the settlement has %d variants, want only its first %s", len(raws), d.ours)
+	}
+	for _, ev := range env.Events(t, id) {
+		if ev.State == "renonced" {
+			t.Errorf("renonced event: %v", env.Events(t, id))
+		}
+	}
+	if n := d.obs.count("gap " + env.Network().ID + " " + d.addr.Hex() + " " + settle.NonceForeign); n != 0 {
+		t.Errorf("%d foreign re-signs reported", n)
+	}
+	if got := env.Row(t, d.p.Key()).TxNonce; got != d.taken {
+		t.Errorf("ledger tx nonce %d, want the taken %d kept", got, d.taken)
+	}
+}
+
+// nextSettles checks that the key's next settlement takes the nonce after the taken one and is
+// mined.
+func (d *displaced) nextSettles(t *testing.T, next settletest.Pay) {
+	t.Helper()
+	body := next.Body(t)
+	out := d.r.MustSettle(t, body)
+	for deadline := time.Now().Add(15 * time.Second); out.Response.ErrorReason == facilitator.ReasonSettlementPending; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the next settlement is stuck: %+v", out.Response)
+		}
+		env.Mine(t)
+		out = d.r.MustSettle(t, body)
+	}
+	if !out.Response.Success {
+		t.Fatalf("the next settlement: %+v", out.Response)
+	}
+	if got := env.Row(t, next.Key()).TxNonce; got != d.taken+1 {
+		t.Fatalf("the next settlement's tx nonce %d, want %d", got, d.taken+1)
+	}
+	if got := env.Balance(t, next.PayTo); got != next.Value {
+		t.Fatalf("the next payee holds %d, want %d", got, next.Value)
+	}
+	if n := nonceOf(t, d.addr, "latest"); n != d.taken+2 {
+		t.Fatalf("signer's mined nonce %d, want %d", n, d.taken+2)
+	}
+}
+
+// TestSettleForeignNonceUsedElsewhere: a foreign transaction takes a settlement's nonce, and a
+// third party submits the same authorization, both mined in one block before the engine can
+// re-sign. The engine hears nonce too low, finds no receipt of ours and the authorization used:
+// the settlement is settled_elsewhere, never re-signed, and the one transfer is the third
+// party's. The status API names that transfer once the index has it, as for the other paths
+// that resolve settled_elsewhere.
+func TestSettleForeignNonceUsedElsewhere(t *testing.T) {
+	payer := env.FundedPayer(t, 3000)
+	p := env.NewPay(t, payer, 1000)
+	next := env.NewPay(t, payer, 2000)
+	d := displace(t, p)
+	elsewhere := p.SendElsewhere(t)
+	env.Mine(t)
+	fr, er := env.Receipt(t, d.foreign), env.Receipt(t, elsewhere)
+	if fr == nil || er == nil || er.Status != types.ReceiptStatusSuccessful || fr.BlockNumber.Cmp(er.BlockNumber) != 0 {
+		t.Fatalf("want the foreign transaction and the third party's transfer mined in one block: %+v, %+v", fr, er)
+	}
+
+	row := d.resolved(t)
+	if row.State != facilitator.StateSettledElsewhere || row.ErrorReason != facilitator.ReasonNonceAlreadyUsed {
+		t.Fatalf("ledger row %+v, want settled_elsewhere / %s", row, facilitator.ReasonNonceAlreadyUsed)
+	}
+	// The foreign-nonce check's resolution, not a receipt's (none of ours exists).
+	if row.ErrorMessage != "the authorization was used by a transaction that is not ours" {
+		t.Errorf("error message %q", row.ErrorMessage)
+	}
+	if env.Receipt(t, d.ours) != nil {
+		t.Fatal("our transaction has a receipt")
+	}
+	d.notResigned(t, row.ID)
+	if n := authorizationUses(t, p); n != 1 {
+		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
+	}
+	if got := env.Balance(t, p.PayTo); got != p.Value {
+		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
+	}
+	if got := d.payer - env.Balance(t, p.From()); got != p.Value {
+		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, p.Value)
+	}
+	out := d.r.MustSettle(t, d.body)
+	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonNonceAlreadyUsed || out.Response.Transaction != "" {
+		t.Fatalf("the answer after: %+v", out.Response)
+	}
+
+	// Status: the ledger row names no transaction (none of ours landed); the index names the
+	// third party's, as it does for a row the watcher or reconcile resolved settled_elsewhere.
+	svc := status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: 1}}, nil)
+	env.StartIndexer(t)
+	env.WaitIndexed(t, er.BlockNumber.Uint64())
+	st, found, err := svc.Authorization(context.Background(), p.Key())
+	if err != nil || !found {
+		t.Fatalf("status: found %v, err %v", found, err)
+	}
+	if st.State != facilitator.StatusSettled || st.SettledBy != "other" || st.Transaction != elsewhere.Hex() ||
+		st.BlockNumber != er.BlockNumber.Uint64() || st.Basis != "ledger+index" {
+		t.Fatalf("status %+v, want settled by other in %s at block %d", st, elsewhere, er.BlockNumber)
+	}
+
+	d.nextSettles(t, next)
+	d.notResigned(t, row.ID)
+}
+
+// TestSettleForeignNonceExpired: a foreign transaction takes a settlement's nonce in a block
+// less than resignMargin (30 s) before validBefore: the engine leaves it (no re-sign, still
+// open). Once a block reaches validBefore with the authorization unused, the settlement is
+// expired: no transfer, never re-signed, and the key's next settlement still works.
+func TestSettleForeignNonceExpired(t *testing.T) {
+	ctx := context.Background()
+	payer := env.FundedPayer(t, 3000)
+	p := env.NewPay(t, payer, 1000)
+	p.ValidBefore = big.NewInt(env.TimeBase(t) + 120)
+	vb := p.ValidBefore.Uint64()
+	d := displace(t, p)
+
+	// Mined 10 s before validBefore by the chain's clock: within the margin.
+	if err := env.Chain.SetNextBlockTimestamp(ctx, vb-10); err != nil {
+		t.Fatal(err)
+	}
+	env.Mine(t)
+	if rcpt := env.Receipt(t, d.foreign); rcpt == nil {
+		t.Fatal("the foreign transaction was not mined")
+	}
+	d.heardTooLow(t, 3)
+	if row := env.Row(t, p.Key()); !row.State.Open() {
+		t.Fatalf("within the margin: ledger row %+v, want it left open", row)
+	}
+	d.notResigned(t, env.Row(t, p.Key()).ID)
+
+	// A block at validBefore: expired.
+	if err := env.Chain.SetNextBlockTimestamp(ctx, vb); err != nil {
+		t.Fatal(err)
+	}
+	env.Mine(t)
+	row := d.resolved(t)
+	if row.State != facilitator.StateExpired || row.ErrorReason != facilitator.ReasonValidBefore ||
+		!strings.Contains(row.ErrorMessage, "not ours") {
+		t.Fatalf("ledger row %+v, want expired / %s from the foreign-nonce check", row, facilitator.ReasonValidBefore)
+	}
+	d.notResigned(t, row.ID)
+	if n := authorizationUses(t, p); n != 0 {
+		t.Fatalf("%d AuthorizationUsed logs for the authorization, want none", n)
+	}
+	if got := env.Balance(t, p.PayTo); got != 0 {
+		t.Fatalf("payee holds %d, want nothing", got)
+	}
+	if got := env.Balance(t, p.From()); got != d.payer {
+		t.Fatalf("the payer holds %d, want %d untouched", got, d.payer)
+	}
+	out := d.r.MustSettle(t, d.body)
+	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonValidBefore {
+		t.Fatalf("the answer after: %+v", out.Response)
+	}
+
+	d.nextSettles(t, env.NewPay(t, payer, 2000)) // valid from the chain's clock, now past vb
+	d.notResigned(t, row.ID)
 }

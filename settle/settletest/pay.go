@@ -9,9 +9,11 @@ import (
 	"testing"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // Pay is a signed payment of Value from Payer to PayTo. It is a value: a test copies one and
@@ -105,4 +107,35 @@ func (p Pay) SubmitElsewhere(t testing.TB) common.Hash {
 		t.Fatalf("third-party transferWithAuthorization: %v", err)
 	}
 	return h
+}
+
+// SendElsewhere is SubmitElsewhere for a chain that is not auto-mining: it sends the third
+// party's transaction and returns its hash at once, unmined; the test mines it.
+func (p Pay) SendElsewhere(t testing.TB) common.Hash {
+	t.Helper()
+	ctx := context.Background()
+	c, from := p.env.Chain, p.env.Chain.Accounts[1]
+	a := p.Authorization()
+	data := verify.TransferCalldata(facilitator.Authorization{From: a.From, To: a.To, Value: a.Value, ValidAfter: a.ValidAfter,
+		ValidBefore: a.ValidBefore, Nonce: a.Nonce}, p.Signature(t))
+	nonce, err := c.Client.PendingNonceAt(ctx, from.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := c.Client.HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip := big.NewInt(1_000_000_000)
+	chainID := new(big.Int).SetUint64(c.ChainID)
+	tx, err := types.SignNewTx(from.Key, types.LatestSignerForChainID(chainID), &types.DynamicFeeTx{ChainID: chainID, Nonce: nonce,
+		GasTipCap: tip, GasFeeCap: new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip), Gas: 200_000,
+		To: &p.env.Chain.USDC.Address, Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client.SendTransaction(ctx, tx); err != nil {
+		t.Fatalf("third-party transferWithAuthorization: %v", err)
+	}
+	return tx.Hash()
 }
