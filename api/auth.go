@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/labstack/echo/v4"
 
 	"github.com/x402-facilitator/x402-facilitator/auth"
@@ -30,7 +31,9 @@ const (
 // scope, /settle settle, /v1/authorizations, /v1/payments and /v1/settlements status, /v1/webhooks
 // and /v1/events webhooks; /supported, /healthz, /readyz, /metrics and /openapi.json need no key.
 // A key with a payTo allow-list is refused (403) for payments to any other address.
-// Payment-identifier ids are scoped to the key that sent them.
+// Payment-identifier ids are scoped to the key that sent them, and webhooks to the key that
+// registered them; a webhook registered with a key must name its payTo addresses (within the
+// key's allow-list, if it has one).
 //
 // Rate limits are token buckets held in this process: with several replicas, a client gets up to
 // the limit times the number of replicas.
@@ -155,6 +158,22 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 func apiKeyOf(c echo.Context) *auth.Key {
 	k, _ := c.Get(apiKeyKey).(*auth.Key)
 	return k
+}
+
+// webhookPayToRefusal says why key may not register a webhook for payTo, "" if it may. With a key,
+// a webhook must name its payees: without a filter it would hear every merchant's settlements
+// (payers, amounts, transactions). A key with an allow-list may name only addresses on it.
+// Entries that are not addresses are left to notify, which refuses the whole request (400).
+func webhookPayToRefusal(key *auth.Key, payTo []string) string {
+	if len(payTo) == 0 {
+		return "with an API key, a webhook must name the payTo addresses it is for"
+	}
+	for _, a := range payTo {
+		if len(a) == 2+2*common.AddressLength && common.IsHexAddress(a) && !key.AllowsPayTo(common.HexToAddress(a)) {
+			return "the API key may not be used for payments to " + common.HexToAddress(a).Hex()
+		}
+	}
+	return ""
 }
 
 // idScope is the payment-identifier scope of the request: its key's id, "" without a key.

@@ -3,10 +3,12 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +22,8 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // authStack is the real verify + settle stack (payment identifiers included) behind keys mode,
@@ -336,4 +340,180 @@ func (scopeStatus) Payment(_ context.Context, scope, id string) (facilitator.Aut
 
 func (scopeStatus) Settlement(context.Context, common.Hash) (facilitator.AuthorizationStatus, error) {
 	return facilitator.AuthorizationStatus{}, facilitator.ErrNotFound
+}
+
+// hookReceiver is a merchant's webhook endpoint: it answers 200 and hands over each message.
+type hookReceiver struct {
+	URL  string
+	msgs chan notify.Message
+}
+
+func newHookReceiver(t *testing.T) *hookReceiver {
+	t.Helper()
+	r := &hookReceiver{msgs: make(chan notify.Message, 100)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var m notify.Message
+		if err := json.NewDecoder(req.Body).Decode(&m); err == nil {
+			select {
+			case r.msgs <- m:
+			default:
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	r.URL = srv.URL + "/hooks"
+	return r
+}
+
+// await returns the first message of type typ for the settlement of tx, failing after 30s.
+func (r *hookReceiver) await(t *testing.T, typ, tx string) notify.Message {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case m := <-r.msgs:
+			if m.Type == typ && m.Data.Transaction == tx {
+				return m
+			}
+		case <-timeout:
+			t.Fatalf("no %s for %s within 30s", typ, tx)
+		}
+	}
+}
+
+// TestAuthWebhooksOwned: in keys mode a webhook belongs to the key that registered it. Another
+// key neither lists nor deletes it (404, like an unknown id), nor registers one for a payee
+// outside its allow-list or without a payTo filter (403 pay_to_not_allowed); the owner still
+// receives its settlements' events, with its own payment id, and the other key's webhook none.
+func TestAuthWebhooksOwned(t *testing.T) {
+	s := newSettleStack(t, settleOptions{database: "apihooks", server: func(cfg *api.Config, s *settleStack) {
+		ids := idempotency.New(idempotency.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
+		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client, FinalityDepth: 1}}, nil)
+		d := notify.New(notify.Config{Store: s.DB, Status: stat, PollInterval: 50 * time.Millisecond,
+			MaxWebhooks: 2, AllowPrivateTargets: true, Logger: s.Logger})
+		if err := d.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(d.Stop)
+		cfg.Verifier, cfg.Settler, cfg.Limits, cfg.Status, cfg.Notify = ids, ids, nil, stat, d
+		cfg.Supported = facilitator.Supported([]facilitator.Network{s.Network}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey})
+		cfg.Auth = &api.AuthConfig{Mode: api.AuthKeys, Keys: s.DB}
+	}})
+	ctx := context.Background()
+	p := fundedPayment(t)
+	shopA, shopB := p.auth.To, common.BytesToAddress(randomBytes(t, 20))
+	hooks := []auth.Scope{auth.ScopeWebhooks}
+	keyA, _ := newKey(t, s.DB, []auth.Scope{auth.ScopeSettle, auth.ScopeWebhooks}, shopA)
+	keyB, _ := newKey(t, s.DB, hooks, shopB)
+	keyC, _ := newKey(t, s.DB, hooks) // no allow-list
+	recA, recB := newHookReceiver(t), newHookReceiver(t)
+	u := s.URL + "/v1/webhooks"
+	register := func(key, url string, payTo ...common.Address) response {
+		t.Helper()
+		list := []string{}
+		for _, a := range payTo {
+			list = append(list, a.Hex())
+		}
+		return doAuth(t, http.MethodPost, u, key, marshal(t, map[string]any{"url": url, "payTo": list}))
+	}
+	listed := func(key string) []string {
+		t.Helper()
+		r := doAuth(t, http.MethodGet, u, key, nil)
+		var body struct {
+			Webhooks []webhookAnswer `json:"webhooks"`
+		}
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &body) != nil || body.Webhooks == nil {
+			t.Fatalf("list: want 200 {webhooks: [...]}, got %s", r)
+		}
+		var out []string
+		for _, w := range body.Webhooks {
+			out = append(out, w.ID)
+		}
+		return out
+	}
+
+	r := register(keyA, recA.URL, shopA)
+	var whA webhookAnswer
+	if r.Status != http.StatusCreated || json.Unmarshal(r.Body, &whA) != nil {
+		t.Fatalf("key A registers for its payee: want 201, got %s", r)
+	}
+	// A webhook from open mode (no owner) is no key's.
+	open := notify.Webhook{ID: "wh_" + hex.EncodeToString(randomBytes(t, 16)), URL: "https://merchant.example/open",
+		Secret: "s", PayTo: []common.Address{common.BytesToAddress(randomBytes(t, 20))}}
+	if ok, err := s.DB.InsertWebhook(ctx, &open, 100); err != nil || !ok {
+		t.Fatalf("inserting an ownerless webhook: %v %v", ok, err)
+	}
+	t.Cleanup(func() { _ = s.DB.DisableWebhook(ctx, "", open.ID) })
+
+	if got := listed(keyA); len(got) != 1 || got[0] != whA.ID {
+		t.Fatalf("key A lists %v, want only its %s", got, whA.ID)
+	}
+	if got := listed(keyB); len(got) != 0 {
+		t.Fatalf("key B lists %v, want none of key A's or open mode's", got)
+	}
+	for _, id := range []string{whA.ID, open.ID} {
+		errorBody(t, doAuth(t, http.MethodDelete, u+"/"+id, keyB, nil), http.StatusNotFound, "not_found")
+	}
+	errorBody(t, doAuth(t, http.MethodDelete, u+"/"+open.ID, keyA, nil), http.StatusNotFound, "not_found")
+	if got := listed(keyA); len(got) != 1 || got[0] != whA.ID {
+		t.Fatalf("after key B's deletes, key A lists %v, want %s", got, whA.ID)
+	}
+
+	// Registering for a payee outside the allow-list, for one inside and one outside, or for every
+	// settlement, is refused, and nothing is stored.
+	for name, tc := range map[string]struct {
+		key   string
+		payTo []common.Address
+	}{
+		"B for A's payee":       {keyB, []common.Address{shopA}},
+		"B for both payees":     {keyB, []common.Address{shopB, shopA}},
+		"B for every payee":     {keyB, nil},
+		"C (any payTo) for all": {keyC, nil},
+	} {
+		errorBody(t, register(tc.key, recB.URL, tc.payTo...), http.StatusForbidden, api.ReasonPayToNotAllowed)
+		if got := listed(tc.key); len(got) != 0 {
+			t.Fatalf("%s: refused, yet %v listed", name, got)
+		}
+	}
+	r = register(keyB, recB.URL, shopB)
+	var whB webhookAnswer
+	if r.Status != http.StatusCreated || json.Unmarshal(r.Body, &whB) != nil {
+		t.Fatalf("key B registers for its own payee: want 201, got %s", r)
+	}
+	// The limit (2 here) is per key: key A filling its own does not stop key B.
+	if r := register(keyA, recA.URL+"/2", shopA); r.Status != http.StatusCreated {
+		t.Fatalf("key A's second webhook: %s", r)
+	}
+	errorBody(t, register(keyA, recA.URL+"/3", shopA), http.StatusConflict, notify.ReasonWebhookLimitReached)
+	if r := register(keyB, recB.URL+"/2", shopB); r.Status != http.StatusCreated {
+		t.Fatalf("key B's second webhook, key A's limit reached: %s", r)
+	}
+
+	// Key A's settlement reaches key A's webhook, with its payment id, and not key B's.
+	pid := "owned_" + hex.EncodeToString(randomBytes(t, 8))
+	r = doAuth(t, http.MethodPost, s.URL+"/settle", keyA, withID(t, p, pid))
+	res, _ := settlement(t, r)
+	if r.Status != http.StatusOK || !res.Success {
+		t.Fatalf("key A settles: %s", r)
+	}
+	if m := recA.await(t, "settlement.final", res.Transaction); m.Data.PaymentID != pid {
+		t.Fatalf("key A's webhook got payment id %q, want %q", m.Data.PaymentID, pid)
+	}
+	select {
+	case m := <-recB.msgs:
+		t.Fatalf("key B's webhook heard key A's settlement: %+v", m)
+	default:
+	}
+
+	// The owner deletes its webhook; then it is gone for it too.
+	if r := doAuth(t, http.MethodDelete, u+"/"+whA.ID, keyA, nil); r.Status != http.StatusNoContent {
+		t.Fatalf("key A deletes its webhook: want 204, got %s", r)
+	}
+	if got := listed(keyA); slices.Contains(got, whA.ID) || len(got) != 1 {
+		t.Fatalf("after the delete, key A lists %v", got)
+	}
+	if r := doAuth(t, http.MethodDelete, u+"/"+whB.ID, keyB, nil); r.Status != http.StatusNoContent {
+		t.Fatalf("key B deletes its webhook: want 204, got %s", r)
+	}
 }

@@ -84,9 +84,9 @@ func (s fuzzStore) InsertWebhook(_ context.Context, w *notify.Webhook, _ int) (b
 	return true, nil
 }
 
-func (s fuzzStore) Webhooks(context.Context) ([]notify.Webhook, error) { return nil, nil }
+func (s fuzzStore) Webhooks(context.Context, string) ([]notify.Webhook, error) { return nil, nil }
 
-func (s fuzzStore) DisableWebhook(_ context.Context, id string) error {
+func (s fuzzStore) DisableWebhook(_ context.Context, _, id string) error {
 	s.r.record(func() { s.r.disabled = append(s.r.disabled, id) })
 	return nil
 }

@@ -14,11 +14,12 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/notify"
 )
 
-// Notify serves webhook registration and event streams (notify.Dispatcher).
+// Notify serves webhook registration and event streams (notify.Dispatcher). A webhook's owner is
+// the id of the API key that registered it, "" in open mode: only its owner lists or deletes it.
 type Notify interface {
-	CreateWebhook(ctx context.Context, url string, payTo []string) (notify.Webhook, error)
-	Webhooks(ctx context.Context) ([]notify.Webhook, error)
-	DisableWebhook(ctx context.Context, id string) error
+	CreateWebhook(ctx context.Context, owner, url string, payTo []string) (notify.Webhook, error)
+	Webhooks(ctx context.Context, owner string) ([]notify.Webhook, error)
+	DisableWebhook(ctx context.Context, owner, id string) error
 	OpenStream(ctx context.Context, t notify.Target, lastEventID string) (*notify.Stream, error)
 }
 
@@ -54,7 +55,12 @@ func (s *Server) createWebhook(c echo.Context) error {
 	if err := json.Unmarshal(bytes.TrimSpace(body), &req); err != nil {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, notify.ReasonInvalidWebhook, `the body must be {"url": "https://…", "payTo": ["0x…"]}`))
 	}
-	w, err := s.cfg.Notify.CreateWebhook(c.Request().Context(), req.URL, req.PayTo)
+	if key := apiKeyOf(c); key != nil {
+		if msg := webhookPayToRefusal(key, req.PayTo); msg != "" {
+			return s.refuse(c, http.StatusForbidden, ReasonPayToNotAllowed, msg, 0)
+		}
+	}
+	w, err := s.cfg.Notify.CreateWebhook(c.Request().Context(), idScope(c), req.URL, req.PayTo)
 	if err != nil {
 		return s.statusError(c, err)
 	}
@@ -63,7 +69,7 @@ func (s *Server) createWebhook(c echo.Context) error {
 }
 
 func (s *Server) listWebhooks(c echo.Context) error {
-	ws, err := s.cfg.Notify.Webhooks(c.Request().Context())
+	ws, err := s.cfg.Notify.Webhooks(c.Request().Context(), idScope(c))
 	if err != nil {
 		return s.statusError(c, err)
 	}
@@ -76,7 +82,7 @@ func (s *Server) listWebhooks(c echo.Context) error {
 }
 
 func (s *Server) deleteWebhook(c echo.Context) error {
-	if err := s.cfg.Notify.DisableWebhook(c.Request().Context(), pathParam(c, "id")); err != nil {
+	if err := s.cfg.Notify.DisableWebhook(c.Request().Context(), idScope(c), pathParam(c, "id")); err != nil {
 		return s.statusError(c, err)
 	}
 	return c.NoContent(http.StatusNoContent)

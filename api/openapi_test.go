@@ -243,25 +243,25 @@ type oasNotify struct {
 	d *notify.Dispatcher
 }
 
-func (n oasNotify) CreateWebhook(ctx context.Context, url string, payTo []string) (notify.Webhook, error) {
+func (n oasNotify) CreateWebhook(ctx context.Context, owner, url string, payTo []string) (notify.Webhook, error) {
 	if n.f.notifyErr != nil {
 		return notify.Webhook{}, n.f.notifyErr
 	}
-	return n.d.CreateWebhook(ctx, url, payTo)
+	return n.d.CreateWebhook(ctx, owner, url, payTo)
 }
 
-func (n oasNotify) Webhooks(ctx context.Context) ([]notify.Webhook, error) {
+func (n oasNotify) Webhooks(ctx context.Context, owner string) ([]notify.Webhook, error) {
 	if n.f.notifyErr != nil {
 		return nil, n.f.notifyErr
 	}
-	return n.d.Webhooks(ctx)
+	return n.d.Webhooks(ctx, owner)
 }
 
-func (n oasNotify) DisableWebhook(ctx context.Context, id string) error {
+func (n oasNotify) DisableWebhook(ctx context.Context, owner, id string) error {
 	if n.f.notifyErr != nil {
 		return n.f.notifyErr
 	}
-	return n.d.DisableWebhook(ctx, id)
+	return n.d.DisableWebhook(ctx, owner, id)
 }
 
 func (n oasNotify) OpenStream(ctx context.Context, t notify.Target, lastEventID string) (*notify.Stream, error) {
@@ -285,12 +285,12 @@ func (s *oasStore) InsertWebhook(_ context.Context, w *notify.Webhook, _ int) (b
 	return !s.f.storeFull, nil
 }
 
-func (s *oasStore) Webhooks(context.Context) ([]notify.Webhook, error) {
+func (s *oasStore) Webhooks(context.Context, string) ([]notify.Webhook, error) {
 	return []notify.Webhook{{ID: oasWebhookID, URL: "https://merchant.example/hook", Secret: "kept-secret",
 		PayTo: []common.Address{common.HexToAddress(oasAsset)}, CreatedAt: time.Now()}}, nil
 }
 
-func (s *oasStore) DisableWebhook(_ context.Context, id string) error {
+func (s *oasStore) DisableWebhook(_ context.Context, _, id string) error {
 	if id != oasWebhookID {
 		return facilitator.ErrNotFound
 	}
@@ -547,10 +547,14 @@ func oasProbes(t *testing.T) []oasProbe {
 
 		{name: "create webhook", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasAsset + `"]}`, status: 201},
 		{name: "create webhook malformed", method: "POST", url: "/v1/webhooks", body: `{"url": 1}`, status: 400},
-		{name: "create webhook private", method: "POST", url: "/v1/webhooks", body: `{"url": "http://127.0.0.1/hook"}`, status: 400},
-		{name: "create webhook full", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook"}`, status: 409, setup: func(f *oasFakes) { f.storeFull = true }},
-		{name: "create webhook unavailable", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook"}`, status: 503, setup: unavailable("webhooks_unavailable")},
-		{name: "create webhook internal", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook"}`, status: 500, setup: internal},
+		// With a key, a webhook names its payees, within the key's allow-list.
+		{name: "create webhook without payTo", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook"}`, status: 403},
+		{name: "create webhook payTo not allowed", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasAsset + `"]}`, key: oasKeyPayTo.full, status: 403},
+		{name: "create webhook payTo allowed", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasPayTo.Hex() + `"]}`, key: oasKeyPayTo.full, status: 201},
+		{name: "create webhook private", method: "POST", url: "/v1/webhooks", body: `{"url": "http://127.0.0.1/hook", "payTo": ["` + oasAsset + `"]}`, status: 400},
+		{name: "create webhook full", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasAsset + `"]}`, status: 409, setup: func(f *oasFakes) { f.storeFull = true }},
+		{name: "create webhook unavailable", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasAsset + `"]}`, status: 503, setup: unavailable("webhooks_unavailable")},
+		{name: "create webhook internal", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasAsset + `"]}`, status: 500, setup: internal},
 		{name: "list webhooks", method: "GET", url: "/v1/webhooks", status: 200},
 		{name: "list webhooks unavailable", method: "GET", url: "/v1/webhooks", status: 503, setup: unavailable("webhooks_unavailable")},
 		{name: "list webhooks internal", method: "GET", url: "/v1/webhooks", status: 500, setup: internal},

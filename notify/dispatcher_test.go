@@ -127,7 +127,7 @@ func TestWebhookPayToFilter(t *testing.T) {
 	wMine := register(t, d, mine, settletest.NewAddress(t), payTo)
 	wOther := register(t, d, other, settletest.NewAddress(t))
 	wOff := register(t, d, off, payTo)
-	if err := d.DisableWebhook(ctx, wOff.ID); err != nil {
+	if err := d.DisableWebhook(ctx, "", wOff.ID); err != nil {
 		t.Fatal(err)
 	}
 	out := r.settle(t, newPayment(t, payTo))
@@ -163,7 +163,7 @@ func TestWebhookPayToFilter(t *testing.T) {
 		}
 	}
 	// Only enabled webhooks are listed, and never with their secret.
-	ws, err := d.Webhooks(ctx)
+	ws, err := d.Webhooks(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,11 +365,11 @@ func TestSlowReceiverHoldsOnlyItsOwn(t *testing.T) {
 	}))
 	t.Cleanup(slow.Close)
 	t.Cleanup(func() { close(hang) }) // runs before slow.Close, which waits for its handlers
-	ws, err := d.CreateWebhook(context.Background(), slow.URL, []string{payTo.Hex()})
+	ws, err := d.CreateWebhook(context.Background(), "", slow.URL, []string{payTo.Hex()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = d.DisableWebhook(context.Background(), ws.ID) })
+	t.Cleanup(func() { _ = d.DisableWebhook(context.Background(), "", ws.ID) })
 	fast := newReceiver(t, 0)
 	register(t, d, fast, payTo)
 

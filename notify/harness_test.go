@@ -82,13 +82,13 @@ func register(t *testing.T, d *notify.Dispatcher, rec *receiver, payTo ...common
 	for _, a := range payTo {
 		addrs = append(addrs, a.Hex())
 	}
-	w, err := d.CreateWebhook(ctx, rec.srv.URL+"/hooks/x402", addrs)
+	w, err := d.CreateWebhook(ctx, "", rec.srv.URL+"/hooks/x402", addrs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec.setSecret(w.Secret)
 	t.Cleanup(func() {
-		if err := d.DisableWebhook(context.Background(), w.ID); err != nil {
+		if err := d.DisableWebhook(context.Background(), "", w.ID); err != nil {
 			t.Errorf("disabling %s: %v", w.ID, err)
 		}
 	})

@@ -20,13 +20,14 @@ import (
 
 // Store is what notify reads and writes in Postgres.
 type Store interface {
-	// InsertWebhook stores w (its CreatedAt is set) unless limit webhooks are already enabled;
-	// ok is false then. A new webhook hears only events written after it.
+	// InsertWebhook stores w (its CreatedAt is set) unless w.Owner has limit webhooks enabled
+	// already; ok is false then. A new webhook hears only events written after it.
 	InsertWebhook(ctx context.Context, w *Webhook, limit int) (ok bool, err error)
-	// Webhooks lists the enabled webhooks, without their secrets.
-	Webhooks(ctx context.Context) ([]Webhook, error)
-	// DisableWebhook stops a webhook and what it is still owed; facilitator.ErrNotFound if unknown.
-	DisableWebhook(ctx context.Context, id string) error
+	// Webhooks lists owner's enabled webhooks, without their secrets.
+	Webhooks(ctx context.Context, owner string) ([]Webhook, error)
+	// DisableWebhook stops one of owner's webhooks and what it is still owed;
+	// facilitator.ErrNotFound if unknown or another owner's.
+	DisableWebhook(ctx context.Context, owner, id string) error
 	// EnqueueWebhookEvents moves every enabled webhook's cursor over up to limit new events,
 	// recording a delivery for each that has one of states and matches its payTo filter. more
 	// reports that some webhook had limit events to read: call again.
@@ -60,6 +61,9 @@ type Webhook struct {
 	// PayTo limits the webhook to settlements paying one of these addresses; empty: all.
 	PayTo     []common.Address
 	CreatedAt time.Time
+	// Owner is the id of the merchant API key that registered it; "" in open mode. Only its
+	// owner lists or deletes it.
+	Owner string
 }
 
 // Event is one state transition of a settlement (a settlement_events row).
@@ -143,8 +147,8 @@ type Config struct {
 	// Concurrency is how many deliveries may be in flight at once [16]. A slow receiver holds
 	// one slot per delivery until SendTimeout, never the whole loop.
 	Concurrency int
-	// MaxWebhooks bounds the enabled webhooks: until registration is authenticated, anyone can
-	// register one, and each costs every poll [100].
+	// MaxWebhooks bounds the enabled webhooks of one owner (an API key, or open mode): each costs
+	// every poll, and one merchant must not use up another's room [100].
 	MaxWebhooks int
 	// AllowPrivateTargets lets webhooks point at loopback, private and link-local addresses
 	// (local development, tests). Off, such targets are refused at registration and at dial time,

@@ -33,14 +33,15 @@ var (
 	webhookIDRE = regexp.MustCompile(`^wh_[0-9a-f]{32}$`)
 )
 
-// CreateWebhook registers rawURL for the settlements paying one of payTo (all when empty). The
-// returned Webhook carries its secret: the only time it is shown.
-func (d *Dispatcher) CreateWebhook(ctx context.Context, rawURL string, payTo []string) (Webhook, error) {
+// CreateWebhook registers rawURL, owned by owner (an API key id; "" in open mode), for the
+// settlements paying one of payTo (all when empty). Which payTo an owner may ask for is the
+// caller's to check. The returned Webhook carries its secret: the only time it is shown.
+func (d *Dispatcher) CreateWebhook(ctx context.Context, owner, rawURL string, payTo []string) (Webhook, error) {
 	u, err := d.checkURL(rawURL)
 	if err != nil {
 		return Webhook{}, err
 	}
-	w := Webhook{URL: u, PayTo: []common.Address{}}
+	w := Webhook{URL: u, PayTo: []common.Address{}, Owner: owner}
 	if len(payTo) > maxPayTo {
 		return Webhook{}, facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "payTo holds at most %d addresses", maxPayTo)
 	}
@@ -71,31 +72,32 @@ func (d *Dispatcher) CreateWebhook(ctx context.Context, rawURL string, payTo []s
 		return Webhook{}, facilitator.Errorf(facilitator.EConflict, ReasonWebhookLimitReached,
 			"%d webhooks are registered already; delete one first", d.cfg.MaxWebhooks)
 	}
-	d.log.InfoContext(ctx, "webhook registered", "webhook", w.ID, "host", hostOf(w.URL), "pay_to", len(w.PayTo))
+	d.log.InfoContext(ctx, "webhook registered", "webhook", w.ID, "api_key", owner, "host", hostOf(w.URL), "pay_to", len(w.PayTo))
 	return w, nil
 }
 
-// Webhooks lists the enabled webhooks, without secrets.
-func (d *Dispatcher) Webhooks(ctx context.Context) ([]Webhook, error) {
-	ws, err := d.store.Webhooks(ctx)
+// Webhooks lists owner's enabled webhooks, without secrets.
+func (d *Dispatcher) Webhooks(ctx context.Context, owner string) ([]Webhook, error) {
+	ws, err := d.store.Webhooks(ctx, owner)
 	if err != nil {
 		return nil, facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)
 	}
 	return ws, nil
 }
 
-// DisableWebhook stops a webhook: nothing more is sent to it, retries included. Disabling a
-// disabled webhook is not an error.
-func (d *Dispatcher) DisableWebhook(ctx context.Context, id string) error {
+// DisableWebhook stops one of owner's webhooks: nothing more is sent to it, retries included.
+// Disabling a disabled webhook is not an error; another owner's is facilitator.ErrNotFound, like
+// an unknown id, so that ids cannot be probed.
+func (d *Dispatcher) DisableWebhook(ctx context.Context, owner, id string) error {
 	if !webhookIDRE.MatchString(id) {
 		// Not one of ours: answered like an unknown id rather than a malformed request, so the
 		// id's format stays ours to change.
 		return facilitator.ErrNotFound
 	}
-	err := d.store.DisableWebhook(ctx, id)
+	err := d.store.DisableWebhook(ctx, owner, id)
 	switch {
 	case err == nil:
-		d.log.InfoContext(ctx, "webhook disabled", "webhook", id)
+		d.log.InfoContext(ctx, "webhook disabled", "webhook", id, "api_key", owner)
 		return nil
 	case errors.Is(err, facilitator.ErrNotFound):
 		return err

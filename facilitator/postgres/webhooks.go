@@ -14,36 +14,39 @@ import (
 
 var _ notify.Store = (*DB)(nil)
 
-// InsertWebhook stores a webhook unless limit are enabled already. Its cursor starts at this
-// statement's snapshot: events of transactions finished before it are not its business, those of
-// transactions still running (xid at or above xmin) are.
+// InsertWebhook stores a webhook unless its owner has limit enabled already. Its cursor starts at
+// this statement's snapshot: events of transactions finished before it are not its business,
+// those of transactions still running (xid at or above xmin) are. An empty Owner is stored as
+// NULL (open mode).
 func (db *DB) InsertWebhook(ctx context.Context, w *notify.Webhook, limit int) (bool, error) {
 	payTo := make([][]byte, 0, len(w.PayTo))
 	for _, a := range w.PayTo {
 		payTo = append(payTo, a.Bytes())
 	}
 	err := db.pool.QueryRow(ctx, `
-		INSERT INTO webhooks (id, url, secret, pay_to, cursor_xid)
-		SELECT $1, $2, $3, $4, pg_snapshot_xmin(pg_current_snapshot())
-		WHERE (SELECT count(*) FROM webhooks WHERE disabled_at IS NULL) < $5
-		RETURNING created_at`, w.ID, w.URL, w.Secret, payTo, limit).Scan(&w.CreatedAt)
+		INSERT INTO webhooks (id, url, secret, pay_to, api_key, cursor_xid)
+		SELECT $1, $2, $3, $4, NULLIF($5, ''), pg_snapshot_xmin(pg_current_snapshot())
+		WHERE (SELECT count(*) FROM webhooks
+			WHERE disabled_at IS NULL AND api_key IS NOT DISTINCT FROM NULLIF($5, '')) < $6
+		RETURNING created_at`, w.ID, w.URL, w.Secret, payTo, w.Owner, limit).Scan(&w.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
-// Webhooks lists the enabled webhooks, oldest first, without their secrets.
-func (db *DB) Webhooks(ctx context.Context) ([]notify.Webhook, error) {
-	rows, err := db.pool.Query(ctx, `SELECT id, url, pay_to, created_at FROM webhooks
-		WHERE disabled_at IS NULL ORDER BY created_at, id`)
+// Webhooks lists owner's enabled webhooks (owner "": those registered in open mode), oldest
+// first, without their secrets.
+func (db *DB) Webhooks(ctx context.Context, owner string) ([]notify.Webhook, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id, url, pay_to, created_at, COALESCE(api_key, '') FROM webhooks
+		WHERE disabled_at IS NULL AND api_key IS NOT DISTINCT FROM NULLIF($1, '') ORDER BY created_at, id`, owner)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (notify.Webhook, error) {
 		var w notify.Webhook
 		var payTo [][]byte
-		if err := row.Scan(&w.ID, &w.URL, &payTo, &w.CreatedAt); err != nil {
+		if err := row.Scan(&w.ID, &w.URL, &payTo, &w.CreatedAt, &w.Owner); err != nil {
 			return w, err
 		}
 		w.PayTo = make([]common.Address, len(payTo))
@@ -54,16 +57,18 @@ func (db *DB) Webhooks(ctx context.Context) ([]notify.Webhook, error) {
 	})
 }
 
-// DisableWebhook stops a webhook and cancels what it is still owed.
-func (db *DB) DisableWebhook(ctx context.Context, id string) error {
+// DisableWebhook stops one of owner's webhooks and cancels what it is still owed. Another
+// owner's webhook is ErrNotFound, like an unknown id.
+func (db *DB) DisableWebhook(ctx context.Context, owner, id string) error {
 	var n int
 	err := db.pool.QueryRow(ctx, `
 		WITH w AS (
-			UPDATE webhooks SET disabled_at = COALESCE(disabled_at, now()) WHERE id = $1 RETURNING id),
+			UPDATE webhooks SET disabled_at = COALESCE(disabled_at, now())
+			WHERE id = $1 AND api_key IS NOT DISTINCT FROM NULLIF($2, '') RETURNING id),
 		d AS (
 			UPDATE webhook_deliveries SET next_attempt_at = NULL
 			WHERE webhook_id = $1 AND next_attempt_at IS NOT NULL AND EXISTS (SELECT 1 FROM w))
-		SELECT count(*) FROM w`, id).Scan(&n)
+		SELECT count(*) FROM w`, id, owner).Scan(&n)
 	if err != nil {
 		return err
 	}
@@ -126,7 +131,7 @@ func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.
 			RETURNING d.webhook_id, d.event_id, d.attempts)
 		SELECT c.webhook_id, w.url, w.secret, c.attempts, e.id, e.settlement_id, e.state, e.at,
 			s.network, s.asset, s.payer, s.auth_nonce,
-			COALESCE((SELECT p.id FROM payment_ids p WHERE p.settlement_id = s.id AND p.scope = '' LIMIT 1), '')
+			COALESCE((SELECT p.id FROM payment_ids p WHERE p.settlement_id = s.id AND p.scope = COALESCE(w.api_key, '') LIMIT 1), '')
 		FROM c JOIN webhooks w ON w.id = c.webhook_id
 		JOIN settlement_events e ON e.id = c.event_id
 		JOIN settlements s ON s.id = e.settlement_id
