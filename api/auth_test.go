@@ -10,12 +10,14 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
@@ -490,6 +492,15 @@ func TestAuthWebhooksOwned(t *testing.T) {
 		t.Fatalf("key B's second webhook, key A's limit reached: %s", r)
 	}
 
+	// A key without an allow-list may name any payee, but naming key A's payee does not make key
+	// A's settlements its own: key C hears nothing of them.
+	recC := newHookReceiver(t)
+	r = register(keyC, recC.URL, shopA)
+	var whC webhookAnswer
+	if r.Status != http.StatusCreated || json.Unmarshal(r.Body, &whC) != nil {
+		t.Fatalf("key C registers for a named payee: want 201, got %s", r)
+	}
+
 	// Key A's settlement reaches key A's webhook, with its payment id, and not key B's.
 	pid := "owned_" + hex.EncodeToString(randomBytes(t, 8))
 	r = doAuth(t, http.MethodPost, s.URL+"/settle", keyA, withID(t, p, pid))
@@ -503,6 +514,29 @@ func TestAuthWebhooksOwned(t *testing.T) {
 	select {
 	case m := <-recB.msgs:
 		t.Fatalf("key B's webhook heard key A's settlement: %+v", m)
+	default:
+	}
+	// Key C's webhook has been carried past key A's events (its cursor moved over them in the
+	// same statement that queued key A's deliveries) without a delivery being queued for it.
+	pool, err := pgxpool.New(ctx, ledgerNamed(t, "apihooks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var passed bool
+	var queued int
+	if err := pool.QueryRow(ctx, `SELECT w.cursor_event_id >= (SELECT max(e.id) FROM settlement_events e
+			JOIN settlements st ON st.id = e.settlement_id WHERE st.tx_hash = decode($2, 'hex')),
+			(SELECT count(*) FROM webhook_deliveries d WHERE d.webhook_id = w.id)
+		FROM webhooks w WHERE w.id = $1`, whC.ID, strings.TrimPrefix(res.Transaction, "0x")).Scan(&passed, &queued); err != nil {
+		t.Fatal(err)
+	}
+	if !passed || queued != 0 {
+		t.Fatalf("key C's webhook: cursor past key A's events %v, deliveries queued %d; want true and 0", passed, queued)
+	}
+	select {
+	case m := <-recC.msgs:
+		t.Fatalf("key C's webhook heard key A's settlement: %+v", m)
 	default:
 	}
 

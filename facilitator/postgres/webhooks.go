@@ -87,12 +87,12 @@ func (db *DB) EnqueueWebhookEvents(ctx context.Context, states []string, limit i
 	var more bool
 	err := db.pool.QueryRow(ctx, `
 		WITH w AS (
-			SELECT id, pay_to, cursor_xid, cursor_event_id FROM webhooks
+			SELECT id, pay_to, api_key, cursor_xid, cursor_event_id FROM webhooks
 			WHERE disabled_at IS NULL ORDER BY id FOR UPDATE SKIP LOCKED),
 		ev AS (
-			SELECT w.id AS webhook_id, w.pay_to AS wanted, e.*
-			FROM w CROSS JOIN LATERAL (
-				SELECT e.id AS event_id, e.xid, e.state, s.pay_to
+			SELECT w.id AS webhook_id, w.pay_to AS wanted, w.api_key AS owner, k.pay_to AS owner_pay_to, e.*
+			FROM w LEFT JOIN api_keys k ON k.id = w.api_key CROSS JOIN LATERAL (
+				SELECT e.id AS event_id, e.xid, e.state, s.pay_to, s.api_key
 				FROM settlement_events e JOIN settlements s ON s.id = e.settlement_id
 				WHERE (e.xid, e.id) > (w.cursor_xid, w.cursor_event_id)
 					AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
@@ -101,6 +101,10 @@ func (db *DB) EnqueueWebhookEvents(ctx context.Context, states []string, limit i
 			INSERT INTO webhook_deliveries (webhook_id, event_id, next_attempt_at)
 			SELECT webhook_id, event_id, now() FROM ev
 			WHERE state = ANY($1) AND (cardinality(wanted) = 0 OR pay_to = ANY(wanted))
+				-- A key's webhook hears only what is the key's merchant's: settlements made with
+				-- that key, or paid to an address on its allow-list (which the operator gave it).
+				-- Naming another merchant's payTo is not enough.
+				AND (owner IS NULL OR api_key = owner OR pay_to = ANY(owner_pay_to))
 			ON CONFLICT DO NOTHING),
 		last AS (
 			SELECT DISTINCT ON (webhook_id) webhook_id, xid, event_id FROM ev
