@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -538,6 +539,40 @@ func TestAuthWebhooksOwned(t *testing.T) {
 	case m := <-recC.msgs:
 		t.Fatalf("key C's webhook heard key A's settlement: %+v", m)
 	default:
+	}
+
+	// The payment's event stream is found under the key that sent the id, as /v1/payments is;
+	// another key asking for the same id finds nothing.
+	streamStatus := func(key string) (int, string) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(sctx, http.MethodGet, s.URL+"/v1/events/payments/"+pid, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			return res.StatusCode, ""
+		}
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			if line := sc.Text(); strings.HasPrefix(line, "data:") {
+				return res.StatusCode, line
+			}
+		}
+		return res.StatusCode, ""
+	}
+	if code, first := streamStatus(keyA); code != http.StatusOK || !strings.Contains(first, res.Transaction) {
+		t.Fatalf("key A's payment stream: %d, first event %q; want 200 and the settlement's events", code, first)
+	}
+	if code, _ := streamStatus(keyB); code != http.StatusNotFound {
+		t.Fatalf("key B asking for key A's payment stream: %d, want 404", code)
 	}
 
 	// The owner deletes its webhook; then it is gone for it too.

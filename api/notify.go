@@ -101,7 +101,7 @@ func (s *Server) paymentEvents(c echo.Context) error {
 	if !idParam.MatchString(id) {
 		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
 	}
-	return s.stream(c, notify.Target{PaymentID: id})
+	return s.stream(c, notify.Target{PaymentID: id, IDScope: idScope(c)})
 }
 
 // stream answers text/event-stream: errors before the first byte are JSON like the status

@@ -15,8 +15,10 @@ import (
 // Target is what a stream follows: an authorization, or a payment-identifier id.
 type Target struct {
 	Key facilitator.AuthorizationKey
-	// PaymentID, when set, names the settlement instead of Key.
+	// PaymentID, when set, names the settlement instead of Key, within IDScope (the API key that
+	// sent the id; "" in open mode), as payment ids are scoped everywhere else.
 	PaymentID string
+	IDScope   string
 }
 
 // Frame is one server-sent event. A frame with only a Comment is a keep-alive.
@@ -64,7 +66,7 @@ func (d *Dispatcher) OpenStream(ctx context.Context, t Target, lastEventID strin
 	}()
 	if t.PaymentID != "" {
 		var rec *facilitator.PaymentIDRecord
-		if rec, err = d.store.PaymentID(ctx, "", t.PaymentID); err == nil {
+		if rec, err = d.store.PaymentID(ctx, t.IDScope, t.PaymentID); err == nil {
 			s.settlement = rec.Settlement
 		}
 	} else {
