@@ -101,6 +101,10 @@ func (s fuzzStore) ClaimWebhookDeliveries(context.Context, int, time.Duration) (
 
 func (s fuzzStore) RecordWebhookAttempt(context.Context, notify.Attempt) error { return nil }
 
+func (s fuzzStore) PruneWebhookDeliveries(context.Context, time.Time, int) (int64, error) {
+	return 0, nil
+}
+
 func (s fuzzStore) settlement(key facilitator.AuthorizationKey) *facilitator.Settlement {
 	return &facilitator.Settlement{ID: 7, Key: key, State: facilitator.StateBroadcast, Value: big.NewInt(1), ValidBefore: big.NewInt(1)}
 }

@@ -307,6 +307,10 @@ func (s *oasStore) ClaimWebhookDeliveries(context.Context, int, time.Duration) (
 
 func (s *oasStore) RecordWebhookAttempt(context.Context, notify.Attempt) error { return nil }
 
+func (s *oasStore) PruneWebhookDeliveries(context.Context, time.Time, int) (int64, error) {
+	return 0, nil
+}
+
 func (s *oasStore) settlement(key facilitator.AuthorizationKey) (*facilitator.Settlement, error) {
 	if s.f.noSettlement {
 		return nil, facilitator.ErrNotFound

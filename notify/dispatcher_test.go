@@ -380,3 +380,50 @@ func TestSlowReceiverHoldsOnlyItsOwn(t *testing.T) {
 		t.Fatalf("the fast receiver had all events after %s, behind the slow one", took)
 	}
 }
+
+// TestPruneKeepsWhatIsOwed: the retention job deletes finished deliveries once they are older than
+// DeliveryRetention, and never one still owed.
+func TestPruneKeepsWhatIsOwed(t *testing.T) {
+	r := newRig(t)
+	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.MaxAttempts = 1000 })
+	paidOK, paidFailing := settletest.NewAddress(t), settletest.NewAddress(t)
+	ok, failing := newReceiver(t, 0), newReceiver(t, 1<<30)
+	wOK, wFailing := register(t, d, ok, paidOK), register(t, d, failing, paidFailing)
+	r.settle(t, newPayment(t, paidOK))
+	r.settle(t, newPayment(t, paidFailing))
+	eventually(t, "one webhook's deliveries done, the other's owed", func() bool {
+		done, owed := deliveries(t, wOK.ID), deliveries(t, wFailing.ID)
+		for _, dl := range done {
+			if !dl.delivered {
+				return false
+			}
+		}
+		for _, dl := range owed {
+			if !dl.pending || dl.attempts == 0 {
+				return false
+			}
+		}
+		return len(done) == 3 && len(owed) == 3
+	})
+	// Not stopped: Prune uses only the store and the clock.
+	pruner := func(now time.Time) *notify.Dispatcher {
+		return notify.New(notify.Config{Store: r.db, Status: r.status, DeliveryRetention: 24 * time.Hour,
+			Now: func() time.Time { return now }})
+	}
+	if _, err := pruner(time.Now()).Prune(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(deliveries(t, wOK.ID)); got != 3 {
+		t.Fatalf("deliveries finished within the retention were pruned: %d left of 3", got)
+	}
+	n, err := pruner(time.Now().Add(25 * time.Hour)).Prune(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(deliveries(t, wOK.ID)); got != 0 || n < 3 {
+		t.Fatalf("after the retention: %d finished deliveries left, %d pruned; want 0 left, at least 3 pruned", got, n)
+	}
+	if got := deliveries(t, wFailing.ID); len(got) != 3 {
+		t.Fatalf("deliveries still owed were pruned: %d left of 3", len(got))
+	}
+}

@@ -37,6 +37,9 @@ type Store interface {
 	ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]Delivery, error)
 	// RecordWebhookAttempt stores an attempt's outcome.
 	RecordWebhookAttempt(ctx context.Context, a Attempt) error
+	// PruneWebhookDeliveries deletes up to limit deliveries that were delivered or given up
+	// before before, and reports how many.
+	PruneWebhookDeliveries(ctx context.Context, before time.Time, limit int) (int64, error)
 
 	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
 	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
@@ -150,6 +153,9 @@ type Config struct {
 	// MaxWebhooks bounds the enabled webhooks of one owner (an API key, or open mode): each costs
 	// every poll, and one merchant must not use up another's room [100].
 	MaxWebhooks int
+	// DeliveryRetention is how long finished deliveries (delivered or given up) are kept, for
+	// their history, before Prune deletes them [720h].
+	DeliveryRetention time.Duration
 	// AllowPrivateTargets lets webhooks point at loopback, private and link-local addresses
 	// (local development, tests). Off, such targets are refused at registration and at dial time,
 	// so a webhook cannot be used to reach the facilitator's own network.
@@ -221,6 +227,7 @@ func New(cfg Config) *Dispatcher {
 	def(&cfg.StreamPoll, 500*time.Millisecond)
 	def(&cfg.KeepAlive, 15*time.Second)
 	def(&cfg.StreamLifetime, 10*time.Minute)
+	def(&cfg.DeliveryRetention, 30*24*time.Hour)
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 20
 	}
@@ -275,5 +282,21 @@ func (d *Dispatcher) Stop() {
 	d.mu.Unlock()
 	if done != nil {
 		<-done
+	}
+}
+
+// Prune deletes finished deliveries older than DeliveryRetention, a bounded batch at a time, so
+// the deliveries table does not grow with every settlement for ever. Deliveries still owed are
+// never touched, and a webhook's cursor is its own (it never re-reads an event whose delivery was
+// pruned). It returns how many it deleted.
+func (d *Dispatcher) Prune(ctx context.Context) (int64, error) {
+	before := d.cfg.Now().Add(-d.cfg.DeliveryRetention)
+	var total int64
+	for {
+		n, err := d.cfg.Store.PruneWebhookDeliveries(ctx, before, 10_000)
+		total += n
+		if err != nil || n < 10_000 {
+			return total, err
+		}
 	}
 }

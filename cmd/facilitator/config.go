@@ -65,6 +65,8 @@ type Config struct {
 	WebhookPollInterval time.Duration
 	// WebhookAllowPrivate lets webhooks target loopback and private addresses (local development).
 	WebhookAllowPrivate bool
+	// WebhookDeliveryRetention is how long finished webhook deliveries are kept (the retention job).
+	WebhookDeliveryRetention time.Duration
 
 	// Auth is "keys" (merchant API keys required; serve's default) or "open" (no keys: local
 	// development). "" is open: only programmatic configurations (dev, demo) leave it empty.
@@ -240,6 +242,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
 	fs.StringVar(&cfg.Pprof, "pprof", env("FACILITATOR_PPROF", ""), "serve net/http/pprof on this loopback address, e.g. 127.0.0.1:6060 (FACILITATOR_PPROF; empty: off)")
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
+	deliveryRetention := fs.String("webhook-delivery-retention", env("FACILITATOR_WEBHOOK_DELIVERY_RETENTION", "720h"), "how long delivered or given-up webhook deliveries are kept before the retention job deletes them (FACILITATOR_WEBHOOK_DELIVERY_RETENTION)")
 	webhookPoll := fs.String("webhook-poll-interval", env("FACILITATOR_WEBHOOK_POLL_INTERVAL", "1s"), "how often new settlement events and due webhook deliveries are looked for (FACILITATOR_WEBHOOK_POLL_INTERVAL)")
 	webhookPrivate := fs.String("webhook-allow-private", env("FACILITATOR_WEBHOOK_ALLOW_PRIVATE", "false"), "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")
 	fs.StringVar(&cfg.Auth, "auth", env("FACILITATOR_AUTH", "keys"), "keys (merchant API keys required) or open (no keys, local development only) (FACILITATOR_AUTH)")
@@ -349,6 +352,9 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		return nil, fmt.Errorf("webhook-poll-interval: %q is not a positive duration", *webhookPoll)
 	}
 	cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
+	if cfg.WebhookDeliveryRetention, err = time.ParseDuration(*deliveryRetention); err != nil || cfg.WebhookDeliveryRetention <= 0 {
+		return nil, fmt.Errorf("webhook-delivery-retention: %q is not a positive duration", *deliveryRetention)
+	}
 	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 	return cfg, nil
 }

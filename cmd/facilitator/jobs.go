@@ -9,12 +9,13 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 )
 
 // startJobs schedules the background jobs. Each only calls a service method, bounded in time, and
 // logs what it changed.
-func startJobs(log *slog.Logger, cfg *Config, ids *idempotency.Service, rec *reconcile.Jobs) (*cron.Cron, error) {
+func startJobs(log *slog.Logger, cfg *Config, ids *idempotency.Service, rec *reconcile.Jobs, hooks *notify.Dispatcher) (*cron.Cron, error) {
 	// SkipIfStillRunning: a slow run is never stacked under the next one.
 	c := cron.New(cron.WithChain(cron.SkipIfStillRunning(cron.DiscardLogger)))
 	bounded := func(name string, run func(context.Context) (reconcile.Changes, error)) func() {
@@ -38,10 +39,16 @@ func startJobs(log *slog.Logger, cfg *Config, ids *idempotency.Service, rec *rec
 		n, err := ids.Compact(ctx)
 		if err != nil {
 			log.Warn("payment-identifier retention job", "err", err)
-			return
 		}
 		if n > 0 {
 			log.Info("payment-identifier retention: compacted stored answers past their window", "count", n)
+		}
+		pruned, err := hooks.Prune(ctx)
+		if err != nil {
+			log.Warn("webhook delivery retention job", "err", err)
+		}
+		if pruned > 0 {
+			log.Info("webhook delivery retention: deleted finished deliveries past their retention", "count", pruned)
 		}
 	})
 	if err != nil {

@@ -165,9 +165,6 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	rec := reconcile.New(reconcile.Config{Store: m.db, Networks: recNets, StaleAfter: cfg.ReconcileStale,
 		RPCTimeout: cfg.RPCTimeout, Logger: log})
-	if m.jobs, err = startJobs(log, cfg, idsvc, rec); err != nil {
-		return err
-	}
 	var statusNets []status.Network
 	for i, n := range networks {
 		statusNets = append(statusNets, status.Network{Network: n, Reader: readers[n.ID], Head: m.rpcs[i],
@@ -175,8 +172,12 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
 	m.notifier = notify.New(notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
-		AllowPrivateTargets: cfg.WebhookAllowPrivate, Logger: log, Observer: m.metrics})
+		DeliveryRetention: cfg.WebhookDeliveryRetention, AllowPrivateTargets: cfg.WebhookAllowPrivate, Logger: log,
+		Observer: m.metrics})
 	if err := m.notifier.Start(startCtx); err != nil {
+		return err
+	}
+	if m.jobs, err = startJobs(log, cfg, idsvc, rec, m.notifier); err != nil {
 		return err
 	}
 	if cfg.Index {

@@ -182,6 +182,17 @@ func (db *DB) RecordWebhookAttempt(ctx context.Context, a notify.Attempt) error 
 	return err
 }
 
+// PruneWebhookDeliveries deletes up to limit deliveries that ended (delivered or given up) before
+// before; deliveries still owed are never deleted.
+func (db *DB) PruneWebhookDeliveries(ctx context.Context, before time.Time, limit int) (int64, error) {
+	tag, err := db.pool.Exec(ctx, `
+		DELETE FROM webhook_deliveries WHERE (webhook_id, event_id) IN (
+			SELECT webhook_id, event_id FROM webhook_deliveries
+			WHERE next_attempt_at IS NULL AND COALESCE(delivered_at, gave_up_at) < $1
+			LIMIT $2)`, before, limit)
+	return tag.RowsAffected(), err
+}
+
 // SettlementEvents lists a settlement's events after an id with one of states, oldest first.
 func (db *DB) SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]notify.Event, error) {
 	rows, err := db.pool.Query(ctx, `SELECT id, settlement_id, state, at FROM settlement_events
