@@ -80,3 +80,30 @@ func (u *USDC) SignTransferAuthorization(key *ecdsa.PrivateKey, a TransferAuthor
 	sig[64] += 27
 	return sig, nil
 }
+
+// SignCancelAuthorization signs EIP-3009's CancelAuthorization(authorizer, nonce) with key (the
+// authorizer's) and returns r||s||v with v in {27, 28}.
+func (u *USDC) SignCancelAuthorization(key *ecdsa.PrivateKey, nonce [32]byte) ([]byte, error) {
+	td := apitypes.TypedData{
+		Types: apitypes.Types{
+			"EIP712Domain": u.typedData(TransferAuthorization{}).Types["EIP712Domain"],
+			"CancelAuthorization": {
+				{Name: "authorizer", Type: "address"},
+				{Name: "nonce", Type: "bytes32"},
+			},
+		},
+		PrimaryType: "CancelAuthorization",
+		Domain:      u.Domain(),
+		Message:     apitypes.TypedDataMessage{"authorizer": crypto.PubkeyToAddress(key.PublicKey).Hex(), "nonce": nonce[:]},
+	}
+	digest, _, err := apitypes.TypedDataAndHash(td)
+	if err != nil {
+		return nil, fmt.Errorf("devchain: EIP-712 hash: %w", err)
+	}
+	sig, err := crypto.Sign(digest, key)
+	if err != nil {
+		return nil, err
+	}
+	sig[64] += 27
+	return sig, nil
+}

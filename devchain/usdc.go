@@ -2,6 +2,7 @@ package devchain
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"fmt"
 	"math/big"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/math"
+	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/signer/core/apitypes"
 )
 
@@ -211,6 +213,24 @@ func (u *USDC) TransferWithAuthorization(ctx context.Context, sender *Account, f
 		if rcpt != nil {
 			return rcpt.TxHash, err
 		}
+		return common.Hash{}, err
+	}
+	return rcpt.TxHash, nil
+}
+
+// CancelAuthorization has payer sign EIP-3009's CancelAuthorization(authorizer, nonce) and sender
+// submit it (the bytes-signature overload); it returns the mined transaction's hash.
+func (u *USDC) CancelAuthorization(ctx context.Context, sender *Account, payer *ecdsa.PrivateKey, nonce [32]byte) (common.Hash, error) {
+	sig, err := u.SignCancelAuthorization(payer, nonce)
+	if err != nil {
+		return common.Hash{}, err
+	}
+	method := u.overload("cancelAuthorization", 3)
+	if method == "" {
+		return common.Hash{}, fmt.Errorf("devchain: cancelAuthorization(address,bytes32,bytes) missing from ABI")
+	}
+	rcpt, err := u.chain.transact(ctx, sender, u.Address, &u.ABI, method, crypto.PubkeyToAddress(payer.PublicKey), nonce, sig)
+	if err != nil {
 		return common.Hash{}, err
 	}
 	return rcpt.TxHash, nil

@@ -14,7 +14,6 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
-	"github.com/ethereum/go-ethereum/signer/core/apitypes"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
@@ -145,33 +144,12 @@ func packTransferWithAuthorization(t testing.TB, key *ecdsa.PrivateKey, a devcha
 // packs the (v, r, s) cancelAuthorization call.
 func packCancelAuthorization(t testing.TB, key *ecdsa.PrivateKey, nonce [32]byte) []byte {
 	t.Helper()
-	authorizer := crypto.PubkeyToAddress(key.PublicKey)
-	td := apitypes.TypedData{
-		Types: apitypes.Types{
-			"EIP712Domain": {
-				{Name: "name", Type: "string"},
-				{Name: "version", Type: "string"},
-				{Name: "chainId", Type: "uint256"},
-				{Name: "verifyingContract", Type: "address"},
-			},
-			"CancelAuthorization": {
-				{Name: "authorizer", Type: "address"},
-				{Name: "nonce", Type: "bytes32"},
-			},
-		},
-		PrimaryType: "CancelAuthorization",
-		Domain:      chain.USDC.Domain(),
-		Message:     apitypes.TypedDataMessage{"authorizer": authorizer.Hex(), "nonce": nonce[:]},
-	}
-	digest, _, err := apitypes.TypedDataAndHash(td)
+	sig, err := chain.USDC.SignCancelAuthorization(key, nonce)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sig, err := crypto.Sign(digest, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := chain.USDC.ABI.Pack(overload(t, "cancelAuthorization", 5), authorizer, nonce, sig[64]+27, [32]byte(sig[:32]), [32]byte(sig[32:64]))
+	data, err := chain.USDC.ABI.Pack(overload(t, "cancelAuthorization", 5), crypto.PubkeyToAddress(key.PublicKey), nonce,
+		sig[64], [32]byte(sig[:32]), [32]byte(sig[32:64]))
 	if err != nil {
 		t.Fatal(err)
 	}
