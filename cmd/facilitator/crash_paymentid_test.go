@@ -13,10 +13,8 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
@@ -30,24 +28,8 @@ func TestCrashWithPaymentID(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	dbURL, chain := crashStack(ctx, t)
-	bin := buildFacilitator(ctx, t)
-	signerKey, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer := crypto.PubkeyToAddress(signerKey.PublicKey)
-	if err := chain.SetBalance(ctx, signer, new(big.Int).Mul(big.NewInt(10), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	network := facilitator.CAIP2(chain.ChainID)
-	db, err := postgres.Open(ctx, dbURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	h := &crashHarness{bin: bin, chain: chain, db: db, signer: signer, network: network,
-		env: serveEnv(t, dbURL, chain, chain.RPCURL, signerKey)}
+	h := newCrashHarness(ctx, t)
+	chain, signer, network := h.chain, h.signer, h.network
 
 	payer := newAccount(t)
 	payee := newAccount(t).Address

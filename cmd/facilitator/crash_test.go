@@ -33,27 +33,7 @@ func TestCrashRecovery(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	dbURL, chain := crashStack(ctx, t)
-	bin := buildFacilitator(ctx, t)
-
-	// A signer of its own: nothing else in this test (or on this chain) moves its nonce.
-	signerKey, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer := crypto.PubkeyToAddress(signerKey.PublicKey)
-	if err := chain.SetBalance(ctx, signer, new(big.Int).Mul(big.NewInt(10), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	network := facilitator.CAIP2(chain.ChainID)
-	env := serveEnv(t, dbURL, chain, chain.RPCURL, signerKey)
-	db, err := postgres.Open(ctx, dbURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-
-	h := &crashHarness{bin: bin, env: env, chain: chain, db: db, signer: signer, network: network}
+	h := newCrashHarness(ctx, t)
 	points := []settle.FaultPoint{settle.FaultBeforeCommit, settle.FaultAfterCommit, settle.FaultAfterBroadcast, settle.FaultAfterReceipt}
 	for _, point := range points {
 		// The subtests share the ledger and the signer: after a failure the next would only
@@ -63,6 +43,29 @@ func TestCrashRecovery(t *testing.T) {
 		}
 	}
 	t.Logf("crash recovery at %d fault points took %s", len(points), time.Since(began).Round(time.Millisecond))
+}
+
+// newCrashHarness builds the binary and gives it a chain, a ledger and a signer key of its own:
+// nothing else on this chain moves the key's nonce. The ledger handle closes at cleanup.
+func newCrashHarness(ctx context.Context, t *testing.T) *crashHarness {
+	t.Helper()
+	dbURL, chain := crashStack(ctx, t)
+	bin := buildFacilitator(ctx, t)
+	signerKey, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer := crypto.PubkeyToAddress(signerKey.PublicKey)
+	if err := chain.SetBalance(ctx, signer, new(big.Int).Mul(big.NewInt(10), big.NewInt(1e18))); err != nil {
+		t.Fatal(err)
+	}
+	db, err := postgres.Open(ctx, dbURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return &crashHarness{bin: bin, env: serveEnv(t, dbURL, chain, chain.RPCURL, signerKey), chain: chain, db: db,
+		signer: signer, network: facilitator.CAIP2(chain.ChainID)}
 }
 
 type crashHarness struct {
