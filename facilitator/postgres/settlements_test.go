@@ -11,16 +11,24 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
-// TestResolveKeepsEveryStep: a node that mines on arrival can hand the watcher a receipt before the
-// broadcast is recorded. The row still passes through broadcast in its event log, in order, so a
-// webhook subscriber sees the whole life, and the late MarkBroadcast changes nothing.
-func TestResolveKeepsEveryStep(t *testing.T) {
+// ledgerFixture is the package's ledger, migrated, with a network of its own, for the tests of
+// single ledger statements.
+type ledgerFixture struct {
+	db      *postgres.DB
+	ctx     context.Context
+	network string
+	signer  common.Address
+}
+
+func newLedgerFixture(t *testing.T, timeout time.Duration) *ledgerFixture {
+	t.Helper()
 	db := openTestDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
 	if _, err := db.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -28,41 +36,61 @@ func TestResolveKeepsEveryStep(t *testing.T) {
 	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x03")); err != nil {
 		t.Fatal(err)
 	}
-	txNonce := uint64(0)
-	insert := func() int64 {
-		t.Helper()
-		txNonce++
-		var nonce [32]byte
-		var hash common.Hash
-		rand.Read(nonce[:])
-		rand.Read(hash[:])
-		id, err := db.InsertSettlement(ctx, &settle.NewSettlement{
-			Key:   facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
-			PayTo: common.HexToAddress("0xc"),
-			Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
-			X402Version: 2, Request: []byte(`{}`), Signer: common.HexToAddress("0xd"), TxNonce: txNonce,
-			Tx: settle.TxRecord{Hash: hash, Raw: []byte{1}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
+	return &ledgerFixture{db: db, ctx: ctx, network: network, signer: common.HexToAddress("0xd")}
+}
+
+// txRecord is a signed transaction's record with a random hash.
+func txRecord() settle.TxRecord {
+	var hash common.Hash
+	rand.Read(hash[:])
+	return settle.TxRecord{Hash: hash, Raw: hash[:], TipCap: big.NewInt(1), FeeCap: big.NewInt(2), Gas: 100_000}
+}
+
+// insert writes a new settlement of a random authorization at the signer's txNonce.
+func (l *ledgerFixture) insert(t *testing.T, txNonce uint64) (int64, settle.TxRecord) {
+	t.Helper()
+	var nonce [32]byte
+	rand.Read(nonce[:])
+	tx := txRecord()
+	id, err := l.db.InsertSettlement(l.ctx, &settle.NewSettlement{
+		Key:   facilitator.AuthorizationKey{Network: l.network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
+		PayTo: common.HexToAddress("0xc"),
+		Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
+		X402Version: 2, Request: []byte(`{}`), Signer: l.signer, TxNonce: txNonce, Tx: tx,
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return id, tx
+}
+
+// states lists a settlement's events of the given states, oldest first.
+func (l *ledgerFixture) states(t *testing.T, id int64, states ...string) []facilitator.State {
+	t.Helper()
+	evs, err := l.db.SettlementEvents(l.ctx, id, 0, states, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []facilitator.State
+	for _, ev := range evs {
+		out = append(out, ev.State)
+	}
+	return out
+}
+
+// TestResolveKeepsEveryStep: a node that mines on arrival can hand the watcher a receipt before the
+// broadcast is recorded. The row still passes through broadcast in its event log, in order, so a
+// webhook subscriber sees the whole life, and the late MarkBroadcast changes nothing.
+func TestResolveKeepsEveryStep(t *testing.T) {
+	l := newLedgerFixture(t, 20*time.Second)
+	db, ctx := l.db, l.ctx
+	insert := func(txNonce uint64) int64 { id, _ := l.insert(t, txNonce); return id }
 	states := func(id int64) []facilitator.State {
-		t.Helper()
-		evs, err := db.SettlementEvents(ctx, id, 0, []string{"signed", "broadcast", "mined", "reverted", "expired", "final"}, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []facilitator.State
-		for _, ev := range evs {
-			out = append(out, ev.State)
-		}
-		return out
+		return l.states(t, id, "signed", "broadcast", "mined", "reverted", "expired", "final")
 	}
 	mined := settle.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
 
-	early, normal, expired := insert(), insert(), insert()
+	early, normal, expired := insert(1), insert(2), insert(3)
 	if err := db.MarkBroadcast(ctx, []int64{normal}); err != nil {
 		t.Fatal(err)
 	}
@@ -93,34 +121,12 @@ func TestResolveKeepsEveryStep(t *testing.T) {
 // TestResolveRacingMarkBroadcast: the sender's MarkBroadcast and the watcher's Resolve of the same
 // rows race; whichever wins, each row has exactly one broadcast event, before its mined one.
 func TestResolveRacingMarkBroadcast(t *testing.T) {
-	db := openTestDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	network := fmt.Sprintf("eip155:%d", time.Now().UnixNano()%1_000_000_000)
-	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x04")); err != nil {
-		t.Fatal(err)
-	}
+	l := newLedgerFixture(t, 60*time.Second)
+	db, ctx := l.db, l.ctx
 	const n = 150
 	ids := make([]int64, n)
 	for i := range ids {
-		var nonce [32]byte
-		var hash common.Hash
-		rand.Read(nonce[:])
-		rand.Read(hash[:])
-		id, err := db.InsertSettlement(ctx, &settle.NewSettlement{
-			Key:   facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
-			PayTo: common.HexToAddress("0xc"),
-			Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
-			X402Version: 2, Request: []byte(`{}`), Signer: common.HexToAddress("0xd"), TxNonce: uint64(i),
-			Tx: settle.TxRecord{Hash: hash, Raw: []byte{1}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[i] = id
+		ids[i], _ = l.insert(t, uint64(i))
 	}
 	errs := make(chan error, 2)
 	go func() {
@@ -149,15 +155,7 @@ func TestResolveRacingMarkBroadcast(t *testing.T) {
 	}
 	want := fmt.Sprint([]facilitator.State{"signed", "broadcast", "mined"})
 	for _, id := range ids {
-		evs, err := db.SettlementEvents(ctx, id, 0, []string{"signed", "broadcast", "mined"}, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []facilitator.State
-		for _, ev := range evs {
-			got = append(got, ev.State)
-		}
-		if fmt.Sprint(got) != want {
+		if got := fmt.Sprint(l.states(t, id, "signed", "broadcast", "mined")); got != want {
 			t.Fatalf("settlement %d: events %v, want %s", id, got, want)
 		}
 	}
@@ -168,38 +166,9 @@ func TestResolveRacingMarkBroadcast(t *testing.T) {
 // latest, the signer's highest nonce follows, a nonce another settlement holds is refused as
 // ErrNonceTaken, and a settlement that is no longer open is not moved.
 func TestMoveNonce(t *testing.T) {
-	db := openTestDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	network := fmt.Sprintf("eip155:%d", time.Now().UnixNano()%1_000_000_000)
-	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x03")); err != nil {
-		t.Fatal(err)
-	}
-	signer := common.HexToAddress("0xd")
-	record := func() settle.TxRecord {
-		var hash common.Hash
-		rand.Read(hash[:])
-		return settle.TxRecord{Hash: hash, Raw: hash[:], TipCap: big.NewInt(1), FeeCap: big.NewInt(2), Gas: 100_000}
-	}
-	insert := func(txNonce uint64) (int64, settle.TxRecord) {
-		t.Helper()
-		var nonce [32]byte
-		rand.Read(nonce[:])
-		tx := record()
-		id, err := db.InsertSettlement(ctx, &settle.NewSettlement{
-			Key:   facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
-			PayTo: common.HexToAddress("0xc"),
-			Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
-			X402Version: 2, Request: []byte(`{}`), Signer: signer, TxNonce: txNonce, Tx: tx,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id, tx
-	}
+	l := newLedgerFixture(t, 20*time.Second)
+	db, ctx, network, signer, record := l.db, l.ctx, l.network, l.signer, txRecord
+	insert := func(txNonce uint64) (int64, settle.TxRecord) { return l.insert(t, txNonce) }
 	moved, first := insert(0)
 	other, _ := insert(1)
 
