@@ -19,22 +19,7 @@ import { createWalletClient, defineChain, http } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { baseSepolia } from "viem/chains";
 import { decodeXPaymentResponse, wrapFetchWithPayment } from "x402-fetch";
-
-function parseArgs(argv) {
-  const out = {};
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i];
-    if (!arg.startsWith("--")) throw new Error(`unexpected argument: ${arg}`);
-    const eq = arg.indexOf("=");
-    if (eq !== -1) {
-      out[arg.slice(2, eq)] = arg.slice(eq + 1);
-    } else {
-      if (i + 1 >= argv.length) throw new Error(`missing value for ${arg}`);
-      out[arg.slice(2)] = argv[++i];
-    }
-  }
-  return out;
-}
+import { parseArgs } from "./args.mjs";
 
 function headerValue(headers, name) {
   if (!headers) return null;

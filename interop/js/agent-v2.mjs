@@ -18,22 +18,7 @@ import { privateKeyToAccount } from "viem/accounts";
 import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
 import { toClientEvmSigner } from "@x402/evm";
 import { registerExactEvmScheme } from "@x402/evm/exact/client";
-
-function parseArgs(argv) {
-  const out = {};
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i];
-    if (!arg.startsWith("--")) throw new Error(`unexpected argument: ${arg}`);
-    const eq = arg.indexOf("=");
-    if (eq !== -1) {
-      out[arg.slice(2, eq)] = arg.slice(eq + 1);
-    } else {
-      if (i + 1 >= argv.length) throw new Error(`missing value for ${arg}`);
-      out[arg.slice(2)] = argv[++i];
-    }
-  }
-  return out;
-}
+import { parseArgs } from "./args.mjs";
 
 async function main() {
   const args = parseArgs(process.argv.slice(2));

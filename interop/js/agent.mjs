@@ -28,22 +28,7 @@ import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@
 import { toClientEvmSigner } from "@x402/evm";
 import { registerExactEvmScheme } from "@x402/evm/exact/client";
 import { PAYMENT_IDENTIFIER, appendPaymentIdentifierToExtensions } from "@x402/extensions/payment-identifier";
-
-function parseArgs(argv) {
-  const out = {};
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i];
-    if (!arg.startsWith("--")) throw new Error(`unexpected argument: ${arg}`);
-    const eq = arg.indexOf("=");
-    if (eq !== -1) {
-      out[arg.slice(2, eq)] = arg.slice(eq + 1);
-    } else {
-      if (i + 1 >= argv.length) throw new Error(`missing value for ${arg}`);
-      out[arg.slice(2)] = argv[++i];
-    }
-  }
-  return out;
-}
+import { parseArgs } from "./args.mjs";
 
 function errorText(err) {
   if (!(err instanceof Error)) return String(err);

@@ -21,24 +21,9 @@
 
 import { createRequire } from "node:module";
 import { paymentMiddleware } from "x402-express";
+import { parseArgs } from "./args.mjs";
 
 const express = createRequire(import.meta.resolve("x402-express"))("express");
-
-function parseArgs(argv) {
-  const out = {};
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i];
-    if (!arg.startsWith("--")) throw new Error(`unexpected argument: ${arg}`);
-    const eq = arg.indexOf("=");
-    if (eq !== -1) {
-      out[arg.slice(2, eq)] = arg.slice(eq + 1);
-    } else {
-      if (i + 1 >= argv.length) throw new Error(`missing value for ${arg}`);
-      out[arg.slice(2)] = argv[++i];
-    }
-  }
-  return out;
-}
 
 function fail(message) {
   process.stderr.write(`merchant-v1: ${message}\n`);

@@ -33,22 +33,7 @@ import { HTTPFacilitatorClient, x402ResourceServer } from "@x402/core/server";
 import { ExactEvmScheme } from "@x402/evm/exact/server";
 import { paymentMiddleware } from "@x402/express";
 import { PAYMENT_IDENTIFIER, declarePaymentIdentifierExtension } from "@x402/extensions/payment-identifier";
-
-function parseArgs(argv) {
-  const out = {};
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i];
-    if (!arg.startsWith("--")) throw new Error(`unexpected argument: ${arg}`);
-    const eq = arg.indexOf("=");
-    if (eq !== -1) {
-      out[arg.slice(2, eq)] = arg.slice(eq + 1);
-    } else {
-      if (i + 1 >= argv.length) throw new Error(`missing value for ${arg}`);
-      out[arg.slice(2)] = argv[++i];
-    }
-  }
-  return out;
-}
+import { parseArgs } from "./args.mjs";
 
 function fail(message) {
   process.stderr.write(`merchant: ${message}\n`);

@@ -26,26 +26,7 @@ import { nonceManager, privateKeyToAccount } from "viem/accounts";
 import { x402Facilitator } from "@x402/core/facilitator";
 import { toFacilitatorEvmSigner } from "@x402/evm";
 import { registerExactEvmScheme } from "@x402/evm/exact/facilitator";
-
-function parseArgs(argv) {
-  const out = {};
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i];
-    if (!arg.startsWith("--")) {
-      throw new Error(`unexpected argument: ${arg}`);
-    }
-    const eq = arg.indexOf("=");
-    if (eq !== -1) {
-      out[arg.slice(2, eq)] = arg.slice(eq + 1);
-    } else {
-      if (i + 1 >= argv.length) {
-        throw new Error(`missing value for ${arg}`);
-      }
-      out[arg.slice(2)] = argv[++i];
-    }
-  }
-  return out;
-}
+import { parseArgs } from "./args.mjs";
 
 function fail(message) {
   process.stderr.write(`official-facilitator: ${message}\n`);
