@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/ecdsa"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/big"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -20,16 +17,12 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
-	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/notify"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // hostileStack is the whole HTTP API in one process: /verify, /settle (an engine on a fresh
@@ -44,63 +37,13 @@ type hostileStack struct {
 
 func newHostileStack(t *testing.T) *hostileStack {
 	t.Helper()
-	ctx := context.Background()
-	s := &hostileStack{Logs: &syncBuffer{}, LedgerURL: ledger(t)}
-	db, err := postgres.Open(ctx, s.LedgerURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	key, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Signer = crypto.PubkeyToAddress(key.PublicKey)
-	if err := chain.SetBalance(ctx, s.Signer, new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	client, err := rpc.DialContext(ctx, chain.RPCURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
-	n := testNetwork(v1Name)
-	reader := &verify.RPCReader{Client: client, Timeout: 5 * time.Second}
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e, err := settle.New(settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: client, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
-		Store:        db,
-		Verifier:     v,
-		Deadline:     20 * time.Second,
-		PollInterval: 50 * time.Millisecond,
-		Logger:       logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Stop)
-	st := status.New(db, []status.Network{{Network: n, Reader: reader, Head: client, FinalityDepth: 1}}, nil)
-	d := notify.New(notify.Config{Store: db, Status: st, Logger: logger})
-	t.Cleanup(d.Stop)
-	srv := api.New(api.Config{
-		Verifier:  v,
-		Settler:   e,
-		Status:    st,
-		Notify:    d,
-		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{s.Signer}, nil),
-		Logger:    logger,
-	})
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close) // before the engine stops
-	s.URL = hs.URL
-	return s
+	st := newSettleStack(t, settleOptions{server: func(cfg *api.Config, s *settleStack) {
+		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client, FinalityDepth: 1}}, nil)
+		d := notify.New(notify.Config{Store: s.DB, Status: stat, Logger: s.Logger})
+		t.Cleanup(d.Stop)
+		cfg.Status, cfg.Notify, cfg.Limits = stat, d, nil
+	}})
+	return &hostileStack{URL: st.URL, Logs: st.Logs, Signer: st.Signer, LedgerURL: ledger(t)}
 }
 
 // pendingNonce is the signer's transaction count including the pool: anything broadcast moves it.
