@@ -8,7 +8,6 @@ import (
 	"errors"
 	"math/big"
 	"net/http"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,7 +19,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
@@ -244,22 +242,10 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 		point, crashHash != (common.Hash{}), attempts, pending, hash.Hex()[:10], row.TxNonce, row.State, time.Since(began).Round(time.Millisecond))
 }
 
-// crashStack returns a fresh database and chain, or skips (fails under CI=true).
+// crashStack returns a fresh database and chain (see freshStack).
 func crashStack(ctx context.Context, t *testing.T) (string, *devchain.Chain) {
 	t.Helper()
-	var chain *devchain.Chain
-	url, err := postgrestest.Fresh(ctx, "crash")
-	if err == nil {
-		chain, err = devchain.Start(ctx, devchain.Options{})
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the crash test needs TEST_DATABASE_URL and anvil: %v", err)
-		}
-		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
-	}
-	t.Cleanup(func() { _ = chain.Close() })
-	return url, chain
+	return freshStack(ctx, t, "crash", devchain.Options{})
 }
 
 func newAccount(t *testing.T) *devchain.Account {

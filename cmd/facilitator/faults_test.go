@@ -34,8 +34,15 @@ import (
 
 // faultStack starts a chain mining a block every second (so that settlements are in flight, not
 // mined at once, when the fault strikes) and, unless dbSuffix is empty, a fresh database on the
-// shared test server; it skips when they are missing (fails under CI=true).
+// shared test server.
 func faultStack(ctx context.Context, t *testing.T, dbSuffix string) (string, *devchain.Chain) {
+	t.Helper()
+	return freshStack(ctx, t, dbSuffix, devchain.Options{BlockTime: time.Second})
+}
+
+// freshStack starts a chain of its own (closed at cleanup) and, unless dbSuffix is empty, a fresh
+// database on the shared test server; it skips when they are missing, and fails under CI=true.
+func freshStack(ctx context.Context, t *testing.T, dbSuffix string, opts devchain.Options) (string, *devchain.Chain) {
 	t.Helper()
 	var (
 		url   string
@@ -46,11 +53,11 @@ func faultStack(ctx context.Context, t *testing.T, dbSuffix string) (string, *de
 		url, err = postgrestest.Fresh(ctx, dbSuffix)
 	}
 	if err == nil {
-		chain, err = devchain.Start(ctx, devchain.Options{BlockTime: time.Second})
+		chain, err = devchain.Start(ctx, opts)
 	}
 	if err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("the fault tests need TEST_DATABASE_URL and anvil: %v", err)
+			t.Fatalf("%s needs TEST_DATABASE_URL and anvil: %v", t.Name(), err)
 		}
 		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
 	}

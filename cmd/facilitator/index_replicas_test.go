@@ -23,7 +23,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
 
@@ -270,22 +269,10 @@ CREATE TRIGGER replica_write_audit AFTER INSERT OR UPDATE OR DELETE ON authoriza
     FOR EACH STATEMENT EXECUTE FUNCTION replica_write_audit();
 `
 
-// replicaStack returns a fresh database and chain, or skips (fails under CI=true).
+// replicaStack returns a fresh database and chain (see freshStack).
 func replicaStack(ctx context.Context, t *testing.T) (string, *devchain.Chain) {
 	t.Helper()
-	var chain *devchain.Chain
-	url, err := postgrestest.Fresh(ctx, "replicas")
-	if err == nil {
-		chain, err = devchain.Start(ctx, devchain.Options{})
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the replica test needs TEST_DATABASE_URL and anvil: %v", err)
-		}
-		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
-	}
-	t.Cleanup(func() { _ = chain.Close() })
-	return url, chain
+	return freshStack(ctx, t, "replicas", devchain.Options{})
 }
 
 type replicaHarness struct {

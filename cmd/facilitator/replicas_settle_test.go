@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,7 +25,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 )
 
 // TestSettleReplicas runs two `facilitator serve` processes on one database and one chain, with the
@@ -45,18 +43,7 @@ func TestSettleReplicas(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	var chain *devchain.Chain
-	dbURL, err := postgrestest.Fresh(ctx, "settle_replicas")
-	if err == nil {
-		chain, err = devchain.Start(ctx, devchain.Options{})
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the replica test needs TEST_DATABASE_URL and anvil: %v", err)
-		}
-		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
-	}
-	t.Cleanup(func() { _ = chain.Close() })
+	dbURL, chain := freshStack(ctx, t, "settle_replicas", devchain.Options{})
 	bin := buildFacilitator(ctx, t)
 	network := facilitator.CAIP2(chain.ChainID)
 
