@@ -526,7 +526,7 @@ func TestReconcileCanceled(t *testing.T) {
 	e.Stop()
 	env.DropPool(t)
 	env.SetAutomine(t, true)
-	cancelTx := cancelAuthorization(t, payer, p.Nonce)
+	cancelTx := env.CancelAuthorization(t, payer, p.Nonce)
 	rc := env.Receipt(t, cancelTx)
 	env.WaitIndexed(t, rc.BlockNumber.Uint64())
 
@@ -750,15 +750,4 @@ func rawTx(t testing.TB, hash common.Hash) []byte {
 		t.Fatal(err)
 	}
 	return raw
-}
-
-// cancelAuthorization has the payer cancel its authorization nonce on chain, submitted by a dev
-// account (auto-mining must be on); it returns the mined transaction's hash.
-func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) common.Hash {
-	t.Helper()
-	hash, err := env.Chain.USDC.CancelAuthorization(context.Background(), env.Chain.Accounts[2], payer, nonce)
-	if err != nil {
-		t.Fatalf("cancelAuthorization: %v", err)
-	}
-	return hash
 }

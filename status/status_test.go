@@ -173,7 +173,7 @@ func TestStatusCanceled(t *testing.T) {
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 1_000_000)
 	p := env.NewPay(t, payer, 10_000)
-	tx := cancelAuthorization(t, payer, p.Nonce)
+	tx := env.CancelAuthorization(t, payer, p.Nonce)
 	rc := env.Receipt(t, tx)
 	svc := statusService(2)
 
@@ -196,7 +196,7 @@ func TestStatusCanceledNotYetIndexed(t *testing.T) {
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 1_000_000)
 	p := env.NewPay(t, payer, 10_000)
-	cancelAuthorization(t, payer, p.Nonce) // no indexer runs
+	env.CancelAuthorization(t, payer, p.Nonce) // no indexer runs
 	if env.Use(t, p.Key()) != nil {
 		t.Fatal("the index has the cancellation although no indexer runs")
 	}
@@ -426,15 +426,4 @@ func mustKey(t testing.TB) *ecdsa.PrivateKey {
 		t.Fatal(err)
 	}
 	return k
-}
-
-// cancelAuthorization has the payer cancel its authorization nonce on chain, submitted by a dev
-// account (auto-mining must be on); it returns the mined transaction's hash.
-func cancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) common.Hash {
-	t.Helper()
-	hash, err := env.Chain.USDC.CancelAuthorization(context.Background(), env.Chain.Accounts[2], payer, nonce)
-	if err != nil {
-		t.Fatalf("cancelAuthorization: %v", err)
-	}
-	return hash
 }

@@ -2,6 +2,7 @@ package settletest
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"testing"
 	"time"
 
@@ -112,4 +113,15 @@ func (e *Env) Balance(t testing.TB, addr common.Address) int64 {
 		t.Fatal(err)
 	}
 	return b.Int64()
+}
+
+// CancelAuthorization has the payer cancel its authorization nonce on chain, submitted by a dev
+// account (auto-mining must be on); it returns the mined transaction's hash.
+func (e *Env) CancelAuthorization(t testing.TB, payer *ecdsa.PrivateKey, nonce [32]byte) common.Hash {
+	t.Helper()
+	hash, err := e.Chain.USDC.CancelAuthorization(context.Background(), e.Chain.Accounts[2], payer, nonce)
+	if err != nil {
+		t.Fatalf("cancelAuthorization: %v", err)
+	}
+	return hash
 }
