@@ -462,9 +462,9 @@ func (b *brokenLedger) MarkBroadcast(ctx context.Context, ids []int64) error {
 	return b.Store.MarkBroadcast(ctx, ids)
 }
 
-func (b *brokenLedger) Resolve(ctx context.Context, rs []settle.Resolution) error {
+func (b *brokenLedger) Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error) {
 	if err := b.fail(false); err != nil {
-		return err
+		return nil, err
 	}
 	return b.Store.Resolve(ctx, rs)
 }
@@ -476,9 +476,9 @@ func (b *brokenLedger) Reopen(ctx context.Context, id int64, detail string) erro
 	return b.Store.Reopen(ctx, id, detail)
 }
 
-func (b *brokenLedger) MarkFinal(ctx context.Context, ids []int64) error {
+func (b *brokenLedger) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
 	if err := b.fail(false); err != nil {
-		return err
+		return nil, err
 	}
 	return b.Store.MarkFinal(ctx, ids)
 }

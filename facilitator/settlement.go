@@ -58,6 +58,7 @@ type Settlement struct {
 	State        State
 	TxHash       common.Hash // the mined variant once known, else the latest sent
 	BlockNumber  uint64
+	BlockHash    common.Hash // the mined block's hash, zero while nothing is mined
 	ErrorReason  string
 	ErrorMessage string
 	Delivered    bool // a caller has been answered success: true

@@ -7,14 +7,13 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -26,8 +25,8 @@ import (
 // Store is what the jobs read and write.
 type Store interface {
 	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]settle.OpenSettlement, error)
-	Resolve(ctx context.Context, rs []settle.Resolution) error
-	MarkFinal(ctx context.Context, ids []int64) error
+	Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error)
+	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	Touch(ctx context.Context, ids []int64) error
 	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*indexer.Use, error)
@@ -152,10 +151,6 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 	if err != nil {
 		return ch, err
 	}
-	head, headTime, err := j.head(ctx, n)
-	if err != nil {
-		return ch, err
-	}
 	var resolutions []settle.Resolution
 	var finals, looked []int64
 	unlanded := map[int64]*settle.OpenSettlement{} // resolved without a receipt of ours
@@ -176,7 +171,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 			case use != nil && ours[use.TxHash] && use.BlockNumber != row.BlockNumber:
 				// A reorg the ledger did not see moved our transaction to another block: record where
 				// it is now (finality counts from there).
-				if err := j.cfg.Store.Reopen(ctx, row.ID, "reconcile: the transaction moved to another block"); err != nil {
+				if err := j.reopen(ctx, row.ID, "reconcile: the transaction moved to another block"); err != nil {
 					return ch, err
 				}
 				resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
@@ -186,9 +181,22 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 			case use != nil && ours[use.TxHash] && cursor.Number+1 >= use.BlockNumber+max(n.FinalityDepth, 1):
 				finals = append(finals, row.ID)
 				ch.Final++
+			case use != nil && !ours[use.TxHash] && cursor.Number >= use.BlockNumber:
+				// A reorg the ledger did not see put another use of the authorization (a third
+				// party's transfer, the payer's cancel) before ours, which reverted there.
+				if err := j.reopen(ctx, row.ID, "reconcile: another transaction used the authorization first"); err != nil {
+					return ch, err
+				}
+				ch.Reopened++
+				resolutions = append(resolutions, useResolution(row.ID, use))
+				if use.Canceled {
+					ch.Canceled++
+				} else {
+					ch.Elsewhere++
+				}
 			case use == nil && cursor.Number > row.BlockNumber:
 				// Indexed past its block and the use is gone: its block was reorganised away.
-				if err := j.cfg.Store.Reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
+				if err := j.reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
 					return ch, err
 				}
 				ch.Reopened++
@@ -197,9 +205,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 				}
 			}
 		case use != nil && use.Canceled:
-			resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateCanceled, TxHash: use.TxHash,
-				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
-				ErrorMessage: "the authorizer canceled the authorization"})
+			resolutions = append(resolutions, useResolution(row.ID, use))
 			ch.Canceled++
 			unlanded[row.ID] = &row
 		case use != nil && ours[use.TxHash]:
@@ -207,13 +213,11 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
 			ch.Mined++
 		case use != nil:
-			resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateSettledElsewhere, TxHash: use.TxHash,
-				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
-				ErrorMessage: "the authorization was used by a transaction that is not ours"})
+			resolutions = append(resolutions, useResolution(row.ID, use))
 			ch.Elsewhere++
 			unlanded[row.ID] = &row
 		default:
-			res, ok, err := j.fromReceipts(ctx, n, &row.Settlement, row.Txs, head, headTime)
+			res, ok, err := j.fromReceipts(ctx, n, &row)
 			if err != nil {
 				return ch, err
 			}
@@ -238,7 +242,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 		}
 	}
 	if len(resolutions) > 0 {
-		if err := j.cfg.Store.Resolve(ctx, resolutions); err != nil {
+		if _, err := j.cfg.Store.Resolve(ctx, resolutions); err != nil {
 			return ch, err
 		}
 		// A resolved settlement none of whose transactions landed still holds its signer's tx
@@ -254,46 +258,39 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 		}
 	}
 	if len(finals) > 0 {
-		if err := j.cfg.Store.MarkFinal(ctx, finals); err != nil {
+		if _, err := j.cfg.Store.MarkFinal(ctx, finals); err != nil {
 			return ch, err
 		}
 	}
 	return ch, j.cfg.Store.Touch(ctx, looked)
 }
 
-// fromReceipts resolves an open settlement the index does not know about (yet) from our
-// transactions' receipts; failing those, from validBefore: once it has passed on chain with the
-// authorization unused, nothing of ours can succeed any more.
-func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.Settlement, txs []settle.TxRecord, head uint64, headTime uint64) (settle.Resolution, bool, error) {
-	receipts := make([]*types.Receipt, len(txs))
-	elems := make([]rpc.BatchElem, len(txs))
-	for i, t := range txs {
-		elems[i] = rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{t.Hash}, Result: &receipts[i]}
+// fromReceipts resolves an open settlement the index does not know about (yet) from the chain,
+// by the engine's own rules (settle.Judge): our transactions' receipts, and the authorization's
+// state and use log read pinned at a block the answering node has, twice.
+func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *settle.OpenSettlement) (settle.Resolution, bool, error) {
+	return settle.Judge(ctx, func(ctx context.Context, elems []rpc.BatchElem) error { return j.batch(ctx, n, elems) },
+		s, n.FinalityDepth, j.cfg.Now())
+}
+
+// reopen moves a mined row back to broadcast; a row no longer mined (the engine moved it first)
+// is left as it is.
+func (j *Jobs) reopen(ctx context.Context, id int64, detail string) error {
+	if err := j.cfg.Store.Reopen(ctx, id, detail); err != nil && !errors.Is(err, facilitator.ErrNotFound) {
+		return err
 	}
-	if err := j.batch(ctx, n, elems); err != nil {
-		return settle.Resolution{}, false, err
+	return nil
+}
+
+// useResolution is the outcome an indexed use of the authorization by someone else proves.
+func useResolution(id int64, use *indexer.Use) settle.Resolution {
+	r := settle.Resolution{ID: id, State: facilitator.StateSettledElsewhere, TxHash: use.TxHash, BlockNumber: use.BlockNumber,
+		BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
+		ErrorMessage: "the authorization was used by a transaction that is not ours"}
+	if use.Canceled {
+		r.State, r.ErrorMessage = facilitator.StateCanceled, "the authorizer canceled the authorization"
 	}
-	for i, r := range receipts {
-		if elems[i].Error != nil || r == nil {
-			continue
-		}
-		res, err := settle.ReceiptOutcome(ctx, func(ctx context.Context, elems []rpc.BatchElem) error { return j.batch(ctx, n, elems) },
-			settle.ExpectedOf(s), r)
-		if err != nil {
-			return settle.Resolution{}, false, err
-		}
-		return res, true, nil
-	}
-	if s.ValidBefore == nil || new(big.Int).SetUint64(headTime).Cmp(s.ValidBefore) < 0 {
-		return settle.Resolution{}, false, nil
-	}
-	used, err := verify.AuthorizationUsed(ctx, n.Reader, s.Key.Asset, s.Key.Payer, s.Key.Nonce)
-	if err != nil || used {
-		// Used: the index will show by whom on a later run.
-		return settle.Resolution{}, false, err
-	}
-	return settle.Resolution{ID: s.ID, State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore,
-		ErrorMessage: fmt.Sprintf("validBefore passed at block %d with the authorization unused", head)}, true, nil
+	return r
 }
 
 // resend broadcasts the settlement's latest signed transaction again: the chain may have lost it
@@ -312,19 +309,6 @@ func (j *Jobs) resend(ctx context.Context, n Network, s settle.OpenSettlement) b
 		return false
 	}
 	return true
-}
-
-func (j *Jobs) head(ctx context.Context, n Network) (number, time uint64, err error) {
-	var h struct {
-		Number hexutil.Uint64 `json:"number"`
-		Time   hexutil.Uint64 `json:"timestamp"`
-	}
-	ctx, cancel := context.WithTimeout(ctx, j.cfg.RPCTimeout)
-	defer cancel()
-	if err := n.Chain.CallContext(ctx, &h, "eth_getBlockByNumber", "latest", false); err != nil {
-		return 0, 0, err
-	}
-	return uint64(h.Number), uint64(h.Time), nil
 }
 
 func (j *Jobs) batch(ctx context.Context, n Network, elems []rpc.BatchElem) error {

@@ -281,7 +281,7 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = o.Key, o.Fingerprint, o.PayTo, o.Value, o.ValidBefore
 		f.sender, f.nonce = s, o.TxNonce
 		if o.State.Succeeded() {
-			f.minedHash, f.block = o.TxHash, o.BlockNumber
+			f.minedHash, f.block, f.blockHash = o.TxHash, o.BlockNumber, o.BlockHash
 		}
 		for _, t := range o.Txs {
 			f.txs = append(f.txs, &sentTx{hash: t.Hash, raw: t.Raw, fees: Fees{TipCap: t.TipCap, FeeCap: t.FeeCap}, signedAt: o.CreatedAt})

@@ -48,6 +48,10 @@ type flight struct {
 	// nonceLow: a node refused the latest variant as nonce too low; the watcher checks whether a
 	// foreign transaction took the nonce (foreign.go).
 	nonceLow bool
+	// verdict: a conclusion one read supported, awaiting its second read (sendstate.go).
+	verdict *verdict
+	// closing: resolved as a failure while its tx nonce may be unused; resent until it is used.
+	closing bool
 }
 
 // logAttrs are the fields every log line about f starts with: the settlement, its payer and
@@ -63,6 +67,7 @@ func (f *flight) logAttrs(more ...any) []any {
 // sentTx is one signed variant of a flight's transaction.
 type sentTx struct {
 	hash     common.Hash
+	nonce    uint64
 	raw      []byte
 	fees     Fees
 	signedAt time.Time
@@ -158,6 +163,17 @@ func (f *flight) txNonce() uint64 {
 	return f.nonce
 }
 
+func (f *flight) setVerdict(v *verdict) {
+	f.mu.Lock()
+	f.verdict = v
+	f.mu.Unlock()
+}
+
+// want is what the settlement's transactions must do.
+func (f *flight) want() Expected {
+	return Expected{ID: f.id, Key: f.key, PayTo: f.payTo, Value: f.value, ValidBefore: f.validBefore}
+}
+
 // takeNonceLow reports, and clears, whether a node called the flight's nonce too low.
 func (f *flight) takeNonceLow() bool {
 	f.mu.Lock()
@@ -194,17 +210,31 @@ func (f *flight) hashes() []common.Hash {
 	return out
 }
 
+// track is the flight as the decision core sees it.
+func (f *flight) track() track {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing,
+		mined: minedAt{tx: f.minedHash, block: f.block, blockHash: f.blockHash}}
+	for _, x := range f.txs {
+		t.variants = append(t.variants, variant{hash: x.hash, nonce: x.nonce, signedAt: x.signedAt, sentAt: x.sentAt, tried: x.tried})
+	}
+	return t
+}
+
 // settled reports whether the flight has its outcome (success or proven failure).
 func settled(v view) bool { return !v.state.Open() }
 
-// restoreTemplate recovers gas and calldata from the latest signed transaction, so a recovered
-// flight can be fee-bumped like a new one.
+// restoreTemplate recovers each variant's nonce, and gas and calldata from the latest signed
+// transaction, so a recovered flight can be fee-bumped like a new one.
 func (f *flight) restoreTemplate() error {
-	t := f.txs[len(f.txs)-1]
-	var tx types.Transaction
-	if err := tx.UnmarshalBinary(t.raw); err != nil {
-		return err
+	for _, t := range f.txs {
+		var tx types.Transaction
+		if err := tx.UnmarshalBinary(t.raw); err != nil {
+			return err
+		}
+		t.nonce = tx.Nonce()
+		f.gas, f.data = tx.Gas(), tx.Data()
 	}
-	f.gas, f.data = tx.Gas(), tx.Data()
 	return nil
 }

@@ -252,7 +252,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			if row.PaymentID != nil {
 				f.paymentID = row.PaymentID.ID
 			}
-			f.txs = []*sentTx{{hash: row.Tx.Hash, raw: raws[i], fees: sub.fees, signedAt: now}}
+			f.txs = []*sentTx{{hash: row.Tx.Hash, nonce: row.TxNonce, raw: raws[i], fees: sub.fees, signedAt: now}}
 			f.count(true)
 			e.track(f)
 			s.enqueue(f)

@@ -26,7 +26,8 @@ type Store interface {
 	// InsertSettlement's for the first row that failed, except that a row its Guard refuses makes
 	// it write nothing and return ErrGroupRefused (the caller then commits the rows one by one).
 	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
-	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent.
+	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent;
+	// facilitator.ErrNotFound (nothing written) when the settlement is no longer signed or broadcast.
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
 	// MoveNonce records a re-signed transaction with a new tx nonce (the old one was taken by a
 	// transaction that is not ours) and makes txNonce the settlement's, before it is sent. The
@@ -34,12 +35,14 @@ type Store interface {
 	// txNonce has a row), facilitator.ErrNotFound (the settlement is no longer signed or broadcast).
 	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
-	// Resolve moves open settlements to their outcomes, at once; it leaves alone any that is no
-	// longer open.
-	Resolve(ctx context.Context, rs []Resolution) error
-	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain.
+	// Resolve moves open settlements to their outcomes, at once, and returns the ids it moved; it
+	// leaves alone any that is no longer open (someone else resolved it: read it again).
+	Resolve(ctx context.Context, rs []Resolution) ([]int64, error)
+	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain;
+	// facilitator.ErrNotFound when it is not mined (any more).
 	Reopen(ctx context.Context, id int64, detail string) error
-	MarkFinal(ctx context.Context, ids []int64) error
+	// MarkFinal moves mined settlements to final and returns the ids it moved.
+	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
 	// ClaimDelivery records that a caller is being answered success: true. It returns false when
 	// another caller already was, or the settlement did not succeed.
 	ClaimDelivery(ctx context.Context, id int64) (bool, error)

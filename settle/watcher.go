@@ -41,6 +41,9 @@ func (n *network) watchLoop(ctx context.Context) {
 // transactions among them, so a thousand transactions in flight cost the node a few calls per
 // block, not a thousand per round. A full sweep of every receipt still runs at start, after a gap
 // of more than maxBlockGap blocks, and every fullSweepEvery, in case a block was missed.
+//
+// What the round read goes to decide (sendstate.go), one settlement at a time; the round carries
+// out what it answers.
 func (n *network) watch(ctx context.Context) {
 	e := n.engine
 	if len(e.flightsOf(n)) == 0 {
@@ -85,7 +88,8 @@ func (n *network) watch(ctx context.Context) {
 			}
 		}
 		if err != nil {
-			// The announced head may be gone (a reorganisation to a shorter chain): ask the node next time.
+			// The announced head may be gone (a reorganisation to a shorter chain), or the node
+			// answering lags: ask again next time.
 			n.headHint.Store(0)
 			e.log.Warn("reading new blocks", "network", n.id.ID, "err", err)
 			return
@@ -94,87 +98,136 @@ func (n *network) watch(ctx context.Context) {
 		candidates = map[common.Hash]bool{}
 	}
 
-	// Receipts: our transactions in the new blocks, and mined settlements due for finality (their
-	// receipt is read again to be sure the block is still canonical).
-	type slot struct {
-		f    *flight
-		rcpt **types.Receipt
+	type work struct {
+		f *flight
+		t track
+		o observation
 	}
-	var slots []slot
-	var elems []rpc.BatchElem
-	known := map[*flight]*types.Receipt{} // from the new blocks' receipts
-	ask := func(f *flight, h common.Hash) {
-		r := new(*types.Receipt)
-		slots = append(slots, slot{f, r})
-		elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: r})
-	}
+	var works []*work
+	var reads receiptReads
 	for _, f := range flights {
-		v := f.view()
-		if v.resolving {
+		if f.view().resolving {
 			continue // the previous round's outcome is being written
 		}
-		if v.state.Succeeded() {
-			if candidates == nil || uint64(head)+1 >= v.block+n.depth {
-				ask(f, v.hash)
-			}
-			continue
-		}
-		for _, h := range f.hashes() {
-			if r := blockRcpts[h]; r != nil {
-				known[f] = r
-			} else if candidates == nil || candidates[h] {
-				ask(f, h)
+		w := &work{f: f, t: f.track(), o: observation{now: now, head: uint64(head), receipts: map[common.Hash]receiptRead{}}}
+		works = append(works, w)
+		want := f.want()
+		for _, v := range w.t.variants {
+			if r := blockRcpts[v.hash]; r != nil {
+				w.o.receipts[v.hash] = receiptRead{ok: true, r: summarize(r, want)}
 			}
 		}
+		switch {
+		case w.t.closing:
+		case w.t.state.Succeeded():
+			// Mined: read again when due for finality (its block is checked to be still the
+			// recorded one), when a verdict waits for its second read, and on full sweeps.
+			if candidates == nil || uint64(head)+1 >= w.t.mined.block+n.depth || w.t.verdict != nil {
+				if _, ok := w.o.receipts[w.t.mined.tx]; !ok {
+					reads.receipt(&w.o, w.t.mined.tx, want)
+				}
+				reads.canon(&w.o, w.t.mined.block)
+			}
+		default:
+			for _, v := range w.t.variants {
+				if _, ok := w.o.receipts[v.hash]; !ok && (candidates == nil || candidates[v.hash] || w.t.verdict != nil) {
+					reads.receipt(&w.o, v.hash, want)
+				}
+			}
+		}
+		w.o.nonceLow = f.takeNonceLow()
+		w.o.underpriced = n.takeBump(f)
 	}
-	receipts := known
-	asked := map[*flight]bool{}
-	if len(elems) > 0 {
-		if err := n.batch(ctx, elems); err != nil {
-			e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
-			return
-		}
-		for i, s := range slots {
-			asked[s.f] = true
-			if elems[i].Error == nil && *s.rcpt != nil {
-				receipts[s.f] = *s.rcpt
-			}
-		}
+	if err := reads.run(ctx, n); err != nil {
+		e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
+		return
 	}
 	n.lastBlock = uint64(head)
+
+	// Decide; a decision that needs the pinned reads gets them (all such settlements in one
+	// request) and decides again.
+	decisions := make([]decision, len(works))
+	var pinned []*pinnedRead
+	var pinnedFor []int
+	for i, w := range works {
+		decisions[i] = decide(w.t, w.o, n.policy())
+		if d := decisions[i]; d.act == actReadAt {
+			at := d.at
+			if at == 0 {
+				at = uint64(head)
+			}
+			var atHash common.Hash
+			if w.t.verdict != nil && w.t.verdict.at == at {
+				atHash = w.t.verdict.atHash
+			}
+			pinned = append(pinned, &pinnedRead{key: w.f.key, signer: w.f.sender.addr, want: w.f.want(), t: w.t, at: at, atHash: atHash})
+			pinnedFor = append(pinnedFor, i)
+		}
+	}
+	if len(pinned) > 0 {
+		if err := readPinned(ctx, n.batch, pinned); err != nil {
+			e.log.Warn("pinned chain reads failed; deciding next round", "network", n.id.ID, "err", err)
+			for _, pr := range pinned {
+				pr.read = nil
+			}
+		}
+		for j, pr := range pinned {
+			i := pinnedFor[j]
+			w := works[i]
+			if pr.voided {
+				w.t.verdict = nil // the block it was read at is no longer there
+			}
+			if pr.read == nil {
+				decisions[i] = decision{act: actWait, verdict: w.t.verdict, why: "pinned reads failed; trying again next round"}
+				continue
+			}
+			for h, r := range pr.receipts {
+				w.o.receipts[h] = r
+			}
+			w.o.chain = pr.read
+			decisions[i] = decide(w.t, w.o, n.policy())
+			if decisions[i].act == actReadAt {
+				decisions[i] = decision{act: actWait, verdict: decisions[i].verdict}
+			}
+		}
+	}
 
 	var resend []*flight
 	var outcomes []outcome
 	var finals []*flight
-	for _, f := range flights {
-		v := f.view()
-		if v.resolving {
-			continue
+	for i, w := range works {
+		f, d := w.f, decisions[i]
+		f.setVerdict(d.verdict)
+		if d.act != actWait && d.act != actSend {
+			e.log.Debug("settlement decision", f.logAttrs("action", d.act, "why", d.why, "head", uint64(head))...)
 		}
-		rcpt := receipts[f]
-		switch {
-		case v.state.Succeeded():
-			if asked[f] && n.confirm(ctx, f, rcpt, uint64(head)) {
-				finals = append(finals, f)
+		switch d.act {
+		case actSend:
+			resend = append(resend, f)
+		case actBump:
+			if err := n.bump(ctx, f); err != nil {
+				e.log.Warn("fee bump failed; resending the current transaction", f.logAttrs("err", err)...)
 			}
-		case rcpt != nil:
-			if res, ok := n.outcome(ctx, f, rcpt); ok {
-				outcomes = append(outcomes, outcome{f, res})
+			resend = append(resend, f)
+		case actResign:
+			if err := n.resign(ctx, f, w.t.txNonce); err != nil {
+				e.log.Warn("re-signing a settlement whose nonce a foreign transaction took; will retry", f.logAttrs("tx_nonce", w.t.txNonce, "err", err)...)
 			}
-		default:
-			if f.takeNonceLow() {
-				// A node called the nonce too low and no receipt of ours is in: a transaction
-				// that is not ours may hold the nonce (foreign.go).
-				if res, resolved, handled := n.foreignNonce(ctx, f); resolved {
-					outcomes = append(outcomes, outcome{f, res})
-					continue
-				} else if handled {
-					continue
-				}
-			}
-			if n.needsSend(ctx, f) {
-				resend = append(resend, f)
-			}
+		case actResolve:
+			o := outcome{f: f, res: d.res}
+			o.res.ID = f.id
+			// A failure whose nonce may be unused on chain keeps the flight, to fill the nonce.
+			o.closing = !d.res.State.Succeeded() && (w.o.chain == nil || w.o.chain.keyNonce <= w.t.txNonce)
+			outcomes = append(outcomes, o)
+		case actFinalize:
+			finals = append(finals, f)
+		case actMove:
+			n.move(ctx, f, d)
+		case actReopen:
+			n.reopen(ctx, f, d)
+		case actRelease:
+			e.log.Info("closed settlement's nonce is used; no longer watched", f.logAttrs("tx_nonce", w.t.txNonce)...)
+			e.untrack(f)
 		}
 	}
 	n.recordAsync(ctx, outcomes)
@@ -184,9 +237,79 @@ func (n *network) watch(ctx context.Context) {
 	}
 }
 
+// policy is the network's decision policy (sendstate.go).
+func (n *network) policy() policy {
+	c := n.engine.cfg
+	return policy{depth: n.depth, retryInterval: c.RetryInterval, rebroadcastAfter: c.RebroadcastAfter, bumpAfter: c.BumpAfter, resignMargin: resignMargin}
+}
+
+// receiptReads gathers a round's reads into one batch: receipts, and a mined settlement's block at
+// its recorded height with the answering node's head.
+type receiptReads struct {
+	elems []rpc.BatchElem
+	after []func()
+}
+
+func (rr *receiptReads) receipt(o *observation, h common.Hash, want Expected) {
+	r := new(*types.Receipt)
+	i := len(rr.elems)
+	rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: r})
+	rr.after = append(rr.after, func() {
+		if rr.elems[i].Error != nil {
+			o.receipts[h] = receiptRead{}
+			return
+		}
+		o.receipts[h] = receiptRead{ok: true, r: summarize(*r, want)}
+	})
+}
+
+func (rr *receiptReads) canon(o *observation, number uint64) {
+	var head hexutil.Uint64
+	var b *struct {
+		Hash common.Hash `json:"hash"`
+	}
+	i := len(rr.elems)
+	rr.elems = append(rr.elems,
+		rpc.BatchElem{Method: "eth_blockNumber", Result: &head},
+		rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b})
+	rr.after = append(rr.after, func() {
+		if rr.elems[i].Error != nil || rr.elems[i+1].Error != nil {
+			return
+		}
+		c := &canonRead{head: uint64(head)}
+		if b != nil {
+			c.hash = b.Hash
+		}
+		o.canon = c
+	})
+}
+
+func (rr *receiptReads) run(ctx context.Context, n *network) error {
+	if len(rr.elems) == 0 {
+		return nil
+	}
+	if err := n.batch(ctx, rr.elems); err != nil {
+		return err
+	}
+	for _, f := range rr.after {
+		f()
+	}
+	return nil
+}
+
+// summarize reduces a receipt to what decisions need; nil stays nil.
+func summarize(r *types.Receipt, want Expected) *receipt {
+	if r == nil || r.BlockNumber == nil {
+		return nil
+	}
+	return &receipt{tx: r.TxHash, success: r.Status == types.ReceiptStatusSuccessful, transfer: transferLogged(r, want),
+		block: r.BlockNumber.Uint64(), blockHash: r.BlockHash}
+}
+
 type outcome struct {
-	f   *flight
-	res Resolution
+	f       *flight
+	res     Resolution
+	closing bool // keep watching: the failure's tx nonce may be unused
 }
 
 // recordAsync records a round's outcomes while the next round reads the chain: the ledger write
@@ -222,7 +345,8 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 	for i, o := range outcomes {
 		res[i] = o.res
 	}
-	if err := e.store.Resolve(ctx, res); err != nil {
+	moved, err := e.store.Resolve(ctx, res)
+	if err != nil {
 		e.log.Warn("recording outcomes; will retry", "network", n.id.ID, "count", len(res), "err", err)
 		for _, o := range outcomes {
 			o.f.setResolving(false)
@@ -231,18 +355,71 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 		n.resweep.Store(true)
 		return
 	}
+	done := idSet(moved)
 	for _, o := range outcomes {
 		f, r := o.f, o.res
+		if !done[f.id] {
+			// Someone else (a reconcile job, the key's previous holder) moved the row first: the
+			// ledger is the truth.
+			f.setResolving(false)
+			n.sync(ctx, f)
+			continue
+		}
 		f.update(func(f *flight) {
-			f.resolving = false
+			f.resolving, f.verdict, f.closing = false, nil, o.closing
 			f.state, f.minedHash, f.block, f.blockHash = r.State, r.TxHash, r.BlockNumber, r.BlockHash
 			f.reason, f.message = r.ErrorReason, r.ErrorMessage
 		})
 		f.count(false)
-		e.log.Info("settlement resolved", f.logAttrs("state", r.State, "tx", r.TxHash, "block", r.BlockNumber, "reason", r.ErrorReason)...)
-		if !r.State.Succeeded() {
+		e.log.Info("settlement resolved", f.logAttrs("state", r.State, "tx", r.TxHash, "block", r.BlockNumber, "reason", r.ErrorReason, "closing", o.closing)...)
+		if !r.State.Succeeded() && !o.closing {
 			e.untrack(f)
 		}
+	}
+}
+
+func idSet(ids []int64) map[int64]bool {
+	m := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m
+}
+
+// sync makes f the ledger's row again, after a write of ours matched nothing: another writer
+// moved the settlement. A settlement no longer open is no longer the watcher's (a mined one is
+// watched to finality).
+func (n *network) sync(ctx context.Context, f *flight) {
+	e := n.engine
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
+	row, err := e.store.SettlementByID(rctx, f.id)
+	cancel()
+	if err != nil {
+		e.log.Warn("re-reading a settlement another writer moved; will retry", f.logAttrs("err", err)...)
+		return
+	}
+	f.update(func(f *flight) {
+		f.verdict = nil
+		f.state, f.reason, f.message = row.State, row.ErrorReason, row.ErrorMessage
+		if row.State.Succeeded() {
+			f.minedHash, f.block, f.blockHash = row.TxHash, row.BlockNumber, row.BlockHash
+		} else {
+			f.minedHash, f.block, f.blockHash = common.Hash{}, 0, common.Hash{}
+		}
+	})
+	e.log.Info("settlement moved by another writer; following the ledger", f.logAttrs("state", row.State)...)
+	switch {
+	case row.State.Open():
+		f.count(true)
+	case row.State.Succeeded():
+		f.count(false)
+	default:
+		f.count(false)
+		// Its nonce may still be unused: watch it until it is.
+		f.update(func(f *flight) { f.closing = true })
+	}
+	if row.State == facilitator.StateFinal {
+		e.untrack(f)
 	}
 }
 
@@ -256,14 +433,56 @@ func (n *network) finalize(ctx context.Context, finals []*flight) {
 	for i, f := range finals {
 		ids[i] = f.id
 	}
-	if err := e.store.MarkFinal(ctx, ids); err != nil {
+	moved, err := e.store.MarkFinal(ctx, ids)
+	if err != nil {
 		e.log.Warn("marking settlements final; will retry", "network", n.id.ID, "err", err)
 		return
 	}
+	done := idSet(moved)
 	for _, f := range finals {
-		f.update(func(f *flight) { f.state = facilitator.StateFinal })
+		if !done[f.id] {
+			n.sync(ctx, f)
+			continue
+		}
+		f.update(func(f *flight) { f.state, f.verdict = facilitator.StateFinal, nil })
 		e.untrack(f)
 	}
+}
+
+// reopen moves a mined settlement back to broadcast: its block left the chain, or its
+// transaction was re-included elsewhere and reverted there (the next rounds explain the revert).
+func (n *network) reopen(ctx context.Context, f *flight, d decision) {
+	e := n.engine
+	err := e.store.Reopen(ctx, f.id, "reorganised: "+d.why)
+	if errors.Is(err, facilitator.ErrNotFound) {
+		n.sync(ctx, f)
+		return
+	}
+	if err != nil {
+		e.log.Warn("reopening a reorganised settlement", f.logAttrs("err", err)...)
+		return
+	}
+	e.log.Warn("settlement reorganised; watching again", f.logAttrs("why", d.why)...)
+	f.update(func(f *flight) {
+		f.state, f.minedHash, f.block, f.blockHash, f.verdict = facilitator.StateBroadcast, common.Hash{}, 0, common.Hash{}, nil
+		f.reason, f.message = "", ""
+	})
+	f.count(true)
+	n.resweep.Store(true)
+}
+
+// move records that a mined transaction is now in another block (a reorg re-included it):
+// reopened, then mined where it is now, so its events tell both steps.
+func (n *network) move(ctx context.Context, f *flight, d decision) {
+	n.reopen(ctx, f, decision{why: "moved to block " + fmt.Sprint(d.res.BlockNumber)})
+	if f.view().state != facilitator.StateBroadcast {
+		return
+	}
+	res := d.res
+	res.ID = f.id
+	f.setResolving(true)
+	n.recording.Wait()
+	n.record(ctx, []outcome{{f: f, res: res}})
 }
 
 const (
@@ -349,65 +568,6 @@ func (n *network) batch(ctx context.Context, elems []rpc.BatchElem) error {
 	return nil
 }
 
-// confirm reports whether a mined settlement has reached the network's depth; when its receipt is
-// gone (its block was reorganised away) it moves it back to broadcast, to be mined again.
-func (n *network) confirm(ctx context.Context, f *flight, rcpt *types.Receipt, head uint64) bool {
-	e := n.engine
-	if rcpt == nil {
-		if err := e.store.Reopen(ctx, f.id, "receipt disappeared: reorganised"); err != nil {
-			e.log.Warn("reopening a reorganised settlement", f.logAttrs("err", err)...)
-			return false
-		}
-		e.log.Warn("settlement's block was reorganised away; watching again", f.logAttrs()...)
-		f.update(func(f *flight) {
-			f.state, f.minedHash, f.block = facilitator.StateBroadcast, common.Hash{}, 0
-		})
-		f.count(true)
-		return false
-	}
-	return head+1 >= rcpt.BlockNumber.Uint64()+n.depth
-}
-
-// outcome classifies a receipt of f's; ok is false when the chain could not explain it this round.
-func (n *network) outcome(ctx context.Context, f *flight, rcpt *types.Receipt) (Resolution, bool) {
-	res, err := ReceiptOutcome(ctx, n.batch, Expected{ID: f.id, Key: f.key, PayTo: f.payTo, Value: f.value, ValidBefore: f.validBefore}, rcpt)
-	if err != nil {
-		n.engine.log.Warn("explaining a revert; will retry", f.logAttrs("tx", rcpt.TxHash, "err", err)...)
-		return Resolution{}, false
-	}
-	return res, true
-}
-
-// needsSend decides whether an unmined flight's transaction should go out again now, bumping its
-// fees first when it has waited too long or a node called it underpriced.
-func (n *network) needsSend(ctx context.Context, f *flight) bool {
-	e := n.engine
-	now := e.now()
-	t := f.latest()
-	if t == nil {
-		return false
-	}
-	f.mu.Lock()
-	sentAt, tried, signedAt := t.sentAt, t.tried, t.signedAt
-	f.mu.Unlock()
-	switch {
-	case n.takeBump(f), !sentAt.IsZero() && now.Sub(signedAt) >= e.cfg.BumpAfter:
-		if err := n.bump(ctx, f); err != nil {
-			e.log.Warn("fee bump failed; resending the current transaction", f.logAttrs("tx", t.hash, "err", err)...)
-		}
-		return true
-	case sentAt.IsZero():
-		if tried.IsZero() {
-			// Still in the broadcaster's queue: it is the broadcaster's to send first.
-			tried = signedAt
-		}
-		return now.Sub(tried) >= e.cfg.RetryInterval
-	default:
-		// Accepted once but not mined: a node may have dropped it; resending is harmless.
-		return now.Sub(tried) >= e.cfg.RebroadcastAfter
-	}
-}
-
 // bump signs a replacement with the same nonce and higher fees, and commits it before it is sent.
 func (n *network) bump(ctx context.Context, f *flight) error {
 	e := n.engine
@@ -443,11 +603,16 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 	err = l.AddTx(wctx, f.id, TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas})
 	cancel()
+	if errors.Is(err, facilitator.ErrNotFound) {
+		// No longer open in the ledger (someone else resolved it): nothing to replace.
+		n.sync(ctx, f)
+		return err
+	}
 	if err != nil {
 		return err
 	}
 	f.update(func(f *flight) {
-		f.txs = append(f.txs, &sentTx{hash: tx.Hash(), raw: raw, fees: fees, signedAt: e.now()})
+		f.txs = append(f.txs, &sentTx{hash: tx.Hash(), nonce: f.nonce, raw: raw, fees: fees, signedAt: e.now()})
 	})
 	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
 	e.cfg.Observer.FeeBumped(n.id.ID)

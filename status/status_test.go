@@ -267,7 +267,7 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 			k, hash := insertRow(t, nil)
 			if tc.res.State != facilitator.StateSigned {
 				tc.res.ID = env.Row(t, k).ID
-				if err := env.DB.Resolve(ctx, []settle.Resolution{tc.res}); err != nil {
+				if _, err := env.DB.Resolve(ctx, []settle.Resolution{tc.res}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -25,7 +25,7 @@ const settlementColumns = `id, network, asset, payer, auth_nonce, fingerprint, p
 	signer, tx_nonce, state,
 	COALESCE(tx_hash, (SELECT t.tx_hash FROM settlement_txs t WHERE t.settlement_id = settlements.id
 		ORDER BY t.created_at DESC, t.tx_hash DESC LIMIT 1)),
-	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at`
+	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at, block_hash`
 
 func scanSettlement(row pgx.Row) (*facilitator.Settlement, error) { return scanSettlementWith(row) }
 
@@ -34,7 +34,7 @@ func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, err
 	var (
 		s                                     facilitator.Settlement
 		asset, payer, nonce, fp, payTo, signr []byte
-		txHash                                []byte
+		txHash, blockHash                     []byte
 		value, validBefore                    pgtype.Numeric
 		block                                 *int64
 		reason, message                       *string
@@ -42,7 +42,7 @@ func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, err
 		txNonce                               int64
 	)
 	err := row.Scan(append([]any{&s.ID, &s.Key.Network, &asset, &payer, &nonce, &fp, &payTo, &value, &validBefore,
-		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt}, extra...)...)
+		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt, &blockHash}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, facilitator.ErrNotFound
 	}
@@ -54,7 +54,7 @@ func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, err
 	copy(s.Fingerprint[:], fp)
 	s.Value, s.ValidBefore = numericInt(value), numericInt(validBefore)
 	s.TxNonce, s.State = uint64(txNonce), facilitator.State(state)
-	s.TxHash = common.BytesToHash(txHash)
+	s.TxHash, s.BlockHash = common.BytesToHash(txHash), common.BytesToHash(blockHash)
 	if block != nil {
 		s.BlockNumber = uint64(*block)
 	}
@@ -342,18 +342,30 @@ const insertSettlementSQL = `
 	SELECT (SELECT id FROM s), wallet_ok, gas_ok FROM ok`
 
 // AddTx records a replacement transaction before it is sent, and raises the settlement's reserved
-// gas cost to the replacement's when that is higher.
+// gas cost to the replacement's when that is higher. A settlement no longer signed or broadcast
+// takes no new transaction: facilitator.ErrNotFound, and nothing is written.
 func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
-	_, err := db.pool.Exec(ctx, `
-		WITH t AS (
+	var added int
+	err := db.pool.QueryRow(ctx, `
+		WITH o AS (SELECT id FROM settlements WHERE id = $2 AND state IN ('signed', 'broadcast')),
+		t AS (
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-			VALUES ($1, $2, $3, $4, $5)),
+			SELECT $1, id, $3, $4, $5 FROM o),
 		r AS (
-			UPDATE settlements SET gas_reserved = $7::numeric WHERE id = $2 AND $7::numeric > 0 AND gas_reserved < $7::numeric)
-		INSERT INTO settlement_events (settlement_id, state, detail) VALUES ($2, 'bumped', $6)`,
-		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex(), numeric(reserved))
-	return err
+			UPDATE settlements SET gas_reserved = $7::numeric FROM o
+			WHERE settlements.id = o.id AND $7::numeric > 0 AND gas_reserved < $7::numeric),
+		e AS (
+			INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'bumped', $6 FROM o)
+		SELECT count(*) FROM o`,
+		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex(), numeric(reserved)).Scan(&added)
+	if err != nil {
+		return err
+	}
+	if added == 0 {
+		return facilitator.ErrNotFound
+	}
+	return nil
 }
 
 // MoveNonce records a transaction re-signed with a new tx nonce (the settlement's old one was
@@ -395,8 +407,9 @@ func (db *DB) MarkBroadcast(ctx context.Context, ids []int64) error {
 	return err
 }
 
-// Resolve records open settlements' outcomes in one statement.
-func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
+// Resolve records open settlements' outcomes in one statement and returns the ids it moved: a
+// settlement no longer open (another process or a job resolved it first) is left alone.
+func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error) {
 	n := len(rs)
 	ids, states, reasons, messages := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes, blockHashes, blocks := make([][]byte, n), make([][]byte, n), make([]int64, n)
@@ -411,7 +424,7 @@ func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
 			blockHashes[i] = r.BlockHash.Bytes()
 		}
 	}
-	_, err := db.pool.Exec(ctx, `
+	rows, err := db.pool.Query(ctx, `
 		WITH r AS (
 			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[])
 				AS r(id, state, tx_hash, block_number, block_hash, reason, message)),
@@ -423,7 +436,8 @@ func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
 				block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),
 				updated_at = now()
 			FROM r, o WHERE s.id = r.id AND o.id = s.id AND s.state IN ('signed', 'broadcast')
-			RETURNING s.id, s.state, o.was, s.tx_hash, s.block_number, s.error_reason)
+			RETURNING s.id, s.state, o.was, s.tx_hash, s.block_number, s.error_reason),
+		ev AS (
 		INSERT INTO settlement_events (settlement_id, state, detail)
 		SELECT id, state, detail FROM (
 			-- A receipt can arrive before the broadcast is recorded (a node that mines on arrival):
@@ -433,29 +447,46 @@ func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) error {
 			UNION ALL
 			SELECT id, state, COALESCE('tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number, 'no transaction of ours landed')
 				|| COALESCE(' ' || error_reason, ''), 1 FROM u) e
-		ORDER BY id, step`,
+		ORDER BY id, step)
+		SELECT id FROM u`,
 		ids, states, hashes, blocks, blockHashes, reasons, messages)
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-// Reopen moves a mined settlement back to broadcast after a reorg.
+// Reopen moves a mined settlement back to broadcast after a reorg; facilitator.ErrNotFound when
+// the settlement is not mined (any more).
 func (db *DB) Reopen(ctx context.Context, id int64, detail string) error {
-	_, err := db.pool.Exec(ctx, `
+	var n int
+	err := db.pool.QueryRow(ctx, `
 		WITH u AS (
 			UPDATE settlements SET state = 'broadcast', tx_hash = NULL, block_number = NULL, block_hash = NULL,
 				error_reason = NULL, error_message = NULL, updated_at = now()
-			WHERE id = $1 AND state = 'mined' RETURNING id)
-		INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'broadcast', $2 FROM u`, id, detail)
-	return err
+			WHERE id = $1 AND state = 'mined' RETURNING id),
+		e AS (INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'broadcast', $2 FROM u)
+		SELECT count(*) FROM u`, id, detail).Scan(&n)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return facilitator.ErrNotFound
+	}
+	return nil
 }
 
-// MarkFinal moves mined settlements to final.
-func (db *DB) MarkFinal(ctx context.Context, ids []int64) error {
-	_, err := db.pool.Exec(ctx, `
+// MarkFinal moves mined settlements to final and returns the ids it moved.
+func (db *DB) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
+	rows, err := db.pool.Query(ctx, `
 		WITH u AS (
-			UPDATE settlements SET state = 'final', updated_at = now() WHERE id = ANY($1) AND state = 'mined' RETURNING id)
-		INSERT INTO settlement_events (settlement_id, state) SELECT id, 'final' FROM u`, ids)
-	return err
+			UPDATE settlements SET state = 'final', updated_at = now() WHERE id = ANY($1) AND state = 'mined' RETURNING id),
+		e AS (INSERT INTO settlement_events (settlement_id, state) SELECT id, 'final' FROM u)
+		SELECT id FROM u`, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // ClaimDelivery records that a caller is being told success; only one ever is.

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"math/big"
 	"testing"
@@ -96,7 +97,7 @@ func TestResolveKeepsEveryStep(t *testing.T) {
 	}
 	r1, r2 := mined, mined
 	r1.ID, r2.ID = early, normal
-	if err := db.Resolve(ctx, []settle.Resolution{r1, r2, {ID: expired, State: facilitator.StateExpired}}); err != nil {
+	if _, err := db.Resolve(ctx, []settle.Resolution{r1, r2, {ID: expired, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.MarkBroadcast(ctx, []int64{early}); err != nil {
@@ -141,7 +142,7 @@ func TestResolveRacingMarkBroadcast(t *testing.T) {
 	go func() {
 		for _, id := range ids {
 			r := settle.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
-			if err := db.Resolve(ctx, []settle.Resolution{r}); err != nil {
+			if _, err := db.Resolve(ctx, []settle.Resolution{r}); err != nil {
 				errs <- err
 				return
 			}
@@ -207,7 +208,7 @@ func TestMoveNonce(t *testing.T) {
 		t.Fatalf("renonced events: %+v %v", evs, err)
 	}
 
-	if err := db.Resolve(ctx, []settle.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
+	if _, err := db.Resolve(ctx, []settle.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.MoveNonce(ctx, other, 3, record()); err != facilitator.ErrNotFound {
@@ -215,5 +216,48 @@ func TestMoveNonce(t *testing.T) {
 	}
 	if s, err := db.SettlementByID(ctx, other); err != nil || s.TxNonce != 1 {
 		t.Fatalf("the closed settlement changed: %+v %v", s, err)
+	}
+}
+
+// TestWritesThatMatchNoRow: a ledger write that finds its row no longer in the state it moves
+// from says so (the engine then re-reads the row), and writes nothing: Resolve and MarkFinal
+// return only the ids they moved, Reopen of a row that is not mined and AddTx to a row that is no
+// longer open answer ErrNotFound.
+func TestWritesThatMatchNoRow(t *testing.T) {
+	l := newLedgerFixture(t, 20*time.Second)
+	db, ctx := l.db, l.ctx
+	open, _ := l.insert(t, 0)
+	done, _ := l.insert(t, 1)
+	mined := settle.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+	mined.ID = done
+	if moved, err := db.Resolve(ctx, []settle.Resolution{mined}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
+		t.Fatalf("first Resolve moved %v, %v; want [%d]", moved, err, done)
+	}
+	expired := settle.Resolution{ID: done, State: facilitator.StateExpired}
+	if moved, err := db.Resolve(ctx, []settle.Resolution{expired}); err != nil || len(moved) != 0 {
+		t.Fatalf("Resolve of a mined row moved %v, %v; want nothing", moved, err)
+	}
+	if moved, err := db.MarkFinal(ctx, []int64{open, done}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
+		t.Fatalf("MarkFinal moved %v, %v; want only the mined [%d]", moved, err, done)
+	}
+	if err := db.Reopen(ctx, done, "test"); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("Reopen of a final row: %v, want ErrNotFound", err)
+	}
+	if err := db.Reopen(ctx, open, "test"); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("Reopen of an open row: %v, want ErrNotFound", err)
+	}
+	before := len(l.states(t, done, "signed", "broadcast", "mined", "final", "bumped"))
+	if err := db.AddTx(ctx, done, txRecord()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("AddTx to a final row: %v, want ErrNotFound", err)
+	}
+	if after := len(l.states(t, done, "signed", "broadcast", "mined", "final", "bumped")); after != before {
+		t.Fatalf("AddTx to a final row wrote events: %d, was %d", after, before)
+	}
+	if err := db.AddTx(ctx, open, txRecord()); err != nil {
+		t.Fatalf("AddTx to an open row: %v", err)
+	}
+	s, err := db.SettlementByID(ctx, done)
+	if err != nil || s.State != facilitator.StateFinal || s.BlockHash != mined.BlockHash {
+		t.Fatalf("final row %+v, %v: want final with its block hash", s, err)
 	}
 }

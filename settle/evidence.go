@@ -1,0 +1,203 @@
+package settle
+
+import (
+	"context"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/verify"
+)
+
+// The evidence a terminal decision rests on is read pinned at one block number, in one request,
+// together with that block's header: a node that lacks the block answers an error or null for it
+// (so a lagging backend cannot answer "unused" or "nonce free" from its past), and a header whose
+// hash differs from the expected one is another branch (a reorg since the first read).
+
+var (
+	authorizationUsedTopic     = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
+	authorizationCanceledTopic = crypto.Keccak256Hash([]byte("AuthorizationCanceled(address,bytes32)"))
+)
+
+// logLookback is how many blocks before the pinned block the authorization's use log is looked
+// for. The use precedes the revert it explains, and follows the settlement's signing, so it is
+// rarely more than minutes back; past the window nothing is decided from the watcher and the
+// reconcile job answers from the index.
+const logLookback = 10_000
+
+// pinnedRead is one settlement's pinned reads.
+type pinnedRead struct {
+	key    facilitator.AuthorizationKey
+	signer common.Address
+	want   Expected
+	t      track
+	at     uint64
+	atHash common.Hash // expected hash at at (zero: any)
+
+	read     *chainRead                  // nil: the reads failed, or the node lacked the block
+	receipts map[common.Hash]receiptRead // every variant's, read in the same request
+	voided   bool                        // the block at at is not atHash any more
+}
+
+// readPinned makes the pinned reads of every settlement in prs, in one batch.
+func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, prs []*pinnedRead) error {
+	type slots struct {
+		header *struct {
+			Hash common.Hash    `json:"hash"`
+			Time hexutil.Uint64 `json:"timestamp"`
+		}
+		count hexutil.Uint64
+		state hexutil.Bytes
+		logs  []types.Log
+		rcpts []*types.Receipt
+		first int
+	}
+	var elems []rpc.BatchElem
+	all := make([]*slots, len(prs))
+	for i, pr := range prs {
+		s := &slots{first: len(elems), rcpts: make([]*types.Receipt, len(pr.t.variants))}
+		all[i] = s
+		at := hexutil.EncodeUint64(pr.at)
+		key := pr.key
+		from := uint64(0)
+		if pr.at > logLookback {
+			from = pr.at - logLookback
+		}
+		call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(verify.AuthorizationStateCalldata(key.Payer, key.Nonce))}
+		filter := map[string]any{
+			"address":   key.Asset,
+			"fromBlock": hexutil.EncodeUint64(from),
+			"toBlock":   at,
+			"topics":    [][]common.Hash{{authorizationUsedTopic, authorizationCanceledTopic}, {common.BytesToHash(key.Payer[:])}, {common.Hash(key.Nonce)}},
+		}
+		elems = append(elems,
+			rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{at, false}, Result: &s.header},
+			rpc.BatchElem{Method: "eth_getTransactionCount", Args: []any{pr.signer, at}, Result: &s.count},
+			rpc.BatchElem{Method: "eth_call", Args: []any{call, at}, Result: &s.state},
+			rpc.BatchElem{Method: "eth_getLogs", Args: []any{filter}, Result: &s.logs})
+		for j, v := range pr.t.variants {
+			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{v.hash}, Result: &s.rcpts[j]})
+		}
+	}
+	if err := batch(ctx, elems); err != nil {
+		return err
+	}
+	for i, pr := range prs {
+		s := all[i]
+		failed := false
+		for _, el := range elems[s.first : s.first+4] {
+			failed = failed || el.Error != nil
+		}
+		if failed || s.header == nil {
+			continue // the node lacks the block (it lags) or did not answer: not known yet
+		}
+		if pr.atHash != (common.Hash{}) && s.header.Hash != pr.atHash {
+			pr.voided = true
+			continue
+		}
+		c := &chainRead{at: pr.at, atHash: s.header.Hash, time: uint64(s.header.Time), keyNonce: uint64(s.count),
+			used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
+		for _, l := range s.logs {
+			if l.Removed || len(l.Topics) < 3 {
+				continue
+			}
+			c.use = &authLog{tx: l.TxHash, canceled: l.Topics[0] == authorizationCanceledTopic, block: l.BlockNumber, blockHash: l.BlockHash}
+		}
+		if c.use != nil && !c.used {
+			// A log the node's state does not agree with: its indexes are inconsistent. Not known.
+			continue
+		}
+		want := pr.want
+		pr.receipts = map[common.Hash]receiptRead{}
+		for j, v := range pr.t.variants {
+			el := elems[s.first+4+j]
+			if el.Error != nil {
+				c.receiptsComplete = false
+				pr.receipts[v.hash] = receiptRead{}
+				continue
+			}
+			pr.receipts[v.hash] = receiptRead{ok: true, r: summarize(s.rcpts[j], want)}
+		}
+		pr.read = c
+	}
+	return nil
+}
+
+// Judge decides an open settlement's outcome from the chain alone, the way the watcher does, for
+// a process that does not work the settlement (the reconcile job): the receipts of every
+// transaction it signed, then the pinned reads, and the whole read made twice, since one read
+// never decides. ok is false when the chain does not tell yet; a mined outcome needs no second
+// read (it is not terminal: finality is checked later).
+func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, s *OpenSettlement, depth uint64, now time.Time) (Resolution, bool, error) {
+	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore}
+	for _, x := range s.Txs {
+		var tx types.Transaction
+		if err := tx.UnmarshalBinary(x.Raw); err != nil {
+			return Resolution{}, false, err
+		}
+		// Past every timer: the job resends nothing, it only reads.
+		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
+	}
+	want := ExpectedOf(&s.Settlement)
+	p := policy{depth: depth, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
+	var head hexutil.Uint64
+	for round := 0; round < 3; round++ {
+		o := observation{now: now, receipts: map[common.Hash]receiptRead{}}
+		var rr receiptReads
+		headElem := rpc.BatchElem{Method: "eth_blockNumber", Result: &head}
+		rr.elems = append(rr.elems, headElem)
+		rr.after = append(rr.after, func() {})
+		for _, v := range t.variants {
+			rr.receipt(&o, v.hash, want)
+		}
+		if err := batch(ctx, rr.elems); err != nil {
+			return Resolution{}, false, err
+		}
+		if rr.elems[0].Error != nil {
+			return Resolution{}, false, rr.elems[0].Error
+		}
+		for _, f := range rr.after {
+			f()
+		}
+		o.head = uint64(head)
+		d := decide(t, o, p)
+		if d.act == actReadAt {
+			at := d.at
+			if at == 0 {
+				at = o.head
+			}
+			pr := &pinnedRead{key: s.Key, signer: s.Signer, want: want, t: t, at: at}
+			if t.verdict != nil && t.verdict.at == at {
+				pr.atHash = t.verdict.atHash
+			}
+			if err := readPinned(ctx, batch, []*pinnedRead{pr}); err != nil {
+				return Resolution{}, false, err
+			}
+			if pr.voided {
+				t.verdict = nil
+			}
+			if pr.read == nil {
+				return Resolution{}, false, nil
+			}
+			for h, r := range pr.receipts {
+				o.receipts[h] = r
+			}
+			o.chain = pr.read
+			d = decide(t, o, p)
+		}
+		switch {
+		case d.act == actResolve:
+			d.res.ID = s.ID
+			return d.res, true, nil
+		case d.verdict == nil:
+			return Resolution{}, false, nil
+		}
+		t.verdict = d.verdict
+	}
+	return Resolution{}, false, nil
+}

@@ -1,0 +1,405 @@
+package settle
+
+import (
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// The engine's decisions are one pure function, decide: from what the engine knows of a
+// settlement (track), what a round just read from the chain (observation) and the policy, to one
+// action. The watcher's loops only gather observations and carry actions out, the way op-service
+// txmgr keeps its SendState apart from its I/O; here decide is table-tested transition by
+// transition (sendstate_test.go) and driven by the simulator (sim_test.go).
+//
+// The rules it keeps are DESIGN.md's invariants 3 and 8. A read that failed, or came from a node
+// that lacks the block in question, means "not known yet", never "no". A null receipt alone proves
+// nothing: nodes behind a load balancer answer null for receipts they have not indexed. A
+// terminal answer (reverted, expired, settled elsewhere, canceled, final) and every reversing
+// step (reopen, move, re-sign at a new nonce) is taken only when two separate reads, each pinned
+// at a block the answering node had, say the same: the first read records a verdict, the second
+// carries it out.
+
+// track is what the engine knows of one settlement between rounds.
+type track struct {
+	state       facilitator.State
+	txNonce     uint64 // the nonce of the newest variant (it moves when a foreign transaction took the old one)
+	variants    []variant
+	mined       minedAt  // where it was mined, while state is mined
+	validBefore *big.Int // unix seconds, by the chain's clock
+	// verdict is a conclusion one read supported, waiting for a second read to act on.
+	verdict *verdict
+	// closing: the settlement has its outcome (a failure) while its tx nonce may still be unused on
+	// chain. Its last variant is resent until the nonce is used (it can only revert now), or the
+	// signer's later transactions would wait behind the gap forever.
+	closing bool
+}
+
+// variant is one signed transaction of a settlement.
+type variant struct {
+	hash     common.Hash
+	nonce    uint64
+	signedAt time.Time
+	sentAt   time.Time // zero until a node accepted it
+	tried    time.Time // the last send attempt (zero: still in the broadcaster's queue)
+}
+
+type minedAt struct {
+	tx        common.Hash
+	block     uint64
+	blockHash common.Hash // zero for rows recorded before block hashes were kept
+}
+
+// receipt is what a receipt says, reduced to what decisions need.
+type receipt struct {
+	tx        common.Hash
+	success   bool
+	transfer  bool // the expected Transfer log is in it
+	block     uint64
+	blockHash common.Hash
+}
+
+// receiptRead is one receipt read: ok false when the read failed (it says nothing); r nil when the
+// node answered null.
+type receiptRead struct {
+	ok bool
+	r  *receipt
+}
+
+// observation is what one round read about one settlement.
+type observation struct {
+	now time.Time
+	// head is the round's head block number.
+	head uint64
+	// receipts has an entry for every variant whose receipt the round read.
+	receipts map[common.Hash]receiptRead
+	// canon is the chain's block at a mined settlement's recorded height, read in the same request
+	// as its receipt; nil when not read.
+	canon *canonRead
+	// nonceLow: a node refused the newest variant as nonce too low since the last round.
+	nonceLow bool
+	// underpriced: a node refused the newest variant as underpriced since the last round.
+	underpriced bool
+	// chain is the pinned reads decide asked for (readChain), nil when not made or failed.
+	chain *chainRead
+}
+
+// canonRead is a block at a height, with the head of the node that answered.
+type canonRead struct {
+	head uint64
+	hash common.Hash // zero: the node has no block at that height
+}
+
+// chainRead is a set of reads made in one request and pinned at one block, which the answering
+// node was checked to have: the signer's nonce, the authorization's state and its use log, and
+// the receipts of every variant.
+type chainRead struct {
+	at     uint64
+	atHash common.Hash
+	time   uint64 // the block's timestamp
+	// keyNonce is the signer's nonce at the block: every tx nonce below it is mined.
+	keyNonce uint64
+	// used is the token's authorizationState for the authorization at the block.
+	used bool
+	// use is the AuthorizationUsed or AuthorizationCanceled log of the authorization up to the
+	// block (nil: none found within the look-back window).
+	use *authLog
+	// receiptsComplete: every variant's receipt was read in the same request (observation.receipts).
+	receiptsComplete bool
+}
+
+type authLog struct {
+	tx        common.Hash
+	canceled  bool
+	block     uint64
+	blockHash common.Hash
+}
+
+// policy is the engine's timing and depth.
+type policy struct {
+	depth            uint64 // confirmations (the mined block counts as one) at which a settlement is final
+	retryInterval    time.Duration
+	rebroadcastAfter time.Duration
+	bumpAfter        time.Duration
+	resignMargin     time.Duration
+}
+
+type action int
+
+const (
+	actWait     action = iota
+	actReadAt          // make the pinned reads at decision.at (0: the round's head), then decide again
+	actSend            // resend the newest variant
+	actBump            // replace the newest variant with higher fees, same nonce
+	actResign          // sign the call again with a new nonce: a foreign transaction took the old one
+	actResolve         // record decision.res, the settlement's outcome
+	actFinalize        // the mined settlement is final
+	actMove            // the mined transaction is now in another block: record decision.res
+	actReopen          // the mined transaction left the chain, or reverted where it was re-included
+	actRelease         // a closing settlement's nonce is used: stop watching it
+)
+
+var actionNames = [...]string{"wait", "read", "send", "bump", "resign", "resolve", "finalize", "move", "reopen", "release"}
+
+func (a action) String() string { return actionNames[a] }
+
+// decision is decide's answer.
+type decision struct {
+	act action
+	res Resolution // actResolve, actMove
+	at  uint64     // actReadAt
+	why string     // for logs
+	// verdict is what to remember for the next round (nil: nothing).
+	verdict *verdict
+}
+
+// verdict is a conclusion awaiting its second read.
+type verdict struct {
+	act   action
+	state facilitator.State
+	tx    common.Hash
+	// at and atHash are the block the reads were pinned at; the second read pins at the same one
+	// (and a different block there now voids the verdict).
+	at     uint64
+	atHash common.Hash
+}
+
+// decide is the engine's one decision for a settlement.
+func decide(t track, o observation, p policy) decision {
+	switch {
+	case t.closing:
+		return decideClosing(t, o, p)
+	case t.state.Succeeded():
+		return decideMined(t, o, p)
+	case t.state.Open():
+		return decideOpen(t, o, p)
+	}
+	return decision{act: actWait, why: "settled"}
+}
+
+// twice carries d out when the previous round reached the same verdict; otherwise it records
+// d's verdict and waits for a second read.
+func twice(t track, d decision, at uint64, atHash common.Hash) decision {
+	v := &verdict{act: d.act, state: d.res.State, tx: d.res.TxHash, at: at, atHash: atHash}
+	if t.verdict != nil && *t.verdict == *v {
+		return d
+	}
+	return decision{act: actWait, verdict: v, why: "first read: " + d.why + "; confirming with a second read"}
+}
+
+// keep waits without changing the verdict: a read that failed neither confirms nor refutes it.
+func keep(t track, why string) decision { return decision{act: actWait, verdict: t.verdict, why: why} }
+
+func decideMined(t track, o observation, p policy) decision {
+	rr, read := o.receipts[t.mined.tx]
+	if !read || !rr.ok {
+		return keep(t, "receipt not read")
+	}
+	if r := rr.r; r != nil {
+		if r.block == t.mined.block && (t.mined.blockHash == (common.Hash{}) || r.blockHash == t.mined.blockHash) && r.success {
+			// Still where it was recorded: final once deep enough, by the head of the node that
+			// answered the receipt (a node cannot show a receipt in a block it does not have).
+			if o.canon == nil || o.canon.hash != r.blockHash {
+				return keep(t, "the block at the recorded height was not read with the receipt")
+			}
+			if o.canon.head+1 >= r.block+max(p.depth, 1) {
+				return twice(t, decision{act: actFinalize, why: "deep enough"}, r.block, r.blockHash)
+			}
+			return decision{act: actWait, why: "not deep enough yet"}
+		}
+		if r.success {
+			res := Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
+			if !r.transfer {
+				res.ErrorReason, res.ErrorMessage = facilitator.ReasonTransferEventMismatch, "the transaction succeeded without the expected Transfer event"
+			}
+			return twice(t, decision{act: actMove, res: res, why: "re-included in another block"}, r.block, r.blockHash)
+		}
+		return twice(t, decision{act: actReopen, res: Resolution{TxHash: r.tx}, why: "re-included in another block, where it reverted"}, r.block, r.blockHash)
+	}
+	// A null receipt is evidence only beside the block at the recorded height, read in the same
+	// request: a different block there means the recorded one was reorganised away.
+	if o.canon != nil && o.canon.hash != (common.Hash{}) && t.mined.blockHash != (common.Hash{}) && o.canon.hash != t.mined.blockHash {
+		return twice(t, decision{act: actReopen, why: "its block was reorganised away"}, t.mined.block, o.canon.hash)
+	}
+	return keep(t, "null receipt from a node that may lag")
+}
+
+func decideOpen(t track, o observation, p policy) decision {
+	// Any variant that succeeded is the settlement's transfer, whatever another says: EIP-3009's
+	// nonce lets at most one of them transfer.
+	for _, v := range t.variants {
+		if rr := o.receipts[v.hash]; rr.ok && rr.r != nil && rr.r.success {
+			r := rr.r
+			res := Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
+			if !r.transfer {
+				res.ErrorReason, res.ErrorMessage = facilitator.ReasonTransferEventMismatch, "the transaction succeeded without the expected Transfer event"
+			}
+			return decision{act: actResolve, res: res, why: "mined"}
+		}
+	}
+	var reverted *receipt
+	for _, v := range t.variants {
+		if rr := o.receipts[v.hash]; rr.ok && rr.r != nil && !rr.r.success {
+			reverted = rr.r
+			break
+		}
+	}
+	bumpDue := o.underpriced || bumpTime(t, o.now, p)
+	expiring := t.validBefore != nil && big.NewInt(o.now.Unix()).Cmp(t.validBefore) >= 0
+	c := o.chain
+	if c == nil {
+		switch {
+		case t.verdict != nil:
+			return decision{act: actReadAt, at: t.verdict.at, verdict: t.verdict, why: "second read of a verdict"}
+		case reverted != nil:
+			return decision{act: actReadAt, at: reverted.block, why: "a variant reverted: who used the authorization?"}
+		case o.nonceLow, bumpDue, expiring:
+			return decision{act: actReadAt, why: "nonce called too low, bump due or validBefore passed: read the chain first"}
+		}
+		return resendTiming(t, o, p)
+	}
+
+	if reverted != nil && reverted.block > c.at {
+		// The reads predate the revert they must explain: read at its block next round.
+		return decision{act: actWait, verdict: &verdict{act: actReadAt, at: reverted.block, atHash: reverted.blockHash},
+			why: "a variant reverted after the block read; reading at its block"}
+	}
+	// The pinned reads are in. The authorization's use log names who used it.
+	if u := c.use; u != nil {
+		if !u.canceled && t.has(u.tx) {
+			// Ours: the log is the proof (its receipt may not have been read yet).
+			return decision{act: actResolve, res: Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}, why: "the authorization's use log names our transaction"}
+		}
+		if u.canceled {
+			return t.terminal(c, Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
+				ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorizer canceled the authorization"}, "canceled by the authorizer")
+		}
+		return t.terminal(c, Resolution{State: facilitator.StateSettledElsewhere, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
+			ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorization was used by a transaction that is not ours"}, "used by another transaction")
+	}
+	if c.used {
+		// Used, but no log says by whom within the look-back window (or the node's logs lag its
+		// state): nothing is decided; the index answers reconcile later.
+		return keep(t, "the authorization is used and no log in the window says by whom")
+	}
+	// Unused at c.at.
+	if t.validBefore != nil && new(big.Int).SetUint64(c.time).Cmp(t.validBefore) >= 0 {
+		// Every later block is later than validBefore: nothing, ours or anyone's, can use it now.
+		msg := "validBefore passed with the authorization unused"
+		if c.keyNonce > t.txNonce && c.receiptsComplete && !t.mayHaveReceipt(o) {
+			msg += fmt.Sprintf("; the signer's tx nonce %d was taken by a transaction that is not ours", t.txNonce)
+		}
+		res := Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore, ErrorMessage: msg}
+		if reverted != nil {
+			// Ours was mined too late, and reverted: the record names it.
+			res.TxHash, res.BlockNumber, res.BlockHash = reverted.tx, reverted.block, reverted.blockHash
+			res.ErrorMessage = "the authorization expired before the transaction was mined"
+		}
+		return t.terminal(c, res, "expired unused")
+	}
+	if reverted != nil {
+		// Ours reverted with the authorization unused (the payer's balance, a bad signature): a
+		// plain failure, once no other variant of ours can still land.
+		if !t.allNoncesUsed(c.keyNonce) {
+			return keep(t, "a variant reverted; another nonce of ours may still land")
+		}
+		return t.terminal(c, Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
+			ErrorReason: facilitator.ReasonTransactionFailed, ErrorMessage: "the transaction reverted"}, "reverted")
+	}
+	if c.keyNonce > t.txNonce {
+		// Something holds the settlement's nonce, mined. If it is ours its receipt is there.
+		if !c.receiptsComplete || t.mayHaveReceipt(o) {
+			return keep(t, "the nonce is used; reading our receipts again")
+		}
+		// None of ours: a foreign transaction took the nonce, and the authorization is unused.
+		if t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0 {
+			return keep(t, "a foreign transaction took the nonce; too close to validBefore to re-sign")
+		}
+		return twice(t, decision{act: actResign, why: "a foreign transaction took the nonce"}, c.at, c.atHash)
+	}
+	// The nonce is unused at c.at: a bump replaces an unmined transaction, never a mined one.
+	if bumpDue {
+		return decision{act: actBump, why: "unmined past the bump interval, or underpriced"}
+	}
+	return resendTiming(t, o, p)
+}
+
+// terminal is a failure outcome, carried out on its second read; the settlement closes (its
+// nonce is resent until used) when the nonce may be unused at the read.
+func (t track) terminal(c *chainRead, res Resolution, why string) decision {
+	return twice(t, decision{act: actResolve, res: res, why: why}, c.at, c.atHash)
+}
+
+func decideClosing(t track, o observation, p policy) decision {
+	c := o.chain
+	if c == nil {
+		return decision{act: actReadAt, why: "is the closed settlement's nonce used yet?"}
+	}
+	if c.keyNonce > t.txNonce {
+		return decision{act: actRelease, why: "the nonce is used"}
+	}
+	return resendTiming(t, o, p)
+}
+
+// resendTiming resends a transaction no node took yet after RetryInterval, and one a node took
+// but nobody mined after RebroadcastAfter (a node may have dropped it; resending is harmless).
+func resendTiming(t track, o observation, p policy) decision {
+	if len(t.variants) == 0 {
+		return decision{act: actWait}
+	}
+	v := t.variants[len(t.variants)-1]
+	switch {
+	case v.sentAt.IsZero():
+		tried := v.tried
+		if tried.IsZero() {
+			tried = v.signedAt // still the broadcaster's to send first
+		}
+		if o.now.Sub(tried) >= p.retryInterval {
+			return decision{act: actSend, verdict: t.verdict, why: "no node took it yet"}
+		}
+	case o.now.Sub(v.tried) >= p.rebroadcastAfter:
+		return decision{act: actSend, verdict: t.verdict, why: "unmined; a node may have dropped it"}
+	}
+	return decision{act: actWait, verdict: t.verdict}
+}
+
+func bumpTime(t track, now time.Time, p policy) bool {
+	if len(t.variants) == 0 {
+		return false
+	}
+	v := t.variants[len(t.variants)-1]
+	return !v.sentAt.IsZero() && now.Sub(v.signedAt) >= p.bumpAfter
+}
+
+func (t track) has(h common.Hash) bool {
+	for _, v := range t.variants {
+		if v.hash == h {
+			return true
+		}
+	}
+	return false
+}
+
+// allNoncesUsed reports whether every nonce any variant holds is below keyNonce (mined).
+func (t track) allNoncesUsed(keyNonce uint64) bool {
+	for _, v := range t.variants {
+		if v.nonce >= keyNonce {
+			return false
+		}
+	}
+	return true
+}
+
+// mayHaveReceipt reports whether a variant's receipt was not read, or read and present.
+func (t track) mayHaveReceipt(o observation) bool {
+	for _, v := range t.variants {
+		if rr := o.receipts[v.hash]; !rr.ok || rr.r != nil {
+			return true
+		}
+	}
+	return false
+}
