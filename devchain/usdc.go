@@ -221,19 +221,34 @@ func (u *USDC) TransferWithAuthorization(ctx context.Context, sender *Account, f
 // CancelAuthorization has payer sign EIP-3009's CancelAuthorization(authorizer, nonce) and sender
 // submit it (the bytes-signature overload); it returns the mined transaction's hash.
 func (u *USDC) CancelAuthorization(ctx context.Context, sender *Account, payer *ecdsa.PrivateKey, nonce [32]byte) (common.Hash, error) {
-	sig, err := u.SignCancelAuthorization(payer, nonce)
+	data, err := u.CancelAuthorizationCalldata(payer, nonce)
 	if err != nil {
 		return common.Hash{}, err
+	}
+	rcpt, err := u.chain.send(ctx, sender, &u.Address, data)
+	if err != nil {
+		return common.Hash{}, fmt.Errorf("cancelAuthorization: %w", err)
+	}
+	return rcpt.TxHash, nil
+}
+
+// CancelAuthorizationCalldata is the calldata of cancelAuthorization(authorizer, nonce, signature)
+// (the bytes-signature overload) with payer's signature: for a test that signs and places the
+// transaction itself (a reorganisation's new branch).
+func (u *USDC) CancelAuthorizationCalldata(payer *ecdsa.PrivateKey, nonce [32]byte) ([]byte, error) {
+	sig, err := u.SignCancelAuthorization(payer, nonce)
+	if err != nil {
+		return nil, err
 	}
 	method := u.overload("cancelAuthorization", 3)
 	if method == "" {
-		return common.Hash{}, fmt.Errorf("devchain: cancelAuthorization(address,bytes32,bytes) missing from ABI")
+		return nil, fmt.Errorf("devchain: cancelAuthorization(address,bytes32,bytes) missing from ABI")
 	}
-	rcpt, err := u.chain.transact(ctx, sender, u.Address, &u.ABI, method, crypto.PubkeyToAddress(payer.PublicKey), nonce, sig)
+	data, err := u.ABI.Pack(method, crypto.PubkeyToAddress(payer.PublicKey), nonce, sig)
 	if err != nil {
-		return common.Hash{}, err
+		return nil, fmt.Errorf("devchain: pack cancelAuthorization: %w", err)
 	}
-	return rcpt.TxHash, nil
+	return data, nil
 }
 
 // overload finds go-ethereum's name for an overloaded method (it appends 0, 1, ...

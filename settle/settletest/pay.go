@@ -113,29 +113,20 @@ func (p Pay) SubmitElsewhere(t testing.TB) common.Hash {
 // party's transaction and returns its hash at once, unmined; the test mines it.
 func (p Pay) SendElsewhere(t testing.TB) common.Hash {
 	t.Helper()
-	ctx := context.Background()
-	c, from := p.env.Chain, p.env.Chain.Accounts[1]
-	a := p.Authorization()
-	data := verify.TransferCalldata(facilitator.Authorization{From: a.From, To: a.To, Value: a.Value, ValidAfter: a.ValidAfter,
-		ValidBefore: a.ValidBefore, Nonce: a.Nonce}, p.Signature(t))
-	nonce, err := c.Client.PendingNonceAt(ctx, from.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
-	head, err := c.Client.HeaderByNumber(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tip := big.NewInt(1_000_000_000)
-	chainID := new(big.Int).SetUint64(c.ChainID)
-	tx, err := types.SignNewTx(from.Key, types.LatestSignerForChainID(chainID), &types.DynamicFeeTx{ChainID: chainID, Nonce: nonce,
-		GasTipCap: tip, GasFeeCap: new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip), Gas: 200_000,
-		To: &p.env.Chain.USDC.Address, Data: data})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Client.SendTransaction(ctx, tx); err != nil {
+	tx := p.ElsewhereTx(t)
+	if err := p.env.Chain.Client.SendTransaction(context.Background(), tx); err != nil {
 		t.Fatalf("third-party transferWithAuthorization: %v", err)
 	}
 	return tx.Hash()
+}
+
+// ElsewhereTx is the third party's transferWithAuthorization of p's authorization (from the dev
+// account SubmitElsewhere uses, at its next nonce), signed and not sent: SendElsewhere sends it,
+// a test building a new branch of the chain places it (Reorg).
+func (p Pay) ElsewhereTx(t testing.TB) *types.Transaction {
+	t.Helper()
+	a := p.Authorization()
+	data := verify.TransferCalldata(facilitator.Authorization{From: a.From, To: a.To, Value: a.Value, ValidAfter: a.ValidAfter,
+		ValidBefore: a.ValidBefore, Nonce: a.Nonce}, p.Signature(t))
+	return p.env.signTx(t, p.env.Chain.Accounts[1], data)
 }
