@@ -135,6 +135,9 @@ type Engine struct {
 	mu      sync.Mutex
 	flights map[int64]*flight
 
+	// runCtx is the loops' context (Start); background work started later (an ambiguous commit's
+	// resolution) runs under it too and ends with Stop.
+	runCtx context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -225,7 +228,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		n.readBalances(ctx)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.cancel = cancel
+	e.runCtx, e.cancel = runCtx, cancel
 	for _, n := range e.networks {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); n.broadcastLoop(runCtx) }()

@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -228,12 +229,27 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 		if err != nil && !errors.Is(err, facilitator.ErrDuplicate) && !errors.Is(err, facilitator.ErrNonceTaken) && !errors.Is(err, facilitator.ErrPaymentIDTaken) {
 			// A write that timed out or lost its connection may have committed all the same: then
 			// the transactions are the ledger's and must go out (an answer "nothing was sent" would
-			// be false, and their nonces a gap holding back the key's later transactions).
-			if committed, ok := s.committedAnyway(ctx, rows); ok {
+			// be false: a client that believed it would sign again and pay twice, and the nonces
+			// would be a gap holding back the key's later transactions).
+			switch committed, known := s.commitOutcome(ctx, rows); {
+			case known && committed != nil:
 				ids, err = committed, nil
-			} else {
+			case known:
 				s.loaded = false // re-derive the key's next nonce from the ledger next time
 				err = ledgerDown(err)
+			default:
+				// Not known either way: the callers are answered pending with the hash they may
+				// land under, and the outcome is settled in the background.
+				s.loaded = false
+				e.log.Warn("a settlement write's outcome is unknown; answering pending and finding out", "network", s.net.id.ID,
+					"signer", s.addr, "count", len(rows), "err", err)
+				flights := make([]*flight, len(signed))
+				for i, sub := range signed {
+					flights[i] = s.newFlight(0, sub, raws[i])
+					sub.done, sub.f = true, flights[i]
+				}
+				s.resolveUnknown(rows, flights)
+				return
 			}
 		}
 		if err != nil {
@@ -243,16 +259,8 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 		s.next += uint64(len(rows))
 		e.fault(FaultAfterCommit)
 
-		now := e.now()
 		for i, sub := range signed {
-			row := sub.row
-			f := newFlight(ids[i], facilitator.StateSigned)
-			f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
-			f.sender, f.nonce, f.gas, f.data = s, row.TxNonce, sub.gas, sub.data
-			if row.PaymentID != nil {
-				f.paymentID = row.PaymentID.ID
-			}
-			f.txs = []*sentTx{{hash: row.Tx.Hash, nonce: row.TxNonce, raw: raws[i], fees: sub.fees, signedAt: now}}
+			f := s.newFlight(ids[i], sub, raws[i])
 			f.count(true)
 			e.track(f)
 			s.enqueue(f)
@@ -262,17 +270,80 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 	}
 }
 
-// committedAnyway reports whether rows, written in one transaction whose outcome is unknown, are
-// in the ledger after all, and their ids if so.
-func (s *sender) committedAnyway(ctx context.Context, rows []*NewSettlement) ([]int64, bool) {
+// newFlight is the flight of a submission whose row was committed (or may have been) as id.
+func (s *sender) newFlight(id int64, sub *submission, raw []byte) *flight {
+	row := sub.row
+	f := newFlight(id, facilitator.StateSigned)
+	f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
+	f.sender, f.nonce, f.gas, f.data = s, row.TxNonce, sub.gas, sub.data
+	if row.PaymentID != nil {
+		f.paymentID = row.PaymentID.ID
+	}
+	f.txs = []*sentTx{{hash: row.Tx.Hash, nonce: row.TxNonce, raw: raw, fees: sub.fees, signedAt: s.net.engine.now()}}
+	return f
+}
+
+// resolveUnknown reads the ledger until it tells whether rows (one write whose outcome was
+// unknown) were committed: if they were, their flights are tracked and sent like any others; if
+// not, they are dropped (nothing was sent, and a retry of the same payload settles it afresh).
+// Until then the callers wait on the flights and are answered pending with the hash.
+func (s *sender) resolveUnknown(rows []*NewSettlement, flights []*flight) {
 	e := s.net.engine
-	ctx, cancel := context.WithTimeout(ctx, leaseWriteTimeout)
+	ctx := e.runCtx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		wait := e.cfg.RetryInterval
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 10*time.Second)
+			ids, known := s.commitOutcome(ctx, rows)
+			if !known {
+				continue
+			}
+			if ids == nil {
+				e.log.Info("the unknown settlement write did not commit; nothing was sent", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
+				for _, f := range flights {
+					f.update(func(f *flight) { f.dropped = true })
+				}
+				return
+			}
+			e.log.Warn("the unknown settlement write had committed; sending", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
+			for i, f := range flights {
+				id := ids[i]
+				f.update(func(f *flight) { f.id = id })
+				f.count(true)
+				e.track(f)
+				s.enqueue(f)
+			}
+			return
+		}
+	}()
+}
+
+// commitOutcome tells whether rows, written in one transaction whose outcome is unknown, are in
+// the ledger: their ids if so, nil if not; known is false when the ledger could not be read.
+func (s *sender) commitOutcome(ctx context.Context, rows []*NewSettlement) (ids []int64, known bool) {
+	e := s.net.engine
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 	defer cancel()
-	ids := make([]int64, len(rows))
+	ids = make([]int64, len(rows))
 	for i, row := range rows {
 		got, err := e.store.SettlementByKey(ctx, row.Key)
-		if err != nil || got.Signer != row.Signer || got.TxNonce != row.TxNonce || got.TxHash != row.Tx.Hash {
+		switch {
+		case errors.Is(err, facilitator.ErrNotFound):
+			return nil, true // all or none: the transaction did not commit
+		case err != nil:
 			return nil, false
+		case got.Signer != row.Signer || got.TxNonce != row.TxNonce || got.TxHash != row.Tx.Hash:
+			return nil, true // another request's row for the authorization; ours did not commit
 		}
 		ids[i] = got.ID
 	}
