@@ -1,0 +1,227 @@
+package settle
+
+import (
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// The decision core, transition by transition. Each case is a settlement's state and one round's
+// observation; the want is the action (and, for outcomes, the state and transaction).
+func TestDecide(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	h := func(b byte) common.Hash { return common.Hash{b} }
+	ours, bumped, resigned, theirs, cancel := h(1), h(2), h(3), h(9), h(8)
+	blockA, blockB := h(0xa), h(0xb)
+	pol := policy{depth: 4, retryInterval: time.Second, rebroadcastAfter: 30 * time.Second, bumpAfter: 90 * time.Second, resignMargin: 30 * time.Second}
+	vb := big.NewInt(t0.Unix() + 600)
+	sent := func(hash common.Hash, nonce uint64) variant {
+		return variant{hash: hash, nonce: nonce, signedAt: t0, sentAt: t0, tried: t0}
+	}
+	open := track{state: facilitator.StateBroadcast, txNonce: 5, validBefore: vb, variants: []variant{sent(ours, 5)}}
+	twoVariants := open
+	twoVariants.variants = []variant{sent(ours, 5), sent(bumped, 5)}
+	resignedTrack := open
+	resignedTrack.txNonce = 6
+	resignedTrack.variants = []variant{sent(ours, 5), sent(resigned, 6)}
+	mined := track{state: facilitator.StateMined, txNonce: 5, validBefore: vb, variants: []variant{sent(ours, 5)},
+		mined: minedAt{tx: ours, block: 100, blockHash: blockA}}
+
+	ok := func(r *receipt) receiptRead { return receiptRead{ok: true, r: r} }
+	success := func(tx common.Hash, block uint64, bh common.Hash) *receipt {
+		return &receipt{tx: tx, success: true, transfer: true, block: block, blockHash: bh}
+	}
+	revert := func(tx common.Hash, block uint64, bh common.Hash) *receipt {
+		return &receipt{tx: tx, block: block, blockHash: bh}
+	}
+	obs := func(rs map[common.Hash]receiptRead) observation {
+		return observation{now: t0.Add(5 * time.Second), head: 110, receipts: rs}
+	}
+	pinned := func(o observation, c chainRead) observation {
+		c.receiptsComplete = true
+		if c.atHash == (common.Hash{}) {
+			c.atHash = blockA
+		}
+		o.chain = &c
+		return o
+	}
+	confirmed := func(tr track, d decision) track { tr.verdict = d.verdict; return tr }
+
+	type want struct {
+		act   action
+		state facilitator.State
+		tx    common.Hash
+	}
+	cases := []struct {
+		name string
+		t    track
+		o    observation
+		want want
+	}{
+		{"a successful receipt resolves mined at once", open, obs(map[common.Hash]receiptRead{ours: ok(success(ours, 100, blockA))}),
+			want{actResolve, facilitator.StateMined, ours}},
+		{"success of one variant wins over another's revert read later", twoVariants,
+			obs(map[common.Hash]receiptRead{ours: ok(success(ours, 100, blockA)), bumped: ok(revert(bumped, 101, blockB))}),
+			want{actResolve, facilitator.StateMined, ours}},
+		{"the re-signed variant's success wins over the old nonce's revert", resignedTrack,
+			obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA)), resigned: ok(success(resigned, 101, blockB))}),
+			want{actResolve, facilitator.StateMined, resigned}},
+		{"a revert first asks who used the authorization", open, obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}),
+			want{act: actReadAt}},
+		{"null receipts and no flags: wait", open, obs(map[common.Hash]receiptRead{ours: ok(nil)}), want{act: actWait}},
+		{"a failed read says nothing", open, obs(map[common.Hash]receiptRead{ours: {}}), want{act: actWait}},
+		{"revert, the log names a foreign transaction: a verdict, not yet an outcome", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, used: true,
+				use: &authLog{tx: theirs, block: 99, blockHash: h(0x99)}}),
+			want{act: actWait}},
+		{"revert and the log names ours (another variant): mined by the log, never settled elsewhere", twoVariants,
+			pinned(obs(map[common.Hash]receiptRead{bumped: ok(revert(bumped, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, used: true,
+				use: &authLog{tx: ours, block: 100, blockHash: blockA}}),
+			want{actResolve, facilitator.StateMined, ours}},
+		{"used with no log in the window: wait", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, used: true}),
+			want{act: actWait}},
+		{"a revert with the authorization unused while another nonce of ours may land: wait", resignedTrack,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA)), resigned: ok(nil)}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6}),
+			want{act: actWait}},
+		{"reads older than the revert they explain: wait and read at its block", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 105, blockB))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 5}),
+			want{act: actWait}},
+		{"nonce called too low: read the chain first", open, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
+			o.nonceLow = true
+			return o
+		}(), want{act: actReadAt}},
+		{"the nonce is used but a receipt of ours is unread: wait", open,
+			func() observation {
+				o := pinned(obs(map[common.Hash]receiptRead{ours: {}}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 6})
+				o.chain.receiptsComplete = false
+				return o
+			}(), want{act: actWait}},
+		{"bump due and the nonce unused at the head: bump", open, func() observation {
+			o := pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 5})
+			o.now = t0.Add(91 * time.Second)
+			return o
+		}(), want{act: actBump}},
+		{"bump due but the nonce is mined: never bump, look for whose it is", open, func() observation {
+			o := pinned(obs(map[common.Hash]receiptRead{ours: {}}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 6})
+			o.chain.receiptsComplete = false
+			o.now = t0.Add(91 * time.Second)
+			return o
+		}(), want{act: actWait}},
+		{"bump due, no pinned reads yet: read first", open, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
+			o.now = t0.Add(91 * time.Second)
+			return o
+		}(), want{act: actReadAt}},
+		{"unmined past the rebroadcast interval: resend", open, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
+			o.now = t0.Add(31 * time.Second)
+			return o
+		}(), want{act: actSend}},
+		{"mined, deep enough, same block: a verdict first", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(success(ours, 100, blockA))})
+			o.canon = &canonRead{head: 103, hash: blockA}
+			return o
+		}(), want{act: actWait}},
+		{"mined, not deep enough: wait", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(success(ours, 100, blockA))})
+			o.canon = &canonRead{head: 102, hash: blockA}
+			return o
+		}(), want{act: actWait}},
+		{"mined, null receipt, block still there: wait (no reopen)", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
+			o.canon = &canonRead{head: 110, hash: blockA}
+			return o
+		}(), want{act: actWait}},
+		{"mined, receipt read failed: wait (no reopen)", mined, obs(map[common.Hash]receiptRead{ours: {}}), want{act: actWait}},
+		{"mined, the block at its height is another: a reopen verdict", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
+			o.canon = &canonRead{head: 110, hash: blockB}
+			return o
+		}(), want{act: actWait}},
+		{"closing, nonce still unused: resend when due", track{state: facilitator.StateExpired, closing: true, txNonce: 5, variants: []variant{sent(ours, 5)}},
+			func() observation {
+				o := pinned(obs(map[common.Hash]receiptRead{}), chainRead{at: 110, keyNonce: 5})
+				o.now = t0.Add(31 * time.Second)
+				return o
+			}(), want{act: actSend}},
+		{"closing, nonce used: release", track{state: facilitator.StateExpired, closing: true, txNonce: 5, variants: []variant{sent(ours, 5)}},
+			pinned(obs(map[common.Hash]receiptRead{}), chainRead{at: 110, keyNonce: 6}), want{act: actRelease}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := decide(tc.t, tc.o, pol)
+			if d.act != tc.want.act || (tc.want.state != "" && (d.res.State != tc.want.state || d.res.TxHash != tc.want.tx)) {
+				t.Fatalf("decide: %s %s %s (%s), want %s %s %s", d.act, d.res.State, d.res.TxHash, d.why, tc.want.act, tc.want.state, tc.want.tx)
+			}
+		})
+	}
+
+	// Terminal and reversing steps: the first read records a verdict, the same second read acts.
+	terminal := []struct {
+		name string
+		t    track
+		o    observation
+		want want
+	}{
+		{"settled elsewhere by the log's transaction", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, used: true,
+				use: &authLog{tx: theirs, block: 99, blockHash: h(0x99)}}),
+			want{actResolve, facilitator.StateSettledElsewhere, theirs}},
+		{"canceled by the payer's cancel", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, used: true,
+				use: &authLog{tx: cancel, canceled: true, block: 99, blockHash: h(0x99)}}),
+			want{actResolve, facilitator.StateCanceled, cancel}},
+		{"a plain revert once every nonce is used", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6}),
+			want{actResolve, facilitator.StateReverted, ours}},
+		{"expired: unused at a block past validBefore", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: vb.Uint64(), keyNonce: 5}),
+			want{act: actResolve, state: facilitator.StateExpired}},
+		{"a foreign transaction took the nonce: re-sign", open, func() observation {
+			o := pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 6})
+			o.nonceLow = true
+			return o
+		}(), want{act: actResign}},
+		{"mined and deep enough: final", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(success(ours, 100, blockA))})
+			o.canon = &canonRead{head: 103, hash: blockA}
+			return o
+		}(), want{act: actFinalize}},
+		{"re-included in another block: move", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(success(ours, 101, blockB))})
+			return o
+		}(), want{actMove, facilitator.StateMined, ours}},
+		{"re-included and reverted: reopen", mined, obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 101, blockB))}), want{act: actReopen}},
+		{"its block reorganised away: reopen", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
+			o.canon = &canonRead{head: 110, hash: blockB}
+			return o
+		}(), want{act: actReopen}},
+	}
+	for _, tc := range terminal {
+		t.Run("twice/"+tc.name, func(t *testing.T) {
+			first := decide(tc.t, tc.o, pol)
+			if first.act != actWait || first.verdict == nil {
+				t.Fatalf("first read: %s (%s), want a wait with a verdict", first.act, first.why)
+			}
+			d := decide(confirmed(tc.t, first), tc.o, pol)
+			if d.act != tc.want.act || (tc.want.state != "" && (d.res.State != tc.want.state || d.res.TxHash != tc.want.tx)) {
+				t.Fatalf("second read: %s %s %s (%s), want %s %s %s", d.act, d.res.State, d.res.TxHash, d.why, tc.want.act, tc.want.state, tc.want.tx)
+			}
+			// A verdict from another block is not a confirmation.
+			other := confirmed(tc.t, first)
+			v := *other.verdict
+			v.atHash = h(0x77)
+			other.verdict = &v
+			if d := decide(other, tc.o, pol); d.act != actWait {
+				t.Fatalf("a verdict read at another block confirmed it: %s", d.act)
+			}
+		})
+	}
+}
