@@ -116,3 +116,49 @@ func equalStrings(a, b []string) bool {
 	}
 	return true
 }
+
+// TestClosedSettlementNonceIsFilled: a settlement resolved as a failure while its transaction
+// was lost (a job resolved it from the index after a third party used the authorization; the
+// node dropped ours) holds a tx nonce the chain never used. The next engine on the key resends
+// that transaction (it can only revert) until the nonce is used, so the key's next settlement,
+// at the following nonce, is mined instead of waiting behind the gap forever.
+func TestClosedSettlementNonceIsFilled(t *testing.T) {
+	ctx := context.Background()
+	signer := env.NewSigner(t)
+	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
+	next := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
+	env.ManualMining(t)
+	first := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 300 * time.Millisecond})
+	ours := first.SettlePending(t, p.Body(t))
+	first.Stop()
+	env.DropPool(t)
+	theirs := p.SendElsewhere(t)
+	env.Mine(t)
+	row := env.Row(t, p.Key())
+	if _, err := first.DB.Resolve(ctx, []settle.Resolution{{ID: row.ID, State: facilitator.StateSettledElsewhere, TxHash: theirs,
+		ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "resolved from the index"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 300 * time.Millisecond, Config: func(c *settle.Config) {
+		c.RetryInterval = 100 * time.Millisecond
+		c.RebroadcastAfter = 200 * time.Millisecond
+	}})
+	if got := r.SettlePending(t, next.Body(t)); got == ours {
+		t.Fatal("the next settlement reused the closed one's transaction")
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for !env.Row(t, next.Key()).State.Succeeded() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key's next settlement is stuck (%s): the closed settlement's nonce %d is a gap", rowString(env.Row(t, next.Key())), row.TxNonce)
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if rc := env.Receipt(t, ours); rc == nil || rc.Status != 0 {
+		t.Fatalf("the closed settlement's transaction: receipt %+v, want mined and reverted (the nonce filled)", rc)
+	}
+	if got := env.Row(t, p.Key()); got.State != facilitator.StateSettledElsewhere {
+		t.Fatalf("the closed settlement moved: %s", rowString(got))
+	}
+}

@@ -302,6 +302,45 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 	if len(open) > 0 {
 		e.log.Info("resumed open settlements", "network", s.net.id.ID, "signer", s.addr, "count", len(open), "next_nonce", s.next)
 	}
+	return e.recoverClosed(ctx, s)
+}
+
+// recoverClosed resumes filling the nonces of failed settlements that the chain has not used yet
+// (the process that resolved them stopped, or a job resolved them while their transaction was
+// lost): their transactions, which can only revert now, are resent until the nonce is used, or
+// every later transaction of the key waits behind the gap. Caller holds s.mu.
+func (e *Engine) recoverClosed(ctx context.Context, s *sender) error {
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
+	var latest hexutil.Uint64
+	err := s.net.chain.CallContext(rctx, &latest, "eth_getTransactionCount", s.addr, "latest")
+	cancel()
+	if err != nil {
+		return fmt.Errorf("settle: %s signer %s: reading its mined nonce: %w", s.net.id.ID, s.addr, err)
+	}
+	closed, err := e.store.ClosedFrom(ctx, s.net.id.ID, s.addr, uint64(latest))
+	if err != nil {
+		return fmt.Errorf("settle: loading closed settlements: %w", err)
+	}
+	for _, o := range closed {
+		if len(o.Txs) == 0 || e.flight(o.ID) != nil {
+			continue
+		}
+		f := newFlight(o.ID, o.State)
+		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = o.Key, o.Fingerprint, o.PayTo, o.Value, o.ValidBefore
+		f.sender, f.nonce, f.closing = s, o.TxNonce, true
+		f.reason, f.message = o.ErrorReason, o.ErrorMessage
+		for _, t := range o.Txs {
+			f.txs = append(f.txs, &sentTx{hash: t.Hash, raw: t.Raw, fees: Fees{TipCap: t.TipCap, FeeCap: t.FeeCap}, signedAt: o.CreatedAt})
+		}
+		if err := f.restoreTemplate(); err != nil {
+			return fmt.Errorf("settle: settlement %d: %w", o.ID, err)
+		}
+		e.track(f)
+		s.enqueue(f)
+	}
+	if len(closed) > 0 {
+		e.log.Warn("resending failed settlements whose tx nonces are unused, to fill the gaps", "network", s.net.id.ID, "signer", s.addr, "count", len(closed), "from_nonce", uint64(latest))
+	}
 	return nil
 }
 

@@ -86,6 +86,7 @@ type view struct {
 	delivered bool
 	dropped   bool // the process no longer works the flight: read the ledger instead
 	resolving bool
+	closing   bool // failed, and its transaction is resent until its nonce is used
 }
 
 func newFlight(id int64, state facilitator.State) *flight {
@@ -99,7 +100,7 @@ func (f *flight) view() view {
 }
 
 func (f *flight) viewLocked() view {
-	v := view{id: f.id, state: f.state, block: f.block, reason: f.reason, message: f.message, hash: f.minedHash, dropped: f.dropped, resolving: f.resolving}
+	v := view{id: f.id, state: f.state, block: f.block, reason: f.reason, message: f.message, hash: f.minedHash, dropped: f.dropped, resolving: f.resolving, closing: f.closing}
 	if v.hash == (common.Hash{}) && len(f.txs) > 0 {
 		v.hash = f.txs[len(f.txs)-1].hash
 	}

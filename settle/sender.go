@@ -400,7 +400,7 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 			continue // the key's holder sends it
 		}
 		t := f.latest()
-		if v := f.view(); t == nil || !v.state.Open() || v.dropped {
+		if v := f.view(); t == nil || (!v.state.Open() && !v.closing) || v.dropped {
 			continue
 		}
 		sendable = append(sendable, f)

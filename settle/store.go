@@ -51,6 +51,11 @@ type Store interface {
 	// OpenSettlements lists the signer's settlements in signed, broadcast or mined state, with all
 	// their transactions, in tx nonce order.
 	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]OpenSettlement, error)
+	// ClosedFrom lists the signer's settlements that ended in a failure (reverted, expired,
+	// settled elsewhere, canceled) at a tx nonce of at least from, with all their transactions, in
+	// tx nonce order: their nonces may be unused on chain, a gap the signer's later transactions
+	// wait behind until the settlement's transaction (which can only revert now) fills it.
+	ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]OpenSettlement, error)
 	// MaxTxNonce is the highest tx nonce the ledger holds for the signer.
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
 	// WalletCapWait is how long until a settlement of value by payer would fit g's wallet caps

@@ -515,6 +515,17 @@ func (db *DB) OpenSettlements(ctx context.Context, network string, signer common
 	return db.withTxs(ctx, rows)
 }
 
+// ClosedFrom lists a signer's failed settlements at tx nonces from on, with their transactions.
+func (db *DB) ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]settle.OpenSettlement, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
+		WHERE network = $1 AND signer = $2 AND tx_nonce >= $3
+			AND state IN ('reverted', 'expired', 'settled_elsewhere', 'canceled') ORDER BY tx_nonce`, network, signer[:], int64(from))
+	if err != nil {
+		return nil, err
+	}
+	return db.withTxs(ctx, rows)
+}
+
 // withTxs reads settlement rows and attaches every transaction each has signed.
 func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]settle.OpenSettlement, error) {
 	var out []settle.OpenSettlement
