@@ -6,12 +6,14 @@
 package settle
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/big"
+	"slices"
 	"sync"
 	"time"
 
@@ -140,6 +142,26 @@ type Engine struct {
 	runCtx context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// stepped: no loops run; the simulator calls step, and every write the loops would make in
+	// the background is made in line, so that a run is a function of its seed (sim_test.go).
+	stepped bool
+}
+
+// step does one round of every loop's work in line, in a fixed order: broadcast what is queued,
+// watch, and broadcast what the round queued. Only the simulator calls it (stepped engines).
+func (e *Engine) step(ctx context.Context) {
+	ids := make([]string, 0, len(e.networks))
+	for id := range e.networks {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		n := e.networks[id]
+		n.drainQueue(ctx)
+		n.watch(ctx)
+		n.drainQueue(ctx)
+	}
 }
 
 // New builds an engine.
@@ -229,6 +251,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.runCtx, e.cancel = runCtx, cancel
+	if e.stepped {
+		return nil // the simulator runs the loops' work itself (step)
+	}
 	for _, n := range e.networks {
 		e.wg.Add(1)
 		go func() { defer e.wg.Done(); n.broadcastLoop(runCtx) }()
@@ -373,6 +398,9 @@ func (e *Engine) flightsOf(n *network) []*flight {
 			out = append(out, f)
 		}
 	}
+	// In id order: a round reads and writes in the same order each time (the simulator replays
+	// a seed exactly).
+	slices.SortFunc(out, func(a, b *flight) int { return cmp.Compare(a.id, b.id) })
 	return out
 }
 

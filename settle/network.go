@@ -49,10 +49,16 @@ type network struct {
 	// headHint is the highest head the newHeads subscription announced (0: none yet).
 	headHint atomic.Uint64
 
+	// unknown are settlement writes whose outcome is unknown, checked each round (checkUnknown).
+	unknownMu sync.Mutex
+	unknown   []*unknownCommit
+
 	// kick wakes the watcher before its next tick (a broadcast was just accepted).
 	kick chan struct{}
 
 	// Owned by the watcher goroutine.
+	pinHead         uint64 // the block reads "at the head" are pinned at (watch)
+	pinFails        int    // rounds in a row whose reads at pinHead failed
 	lastBlock       uint64
 	lastSweep       time.Time
 	noBlockReceipts bool // the node refused eth_getBlockReceipts: read blocks, then receipts
@@ -138,6 +144,10 @@ func (n *network) wake() {
 
 // markBroadcast hands ids to markLoop, or records them itself when markLoop is behind.
 func (n *network) markBroadcast(ctx context.Context, ids []int64) {
+	if n.engine.stepped {
+		n.recordBroadcasts(ctx, ids)
+		return
+	}
 	select {
 	case n.marks <- ids:
 	default:

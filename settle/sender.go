@@ -233,6 +233,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			// would be a gap holding back the key's later transactions).
 			switch committed, known := s.commitOutcome(ctx, rows); {
 			case known && committed != nil:
+				e.log.Warn("a settlement write reported an error but had committed; sending", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
 				ids, err = committed, nil
 			case known:
 				s.loaded = false // re-derive the key's next nonce from the ledger next time
@@ -283,49 +284,66 @@ func (s *sender) newFlight(id int64, sub *submission, raw []byte) *flight {
 	return f
 }
 
-// resolveUnknown reads the ledger until it tells whether rows (one write whose outcome was
-// unknown) were committed: if they were, their flights are tracked and sent like any others; if
-// not, they are dropped (nothing was sent, and a retry of the same payload settles it afresh).
-// Until then the callers wait on the flights and are answered pending with the hash.
+// unknownCommit is a write whose outcome is unknown: its rows and the flights their callers wait on.
+type unknownCommit struct {
+	s       *sender
+	rows    []*NewSettlement
+	flights []*flight
+	next    time.Time // when to ask the ledger again
+	wait    time.Duration
+}
+
+// resolveUnknown hands a write whose outcome is unknown to the watcher, which reads the ledger
+// each round (backing off) until it tells whether the rows were committed: if they were, their
+// flights are tracked and sent like any others; if not, they are dropped (nothing was sent, and a
+// retry of the same payload settles it afresh). Until then the callers wait on the flights and
+// are answered pending with the hash.
 func (s *sender) resolveUnknown(rows []*NewSettlement, flights []*flight) {
-	e := s.net.engine
-	ctx := e.runCtx
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		wait := e.cfg.RetryInterval
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
+	n := s.net
+	n.unknownMu.Lock()
+	n.unknown = append(n.unknown, &unknownCommit{s: s, rows: rows, flights: flights, wait: n.engine.cfg.RetryInterval})
+	n.unknownMu.Unlock()
+	n.wake()
+}
+
+// checkUnknown asks the ledger about each write whose outcome is unknown and is due.
+func (n *network) checkUnknown(ctx context.Context) {
+	e := n.engine
+	n.unknownMu.Lock()
+	pending := n.unknown
+	n.unknown = nil
+	n.unknownMu.Unlock()
+	var still []*unknownCommit
+	for _, u := range pending {
+		now := e.now()
+		if now.Before(u.next) {
+			still = append(still, u)
+			continue
+		}
+		ids, known := u.s.commitOutcome(ctx, u.rows)
+		switch {
+		case !known:
+			u.next, u.wait = now.Add(u.wait), min(2*u.wait, 10*time.Second)
+			still = append(still, u)
+		case ids == nil:
+			e.log.Info("the unknown settlement write did not commit; nothing was sent", "network", n.id.ID, "signer", u.s.addr, "count", len(u.rows))
+			for _, f := range u.flights {
+				f.update(func(f *flight) { f.dropped = true })
 			}
-			wait = min(2*wait, 10*time.Second)
-			ids, known := s.commitOutcome(ctx, rows)
-			if !known {
-				continue
-			}
-			if ids == nil {
-				e.log.Info("the unknown settlement write did not commit; nothing was sent", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
-				for _, f := range flights {
-					f.update(func(f *flight) { f.dropped = true })
-				}
-				return
-			}
-			e.log.Warn("the unknown settlement write had committed; sending", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
-			for i, f := range flights {
+		default:
+			e.log.Warn("the unknown settlement write had committed; sending", "network", n.id.ID, "signer", u.s.addr, "count", len(u.rows))
+			for i, f := range u.flights {
 				id := ids[i]
 				f.update(func(f *flight) { f.id = id })
 				f.count(true)
 				e.track(f)
-				s.enqueue(f)
+				u.s.enqueue(f)
 			}
-			return
 		}
-	}()
+	}
+	n.unknownMu.Lock()
+	n.unknown = append(still, n.unknown...)
+	n.unknownMu.Unlock()
 }
 
 // commitOutcome tells whether rows, written in one transaction whose outcome is unknown, are in
@@ -347,7 +365,6 @@ func (s *sender) commitOutcome(ctx context.Context, rows []*NewSettlement) (ids 
 		}
 		ids[i] = got.ID
 	}
-	e.log.Warn("a settlement write reported an error but had committed; sending", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
 	return ids, true
 }
 
@@ -359,6 +376,26 @@ func (s *sender) enqueue(f *flight) {
 	case s.net.queue <- f:
 	default:
 		go func() { s.net.queue <- f }()
+	}
+}
+
+// drainQueue sends what is queued now, in batches (the stepped engine's broadcastLoop).
+func (n *network) drainQueue(ctx context.Context) {
+	for {
+		var batch []*flight
+	drain:
+		for len(batch) < 200 {
+			select {
+			case f := <-n.queue:
+				batch = append(batch, f)
+			default:
+				break drain
+			}
+		}
+		if len(batch) == 0 {
+			return
+		}
+		n.send(ctx, batch)
 	}
 }
 

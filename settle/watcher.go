@@ -46,6 +46,7 @@ func (n *network) watchLoop(ctx context.Context) {
 // out what it answers.
 func (n *network) watch(ctx context.Context) {
 	e := n.engine
+	n.checkUnknown(ctx)
 	if len(e.flightsOf(n)) == 0 {
 		return
 	}
@@ -149,12 +150,19 @@ func (n *network) watch(ctx context.Context) {
 	decisions := make([]decision, len(works))
 	var pinned []*pinnedRead
 	var pinnedFor []int
+	// Reads "at the head" pin at the highest head seen, not this round's, which a lagging backend
+	// may have answered: "the nonce is unused" from a block behind what we know would let a
+	// replacement go out for a mined nonce. (After rounds of failing there, a reorg to a shorter
+	// chain is likelier than lag: the round's head takes over.)
+	if uint64(head) > n.pinHead || n.pinFails >= 5 {
+		n.pinHead, n.pinFails = uint64(head), 0
+	}
 	for i, w := range works {
 		decisions[i] = decide(w.t, w.o, n.policy())
 		if d := decisions[i]; d.act == actReadAt {
 			at := d.at
 			if at == 0 {
-				at = uint64(head)
+				at = n.pinHead
 			}
 			var atHash common.Hash
 			if w.t.verdict != nil && w.t.verdict.at == at {
@@ -170,6 +178,17 @@ func (n *network) watch(ctx context.Context) {
 			for _, pr := range pinned {
 				pr.read = nil
 			}
+		}
+		failed := 0
+		for _, pr := range pinned {
+			if pr.read == nil && !pr.voided && pr.at == n.pinHead {
+				failed++
+			}
+		}
+		if failed > 0 {
+			n.pinFails++
+		} else {
+			n.pinFails = 0
 		}
 		for j, pr := range pinned {
 			i := pinnedFor[j]
@@ -324,6 +343,10 @@ func (n *network) recordAsync(ctx context.Context, outcomes []outcome) {
 		o.f.setResolving(true)
 	}
 	n.recording.Wait()
+	if n.engine.stepped {
+		n.record(ctx, outcomes)
+		return
+	}
 	n.recording.Add(1)
 	n.engine.wg.Add(1)
 	go func() {
