@@ -48,6 +48,10 @@ type authKey struct {
 // auditReport counts what the audit looked at. Discrepancies are also reported with t.Errorf.
 type auditReport struct {
 	rows, transfers, successes, discrepancies int
+	// used is the chain's word on each authorization of the payers: the transactions whose
+	// AuthorizationUsed it emitted; usedIn is the block of each.
+	used   map[authKey][]common.Hash
+	usedIn map[common.Hash]uint64
 }
 
 func (r auditReport) String() string {
@@ -137,6 +141,7 @@ func auditLedger(ctx context.Context, t *testing.T, in auditInput) auditReport {
 		t.Fatalf("audit: eth_getLogs: %v", err)
 	}
 	used := map[authKey][]common.Hash{} // the transactions that used each authorization
+	rep.used, rep.usedIn = used, map[common.Hash]uint64{}
 	type transfer struct {
 		from  common.Address
 		value *big.Int
@@ -152,6 +157,7 @@ func auditLedger(ctx context.Context, t *testing.T, in auditInput) auditReport {
 			k := authKey{payer: common.BytesToAddress(l.Topics[1][:]), nonce: l.Topics[2]}
 			if payer[k.payer] {
 				used[k] = append(used[k], l.TxHash)
+				rep.usedIn[l.TxHash] = l.BlockNumber
 			}
 		case transferEventTopic:
 			if common.BytesToAddress(l.Topics[2][:]) == in.merchant {

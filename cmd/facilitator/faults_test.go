@@ -12,6 +12,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,11 +77,21 @@ type faultLoad struct {
 	payers   []*devchain.Account
 	// idShare is the share of payments sent under a payment identifier.
 	idShare float64
+	// terminal makes a failure answer final: the payment is not retried and the failure is audited
+	// against the chain (wrongAnswers) instead of refused on sight. Under faults that may make an
+	// honest engine fail a payment, a failure is allowed when no money moved.
+	terminal bool
+	// retryCap, when set, has retries wait what Retry-After says, up to retryCap, instead of the
+	// shortened wait.
+	retryCap time.Duration
+	// limit, when set, is how many payments drive makes in all.
+	limit  int64
+	issued atomic.Int64
 
 	mu       sync.Mutex
 	payments []*faultPayment
 
-	attempts, successes, unavailable, pending, lost, replays atomic.Int64
+	attempts, successes, unavailable, pending, lost, replays, failures atomic.Int64
 	// refused counts answers that are not allowed under these faults (t.Errorf'd as they come).
 	refused atomic.Int64
 }
@@ -96,6 +107,14 @@ type faultPayment struct {
 	settled   bool          // a definite answer: success, or already_settled
 	successes []common.Hash // the transactions success:true answers named
 	tx        common.Hash   // the transaction of the definite answer
+	failure   string        // the reason of a terminal failure (only under terminal)
+}
+
+// answered reports whether p got a final answer: settled, or failed for good.
+func (p *faultPayment) answered() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.settled || p.failure != ""
 }
 
 func newFaultLoad(ctx context.Context, t *testing.T, chain *devchain.Chain, payers int) *faultLoad {
@@ -146,25 +165,35 @@ const (
 	answerUnavailable               // a clean 503: nothing was sent
 	answerPending                   // settlement_pending / payment_in_flight: committed, not yet known
 	answerSettled                   // success, or already_settled
+	answerFailed                    // a terminal failure (only under terminal)
 )
 
 // attempt sends p once to c and checks the answer is one the faults allow: a success (or
 // already_settled naming its transaction), settlement_pending, or a clean 503 with an x402 body
 // and Retry-After. Anything else (a false failure, a 500, a body that is not a SettleResponse) is
-// an error.
-func (l *faultLoad) attempt(c *child, p *faultPayment) answer {
+// an error, unless terminal makes a failure a final answer. retryAfter is the answer's
+// Retry-After (0 without one).
+func (l *faultLoad) attempt(c *child, p *faultPayment) (a answer, retryAfter time.Duration) {
 	l.attempts.Add(1)
 	res, err := c.client.Post(c.base+"/settle", "application/json", strings.NewReader(string(p.body)))
 	if err != nil {
 		l.lost.Add(1)
-		return answerLost
+		return answerLost, 0
 	}
 	raw, err := io.ReadAll(res.Body)
 	res.Body.Close()
 	if err != nil {
 		l.lost.Add(1)
-		return answerLost
+		return answerLost, 0
 	}
+	if secs, err := strconv.Atoi(res.Header.Get("Retry-After")); err == nil && secs > 0 {
+		retryAfter = time.Duration(secs) * time.Second
+	}
+	return l.classify(p, res, raw), retryAfter
+}
+
+// classify checks one /settle answer and records what it says about p.
+func (l *faultLoad) classify(p *faultPayment, res *http.Response, raw []byte) answer {
 	var out facilitator.SettleResponse
 	jerr := json.Unmarshal(raw, &out)
 	refuse := func(why string) answer {
@@ -209,30 +238,41 @@ func (l *faultLoad) attempt(c *child, p *faultPayment) answer {
 			}
 		}
 		return answerSettled
+	case l.terminal:
+		l.failures.Add(1)
+		p.mu.Lock()
+		p.failure = out.ErrorReason
+		p.mu.Unlock()
+		return answerFailed
 	default:
 		return refuse("a false failure")
 	}
 }
 
-// settleOne retries p (same payload) through the current process until it is settled, stop is
-// closed, or ctx ends.
+// settleOne retries p (same payload) through the current process until it has a final answer
+// (settled, or under terminal failed), stop is closed, or ctx ends.
 func (l *faultLoad) settleOne(ctx context.Context, target func() *child, p *faultPayment, stop <-chan struct{}) bool {
 	for {
-		if l.attempt(target(), p) == answerSettled {
+		a, retryAfter := l.attempt(target(), p)
+		if a == answerSettled || a == answerFailed {
 			return true
+		}
+		wait := time.Duration(100+mrand.IntN(150)) * time.Millisecond // Retry-After: 1, shortened
+		if l.retryCap > 0 && retryAfter > 0 {
+			wait = min(retryAfter, l.retryCap)
 		}
 		select {
 		case <-stop:
 			return false
 		case <-ctx.Done():
 			return false
-		case <-time.After(time.Duration(100+mrand.IntN(150)) * time.Millisecond): // Retry-After: 1, shortened
+		case <-time.After(wait):
 		}
 	}
 }
 
-// drive runs workers that each pay, one payment after another, until stop is closed. A payment
-// still unsettled then is left for settleAll.
+// drive runs workers that each pay, one payment after another, until stop is closed (or limit
+// payments are made). A payment still unsettled then is left for settleAll.
 func (l *faultLoad) drive(ctx context.Context, target func() *child, workers int, stop <-chan struct{}) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for range workers {
@@ -247,6 +287,9 @@ func (l *faultLoad) drive(ctx context.Context, target func() *child, workers int
 					return
 				default:
 				}
+				if l.limit > 0 && l.issued.Add(1) > l.limit {
+					return
+				}
 				l.settleOne(ctx, target, l.newPayment(), stop)
 			}
 		}()
@@ -254,7 +297,8 @@ func (l *faultLoad) drive(ctx context.Context, target func() *child, workers int
 	return &wg
 }
 
-// settleAll retries every unsettled payment through c until each is settled (within a minute).
+// settleAll retries every payment without a final answer through c until each has one (within a
+// minute).
 func (l *faultLoad) settleAll(ctx context.Context, c *child) {
 	l.t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -262,11 +306,9 @@ func (l *faultLoad) settleAll(ctx context.Context, c *child) {
 	l.mu.Lock()
 	var open []*faultPayment
 	for _, p := range l.payments {
-		p.mu.Lock()
-		if !p.settled {
+		if !p.answered() {
 			open = append(open, p)
 		}
-		p.mu.Unlock()
 	}
 	l.mu.Unlock()
 	sem := make(chan struct{}, 8)
@@ -296,35 +338,91 @@ func (l *faultLoad) settleAll(ctx context.Context, c *child) {
 func (l *faultLoad) audit(ctx context.Context, dbURL string, c *child) auditReport {
 	t := l.t
 	t.Helper()
-	in := auditInput{chain: l.h.chain, dbURL: dbURL, network: l.h.network, signers: []common.Address{l.signer},
-		merchant: l.merchant, successes: map[authKey][]common.Hash{}}
-	for _, p := range l.payers {
-		in.payers = append(in.payers, p.Address)
-	}
+	rep := auditLedger(ctx, t, l.auditInput(dbURL))
 	total := new(big.Int)
 	for _, p := range l.payments {
-		in.successes[p.key] = p.successes
 		total.Add(total, p.value)
 	}
-	rep := auditLedger(ctx, t, in)
 	if rep.transfers != len(l.payments) {
 		t.Errorf("%d payments made, %d transfers to the merchant on chain; want one each", len(l.payments), rep.transfers)
 	}
 	if got := l.h.balance(ctx, t, l.merchant); got.Cmp(total) != 0 {
 		t.Errorf("the merchant holds %s, the payments add up to %s", got, total)
 	}
-	api := client.New(c.base, client.WithRetries(5))
-	for _, p := range l.payments {
-		st, found, err := api.Authorization(ctx, facilitator.AuthorizationKey{Network: l.h.network, Asset: l.h.chain.USDC.Address, Payer: p.key.payer, Nonce: p.key.nonce})
-		if err != nil || !found || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || common.HexToHash(st.Transaction) != p.tx {
-			t.Errorf("status of %s/%s: %+v found %v err %v; want settled by the facilitator with %s", p.key.payer.Hex()[:10], p.key.nonce.Hex()[:10], st, found, err, p.tx.Hex()[:10])
-			break
-		}
-	}
+	rep.discrepancies += len(l.wrongAnswers(rep)) + len(l.statusMismatches(ctx, c, rep))
 	return rep
 }
 
+// auditInput is what auditLedger checks this load against.
+func (l *faultLoad) auditInput(dbURL string) auditInput {
+	in := auditInput{chain: l.h.chain, dbURL: dbURL, network: l.h.network, signers: []common.Address{l.signer},
+		merchant: l.merchant, successes: map[authKey][]common.Hash{}}
+	for _, p := range l.payers {
+		in.payers = append(in.payers, p.Address)
+	}
+	for _, p := range l.payments {
+		in.successes[p.key] = p.successes
+	}
+	return in
+}
+
+// wrongAnswers returns the payments whose final answer the chain contradicts (rep.used is the
+// chain's word): settled naming a transaction that is not the one that used the authorization,
+// or failed although the authorization was used. A payment without a final answer is one too.
+func (l *faultLoad) wrongAnswers(rep auditReport) []authKey {
+	var wrong []authKey
+	for _, p := range l.payments {
+		p.mu.Lock()
+		settled, tx, failure := p.settled, p.tx, p.failure
+		p.mu.Unlock()
+		used := rep.used[p.key]
+		var why string
+		switch {
+		case settled && (len(used) != 1 || used[0] != tx):
+			why = fmt.Sprintf("answered settled with %s; the chain has %v", tx.Hex()[:10], used)
+		case failure != "" && len(used) > 0:
+			why = fmt.Sprintf("answered %s; the chain has it used by %v", failure, used)
+		case !settled && failure == "":
+			why = fmt.Sprintf("got no final answer; the chain has %v", used)
+		default:
+			continue
+		}
+		if wrong = append(wrong, p.key); len(wrong) <= 20 {
+			l.t.Errorf("payment %s/%s (id %q) %s", p.key.payer.Hex()[:10], p.key.nonce.Hex()[:10], p.id, why)
+		}
+	}
+	return wrong
+}
+
+// statusMismatches asks the status API about every payment and returns those whose answer
+// disagrees with the chain: an authorization used on chain must be settled by the facilitator
+// with that transaction in that block, an unused one must not be settled.
+func (l *faultLoad) statusMismatches(ctx context.Context, c *child, rep auditReport) []authKey {
+	api := client.New(c.base, client.WithRetries(5))
+	var bad []authKey
+	for _, p := range l.payments {
+		st, found, err := api.Authorization(ctx, facilitator.AuthorizationKey{Network: l.h.network, Asset: l.h.chain.USDC.Address, Payer: p.key.payer, Nonce: p.key.nonce})
+		used := rep.used[p.key]
+		var why string
+		switch {
+		case err != nil:
+			why = err.Error()
+		case len(used) == 1 && (!found || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" ||
+			common.HexToHash(st.Transaction) != used[0] || st.BlockNumber != rep.usedIn[used[0]]):
+			why = fmt.Sprintf("want settled by the facilitator with %s in block %d", used[0].Hex()[:10], rep.usedIn[used[0]])
+		case len(used) == 0 && st.State == facilitator.StatusSettled:
+			why = "want not settled: the authorization is unused on chain"
+		default:
+			continue
+		}
+		if bad = append(bad, p.key); len(bad) <= 20 {
+			l.t.Errorf("status of %s/%s: %+v found %v: %s", p.key.payer.Hex()[:10], p.key.nonce.Hex()[:10], st, found, why)
+		}
+	}
+	return bad
+}
+
 func (l *faultLoad) summary() string {
-	return fmt.Sprintf("%d payments, %d requests: %d success (%d replays), %d pending, %d clean 503, %d lost in transit",
-		len(l.payments), l.attempts.Load(), l.successes.Load(), l.replays.Load(), l.pending.Load(), l.unavailable.Load(), l.lost.Load())
+	return fmt.Sprintf("%d payments, %d requests: %d success (%d replays), %d pending, %d clean 503, %d failures, %d lost in transit",
+		len(l.payments), l.attempts.Load(), l.successes.Load(), l.replays.Load(), l.pending.Load(), l.unavailable.Load(), l.failures.Load(), l.lost.Load())
 }
