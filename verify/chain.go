@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -44,11 +45,22 @@ func codeAt(addr common.Address) *Read { return &Read{Code: true, To: addr} }
 func call(to common.Address, data []byte) *Read { return &Read{To: to, Data: data} }
 
 // RPCReader reads through a JSON-RPC client, batching the reads of one step into one request.
+//
+// Each request also asks for the head of the node that answers it. Behind a load balancer a
+// backend can lag by blocks: its "latest" state can say a payer just funded has no balance, or an
+// authorization just used is free. An answer from a node behind the highest head this reader has
+// seen is not used: the request is made again (another backend may take it), and after
+// laggingTries the read fails (not known: the caller answers 503, never a false verdict).
 type RPCReader struct {
 	Client *rpc.Client
 	// Timeout bounds each round trip.
 	Timeout time.Duration
+
+	head atomic.Uint64 // the highest head an answer came from
 }
+
+// laggingTries is how many requests a read makes while the answering nodes lag.
+const laggingTries = 3
 
 type callArgs struct {
 	From  *common.Address `json:"from,omitempty"`
@@ -90,19 +102,38 @@ func (r *RPCReader) Read(ctx context.Context, reads ...*Read) error {
 			batch[i] = rpc.BatchElem{Method: "eth_call", Args: []any{args, "latest"}, Result: &out[i]}
 		}
 	}
-	var err error
-	if len(batch) == 1 {
-		err = r.Client.CallContext(ctx, batch[0].Result, batch[0].Method, batch[0].Args...)
-		batch[0].Error = err
-		if err != nil && (isExecutionError(err) || reads[0].GasCap > 0 && strings.Contains(strings.ToLower(err.Error()), "gas")) {
-			err = nil
+	var head hexutil.Uint64
+	batch = append([]rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}, batch...)
+	seen := r.head.Load()
+	highest := uint64(0)
+	for try := 1; ; try++ {
+		for i := range batch {
+			batch[i].Error = nil
 		}
-	} else {
-		err = r.Client.BatchCallContext(ctx, batch)
+		if err := r.Client.BatchCallContext(ctx, batch); err != nil {
+			return err
+		}
+		if batch[0].Error != nil {
+			return fmt.Errorf("eth_blockNumber: %w", batch[0].Error)
+		}
+		highest = max(highest, uint64(head))
+		if uint64(head) >= seen {
+			break
+		}
+		if try == laggingTries {
+			// A chain reorganised to a shorter one looks the same as lag: the next read takes the
+			// highest head these answers had.
+			r.head.Store(highest)
+			return fmt.Errorf("the node answering is behind the chain's head (block %d, %d seen): not known yet", uint64(head), seen)
+		}
 	}
-	if err != nil {
-		return err
+	for {
+		old := r.head.Load()
+		if uint64(head) <= old || r.head.CompareAndSwap(old, uint64(head)) {
+			break
+		}
 	}
+	batch = batch[1:]
 	for i, rd := range reads {
 		if e := batch[i].Error; e != nil {
 			outOfGas := rd.GasCap > 0 && strings.Contains(strings.ToLower(e.Error()), "gas")

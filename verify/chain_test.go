@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,14 +44,24 @@ func TestRPCReaderClassifiesErrors(t *testing.T) {
 					http.Error(w, "overloaded", tc.status)
 					return
 				}
+				// The reader batches its reads with eth_blockNumber (the answering node's head).
 				body, _ := io.ReadAll(r.Body)
-				var req struct {
-					ID json.RawMessage `json:"id"`
+				var reqs []struct {
+					ID     json.RawMessage `json:"id"`
+					Method string          `json:"method"`
 				}
-				_ = json.Unmarshal(body, &req)
+				_ = json.Unmarshal(body, &reqs)
+				var out []map[string]any
+				for _, req := range reqs {
+					if req.Method == "eth_blockNumber" {
+						out = append(out, map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": "0x1"})
+						continue
+					}
+					out = append(out, map[string]any{"jsonrpc": "2.0", "id": req.ID,
+						"error": map[string]any{"code": tc.code, "message": tc.message}})
+				}
 				w.Header().Set("Content-Type", "application/json")
-				_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": req.ID,
-					"error": map[string]any{"code": tc.code, "message": tc.message}})
+				_ = json.NewEncoder(w).Encode(out)
 			}))
 			defer srv.Close()
 			client, err := rpc.DialContext(context.Background(), srv.URL)
@@ -69,5 +82,58 @@ func TestRPCReaderClassifiesErrors(t *testing.T) {
 				t.Fatalf("want an error (no verdict), got reverted=%v", read.Reverted)
 			}
 		})
+	}
+}
+
+// TestRPCReaderRefusesLaggingAnswers: behind a load balancer, a backend whose head is behind one
+// the reader has already seen answers from its past (a payer funded since has "no balance"): its
+// answer is not used; the read is made again, and fails (not known) while every answer lags. A
+// node that caught up is used again.
+func TestRPCReaderRefusesLaggingAnswers(t *testing.T) {
+	var head, requests atomic.Int64
+	head.Store(10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		var reqs []struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		_ = json.Unmarshal(body, &reqs)
+		var out []map[string]any
+		for _, req := range reqs {
+			result := "0x" + strconv.FormatInt(head.Load(), 16) // the head, and a word for the call
+			if req.Method == "eth_call" {
+				result = "0x" + strings.Repeat("0", 63) + strconv.FormatInt(head.Load()%2, 10)
+			}
+			out = append(out, map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	}))
+	defer srv.Close()
+	client, err := rpc.DialContext(context.Background(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	r := &verify.RPCReader{Client: client, Timeout: 2 * time.Second}
+	read := func() error {
+		return r.Read(context.Background(), &verify.Read{To: common.Address{1}, Data: []byte{0x12}})
+	}
+	if err := read(); err != nil {
+		t.Fatalf("a read at head 10: %v", err)
+	}
+	head.Store(8) // every backend now answers from two blocks back
+	requests.Store(0)
+	if err := read(); err == nil || !strings.Contains(err.Error(), "behind") {
+		t.Fatalf("a read answered only by lagging nodes: %v, want an error (not known)", err)
+	}
+	if n := requests.Load(); n != 3 {
+		t.Fatalf("%d requests while lagging, want 3 tries", n)
+	}
+	head.Store(11)
+	if err := read(); err != nil {
+		t.Fatalf("a read after the node caught up: %v", err)
 	}
 }
