@@ -516,6 +516,9 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 	return out
 }
 
+// claimTimeout bounds recording that a caller is told success.
+const claimTimeout = 5 * time.Second
+
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
 // the first to claim it while still connected.
 func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Outcome {
@@ -528,7 +531,12 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 		out.Response = fail(p, v.reason, v.message, v.hash).Response
 	case v.state.Succeeded():
 		if ctx.Err() == nil {
-			claimed, err := e.store.ClaimDelivery(context.WithoutCancel(ctx), v.id)
+			// Not the caller's context: a claim the ledger made must come back to be released if
+			// the caller leaves meanwhile. Bounded all the same, so a ledger that does not answer
+			// turns into a pending answer instead of a hung request.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+			claimed, err := e.store.ClaimDelivery(cctx, v.id)
+			cancel()
 			if err != nil {
 				e.log.Warn("claiming a success; answering pending", "settlement", v.id, "payer", p.Payer,
 					"nonce", hexutil.Encode(p.Authorization.Nonce[:]), "tx", v.hash, "err", err)
