@@ -520,7 +520,7 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 const claimTimeout = 5 * time.Second
 
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
-// the first to claim it while still connected.
+// the first with the settlement's own API key to claim it while still connected.
 func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Outcome {
 	out := Outcome{SettlementID: v.id}
 	switch {
@@ -535,7 +535,7 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 			// the caller leaves meanwhile. Bounded all the same, so a ledger that does not answer
 			// turns into a pending answer instead of a hung request.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-			claimed, err := e.store.ClaimDelivery(cctx, v.id)
+			claimed, err := e.store.ClaimDelivery(cctx, v.id, p.KeyID)
 			cancel()
 			if err != nil {
 				e.log.Warn("claiming a success; answering pending", "settlement", v.id, "payer", p.Payer,

@@ -40,9 +40,12 @@ type Store interface {
 	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain.
 	Reopen(ctx context.Context, id int64, detail string) error
 	MarkFinal(ctx context.Context, ids []int64) error
-	// ClaimDelivery records that a caller is being answered success: true. It returns false when
-	// another caller already was, or the settlement did not succeed.
-	ClaimDelivery(ctx context.Context, id int64) (bool, error)
+	// ClaimDelivery records that a caller with API key keyID ("" in open mode) is being answered
+	// success: true. A settlement's success belongs to the key that created it: the claim is made
+	// only for that key ("" only for a settlement created in open mode). It returns false
+	// when another caller already was answered success, the settlement did not succeed, or keyID is
+	// not the settlement's key.
+	ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error)
 	// ReleaseDelivery undoes a claim whose answer could not be written.
 	ReleaseDelivery(ctx context.Context, id int64) error
 	// OpenSettlements lists the signer's settlements in signed, broadcast or mined state, with all

@@ -458,10 +458,13 @@ func (db *DB) MarkFinal(ctx context.Context, ids []int64) error {
 	return err
 }
 
-// ClaimDelivery records that a caller is being told success; only one ever is.
-func (db *DB) ClaimDelivery(ctx context.Context, id int64) (bool, error) {
+// ClaimDelivery records that a caller is being told success; only one ever is, and only one
+// with the key the settlement was made with: the fingerprint can be rebuilt from public calldata,
+// so without that rule any caller allowed to /settle could race the merchant's retry for it.
+func (db *DB) ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error) {
 	tag, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = now()
-		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL`, id)
+		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL
+			AND api_key IS NOT DISTINCT FROM NULLIF($2::text, '')`, id, keyID)
 	if err != nil {
 		return false, err
 	}
