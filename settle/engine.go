@@ -388,7 +388,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 		row.Request = []byte("{}")
 	}
 	if p.PaymentID != "" {
-		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Summary: p.Summary()}
+		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Fingerprint: p.IDFingerprint(), Summary: p.Summary()}
 	}
 	row.KeyID, row.Guard = p.KeyID, e.cfg.Limits
 	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))

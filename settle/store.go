@@ -107,9 +107,12 @@ func (g Guard) WalletCapped() bool {
 
 // PaymentIDBinding is a payment-identifier id to bind to a new settlement.
 type PaymentIDBinding struct {
-	Scope   string
-	ID      string
-	Summary map[string]string
+	Scope string
+	ID    string
+	// Fingerprint is what the id is bound to: the payment's IDFingerprint (payment and resource),
+	// not the settlement's own fingerprint.
+	Fingerprint facilitator.Fingerprint
+	Summary     map[string]string
 }
 
 // TxRecord is one signed transaction of a settlement.

@@ -269,8 +269,9 @@ func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 	var scope string
 	var pid *string
 	var summary []byte
+	var idFingerprint []byte
 	if s.PaymentID != nil {
-		scope, pid = s.PaymentID.Scope, &s.PaymentID.ID
+		scope, pid, idFingerprint = s.PaymentID.Scope, &s.PaymentID.ID, s.PaymentID.Fingerprint[:]
 		var err error
 		if summary, err = json.Marshal(s.PaymentID.Summary); err != nil {
 			return nil, err
@@ -286,6 +287,7 @@ func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 		scope, pid, summary,
 		g.WalletCapped(), g.WalletWindow.Seconds(), int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)),
 		s.KeyID, numeric(orZero(g.KeyGasBudget)), numeric(orZero(s.GasReserved)),
+		idFingerprint,
 	}, nil
 }
 
@@ -338,7 +340,7 @@ const insertSettlementSQL = `
 		SELECT id, 'signed', $18::text FROM s),
 	p AS (
 		INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
-		SELECT $19::text, $20::text, $5::bytea, id, $21::jsonb FROM s WHERE $20::text IS NOT NULL)
+		SELECT $19::text, $20::text, $29::bytea, id, $21::jsonb FROM s WHERE $20::text IS NOT NULL)
 	SELECT (SELECT id FROM s), wallet_ok, gas_ok FROM ok`
 
 // AddTx records a replacement transaction before it is sent, and raises the settlement's reserved
