@@ -58,11 +58,15 @@ func (s *Server) settle(c echo.Context) error {
 }
 
 // writeSettle writes res and pushes it to the connection at once, and reports whether it can have
-// reached the caller. A body this small only lands in net/http's buffer, so a write alone never
-// fails for a caller who left; net/http notices a closed connection by cancelling the request
-// context, so a context that is done once the answer is flushed means the connection closed
-// before the caller could have read it (reading it and closing takes the caller a round trip).
+// reached the caller. net/http notices a closed connection by cancelling the request context, so
+// a context already done when the answer is about to go out means the caller left before it (the
+// engine's claim and the payment-id bookkeeping, the slow steps, come before). After that only a
+// write or flush error counts: a body this small only lands in net/http's buffer, so the write
+// alone never fails for a caller who left, and a context that ends once the answer is flushed
+// cannot be told from a caller that read it and closed its connection at once (any client with
+// no idle slot for it does); a success that reached its caller must never go to a second one.
 func (s *Server) writeSettle(c echo.Context, res facilitator.SettleResponse) bool {
+	left := c.Request().Context().Err() != nil
 	body, err := json.Marshal(res)
 	if err != nil {
 		s.log.Error("encoding a settle answer", "err", err)
@@ -78,5 +82,5 @@ func (s *Server) writeSettle(c echo.Context, res facilitator.SettleResponse) boo
 	if err := http.NewResponseController(c.Response().Writer).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return false
 	}
-	return c.Request().Context().Err() == nil
+	return !left
 }
