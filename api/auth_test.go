@@ -22,6 +22,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
@@ -37,12 +38,19 @@ type authStack struct {
 
 func newAuthStack(t *testing.T) *authStack {
 	t.Helper()
-	return &authStack{*newSettleStack(t, settleOptions{server: func(cfg *api.Config, s *settleStack) {
+	return newAuthStackWith(t, settleOptions{})
+}
+
+// newAuthStackWith is newAuthStack with o's deadline and database.
+func newAuthStackWith(t *testing.T, o settleOptions) *authStack {
+	t.Helper()
+	o.server = func(cfg *api.Config, s *settleStack) {
 		ids := idempotency.New(idempotency.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
 		cfg.Verifier, cfg.Settler, cfg.Limits = ids, ids, nil
 		cfg.Supported = facilitator.Supported([]facilitator.Network{s.Network}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey})
 		cfg.Auth = &api.AuthConfig{Mode: api.AuthKeys, Keys: s.DB}
-	}})}
+	}
+	return &authStack{*newSettleStack(t, o)}
 }
 
 // newKey stores a fresh key and returns its text and id.
@@ -203,6 +211,47 @@ func TestAuthPaymentIDScoped(t *testing.T) {
 	r = doAuth(t, http.MethodPost, s.URL+"/settle", a, withID(t, p1, id))
 	if res, _ := settlement(t, r); r.Status != 200 || res.Transaction != res1.Transaction || r.Header.Get(api.ReplayHeader) != "true" {
 		t.Fatalf("key A replay: want %s replayed, got %s", res1.Transaction, r)
+	}
+}
+
+// TestAuthSuccessBelongsToKey: two merchant keys send the same payload (anyone can rebuild it
+// from the public calldata). Only the key that created the settlement is told success: the other
+// key, racing the creator's retry after settlement_pending, gets already_settled with the same
+// hash, and the creator's retry still gets the success.
+func TestAuthSuccessBelongsToKey(t *testing.T) {
+	// Skip before touching the chain, and mint while anvil still mines.
+	ledger(t)
+	p := fundedPayment(t)
+	body := p.body(t)
+	devchaintest.ManualMining(t, chain)
+	s := newAuthStackWith(t, settleOptions{deadline: time.Second}) // registered after: stops first
+	all := []auth.Scope{auth.ScopeVerify, auth.ScopeSettle}
+	a, _ := newKey(t, s.DB, all)
+	b, _ := newKey(t, s.DB, all)
+
+	r := doAuth(t, http.MethodPost, s.URL+"/settle", a, body)
+	first, _ := settlement(t, r)
+	if r.Status != http.StatusOK || first.ErrorReason != facilitator.ReasonSettlementPending || !txHashRE.MatchString(first.Transaction) {
+		t.Fatalf("key A: want settlement_pending with a hash, got %s", r)
+	}
+	if err := chain.Mine(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r = doAuth(t, http.MethodPost, s.URL+"/settle", b, body)
+	if res, _ := settlement(t, r); r.Status != http.StatusOK || res.Success || res.ErrorReason != facilitator.ReasonAlreadySettled ||
+		res.Transaction != first.Transaction {
+		t.Fatalf("key B, same payload: want already_settled with %s, got %s", first.Transaction, r)
+	}
+	r = doAuth(t, http.MethodPost, s.URL+"/settle", a, body)
+	if res, _ := settlement(t, r); r.Status != http.StatusOK || !res.Success || res.Transaction != first.Transaction {
+		t.Fatalf("key A's retry: want its success with %s, got %s", first.Transaction, r)
+	}
+	r = doAuth(t, http.MethodPost, s.URL+"/settle", b, body)
+	if res, _ := settlement(t, r); res.Success || res.ErrorReason != facilitator.ReasonAlreadySettled {
+		t.Fatalf("key B after the success: want already_settled, got %s", r)
+	}
+	if got := usdcOf(t, p.auth.To); got != p.auth.Value.Int64() {
+		t.Fatalf("payee holds %d, want %s once", got, p.auth.Value)
 	}
 }
 

@@ -2,7 +2,11 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -15,6 +19,10 @@ type Settler interface {
 	Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error)
 	ReleaseDelivery(ctx context.Context, id int64) error
 }
+
+// releaseTimeout bounds giving an undelivered success back: the caller is gone, so nothing else
+// bounds it, and a ledger that does not answer must not hold the handler.
+const releaseTimeout = 5 * time.Second
 
 func (s *Server) settle(c echo.Context) error {
 	p, err := readPayment(c)
@@ -36,12 +44,43 @@ func (s *Server) settle(c echo.Context) error {
 	markReplay(c, res.Extensions)
 	// Every outcome, success or not, is 200: v1 clients accept nothing else, and the official v2
 	// resource server retries a settlement_pending answer either way.
-	if err := c.JSON(http.StatusOK, res); err != nil && out.Claimed {
+	if delivered := s.writeSettle(c, res); !delivered && out.Claimed {
 		// The success never reached the caller: the next identical request gets it instead.
-		if rerr := s.cfg.Settler.ReleaseDelivery(context.WithoutCancel(c.Request().Context()), out.SettlementID); rerr != nil {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), releaseTimeout)
+		defer cancel()
+		if rerr := s.cfg.Settler.ReleaseDelivery(ctx, out.SettlementID); rerr != nil {
 			s.log.Error("releasing an undelivered success", "settlement", out.SettlementID, "err", rerr)
+		} else {
+			s.log.Info("released an undelivered success", "settlement", out.SettlementID, "tx", res.Transaction)
 		}
-		return nil
 	}
 	return nil
+}
+
+// writeSettle writes res and pushes it to the connection at once, and reports whether it can have
+// reached the caller. net/http notices a closed connection by cancelling the request context, so
+// a context already done when the answer is about to go out means the caller left before it (the
+// engine's claim and the payment-id bookkeeping, the slow steps, come before). After that only a
+// write or flush error counts: a body this small only lands in net/http's buffer, so the write
+// alone never fails for a caller who left, and a context that ends once the answer is flushed
+// cannot be told from a caller that read it and closed its connection at once (any client with
+// no idle slot for it does); a success that reached its caller must never go to a second one.
+func (s *Server) writeSettle(c echo.Context, res facilitator.SettleResponse) bool {
+	left := c.Request().Context().Err() != nil
+	body, err := json.Marshal(res)
+	if err != nil {
+		s.log.Error("encoding a settle answer", "err", err)
+		return false
+	}
+	body = append(body, '\n') // what c.JSON writes
+	// A known length keeps the answer a plain response rather than a chunked one once flushed.
+	c.Response().Header().Set(echo.HeaderContentLength, strconv.Itoa(len(body)))
+	if err := c.Blob(http.StatusOK, echo.MIMEApplicationJSON, body); err != nil {
+		return false
+	}
+	// echo's own Flush swallows errors: ask the writer underneath.
+	if err := http.NewResponseController(c.Response().Writer).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return false
+	}
+	return !left
 }

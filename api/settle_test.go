@@ -483,11 +483,11 @@ func (b *brokenLedger) MarkFinal(ctx context.Context, ids []int64) ([]int64, err
 	return b.Store.MarkFinal(ctx, ids)
 }
 
-func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64) (bool, error) {
+func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error) {
 	if err := b.fail(false); err != nil {
 		return false, err
 	}
-	return b.Store.ClaimDelivery(ctx, id)
+	return b.Store.ClaimDelivery(ctx, id, keyID)
 }
 
 func (b *brokenLedger) ReleaseDelivery(ctx context.Context, id int64) error {

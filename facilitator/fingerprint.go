@@ -19,6 +19,10 @@ import (
 //	authorization: from, to, value, validAfter, validBefore, nonce
 //	signature (as sent, ERC-6492 wrapper included)
 //	x402Version
+//
+// Settlement rows keep it to tell a retry of the request that made them from someone else's
+// request for the same authorization, so it must never change for a payment already in the
+// ledger: what else a payment id is bound to goes into IDFingerprint instead.
 type Fingerprint [32]byte
 
 // Fingerprint computes p's fingerprint.
@@ -33,4 +37,20 @@ func (p *Payment) Fingerprint() Fingerprint {
 		strconv.Itoa(p.X402Version),
 	}
 	return Fingerprint(crypto.Keccak256Hash([]byte(strings.Join(parts, "\n"))))
+}
+
+// IDFingerprint is what a payment-identifier id is bound to: the payment (its Fingerprint) and
+// the resource it pays for. The resource is not signed and the chain never sees it, but without
+// it one paid id would replay as valid for every route with the same price and payee.
+//
+// It is keccak256 of these lines joined by "\n":
+//
+//	x402-payment-id-v2
+//	the payment's Fingerprint, lower-case 0x-hex
+//	the resource URL exactly as sent ("" when absent)
+//
+// Ids bound before it existed are bound to the Fingerprint alone (PaymentIDRecord.BindsTo).
+func (p *Payment) IDFingerprint() Fingerprint {
+	fp := p.Fingerprint()
+	return Fingerprint(crypto.Keccak256Hash([]byte(strings.Join([]string{"x402-payment-id-v2", hexBytes(fp[:]), p.Resource}, "\n"))))
 }

@@ -30,6 +30,11 @@ type Payment struct {
 	Extensions map[string]json.RawMessage
 	// Body is the request as received, kept with the settlement for audit.
 	Body []byte
+	// Resource is the URL of the resource the payment is for, as sent: paymentPayload.resource.url
+	// (v2) or paymentRequirements.resource (v1); "" when absent. Nothing checks that it is the
+	// route being served (only the merchant knows that): it is bound to a payment id, so that an id
+	// paid for one resource does not replay for another.
+	Resource string
 	// PaymentID is the payment-identifier extension's id (v2 only), "" when none was sent.
 	PaymentID string
 	// IDScope scopes PaymentID: "" (global) until merchant API keys exist.
@@ -131,6 +136,9 @@ func parseV2(req Request) (*Payment, error) {
 		Requirements: reqs,
 		Extensions:   pp.Extensions,
 	}
+	if pp.Resource != nil {
+		p.Resource = pp.Resource.URL
+	}
 	if err := parseExactPayload(p, pp.Payload); err != nil {
 		return nil, err
 	}
@@ -153,7 +161,7 @@ func parseV1(req Request) (*Payment, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Payment{X402Version: 1, Scheme: clip(pp.Scheme), Network: clip(pp.Network), Requirements: reqs}
+	p := &Payment{X402Version: 1, Scheme: clip(pp.Scheme), Network: clip(pp.Network), Requirements: reqs, Resource: pr.Resource}
 	if err := parseExactPayload(p, pp.Payload); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/ethereum/go-ethereum/crypto"
 )
 
 // PaymentIdentifierKey is the extension key of the payment-identifier extension (spec §4).
@@ -49,7 +51,7 @@ func parsePaymentID(p *Payment) error {
 	return nil
 }
 
-// Summary is the request's canonical fields by name (the fingerprint's inputs), kept with a
+// Summary is the request's canonical fields by name (IDFingerprint's inputs), kept with a
 // payment id so that a conflicting reuse can be logged with what differs.
 func (p *Payment) Summary() map[string]string {
 	r, a := p.Requirements, p.Authorization
@@ -57,14 +59,29 @@ func (p *Payment) Summary() map[string]string {
 		"scheme": r.Scheme, "network": r.Network, "asset": r.Asset.Hex(), "amount": r.Amount.String(), "payTo": r.PayTo.Hex(),
 		"from": a.From.Hex(), "to": a.To.Hex(), "value": a.Value.String(), "validAfter": a.ValidAfter.String(),
 		"validBefore": a.ValidBefore.String(), "nonce": hexBytes(a.Nonce[:]), "signature": hexBytes(p.Signature),
-		"x402Version": strconv.Itoa(p.X402Version),
+		"x402Version": strconv.Itoa(p.X402Version), summaryResource: resourceSummary(p.Resource),
 	}
+}
+
+// summaryResource is the Summary key of the resource; a summary without it was stored before ids
+// were bound to the resource.
+const summaryResource = "resource"
+
+// resourceSummary keeps a long resource URL out of the summary, stored with every id, as its
+// hash: the summary only has to show that it differs.
+func resourceSummary(url string) string {
+	if len(url) <= 256 {
+		return url
+	}
+	return "keccak256:" + crypto.Keccak256Hash([]byte(url)).Hex()
 }
 
 // PaymentIDRecord is a payment id and what it is bound to.
 type PaymentIDRecord struct {
-	Scope       string
-	ID          string
+	Scope string
+	ID    string
+	// Fingerprint is the request's IDFingerprint (its Fingerprint for ids bound before ids covered
+	// the resource).
 	Fingerprint Fingerprint
 	Summary     map[string]string
 	// Settlement is the settlement the id was first used for, as it stands now.
@@ -73,6 +90,17 @@ type PaymentIDRecord struct {
 	Response        []byte
 	ResponseExpires time.Time
 	CreatedAt       time.Time
+}
+
+// BindsTo reports whether the id is bound to p: the same payment for the same resource. An id
+// bound before ids covered the resource (its summary has none) stays bound to the payment alone:
+// the retry of a request made before an upgrade must still get its answer, not a conflict.
+func (r *PaymentIDRecord) BindsTo(p *Payment) bool {
+	if r.Fingerprint == p.IDFingerprint() {
+		return true
+	}
+	_, covered := r.Summary[summaryResource]
+	return !covered && r.Fingerprint == p.Fingerprint()
 }
 
 // ErrPaymentIDTaken: the payment id is already bound to another request.

@@ -1,6 +1,7 @@
 package facilitator_test
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -102,7 +103,9 @@ func TestPaymentIDDecode(t *testing.T) {
 
 // TestPaymentIDFingerprint: the id is not part of the fingerprint (a retry under the same id is
 // the same request, and the same payment under another id too); the fingerprint and the summary
-// ignore JSON spelling and change with what the payment asks.
+// ignore JSON spelling and change with what the payment asks. The id fingerprint, what an id is
+// bound to, is the fingerprint plus the resource: another resource changes it, and nothing else
+// that the fingerprint ignores does.
 func TestPaymentIDFingerprint(t *testing.T) {
 	decode := func(body []byte) *facilitator.Payment {
 		t.Helper()
@@ -118,15 +121,35 @@ func TestPaymentIDFingerprint(t *testing.T) {
 	if a.Fingerprint() != b.Fingerprint() || a.Fingerprint() != none.Fingerprint() {
 		t.Fatal("the payment id changes the fingerprint")
 	}
-	// Spelling: lower-case payTo, a resource of its own: the same payment.
-	spelled := strings.Replace(validV2, `"payTo":"0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC","maxTimeoutSeconds":60,"extra":{"name":"USD Coin","version":"2","assetTransferMethod"`,
+	if a.IDFingerprint() != none.IDFingerprint() || none.IDFingerprint() == none.Fingerprint() {
+		t.Fatal("the id fingerprint depends on the id, or is the bare fingerprint")
+	}
+	// Spelling: lower-case payTo is the same payment for the same resource.
+	lower := strings.Replace(validV2, `"payTo":"0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC","maxTimeoutSeconds":60,"extra":{"name":"USD Coin","version":"2","assetTransferMethod"`,
 		`"payTo":"0x3c44cdddb6a900fa2b585dd299e03d12fa4293bc","maxTimeoutSeconds":60,"extra":{"name":"USD Coin","version":"2","assetTransferMethod"`, 1)
-	spelled = strings.Replace(spelled, `"url":"http://x/y"`, `"url":"http://elsewhere/z"`, 1)
-	if spelled == validV2 {
+	if lower == validV2 {
 		t.Fatal("test edit did not apply")
 	}
-	if decode([]byte(spelled)).Fingerprint() != none.Fingerprint() {
-		t.Fatal("address case or resource text changes the fingerprint")
+	if p := decode([]byte(lower)); p.Fingerprint() != none.Fingerprint() || p.IDFingerprint() != none.IDFingerprint() {
+		t.Fatal("address case changes a fingerprint")
+	}
+	// Another resource: the same payment (the settlement's fingerprint), not the same id binding.
+	elsewhere := strings.Replace(validV2, `"url":"http://x/y"`, `"url":"http://elsewhere/z"`, 1)
+	if elsewhere == validV2 {
+		t.Fatal("test edit did not apply")
+	}
+	moved := decode([]byte(elsewhere))
+	if moved.Resource != "http://elsewhere/z" || none.Resource != "http://x/y" {
+		t.Fatalf("resources %q and %q, want the paymentPayload.resource.url sent", moved.Resource, none.Resource)
+	}
+	if moved.Fingerprint() != none.Fingerprint() {
+		t.Fatal("the resource changes the settlement's fingerprint")
+	}
+	if moved.IDFingerprint() == none.IDFingerprint() {
+		t.Fatal("another resource has the same id fingerprint")
+	}
+	if d := summaryDiff(none.Summary(), moved.Summary()); len(d) != 1 || d[0] != "resource" {
+		t.Fatalf("summaries differ in %v, want [resource]", d)
 	}
 	amount := strings.Replace(validV2, `"amount":"10000","asset":"0x036cbd`, `"amount":"10001","asset":"0x036cbd`, 1)
 	if amount == validV2 {
@@ -136,19 +159,91 @@ func TestPaymentIDFingerprint(t *testing.T) {
 	if other.Fingerprint() == none.Fingerprint() {
 		t.Fatal("a different amount has the same fingerprint")
 	}
-	s1, s2 := none.Summary(), other.Summary()
+	if other.IDFingerprint() == none.IDFingerprint() {
+		t.Fatal("a different amount has the same id fingerprint")
+	}
+	s1 := none.Summary()
+	if d := summaryDiff(s1, other.Summary()); len(d) != 1 || d[0] != "amount" {
+		t.Fatalf("summaries differ in %v, want [amount]", d)
+	}
+	for _, k := range []string{"scheme", "network", "asset", "amount", "payTo", "from", "to", "value", "validAfter", "validBefore", "nonce", "signature", "x402Version", "resource"} {
+		if s1[k] == "" {
+			t.Fatalf("summary lacks %q: %v", k, s1)
+		}
+	}
+}
+
+func summaryDiff(a, b map[string]string) []string {
 	var differs []string
-	for k, v := range s1 {
-		if s2[k] != v {
+	for k, v := range a {
+		if b[k] != v {
 			differs = append(differs, k)
 		}
 	}
-	if len(differs) != 1 || differs[0] != "amount" {
-		t.Fatalf("summaries differ in %v, want [amount]", differs)
+	return differs
+}
+
+// TestFingerprintPinned: both fingerprints are stored in the ledger (settlements and payment ids),
+// so the values for a known request are pinned: a change of either formula orphans the rows made
+// before it (an in-flight settlement's retry would be taken for someone else's request, an id's
+// retry for a conflict), and needs a new version accepted beside the old one. The id fingerprint's
+// value is new with it; the settlement fingerprint's is the one it always had.
+func TestFingerprintPinned(t *testing.T) {
+	v2, err := facilitator.DecodeRequest([]byte(validV2))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, k := range []string{"scheme", "network", "asset", "amount", "payTo", "from", "to", "value", "validAfter", "validBefore", "nonce", "signature", "x402Version"} {
-		if s1[k] == "" {
-			t.Fatalf("summary lacks %q: %v", k, s1)
+	v1, err := facilitator.DecodeRequest([]byte(validV1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1.Resource != "http://x/y" {
+		t.Fatalf("v1 resource %q, want paymentRequirements.resource", v1.Resource)
+	}
+	for _, tc := range []struct {
+		name string
+		got  facilitator.Fingerprint
+		want string
+	}{
+		{"v2 fingerprint", v2.Fingerprint(), "0x8d7dbf214373bf5faf1b4c07fb6cf14a49f561cd2b720cdc3f859394b293157a"},
+		{"v2 id fingerprint", v2.IDFingerprint(), "0x569911e0a29be23bdf912716277a22504b9e6cb9bcb34fb863edf2bd5442af34"},
+		{"v1 fingerprint", v1.Fingerprint(), "0x6cefb507331ebef368426b2eb0384bce44644f897b140955072febbfda162448"},
+		{"v1 id fingerprint", v1.IDFingerprint(), "0x0b8b78190ab99bb7f26e3c6b9ff44cabdb711dce1e26b2914110ad2f6907a028"},
+	} {
+		if got := "0x" + hex.EncodeToString(tc.got[:]); got != tc.want {
+			t.Errorf("%s = %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestPaymentIDRecordBindsTo: a record binds the request whose id fingerprint it holds; one stored
+// before ids covered the resource (the bare fingerprint, no resource in its summary) binds the
+// payment for any resource; a bare fingerprint with a resource in the summary binds nothing.
+func TestPaymentIDRecordBindsTo(t *testing.T) {
+	p, err := facilitator.DecodeRequest([]byte(validV2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, err := facilitator.DecodeRequest([]byte(strings.Replace(validV2, `"url":"http://x/y"`, `"url":"http://elsewhere/z"`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacySummary := p.Summary()
+	delete(legacySummary, "resource")
+	for _, tc := range []struct {
+		name     string
+		rec      facilitator.PaymentIDRecord
+		p, moved bool
+	}{
+		{"bound now", facilitator.PaymentIDRecord{Fingerprint: p.IDFingerprint(), Summary: p.Summary()}, true, false},
+		{"bound before the resource was", facilitator.PaymentIDRecord{Fingerprint: p.Fingerprint(), Summary: legacySummary}, true, true},
+		{"bare fingerprint, resource in the summary", facilitator.PaymentIDRecord{Fingerprint: p.Fingerprint(), Summary: p.Summary()}, false, false},
+	} {
+		if got := tc.rec.BindsTo(p); got != tc.p {
+			t.Errorf("%s: BindsTo(same resource) = %v, want %v", tc.name, got, tc.p)
+		}
+		if got := tc.rec.BindsTo(moved); got != tc.moved {
+			t.Errorf("%s: BindsTo(another resource) = %v, want %v", tc.name, got, tc.moved)
 		}
 	}
 }

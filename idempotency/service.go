@@ -101,11 +101,20 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (settle.Ou
 			}
 			return out, err
 		}
+		if out.Claimed {
+			// A request for the same payment and another resource can pass the lookup before the
+			// first binds the id, follow the first's settlement, and claim its success: it is
+			// still a conflict. The success stays claimed: the id's own request gets it as a
+			// replay, and nobody gets it twice.
+			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil && !rec.BindsTo(p) {
+				return settle.Outcome{}, s.conflict(ctx, p, rec)
+			}
+		}
 		if out.Response.ErrorReason == facilitator.ReasonAlreadySettled {
 			// A concurrent request with this id and payment bound it and took the success first:
 			// this one is a retry of it, owed the same answer.
 			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil &&
-				rec.Fingerprint == p.Fingerprint() && rec.Settlement.ID == out.SettlementID {
+				rec.BindsTo(p) && rec.Settlement.ID == out.SettlementID {
 				s.replays.Add(1)
 				return s.replayed(ctx, p, out), nil
 			}
@@ -125,7 +134,7 @@ func (s *Service) lookup(ctx context.Context, p *facilitator.Payment) (*facilita
 		return nil, nil
 	case err != nil:
 		return nil, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "the payment-identifier store is unavailable; nothing was sent, retry", err)
-	case rec.Fingerprint != p.Fingerprint():
+	case !rec.BindsTo(p):
 		return nil, s.conflict(ctx, p, rec)
 	}
 	return rec, nil
@@ -233,7 +242,8 @@ func (s *Service) conflict(ctx context.Context, p *facilitator.Payment, rec *fac
 	now := p.Summary()
 	var differs []string
 	for k, v := range now {
-		if rec.Summary[k] != v {
+		// A field the record does not have (one stored before it was bound) is not what differs.
+		if was, ok := rec.Summary[k]; ok && was != v {
 			differs = append(differs, k)
 		}
 	}

@@ -43,13 +43,16 @@ func TestReplay(t *testing.T) {
 	}
 	tx := res.Transaction
 	rec := r.record(t, p.ID)
-	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || rec.Fingerprint != settletest.Decode(t, body).Fingerprint() {
-		t.Fatalf("id record %+v, want bound to settlement %d with the request's fingerprint", rec, out.SettlementID)
+	// Bound to the payment and its resource (IDFingerprint), no longer to the settlement's
+	// fingerprint alone, which leaves the resource out.
+	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || rec.Fingerprint != settletest.Decode(t, body).IDFingerprint() {
+		t.Fatalf("id record %+v, want bound to settlement %d with the request's id fingerprint", rec, out.SettlementID)
 	}
 	if rec.Response == nil || time.Until(rec.ResponseExpires) < 23*time.Hour {
 		t.Fatalf("stored answer %q until %s, want one kept for the 24 h window", rec.Response, rec.ResponseExpires)
 	}
-	if rec.Summary["from"] != p.From().Hex() || rec.Summary["amount"] != "250000" || rec.Summary["payTo"] != p.PayTo.Hex() {
+	if rec.Summary["from"] != p.From().Hex() || rec.Summary["amount"] != "250000" || rec.Summary["payTo"] != p.PayTo.Hex() ||
+		rec.Summary["resource"] != p.Resource {
 		t.Fatalf("stored summary %v", rec.Summary)
 	}
 	sent := r.nonces(t)
@@ -74,10 +77,13 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("a replay within the window called the engine %d times; want the stored answer", got)
 	}
 
-	// The same payment spelled differently (another resource text) is the same request.
-	respelled := p
-	respelled.Resource = "http://merchant.test/other?x=1"
-	if out, err := r.settle(t, respelled.Body(t)); err != nil || !out.Response.Success || out.Response.Transaction != tx || !facilitator.IsReplay(out.Response.Extensions) {
+	// The same payment spelled differently is the same request. (Another resource text used to be a
+	// mere spelling too; it no longer is: ids are bound to the resource, see TestConflictResource.)
+	respelled := []byte(strings.ReplaceAll(string(body), p.PayTo.Hex(), strings.ToLower(p.PayTo.Hex())))
+	if string(respelled) == string(body) {
+		t.Fatal("test edit did not apply")
+	}
+	if out, err := r.settle(t, respelled); err != nil || !out.Response.Success || out.Response.Transaction != tx || !facilitator.IsReplay(out.Response.Extensions) {
 		t.Fatalf("replay of the request spelled differently: %+v %v", out.Response, err)
 	}
 
@@ -332,7 +338,7 @@ func TestConcurrentConflict(t *testing.T) {
 		if _, err := r.db.SettlementByKey(ctx, pays[lost].Key()); !errors.Is(err, facilitator.ErrNotFound) {
 			t.Fatalf("round %d: the conflicting authorization has a ledger row: %v", round, err)
 		}
-		if rec := r.record(t, id); rec.Settlement.ID != outs[won].SettlementID || rec.Fingerprint != settletest.Decode(t, bodies[won]).Fingerprint() {
+		if rec := r.record(t, id); rec.Settlement.ID != outs[won].SettlementID || rec.Fingerprint != settletest.Decode(t, bodies[won]).IDFingerprint() {
 			t.Fatalf("round %d: the id is bound to settlement %d, the winner's is %d", round, rec.Settlement.ID, outs[won].SettlementID)
 		}
 	}
@@ -619,7 +625,7 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("stored answer %q survived compaction", rec.Response)
 	}
 	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || !rec.Settlement.State.Succeeded() || rec.Settlement.TxHash.Hex() != tx ||
-		rec.Fingerprint != settletest.Decode(t, body).Fingerprint() {
+		rec.Fingerprint != settletest.Decode(t, body).IDFingerprint() {
 		t.Fatalf("link after compaction: %+v; want settlement %d mined with %s", rec.Settlement, out.SettlementID, tx)
 	}
 	if n, err := r.svc.Compact(ctx); err != nil || n != 0 {

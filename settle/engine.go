@@ -458,7 +458,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 		row.Request = []byte("{}")
 	}
 	if p.PaymentID != "" {
-		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Summary: p.Summary()}
+		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Fingerprint: p.IDFingerprint(), Summary: p.Summary()}
 	}
 	row.KeyID, row.Guard = p.KeyID, e.cfg.Limits
 	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))
@@ -586,8 +586,11 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 	return out
 }
 
+// claimTimeout bounds recording that a caller is told success.
+const claimTimeout = 5 * time.Second
+
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
-// the first to claim it while still connected.
+// the first with the settlement's own API key to claim it while still connected.
 func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Outcome {
 	out := Outcome{SettlementID: v.id}
 	switch {
@@ -598,7 +601,12 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 		out.Response = fail(p, v.reason, v.message, v.hash).Response
 	case v.state.Succeeded():
 		if ctx.Err() == nil {
-			claimed, err := e.store.ClaimDelivery(context.WithoutCancel(ctx), v.id)
+			// Not the caller's context: a claim the ledger made must come back to be released if
+			// the caller leaves meanwhile. Bounded all the same, so a ledger that does not answer
+			// turns into a pending answer instead of a hung request.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+			claimed, err := e.store.ClaimDelivery(cctx, v.id, p.KeyID)
+			cancel()
 			if err != nil {
 				e.log.Warn("claiming a success; answering pending", "settlement", v.id, "payer", p.Payer,
 					"nonce", hexutil.Encode(p.Authorization.Nonce[:]), "tx", v.hash, "err", err)

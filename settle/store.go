@@ -43,9 +43,12 @@ type Store interface {
 	Reopen(ctx context.Context, id int64, detail string) error
 	// MarkFinal moves mined settlements to final and returns the ids it moved.
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
-	// ClaimDelivery records that a caller is being answered success: true. It returns false when
-	// another caller already was, or the settlement did not succeed.
-	ClaimDelivery(ctx context.Context, id int64) (bool, error)
+	// ClaimDelivery records that a caller with API key keyID ("" in open mode) is being answered
+	// success: true. A settlement's success belongs to the key that created it: the claim is made
+	// only for that key ("" only for a settlement created in open mode). It returns false
+	// when another caller already was answered success, the settlement did not succeed, or keyID is
+	// not the settlement's key.
+	ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error)
 	// ReleaseDelivery undoes a claim whose answer could not be written.
 	ReleaseDelivery(ctx context.Context, id int64) error
 	// OpenSettlements lists the signer's settlements in signed, broadcast or mined state, with all
@@ -112,9 +115,12 @@ func (g Guard) WalletCapped() bool {
 
 // PaymentIDBinding is a payment-identifier id to bind to a new settlement.
 type PaymentIDBinding struct {
-	Scope   string
-	ID      string
-	Summary map[string]string
+	Scope string
+	ID    string
+	// Fingerprint is what the id is bound to: the payment's IDFingerprint (payment and resource),
+	// not the settlement's own fingerprint.
+	Fingerprint facilitator.Fingerprint
+	Summary     map[string]string
 }
 
 // TxRecord is one signed transaction of a settlement.

@@ -269,8 +269,9 @@ func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 	var scope string
 	var pid *string
 	var summary []byte
+	var idFingerprint []byte
 	if s.PaymentID != nil {
-		scope, pid = s.PaymentID.Scope, &s.PaymentID.ID
+		scope, pid, idFingerprint = s.PaymentID.Scope, &s.PaymentID.ID, s.PaymentID.Fingerprint[:]
 		var err error
 		if summary, err = json.Marshal(s.PaymentID.Summary); err != nil {
 			return nil, err
@@ -286,6 +287,7 @@ func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 		scope, pid, summary,
 		g.WalletCapped(), g.WalletWindow.Seconds(), int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)),
 		s.KeyID, numeric(orZero(g.KeyGasBudget)), numeric(orZero(s.GasReserved)),
+		idFingerprint,
 	}, nil
 }
 
@@ -338,7 +340,7 @@ const insertSettlementSQL = `
 		SELECT id, 'signed', $18::text FROM s),
 	p AS (
 		INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
-		SELECT $19::text, $20::text, $5::bytea, id, $21::jsonb FROM s WHERE $20::text IS NOT NULL)
+		SELECT $19::text, $20::text, $29::bytea, id, $21::jsonb FROM s WHERE $20::text IS NOT NULL)
 	SELECT (SELECT id FROM s), wallet_ok, gas_ok FROM ok`
 
 // AddTx records a replacement transaction before it is sent, and raises the settlement's reserved
@@ -489,10 +491,13 @@ func (db *DB) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-// ClaimDelivery records that a caller is being told success; only one ever is.
-func (db *DB) ClaimDelivery(ctx context.Context, id int64) (bool, error) {
+// ClaimDelivery records that a caller is being told success; only one ever is, and only one
+// with the key the settlement was made with: the fingerprint can be rebuilt from public calldata,
+// so without that rule any caller allowed to /settle could race the merchant's retry for it.
+func (db *DB) ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error) {
 	tag, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = now()
-		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL`, id)
+		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL
+			AND api_key IS NOT DISTINCT FROM NULLIF($2::text, '')`, id, keyID)
 	if err != nil {
 		return false, err
 	}

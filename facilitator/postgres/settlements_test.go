@@ -50,6 +50,12 @@ func txRecord() settle.TxRecord {
 // insert writes a new settlement of a random authorization at the signer's txNonce.
 func (l *ledgerFixture) insert(t *testing.T, txNonce uint64) (int64, settle.TxRecord) {
 	t.Helper()
+	return l.insertFor(t, txNonce, "")
+}
+
+// insertFor is insert for a request made with API key keyID ("" in open mode).
+func (l *ledgerFixture) insertFor(t *testing.T, txNonce uint64, keyID string) (int64, settle.TxRecord) {
+	t.Helper()
 	var nonce [32]byte
 	rand.Read(nonce[:])
 	tx := txRecord()
@@ -57,7 +63,7 @@ func (l *ledgerFixture) insert(t *testing.T, txNonce uint64) (int64, settle.TxRe
 		Key:   facilitator.AuthorizationKey{Network: l.network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
 		PayTo: common.HexToAddress("0xc"),
 		Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
-		X402Version: 2, Request: []byte(`{}`), Signer: l.signer, TxNonce: txNonce, Tx: tx,
+		X402Version: 2, Request: []byte(`{}`), Signer: l.signer, TxNonce: txNonce, Tx: tx, KeyID: keyID,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -260,4 +266,47 @@ func TestWritesThatMatchNoRow(t *testing.T) {
 	if err != nil || s.State != facilitator.StateFinal || s.BlockHash != mined.BlockHash {
 		t.Fatalf("final row %+v, %v: want final with its block hash", s, err)
 	}
+}
+
+// TestClaimDeliveryKey: a settlement's success can be claimed only with the API key that created
+// it; a claim with another key, or in open mode, fails and leaves the success to the creator's
+// key. A settlement created in open mode is claimed only in open mode.
+func TestClaimDeliveryKey(t *testing.T) {
+	l := newLedgerFixture(t, 20*time.Second)
+	db, ctx := l.db, l.ctx
+	keyed, _ := l.insertFor(t, 1, "key_a")
+	open, _ := l.insertFor(t, 2, "")
+	for i, id := range []int64{keyed, open} {
+		r := settle.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.BigToHash(big.NewInt(int64(i + 1))), BlockNumber: 5,
+			BlockHash: common.HexToHash("0x2")}
+		if _, err := db.Resolve(ctx, []settle.Resolution{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(id int64, key string, want bool) {
+		t.Helper()
+		got, err := db.ClaimDelivery(ctx, id, key)
+		if err != nil || got != want {
+			t.Fatalf("ClaimDelivery(%d, %q) = %v, %v; want %v", id, key, got, err, want)
+		}
+	}
+	delivered := func(id int64) bool {
+		t.Helper()
+		s, err := db.SettlementByID(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Delivered
+	}
+
+	claim(keyed, "key_b", false)
+	claim(keyed, "", false)
+	if delivered(keyed) {
+		t.Fatal("a claim with the wrong key marked the success delivered")
+	}
+	claim(keyed, "key_a", true)
+	claim(keyed, "key_a", false) // one success, even for its own key
+
+	claim(open, "key_a", false)
+	claim(open, "", true)
 }

@@ -1,0 +1,123 @@
+package settle_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+)
+
+// hungClaims is the ledger with a ClaimDelivery that never answers: it returns only when its
+// context ends (at once, when that context has no deadline, so that a missing bound fails the
+// test instead of hanging it).
+type hungClaims struct {
+	settle.Store
+	unbounded atomic.Bool
+}
+
+func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		h.unbounded.Store(true)
+		return false, context.DeadlineExceeded
+	}
+	<-ctx.Done()
+	return false, ctx.Err()
+}
+
+// TestClaimBounded: a success claim the ledger does not answer is given up within a few seconds
+// and the caller is answered pending with the hash (asked again, it gets the outcome), instead of
+// a request that hangs for as long as the ledger does.
+func TestClaimBounded(t *testing.T) {
+	hung := &hungClaims{}
+	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
+		hung.Store = c.Store
+		c.Store = hung
+	}})
+	p := env.NewPay(t, env.FundedPayer(t, 100_000), 100_000)
+	type result struct {
+		out settle.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		out, err := r.Settle(context.Background(), settletest.Decode(t, p.Body(t)))
+		done <- result{out, err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a claim the ledger never answers hangs the request")
+	}
+	if hung.unbounded.Load() {
+		t.Fatal("ClaimDelivery was called without a deadline")
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("answered after %s, want within a few seconds", took)
+	}
+	if res.err != nil || res.out.Claimed || res.out.Response.Success || res.out.Response.ErrorReason != facilitator.ReasonSettlementPending ||
+		res.out.Response.Transaction == "" {
+		t.Fatalf("want settlement_pending with the hash, got %+v %v", res.out, res.err)
+	}
+}
+
+// TestSuccessBelongsToKey: the payload of a settlement is public once its transaction is (the
+// fingerprint can be rebuilt from the calldata), so a caller with another API key, or an open-mode
+// caller, racing the merchant's retry must not take its success: it gets already_settled with the
+// hash, and the creating key's retry after settlement_pending still gets the success. A settlement
+// made in open mode is no keyed caller's either.
+func TestSuccessBelongsToKey(t *testing.T) {
+	ctx := context.Background()
+	payer := env.FundedPayer(t, 2_000_000) // minted while anvil still mines
+	keyed, open := env.NewPay(t, payer, 1_000_000), env.NewPay(t, payer, 1_000_000)
+	env.ManualMining(t)
+	r := env.NewEngine(t, settletest.EngineOptions{Deadline: time.Second})
+	settleAs := func(p settletest.Pay, keyID string) settle.Outcome {
+		t.Helper()
+		d := settletest.Decode(t, p.Body(t))
+		d.KeyID, d.IDScope = keyID, keyID
+		out, err := r.Settle(ctx, d)
+		if err != nil {
+			t.Fatalf("settle as %q: %v", keyID, err)
+		}
+		return out
+	}
+	alreadySettled := func(what string, out settle.Outcome, hash string) {
+		t.Helper()
+		if res := out.Response; res.Success || out.Claimed || res.ErrorReason != facilitator.ReasonAlreadySettled || res.Transaction != hash {
+			t.Fatalf("%s: want already_settled with %s, got %+v (claimed %v)", what, hash, res, out.Claimed)
+		}
+	}
+
+	first := settleAs(keyed, "key_a")
+	if first.Response.ErrorReason != facilitator.ReasonSettlementPending || first.Response.Transaction == "" {
+		t.Fatalf("key A first: want settlement_pending with a hash, got %+v", first.Response)
+	}
+	hash := first.Response.Transaction
+	openFirst := settleAs(open, "")
+	if openFirst.Response.ErrorReason != facilitator.ReasonSettlementPending {
+		t.Fatalf("open mode first: want settlement_pending, got %+v", openFirst.Response)
+	}
+	env.Mine(t)
+
+	alreadySettled("key B, same payload", settleAs(keyed, "key_b"), hash)
+	alreadySettled("open mode, same payload", settleAs(keyed, ""), hash)
+	if s, err := r.DB.SettlementByID(ctx, first.SettlementID); err != nil || s.Delivered {
+		t.Fatalf("after the other callers: %+v %v; want the success still owed", s, err)
+	}
+	mine := settleAs(keyed, "key_a")
+	if !mine.Response.Success || !mine.Claimed || mine.Response.Transaction != hash {
+		t.Fatalf("key A's retry: want its success with %s, got %+v (claimed %v)", hash, mine.Response, mine.Claimed)
+	}
+	alreadySettled("key A again", settleAs(keyed, "key_a"), hash)
+
+	alreadySettled("key A, an open-mode settlement", settleAs(open, "key_a"), openFirst.Response.Transaction)
+	if got := settleAs(open, ""); !got.Response.Success || !got.Claimed {
+		t.Fatalf("the open-mode retry: want its success, got %+v", got.Response)
+	}
+}
