@@ -346,6 +346,7 @@ type Balancer struct {
 	mu       sync.Mutex
 	r        *rand.Rand
 	backends []*Backend
+	split    bool
 }
 
 // NewBalancer spreads requests over backends; its draws come from a generator forked from r.
@@ -362,6 +363,15 @@ func (lb *Balancer) pick() *Backend {
 	return lb.backends[lb.r.IntN(len(lb.backends))]
 }
 
+// SplitBatches makes the balancer send each element of a batch to a backend of its own, as
+// some providers' balancers do: then even one batch's answers may come from nodes that
+// disagree (a block one has, a state read from another that lags).
+func (lb *Balancer) SplitBatches(on bool) {
+	lb.mu.Lock()
+	lb.split = on
+	lb.mu.Unlock()
+}
+
 // Backends are the balancer's backends.
 func (lb *Balancer) Backends() []*Backend { return append([]*Backend(nil), lb.backends...) }
 
@@ -372,5 +382,18 @@ func (lb *Balancer) CallContext(ctx context.Context, result any, method string, 
 
 // BatchCallContext implements settle.Chain.
 func (lb *Balancer) BatchCallContext(ctx context.Context, elems []rpc.BatchElem) error {
-	return lb.pick().BatchCallContext(ctx, elems)
+	lb.mu.Lock()
+	split := lb.split
+	lb.mu.Unlock()
+	if !split || len(elems) < 2 {
+		return lb.pick().BatchCallContext(ctx, elems)
+	}
+	// The balancer answers the batch itself: an upstream's transport failure becomes that
+	// element's error.
+	for i := range elems {
+		if err := lb.pick().BatchCallContext(ctx, elems[i:i+1]); err != nil {
+			elems[i].Error = err
+		}
+	}
+	return nil
 }

@@ -309,3 +309,32 @@ func TestBalancer(t *testing.T) {
 		t.Fatalf("heads %v: want both backends", a)
 	}
 }
+
+// TestBalancerSplitBatches: a balancer that spreads a batch's elements answers one batch from
+// nodes that disagree.
+func TestBalancerSplitBatches(t *testing.T) {
+	w := newWorld(t, ChainConfig{})
+	for range 5 {
+		w.chain.Mine()
+	}
+	lb := NewBalancer(w.rng, NewBackend(w.chain, "a", Profile{}, w.rng), NewBackend(w.chain, "b", Profile{MinLag: 3, MaxLag: 3}, w.rng))
+	lb.SplitBatches(true)
+	heads := make([]hexutil.Uint64, 20)
+	elems := make([]rpc.BatchElem, len(heads))
+	for i := range elems {
+		elems[i] = rpc.BatchElem{Method: "eth_blockNumber", Result: &heads[i]}
+	}
+	if err := lb.BatchCallContext(context.Background(), elems); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[hexutil.Uint64]bool{}
+	for i, h := range heads {
+		if elems[i].Error != nil {
+			t.Fatal(elems[i].Error)
+		}
+		seen[h] = true
+	}
+	if !seen[5] || !seen[2] {
+		t.Fatalf("heads %v in one batch: want both nodes'", heads)
+	}
+}

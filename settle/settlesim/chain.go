@@ -204,20 +204,19 @@ func (c *Chain) head() *block { return c.canon[len(c.canon)-1] }
 // Fund sets addr's native balance at the head, as anvil_setBalance does.
 func (c *Chain) Fund(addr common.Address, wei *big.Int) {
 	v := new(big.Int).Set(wei)
-	c.cheat(func(st *state) { st.eth[addr] = v })
-	c.trace.Record("chain fund %s %s", addr.Hex(), v)
+	c.cheat("fund "+addr.Hex()+" "+v.String(), func(st *state) { st.eth[addr] = v })
 }
 
 // Mint sets addr's token balance at the head.
 func (c *Chain) Mint(addr common.Address, amount *big.Int) {
 	v := new(big.Int).Set(amount)
-	c.cheat(func(st *state) { st.usdc[addr] = v })
-	c.trace.Record("chain mint %s %s", addr.Hex(), v)
+	c.cheat("mint "+addr.Hex()+" "+v.String(), func(st *state) { st.usdc[addr] = v })
 }
 
-func (c *Chain) cheat(f func(*state)) {
+func (c *Chain) cheat(what string, f func(*state)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.trace.Record("chain %s", what)
 	h := c.head()
 	f(h.state)
 	c.cheats = append(c.cheats, cheat{at: h.number, apply: f})
@@ -226,8 +225,8 @@ func (c *Chain) cheat(f func(*state)) {
 // SetSuggestedTip changes eth_maxPriorityFeePerGas's answer.
 func (c *Chain) SetSuggestedTip(tip *big.Int) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.tip = new(big.Int).Set(tip)
-	c.mu.Unlock()
 	c.trace.Record("chain tip %s", tip)
 }
 
@@ -235,8 +234,8 @@ func (c *Chain) SetSuggestedTip(tip *big.Int) {
 // underpriced transactions in); the blocks after follow the usual rule from it.
 func (c *Chain) SetNextBaseFee(fee *big.Int) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.nextFee = new(big.Int).Set(fee)
-	c.mu.Unlock()
 	c.trace.Record("chain next-base-fee %s", fee)
 }
 
@@ -564,6 +563,7 @@ func (c *Chain) SendRaw(raw []byte) (common.Hash, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h, err := c.sendRawLocked(raw, c.head())
+	c.trace.Record("chain send %s %v", h.Hex(), err)
 	if err != nil {
 		return common.Hash{}, err
 	}
@@ -712,20 +712,17 @@ type ForeignTx struct {
 func (c *Chain) SubmitForeign(f ForeignTx) (common.Hash, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h, err := c.submitLocked(f, SourceForeign)
-	c.trace.Record("chain foreign %s nonce=%v -> %s %v", f.From.Hex(), f.Nonce, h.Hex(), err)
+	tx, from, err := c.submitLocked(f, SourceForeign)
+	c.trace.Record("chain foreign %s nonce=%d force=%v -> %s %v", from.Hex(), tx.Nonce(), f.Force, tx.Hash().Hex(), err)
 	if err != nil {
 		return common.Hash{}, err
 	}
-	return h, nil
+	return tx.Hash(), nil
 }
 
-func (c *Chain) submitLocked(f ForeignTx, src Source) (common.Hash, *RPCError) {
+func (c *Chain) submitLocked(f ForeignTx, src Source) (*types.Transaction, common.Address, *RPCError) {
 	tx, from := c.buildLocked(f)
-	if e := c.admit(tx, from, c.head(), src, f.Force); e != nil {
-		return common.Hash{}, e
-	}
-	return tx.Hash(), nil
+	return tx, from, c.admit(tx, from, c.head(), src, f.Force)
 }
 
 // buildLocked signs f (or impersonates its sender) with the defaults filled in.
@@ -813,24 +810,24 @@ func (c *Chain) thirdPartyTx(data []byte) ForeignTx {
 func (c *Chain) ThirdPartyTransfer(calldata []byte) (common.Hash, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h, err := c.submitLocked(c.thirdPartyTx(calldata), SourceThirdParty)
-	c.trace.Record("chain third-party transfer -> %s %v", h.Hex(), err)
+	tx, _, err := c.submitLocked(c.thirdPartyTx(calldata), SourceThirdParty)
+	c.trace.Record("chain third-party transfer nonce=%d -> %s %v", tx.Nonce(), tx.Hash().Hex(), err)
 	if err != nil {
 		return common.Hash{}, err
 	}
-	return h, nil
+	return tx.Hash(), nil
 }
 
 // Cancel submits the authorizer's cancelAuthorization(payer, nonce), relayed by the third party.
 func (c *Chain) Cancel(payer common.Address, nonce [32]byte) (common.Hash, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h, err := c.submitLocked(c.thirdPartyTx(CancelCalldata(payer, nonce)), SourceThirdParty)
-	c.trace.Record("chain cancel %s %x -> %s %v", payer.Hex(), nonce, h.Hex(), err)
+	tx, _, err := c.submitLocked(c.thirdPartyTx(CancelCalldata(payer, nonce)), SourceThirdParty)
+	c.trace.Record("chain cancel %s %x -> %s %v", payer.Hex(), nonce, tx.Hash().Hex(), err)
 	if err != nil {
 		return common.Hash{}, err
 	}
-	return h, nil
+	return tx.Hash(), nil
 }
 
 // DropFromPool removes a transaction from the pool (a node restart, eviction); it reports

@@ -43,7 +43,9 @@ func TestSendRules(t *testing.T) {
 			return w.sign(0, calldata(w.auth(1, 1)), tip, pct(feeCap, 200))
 		}, want: "replacement transaction underpriced"},
 		{name: "nonce below the account's", setup: func(w *world) { w.chain.Mine() },
-			tx:   func(w *world) *types.Transaction { return w.sign(0, calldata(w.auth(3, 1)), pct(tip, 200), pct(feeCap, 200)) },
+			tx: func(w *world) *types.Transaction {
+				return w.sign(0, calldata(w.auth(3, 1)), pct(tip, 200), pct(feeCap, 200))
+			},
 			want: "nonce too low: next nonce 1, tx nonce 0"},
 		{name: "mined transaction sent again", setup: func(w *world) { w.chain.Mine() },
 			tx:   func(w *world) *types.Transaction { return w.sign(0, calldata(w.auth(1, 1)), tip, feeCap) },
