@@ -437,16 +437,16 @@ func (c *Chain) mineLocked() *block {
 	// nonce gap or at the first transaction whose fee cap is below the base fee.
 	runs := map[common.Address][]*poolTx{}
 	for _, from := range c.poolSenders() {
-		var run []*poolTx
+		var seq []*poolTx
 		for n := st.nonces[from]; ; n++ {
 			p := c.pool[from][n]
 			if p == nil || p.tx.GasFeeCap().Cmp(baseFee) < 0 {
 				break
 			}
-			run = append(run, p)
+			seq = append(seq, p)
 		}
-		if len(run) > 0 {
-			runs[from] = run
+		if len(seq) > 0 {
+			runs[from] = seq
 		}
 	}
 	var (

@@ -9,6 +9,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -181,6 +182,12 @@ func TestMinedTransfer(t *testing.T) {
 			if !authorizationUsed(t, w.node, w.chain.Token(), a.From, a.Nonce, "latest") ||
 				authorizationUsed(t, w.node, w.chain.Token(), a.From, a.Nonce, hexutil.EncodeUint64(mined.Number-1)) {
 				t.Error("authorizationState: want used at the block, unused before it")
+			}
+			if !authorizationUsed(t, w.node, w.chain.Token(), a.From, a.Nonce, rpc.BlockNumberOrHashWithHash(mined.Hash, true)) {
+				t.Error("authorizationState at the block by hash: want used")
+			}
+			if uses := w.chain.AuthorizationUses(); len(uses) != 1 || uses[0].Authorizer != a.From || uses[0].TxHash != tx.Hash() {
+				t.Errorf("uses %+v", uses)
 			}
 			if u, ok := w.chain.AuthorizationUse(a.From, a.Nonce); !ok || u.Kind != UseTransfer || u.TxHash != tx.Hash() || u.Sender != w.addr ||
 				u.BlockHash != mined.Hash || u.Value.Int64() != 250 {

@@ -251,7 +251,10 @@ func (l *Ledger) InsertSettlement(ctx context.Context, s *settle.NewSettlement) 
 		}
 		return err
 	})
-	return id, err
+	if err != nil {
+		return 0, err
+	}
+	return id, nil
 }
 
 // InsertSettlements implements settle.Store: all rows or none; the error is the first failing
@@ -263,7 +266,10 @@ func (l *Ledger) InsertSettlements(ctx context.Context, rows []*settle.NewSettle
 		ids, err = l.insertLocked(rows)
 		return err
 	})
-	return ids, err
+	if err != nil {
+		return nil, err // a lost answer carries no ids, whatever was written
+	}
+	return ids, nil
 }
 
 // insertLocked checks every row, in order, against the ledger and the group's earlier rows,

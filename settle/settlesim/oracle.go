@@ -1,6 +1,7 @@
 package settlesim
 
 import (
+	"bytes"
 	"math/big"
 	"slices"
 
@@ -130,18 +131,28 @@ func useCopy(u Use) Use {
 	return u
 }
 
+// AuthorizationUse is one authorization and its use on the canonical chain.
+type AuthorizationUse struct {
+	Authorizer common.Address
+	Nonce      [32]byte
+	Use
+}
+
 // AuthorizationUses lists every authorization the canonical chain has used, by authorizer then
 // nonce.
-func (c *Chain) AuthorizationUses() map[common.Address]map[[32]byte]Use {
+func (c *Chain) AuthorizationUses() []AuthorizationUse {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := map[common.Address]map[[32]byte]Use{}
+	var out []AuthorizationUse
 	for k, u := range c.head().state.auths {
-		if out[k.authorizer] == nil {
-			out[k.authorizer] = map[[32]byte]Use{}
-		}
-		out[k.authorizer][k.nonce] = useCopy(u)
+		out = append(out, AuthorizationUse{Authorizer: k.authorizer, Nonce: k.nonce, Use: useCopy(u)})
 	}
+	slices.SortFunc(out, func(a, b AuthorizationUse) int {
+		if c := a.Authorizer.Cmp(b.Authorizer); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Nonce[:], b.Nonce[:])
+	})
 	return out
 }
 
@@ -154,6 +165,11 @@ func (c *Chain) Receipt(h common.Hash) (*types.Receipt, bool) {
 		return nil, false
 	}
 	r := *b.receipts[i]
+	r.Logs = make([]*types.Log, len(b.receipts[i].Logs))
+	for j, l := range b.receipts[i].Logs {
+		cp := *l
+		r.Logs[j] = &cp
+	}
 	return &r, true
 }
 

@@ -72,7 +72,10 @@ func (l *Ledger) Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, 
 		}
 		return nil
 	})
-	return moved, err
+	if err != nil {
+		return nil, err // a lost answer says nothing of what moved
+	}
+	return moved, nil
 }
 
 func resolutions(rs []settle.Resolution) string {
@@ -100,7 +103,10 @@ func (l *Ledger) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
 		}
 		return nil
 	})
-	return moved, err
+	if err != nil {
+		return nil, err
+	}
+	return moved, nil
 }
 
 // Reopen moves a mined settlement back to broadcast (its block left the canonical chain),
@@ -153,5 +159,8 @@ func (l *Ledger) ClaimDelivery(ctx context.Context, id int64, keyID string) (boo
 		r.delivered, r.deliveredAt, claimed = true, l.now(), true
 		return nil
 	})
-	return claimed, err
+	if err != nil {
+		return false, err
+	}
+	return claimed, nil
 }
