@@ -1,0 +1,526 @@
+package settlesim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// LedgerFaults are the ledger's fault rates, drawn per call.
+type LedgerFaults struct {
+	// Fail: the call fails and writes nothing (the connection was lost before the statement ran).
+	Fail float64
+	// Ambiguous: a write commits and the call returns an error all the same (the connection was
+	// lost before the answer came back). Reads ignore it.
+	Ambiguous float64
+	// Slow: the call takes SlowBy, by the clock, before it runs.
+	Slow   float64
+	SlowBy time.Duration
+}
+
+// The errors the ledger's faults return. Neither is one of the Store's sentinels: to the engine
+// they read as an unavailable ledger, which is what they are meant to look like.
+var (
+	ErrLedgerDown      = errors.New("settlesim: the ledger is unavailable (injected): nothing was written")
+	ErrLedgerAmbiguous = errors.New("settlesim: the connection was lost after the commit (injected): the write is in")
+)
+
+// Ledger is an in-memory settlement ledger with the semantics of facilitator/postgres's
+// settlements.go: the same unique keys (the authorization; the signer's tx nonce per network; a
+// transaction hash; a payment id per scope), the same state transitions and the same event rows,
+// in one lock instead of one transaction. The Guard's limits are not enforced: every row fits.
+type Ledger struct {
+	mu     sync.Mutex
+	clock  *Clock
+	r      *rand.Rand
+	faults LedgerFaults
+	trace  *Trace
+
+	lastID   int64 // the id sequence: like bigserial, a failed insert still uses its ids
+	eventSeq int64
+	rows     map[int64]*ledgerRow
+	byKey    map[facilitator.AuthorizationKey]*ledgerRow
+	byNonce  map[nonceKey]*ledgerRow
+	byTx     map[common.Hash]*ledgerRow
+	pids     map[pidKey]*ledgerRow
+}
+
+type nonceKey struct {
+	network string
+	signer  common.Address
+	nonce   uint64
+}
+
+type pidKey struct{ scope, id string }
+
+type ledgerRow struct {
+	s           facilitator.Settlement // TxHash here is the tx_hash column: the mined variant, once known
+	blockHash   common.Hash
+	validAfter  *big.Int
+	x402Version int
+	request     []byte
+	keyID       string
+	gasReserved *big.Int
+	paymentID   *settle.PaymentIDBinding
+	delivered   bool // success_delivered_at IS NOT NULL
+	deliveredAt time.Time
+	updatedAt   time.Time
+	txs         []LedgerTx
+	events      []LedgerEvent
+}
+
+// LedgerTx is one row of settlement_txs.
+type LedgerTx struct {
+	settle.TxRecord
+	CreatedAt time.Time
+}
+
+// LedgerEvent is one row of settlement_events. Detail "" stands for NULL as well.
+type LedgerEvent struct {
+	Seq    int64
+	State  string
+	Detail string
+	At     time.Time
+}
+
+// LedgerRow is everything the ledger holds about a settlement, for the oracle.
+type LedgerRow struct {
+	// Settlement is the row as SettlementByID answers it.
+	Settlement facilitator.Settlement
+	// MinedTxHash and BlockHash are the tx_hash and block_hash columns (zero while NULL).
+	MinedTxHash common.Hash
+	BlockHash   common.Hash
+	ValidAfter  *big.Int
+	X402Version int
+	Request     []byte
+	KeyID       string
+	GasReserved *big.Int
+	PaymentID   *settle.PaymentIDBinding
+	Delivered   bool // a caller has been told success, at DeliveredAt
+	DeliveredAt time.Time
+	UpdatedAt   time.Time
+	Txs         []LedgerTx
+	Events      []LedgerEvent
+}
+
+// NewLedger returns an empty ledger that stamps its rows with clock (which may be nil: then
+// every time is zero) and draws its faults from a generator forked from r.
+func NewLedger(clock *Clock, faults LedgerFaults, r *rand.Rand) *Ledger {
+	return &Ledger{clock: clock, r: Fork(r), faults: faults, rows: map[int64]*ledgerRow{},
+		byKey: map[facilitator.AuthorizationKey]*ledgerRow{}, byNonce: map[nonceKey]*ledgerRow{},
+		byTx: map[common.Hash]*ledgerRow{}, pids: map[pidKey]*ledgerRow{}}
+}
+
+// SetFaults changes the fault rates; LedgerFaults{} switches them off (for the end-of-run checks).
+func (l *Ledger) SetFaults(f LedgerFaults) {
+	l.mu.Lock()
+	l.faults = f
+	l.mu.Unlock()
+}
+
+// SetTrace makes the ledger record every call and its outcome in t.
+func (l *Ledger) SetTrace(t *Trace) {
+	l.mu.Lock()
+	l.trace = t
+	l.mu.Unlock()
+}
+
+func (l *Ledger) now() time.Time {
+	if l.clock == nil {
+		return time.Time{}
+	}
+	return l.clock.Now()
+}
+
+// call runs f under the ledger's lock with the call's faults, drawn always in the same number so
+// that one call's outcome never shifts the next one's draws.
+func (l *Ledger) call(ctx context.Context, op string, write bool, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slow, u := l.r.Float64() < l.faults.Slow, l.r.Float64()
+	if slow && l.clock != nil {
+		l.clock.Advance(l.faults.SlowBy)
+	}
+	if u < l.faults.Fail {
+		l.trace.Record("ledger %s: %v", op, ErrLedgerDown)
+		return fmt.Errorf("%s: %w", op, ErrLedgerDown)
+	}
+	err := f()
+	if write && u < l.faults.Fail+l.faults.Ambiguous {
+		// The answer is lost whatever it was; a write that failed on a key wrote nothing, and the
+		// caller cannot tell that either.
+		l.trace.Record("ledger %s: %v (was %v)", op, ErrLedgerAmbiguous, err)
+		return fmt.Errorf("%s: %w", op, ErrLedgerAmbiguous)
+	}
+	l.trace.Record("ledger %s: %v", op, err)
+	return err
+}
+
+func (l *Ledger) event(r *ledgerRow, state, detail string) {
+	l.eventSeq++
+	r.events = append(r.events, LedgerEvent{Seq: l.eventSeq, State: state, Detail: detail, At: l.now()})
+}
+
+// settlement is r as the Store answers it: tx_hash falls back to the latest variant while
+// nothing is mined, and nothing is shared with the ledger.
+func (r *ledgerRow) settlement() *facilitator.Settlement {
+	s := r.s
+	s.Value, s.ValidBefore = cloneBig(s.Value), cloneBig(s.ValidBefore)
+	if s.TxHash == (common.Hash{}) && len(r.txs) > 0 {
+		s.TxHash = r.txs[len(r.txs)-1].Hash
+	}
+	s.Delivered = r.delivered
+	return &s
+}
+
+func cloneBig(b *big.Int) *big.Int {
+	if b == nil {
+		return nil
+	}
+	return new(big.Int).Set(b)
+}
+
+func cloneTx(t settle.TxRecord) settle.TxRecord {
+	return settle.TxRecord{Hash: t.Hash, Raw: slices.Clone(t.Raw), TipCap: cloneBig(t.TipCap), FeeCap: cloneBig(t.FeeCap), Gas: t.Gas}
+}
+
+// SettlementByKey implements settle.Store.
+func (l *Ledger) SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error) {
+	var out *facilitator.Settlement
+	err := l.call(ctx, fmt.Sprintf("by-key %x", key.Nonce[:4]), false, func() error {
+		r := l.byKey[key]
+		if r == nil {
+			return facilitator.ErrNotFound
+		}
+		out = r.settlement()
+		return nil
+	})
+	return out, err
+}
+
+// SettlementByID implements settle.Store.
+func (l *Ledger) SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error) {
+	var out *facilitator.Settlement
+	err := l.call(ctx, fmt.Sprintf("by-id %d", id), false, func() error {
+		r := l.rows[id]
+		if r == nil {
+			return facilitator.ErrNotFound
+		}
+		out = r.settlement()
+		return nil
+	})
+	return out, err
+}
+
+// SettlementByTx returns the settlement one of whose transactions has hash h (as the Postgres
+// ledger's, which reconcile uses).
+func (l *Ledger) SettlementByTx(ctx context.Context, h common.Hash) (*facilitator.Settlement, error) {
+	var out *facilitator.Settlement
+	err := l.call(ctx, "by-tx "+h.Hex(), false, func() error {
+		r := l.byTx[h]
+		if r == nil {
+			return facilitator.ErrNotFound
+		}
+		out = r.settlement()
+		return nil
+	})
+	return out, err
+}
+
+// InsertSettlement implements settle.Store: the row, its first transaction, its "signed" event
+// and its payment id, at once.
+func (l *Ledger) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+	var id int64
+	err := l.call(ctx, fmt.Sprintf("insert nonce=%d", s.TxNonce), true, func() error {
+		ids, err := l.insertLocked([]*settle.NewSettlement{s})
+		if err == nil {
+			id = ids[0]
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+// InsertSettlements implements settle.Store: all rows or none; the error is the first failing
+// row's. Guards never refuse here, so it never answers settle.ErrGroupRefused.
+func (l *Ledger) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+	var ids []int64
+	err := l.call(ctx, fmt.Sprintf("insert-group n=%d", len(rows)), true, func() error {
+		var err error
+		ids, err = l.insertLocked(rows)
+		return err
+	})
+	if err != nil {
+		return nil, err // a lost answer carries no ids, whatever was written
+	}
+	return ids, nil
+}
+
+// insertLocked checks every row, in order, against the ledger and the group's earlier rows,
+// with the unique keys in the order Postgres checks them, then writes them all.
+func (l *Ledger) insertLocked(news []*settle.NewSettlement) ([]int64, error) {
+	keys := map[facilitator.AuthorizationKey]bool{}
+	nonces := map[nonceKey]bool{}
+	hashes := map[common.Hash]bool{}
+	pids := map[pidKey]bool{}
+	ids := make([]int64, len(news))
+	for i, s := range news {
+		l.lastID++
+		ids[i] = l.lastID
+		switch {
+		case s.Value == nil || s.ValidAfter == nil || s.ValidBefore == nil || s.Request == nil || s.Tx.TipCap == nil || s.Tx.FeeCap == nil || s.Tx.Raw == nil:
+			return nil, errors.New(`settlesim: null value violates a not-null constraint of "settlements"`)
+		case l.byKey[s.Key] != nil || keys[s.Key]:
+			return nil, facilitator.ErrDuplicate
+		}
+		nk := nonceKey{s.Key.Network, s.Signer, s.TxNonce}
+		if l.byNonce[nk] != nil || nonces[nk] {
+			return nil, facilitator.ErrNonceTaken
+		}
+		if l.byTx[s.Tx.Hash] != nil || hashes[s.Tx.Hash] {
+			return nil, facilitator.ErrDuplicate // settlement_txs_pkey, translated as any other key
+		}
+		if s.PaymentID != nil {
+			pk := pidKey{s.PaymentID.Scope, s.PaymentID.ID}
+			if l.pids[pk] != nil || pids[pk] {
+				return nil, facilitator.ErrPaymentIDTaken
+			}
+			pids[pk] = true
+		}
+		keys[s.Key], nonces[nk], hashes[s.Tx.Hash] = true, true, true
+	}
+	now := l.now()
+	for i, s := range news {
+		r := &ledgerRow{
+			s: facilitator.Settlement{ID: ids[i], Key: s.Key, Fingerprint: s.Fingerprint, PayTo: s.PayTo, Value: cloneBig(s.Value),
+				ValidBefore: cloneBig(s.ValidBefore), Signer: s.Signer, TxNonce: s.TxNonce, State: facilitator.StateSigned, CreatedAt: now},
+			validAfter: cloneBig(s.ValidAfter), x402Version: s.X402Version, request: slices.Clone(s.Request), keyID: s.KeyID,
+			gasReserved: new(big.Int), updatedAt: now,
+		}
+		if s.GasReserved != nil {
+			r.gasReserved.Set(s.GasReserved)
+		}
+		tx := cloneTx(s.Tx)
+		tx.Gas = 0 // the ledger keeps no gas limit: records read back leave it 0
+		r.txs = []LedgerTx{{TxRecord: tx, CreatedAt: now}}
+		l.event(r, string(facilitator.StateSigned), fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce))
+		if s.PaymentID != nil {
+			p := *s.PaymentID
+			p.Summary = cloneSummary(p.Summary)
+			r.paymentID = &p
+			l.pids[pidKey{p.Scope, p.ID}] = r
+		}
+		l.rows[r.s.ID] = r
+		l.byKey[s.Key] = r
+		l.byNonce[nonceKey{s.Key.Network, s.Signer, s.TxNonce}] = r
+		l.byTx[s.Tx.Hash] = r
+	}
+	return ids, nil
+}
+
+func cloneSummary(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// MoveNonce implements settle.Store: the re-signed transaction and the new tx nonce, at once,
+// for a settlement still signed or broadcast.
+func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle.TxRecord) error {
+	return l.call(ctx, fmt.Sprintf("move-nonce %d to %d", id, txNonce), true, func() error {
+		r := l.rows[id]
+		if r == nil || !r.s.State.Open() {
+			return facilitator.ErrNotFound
+		}
+		nk := nonceKey{r.s.Key.Network, r.s.Signer, txNonce}
+		if other := l.byNonce[nk]; other != nil && other != r {
+			return facilitator.ErrNonceTaken
+		}
+		if l.byTx[tx.Hash] != nil {
+			return facilitator.ErrDuplicate
+		}
+		was := r.s.TxNonce
+		delete(l.byNonce, nonceKey{r.s.Key.Network, r.s.Signer, was})
+		r.s.TxNonce = txNonce
+		l.byNonce[nk] = r
+		if reserved := reservedGas(tx); reserved.Sign() > 0 && reserved.Cmp(r.gasReserved) > 0 {
+			r.gasReserved = reserved
+		}
+		r.updatedAt = l.now()
+		l.addTxLocked(r, tx)
+		l.event(r, "renonced", fmt.Sprintf("tx nonce %d taken by a foreign transaction; tx %s nonce %d", was, tx.Hash.Hex(), txNonce))
+		return nil
+	})
+}
+
+func reservedGas(tx settle.TxRecord) *big.Int {
+	if tx.FeeCap == nil {
+		return new(big.Int)
+	}
+	return new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
+}
+
+func (l *Ledger) addTxLocked(r *ledgerRow, tx settle.TxRecord) {
+	rec := cloneTx(tx)
+	rec.Gas = 0
+	r.txs = append(r.txs, LedgerTx{TxRecord: rec, CreatedAt: l.now()})
+	l.byTx[tx.Hash] = r
+}
+
+// MarkBroadcast implements settle.Store: signed rows move to broadcast; others are left alone.
+func (l *Ledger) MarkBroadcast(ctx context.Context, ids []int64) error {
+	return l.call(ctx, fmt.Sprintf("mark-broadcast %v", ids), true, func() error {
+		for _, id := range dedupe(ids) {
+			if r := l.rows[id]; r != nil && r.s.State == facilitator.StateSigned {
+				r.s.State, r.updatedAt = facilitator.StateBroadcast, l.now()
+				l.event(r, string(facilitator.StateBroadcast), "")
+			}
+		}
+		return nil
+	})
+}
+
+// ReleaseDelivery implements settle.Store.
+func (l *Ledger) ReleaseDelivery(ctx context.Context, id int64) error {
+	return l.call(ctx, fmt.Sprintf("release-delivery %d", id), true, func() error {
+		if r := l.rows[id]; r != nil {
+			r.delivered, r.deliveredAt = false, time.Time{}
+		}
+		return nil
+	})
+}
+
+// OpenSettlements implements settle.Store: the signer's signed, broadcast and mined rows, in tx
+// nonce order, each with every transaction it signed, oldest first.
+func (l *Ledger) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error) {
+	var out []settle.OpenSettlement
+	err := l.call(ctx, "open "+signer.Hex(), false, func() error {
+		for _, id := range l.idsLocked() {
+			r := l.rows[id]
+			if r.s.Key.Network != network || r.s.Signer != signer || !(r.s.State.Open() || r.s.State == facilitator.StateMined) {
+				continue
+			}
+			o := settle.OpenSettlement{Settlement: *r.settlement()}
+			for _, t := range r.txs {
+				o.Txs = append(o.Txs, cloneTx(t.TxRecord))
+			}
+			out = append(out, o)
+		}
+		slices.SortStableFunc(out, func(a, b settle.OpenSettlement) int {
+			switch {
+			case a.TxNonce < b.TxNonce:
+				return -1
+			case a.TxNonce > b.TxNonce:
+				return 1
+			}
+			return 0
+		})
+		return nil
+	})
+	return out, err
+}
+
+// MaxTxNonce implements settle.Store.
+func (l *Ledger) MaxTxNonce(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+	var (
+		top uint64
+		ok  bool
+	)
+	err := l.call(ctx, "max-nonce "+signer.Hex(), false, func() error {
+		for _, r := range l.rows {
+			if r.s.Key.Network == network && r.s.Signer == signer && (!ok || r.s.TxNonce > top) {
+				top, ok = r.s.TxNonce, true
+			}
+		}
+		return nil
+	})
+	return top, ok, err
+}
+
+// WalletCapWait implements settle.Store. The simulated ledger enforces no limit, so every
+// settlement fits now.
+func (l *Ledger) WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error) {
+	var wait time.Duration
+	err := l.call(ctx, "wallet-cap-wait", false, func() error { return nil })
+	return wait, err
+}
+
+func (l *Ledger) idsLocked() []int64 {
+	ids := make([]int64, 0, len(l.rows))
+	for id := range l.rows {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func dedupe(ids []int64) []int64 {
+	seen := map[int64]bool{}
+	var out []int64
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// Rows is the oracle's view of the ledger: every row with its transactions and events, by id,
+// read without faults.
+func (l *Ledger) Rows() []LedgerRow {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []LedgerRow
+	for _, id := range l.idsLocked() {
+		out = append(out, l.rowLocked(l.rows[id]))
+	}
+	return out
+}
+
+// Row is the oracle's view of one row, read without faults.
+func (l *Ledger) Row(id int64) (LedgerRow, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.rows[id]
+	if r == nil {
+		return LedgerRow{}, false
+	}
+	return l.rowLocked(r), true
+}
+
+func (l *Ledger) rowLocked(r *ledgerRow) LedgerRow {
+	out := LedgerRow{Settlement: *r.settlement(), MinedTxHash: r.s.TxHash, BlockHash: r.blockHash, ValidAfter: cloneBig(r.validAfter),
+		X402Version: r.x402Version, Request: slices.Clone(r.request), KeyID: r.keyID, GasReserved: cloneBig(r.gasReserved),
+		Delivered: r.delivered, DeliveredAt: r.deliveredAt, UpdatedAt: r.updatedAt, Events: slices.Clone(r.events)}
+	if r.paymentID != nil {
+		p := *r.paymentID
+		p.Summary = cloneSummary(p.Summary)
+		out.PaymentID = &p
+	}
+	for _, t := range r.txs {
+		out.Txs = append(out.Txs, LedgerTx{TxRecord: cloneTx(t.TxRecord), CreatedAt: t.CreatedAt})
+	}
+	return out
+}
