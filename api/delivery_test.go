@@ -46,9 +46,9 @@ func (s *claimingSettler) Settle(ctx context.Context, p *facilitator.Payment) (s
 		Success: true, Transaction: common.Hash{1}.Hex(), Network: p.Network, Payer: p.Payer}}, nil
 }
 
-func (s *claimingSettler) ReleaseDelivery(ctx context.Context, id int64) error {
+func (s *claimingSettler) ReleaseDelivery(ctx context.Context, out settle.Outcome) error {
 	_, ok := ctx.Deadline()
-	s.released <- releaseCall{id: id, hasDeadline: ok}
+	s.released <- releaseCall{id: out.SettlementID, hasDeadline: ok}
 	return nil
 }
 
@@ -203,10 +203,10 @@ func (l *leavingSettler) Settle(ctx context.Context, p *facilitator.Payment) (se
 	return out, err
 }
 
-func (l *leavingSettler) ReleaseDelivery(ctx context.Context, id int64) error {
-	err := l.Settler.ReleaseDelivery(ctx, id)
+func (l *leavingSettler) ReleaseDelivery(ctx context.Context, out settle.Outcome) error {
+	err := l.Settler.ReleaseDelivery(ctx, out)
 	if err == nil {
-		l.released <- id
+		l.released <- out.SettlementID
 	}
 	return err
 }

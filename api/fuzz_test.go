@@ -142,7 +142,7 @@ func (fuzzVerifier) Settle(context.Context, *facilitator.Payment) (settle.Outcom
 	return settle.Outcome{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPayload, "fuzz")
 }
 
-func (fuzzVerifier) ReleaseDelivery(context.Context, int64) error { return nil }
+func (fuzzVerifier) ReleaseDelivery(context.Context, settle.Outcome) error { return nil }
 
 // fuzzAPI is the HTTP API over the fakes, with a real notify.Dispatcher (never started: only its
 // registration and stream code runs) refusing private webhook targets.

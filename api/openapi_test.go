@@ -220,7 +220,7 @@ func (f *oasFakes) Settle(_ context.Context, p *facilitator.Payment) (settle.Out
 	return f.settle(p)
 }
 
-func (f *oasFakes) ReleaseDelivery(context.Context, int64) error { return nil }
+func (f *oasFakes) ReleaseDelivery(context.Context, settle.Outcome) error { return nil }
 
 func (f *oasFakes) Authorization(context.Context, facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error) {
 	return f.status, f.found, f.statusErr

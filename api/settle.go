@@ -17,7 +17,7 @@ import (
 // Settler is what /settle needs.
 type Settler interface {
 	Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error)
-	ReleaseDelivery(ctx context.Context, id int64) error
+	ReleaseDelivery(ctx context.Context, out settle.Outcome) error
 }
 
 // releaseTimeout bounds giving an undelivered success back: the caller is gone, so nothing else
@@ -48,7 +48,7 @@ func (s *Server) settle(c echo.Context) error {
 		// The success never reached the caller: the next identical request gets it instead.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), releaseTimeout)
 		defer cancel()
-		if rerr := s.cfg.Settler.ReleaseDelivery(ctx, out.SettlementID); rerr != nil {
+		if rerr := s.cfg.Settler.ReleaseDelivery(ctx, out); rerr != nil {
 			s.log.Error("releasing an undelivered success", "settlement", out.SettlementID, "err", rerr)
 		} else {
 			s.log.Info("released an undelivered success", "settlement", out.SettlementID, "tx", res.Transaction)

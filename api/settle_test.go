@@ -483,18 +483,18 @@ func (b *brokenLedger) MarkFinal(ctx context.Context, ids []int64) ([]int64, err
 	return b.Store.MarkFinal(ctx, ids)
 }
 
-func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error) {
+func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
 	if err := b.fail(false); err != nil {
 		return false, err
 	}
-	return b.Store.ClaimDelivery(ctx, id, keyID)
+	return b.Store.ClaimDelivery(ctx, id, keyID, claim)
 }
 
-func (b *brokenLedger) ReleaseDelivery(ctx context.Context, id int64) error {
+func (b *brokenLedger) ReleaseDelivery(ctx context.Context, id int64, claim []byte) error {
 	if err := b.fail(false); err != nil {
 		return err
 	}
-	return b.Store.ReleaseDelivery(ctx, id)
+	return b.Store.ReleaseDelivery(ctx, id, claim)
 }
 
 func (b *brokenLedger) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error) {
@@ -504,11 +504,11 @@ func (b *brokenLedger) OpenSettlements(ctx context.Context, network string, sign
 	return b.Store.OpenSettlements(ctx, network, signer)
 }
 
-func (b *brokenLedger) MaxTxNonce(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+func (b *brokenLedger) NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error) {
 	if err := b.fail(false); err != nil {
-		return 0, false, err
+		return nil, err
 	}
-	return b.Store.MaxTxNonce(ctx, network, signer)
+	return b.Store.NoncesHeld(ctx, network, signer, from)
 }
 
 // TestSettleLedgerDown: without the ledger there is no settlement: 503 with Retry-After and a

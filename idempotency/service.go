@@ -31,7 +31,7 @@ type Store interface {
 // the statement that writes the settlement.
 type Settler interface {
 	Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error)
-	ReleaseDelivery(ctx context.Context, id int64) error
+	ReleaseDelivery(ctx context.Context, out settle.Outcome) error
 }
 
 // Verifier verifies payments.
@@ -256,8 +256,8 @@ func (s *Service) conflict(ctx context.Context, p *facilitator.Payment, rec *fac
 }
 
 // ReleaseDelivery passes through to the settler.
-func (s *Service) ReleaseDelivery(ctx context.Context, id int64) error {
-	return s.cfg.Settler.ReleaseDelivery(ctx, id)
+func (s *Service) ReleaseDelivery(ctx context.Context, out settle.Outcome) error {
+	return s.cfg.Settler.ReleaseDelivery(ctx, out)
 }
 
 // Compact drops stored answers past their window, keeping the id→settlement links.

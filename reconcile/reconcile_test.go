@@ -233,6 +233,7 @@ func testExpired(t *testing.T, lostAgain bool) {
 	if err := env.Chain.IncreaseTime(ctx, 60); err != nil { // mines the first block past validBefore
 		t.Fatal(err)
 	}
+	env.Mine(t) // expiry rests on a block final by the network's depth (2)
 	if now := env.BlockAt(t, "latest").Time; uint64(now) < p.ValidBefore.Uint64() {
 		t.Fatalf("chain time %d is not past validBefore %s", now, p.ValidBefore)
 	}

@@ -9,16 +9,20 @@ import (
 	"cmp"
 	"context"
 	"crypto/ecdsa"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/big"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
@@ -143,6 +147,12 @@ type Engine struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// salt and claims make claim tokens (claimToken); releases are claims still to be undone.
+	salt     [16]byte
+	claims   atomic.Uint64
+	relMu    sync.Mutex
+	releases []pendingRelease
+
 	// stepped: no loops run; the simulator calls step, and every write the loops would make in
 	// the background is made in line, so that a run is a function of its seed (sim_test.go).
 	stepped bool
@@ -196,6 +206,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, store: cfg.Store, verifier: cfg.Verifier, log: cfg.Logger,
 		networks: map[string]*network{}, flights: map[int64]*flight{}}
+	if _, err := rand.Read(e.salt[:]); err != nil {
+		return nil, err
+	}
 	for _, nc := range cfg.Networks {
 		if len(nc.Signers) == 0 {
 			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
@@ -419,6 +432,8 @@ type Outcome struct {
 	// Claimed: this answer is the settlement's success. If it cannot be written to the caller,
 	// ReleaseDelivery hands the success to the next caller instead.
 	Claimed bool
+	// Claim is the claim's token, for ReleaseDelivery.
+	Claim []byte
 }
 
 // Settle settles p, or reports on the settlement already made for its authorization. The error is
@@ -546,7 +561,7 @@ func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp
 
 // poll reads the ledger until the settlement is settled or the deadline passes.
 func (e *Engine) poll(ctx, waitCtx context.Context, p *facilitator.Payment, s *facilitator.Settlement) (Outcome, error) {
-	for !s.State.Succeeded() && s.State.Open() {
+	for !s.State.Succeeded() && s.State.Open() && !e.stepped {
 		select {
 		case <-waitCtx.Done():
 			return e.answer(ctx, p, viewOf(s)), nil
@@ -571,6 +586,11 @@ func viewOf(s *facilitator.Settlement) view {
 // await waits for f's outcome within the deadline. When this process loses f's key meanwhile,
 // the key's next holder finishes f: the answer then comes from the ledger.
 func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *flight) Outcome {
+	if e.stepped {
+		// Nothing moves while a caller waits: the simulator answers with what is known now, and
+		// its callers ask again.
+		return e.answer(ctx, p, f.view())
+	}
 	v := f.wait(waitCtx, func(v view) bool { return settled(v) || v.dropped })
 	if !v.dropped || settled(v) {
 		return e.answer(ctx, p, v)
@@ -604,16 +624,21 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 			// Not the caller's context: a claim the ledger made must come back to be released if
 			// the caller leaves meanwhile. Bounded all the same, so a ledger that does not answer
 			// turns into a pending answer instead of a hung request.
+			claim := e.claimToken(v.id)
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-			claimed, err := e.store.ClaimDelivery(cctx, v.id, p.KeyID)
+			claimed, err := e.store.ClaimDelivery(cctx, v.id, p.KeyID, claim)
 			cancel()
 			if err != nil {
+				// The claim may have committed all the same: then nobody would ever be told the
+				// success. It is released (this claim only) before the caller, told pending,
+				// asks again.
 				e.log.Warn("claiming a success; answering pending", "settlement", v.id, "payer", p.Payer,
 					"nonce", hexutil.Encode(p.Authorization.Nonce[:]), "tx", v.hash, "err", err)
+				e.release(ctx, v.id, claim)
 				out.Response = fail(p, facilitator.ReasonSettlementPending, "the transfer is mined; send the same payload again for the answer", v.hash).Response
 				return out
 			}
-			out.Claimed = claimed
+			out.Claimed, out.Claim = claimed, claim
 		}
 		if out.Claimed {
 			out.Response = facilitator.SettleResponse{Success: true, Transaction: v.hash.Hex(), Network: p.Network, Payer: p.Payer}
@@ -631,9 +656,44 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 	return out
 }
 
-// ReleaseDelivery undoes a claimed success whose answer never reached the caller.
-func (e *Engine) ReleaseDelivery(ctx context.Context, id int64) error {
-	return e.store.ReleaseDelivery(ctx, id)
+// ReleaseDelivery undoes out's claimed success, whose answer never reached the caller.
+func (e *Engine) ReleaseDelivery(ctx context.Context, out Outcome) error {
+	return e.store.ReleaseDelivery(ctx, out.SettlementID, out.Claim)
+}
+
+// claimToken is a token no other claim has: this process's salt, a count, and the settlement.
+func (e *Engine) claimToken(id int64) []byte {
+	n := e.claims.Add(1)
+	return crypto.Keccak256(e.salt[:], binary.BigEndian.AppendUint64(nil, n), binary.BigEndian.AppendUint64(nil, uint64(id)))[:16]
+}
+
+// release undoes a claim whose write's outcome is unknown; while the ledger refuses, it is
+// retried by the watcher (retryReleases), or the success would stay claimed by nobody.
+func (e *Engine) release(ctx context.Context, id int64, claim []byte) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	err := e.store.ReleaseDelivery(rctx, id, claim)
+	cancel()
+	if err != nil {
+		e.relMu.Lock()
+		e.releases = append(e.releases, pendingRelease{id: id, claim: claim})
+		e.relMu.Unlock()
+	}
+}
+
+type pendingRelease struct {
+	id    int64
+	claim []byte
+}
+
+// retryReleases releases the claims release could not.
+func (e *Engine) retryReleases(ctx context.Context) {
+	e.relMu.Lock()
+	todo := e.releases
+	e.releases = nil
+	e.relMu.Unlock()
+	for _, r := range todo {
+		e.release(ctx, r.id, r.claim)
+	}
 }
 
 func fail(p *facilitator.Payment, reason, message string, tx common.Hash) Outcome {

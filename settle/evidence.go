@@ -30,6 +30,9 @@ var (
 // reconcile job answers from the index.
 const logLookback = 10_000
 
+// pinnedElems is how many reads a pinned read makes before the variants' receipts.
+const pinnedElems = 5
+
 // pinnedRead is one settlement's pinned reads.
 type pinnedRead struct {
 	key    facilitator.AuthorizationKey
@@ -52,6 +55,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			Time hexutil.Uint64 `json:"timestamp"`
 		}
 		count hexutil.Uint64
+		head  hexutil.Uint64
 		state hexutil.Bytes
 		logs  []types.Log
 		rcpts []*types.Receipt
@@ -79,7 +83,8 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{at, false}, Result: &s.header},
 			rpc.BatchElem{Method: "eth_getTransactionCount", Args: []any{pr.signer, at}, Result: &s.count},
 			rpc.BatchElem{Method: "eth_call", Args: []any{call, at}, Result: &s.state},
-			rpc.BatchElem{Method: "eth_getLogs", Args: []any{filter}, Result: &s.logs})
+			rpc.BatchElem{Method: "eth_getLogs", Args: []any{filter}, Result: &s.logs},
+			rpc.BatchElem{Method: "eth_blockNumber", Result: &s.head})
 		for j, v := range pr.t.variants {
 			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{v.hash}, Result: &s.rcpts[j]})
 		}
@@ -90,7 +95,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 	for i, pr := range prs {
 		s := all[i]
 		failed := false
-		for _, el := range elems[s.first : s.first+4] {
+		for _, el := range elems[s.first : s.first+pinnedElems] {
 			failed = failed || el.Error != nil
 		}
 		if failed || s.header == nil {
@@ -100,7 +105,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			pr.voided = true
 			continue
 		}
-		c := &chainRead{at: pr.at, atHash: s.header.Hash, time: uint64(s.header.Time), keyNonce: uint64(s.count),
+		c := &chainRead{at: pr.at, atHash: s.header.Hash, time: uint64(s.header.Time), keyNonce: uint64(s.count), nodeHead: uint64(s.head),
 			used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
 		for _, l := range s.logs {
 			if l.Removed || len(l.Topics) < 3 {
@@ -115,7 +120,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		want := pr.want
 		pr.receipts = map[common.Hash]receiptRead{}
 		for j, v := range pr.t.variants {
-			el := elems[s.first+4+j]
+			el := elems[s.first+pinnedElems+j]
 			if el.Error != nil {
 				c.receiptsComplete = false
 				pr.receipts[v.hash] = receiptRead{}

@@ -223,6 +223,22 @@ func (f *flight) track() track {
 	return t
 }
 
+// unmine forgets where f was mined (its block left the chain) and makes the variant that was
+// mined the newest, to go out again first with its bump timer restarted: a caller may have been
+// told success with its hash, and the same bytes land under the same hash. Caller holds f.mu.
+func (f *flight) unmine(now time.Time) {
+	for i, t := range f.txs {
+		if t.hash == f.minedHash && i != len(f.txs)-1 {
+			f.txs = append(append(f.txs[:i:i], f.txs[i+1:]...), t)
+			break
+		}
+	}
+	if last := f.txs[len(f.txs)-1]; last.hash == f.minedHash {
+		last.signedAt, last.sentAt, last.tried = now, time.Time{}, time.Time{}
+	}
+	f.minedHash, f.block, f.blockHash, f.verdict = common.Hash{}, 0, common.Hash{}, nil
+}
+
 // settled reports whether the flight has its outcome (success or proven failure).
 func settled(v view) bool { return !v.state.Open() }
 

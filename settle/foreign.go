@@ -28,7 +28,7 @@ const resignMargin = 30 * time.Second
 // resign signs f's call again (same calldata and gas, current fees) with the key's next nonce,
 // records it in the ledger as the settlement's transaction at that nonce, and queues it. old is
 // the nonce the foreign transaction took.
-func (n *network) resign(ctx context.Context, f *flight, old uint64) error {
+func (n *network) resign(ctx context.Context, f *flight, old uint64, why string) error {
 	e := n.engine
 	s := f.sender
 	fees, err := n.fees(ctx)
@@ -72,6 +72,11 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64) error {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 		err = l.MoveNonce(wctx, f.id, nonce, rec)
 		cancel()
+		if errors.Is(err, facilitator.ErrDuplicate) {
+			// These very bytes are recorded (only this settlement signs this calldata at this
+			// nonce and fee): an earlier move committed and its answer was lost.
+			err = nil
+		}
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
 			e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
 			s.loaded = false
@@ -96,8 +101,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64) error {
 			f.nonce = nonce
 			f.txs = append(f.txs, &sentTx{hash: rec.Hash, nonce: nonce, raw: raw, fees: fees, signedAt: e.now()})
 		})
-		e.log.Warn("signer nonce taken by a foreign transaction; re-signing with a new nonce",
-			f.logAttrs("signer", s.addr, "old_tx_nonce", old, "new_tx_nonce", nonce, "tx", rec.Hash)...)
+		e.log.Warn("re-signing with a new nonce", f.logAttrs("why", why, "signer", s.addr, "old_tx_nonce", old, "new_tx_nonce", nonce, "tx", rec.Hash)...)
 		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceForeign)
 		s.enqueue(f)
 		return nil

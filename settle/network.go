@@ -49,6 +49,10 @@ type network struct {
 	// headHint is the highest head the newHeads subscription announced (0: none yet).
 	headHint atomic.Uint64
 
+	// maxSeen is the highest head any answer told of (pinHead can fall back below it): a nonce
+	// is loaded, and a replacement made, only on reads at least that fresh.
+	maxSeen atomic.Uint64
+
 	// unknown are settlement writes whose outcome is unknown, checked each round (checkUnknown).
 	unknownMu sync.Mutex
 	unknown   []*unknownCommit
@@ -59,6 +63,7 @@ type network struct {
 	// Owned by the watcher goroutine.
 	pinHead         uint64 // the block reads "at the head" are pinned at (watch)
 	pinFails        int    // rounds in a row whose reads at pinHead failed
+
 	lastBlock       uint64
 	lastSweep       time.Time
 	noBlockReceipts bool // the node refused eth_getBlockReceipts: read blocks, then receipts
@@ -184,5 +189,15 @@ func (n *network) recordBroadcasts(ctx context.Context, ids []int64) {
 	if err := e.store.MarkBroadcast(ctx, ids); err != nil {
 		// Only bookkeeping: recovery treats signed and broadcast alike.
 		e.log.Warn("recording broadcasts", "network", n.id.ID, "err", err)
+	}
+}
+
+// saw records that an answer told of head h.
+func (n *network) saw(h uint64) {
+	for {
+		old := n.maxSeen.Load()
+		if h <= old || n.maxSeen.CompareAndSwap(old, h) {
+			return
+		}
 	}
 }

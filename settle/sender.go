@@ -58,24 +58,54 @@ func newSender(n *network, key *ecdsa.PrivateKey) *sender {
 	}
 }
 
-// load derives the next nonce from the chain's pending nonce and the ledger: the ledger may hold
-// signed transactions the chain has not seen (a crash between commit and broadcast), and the pool
-// may hold ours that are not mined yet. Caller holds mu.
+// load derives the next nonce from the chain's mined nonce and the ledger: every transaction of
+// ours, mined, pooled or not sent yet (a crash between commit and broadcast), is in the ledger
+// before it leaves the process, so the ledger's highest nonce covers them. The chain's pending
+// nonce is not used: past ours it counts only transactions that are not ours, sitting in a pool,
+// and one of those that a pool drops would leave the nonce it held a gap nobody fills, holding
+// back every later transaction of the key. Signing at such a nonce instead costs at most a
+// replacement fight or a re-sign (foreign.go). Caller holds mu.
 func (s *sender) load(ctx context.Context) error {
 	e := s.net.engine
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
 	defer cancel()
-	var pending hexutil.Uint64
-	if err := s.net.chain.CallContext(ctx, &pending, "eth_getTransactionCount", s.addr, "pending"); err != nil {
-		return facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the signer's nonce; nothing was sent, retry", err)
+	// The count comes with the answering node's head: a node behind a head we were told of may
+	// not count a transaction of the key mined since, and signing at its nonce would only earn a
+	// "nonce too low". Asked again, then not known.
+	var pending, head hexutil.Uint64
+	for try := 1; ; try++ {
+		b := []rpc.BatchElem{
+			{Method: "eth_getTransactionCount", Args: []any{s.addr, "latest"}, Result: &pending},
+			{Method: "eth_blockNumber", Result: &head},
+		}
+		err := s.net.chain.BatchCallContext(ctx, b)
+		if err == nil {
+			err = errors.Join(b[0].Error, b[1].Error)
+		}
+		if err == nil && uint64(head) < s.net.maxSeen.Load() {
+			err = fmt.Errorf("the node answering is behind the chain's head (block %d, %d seen)", uint64(head), s.net.maxSeen.Load())
+		}
+		if err == nil {
+			s.net.saw(uint64(head))
+			break
+		}
+		if try == 3 {
+			return facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the signer's nonce; nothing was sent, retry", err)
+		}
 	}
-	maxLedger, ok, err := e.store.MaxTxNonce(ctx, s.net.id.ID, s.addr)
+	// The lowest nonce from the chain's on that no settlement holds: past the ledger's highest
+	// normally, or a gap below it (a foreign transaction that held it was reorganised away).
+	held, err := e.store.NoncesHeld(ctx, s.net.id.ID, s.addr, uint64(pending))
 	if err != nil {
 		return ledgerDown(err)
 	}
 	next := uint64(pending)
-	if ok && maxLedger+1 > next {
-		next = maxLedger + 1
+	for _, n := range held {
+		if n == next {
+			next++
+		} else if n > next {
+			break
+		}
 	}
 	if s.loaded && next != s.next {
 		e.log.Warn("signer nonce resynchronised", "network", s.net.id.ID, "signer", s.addr, "was", s.next, "now", next)

@@ -86,6 +86,12 @@ type observation struct {
 	underpriced bool
 	// chain is the pinned reads decide asked for (readChain), nil when not made or failed.
 	chain *chainRead
+	// highest is the highest head the engine has ever seen: a replacement rests on reads at it.
+	highest uint64
+	// gap: the signer's nonce at the pinned block (chain.keyNonce) is below the settlement's and
+	// no settlement holds it: a transaction that held it (a foreign one, reorganised away) is
+	// gone, and every later transaction of the key waits behind it.
+	gap bool
 }
 
 // canonRead is a block at a height, with the head of the node that answered.
@@ -103,6 +109,9 @@ type chainRead struct {
 	time   uint64 // the block's timestamp
 	// keyNonce is the signer's nonce at the block: every tx nonce below it is mined.
 	keyNonce uint64
+	// nodeHead is the answering node's head: finality of the block counts from it (a node still on
+	// a branch a reorganisation replaced has a head too short to call that branch's blocks final).
+	nodeHead uint64
 	// used is the token's authorizationState for the authorization at the block.
 	used bool
 	// use is the AuthorizationUsed or AuthorizationCanceled log of the authorization up to the
@@ -194,6 +203,9 @@ func twice(t track, d decision, at uint64, atHash common.Hash) decision {
 // keep waits without changing the verdict: a read that failed neither confirms nor refutes it.
 func keep(t track, why string) decision { return decision{act: actWait, verdict: t.verdict, why: why} }
 
+// waitFor waits, dropping any verdict: reads that were made and do not confirm it refute it.
+func waitFor(why string) decision { return decision{act: actWait, why: why} }
+
 func decideMined(t track, o observation, p policy) decision {
 	rr, read := o.receipts[t.mined.tx]
 	if !read || !rr.ok {
@@ -260,8 +272,9 @@ func decideOpen(t track, o observation, p policy) decision {
 		case o.nonceLow, bumpDue, expiring:
 			return decision{act: actReadAt, why: "nonce called too low, bump due or validBefore passed: read the chain first"}
 		}
-		return resendTiming(t, o, p)
+		return resendTiming(t, o, p, t.verdict)
 	}
+	// From here on the reads are in: a verdict they do not confirm is dropped (twice compares).
 
 	if reverted != nil && reverted.block > c.at {
 		// The reads predate the revert they must explain: read at its block next round.
@@ -275,16 +288,16 @@ func decideOpen(t track, o observation, p policy) decision {
 			return decision{act: actResolve, res: Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}, why: "the authorization's use log names our transaction"}
 		}
 		if u.canceled {
-			return t.terminal(c, Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
+			return t.terminal(o, p, c.at, c.atHash, Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
 				ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorizer canceled the authorization"}, "canceled by the authorizer")
 		}
-		return t.terminal(c, Resolution{State: facilitator.StateSettledElsewhere, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
+		return t.terminal(o, p, c.at, c.atHash, Resolution{State: facilitator.StateSettledElsewhere, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
 			ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorization was used by a transaction that is not ours"}, "used by another transaction")
 	}
 	if c.used {
 		// Used, but no log says by whom within the look-back window (or the node's logs lag its
 		// state): nothing is decided; the index answers reconcile later.
-		return keep(t, "the authorization is used and no log in the window says by whom")
+		return waitFor("the authorization is used and no log in the window says by whom")
 	}
 	// Unused at c.at.
 	if t.validBefore != nil && new(big.Int).SetUint64(c.time).Cmp(t.validBefore) >= 0 {
@@ -299,55 +312,109 @@ func decideOpen(t track, o observation, p policy) decision {
 			res.TxHash, res.BlockNumber, res.BlockHash = reverted.tx, reverted.block, reverted.blockHash
 			res.ErrorMessage = "the authorization expired before the transaction was mined"
 		}
-		return t.terminal(c, res, "expired unused")
+		return t.terminal(o, p, c.at, c.atHash, res, "expired unused")
 	}
 	if reverted != nil {
 		// Ours reverted with the authorization unused (the payer's balance, a bad signature): a
 		// plain failure, once no other variant of ours can still land.
 		if !t.allNoncesUsed(c.keyNonce) {
-			return keep(t, "a variant reverted; another nonce of ours may still land")
+			return waitFor("a variant reverted; another nonce of ours may still land")
 		}
-		return t.terminal(c, Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
+		return t.terminal(o, p, c.at, c.atHash, Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
 			ErrorReason: facilitator.ReasonTransactionFailed, ErrorMessage: "the transaction reverted"}, "reverted")
 	}
 	if c.keyNonce > t.txNonce {
 		// Something holds the settlement's nonce, mined. If it is ours its receipt is there.
 		if !c.receiptsComplete || t.mayHaveReceipt(o) {
-			return keep(t, "the nonce is used; reading our receipts again")
+			return waitFor("the nonce is used; reading our receipts again")
 		}
 		// None of ours: a foreign transaction took the nonce, and the authorization is unused.
 		if t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0 {
-			return keep(t, "a foreign transaction took the nonce; too close to validBefore to re-sign")
+			return waitFor("a foreign transaction took the nonce; too close to validBefore to re-sign")
 		}
 		return twice(t, decision{act: actResign, why: "a foreign transaction took the nonce"}, c.at, c.atHash)
 	}
-	// The nonce is unused at c.at: a bump replaces an unmined transaction, never a mined one.
-	if bumpDue {
-		return decision{act: actBump, why: "unmined past the bump interval, or underpriced"}
+	if d, ok := fillGap(t, o, p, bumpDue); ok {
+		return d
 	}
-	return resendTiming(t, o, p)
+	// The nonce is unused at c.at: a bump replaces an unmined transaction, never a mined one (so
+	// never on reads behind a head the engine has seen: the nonce may be mined there).
+	if bumpDue {
+		if c.at < max(o.highest, c.nodeHead) {
+			return decision{act: actWait, why: "bump due, but the reads are behind the highest head seen"}
+		}
+		// Twice, like every step that rests on "not there": a node on a branch a reorganisation
+		// replaced has the block number too, with our nonce unused in it.
+		return twice(t, decision{act: actBump, why: "unmined past the bump interval, or underpriced"}, c.at, c.atHash)
+	}
+	return resendTiming(t, o, p, nil)
 }
 
-// terminal is a failure outcome, carried out on its second read; the settlement closes (its
-// nonce is resent until used) when the nonce may be unused at the read.
-func (t track) terminal(c *chainRead, res Resolution, why string) decision {
-	return twice(t, decision{act: actResolve, res: res, why: why}, c.at, c.atHash)
+// terminal is a failure outcome, resting on the block at (with hash atHash): carried out only
+// once that block is final by the network's depth (a reorg above it could take the evidence away
+// and let ours land), and on the second read there. Until then the verdict says where to read.
+func (t track) terminal(o observation, p policy, at uint64, atHash common.Hash, res Resolution, why string) decision {
+	if !final(at, o.chain.nodeHead, p) {
+		return notFinal(o.chain, p, why)
+	}
+	return twice(t, decision{act: actResolve, res: res, why: why}, at, atHash)
+}
+
+// final reports whether block at is final by depth under head (the mined block counts as one).
+func final(at, head uint64, p policy) bool { return head+1 >= at+max(p.depth, 1) }
+
+// notFinal waits for evidence read in a block not final yet, and says to read again at the
+// answering node's latest final block: once the evidence is there, it is final.
+func notFinal(c *chainRead, p policy, why string) decision {
+	d := decision{act: actWait, why: why + ", in a block not final yet"}
+	if c.nodeHead+1 >= max(p.depth, 1) {
+		d.verdict = &verdict{act: actReadAt, at: c.nodeHead + 1 - max(p.depth, 1)}
+	}
+	return d
 }
 
 func decideClosing(t track, o observation, p policy) decision {
 	c := o.chain
 	if c == nil {
-		return decision{act: actReadAt, why: "is the closed settlement's nonce used yet?"}
+		at := uint64(0)
+		if t.verdict != nil {
+			at = t.verdict.at
+		}
+		return decision{act: actReadAt, at: at, verdict: t.verdict, why: "is the closed settlement's nonce used yet?"}
 	}
 	if c.keyNonce > t.txNonce {
-		return decision{act: actRelease, why: "the nonce is used"}
+		// Used in a block that must stay: a reorg above it could hand the nonce back.
+		if !final(c.at, c.nodeHead, p) {
+			return notFinal(c, p, "the nonce is used")
+		}
+		return twice(t, decision{act: actRelease, why: "the nonce is used"}, c.at, c.atHash)
 	}
-	return resendTiming(t, o, p)
+	if d, ok := fillGap(t, o, p, o.underpriced || bumpTime(t, o.now, p)); ok {
+		return d
+	}
+	if (o.underpriced || bumpTime(t, o.now, p)) && c.at >= max(o.highest, c.nodeHead) {
+		// Priced out (the base fee rose past its cap): the nonce stays a gap unless replaced.
+		return twice(t, decision{act: actBump, why: "closing, unmined past the bump interval, or underpriced"}, c.at, c.atHash)
+	}
+	return resendTiming(t, o, p, nil)
+}
+
+// fillGap moves a settlement stuck behind a nonce gap down into the gap (a re-sign at the lowest
+// free nonce), once the gap is there in a final block and read twice.
+func fillGap(t track, o observation, p policy, stuck bool) (decision, bool) {
+	c := o.chain
+	if !o.gap || !stuck || c == nil || c.keyNonce >= t.txNonce {
+		return decision{}, false
+	}
+	if !final(c.at, c.nodeHead, p) {
+		return notFinal(c, p, "a nonce gap below ours"), true
+	}
+	return twice(t, decision{act: actResign, why: "a nonce gap below ours: no transaction holds it"}, c.at, c.atHash), true
 }
 
 // resendTiming resends a transaction no node took yet after RetryInterval, and one a node took
 // but nobody mined after RebroadcastAfter (a node may have dropped it; resending is harmless).
-func resendTiming(t track, o observation, p policy) decision {
+func resendTiming(t track, o observation, p policy, keep *verdict) decision {
 	if len(t.variants) == 0 {
 		return decision{act: actWait}
 	}
@@ -359,12 +426,12 @@ func resendTiming(t track, o observation, p policy) decision {
 			tried = v.signedAt // still the broadcaster's to send first
 		}
 		if o.now.Sub(tried) >= p.retryInterval {
-			return decision{act: actSend, verdict: t.verdict, why: "no node took it yet"}
+			return decision{act: actSend, verdict: keep, why: "no node took it yet"}
 		}
 	case o.now.Sub(v.tried) >= p.rebroadcastAfter:
-		return decision{act: actSend, verdict: t.verdict, why: "unmined; a node may have dropped it"}
+		return decision{act: actSend, verdict: keep, why: "unmined; a node may have dropped it"}
 	}
-	return decision{act: actWait, verdict: t.verdict}
+	return decision{act: actWait, verdict: keep}
 }
 
 func bumpTime(t track, now time.Time, p policy) bool {

@@ -43,6 +43,9 @@ func TestDecide(t *testing.T) {
 	}
 	pinned := func(o observation, c chainRead) observation {
 		c.receiptsComplete = true
+		if c.nodeHead == 0 {
+			c.nodeHead = o.head
+		}
 		if c.atHash == (common.Hash{}) {
 			c.atHash = blockA
 		}
@@ -102,11 +105,11 @@ func TestDecide(t *testing.T) {
 				o.chain.receiptsComplete = false
 				return o
 			}(), want{act: actWait}},
-		{"bump due and the nonce unused at the head: bump", open, func() observation {
+		{"bump due, the nonce unused, but the reads are behind the highest head seen: wait", open, func() observation {
 			o := pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 5})
-			o.now = t0.Add(91 * time.Second)
+			o.now, o.highest = t0.Add(91*time.Second), 112
 			return o
-		}(), want{act: actBump}},
+		}(), want{act: actWait}},
 		{"bump due but the nonce is mined: never bump, look for whose it is", open, func() observation {
 			o := pinned(obs(map[common.Hash]receiptRead{ours: {}}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 6})
 			o.chain.receiptsComplete = false
@@ -144,14 +147,21 @@ func TestDecide(t *testing.T) {
 			o.canon = &canonRead{head: 110, hash: blockB}
 			return o
 		}(), want{act: actWait}},
+		{"expired at a block not final yet: wait, and read there again", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: vb.Uint64(), keyNonce: 5}),
+			want{act: actWait}},
+		{"the use log is in a block not final yet: wait", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 109, blockA))}), chainRead{at: 109, time: uint64(t0.Unix()), keyNonce: 6, used: true,
+				use: &authLog{tx: theirs, block: 109, blockHash: blockA}}),
+			want{act: actWait}},
+		{"closing, nonce used in a block not final yet: wait", track{state: facilitator.StateExpired, closing: true, txNonce: 5, variants: []variant{sent(ours, 5)}},
+			pinned(obs(map[common.Hash]receiptRead{}), chainRead{at: 110, keyNonce: 6}), want{act: actWait}},
 		{"closing, nonce still unused: resend when due", track{state: facilitator.StateExpired, closing: true, txNonce: 5, variants: []variant{sent(ours, 5)}},
 			func() observation {
 				o := pinned(obs(map[common.Hash]receiptRead{}), chainRead{at: 110, keyNonce: 5})
 				o.now = t0.Add(31 * time.Second)
 				return o
 			}(), want{act: actSend}},
-		{"closing, nonce used: release", track{state: facilitator.StateExpired, closing: true, txNonce: 5, variants: []variant{sent(ours, 5)}},
-			pinned(obs(map[common.Hash]receiptRead{}), chainRead{at: 110, keyNonce: 6}), want{act: actRelease}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -180,9 +190,14 @@ func TestDecide(t *testing.T) {
 		{"a plain revert once every nonce is used", open,
 			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6}),
 			want{actResolve, facilitator.StateReverted, ours}},
-		{"expired: unused at a block past validBefore", open,
-			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: vb.Uint64(), keyNonce: 5}),
+		{"expired: unused at a final block past validBefore", open,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 105, time: vb.Uint64(), keyNonce: 5}),
 			want{act: actResolve, state: facilitator.StateExpired}},
+		{"bump due and the nonce unused at the head: bump", open, func() observation {
+			o := pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 5})
+			o.now = t0.Add(91 * time.Second)
+			return o
+		}(), want{act: actBump}},
 		{"a foreign transaction took the nonce: re-sign", open, func() observation {
 			o := pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 6})
 			o.nonceLow = true
@@ -198,6 +213,8 @@ func TestDecide(t *testing.T) {
 			return o
 		}(), want{actMove, facilitator.StateMined, ours}},
 		{"re-included and reverted: reopen", mined, obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 101, blockB))}), want{act: actReopen}},
+		{"closing, nonce used in a final block: release", track{state: facilitator.StateExpired, closing: true, txNonce: 5, variants: []variant{sent(ours, 5)}},
+			pinned(obs(map[common.Hash]receiptRead{}), chainRead{at: 105, keyNonce: 6}), want{act: actRelease}},
 		{"its block reorganised away: reopen", mined, func() observation {
 			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
 			o.canon = &canonRead{head: 110, hash: blockB}

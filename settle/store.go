@@ -27,12 +27,16 @@ type Store interface {
 	// it write nothing and return ErrGroupRefused (the caller then commits the rows one by one).
 	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
 	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent;
-	// facilitator.ErrNotFound (nothing written) when the settlement is no longer signed or broadcast.
+	// facilitator.ErrNotFound (nothing written) when the settlement is mined or final;
+	// facilitator.ErrDuplicate when the transaction is recorded already (an earlier AddTx of it
+	// committed and its answer was lost).
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
 	// MoveNonce records a re-signed transaction with a new tx nonce (the old one was taken by a
 	// transaction that is not ours) and makes txNonce the settlement's, before it is sent. The
 	// earlier variants stay recorded and watched. Errors: facilitator.ErrNonceTaken (the signer's
-	// txNonce has a row), facilitator.ErrNotFound (the settlement is no longer signed or broadcast).
+	// txNonce has a row), facilitator.ErrNotFound (the settlement is mined or final: a failed one
+	// still moves, to fill a nonce gap below the key's other transactions), facilitator.ErrDuplicate
+	// (the transaction is recorded already: an earlier move of it committed and its answer was lost).
 	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
 	// Resolve moves open settlements to their outcomes, at once, and returns the ids it moved; it
@@ -48,9 +52,12 @@ type Store interface {
 	// only for that key ("" only for a settlement created in open mode). It returns false
 	// when another caller already was answered success, the settlement did not succeed, or keyID is
 	// not the settlement's key.
-	ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error)
-	// ReleaseDelivery undoes a claim whose answer could not be written.
-	ReleaseDelivery(ctx context.Context, id int64) error
+	// claim is the claim's own token: a claim whose write answered an error may have committed,
+	// and ReleaseDelivery with the same token undoes exactly it, never another caller's.
+	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error)
+	// ReleaseDelivery undoes the claim made with token claim (nothing when the success was claimed
+	// with another), whose answer could not be written or whose write's outcome is unknown.
+	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
 	// OpenSettlements lists the signer's settlements in signed, broadcast or mined state, with all
 	// their transactions, in tx nonce order.
 	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]OpenSettlement, error)
@@ -59,8 +66,9 @@ type Store interface {
 	// tx nonce order: their nonces may be unused on chain, a gap the signer's later transactions
 	// wait behind until the settlement's transaction (which can only revert now) fills it.
 	ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]OpenSettlement, error)
-	// MaxTxNonce is the highest tx nonce the ledger holds for the signer.
-	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
+	// NoncesHeld lists the tx nonces of at least from that the signer's settlements hold (in any
+	// state), ascending.
+	NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error)
 	// WalletCapWait is how long until a settlement of value by payer would fit g's wallet caps
 	// (0: it fits now), read without a lock.
 	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g Guard) (time.Duration, error)

@@ -47,6 +47,7 @@ func (n *network) watchLoop(ctx context.Context) {
 func (n *network) watch(ctx context.Context) {
 	e := n.engine
 	n.checkUnknown(ctx)
+	e.retryReleases(ctx)
 	if len(e.flightsOf(n)) == 0 {
 		return
 	}
@@ -59,6 +60,7 @@ func (n *network) watch(ctx context.Context) {
 			return
 		}
 	}
+	n.saw(uint64(head))
 	// The flights are read after the head: a flight tracked later was broadcast later, so it lands
 	// in a block past head, which the next round reads. (Read before the head, a flight signed in
 	// between could be mined at or below head, in a block this round marks as read without
@@ -140,6 +142,8 @@ func (n *network) watch(ctx context.Context) {
 		w.o.underpriced = n.takeBump(f)
 	}
 	if err := reads.run(ctx, n); err != nil {
+		// The heads the answered part told of still count: a bump never rests on reads behind them.
+		n.saw(reads.heads())
 		e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
 		return
 	}
@@ -154,10 +158,19 @@ func (n *network) watch(ctx context.Context) {
 	// may have answered: "the nonce is unused" from a block behind what we know would let a
 	// replacement go out for a mined nonce. (After rounds of failing there, a reorg to a shorter
 	// chain is likelier than lag: the round's head takes over.)
-	if uint64(head) > n.pinHead || n.pinFails >= 5 {
-		n.pinHead, n.pinFails = uint64(head), 0
+	seen := uint64(head)
+	for _, w := range works {
+		if w.o.canon != nil {
+			seen = max(seen, w.o.canon.head) // a head another read of this round answered
+		}
 	}
+	if seen > n.pinHead || n.pinFails >= 5 {
+		n.pinHead, n.pinFails = seen, 0
+	}
+	n.saw(seen)
 	for i, w := range works {
+		w.o.head = n.pinHead // finality of evidence counts from the highest head seen
+		w.o.highest = n.maxSeen.Load()
 		decisions[i] = decide(w.t, w.o, n.policy())
 		if d := decisions[i]; d.act == actReadAt {
 			at := d.at
@@ -172,6 +185,7 @@ func (n *network) watch(ctx context.Context) {
 			pinnedFor = append(pinnedFor, i)
 		}
 	}
+	gaps := map[gapKey]bool{}
 	if len(pinned) > 0 {
 		if err := readPinned(ctx, n.batch, pinned); err != nil {
 			e.log.Warn("pinned chain reads failed; deciding next round", "network", n.id.ID, "err", err)
@@ -181,6 +195,9 @@ func (n *network) watch(ctx context.Context) {
 		}
 		failed := 0
 		for _, pr := range pinned {
+			if pr.read != nil {
+				n.saw(pr.read.nodeHead)
+			}
 			if pr.read == nil && !pr.voided && pr.at == n.pinHead {
 				failed++
 			}
@@ -204,6 +221,9 @@ func (n *network) watch(ctx context.Context) {
 				w.o.receipts[h] = r
 			}
 			w.o.chain = pr.read
+			if pr.read.keyNonce < w.t.txNonce {
+				w.o.gap = n.gapAt(ctx, gaps, w.f.sender, pr.read.keyNonce)
+			}
 			decisions[i] = decide(w.t, w.o, n.policy())
 			if decisions[i].act == actReadAt {
 				decisions[i] = decision{act: actWait, verdict: decisions[i].verdict}
@@ -229,14 +249,15 @@ func (n *network) watch(ctx context.Context) {
 			}
 			resend = append(resend, f)
 		case actResign:
-			if err := n.resign(ctx, f, w.t.txNonce); err != nil {
-				e.log.Warn("re-signing a settlement whose nonce a foreign transaction took; will retry", f.logAttrs("tx_nonce", w.t.txNonce, "err", err)...)
+			if err := n.resign(ctx, f, w.t.txNonce, d.why); err != nil {
+				e.log.Warn("re-signing a settlement at a new nonce; will retry", f.logAttrs("tx_nonce", w.t.txNonce, "why", d.why, "err", err)...)
 			}
 		case actResolve:
 			o := outcome{f: f, res: d.res}
 			o.res.ID = f.id
-			// A failure whose nonce may be unused on chain keeps the flight, to fill the nonce.
-			o.closing = !d.res.State.Succeeded() && (w.o.chain == nil || w.o.chain.keyNonce <= w.t.txNonce)
+			// A failure keeps the flight until reads show its nonce used (closing): if it is not, the
+			// signer's later transactions wait behind it.
+			o.closing = !d.res.State.Succeeded()
 			outcomes = append(outcomes, o)
 		case actFinalize:
 			finals = append(finals, f)
@@ -256,6 +277,25 @@ func (n *network) watch(ctx context.Context) {
 	}
 }
 
+type gapKey struct {
+	s     *sender
+	nonce uint64
+}
+
+// gapAt reports whether no settlement of the ledger holds the sender's nonce (cached per round
+// in gaps; a ledger that does not answer says no gap).
+func (n *network) gapAt(ctx context.Context, gaps map[gapKey]bool, s *sender, nonce uint64) bool {
+	k := gapKey{s, nonce}
+	if g, ok := gaps[k]; ok {
+		return g
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.engine.cfg.RPCTimeout)
+	held, err := n.engine.store.NoncesHeld(rctx, n.id.ID, s.addr, nonce)
+	cancel()
+	gaps[k] = err == nil && (len(held) == 0 || held[0] != nonce)
+	return gaps[k]
+}
+
 // policy is the network's decision policy (sendstate.go).
 func (n *network) policy() policy {
 	c := n.engine.cfg
@@ -267,6 +307,16 @@ func (n *network) policy() policy {
 type receiptReads struct {
 	elems []rpc.BatchElem
 	after []func()
+	hs    []*hexutil.Uint64 // the eth_blockNumber answers
+}
+
+// heads is the highest head the answered elements told of (0: none).
+func (rr *receiptReads) heads() uint64 {
+	var h uint64
+	for _, x := range rr.hs {
+		h = max(h, uint64(*x))
+	}
+	return h
 }
 
 func (rr *receiptReads) receipt(o *observation, h common.Hash, want Expected) {
@@ -283,19 +333,20 @@ func (rr *receiptReads) receipt(o *observation, h common.Hash, want Expected) {
 }
 
 func (rr *receiptReads) canon(o *observation, number uint64) {
-	var head hexutil.Uint64
+	head := new(hexutil.Uint64)
+	rr.hs = append(rr.hs, head)
 	var b *struct {
 		Hash common.Hash `json:"hash"`
 	}
 	i := len(rr.elems)
 	rr.elems = append(rr.elems,
-		rpc.BatchElem{Method: "eth_blockNumber", Result: &head},
+		rpc.BatchElem{Method: "eth_blockNumber", Result: head},
 		rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b})
 	rr.after = append(rr.after, func() {
 		if rr.elems[i].Error != nil || rr.elems[i+1].Error != nil {
 			return
 		}
-		c := &canonRead{head: uint64(head)}
+		c := &canonRead{head: uint64(*head)}
 		if b != nil {
 			c.hash = b.Hash
 		}
@@ -421,8 +472,12 @@ func (n *network) sync(ctx context.Context, f *flight) {
 		e.log.Warn("re-reading a settlement another writer moved; will retry", f.logAttrs("err", err)...)
 		return
 	}
+	now := e.now()
 	f.update(func(f *flight) {
 		f.verdict = nil
+		if f.state.Succeeded() && !row.State.Succeeded() {
+			f.unmine(now) // reopened by another writer
+		}
 		f.state, f.reason, f.message = row.State, row.ErrorReason, row.ErrorMessage
 		if row.State.Succeeded() {
 			f.minedHash, f.block, f.blockHash = row.TxHash, row.BlockNumber, row.BlockHash
@@ -486,9 +541,10 @@ func (n *network) reopen(ctx context.Context, f *flight, d decision) {
 		return
 	}
 	e.log.Warn("settlement reorganised; watching again", f.logAttrs("why", d.why)...)
+	now := e.now()
 	f.update(func(f *flight) {
-		f.state, f.minedHash, f.block, f.blockHash, f.verdict = facilitator.StateBroadcast, common.Hash{}, 0, common.Hash{}, nil
-		f.reason, f.message = "", ""
+		f.unmine(now)
+		f.state, f.reason, f.message = facilitator.StateBroadcast, "", ""
 	})
 	f.count(true)
 	n.resweep.Store(true)
@@ -626,6 +682,10 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 	err = l.AddTx(wctx, f.id, TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas})
 	cancel()
+	if errors.Is(err, facilitator.ErrDuplicate) {
+		// Recorded by an earlier bump whose answer was lost (the same fees sign the same bytes).
+		err = nil
+	}
 	if errors.Is(err, facilitator.ErrNotFound) {
 		// No longer open in the ledger (someone else resolved it): nothing to replace.
 		n.sync(ctx, f)

@@ -344,13 +344,15 @@ const insertSettlementSQL = `
 	SELECT (SELECT id FROM s), wallet_ok, gas_ok FROM ok`
 
 // AddTx records a replacement transaction before it is sent, and raises the settlement's reserved
-// gas cost to the replacement's when that is higher. A settlement no longer signed or broadcast
-// takes no new transaction: facilitator.ErrNotFound, and nothing is written.
+// gas cost to the replacement's when that is higher. A mined or final settlement takes no new
+// transaction: facilitator.ErrNotFound, and nothing is written (a failed one does: its tx nonce
+// may be unused, and the replacement can only revert). A transaction already recorded is
+// facilitator.ErrDuplicate (an earlier AddTx of it committed and its answer was lost).
 func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 	var added int
 	err := db.pool.QueryRow(ctx, `
-		WITH o AS (SELECT id FROM settlements WHERE id = $2 AND state IN ('signed', 'broadcast')),
+		WITH o AS (SELECT id FROM settlements WHERE id = $2 AND state NOT IN ('mined', 'final')),
 		t AS (
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
 			SELECT $1, id, $3, $4, $5 FROM o),
@@ -362,7 +364,7 @@ func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 		SELECT count(*) FROM o`,
 		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), "replacement "+tx.Hash.Hex(), numeric(reserved)).Scan(&added)
 	if err != nil {
-		return err
+		return insertError(err)
 	}
 	if added == 0 {
 		return facilitator.ErrNotFound
@@ -381,13 +383,13 @@ func (db *DB) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle
 	err := db.pool.QueryRow(ctx, `
 		WITH u AS (
 			UPDATE settlements SET tx_nonce = $6, gas_reserved = GREATEST(gas_reserved, NULLIF($7::numeric, 0)), updated_at = now()
-			WHERE id = $2 AND state IN ('signed', 'broadcast') RETURNING id, (SELECT tx_nonce FROM settlements WHERE id = $2) AS was),
+			WHERE id = $2 AND state NOT IN ('mined', 'final') RETURNING id, (SELECT tx_nonce FROM settlements WHERE id = $2) AS was),
 		t AS (
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
 			SELECT $1, id, $3, $4, $5 FROM u),
 		e AS (
 			INSERT INTO settlement_events (settlement_id, state, detail)
-			SELECT id, 'renonced', 'tx nonce ' || was || ' taken by a foreign transaction; tx ' || $8 || ' nonce ' || $6 FROM u)
+			SELECT id, 'renonced', 'tx nonce ' || was || ' left for tx ' || $8 || ' nonce ' || $6 FROM u)
 		SELECT count(*) FROM u`,
 		tx.Hash[:], id, tx.Raw, numeric(tx.TipCap), numeric(tx.FeeCap), int64(txNonce), numeric(reserved), tx.Hash.Hex()).Scan(&moved)
 	if err != nil {
@@ -494,19 +496,20 @@ func (db *DB) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
 // ClaimDelivery records that a caller is being told success; only one ever is, and only one
 // with the key the settlement was made with: the fingerprint can be rebuilt from public calldata,
 // so without that rule any caller allowed to /settle could race the merchant's retry for it.
-func (db *DB) ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error) {
-	tag, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = now()
+func (db *DB) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
+	tag, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = now(), success_claim = $3
 		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL
-			AND api_key IS NOT DISTINCT FROM NULLIF($2::text, '')`, id, keyID)
+			AND api_key IS NOT DISTINCT FROM NULLIF($2::text, '')`, id, keyID, claim)
 	if err != nil {
 		return false, err
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
-// ReleaseDelivery undoes a claim whose answer was not written.
-func (db *DB) ReleaseDelivery(ctx context.Context, id int64) error {
-	_, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = NULL WHERE id = $1`, id)
+// ReleaseDelivery undoes the claim made with token claim, whose answer was not written.
+func (db *DB) ReleaseDelivery(ctx context.Context, id int64, claim []byte) error {
+	_, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = NULL, success_claim = NULL
+		WHERE id = $1 AND success_claim = $2`, id, claim)
 	return err
 }
 
@@ -572,6 +575,21 @@ func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]settle.OpenSettleme
 		o.Txs = append(o.Txs, settle.TxRecord{Hash: common.BytesToHash(hash), Raw: raw, TipCap: numericInt(tip), FeeCap: numericInt(feeCap)})
 	}
 	return out, txRows.Err()
+}
+
+// NoncesHeld lists the tx nonces from on that a signer's settlements hold.
+func (db *DB) NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error) {
+	rows, err := db.pool.Query(ctx, `SELECT tx_nonce FROM settlements WHERE network = $1 AND signer = $2 AND tx_nonce >= $3
+		ORDER BY tx_nonce`, network, signer[:], int64(from))
+	if err != nil {
+		return nil, err
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	out := make([]uint64, len(held))
+	for i, n := range held {
+		out[i] = uint64(n)
+	}
+	return out, err
 }
 
 // MaxTxNonce is the highest tx nonce the ledger holds for a signer.

@@ -214,14 +214,24 @@ func TestMoveNonce(t *testing.T) {
 		t.Fatalf("renonced events: %+v %v", evs, err)
 	}
 
+	// A failed settlement still moves (its nonce may be a gap below the key's others: filling it
+	// moves the settlement down); a mined one does not.
 	if _, err := db.Resolve(ctx, []settle.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.MoveNonce(ctx, other, 3, record()); err != facilitator.ErrNotFound {
-		t.Fatalf("moving a closed settlement: %v, want ErrNotFound", err)
+	if err := db.MoveNonce(ctx, other, 3, record()); err != nil {
+		t.Fatalf("moving a failed settlement: %v", err)
 	}
-	if s, err := db.SettlementByID(ctx, other); err != nil || s.TxNonce != 1 {
-		t.Fatalf("the closed settlement changed: %+v %v", s, err)
+	minedID, _ := insert(4)
+	if _, err := db.Resolve(ctx, []settle.Resolution{{ID: minedID, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 5,
+		BlockHash: common.HexToHash("0x2")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MoveNonce(ctx, minedID, 5, record()); err != facilitator.ErrNotFound {
+		t.Fatalf("moving a mined settlement: %v, want ErrNotFound", err)
+	}
+	if s, err := db.SettlementByID(ctx, minedID); err != nil || s.TxNonce != 4 {
+		t.Fatalf("the mined settlement changed: %+v %v", s, err)
 	}
 }
 
@@ -285,7 +295,7 @@ func TestClaimDeliveryKey(t *testing.T) {
 	}
 	claim := func(id int64, key string, want bool) {
 		t.Helper()
-		got, err := db.ClaimDelivery(ctx, id, key)
+		got, err := db.ClaimDelivery(ctx, id, key, []byte("claim of "+key))
 		if err != nil || got != want {
 			t.Fatalf("ClaimDelivery(%d, %q) = %v, %v; want %v", id, key, got, err, want)
 		}

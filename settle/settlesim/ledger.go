@@ -1,6 +1,7 @@
 package settlesim
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -74,6 +75,7 @@ type ledgerRow struct {
 	paymentID   *settle.PaymentIDBinding
 	delivered   bool // success_delivered_at IS NOT NULL
 	deliveredAt time.Time
+	claim       []byte // success_claim
 	updatedAt   time.Time
 	txs         []LedgerTx
 	events      []LedgerEvent
@@ -182,7 +184,7 @@ func (r *ledgerRow) settlement() *facilitator.Settlement {
 	if s.TxHash == (common.Hash{}) && len(r.txs) > 0 {
 		s.TxHash = r.txs[len(r.txs)-1].Hash
 	}
-	s.Delivered = r.delivered
+	s.Delivered, s.BlockHash = r.delivered, r.blockHash
 	return &s
 }
 
@@ -350,7 +352,7 @@ func cloneSummary(m map[string]string) map[string]string {
 func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle.TxRecord) error {
 	return l.call(ctx, fmt.Sprintf("move-nonce %d to %d", id, txNonce), true, func() error {
 		r := l.rows[id]
-		if r == nil || !r.s.State.Open() {
+		if r == nil || r.s.State.Succeeded() {
 			return facilitator.ErrNotFound
 		}
 		nk := nonceKey{r.s.Key.Network, r.s.Signer, txNonce}
@@ -369,7 +371,7 @@ func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx set
 		}
 		r.updatedAt = l.now()
 		l.addTxLocked(r, tx)
-		l.event(r, "renonced", fmt.Sprintf("tx nonce %d taken by a foreign transaction; tx %s nonce %d", was, tx.Hash.Hex(), txNonce))
+		l.event(r, "renonced", fmt.Sprintf("tx nonce %d left for tx %s nonce %d", was, tx.Hash.Hex(), txNonce))
 		return nil
 	})
 }
@@ -402,10 +404,11 @@ func (l *Ledger) MarkBroadcast(ctx context.Context, ids []int64) error {
 }
 
 // ReleaseDelivery implements settle.Store.
-func (l *Ledger) ReleaseDelivery(ctx context.Context, id int64) error {
+func (l *Ledger) ReleaseDelivery(ctx context.Context, id int64, claim []byte) error {
 	return l.call(ctx, fmt.Sprintf("release-delivery %d", id), true, func() error {
-		if r := l.rows[id]; r != nil {
-			r.delivered, r.deliveredAt = false, time.Time{}
+		// Only the claim made with this token (the token is not in the trace: it is random).
+		if r := l.rows[id]; r != nil && r.delivered && bytes.Equal(r.claim, claim) {
+			r.delivered, r.deliveredAt, r.claim = false, time.Time{}, nil
 		}
 		return nil
 	})
@@ -436,6 +439,22 @@ func (l *Ledger) OpenSettlements(ctx context.Context, network string, signer com
 			}
 			return 0
 		})
+		return nil
+	})
+	return out, err
+}
+
+// NoncesHeld implements settle.Store.
+func (l *Ledger) NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error) {
+	var out []uint64
+	err := l.call(ctx, fmt.Sprintf("nonces-held %s %d", signer.Hex(), from), false, func() error {
+		out = nil
+		for _, r := range l.rows {
+			if r.s.Key.Network == network && r.s.Signer == signer && r.s.TxNonce >= from {
+				out = append(out, r.s.TxNonce)
+			}
+		}
+		slices.Sort(out)
 		return nil
 	})
 	return out, err

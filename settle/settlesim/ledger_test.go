@@ -29,8 +29,8 @@ type newStore interface {
 	Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
-	ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error)
-	ReleaseDelivery(ctx context.Context, id int64) error
+	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error)
+	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
 	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error)
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
 	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error)
@@ -249,11 +249,19 @@ func TestLedgerMoveNonce(t *testing.T) {
 	if _, err := l.InsertSettlement(ctx, row(3, signerA, 0)); err != nil {
 		t.Fatalf("the old nonce is free again: %v", err)
 	}
+	// A failed settlement still moves (its nonce may be a gap to fill); a mined one does not.
 	if _, err := l.Resolve(ctx, []settle.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.MoveNonce(ctx, other, 9, txRec("y")); !errors.Is(err, facilitator.ErrNotFound) {
-		t.Fatalf("a closed settlement: %v", err)
+	if err := l.MoveNonce(ctx, other, 9, txRec("y")); err != nil {
+		t.Fatalf("a failed settlement: %v", err)
+	}
+	minedRow := mustInsert(t, l, row(4, signerA, 10))
+	if _, err := l.Resolve(ctx, []settle.Resolution{{ID: minedRow, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.MoveNonce(ctx, minedRow, 11, txRec("z")); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("a mined settlement: %v", err)
 	}
 	if got := states(l, moved); got != "[signed renonced]" {
 		t.Fatalf("events %s", got)
@@ -275,7 +283,7 @@ func TestLedgerClaimDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim := func(id int64, key string) bool {
-		ok, err := l.ClaimDelivery(ctx, id, key)
+		ok, err := l.ClaimDelivery(ctx, id, key, []byte(key))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -290,7 +298,10 @@ func TestLedgerClaimDelivery(t *testing.T) {
 	if s, _ := l.SettlementByID(ctx, id); !s.Delivered {
 		t.Fatal("not delivered")
 	}
-	if err := l.ReleaseDelivery(ctx, id); err != nil || !claim(id, "0123456789ab") {
+	if err := l.ReleaseDelivery(ctx, id, []byte("another claim")); err != nil || claim(id, "0123456789ab") {
+		t.Fatalf("another claim's release released it: %v", err)
+	}
+	if err := l.ReleaseDelivery(ctx, id, []byte("0123456789ab")); err != nil || !claim(id, "0123456789ab") {
 		t.Fatalf("after a release: %v", err)
 	}
 	if claim(open, "") || claim(mismatch, "") {

@@ -21,9 +21,31 @@ import (
 //	AddTx(ctx, id, tx) error                facilitator.ErrNotFound unless signed or broadcast
 //	ClaimDelivery(ctx, id, keyID) (bool, error)   only when the row's key id is keyID
 //
-// Once settle.Store has them, pin the ledger to it here:
-//
-//	var _ settle.Store = (*Ledger)(nil)
+// and ClosedFrom (the failed rows whose tx nonce may be unused on chain).
+var _ settle.Store = (*Ledger)(nil)
+
+// ClosedFrom implements settle.Store: the signer's failed rows at tx nonces from on, in tx nonce
+// order, each with its transactions.
+func (l *Ledger) ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]settle.OpenSettlement, error) {
+	var out []settle.OpenSettlement
+	err := l.call(ctx, fmt.Sprintf("closed-from %s %d", signer.Hex(), from), false, func() error {
+		for _, id := range l.idsLocked() {
+			r := l.rows[id]
+			st := r.s.State
+			if r.s.Key.Network != network || r.s.Signer != signer || r.s.TxNonce < from || st.Open() || st.Succeeded() {
+				continue
+			}
+			o := settle.OpenSettlement{Settlement: *r.settlement()}
+			for _, t := range r.txs {
+				o.Txs = append(o.Txs, cloneTx(t.TxRecord))
+			}
+			out = append(out, o)
+		}
+		slices.SortStableFunc(out, func(a, b settle.OpenSettlement) int { return cmp.Compare(a.TxNonce, b.TxNonce) })
+		return nil
+	})
+	return out, err
+}
 
 // Resolve moves open settlements to their outcomes, at once, and returns the ids that moved (in
 // the order given; a row no longer open is left alone and not returned). Each moved row gets its
@@ -125,12 +147,12 @@ func (l *Ledger) Reopen(ctx context.Context, id int64, detail string) error {
 }
 
 // AddTx records a fee-bumped replacement before it is sent, and raises the settlement's reserved
-// gas cost to the replacement's when that is higher; facilitator.ErrNotFound unless the
-// settlement is signed or broadcast.
+// gas cost to the replacement's when that is higher; facilitator.ErrNotFound when the
+// settlement is mined or final (a failed one still takes one: its nonce may need filling).
 func (l *Ledger) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 	return l.call(ctx, fmt.Sprintf("add-tx %d %s", id, tx.Hash.Hex()), true, func() error {
 		r := l.rows[id]
-		if r == nil || !r.s.State.Open() {
+		if r == nil || r.s.State.Succeeded() {
 			return facilitator.ErrNotFound
 		}
 		if l.byTx[tx.Hash] != nil {
@@ -148,7 +170,7 @@ func (l *Ledger) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error 
 // ClaimDelivery records that a caller is being told success: true. Only one ever is, only for a
 // settlement that succeeded without a mismatch, and only a caller with the row's key id ("" for
 // a row settled in open mode).
-func (l *Ledger) ClaimDelivery(ctx context.Context, id int64, keyID string) (bool, error) {
+func (l *Ledger) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
 	claimed := false
 	err := l.call(ctx, fmt.Sprintf("claim-delivery %d %q", id, keyID), true, func() error {
 		claimed = false
@@ -156,7 +178,7 @@ func (l *Ledger) ClaimDelivery(ctx context.Context, id int64, keyID string) (boo
 		if r == nil || r.delivered || !r.s.State.Succeeded() || r.s.ErrorReason != "" || r.keyID != keyID {
 			return nil
 		}
-		r.delivered, r.deliveredAt, claimed = true, l.now(), true
+		r.delivered, r.deliveredAt, r.claim, claimed = true, l.now(), slices.Clone(claim), true
 		return nil
 	})
 	if err != nil {

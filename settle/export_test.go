@@ -1,0 +1,31 @@
+package settle
+
+import (
+	"context"
+	"fmt"
+)
+
+// What the simulator (sim_test.go, package settle_test) needs of the engine's insides.
+
+// SetStepped makes e a stepped engine, before Start: no loop runs; the simulator calls Step.
+func (e *Engine) SetStepped() { e.stepped = true }
+
+// Step is one round of every loop's work, in line.
+func (e *Engine) Step(ctx context.Context) { e.step(ctx) }
+
+// Busy lists what the engine still works on: watched settlements and unknown commits.
+func (e *Engine) Busy() []string {
+	var out []string
+	for _, n := range e.networks {
+		for _, f := range e.flightsOf(n) {
+			v := f.view()
+			out = append(out, fmt.Sprintf("flight %d %s closing %v", v.id, v.state, v.closing))
+		}
+		n.unknownMu.Lock()
+		for _, u := range n.unknown {
+			out = append(out, fmt.Sprintf("unknown commit of %d rows", len(u.rows)))
+		}
+		n.unknownMu.Unlock()
+	}
+	return out
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package settle_test
+
+const raceEnabled = false
