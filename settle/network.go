@@ -61,8 +61,8 @@ type network struct {
 	kick chan struct{}
 
 	// Owned by the watcher goroutine.
-	pinHead         uint64 // the block reads "at the head" are pinned at (watch)
-	pinFails        int    // rounds in a row whose reads at pinHead failed
+	pinHead  uint64 // the block reads "at the head" are pinned at (watch)
+	pinFails int    // rounds in a row whose reads at pinHead failed
 
 	lastBlock       uint64
 	lastSweep       time.Time
