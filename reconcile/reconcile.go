@@ -151,6 +151,8 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 	if err != nil {
 		return ch, err
 	}
+	// A terminal answer from the index rests on a block the index holds at the network's depth.
+	final := func(block uint64) bool { return cursor.Number+1 >= block+max(n.FinalityDepth, 1) }
 	var resolutions []settle.Resolution
 	var finals, looked []int64
 	unlanded := map[int64]*settle.OpenSettlement{} // resolved without a receipt of ours
@@ -181,7 +183,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 			case use != nil && ours[use.TxHash] && cursor.Number+1 >= use.BlockNumber+max(n.FinalityDepth, 1):
 				finals = append(finals, row.ID)
 				ch.Final++
-			case use != nil && !ours[use.TxHash] && cursor.Number >= use.BlockNumber:
+			case use != nil && !ours[use.TxHash] && final(use.BlockNumber):
 				// A reorg the ledger did not see put another use of the authorization (a third
 				// party's transfer, the payer's cancel) before ours, which reverted there.
 				if err := j.reopen(ctx, row.ID, "reconcile: another transaction used the authorization first"); err != nil {
@@ -204,6 +206,9 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 					ch.Resent++
 				}
 			}
+		case use != nil && !ours[use.TxHash] && !final(use.BlockNumber):
+			// Someone else's use, in a block a reorg can still take away (and let ours land):
+			// not decided yet; a later run looks again.
 		case use != nil && use.Canceled:
 			resolutions = append(resolutions, useResolution(row.ID, use))
 			ch.Canceled++

@@ -145,7 +145,7 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 	env.SetAutomine(t, true)
 	theirs := p.SubmitElsewhere(t)
 	rc := env.Receipt(t, theirs)
-	env.WaitIndexed(t, rc.BlockNumber.Uint64())
+	indexedFinal(t, rc.BlockNumber.Uint64(), 2)
 	if u := env.Use(t, p.Key()); u == nil || u.TxHash != theirs || u.Canceled {
 		t.Fatalf("indexed use: %+v, want %s", u, theirs)
 	}
@@ -529,7 +529,7 @@ func TestReconcileCanceled(t *testing.T) {
 	env.SetAutomine(t, true)
 	cancelTx := env.CancelAuthorization(t, payer, p.Nonce)
 	rc := env.Receipt(t, cancelTx)
-	env.WaitIndexed(t, rc.BlockNumber.Uint64())
+	indexedFinal(t, rc.BlockNumber.Uint64(), 2)
 
 	ch := runSettlements(t, jobs(t, 2, later))
 	if ch.Canceled < 1 {
@@ -567,7 +567,7 @@ func TestReconcileLeavesNoNonceGap(t *testing.T) {
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	theirs := p.SubmitElsewhere(t)
-	env.WaitIndexed(t, env.Receipt(t, theirs).BlockNumber.Uint64())
+	indexedFinal(t, env.Receipt(t, theirs).BlockNumber.Uint64(), 2)
 	runSettlements(t, jobs(t, 2, later))
 	if r := env.Row(t, p.Key()); r.State != facilitator.StateSettledElsewhere {
 		t.Fatalf("ledger: %+v, want settled_elsewhere", r)
@@ -751,4 +751,14 @@ func rawTx(t testing.TB, hash common.Hash) []byte {
 		t.Fatal(err)
 	}
 	return raw
+}
+
+// indexedFinal mines until block is final at depth (the mined block counts as one) and waits for
+// the index to hold the head: the job decides from the index only on final blocks.
+func indexedFinal(t *testing.T, block, depth uint64) {
+	t.Helper()
+	for env.Head(t)+1 < block+depth {
+		env.Mine(t)
+	}
+	env.WaitIndexed(t, env.Head(t))
 }
