@@ -221,6 +221,7 @@ func (n *network) watch(ctx context.Context) {
 				w.o.receipts[h] = r
 			}
 			w.o.chain = pr.read
+			w.o.highest = n.maxSeen.Load() // the pinned reads (other requests too) may have told of more
 			if pr.read.keyNonce < w.t.txNonce {
 				w.o.gap = n.gapAt(ctx, gaps, w.f.sender, pr.read.keyNonce)
 			}
@@ -244,6 +245,12 @@ func (n *network) watch(ctx context.Context) {
 		case actSend:
 			resend = append(resend, f)
 		case actBump:
+			if w.o.chain != nil && n.maxSeen.Load() > w.o.chain.at {
+				// Told of a later head since the reads (by another step of this round): the nonce
+				// may be mined there; the next round reads again.
+				resend = append(resend, f)
+				continue
+			}
 			if err := n.bump(ctx, f); err != nil {
 				e.log.Warn("fee bump failed; resending the current transaction", f.logAttrs("err", err)...)
 			}
