@@ -3,6 +3,7 @@ package settle_test
 import (
 	"context"
 	"crypto/ecdsa"
+	"slices"
 	"testing"
 	"time"
 
@@ -44,7 +45,7 @@ func TestMinedSurvivesBadReceiptReads(t *testing.T) {
 	if final.TxHash != hash {
 		t.Fatalf("final with %s, want %s", final.TxHash, hash)
 	}
-	if got, want := settletest.States(env.Events(t, row.ID)), []string{"signed", "broadcast", "mined", "final"}; !equalStrings(got, want) {
+	if got, want := settletest.States(env.Events(t, row.ID)), []string{"signed", "broadcast", "mined", "final"}; !slices.Equal(got, want) {
 		t.Fatalf("events %v, want %v: no reopening, no bump", got, want)
 	}
 	if raws := txsOf(t, row.ID); len(raws) != 1 {
@@ -102,19 +103,6 @@ func TestNonceCheckBehindLaggingBackend(t *testing.T) {
 		t.Fatalf("the signer has %d mined transactions, want 1", n)
 	}
 	_ = r
-	_ = context.Background
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestClosedSettlementNonceIsFilled: a settlement resolved as a failure while its transaction

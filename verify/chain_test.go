@@ -39,39 +39,15 @@ func TestRPCReaderClassifiesErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if tc.status != 200 {
-					http.Error(w, "overloaded", tc.status)
-					return
-				}
+			r := batchNode(t, tc.status, func(method string) map[string]any {
 				// The reader batches its reads with eth_blockNumber (the answering node's head).
-				body, _ := io.ReadAll(r.Body)
-				var reqs []struct {
-					ID     json.RawMessage `json:"id"`
-					Method string          `json:"method"`
+				if method == "eth_blockNumber" {
+					return map[string]any{"result": "0x1"}
 				}
-				_ = json.Unmarshal(body, &reqs)
-				var out []map[string]any
-				for _, req := range reqs {
-					if req.Method == "eth_blockNumber" {
-						out = append(out, map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": "0x1"})
-						continue
-					}
-					out = append(out, map[string]any{"jsonrpc": "2.0", "id": req.ID,
-						"error": map[string]any{"code": tc.code, "message": tc.message}})
-				}
-				w.Header().Set("Content-Type", "application/json")
-				_ = json.NewEncoder(w).Encode(out)
-			}))
-			defer srv.Close()
-			client, err := rpc.DialContext(context.Background(), srv.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			r := &verify.RPCReader{Client: client, Timeout: 2 * time.Second}
+				return map[string]any{"error": map[string]any{"code": tc.code, "message": tc.message}}
+			})
 			read := &verify.Read{To: common.Address{1}, Data: []byte{0x12}}
-			err = r.Read(context.Background(), read)
+			err := r.Read(context.Background(), read)
 			if tc.wantRevert {
 				if err != nil || !read.Reverted {
 					t.Fatalf("want a revert, got err=%v reverted=%v", err, read.Reverted)
@@ -92,32 +68,13 @@ func TestRPCReaderClassifiesErrors(t *testing.T) {
 func TestRPCReaderRefusesLaggingAnswers(t *testing.T) {
 	var head, requests atomic.Int64
 	head.Store(10)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	r := batchNode(t, 200, func(method string) map[string]any {
 		requests.Add(1)
-		body, _ := io.ReadAll(r.Body)
-		var reqs []struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
+		if method == "eth_call" {
+			return map[string]any{"result": "0x" + strings.Repeat("0", 63) + strconv.FormatInt(head.Load()%2, 10)}
 		}
-		_ = json.Unmarshal(body, &reqs)
-		var out []map[string]any
-		for _, req := range reqs {
-			result := "0x" + strconv.FormatInt(head.Load(), 16) // the head, and a word for the call
-			if req.Method == "eth_call" {
-				result = "0x" + strings.Repeat("0", 63) + strconv.FormatInt(head.Load()%2, 10)
-			}
-			out = append(out, map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": result})
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
-	}))
-	defer srv.Close()
-	client, err := rpc.DialContext(context.Background(), srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	r := &verify.RPCReader{Client: client, Timeout: 2 * time.Second}
+		return map[string]any{"result": "0x" + strconv.FormatInt(head.Load(), 16)}
+	})
 	read := func() error {
 		return r.Read(context.Background(), &verify.Read{To: common.Address{1}, Data: []byte{0x12}})
 	}
@@ -129,11 +86,44 @@ func TestRPCReaderRefusesLaggingAnswers(t *testing.T) {
 	if err := read(); err == nil || !strings.Contains(err.Error(), "behind") {
 		t.Fatalf("a read answered only by lagging nodes: %v, want an error (not known)", err)
 	}
-	if n := requests.Load(); n != 3 {
-		t.Fatalf("%d requests while lagging, want 3 tries", n)
+	if n := requests.Load(); n != 6 {
+		t.Fatalf("%d calls while lagging, want 3 tries of 2", n)
 	}
 	head.Store(11)
 	if err := read(); err != nil {
 		t.Fatalf("a read after the node caught up: %v", err)
 	}
+}
+
+// batchNode is a reader over a JSON-RPC node that answers every batch element with answer(method)
+// (a "result" or an "error"), or the whole request with HTTP status when it is not 200.
+func batchNode(t *testing.T, status int, answer func(method string) map[string]any) *verify.RPCReader {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if status != 200 {
+			http.Error(w, "overloaded", status)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		var reqs []struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		_ = json.Unmarshal(body, &reqs)
+		var out []map[string]any
+		for _, req := range reqs {
+			a := answer(req.Method)
+			a["jsonrpc"], a["id"] = "2.0", req.ID
+			out = append(out, a)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	}))
+	t.Cleanup(srv.Close)
+	client, err := rpc.DialContext(context.Background(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	return &verify.RPCReader{Client: client, Timeout: 2 * time.Second}
 }
