@@ -66,7 +66,9 @@ var (
 //	3449 a re-sign whose ledger write committed but answered an error was refused as a duplicate
 //	     forever (the same bytes signed again)
 //	4171 a bump decided on reads at a head that another step of the same round then passed
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171}
+//	7065 (the invariant) a new settlement signed at a nonce a foreign transaction had taken is not a
+//	     fee bump (it is refused as nonce too low and re-signed)
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)
@@ -622,6 +624,19 @@ func (s *sendSpy) BatchCallContext(ctx context.Context, b []rpc.BatchElem) error
 	return err
 }
 
+// isBump reports whether the ledger recorded h as a fee-bumped replacement (the write before its
+// broadcast).
+func (s *sendSpy) isBump(h common.Hash) bool {
+	for _, row := range s.w.ledger.Rows() { // the oracle's read: no faults, no draw from the seed
+		for _, ev := range row.Events {
+			if ev.State == "bumped" && strings.Contains(ev.Detail, h.Hex()) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (s *sendSpy) saw(head uint64) {
 	if head > s.maxHead {
 		s.maxHead = head
@@ -651,8 +666,8 @@ func (s *sendSpy) sends(method string, args []any) {
 		return
 	}
 	s.variants[k] = append(known, tx.Hash())
-	if len(known) == 0 {
-		return
+	if len(known) == 0 || !s.isBump(tx.Hash()) {
+		return // the first of the nonce, or a new settlement or a re-sign there (not a replacement)
 	}
 	// A replacement: was the nonce already mined at the highest head the engine knew?
 	var count hexutil.Uint64
