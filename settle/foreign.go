@@ -28,7 +28,7 @@ const resignMargin = 30 * time.Second
 // resign signs f's call again (same calldata and gas, current fees) with the key's next nonce,
 // records it in the ledger as the settlement's transaction at that nonce, and queues it. old is
 // the nonce the foreign transaction took.
-func (n *network) resign(ctx context.Context, f *flight, old uint64, why string) error {
+func (n *network) resign(ctx context.Context, f *flight, old uint64, why string, gap *uint64) error {
 	e := n.engine
 	s := f.sender
 	fees, err := n.fees(ctx)
@@ -55,6 +55,14 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string)
 			return err
 		}
 		nonce := s.next
+		if gap != nil {
+			// Into the gap, and only there (the ledger refuses it as taken if a settlement holds
+			// it by now): moving anywhere else would leave the gap.
+			if *gap >= old {
+				return nil
+			}
+			nonce = *gap
+		}
 		to := f.key.Asset
 		tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
 			ChainID: new(big.Int).SetUint64(n.id.ChainID), Nonce: nonce,
@@ -77,6 +85,9 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string)
 			// nonce and fee): an earlier move committed and its answer was lost.
 			err = nil
 		}
+		if errors.Is(err, facilitator.ErrNonceTaken) && gap != nil {
+			return nil // someone filled the gap meanwhile
+		}
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
 			e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
 			s.loaded = false
@@ -96,7 +107,11 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string)
 			s.loaded = false
 			return err
 		}
-		s.next = nonce + 1
+		if gap == nil {
+			s.next = nonce + 1
+		} else {
+			s.loaded = false // the next commit derives the key's next free nonce afresh
+		}
 		f.update(func(f *flight) {
 			f.nonce = nonce
 			f.txs = append(f.txs, &sentTx{hash: rec.Hash, nonce: nonce, raw: raw, fees: fees, signedAt: e.now()})

@@ -344,8 +344,9 @@ func decideOpen(t track, o observation, p policy) decision {
 			return decision{act: actWait, why: "bump due, but the reads are behind the highest head seen"}
 		}
 		// Twice, like every step that rests on "not there": a node on a branch a reorganisation
-		// replaced has the block number too, with our nonce unused in it.
-		return twice(t, decision{act: actBump, why: "unmined past the bump interval, or underpriced"}, c.at, c.atHash)
+		// replaced has the block number too, with our nonce unused in it. Both reads are at the
+		// freshest head (the verdict pins no block), never at an older one.
+		return twice(t, decision{act: actBump, why: "unmined past the bump interval, or underpriced"}, 0, common.Hash{})
 	}
 	return resendTiming(t, o, p, nil)
 }
@@ -394,7 +395,7 @@ func decideClosing(t track, o observation, p policy) decision {
 	}
 	if (o.underpriced || bumpTime(t, o.now, p)) && c.at >= max(o.highest, c.nodeHead) {
 		// Priced out (the base fee rose past its cap): the nonce stays a gap unless replaced.
-		return twice(t, decision{act: actBump, why: "closing, unmined past the bump interval, or underpriced"}, c.at, c.atHash)
+		return twice(t, decision{act: actBump, why: "closing, unmined past the bump interval, or underpriced"}, 0, common.Hash{})
 	}
 	return resendTiming(t, o, p, nil)
 }

@@ -68,7 +68,8 @@ var (
 //	4171 a bump decided on reads at a head that another step of the same round then passed
 //	7065 (the invariant) a new settlement signed at a nonce a foreign transaction had taken is not a
 //	     fee bump (it is refused as nonce too low and re-signed)
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065}
+//	8931 a gap fill re-signed at the key's next free nonce instead of into the gap (upwards)
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)

@@ -256,7 +256,12 @@ func (n *network) watch(ctx context.Context) {
 			}
 			resend = append(resend, f)
 		case actResign:
-			if err := n.resign(ctx, f, w.t.txNonce, d.why); err != nil {
+			var gap *uint64
+			if w.o.gap && w.o.chain != nil && w.o.chain.keyNonce < w.t.txNonce {
+				g := w.o.chain.keyNonce
+				gap = &g
+			}
+			if err := n.resign(ctx, f, w.t.txNonce, d.why, gap); err != nil {
 				e.log.Warn("re-signing a settlement at a new nonce; will retry", f.logAttrs("tx_nonce", w.t.txNonce, "why", d.why, "err", err)...)
 			}
 		case actResolve:
