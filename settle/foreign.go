@@ -81,9 +81,23 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		err = l.MoveNonce(wctx, f.id, nonce, rec)
 		cancel()
 		if errors.Is(err, facilitator.ErrDuplicate) {
-			// These very bytes are recorded (only this settlement signs this calldata at this
-			// nonce and fee): an earlier move committed and its answer was lost.
-			err = nil
+			// These very bytes are recorded (only this settlement signs this calldata at this nonce
+			// and fee): an earlier move committed and its answer was lost, or they are an older
+			// variant of the settlement at that nonce (a move back down into a gap). The row says.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+			got, rerr := e.store.SettlementByID(rctx, f.id)
+			cancel()
+			switch {
+			case rerr != nil:
+				s.loaded = false
+				return rerr
+			case got.TxNonce != nonce && attempt < 3:
+				// New bytes: one wei more of tip and cap.
+				fees = Fees{TipCap: new(big.Int).Add(fees.TipCap, big.NewInt(1)), FeeCap: new(big.Int).Add(fees.FeeCap, big.NewInt(1))}
+				continue
+			case got.TxNonce == nonce:
+				err = nil
+			}
 		}
 		if errors.Is(err, facilitator.ErrNonceTaken) && gap != nil {
 			return nil // someone filled the gap meanwhile
