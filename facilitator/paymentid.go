@@ -11,7 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 )
 
-// PaymentIdentifierKey is the extension key of the payment-identifier extension (spec §4).
+// PaymentIdentifierKey is the extension key of the payment-identifier extension (an x402 v2 extension).
 const PaymentIdentifierKey = "payment-identifier"
 
 // paymentIDPattern is the extension's id rule: 16 to 128 of [A-Za-z0-9_-].

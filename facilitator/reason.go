@@ -31,7 +31,7 @@ const (
 	ReasonSmartWalletDeployFailed  = "smart_wallet_deployment_failed"
 	ReasonSettlementPending        = "settlement_pending"
 
-	// Generic protocol codes (x402 spec §9), used for requests that cannot be processed at all.
+	// Generic protocol codes (the x402 specification's generic error codes), used for requests that cannot be processed at all.
 	ReasonInvalidPayload             = "invalid_payload"
 	ReasonInvalidPaymentRequirements = "invalid_payment_requirements"
 	ReasonInvalidNetwork             = "invalid_network"
@@ -48,7 +48,7 @@ const (
 
 // ReasonAlreadySettled answers a repeated /settle of an authorization whose success was already
 // delivered to another caller: it carries the existing transaction, and is not a fresh success,
-// so a merchant cannot serve twice for one payment (DESIGN invariant 4). Ours, additive.
+// so a merchant cannot serve twice for one payment (ARCHITECTURE.md invariant 4). Ours, additive.
 const ReasonAlreadySettled = "already_settled"
 
 // ReasonSettlerBusy answers a /settle refused because every signer's queue is full (HTTP 503 with

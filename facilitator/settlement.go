@@ -7,7 +7,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 )
 
-// State is where a settlement is in its life (DESIGN.md, "A settlement's life"). Verification
+// State is where a settlement is in its life (ARCHITECTURE.md, "A settlement's life"). Verification
 // failures leave no row: nothing was broadcast, and the same authorization may be tried again.
 type State string
 

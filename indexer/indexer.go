@@ -1,6 +1,6 @@
 // Package indexer follows a chain and stores the Transfer, AuthorizationUsed and
 // AuthorizationCanceled logs of the configured tokens in Postgres: the facilitator's memory of
-// the chain (DESIGN invariant 6). It backfills with adaptive eth_getLogs ranges written with COPY,
+// the chain (ARCHITECTURE.md invariant 6). It backfills with adaptive eth_getLogs ranges written with COPY,
 // follows new heads (WebSocket subscription, polling fallback), and detects reorgs by parent hash,
 // rolling back to the common ancestor and indexing the new branch in one transaction.
 package indexer

@@ -44,7 +44,7 @@ const paymentValue = 1000
 
 // signPayment signs a fresh authorization (random nonce, a fresh random payee so that each
 // payment's transfer can be told apart on chain) from key's account. A non-empty paymentID adds
-// the payment-identifier extension (spec §4) to the payload.
+// the payment-identifier extension (x402 v2 extensions) to the payload.
 func signPayment(t token, key *ecdsa.PrivateKey, validFor time.Duration, paymentID string) (*payment, error) {
 	var nonce [32]byte
 	var payTo common.Address

@@ -1,5 +1,5 @@
 // Package settle is the settlement engine: it turns a verified EIP-3009 authorization into exactly
-// one on-chain transfer, durably. Its rules are DESIGN.md's invariants: the ledger row and the
+// one on-chain transfer, durably. Its rules are ARCHITECTURE.md's invariants: the ledger row and the
 // signed transaction are committed before anything is broadcast; one nonce owner per signer key;
 // at most one transaction family per authorization; an outcome is never reported as failed until
 // the chain proves it; exactly one caller is told success.

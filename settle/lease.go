@@ -9,7 +9,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-// Leaser leases signer keys to one process at a time (DESIGN invariant 7: across replicas a
+// Leaser leases signer keys to one process at a time (ARCHITECTURE.md invariant 7: across replicas a
 // signer key is leased, never shared). facilitator/postgres implements it with a session advisory
 // lock per key, held on a connection of its own.
 type Leaser interface {

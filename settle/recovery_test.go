@@ -335,7 +335,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 
 // TestSettlePendingSeenByAnotherEngine: a replica that does not own a pending settlement (its
 // signer keys are others) answers a repeat of the payload from the ledger alone: pending with the
-// transaction's hash while unmined (DESIGN invariant 3: "settlement_pending with the hash"), then
+// transaction's hash while unmined (ARCHITECTURE.md invariant 3: "settlement_pending with the hash"), then
 // the success with the same hash once mined.
 func TestSettlePendingSeenByAnotherEngine(t *testing.T) {
 	ctx := context.Background()

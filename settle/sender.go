@@ -21,7 +21,7 @@ import (
 )
 
 // sender owns one signer key on one network: it is the only allocator of that key's nonces
-// (DESIGN invariant 7), and it broadcasts that key's transactions in nonce order, in batches.
+// (ARCHITECTURE.md invariant 7), and it broadcasts that key's transactions in nonce order, in batches.
 type sender struct {
 	net    *network
 	key    *ecdsa.PrivateKey

@@ -16,7 +16,7 @@ import (
 // txmgr keeps its SendState apart from its I/O; here decide is table-tested transition by
 // transition (sendstate_test.go) and driven by the simulator (sim_test.go).
 //
-// The rules it keeps are DESIGN.md's invariants 3 and 8. A read that failed, or came from a node
+// The rules it keeps are invariants 3 and 8 of ARCHITECTURE.md. A read that failed, or came from a node
 // that lacks the block in question, means "not known yet", never "no". A null receipt alone proves
 // nothing: nodes behind a load balancer answer null for receipts they have not indexed. A
 // terminal answer (reverted, expired, settled elsewhere, canceled, final) and every reversing

@@ -26,7 +26,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
-// The simulator (DESIGN.md, "How we know it holds"): the real engine, stepped (its decision core,
+// The simulator: the real engine, stepped (its decision core,
 // its watcher rounds, its broadcaster, its recovery), driven from a seed against a simulated
 // ledger that fails, commits and then errs, or is slow, and a simulated chain behind several
 // backends that lag, answer null receipts, rate-limit, fail, drop answers, and reorganise with our
@@ -447,7 +447,7 @@ func (w *simWorld) openRows() string {
 	return strings.Join(out, "; ")
 }
 
-// checkInvariants is DESIGN.md's invariants, read off the chain (the oracle) and the ledger.
+// checkInvariants is ARCHITECTURE.md's invariants, read off the chain (the oracle) and the ledger.
 func (w *simWorld) checkInvariants() error {
 	ours := map[common.Hash]int64{} // every transaction of ours → its settlement
 	rows := w.ledger.Rows()

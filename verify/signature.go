@@ -70,7 +70,7 @@ func recoverEOA(digest common.Hash, sig []byte, want common.Address) bool {
 }
 
 // normalizeV returns r, s and v with v as 27/28: USDC's ecrecover rejects 0/1 on chain even though
-// the official verify accepts them (spec §3.4 caveat).
+// the official verify accepts them.
 func normalizeV(sig []byte) (v uint8, r, s [32]byte) {
 	copy(r[:], sig[:32])
 	copy(s[:], sig[32:64])

@@ -29,7 +29,7 @@ import (
 )
 
 // laggyRPC is a JSON-RPC proxy in front of the node that answers like a load-balanced provider
-// whose backends disagree (DESIGN invariant 8). Each HTTP request (a batch as a whole) goes to
+// whose backends disagree (ARCHITECTURE.md invariant 8). Each HTTP request (a batch as a whole) goes to
 // one "backend": most are in step with the node; some lag it by a few blocks and answer as a node
 // whose head is that far behind (heads, blocks, receipts, state reads and logs all agree with
 // that older head); some fail (a JSON-RPC rate-limit error, or HTTP 429); some do the work and

@@ -28,7 +28,7 @@ import (
 )
 
 // TestSettleReplicas runs two `facilitator serve` processes on one database and one chain, with the
-// same two signer keys (DESIGN invariant 7: a key is leased to one process at a time):
+// same two signer keys (ARCHITECTURE.md invariant 7: a key is leased to one process at a time):
 //
 //  1. They share the keys out, one each (the second queues, the first hands one over).
 //  2. 100 concurrent /settle of one payload, split across both: one transfer, one success, every

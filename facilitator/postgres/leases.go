@@ -20,7 +20,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
-// Signer leases (DESIGN invariant 7). A process uses a signer key only while it holds the key's
+// Signer leases (ARCHITECTURE.md invariant 7). A process uses a signer key only while it holds the key's
 // lease: a session advisory lock taken on a connection of the lease's own, pinged every second
 // and set to end when idle (leaseIdleTimeout), so that Postgres drops the lock of a process that
 // died, froze or was cut off, and a replica takes the key over.

@@ -1,6 +1,6 @@
 // Package settlesim holds the building blocks of a deterministic simulator of the settlement
-// engine, in the spirit of FoundationDB's and TigerBeetle's simulation testing (DESIGN.md, "How
-// we know it holds"): a simulated chain that executes exactly what the engine sends (Chain), a
+// engine, in the spirit of FoundationDB's and TigerBeetle's simulation testing (ARCHITECTURE.md,
+// invariant 8): a simulated chain that executes exactly what the engine sends (Chain), a
 // set of JSON-RPC views of it with their own faults (Backend, Balancer), an in-memory ledger with
 // the Postgres ledger's semantics and its own faults (Ledger), and a clock (Clock).
 //
