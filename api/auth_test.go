@@ -209,7 +209,7 @@ func TestAuthPaymentIDScoped(t *testing.T) {
 		t.Fatalf("key A, same id, another payment: want 409, got %s", r)
 	}
 	r = doAuth(t, http.MethodPost, s.URL+"/settle", a, withID(t, p1, id))
-	if res, _ := settlement(t, r); r.Status != 200 || res.Transaction != res1.Transaction || r.Header.Get(api.ReplayHeader) != "true" {
+	if res, _ := settlement(t, r); r.Status != 200 || res.Transaction != res1.Transaction || r.Header.Get(facilitator.ReplayHeader) != "true" {
 		t.Fatalf("key A replay: want %s replayed, got %s", res1.Transaction, r)
 	}
 }

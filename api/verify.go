@@ -61,9 +61,6 @@ func tagPayment(c echo.Context, p *facilitator.Payment) {
 	c.Set(paymentIDKey, p.PaymentID)
 }
 
-// ReplayHeader marks an answer given from an earlier request under the same payment identifier.
-const ReplayHeader = "Payment-Identifier-Replay"
-
 // markReplay sets the replay header, and the official packages' EXTENSION-RESPONSES header (base64
 // JSON keyed by extension), which their HTTP client attaches to the result as extensionResponses.
 func markReplay(c echo.Context, extensions map[string]any) {
@@ -71,7 +68,7 @@ func markReplay(c echo.Context, extensions map[string]any) {
 		return
 	}
 	h := c.Response().Header()
-	h.Set(ReplayHeader, "true")
+	h.Set(facilitator.ReplayHeader, "true")
 	if b, err := json.Marshal(extensions); err == nil {
 		h.Set("EXTENSION-RESPONSES", base64.StdEncoding.EncodeToString(b))
 	}

@@ -121,3 +121,8 @@ func IsReplay(extensions map[string]any) bool {
 	replay, _ := info["replay"].(bool)
 	return replay
 }
+
+// ReplayHeader is the HTTP header (ours, additive to x402) that marks an answer given from an
+// earlier request under the same payment identifier. It is wire protocol, so it lives with the
+// wire types: the server sets it, clients and load tools read it.
+const ReplayHeader = "Payment-Identifier-Replay"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // BenchmarkReplay measures a /settle replay over HTTP with the full stack (API, payment-identifier
@@ -42,7 +42,7 @@ func BenchmarkReplay(b *testing.B) {
 		raw, err := io.ReadAll(res.Body)
 		res.Body.Close()
 		took := time.Since(start)
-		if err != nil || res.StatusCode != http.StatusOK || res.Header.Get(api.ReplayHeader) != "true" || !bytes.Contains(raw, []byte(tx)) {
+		if err != nil || res.StatusCode != http.StatusOK || res.Header.Get(facilitator.ReplayHeader) != "true" || !bytes.Contains(raw, []byte(tx)) {
 			b.Fatalf("replay: %d %v %s", res.StatusCode, err, raw)
 		}
 		durations = append(durations, took)

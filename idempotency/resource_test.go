@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
@@ -37,7 +36,7 @@ func TestConflictResource(t *testing.T) {
 	_, err = r.verify(t, body)
 	checkConflict(t, "verify", err, []string{"resource"})
 	for _, path := range []string{"/settle", "/verify"} {
-		if hr := post(t, url+path, body); hr.Status != http.StatusConflict || hr.Header.Get(api.ReplayHeader) != "" {
+		if hr := post(t, url+path, body); hr.Status != http.StatusConflict || hr.Header.Get(facilitator.ReplayHeader) != "" {
 			t.Fatalf("%s: want 409, got %d %s", path, hr.Status, hr.Body)
 		}
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
@@ -103,7 +102,7 @@ func TestReplay(t *testing.T) {
 	// Over HTTP: 200, the replay header and the official packages' EXTENSION-RESPONSES.
 	for _, path := range []string{"/settle", "/verify"} {
 		hr := post(t, url+path, body)
-		if hr.Status != http.StatusOK || hr.Header.Get(api.ReplayHeader) != "true" || hr.Header.Get("Retry-After") != "" {
+		if hr.Status != http.StatusOK || hr.Header.Get(facilitator.ReplayHeader) != "true" || hr.Header.Get("Retry-After") != "" {
 			t.Fatalf("%s replay over HTTP: %d %v %s", path, hr.Status, hr.Header, hr.Body)
 		}
 		raw, err := base64.StdEncoding.DecodeString(hr.Header.Get("EXTENSION-RESPONSES"))
@@ -143,7 +142,7 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("repeat without an id: %+v; want already_settled with %s and no extensions", repeat.Response, first.Response.Transaction)
 	}
 	hr := post(t, url+"/settle", qbody)
-	if hr.Header.Get(api.ReplayHeader) != "" || hr.settle(t).ErrorReason != facilitator.ReasonAlreadySettled {
+	if hr.Header.Get(facilitator.ReplayHeader) != "" || hr.settle(t).ErrorReason != facilitator.ReasonAlreadySettled {
 		t.Fatalf("HTTP repeat without an id: %v %s", hr.Header, hr.Body)
 	}
 	if v, err := r.verify(t, qbody); err != nil || v.IsValid || v.InvalidReason != facilitator.ReasonNonceAlreadyUsed || v.Extensions != nil {
@@ -200,7 +199,7 @@ func TestConflict(t *testing.T) {
 			checkConflict(t, "verify", err, tc.differs)
 			for _, path := range []string{"/settle", "/verify"} {
 				hr := post(t, url+path, body)
-				if hr.Status != http.StatusConflict || hr.Header.Get(api.ReplayHeader) != "" {
+				if hr.Status != http.StatusConflict || hr.Header.Get(facilitator.ReplayHeader) != "" {
 					t.Fatalf("%s: want 409, got %d %s", path, hr.Status, hr.Body)
 				}
 				if path == "/settle" {
@@ -453,7 +452,7 @@ func TestInFlight(t *testing.T) {
 	}
 
 	hr := post(t, url+"/settle", body)
-	if hr.Status != http.StatusOK || hr.Header.Get("Retry-After") == "" || hr.Header.Get(api.ReplayHeader) != "true" {
+	if hr.Status != http.StatusOK || hr.Header.Get("Retry-After") == "" || hr.Header.Get(facilitator.ReplayHeader) != "true" {
 		t.Fatalf("in flight over HTTP: %d %v %s; want 200 with Retry-After and the replay header", hr.Status, hr.Header, hr.Body)
 	}
 	if sr := hr.settle(t); sr.ErrorReason != facilitator.ReasonPaymentInFlight || sr.Transaction != hash || sr.Success {
@@ -483,7 +482,7 @@ func TestInFlight(t *testing.T) {
 	}
 	hr = post(t, url+"/settle", body)
 	if sr := hr.settle(t); hr.Status != http.StatusOK || !sr.Success || sr.Transaction != hash || hr.Header.Get("Retry-After") != "" ||
-		hr.Header.Get(api.ReplayHeader) != "true" {
+		hr.Header.Get(facilitator.ReplayHeader) != "true" {
 		t.Fatalf("a later replay over HTTP: %d %v %s", hr.Status, hr.Header, hr.Body)
 	}
 	if n := r.nonces(t); n != [2]uint64{1, 1} {

@@ -21,7 +21,6 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -216,7 +215,7 @@ func (l *lostCalls) wrap(h http.Handler) http.Handler {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.calls = append(l.calls, lostCall{Method: r.Method, Path: r.URL.Path, Status: rw.status,
-			Replay: w.Header().Get(api.ReplayHeader) == "true", Body: strings.TrimSpace(rw.body.String()), Took: time.Since(start)})
+			Replay: w.Header().Get(facilitator.ReplayHeader) == "true", Body: strings.TrimSpace(rw.body.String()), Took: time.Since(start)})
 	})
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -224,7 +223,7 @@ type ReplayResult struct {
 }
 
 // runReplay settles pay (which carries a payment id) and then resends it n times, one at a time,
-// timing each answer; a replay must come from the stored answer (api.ReplayHeader) with the same
+// timing each answer; a replay must come from the stored answer (facilitator.ReplayHeader) with the same
 // transaction.
 func runReplay(ctx context.Context, p *poster, n *node, pay *payment, count int) (ReplayResult, error) {
 	r := ReplayResult{N: count}
@@ -240,9 +239,9 @@ func runReplay(ctx context.Context, p *poster, n *node, pay *payment, count int)
 		t0 := time.Now()
 		status, h, err := p.post(ctx, "/settle", pay.Body, &res)
 		took := time.Since(t0)
-		if err != nil || status != http.StatusOK || h.Get(api.ReplayHeader) != "true" || res.Transaction != first.Transaction {
+		if err != nil || status != http.StatusOK || h.Get(facilitator.ReplayHeader) != "true" || res.Transaction != first.Transaction {
 			if r.FirstFailed == "" {
-				r.FirstFailed = fmt.Sprintf("HTTP %d %v replay=%q tx %s", status, err, h.Get(api.ReplayHeader), res.Transaction)
+				r.FirstFailed = fmt.Sprintf("HTTP %d %v replay=%q tx %s", status, err, h.Get(facilitator.ReplayHeader), res.Transaction)
 			}
 			continue
 		}
