@@ -16,7 +16,6 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // claimingSettler answers every /settle with a claimed success of settlement 42; with hold set, it
@@ -37,16 +36,16 @@ func newClaimingSettler(hold bool) *claimingSettler {
 	return &claimingSettler{hold: hold, entered: make(chan struct{}, 1), released: make(chan releaseCall, 4)}
 }
 
-func (s *claimingSettler) Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error) {
+func (s *claimingSettler) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
 	s.entered <- struct{}{}
 	if s.hold {
 		<-ctx.Done()
 	}
-	return settle.Outcome{SettlementID: 42, Claimed: true, Response: facilitator.SettleResponse{
+	return facilitator.SettleOutcome{SettlementID: 42, Claimed: true, Response: facilitator.SettleResponse{
 		Success: true, Transaction: common.Hash{1}.Hex(), Network: p.Network, Payer: p.Payer}}, nil
 }
 
-func (s *claimingSettler) ReleaseDelivery(ctx context.Context, out settle.Outcome) error {
+func (s *claimingSettler) ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
 	_, ok := ctx.Deadline()
 	s.released <- releaseCall{id: out.SettlementID, hasDeadline: ok}
 	return nil
@@ -194,7 +193,7 @@ type leavingSettler struct {
 	released chan int64
 }
 
-func (l *leavingSettler) Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error) {
+func (l *leavingSettler) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
 	out, err := l.Settler.Settle(ctx, p)
 	if err == nil && out.Claimed && l.held.CompareAndSwap(false, true) {
 		l.entered <- struct{}{}
@@ -203,7 +202,7 @@ func (l *leavingSettler) Settle(ctx context.Context, p *facilitator.Payment) (se
 	return out, err
 }
 
-func (l *leavingSettler) ReleaseDelivery(ctx context.Context, out settle.Outcome) error {
+func (l *leavingSettler) ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
 	err := l.Settler.ReleaseDelivery(ctx, out)
 	if err == nil {
 		l.released <- out.SettlementID

@@ -22,7 +22,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // The fuzz targets here drive the echo handler in process over fakes: no chain, no database is
@@ -138,11 +137,11 @@ func (fuzzVerifier) Verify(context.Context, *facilitator.Payment) (facilitator.V
 	return facilitator.VerifyResponse{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPayload, "fuzz")
 }
 
-func (fuzzVerifier) Settle(context.Context, *facilitator.Payment) (settle.Outcome, error) {
-	return settle.Outcome{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPayload, "fuzz")
+func (fuzzVerifier) Settle(context.Context, *facilitator.Payment) (facilitator.SettleOutcome, error) {
+	return facilitator.SettleOutcome{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPayload, "fuzz")
 }
 
-func (fuzzVerifier) ReleaseDelivery(context.Context, settle.Outcome) error { return nil }
+func (fuzzVerifier) ReleaseDelivery(context.Context, facilitator.SettleOutcome) error { return nil }
 
 // fuzzAPI is the HTTP API over the fakes, with a real notify.Dispatcher (never started: only its
 // registration and stream code runs) refusing private webhook targets.

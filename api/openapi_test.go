@@ -40,7 +40,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -136,7 +135,7 @@ func oasPath(p string) string { return oasEchoParam.ReplaceAllString(p, "{$1}") 
 // oasFakes is everything behind a server built for probing: each field decides one answer.
 type oasFakes struct {
 	verify       func(*facilitator.Payment) (facilitator.VerifyResponse, error)
-	settle       func(*facilitator.Payment) (settle.Outcome, error)
+	settle       func(*facilitator.Payment) (facilitator.SettleOutcome, error)
 	status       facilitator.AuthorizationStatus
 	found        bool  // Status.Authorization's found
 	statusErr    error // every Status method's error
@@ -216,11 +215,11 @@ func (f *oasFakes) Verify(_ context.Context, p *facilitator.Payment) (facilitato
 	return f.verify(p)
 }
 
-func (f *oasFakes) Settle(_ context.Context, p *facilitator.Payment) (settle.Outcome, error) {
+func (f *oasFakes) Settle(_ context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
 	return f.settle(p)
 }
 
-func (f *oasFakes) ReleaseDelivery(context.Context, settle.Outcome) error { return nil }
+func (f *oasFakes) ReleaseDelivery(context.Context, facilitator.SettleOutcome) error { return nil }
 
 func (f *oasFakes) Authorization(context.Context, facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error) {
 	return f.status, f.found, f.statusErr
@@ -400,8 +399,8 @@ func oasDefaultFakes() *oasFakes {
 		verify: func(p *facilitator.Payment) (facilitator.VerifyResponse, error) {
 			return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil
 		},
-		settle: func(p *facilitator.Payment) (settle.Outcome, error) {
-			return settle.Outcome{Response: facilitator.SettleResponse{Success: true, Payer: p.Payer, Transaction: oasTx, Network: p.Network}}, nil
+		settle: func(p *facilitator.Payment) (facilitator.SettleOutcome, error) {
+			return facilitator.SettleOutcome{Response: facilitator.SettleResponse{Success: true, Payer: p.Payer, Transaction: oasTx, Network: p.Network}}, nil
 		},
 		status: st,
 		found:  true,
@@ -444,7 +443,7 @@ func oasProbes(t *testing.T) []oasProbe {
 			f.verify = func(*facilitator.Payment) (facilitator.VerifyResponse, error) {
 				return facilitator.VerifyResponse{}, err
 			}
-			f.settle = func(*facilitator.Payment) (settle.Outcome, error) { return settle.Outcome{}, err }
+			f.settle = func(*facilitator.Payment) (facilitator.SettleOutcome, error) { return facilitator.SettleOutcome{}, err }
 		}
 	}
 	internal := func(f *oasFakes) {
@@ -453,11 +452,11 @@ func oasProbes(t *testing.T) []oasProbe {
 		f.verify = func(*facilitator.Payment) (facilitator.VerifyResponse, error) {
 			return facilitator.VerifyResponse{}, err
 		}
-		f.settle = func(*facilitator.Payment) (settle.Outcome, error) { return settle.Outcome{}, err }
+		f.settle = func(*facilitator.Payment) (facilitator.SettleOutcome, error) { return facilitator.SettleOutcome{}, err }
 	}
 	panics := func(f *oasFakes) {
 		f.verify = func(*facilitator.Payment) (facilitator.VerifyResponse, error) { panic("a bug") }
-		f.settle = func(*facilitator.Payment) (settle.Outcome, error) { panic("a bug") }
+		f.settle = func(*facilitator.Payment) (facilitator.SettleOutcome, error) { panic("a bug") }
 	}
 	conflict := func(f *oasFakes) {
 		err := &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
@@ -465,14 +464,14 @@ func oasProbes(t *testing.T) []oasProbe {
 		f.verify = func(*facilitator.Payment) (facilitator.VerifyResponse, error) {
 			return facilitator.VerifyResponse{}, err
 		}
-		f.settle = func(*facilitator.Payment) (settle.Outcome, error) { return settle.Outcome{}, err }
+		f.settle = func(*facilitator.Payment) (facilitator.SettleOutcome, error) { return facilitator.SettleOutcome{}, err }
 	}
 	replay := func(f *oasFakes) {
 		f.verify = func(p *facilitator.Payment) (facilitator.VerifyResponse, error) {
 			return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer, Extensions: facilitator.ReplayInfo(oasPayID)}, nil
 		}
-		f.settle = func(p *facilitator.Payment) (settle.Outcome, error) {
-			return settle.Outcome{Response: facilitator.SettleResponse{Success: true, Payer: p.Payer, Transaction: oasTx,
+		f.settle = func(p *facilitator.Payment) (facilitator.SettleOutcome, error) {
+			return facilitator.SettleOutcome{Response: facilitator.SettleResponse{Success: true, Payer: p.Payer, Transaction: oasTx,
 				Network: p.Network, Extensions: facilitator.ReplayInfo(oasPayID)}}, nil
 		}
 	}
@@ -480,7 +479,7 @@ func oasProbes(t *testing.T) []oasProbe {
 		return func(f *oasFakes) {
 			err := &facilitator.Error{Code: facilitator.ELimited, Reason: reason, Message: "a limit refuses it for now", RetryAfter: time.Minute}
 			f.limitErr = err // /verify: a valid verdict, then the limit check
-			f.settle = func(*facilitator.Payment) (settle.Outcome, error) { return settle.Outcome{}, err }
+			f.settle = func(*facilitator.Payment) (facilitator.SettleOutcome, error) { return facilitator.SettleOutcome{}, err }
 		}
 	}
 	notFound := func(f *oasFakes) { f.found, f.noSettlement = false, true }
@@ -502,8 +501,8 @@ func oasProbes(t *testing.T) []oasProbe {
 
 		{name: "settle success", method: "POST", url: "/settle", body: pay, status: 200},
 		{name: "settle pending", method: "POST", url: "/settle", body: pay, status: 200, setup: func(f *oasFakes) {
-			f.settle = func(p *facilitator.Payment) (settle.Outcome, error) {
-				return settle.Outcome{Response: facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending,
+			f.settle = func(p *facilitator.Payment) (facilitator.SettleOutcome, error) {
+				return facilitator.SettleOutcome{Response: facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending,
 					Payer: p.Payer, Transaction: oasTx, Network: p.Network}}, nil
 			}
 		}},

@@ -11,13 +11,12 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // Settler is what /settle needs.
 type Settler interface {
-	Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error)
-	ReleaseDelivery(ctx context.Context, out settle.Outcome) error
+	Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error)
+	ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error
 }
 
 // releaseTimeout bounds giving an undelivered success back: the caller is gone, so nothing else

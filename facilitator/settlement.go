@@ -64,3 +64,15 @@ type Settlement struct {
 	Delivered    bool // a caller has been answered success: true
 	CreatedAt    time.Time
 }
+
+// SettleOutcome is the settlement service's answer to a /settle: the x402 response, and whether it
+// delivered the settlement's one success (invariant 4 of ARCHITECTURE.md).
+type SettleOutcome struct {
+	Response     SettleResponse
+	SettlementID int64
+	// Claimed: this answer is the settlement's success. If it cannot be written to the caller,
+	// the service's ReleaseDelivery hands the success to the next caller instead.
+	Claimed bool
+	// Claim is the claim's token, for ReleaseDelivery: only this claim is ever given back.
+	Claim []byte
+}

@@ -57,7 +57,7 @@ type countingSettler struct {
 	calls atomic.Int64
 }
 
-func (c *countingSettler) Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error) {
+func (c *countingSettler) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
 	c.calls.Add(1)
 	return c.Engine.Settle(ctx, p)
 }
@@ -107,7 +107,7 @@ func (r *rig) server(tb testing.TB) string {
 	return hs.URL
 }
 
-func (r *rig) settle(tb testing.TB, body []byte) (settle.Outcome, error) {
+func (r *rig) settle(tb testing.TB, body []byte) (facilitator.SettleOutcome, error) {
 	tb.Helper()
 	return r.svc.Settle(context.Background(), settletest.Decode(tb, body))
 }

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // Store is the part of the ledger ids live in.
@@ -30,8 +29,8 @@ type Store interface {
 // Settler settles payments (the settle engine). It binds a new settlement's payment id itself, in
 // the statement that writes the settlement.
 type Settler interface {
-	Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error)
-	ReleaseDelivery(ctx context.Context, out settle.Outcome) error
+	Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error)
+	ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error
 }
 
 // Verifier verifies payments.
@@ -82,13 +81,13 @@ func New(cfg Config) *Service {
 func (s *Service) Counts() (conflicts, replays int64) { return s.conflicts.Load(), s.replays.Load() }
 
 // Settle settles p under its payment id.
-func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (settle.Outcome, error) {
+func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
 	if p.PaymentID == "" {
 		return s.cfg.Settler.Settle(ctx, p)
 	}
 	rec, err := s.lookup(ctx, p)
 	if err != nil {
-		return settle.Outcome{}, err
+		return facilitator.SettleOutcome{}, err
 	}
 	if rec == nil {
 		out, err := s.cfg.Settler.Settle(ctx, p)
@@ -96,7 +95,7 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (settle.Ou
 			if facilitator.ErrorReason(err, "") == facilitator.ReasonPaymentIdentifierConflict {
 				// Bound by a concurrent request after our lookup: say what differs.
 				if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil {
-					return settle.Outcome{}, s.conflict(ctx, p, rec)
+					return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec)
 				}
 			}
 			return out, err
@@ -107,7 +106,7 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (settle.Ou
 			// still a conflict. The success stays claimed: the id's own request gets it as a
 			// replay, and nobody gets it twice.
 			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil && !rec.BindsTo(p) {
-				return settle.Outcome{}, s.conflict(ctx, p, rec)
+				return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec)
 			}
 		}
 		if out.Response.ErrorReason == facilitator.ReasonAlreadySettled {
@@ -143,13 +142,13 @@ func (s *Service) lookup(ctx context.Context, p *facilitator.Payment) (*facilita
 // replaySettle answers a retry of a request already settled (or settling) under its id. Nothing is
 // sent: the stored answer is returned while it is kept, else the settlement's own state, waited for
 // within the deadline when it is still in flight.
-func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec *facilitator.PaymentIDRecord) (settle.Outcome, error) {
+func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec *facilitator.PaymentIDRecord) (facilitator.SettleOutcome, error) {
 	s.replays.Add(1)
 	if rec.Response != nil && s.cfg.Now().Before(rec.ResponseExpires) {
 		var res facilitator.SettleResponse
 		if err := json.Unmarshal(rec.Response, &res); err == nil {
 			res.Extensions = facilitator.ReplayInfo(p.PaymentID)
-			return settle.Outcome{Response: res, SettlementID: rec.Settlement.ID}, nil
+			return facilitator.SettleOutcome{Response: res, SettlementID: rec.Settlement.ID}, nil
 		}
 	}
 	// The engine finds the settlement by its authorization, waits for it within the deadline, and
@@ -162,7 +161,7 @@ func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec 
 }
 
 // replayed turns the engine's answer to a repeat of an id's request into that request's answer.
-func (s *Service) replayed(ctx context.Context, p *facilitator.Payment, out settle.Outcome) settle.Outcome {
+func (s *Service) replayed(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) facilitator.SettleOutcome {
 	res := &out.Response
 	switch res.ErrorReason {
 	case facilitator.ReasonAlreadySettled:
@@ -178,7 +177,7 @@ func (s *Service) replayed(ctx context.Context, p *facilitator.Payment, out sett
 }
 
 // remember stores a settled answer under its id, for the window.
-func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out settle.Outcome) {
+func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) {
 	res := out.Response
 	if out.SettlementID == 0 || res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
 		return
@@ -256,7 +255,7 @@ func (s *Service) conflict(ctx context.Context, p *facilitator.Payment, rec *fac
 }
 
 // ReleaseDelivery passes through to the settler.
-func (s *Service) ReleaseDelivery(ctx context.Context, out settle.Outcome) error {
+func (s *Service) ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
 	return s.cfg.Settler.ReleaseDelivery(ctx, out)
 }
 

@@ -16,7 +16,6 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
@@ -291,7 +290,7 @@ func TestConcurrentConflict(t *testing.T) {
 		before := r.nonces(t)
 		calls := r.engine.calls.Load()
 
-		outs := make([]settle.Outcome, 2)
+		outs := make([]facilitator.SettleOutcome, 2)
 		errs := make([]error, 2)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
@@ -354,7 +353,7 @@ func TestConcurrentSameID(t *testing.T) {
 	p := newPay(t, env.FundedPayer(t, 1_000_000), 300_000)
 	body := p.Body(t)
 	const n = 8
-	outs := make([]settle.Outcome, n)
+	outs := make([]facilitator.SettleOutcome, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -504,7 +503,7 @@ func TestInFlightWaits(t *testing.T) {
 	r := newRig(t, rigOptions{deadline: deadline})
 
 	type answer struct {
-		out  settle.Outcome
+		out  facilitator.SettleOutcome
 		err  error
 		took time.Duration
 	}
@@ -579,7 +578,7 @@ func TestRetention(t *testing.T) {
 			rec.Response, rec.ResponseExpires, floor, t0.Add(window))
 	}
 
-	replay := func(what string, fromStore bool) settle.Outcome {
+	replay := func(what string, fromStore bool) facilitator.SettleOutcome {
 		t.Helper()
 		calls := r.engine.calls.Load()
 		out, err := r.settle(t, body)

@@ -109,7 +109,7 @@ func newPayment(t *testing.T, payTo common.Address) payment {
 }
 
 // settle settles p to success and returns the outcome.
-func (r *rig) settle(t *testing.T, p payment) settle.Outcome {
+func (r *rig) settle(t *testing.T, p payment) facilitator.SettleOutcome {
 	t.Helper()
 	pay, err := facilitator.DecodeRequest(p.body)
 	if err != nil {

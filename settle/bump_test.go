@@ -67,7 +67,7 @@ func TestSettleFeeBump(t *testing.T) {
 
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var final settle.Outcome
+	var final facilitator.SettleOutcome
 	for time.Now().Before(deadline.Add(10 * time.Second)) {
 		final, err = r.SettleBody(ctx, t, body)
 		if err != nil {

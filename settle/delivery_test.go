@@ -39,7 +39,7 @@ func TestClaimBounded(t *testing.T) {
 	}})
 	p := env.NewPay(t, env.FundedPayer(t, 100_000), 100_000)
 	type result struct {
-		out settle.Outcome
+		out facilitator.SettleOutcome
 		err error
 	}
 	done := make(chan result, 1)
@@ -77,7 +77,7 @@ func TestSuccessBelongsToKey(t *testing.T) {
 	keyed, open := env.NewPay(t, payer, 1_000_000), env.NewPay(t, payer, 1_000_000)
 	env.ManualMining(t)
 	r := env.NewEngine(t, settletest.EngineOptions{Deadline: time.Second})
-	settleAs := func(p settletest.Pay, keyID string) settle.Outcome {
+	settleAs := func(p settletest.Pay, keyID string) facilitator.SettleOutcome {
 		t.Helper()
 		d := settletest.Decode(t, p.Body(t))
 		d.KeyID, d.IDScope = keyID, keyID
@@ -87,7 +87,7 @@ func TestSuccessBelongsToKey(t *testing.T) {
 		}
 		return out
 	}
-	alreadySettled := func(what string, out settle.Outcome, hash string) {
+	alreadySettled := func(what string, out facilitator.SettleOutcome, hash string) {
 		t.Helper()
 		if res := out.Response; res.Success || out.Claimed || res.ErrorReason != facilitator.ReasonAlreadySettled || res.Transaction != hash {
 			t.Fatalf("%s: want already_settled with %s, got %+v (claimed %v)", what, hash, res, out.Claimed)

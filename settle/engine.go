@@ -425,28 +425,17 @@ func (e *Engine) fault(p FaultPoint) {
 
 func (e *Engine) now() time.Time { return e.cfg.Now() }
 
-// Outcome is a /settle answer, and whether it delivered the settlement's one success.
-type Outcome struct {
-	Response     facilitator.SettleResponse
-	SettlementID int64
-	// Claimed: this answer is the settlement's success. If it cannot be written to the caller,
-	// ReleaseDelivery hands the success to the next caller instead.
-	Claimed bool
-	// Claim is the claim's token, for ReleaseDelivery.
-	Claim []byte
-}
-
 // Settle settles p, or reports on the settlement already made for its authorization. The error is
 // non-nil only when no answer about the payment can be given (bad request, ledger or node down,
 // every signer busy): then nothing was broadcast.
-func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, error) {
+func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
 	id, err := e.verifier.Route(p)
 	if err != nil {
-		return Outcome{}, err
+		return facilitator.SettleOutcome{}, err
 	}
 	n := e.networks[id.ID]
 	if n == nil {
-		return Outcome{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network %q has no settlement signers", p.Requirements.Network)
+		return facilitator.SettleOutcome{}, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network %q has no settlement signers", p.Requirements.Network)
 	}
 	if p.Permit2 {
 		return fail(p, facilitator.ReasonUnsupportedPayloadType, "Permit2 payloads are not supported by this facilitator", common.Hash{}), nil
@@ -461,7 +450,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 	case err == nil:
 		return e.follow(ctx, waitCtx, p, fp, existing)
 	case !errors.Is(err, facilitator.ErrNotFound):
-		return Outcome{}, ledgerDown(err)
+		return facilitator.SettleOutcome{}, ledgerDown(err)
 	}
 
 	row := &NewSettlement{
@@ -489,21 +478,21 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 		s = n.pickSender()
 		if s == nil {
 			if n.leased() == 0 {
-				return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy,
+				return facilitator.SettleOutcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy,
 					"no settlement signer of this network is held by this instance right now (another instance holds them); nothing was sent, retry shortly", nil)
 			}
 			if n.allLow() {
 				// The operator was alerted (balance.go); the balance is read again every BalanceInterval.
-				return Outcome{}, &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonInsufficientSignerFunds,
+				return facilitator.SettleOutcome{}, &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonInsufficientSignerFunds,
 					Message:    "every settlement signer of this network is below its minimum balance for gas; nothing was sent, retry later",
 					RetryAfter: e.cfg.BalanceInterval}
 			}
-			return Outcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
+			return facilitator.SettleOutcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
 		}
 		if tries == 0 {
 			res, g, err := e.verifier.Settleable(waitCtx, p, s.addr)
 			if err != nil {
-				return Outcome{}, err
+				return facilitator.SettleOutcome{}, err
 			}
 			if !res.IsValid {
 				// Possibly ours, committed by a concurrent request (of this process or another)
@@ -524,29 +513,29 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (Outcome, e
 	if errors.Is(err, facilitator.ErrDuplicate) {
 		existing, err := e.store.SettlementByKey(waitCtx, key)
 		if err != nil {
-			return Outcome{}, ledgerDown(err)
+			return facilitator.SettleOutcome{}, ledgerDown(err)
 		}
 		return e.follow(ctx, waitCtx, p, fp, existing)
 	}
 	if errors.Is(err, facilitator.ErrPaymentIDTaken) {
 		// Bound to another request between the caller's lookup and this insert; nothing was sent.
-		return Outcome{}, &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
+		return facilitator.SettleOutcome{}, &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
 			Message: "this payment identifier is already bound to a different payment", Err: err}
 	}
 	if facilitator.ErrorCode(err) == facilitator.ELimited {
 		e.log.Info("settlement refused by a limit; nothing was sent", "network", id.ID, "payer", key.Payer,
 			"nonce", hexutil.Encode(key.Nonce[:]), "api_key", p.KeyID, "reason", facilitator.ErrorReason(err, ""))
-		return Outcome{}, err
+		return facilitator.SettleOutcome{}, err
 	}
 	if err != nil {
-		return Outcome{}, err
+		return facilitator.SettleOutcome{}, err
 	}
 	e.log.Info("settlement signed", f.logAttrs("network", id.ID, "signer", s.addr, "tx_nonce", f.txNonce(), "tx", f.view().hash)...)
 	return e.await(ctx, waitCtx, p, f), nil
 }
 
 // follow answers a request for an authorization that already has a settlement.
-func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp facilitator.Fingerprint, s *facilitator.Settlement) (Outcome, error) {
+func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp facilitator.Fingerprint, s *facilitator.Settlement) (facilitator.SettleOutcome, error) {
 	if s.Fingerprint != fp {
 		// Someone else's request for the same authorization (a different signature or requirements):
 		// it gets no success and does not wait.
@@ -560,7 +549,7 @@ func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp
 }
 
 // poll reads the ledger until the settlement is settled or the deadline passes.
-func (e *Engine) poll(ctx, waitCtx context.Context, p *facilitator.Payment, s *facilitator.Settlement) (Outcome, error) {
+func (e *Engine) poll(ctx, waitCtx context.Context, p *facilitator.Payment, s *facilitator.Settlement) (facilitator.SettleOutcome, error) {
 	for !s.State.Succeeded() && s.State.Open() && !e.stepped {
 		select {
 		case <-waitCtx.Done():
@@ -572,7 +561,7 @@ func (e *Engine) poll(ctx, waitCtx context.Context, p *facilitator.Payment, s *f
 			if waitCtx.Err() != nil {
 				return e.answer(ctx, p, viewOf(s)), nil
 			}
-			return Outcome{}, ledgerDown(err)
+			return facilitator.SettleOutcome{}, ledgerDown(err)
 		}
 		s = next
 	}
@@ -585,7 +574,7 @@ func viewOf(s *facilitator.Settlement) view {
 
 // await waits for f's outcome within the deadline. When this process loses f's key meanwhile,
 // the key's next holder finishes f: the answer then comes from the ledger.
-func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *flight) Outcome {
+func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *flight) facilitator.SettleOutcome {
 	if e.stepped {
 		// Nothing moves while a caller waits: the simulator answers with what is known now, and
 		// its callers ask again.
@@ -611,8 +600,8 @@ const claimTimeout = 5 * time.Second
 
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
 // the first with the settlement's own API key to claim it while still connected.
-func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Outcome {
-	out := Outcome{SettlementID: v.id}
+func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) facilitator.SettleOutcome {
+	out := facilitator.SettleOutcome{SettlementID: v.id}
 	switch {
 	case v.state.Open():
 		out.Response = fail(p, facilitator.ReasonSettlementPending,
@@ -657,7 +646,7 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) Out
 }
 
 // ReleaseDelivery undoes out's claimed success, whose answer never reached the caller.
-func (e *Engine) ReleaseDelivery(ctx context.Context, out Outcome) error {
+func (e *Engine) ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
 	return e.store.ReleaseDelivery(ctx, out.SettlementID, out.Claim)
 }
 
@@ -696,12 +685,12 @@ func (e *Engine) retryReleases(ctx context.Context) {
 	}
 }
 
-func fail(p *facilitator.Payment, reason, message string, tx common.Hash) Outcome {
+func fail(p *facilitator.Payment, reason, message string, tx common.Hash) facilitator.SettleOutcome {
 	r := facilitator.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: message, Network: p.Network, Payer: p.Payer}
 	if tx != (common.Hash{}) {
 		r.Transaction = tx.Hex()
 	}
-	return Outcome{Response: r}
+	return facilitator.SettleOutcome{Response: r}
 }
 
 func orDefault(s, d string) string {

@@ -11,7 +11,6 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
@@ -64,7 +63,7 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 	body := p.Body(t)
 
 	const n = 50
-	outs := make([]settle.Outcome, n)
+	outs := make([]facilitator.SettleOutcome, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})

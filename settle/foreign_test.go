@@ -60,7 +60,7 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	}
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var out settle.Outcome
+	var out facilitator.SettleOutcome
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		out = r.MustSettle(t, body)
 		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
@@ -233,7 +233,7 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 	}
 
 	r2 := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
-	var out settle.Outcome
+	var out facilitator.SettleOutcome
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		env.Mine(t)
 		out = r2.MustSettle(t, body)

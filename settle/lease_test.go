@@ -182,7 +182,7 @@ func TestSignerLeaseTakeover(t *testing.T) {
 
 	// A caller waits on the holder for payment 0's outcome.
 	type answer struct {
-		out settle.Outcome
+		out facilitator.SettleOutcome
 		err error
 	}
 	waiter := make(chan answer, 1)
@@ -293,7 +293,7 @@ func TestSignerLeaseHandOver(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 30_000), 30_000)
 	body := p.Body(t)
 	var wg sync.WaitGroup
-	outs := make([]settle.Outcome, 20)
+	outs := make([]facilitator.SettleOutcome, 20)
 	errs := make([]error, len(outs))
 	for i := range outs {
 		r := a
@@ -452,7 +452,7 @@ func TestSettleDuplicateMinedDuringVerify(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 40_000), 40_000)
 	body := p.Body(t)
 	other := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{k1}})
-	var first settle.Outcome
+	var first facilitator.SettleOutcome
 	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{k2}, Config: func(c *settle.Config) {
 		c.Verifier = &raceVerifier{Verifier: c.Verifier, before: func() {
 			var err error

@@ -23,7 +23,7 @@ import (
 )
 
 // settleAs settles a body sent with the API key keyID ("" for none), as the API does.
-func settleAs(ctx context.Context, t testing.TB, r *settletest.Engine, body []byte, keyID string) (settle.Outcome, error) {
+func settleAs(ctx context.Context, t testing.TB, r *settletest.Engine, body []byte, keyID string) (facilitator.SettleOutcome, error) {
 	t.Helper()
 	p := settletest.Decode(t, body)
 	p.KeyID, p.IDScope = keyID, keyID
@@ -52,7 +52,7 @@ func pendingNonce(t testing.TB, addr common.Address) uint64 {
 	return uint64(n)
 }
 
-func mustSucceed(t *testing.T, out settle.Outcome, err error) {
+func mustSucceed(t *testing.T, out facilitator.SettleOutcome, err error) {
 	t.Helper()
 	if err != nil || !out.Response.Success {
 		t.Fatalf("settle: %+v, %v", out.Response, err)

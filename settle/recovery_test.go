@@ -178,7 +178,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	hashes := make([]string, len(pays))
 	settleAll := func(r *settletest.Engine, from, to int) {
 		t.Helper()
-		outs := make([]settle.Outcome, to-from)
+		outs := make([]facilitator.SettleOutcome, to-from)
 		errs := make([]error, to-from)
 		var wg sync.WaitGroup
 		for i := from; i < to; i++ {

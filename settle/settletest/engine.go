@@ -82,13 +82,13 @@ func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 func (e *Engine) Signer() *ecdsa.PrivateKey { return e.Signers[0] }
 
 // SettleBody decodes and settles one request body, as the API does.
-func (e *Engine) SettleBody(ctx context.Context, t testing.TB, body []byte) (settle.Outcome, error) {
+func (e *Engine) SettleBody(ctx context.Context, t testing.TB, body []byte) (facilitator.SettleOutcome, error) {
 	t.Helper()
 	return e.Settle(ctx, Decode(t, body))
 }
 
 // MustSettle is SettleBody that fails the test on an error (not on a failed settlement).
-func (e *Engine) MustSettle(t testing.TB, body []byte) settle.Outcome {
+func (e *Engine) MustSettle(t testing.TB, body []byte) facilitator.SettleOutcome {
 	t.Helper()
 	out, err := e.SettleBody(context.Background(), t, body)
 	if err != nil {
