@@ -52,6 +52,8 @@ type flight struct {
 	verdict *verdict
 	// closing: resolved as a failure while its tx nonce may be unused; resent until it is used.
 	closing bool
+	// move: a re-sign at a new nonce whose ledger write's outcome is unknown (foreign.go).
+	move *pendingMove
 }
 
 // logAttrs are the fields every log line about f starts with: the settlement, its payer and

@@ -116,6 +116,13 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			if rerr == nil && got.TxNonce == nonce && got.TxHash == rec.Hash {
 				err = nil
 			}
+			if rerr != nil {
+				// Not known either way: the watcher finds out from the row before it decides
+				// anything more about the settlement (settleMove).
+				f.mu.Lock()
+				f.move = &pendingMove{nonce: nonce, tx: &sentTx{hash: rec.Hash, nonce: nonce, raw: raw, fees: fees, signedAt: e.now()}}
+				f.mu.Unlock()
+			}
 		}
 		if err != nil {
 			s.loaded = false
@@ -135,4 +142,43 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		s.enqueue(f)
 		return nil
 	}
+}
+
+// pendingMove is a re-sign whose ledger write's outcome is unknown.
+type pendingMove struct {
+	nonce uint64
+	tx    *sentTx
+}
+
+// settleMove finds out, from the ledger row, whether f's re-sign of unknown outcome committed, and
+// makes the flight follow: the moved transaction is f's (and goes out), or it never was. It reports
+// false while the ledger does not tell: nothing more is decided about f until it does, or the
+// flight and the ledger could disagree on the nonce f holds (and leave it a gap).
+func (n *network) settleMove(ctx context.Context, f *flight) bool {
+	f.mu.Lock()
+	m := f.move
+	f.mu.Unlock()
+	if m == nil {
+		return true
+	}
+	e := n.engine
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	row, err := e.store.SettlementByID(rctx, f.id)
+	cancel()
+	if err != nil {
+		return false
+	}
+	moved := row.TxNonce == m.nonce
+	f.update(func(f *flight) {
+		f.move = nil
+		if moved {
+			f.nonce = m.nonce
+			f.txs = append(f.txs, m.tx)
+		}
+	})
+	if moved {
+		e.log.Warn("a re-sign whose write's answer was lost had committed; sending", f.logAttrs("tx_nonce", m.nonce, "tx", m.tx.hash)...)
+		f.sender.enqueue(f)
+	}
+	return true
 }

@@ -71,7 +71,9 @@ var (
 //	8931 a gap fill re-signed at the key's next free nonce instead of into the gap (upwards)
 //	10909 a move back down to a nonce signed the settlement's first bytes again: refused as a
 //	     duplicate, taken for a lost answer, and the ledger kept the old nonce (a gap)
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909}
+//	17700 a re-sign whose write's answer was lost, and the read that would tell failed: the flight
+//	     kept the old nonce, the row the new one, and the new one became a gap
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)

@@ -112,6 +112,9 @@ func (n *network) watch(ctx context.Context) {
 		if f.view().resolving {
 			continue // the previous round's outcome is being written
 		}
+		if !n.settleMove(ctx, f) {
+			continue // which nonce the settlement holds is not known yet
+		}
 		w := &work{f: f, t: f.track(), o: observation{now: now, head: uint64(head), receipts: map[common.Hash]receiptRead{}}}
 		works = append(works, w)
 		want := f.want()
