@@ -141,9 +141,6 @@ type Engine struct {
 	mu      sync.Mutex
 	flights map[int64]*flight
 
-	// runCtx is the loops' context (Start); background work started later (an ambiguous commit's
-	// resolution) runs under it too and ends with Stop.
-	runCtx context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
@@ -263,7 +260,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		n.readBalances(ctx)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.runCtx, e.cancel = runCtx, cancel
+	e.cancel = cancel
 	if e.stepped {
 		return nil // the simulator runs the loops' work itself (step)
 	}
@@ -318,18 +315,12 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 		if len(o.Txs) == 0 {
 			continue
 		}
-		f := newFlight(o.ID, o.State)
-		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = o.Key, o.Fingerprint, o.PayTo, o.Value, o.ValidBefore
-		f.sender, f.nonce = s, o.TxNonce
+		f, err := recovered(s, &o)
+		if err != nil {
+			return err
+		}
 		if o.State.Succeeded() {
 			f.minedHash, f.block, f.blockHash = o.TxHash, o.BlockNumber, o.BlockHash
-		}
-		for _, t := range o.Txs {
-			f.txs = append(f.txs, &sentTx{hash: t.Hash, raw: t.Raw, fees: Fees{TipCap: t.TipCap, FeeCap: t.FeeCap}, signedAt: o.CreatedAt})
-		}
-		// Gas and calldata for fee bumps come from the last signed transaction.
-		if err := f.restoreTemplate(); err != nil {
-			return fmt.Errorf("settle: settlement %d: %w", o.ID, err)
 		}
 		e.track(f)
 		if o.State.Open() {
@@ -343,19 +334,28 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 	return e.recoverClosed(ctx, s)
 }
 
+// recovered is the flight of a ledger row of s's, with every transaction it signed.
+func recovered(s *sender, o *OpenSettlement) (*flight, error) {
+	f := newFlight(o.ID, o.State)
+	f.key, f.fingerprint, f.payTo, f.value, f.validBefore = o.Key, o.Fingerprint, o.PayTo, o.Value, o.ValidBefore
+	f.sender, f.nonce = s, o.TxNonce
+	for _, t := range o.Txs {
+		f.txs = append(f.txs, &sentTx{hash: t.Hash, raw: t.Raw, fees: Fees{TipCap: t.TipCap, FeeCap: t.FeeCap}, signedAt: o.CreatedAt})
+	}
+	// Each variant's nonce, and gas and calldata for fee bumps from the last signed transaction.
+	if err := f.restoreTemplate(); err != nil {
+		return nil, fmt.Errorf("settle: settlement %d: %w", o.ID, err)
+	}
+	return f, nil
+}
+
 // recoverClosed resumes filling the nonces of failed settlements that the chain has not used yet
 // (the process that resolved them stopped, or a job resolved them while their transaction was
 // lost): their transactions, which can only revert now, are resent until the nonce is used, or
-// every later transaction of the key waits behind the gap. Caller holds s.mu.
+// every later transaction of the key waits behind the gap. Caller holds s.mu, after s.load (which
+// read the key's mined nonce).
 func (e *Engine) recoverClosed(ctx context.Context, s *sender) error {
-	rctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
-	var latest hexutil.Uint64
-	err := s.net.chain.CallContext(rctx, &latest, "eth_getTransactionCount", s.addr, "latest")
-	cancel()
-	if err != nil {
-		return fmt.Errorf("settle: %s signer %s: reading its mined nonce: %w", s.net.id.ID, s.addr, err)
-	}
-	closed, err := e.store.ClosedFrom(ctx, s.net.id.ID, s.addr, uint64(latest))
+	closed, err := e.store.ClosedFrom(ctx, s.net.id.ID, s.addr, s.mined)
 	if err != nil {
 		return fmt.Errorf("settle: loading closed settlements: %w", err)
 	}
@@ -363,21 +363,16 @@ func (e *Engine) recoverClosed(ctx context.Context, s *sender) error {
 		if len(o.Txs) == 0 || e.flight(o.ID) != nil {
 			continue
 		}
-		f := newFlight(o.ID, o.State)
-		f.key, f.fingerprint, f.payTo, f.value, f.validBefore = o.Key, o.Fingerprint, o.PayTo, o.Value, o.ValidBefore
-		f.sender, f.nonce, f.closing = s, o.TxNonce, true
-		f.reason, f.message = o.ErrorReason, o.ErrorMessage
-		for _, t := range o.Txs {
-			f.txs = append(f.txs, &sentTx{hash: t.Hash, raw: t.Raw, fees: Fees{TipCap: t.TipCap, FeeCap: t.FeeCap}, signedAt: o.CreatedAt})
+		f, err := recovered(s, &o)
+		if err != nil {
+			return err
 		}
-		if err := f.restoreTemplate(); err != nil {
-			return fmt.Errorf("settle: settlement %d: %w", o.ID, err)
-		}
+		f.closing, f.reason, f.message = true, o.ErrorReason, o.ErrorMessage
 		e.track(f)
 		s.enqueue(f)
 	}
 	if len(closed) > 0 {
-		e.log.Warn("resending failed settlements whose tx nonces are unused, to fill the gaps", "network", s.net.id.ID, "signer", s.addr, "count", len(closed), "from_nonce", uint64(latest))
+		e.log.Warn("resending failed settlements whose tx nonces are unused, to fill the gaps", "network", s.net.id.ID, "signer", s.addr, "count", len(closed), "from_nonce", s.mined)
 	}
 	return nil
 }

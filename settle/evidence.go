@@ -154,9 +154,7 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 	for round := 0; round < 3; round++ {
 		o := observation{now: now, receipts: map[common.Hash]receiptRead{}}
 		var rr receiptReads
-		headElem := rpc.BatchElem{Method: "eth_blockNumber", Result: &head}
-		rr.elems = append(rr.elems, headElem)
-		rr.after = append(rr.after, func() {})
+		rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_blockNumber", Result: &head})
 		for _, v := range t.variants {
 			rr.receipt(&o, v.hash, want)
 		}

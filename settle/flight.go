@@ -203,16 +203,6 @@ func (f *flight) latest() *sentTx {
 	return f.txs[len(f.txs)-1]
 }
 
-func (f *flight) hashes() []common.Hash {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := make([]common.Hash, len(f.txs))
-	for i, t := range f.txs {
-		out[i] = t.hash
-	}
-	return out
-}
-
 // track is the flight as the decision core sees it.
 func (f *flight) track() track {
 	f.mu.Lock()

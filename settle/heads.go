@@ -70,11 +70,4 @@ func (n *network) subscribeHeads(ctx context.Context) bool {
 
 // sawHead records the highest head number the subscription announced, so the watcher's next
 // round need not ask the node for it.
-func (n *network) sawHead(number uint64) {
-	for {
-		old := n.headHint.Load()
-		if number <= old || n.headHint.CompareAndSwap(old, number) {
-			return
-		}
-	}
-}
+func (n *network) sawHead(number uint64) { raise(&n.headHint, number) }

@@ -193,10 +193,13 @@ func (n *network) recordBroadcasts(ctx context.Context, ids []int64) {
 }
 
 // saw records that an answer told of head h.
-func (n *network) saw(h uint64) {
+func (n *network) saw(h uint64) { raise(&n.maxSeen, h) }
+
+// raise sets a to v if v is higher, whoever else raises it meanwhile.
+func raise(a *atomic.Uint64, v uint64) {
 	for {
-		old := n.maxSeen.Load()
-		if h <= old || n.maxSeen.CompareAndSwap(old, h) {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
 			return
 		}
 	}

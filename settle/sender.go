@@ -33,6 +33,7 @@ type sender struct {
 	mu     sync.Mutex
 	next   uint64
 	loaded bool
+	mined  uint64 // the chain's mined nonce of the key at the last load
 
 	// pending are the submissions waiting for mu; whoever takes mu commits them all at once.
 	pmu     sync.Mutex
@@ -72,10 +73,10 @@ func (s *sender) load(ctx context.Context) error {
 	// The count comes with the answering node's head: a node behind a head we were told of may
 	// not count a transaction of the key mined since, and signing at its nonce would only earn a
 	// "nonce too low". Asked again, then not known.
-	var pending, head hexutil.Uint64
+	var latest, head hexutil.Uint64
 	for try := 1; ; try++ {
 		b := []rpc.BatchElem{
-			{Method: "eth_getTransactionCount", Args: []any{s.addr, "latest"}, Result: &pending},
+			{Method: "eth_getTransactionCount", Args: []any{s.addr, "latest"}, Result: &latest},
 			{Method: "eth_blockNumber", Result: &head},
 		}
 		err := s.net.chain.BatchCallContext(ctx, b)
@@ -95,11 +96,11 @@ func (s *sender) load(ctx context.Context) error {
 	}
 	// The lowest nonce from the chain's on that no settlement holds: past the ledger's highest
 	// normally, or a gap below it (a foreign transaction that held it was reorganised away).
-	held, err := e.store.NoncesHeld(ctx, s.net.id.ID, s.addr, uint64(pending))
+	held, err := e.store.NoncesHeld(ctx, s.net.id.ID, s.addr, uint64(latest))
 	if err != nil {
 		return ledgerDown(err)
 	}
-	next := uint64(pending)
+	next := uint64(latest)
 	for _, n := range held {
 		if n == next {
 			next++
@@ -111,7 +112,7 @@ func (s *sender) load(ctx context.Context) error {
 		e.log.Warn("signer nonce resynchronised", "network", s.net.id.ID, "signer", s.addr, "was", s.next, "now", next)
 		e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceResync)
 	}
-	s.next, s.loaded = next, true
+	s.next, s.loaded, s.mined = next, true, uint64(latest)
 	return nil
 }
 

@@ -102,9 +102,10 @@ func (n *network) watch(ctx context.Context) {
 	}
 
 	type work struct {
-		f *flight
-		t track
-		o observation
+		f    *flight
+		t    track
+		o    observation
+		want Expected
 	}
 	var works []*work
 	var reads receiptReads
@@ -115,9 +116,9 @@ func (n *network) watch(ctx context.Context) {
 		if !n.settleMove(ctx, f) {
 			continue // which nonce the settlement holds is not known yet
 		}
-		w := &work{f: f, t: f.track(), o: observation{now: now, head: uint64(head), receipts: map[common.Hash]receiptRead{}}}
-		works = append(works, w)
 		want := f.want()
+		w := &work{f: f, t: f.track(), o: observation{now: now, head: uint64(head), receipts: map[common.Hash]receiptRead{}}, want: want}
+		works = append(works, w)
 		for _, v := range w.t.variants {
 			if r := blockRcpts[v.hash]; r != nil {
 				w.o.receipts[v.hash] = receiptRead{ok: true, r: summarize(r, want)}
@@ -184,7 +185,7 @@ func (n *network) watch(ctx context.Context) {
 			if w.t.verdict != nil && w.t.verdict.at == at {
 				atHash = w.t.verdict.atHash
 			}
-			pinned = append(pinned, &pinnedRead{key: w.f.key, signer: w.f.sender.addr, want: w.f.want(), t: w.t, at: at, atHash: atHash})
+			pinned = append(pinned, &pinnedRead{key: w.f.key, signer: w.f.sender.addr, want: w.want, t: w.t, at: at, atHash: atHash})
 			pinnedFor = append(pinnedFor, i)
 		}
 	}
@@ -270,9 +271,6 @@ func (n *network) watch(ctx context.Context) {
 		case actResolve:
 			o := outcome{f: f, res: d.res}
 			o.res.ID = f.id
-			// A failure keeps the flight until reads show its nonce used (closing): if it is not, the
-			// signer's later transactions wait behind it.
-			o.closing = !d.res.State.Succeeded()
 			outcomes = append(outcomes, o)
 		case actFinalize:
 			finals = append(finals, f)
@@ -392,9 +390,8 @@ func summarize(r *types.Receipt, want Expected) *receipt {
 }
 
 type outcome struct {
-	f       *flight
-	res     Resolution
-	closing bool // keep watching: the failure's tx nonce may be unused
+	f   *flight
+	res Resolution
 }
 
 // recordAsync records a round's outcomes while the next round reads the chain: the ledger write
@@ -454,16 +451,16 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 			n.sync(ctx, f)
 			continue
 		}
+		// A failure keeps the flight until reads show its nonce used (closing): if it is not, the
+		// signer's later transactions wait behind it.
+		closing := !r.State.Succeeded()
 		f.update(func(f *flight) {
-			f.resolving, f.verdict, f.closing = false, nil, o.closing
+			f.resolving, f.verdict, f.closing = false, nil, closing
 			f.state, f.minedHash, f.block, f.blockHash = r.State, r.TxHash, r.BlockNumber, r.BlockHash
 			f.reason, f.message = r.ErrorReason, r.ErrorMessage
 		})
 		f.count(false)
-		e.log.Info("settlement resolved", f.logAttrs("state", r.State, "tx", r.TxHash, "block", r.BlockNumber, "reason", r.ErrorReason, "closing", o.closing)...)
-		if !r.State.Succeeded() && !o.closing {
-			e.untrack(f)
-		}
+		e.log.Info("settlement resolved", f.logAttrs("state", r.State, "tx", r.TxHash, "block", r.BlockNumber, "reason", r.ErrorReason, "closing", closing)...)
 	}
 }
 
