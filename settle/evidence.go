@@ -47,6 +47,32 @@ type pinnedRead struct {
 	voided   bool                        // the block at at is not atHash any more
 }
 
+// newPinnedRead is the pinned reads of a settlement at block at; a verdict read there before holds
+// them to the block it was read in (a different block there now voids it).
+func newPinnedRead(key facilitator.AuthorizationKey, signer common.Address, want Expected, t track, at uint64) *pinnedRead {
+	pr := &pinnedRead{key: key, signer: signer, want: want, t: t, at: at}
+	if t.verdict != nil && t.verdict.at == at {
+		pr.atHash = t.verdict.atHash
+	}
+	return pr
+}
+
+// apply folds the reads into the settlement's track and observation, and reports whether they
+// came in (false: not known this round).
+func (pr *pinnedRead) apply(t *track, o *observation) bool {
+	if pr.voided {
+		t.verdict = nil // the block it was read at is no longer there
+	}
+	if pr.read == nil {
+		return false
+	}
+	for h, r := range pr.receipts {
+		o.receipts[h] = r
+	}
+	o.chain = pr.read
+	return true
+}
+
 // readPinned makes the pinned reads of every settlement in prs, in one batch.
 func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, prs []*pinnedRead) error {
 	type slots struct {
@@ -174,23 +200,13 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 			if at == 0 {
 				at = o.head
 			}
-			pr := &pinnedRead{key: s.Key, signer: s.Signer, want: want, t: t, at: at}
-			if t.verdict != nil && t.verdict.at == at {
-				pr.atHash = t.verdict.atHash
-			}
+			pr := newPinnedRead(s.Key, s.Signer, want, t, at)
 			if err := readPinned(ctx, batch, []*pinnedRead{pr}); err != nil {
 				return Resolution{}, false, err
 			}
-			if pr.voided {
-				t.verdict = nil
-			}
-			if pr.read == nil {
+			if !pr.apply(&t, &o) {
 				return Resolution{}, false, nil
 			}
-			for h, r := range pr.receipts {
-				o.receipts[h] = r
-			}
-			o.chain = pr.read
 			d = decide(t, o, p)
 		}
 		switch {

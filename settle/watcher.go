@@ -181,11 +181,7 @@ func (n *network) watch(ctx context.Context) {
 			if at == 0 {
 				at = n.pinHead
 			}
-			var atHash common.Hash
-			if w.t.verdict != nil && w.t.verdict.at == at {
-				atHash = w.t.verdict.atHash
-			}
-			pinned = append(pinned, &pinnedRead{key: w.f.key, signer: w.f.sender.addr, want: w.want, t: w.t, at: at, atHash: atHash})
+			pinned = append(pinned, newPinnedRead(w.f.key, w.f.sender.addr, w.want, w.t, at))
 			pinnedFor = append(pinnedFor, i)
 		}
 	}
@@ -214,17 +210,10 @@ func (n *network) watch(ctx context.Context) {
 		for j, pr := range pinned {
 			i := pinnedFor[j]
 			w := works[i]
-			if pr.voided {
-				w.t.verdict = nil // the block it was read at is no longer there
-			}
-			if pr.read == nil {
+			if !pr.apply(&w.t, &w.o) {
 				decisions[i] = decision{act: actWait, verdict: w.t.verdict, why: "pinned reads failed; trying again next round"}
 				continue
 			}
-			for h, r := range pr.receipts {
-				w.o.receipts[h] = r
-			}
-			w.o.chain = pr.read
 			w.o.highest = n.maxSeen.Load() // the pinned reads (other requests too) may have told of more
 			if pr.read.keyNonce < w.t.txNonce {
 				w.o.gap = n.gapAt(ctx, gaps, w.f.sender, pr.read.keyNonce)
