@@ -57,7 +57,7 @@ const (
 	ReasonRateLimited     = "rate_limited"
 )
 
-// apiKeyKey is where the middleware leaves the request's *auth.Key.
+// apiKeyKey is where the middleware leaves the request's *facilitator.APIKey.
 const apiKeyKey = "x402.apikey"
 
 type authGuard struct {
@@ -71,16 +71,16 @@ func newAuthGuard(cfg AuthConfig) *authGuard {
 }
 
 // scopeOf is the scope a route needs; "" for the routes anyone may call.
-func scopeOf(path string) auth.Scope {
+func scopeOf(path string) facilitator.Scope {
 	switch {
 	case path == "/verify":
-		return auth.ScopeVerify
+		return facilitator.ScopeVerify
 	case path == "/settle":
-		return auth.ScopeSettle
+		return facilitator.ScopeSettle
 	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"):
-		return auth.ScopeStatus
+		return facilitator.ScopeStatus
 	case path == "/v1/webhooks", strings.HasPrefix(path, "/v1/webhooks/"), strings.HasPrefix(path, "/v1/events/"):
-		return auth.ScopeWebhooks
+		return facilitator.ScopeWebhooks
 	}
 	return ""
 }
@@ -144,7 +144,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if ok, wait := g.perKey.Allow(key.ID); !ok {
 			return s.refuse(c, http.StatusTooManyRequests, ReasonRateLimited, "too many requests with this API key", wait)
 		}
-		if len(key.PayTo) > 0 && (scope == auth.ScopeVerify || scope == auth.ScopeSettle) {
+		if len(key.PayTo) > 0 && (scope == facilitator.ScopeVerify || scope == facilitator.ScopeSettle) {
 			// An undecodable body is left to the handler, which answers 400 without acting on it.
 			if p := peekPayment(c); p != nil && !key.AllowsPayTo(p.Requirements.PayTo) {
 				return s.refuse(c, http.StatusForbidden, ReasonPayToNotAllowed, "the API key may not be used for payments to "+p.Requirements.PayTo.Hex(), 0)
@@ -155,8 +155,8 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // apiKeyOf returns the request's authenticated key, nil in open mode.
-func apiKeyOf(c echo.Context) *auth.Key {
-	k, _ := c.Get(apiKeyKey).(*auth.Key)
+func apiKeyOf(c echo.Context) *facilitator.APIKey {
+	k, _ := c.Get(apiKeyKey).(*facilitator.APIKey)
 	return k
 }
 
@@ -164,7 +164,7 @@ func apiKeyOf(c echo.Context) *auth.Key {
 // a webhook must name its payees: without a filter it would hear every merchant's settlements
 // (payers, amounts, transactions). A key with an allow-list may name only addresses on it.
 // Entries that are not addresses are left to notify, which refuses the whole request (400).
-func webhookPayToRefusal(key *auth.Key, payTo []string) string {
+func webhookPayToRefusal(key *facilitator.APIKey, payTo []string) string {
 	if len(payTo) == 0 {
 		return "with an API key, a webhook must name the payTo addresses it is for"
 	}

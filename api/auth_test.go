@@ -54,13 +54,13 @@ func newAuthStackWith(t *testing.T, o settleOptions) *authStack {
 }
 
 // newKey stores a fresh key and returns its text and id.
-func newKey(t *testing.T, db *postgres.DB, scopes []auth.Scope, payTo ...common.Address) (string, string) {
+func newKey(t *testing.T, db *postgres.DB, scopes []facilitator.Scope, payTo ...common.Address) (string, string) {
 	t.Helper()
 	full, id, hash, err := auth.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.InsertAPIKey(context.Background(), &auth.Key{ID: id, Hash: hash, Name: t.Name(), Scopes: scopes, PayTo: payTo}); err != nil {
+	if err := db.InsertAPIKey(context.Background(), &facilitator.APIKey{ID: id, Hash: hash, Name: t.Name(), Scopes: scopes, PayTo: payTo}); err != nil {
 		t.Fatal(err)
 	}
 	return full, id
@@ -105,12 +105,12 @@ func withID(tb testing.TB, p payment, id string) []byte {
 func TestAuthRefusals(t *testing.T) {
 	s := newAuthStack(t)
 	ctx := context.Background()
-	all := []auth.Scope{auth.ScopeVerify, auth.ScopeSettle}
+	all := []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle}
 	revoked, revokedID := newKey(t, s.DB, all)
 	if _, err := s.DB.RevokeAPIKey(ctx, revokedID, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	verifyOnly, _ := newKey(t, s.DB, []auth.Scope{auth.ScopeVerify})
+	verifyOnly, _ := newKey(t, s.DB, []facilitator.Scope{facilitator.ScopeVerify})
 	elsewhere, _ := newKey(t, s.DB, all, common.HexToAddress("0x00000000000000000000000000000000000000bb"))
 	good, goodID := newKey(t, s.DB, all)
 	forged := good[:len(good)-1] + map[bool]string{true: "1", false: "0"}[good[len(good)-1] == '0']
@@ -187,7 +187,7 @@ func TestAuthRefusals(t *testing.T) {
 // bound to its first request.
 func TestAuthPaymentIDScoped(t *testing.T) {
 	s := newAuthStack(t)
-	all := []auth.Scope{auth.ScopeVerify, auth.ScopeSettle}
+	all := []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle}
 	a, _ := newKey(t, s.DB, all)
 	b, _ := newKey(t, s.DB, all)
 	id := "scoped_" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -225,7 +225,7 @@ func TestAuthSuccessBelongsToKey(t *testing.T) {
 	body := p.body(t)
 	devchaintest.ManualMining(t, chain)
 	s := newAuthStackWith(t, settleOptions{deadline: time.Second}) // registered after: stops first
-	all := []auth.Scope{auth.ScopeVerify, auth.ScopeSettle}
+	all := []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle}
 	a, _ := newKey(t, s.DB, all)
 	b, _ := newKey(t, s.DB, all)
 
@@ -266,33 +266,33 @@ func (v *stubVerifier) Verify(_ context.Context, p *facilitator.Payment) (facili
 // memKeys is an in-memory auth.Store.
 type memKeys struct {
 	mu   sync.Mutex
-	keys map[string]*auth.Key
+	keys map[string]*facilitator.APIKey
 }
 
-func (m *memKeys) APIKey(_ context.Context, id string) (*auth.Key, error) {
+func (m *memKeys) APIKey(_ context.Context, id string) (*facilitator.APIKey, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if k, ok := m.keys[id]; ok {
 		return k, nil
 	}
-	return nil, auth.ErrNotFound
+	return nil, facilitator.ErrNotFound
 }
 
-func (m *memKeys) add(t *testing.T, scopes ...auth.Scope) string {
+func (m *memKeys) add(t *testing.T, scopes ...facilitator.Scope) string {
 	full, id, hash, err := auth.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.keys[id] = &auth.Key{ID: id, Hash: hash, Scopes: scopes}
+	m.keys[id] = &facilitator.APIKey{ID: id, Hash: hash, Scopes: scopes}
 	return full
 }
 
 // TestAuthRateLimit: past its burst, a key gets 429 with Retry-After and a VerifyResponse body, and
 // the verifier is not called; all keys from one address share the address's limit.
 func TestAuthRateLimit(t *testing.T) {
-	keys := &memKeys{keys: map[string]*auth.Key{}}
+	keys := &memKeys{keys: map[string]*facilitator.APIKey{}}
 	v := &stubVerifier{}
 	now := time.Unix(1_700_000_000, 0)
 	var mu sync.Mutex
@@ -302,7 +302,7 @@ func TestAuthRateLimit(t *testing.T) {
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	body := newPayment(t, 1).body(t)
-	k1 := keys.add(t, auth.ScopeVerify)
+	k1 := keys.add(t, facilitator.ScopeVerify)
 	for i := 0; i < 2; i++ {
 		if r := doAuth(t, http.MethodPost, hs.URL+"/verify", k1, body); r.Status != 200 {
 			t.Fatalf("request %d: %s", i, r)
@@ -317,13 +317,13 @@ func TestAuthRateLimit(t *testing.T) {
 		t.Fatalf("the verifier ran %d times, want 2", v.calls.Load())
 	}
 	// Another key from the same address has its own bucket, until the address's runs out (5).
-	k2 := keys.add(t, auth.ScopeVerify)
+	k2 := keys.add(t, facilitator.ScopeVerify)
 	for i := 0; i < 2; i++ {
 		if r := doAuth(t, http.MethodPost, hs.URL+"/verify", k2, body); r.Status != 200 {
 			t.Fatalf("key 2 request %d: %s", i, r)
 		}
 	}
-	r = doAuth(t, http.MethodPost, hs.URL+"/verify", keys.add(t, auth.ScopeVerify), body)
+	r = doAuth(t, http.MethodPost, hs.URL+"/verify", keys.add(t, facilitator.ScopeVerify), body)
 	if r.Status != http.StatusTooManyRequests || r.Header.Get("Retry-After") != "1" {
 		t.Fatalf("sixth request from the address: want 429 with Retry-After 1, got %s", r)
 	}
@@ -352,7 +352,7 @@ func TestAuthOpenMode(t *testing.T) {
 
 // TestAuthOtherRoutes: status and webhook routes need their scopes and answer {"error","message"}.
 func TestAuthOtherRoutes(t *testing.T) {
-	keys := &memKeys{keys: map[string]*auth.Key{}}
+	keys := &memKeys{keys: map[string]*facilitator.APIKey{}}
 	srv := api.New(api.Config{Verifier: &stubVerifier{}, Status: &scopeStatus{}, Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: keys}})
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
@@ -361,14 +361,14 @@ func TestAuthOtherRoutes(t *testing.T) {
 		key    string
 		status int
 		reason string
-	}{{"", 401, api.ReasonUnauthorized}, {keys.add(t, auth.ScopeVerify), 403, api.ReasonForbiddenScope}} {
+	}{{"", 401, api.ReasonUnauthorized}, {keys.add(t, facilitator.ScopeVerify), 403, api.ReasonForbiddenScope}} {
 		r := doAuth(t, http.MethodGet, u, tc.key, nil)
 		var body map[string]string
 		if err := json.Unmarshal(r.Body, &body); err != nil || r.Status != tc.status || body["error"] != tc.reason {
 			t.Fatalf("want %d %s, got %s", tc.status, tc.reason, r)
 		}
 	}
-	full := keys.add(t, auth.ScopeStatus)
+	full := keys.add(t, facilitator.ScopeStatus)
 	if r := doAuth(t, http.MethodGet, u, full, nil); r.Status != 200 {
 		t.Fatalf("status key refused: %s", r)
 	}
@@ -455,8 +455,8 @@ func TestAuthWebhooksOwned(t *testing.T) {
 	ctx := context.Background()
 	p := fundedPayment(t)
 	shopA, shopB := p.auth.To, common.BytesToAddress(randomBytes(t, 20))
-	hooks := []auth.Scope{auth.ScopeWebhooks}
-	keyA, _ := newKey(t, s.DB, []auth.Scope{auth.ScopeSettle, auth.ScopeWebhooks}, shopA)
+	hooks := []facilitator.Scope{facilitator.ScopeWebhooks}
+	keyA, _ := newKey(t, s.DB, []facilitator.Scope{facilitator.ScopeSettle, facilitator.ScopeWebhooks}, shopA)
 	keyB, _ := newKey(t, s.DB, hooks, shopB)
 	keyC, _ := newKey(t, s.DB, hooks) // no allow-list
 	recA, recB := newHookReceiver(t), newHookReceiver(t)
@@ -491,7 +491,7 @@ func TestAuthWebhooksOwned(t *testing.T) {
 		t.Fatalf("key A registers for its payee: want 201, got %s", r)
 	}
 	// A webhook from open mode (no owner) is no key's.
-	open := notify.Webhook{ID: "wh_" + hex.EncodeToString(randomBytes(t, 16)), URL: "https://merchant.example/open",
+	open := facilitator.Webhook{ID: "wh_" + hex.EncodeToString(randomBytes(t, 16)), URL: "https://merchant.example/open",
 		Secret: "s", PayTo: []common.Address{common.BytesToAddress(randomBytes(t, 20))}}
 	if ok, err := s.DB.InsertWebhook(ctx, &open, 100); err != nil || !ok {
 		t.Fatalf("inserting an ownerless webhook: %v %v", ok, err)

@@ -39,7 +39,7 @@ type fuzzRecorder struct {
 	ids       []string                       // Status.Payment and Store.PaymentID
 	txs       []common.Hash
 	after     []int64 // Store.SettlementEvents
-	inserted  []notify.Webhook
+	inserted  []facilitator.Webhook
 	disabled  []string
 	lastEvent int64
 }
@@ -77,13 +77,13 @@ func (s fuzzStatus) Settlement(_ context.Context, tx common.Hash) (facilitator.A
 // fuzzStore is notify.Store in memory: one settlement answers every key and id.
 type fuzzStore struct{ r *fuzzRecorder }
 
-func (s fuzzStore) InsertWebhook(_ context.Context, w *notify.Webhook, _ int) (bool, error) {
+func (s fuzzStore) InsertWebhook(_ context.Context, w *facilitator.Webhook, _ int) (bool, error) {
 	w.CreatedAt = time.Unix(1700000000, 0)
 	s.r.record(func() { s.r.inserted = append(s.r.inserted, *w) })
 	return true, nil
 }
 
-func (s fuzzStore) Webhooks(context.Context, string) ([]notify.Webhook, error) { return nil, nil }
+func (s fuzzStore) Webhooks(context.Context, string) ([]facilitator.Webhook, error) { return nil, nil }
 
 func (s fuzzStore) DisableWebhook(_ context.Context, _, id string) error {
 	s.r.record(func() { s.r.disabled = append(s.r.disabled, id) })
@@ -94,11 +94,13 @@ func (s fuzzStore) EnqueueWebhookEvents(context.Context, []string, int) (bool, e
 	return false, nil
 }
 
-func (s fuzzStore) ClaimWebhookDeliveries(context.Context, int, time.Duration) ([]notify.Delivery, error) {
+func (s fuzzStore) ClaimWebhookDeliveries(context.Context, int, time.Duration) ([]facilitator.WebhookDelivery, error) {
 	return nil, nil
 }
 
-func (s fuzzStore) RecordWebhookAttempt(context.Context, notify.Attempt) error { return nil }
+func (s fuzzStore) RecordWebhookAttempt(context.Context, facilitator.DeliveryAttempt) error {
+	return nil
+}
 
 func (s fuzzStore) PruneWebhookDeliveries(context.Context, time.Time, int) (int64, error) {
 	return 0, nil
@@ -118,7 +120,7 @@ func (s fuzzStore) PaymentID(_ context.Context, _, id string) (*facilitator.Paym
 	return &facilitator.PaymentIDRecord{ID: id, Settlement: s.settlement(facilitator.AuthorizationKey{Network: "eip155:8453"})}, nil
 }
 
-func (s fuzzStore) SettlementEvents(_ context.Context, _, after int64, _ []string, _ int) ([]notify.Event, error) {
+func (s fuzzStore) SettlementEvents(_ context.Context, _, after int64, _ []string, _ int) ([]facilitator.SettlementEvent, error) {
 	s.r.record(func() { s.r.after = append(s.r.after, after) })
 	return nil, nil
 }

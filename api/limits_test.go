@@ -10,7 +10,6 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
-	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
@@ -30,7 +29,7 @@ func retryAfter(t *testing.T, r response, most int) int {
 // and /verify says the same in advance.
 func TestSettleWalletCap(t *testing.T) {
 	s := newSettleStack(t, settleOptions{engine: func(c *settle.Config) {
-		c.Limits = settle.Guard{WalletCapCount: 1, WalletWindow: time.Hour}
+		c.Limits = facilitator.Limits{WalletCapCount: 1, WalletWindow: time.Hour}
 	}})
 	key, err := crypto.GenerateKey()
 	if err != nil {
@@ -98,7 +97,7 @@ func TestSettleSignersUnfunded(t *testing.T) {
 // cover one settlement is refused with 429 gas_budget_exceeded, another key settles.
 func TestSettleKeyGasBudget(t *testing.T) {
 	s := newAuthStack(t)
-	scopes := []auth.Scope{auth.ScopeVerify, auth.ScopeSettle}
+	scopes := []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle}
 	poor, poorID := newKey(t, s.DB, scopes)
 	if err := s.DB.SetAPIKeyGasBudget(context.Background(), poorID, big.NewInt(1)); err != nil {
 		t.Fatal(err)

@@ -17,8 +17,8 @@ import (
 // Notify serves webhook registration and event streams (notify.Dispatcher). A webhook's owner is
 // the id of the API key that registered it, "" in open mode: only its owner lists or deletes it.
 type Notify interface {
-	CreateWebhook(ctx context.Context, owner, url string, payTo []string) (notify.Webhook, error)
-	Webhooks(ctx context.Context, owner string) ([]notify.Webhook, error)
+	CreateWebhook(ctx context.Context, owner, url string, payTo []string) (facilitator.Webhook, error)
+	Webhooks(ctx context.Context, owner string) ([]facilitator.Webhook, error)
 	DisableWebhook(ctx context.Context, owner, id string) error
 	OpenStream(ctx context.Context, t notify.Target, lastEventID string) (*notify.Stream, error)
 }
@@ -35,7 +35,7 @@ type webhookJSON struct {
 	CreatedAt time.Time `json:"createdAt"`
 }
 
-func toWebhookJSON(w notify.Webhook) webhookJSON {
+func toWebhookJSON(w facilitator.Webhook) webhookJSON {
 	out := webhookJSON{ID: w.ID, Secret: w.Secret, URL: w.URL, PayTo: make([]string, len(w.PayTo)), CreatedAt: w.CreatedAt.UTC()}
 	for i, a := range w.PayTo {
 		out.PayTo[i] = a.Hex()

@@ -154,15 +154,15 @@ func (f *oasFakes) CheckLimits(context.Context, *facilitator.Payment) error { re
 // oasAPIKey is an API key the probes send: the key text and its stored form.
 type oasAPIKey struct {
 	full string
-	key  *auth.Key
+	key  *facilitator.APIKey
 }
 
-func oasNewKey(scopes []auth.Scope, payTo []common.Address, revoked bool) oasAPIKey {
+func oasNewKey(scopes []facilitator.Scope, payTo []common.Address, revoked bool) oasAPIKey {
 	full, id, hash, err := auth.Generate()
 	if err != nil {
 		panic(err)
 	}
-	k := &auth.Key{ID: id, Hash: hash, Name: "oas", Scopes: scopes, PayTo: payTo, CreatedAt: time.Now()}
+	k := &facilitator.APIKey{ID: id, Hash: hash, Name: "oas", Scopes: scopes, PayTo: payTo, CreatedAt: time.Now()}
 	if revoked {
 		k.RevokedAt = &k.CreatedAt
 	}
@@ -174,19 +174,19 @@ var oasPayTo = common.HexToAddress("0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC")
 
 // The keys the fake store holds, one for each case the middleware tells apart.
 var (
-	oasKeyAll     = oasNewKey(auth.AllScopes, nil, false)
-	oasKeyRevoked = oasNewKey(auth.AllScopes, nil, true)
-	oasKeyPayTo   = oasNewKey(auth.AllScopes, []common.Address{oasPayTo}, false)
-	oasKeyOtherTo = oasNewKey(auth.AllScopes, []common.Address{common.HexToAddress(oasAsset)}, false)
+	oasKeyAll     = oasNewKey(facilitator.AllScopes, nil, false)
+	oasKeyRevoked = oasNewKey(facilitator.AllScopes, nil, true)
+	oasKeyPayTo   = oasNewKey(facilitator.AllScopes, []common.Address{oasPayTo}, false)
+	oasKeyOtherTo = oasNewKey(facilitator.AllScopes, []common.Address{common.HexToAddress(oasAsset)}, false)
 	// oasKeyWithout[s] has every scope but s.
-	oasKeyWithout = func() map[auth.Scope]oasAPIKey {
-		out := map[auth.Scope]oasAPIKey{}
-		for _, s := range auth.AllScopes {
-			out[s] = oasNewKey(slices.DeleteFunc(slices.Clone(auth.AllScopes), func(x auth.Scope) bool { return x == s }), nil, false)
+	oasKeyWithout = func() map[facilitator.Scope]oasAPIKey {
+		out := map[facilitator.Scope]oasAPIKey{}
+		for _, s := range facilitator.AllScopes {
+			out[s] = oasNewKey(slices.DeleteFunc(slices.Clone(facilitator.AllScopes), func(x facilitator.Scope) bool { return x == s }), nil, false)
 		}
 		return out
 	}()
-	oasKeyUnknown = oasNewKey(auth.AllScopes, nil, false) // not in the store
+	oasKeyUnknown = oasNewKey(facilitator.AllScopes, nil, false) // not in the store
 )
 
 // oasNoKey as a probe's key sends none.
@@ -195,7 +195,7 @@ const oasNoKey = "-"
 // oasKeyStore is the API key store: the keys above but oasKeyUnknown.
 type oasKeyStore struct{ f *oasFakes }
 
-func (s oasKeyStore) APIKey(_ context.Context, id string) (*auth.Key, error) {
+func (s oasKeyStore) APIKey(_ context.Context, id string) (*facilitator.APIKey, error) {
 	if s.f.keysDown {
 		return nil, errors.New("connection refused")
 	}
@@ -208,7 +208,7 @@ func (s oasKeyStore) APIKey(_ context.Context, id string) (*auth.Key, error) {
 			return k.key, nil
 		}
 	}
-	return nil, auth.ErrNotFound
+	return nil, facilitator.ErrNotFound
 }
 
 func (f *oasFakes) Verify(_ context.Context, p *facilitator.Payment) (facilitator.VerifyResponse, error) {
@@ -242,14 +242,14 @@ type oasNotify struct {
 	d *notify.Dispatcher
 }
 
-func (n oasNotify) CreateWebhook(ctx context.Context, owner, url string, payTo []string) (notify.Webhook, error) {
+func (n oasNotify) CreateWebhook(ctx context.Context, owner, url string, payTo []string) (facilitator.Webhook, error) {
 	if n.f.notifyErr != nil {
-		return notify.Webhook{}, n.f.notifyErr
+		return facilitator.Webhook{}, n.f.notifyErr
 	}
 	return n.d.CreateWebhook(ctx, owner, url, payTo)
 }
 
-func (n oasNotify) Webhooks(ctx context.Context, owner string) ([]notify.Webhook, error) {
+func (n oasNotify) Webhooks(ctx context.Context, owner string) ([]facilitator.Webhook, error) {
 	if n.f.notifyErr != nil {
 		return nil, n.f.notifyErr
 	}
@@ -279,13 +279,13 @@ type oasStore struct {
 	sent bool
 }
 
-func (s *oasStore) InsertWebhook(_ context.Context, w *notify.Webhook, _ int) (bool, error) {
+func (s *oasStore) InsertWebhook(_ context.Context, w *facilitator.Webhook, _ int) (bool, error) {
 	w.CreatedAt = time.Now()
 	return !s.f.storeFull, nil
 }
 
-func (s *oasStore) Webhooks(context.Context, string) ([]notify.Webhook, error) {
-	return []notify.Webhook{{ID: oasWebhookID, URL: "https://merchant.example/hook", Secret: "kept-secret",
+func (s *oasStore) Webhooks(context.Context, string) ([]facilitator.Webhook, error) {
+	return []facilitator.Webhook{{ID: oasWebhookID, URL: "https://merchant.example/hook", Secret: "kept-secret",
 		PayTo: []common.Address{common.HexToAddress(oasAsset)}, CreatedAt: time.Now()}}, nil
 }
 
@@ -300,11 +300,13 @@ func (s *oasStore) EnqueueWebhookEvents(context.Context, []string, int) (bool, e
 	return false, nil
 }
 
-func (s *oasStore) ClaimWebhookDeliveries(context.Context, int, time.Duration) ([]notify.Delivery, error) {
+func (s *oasStore) ClaimWebhookDeliveries(context.Context, int, time.Duration) ([]facilitator.WebhookDelivery, error) {
 	return nil, nil
 }
 
-func (s *oasStore) RecordWebhookAttempt(context.Context, notify.Attempt) error { return nil }
+func (s *oasStore) RecordWebhookAttempt(context.Context, facilitator.DeliveryAttempt) error {
+	return nil
+}
 
 func (s *oasStore) PruneWebhookDeliveries(context.Context, time.Time, int) (int64, error) {
 	return 0, nil
@@ -329,14 +331,14 @@ func (s *oasStore) PaymentID(_ context.Context, scope, id string) (*facilitator.
 	return &facilitator.PaymentIDRecord{Scope: scope, ID: id, Settlement: st}, nil
 }
 
-func (s *oasStore) SettlementEvents(_ context.Context, settlementID, after int64, _ []string, _ int) ([]notify.Event, error) {
+func (s *oasStore) SettlementEvents(_ context.Context, settlementID, after int64, _ []string, _ int) ([]facilitator.SettlementEvent, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sent || after >= 42 {
 		return nil, nil
 	}
 	s.sent = true
-	return []notify.Event{{ID: 42, SettlementID: settlementID, State: facilitator.StateMined, At: time.Now()}}, nil
+	return []facilitator.SettlementEvent{{ID: 42, SettlementID: settlementID, State: facilitator.StateMined, At: time.Now()}}, nil
 }
 
 func (s *oasStore) LastSettlementEvent(context.Context, int64) (int64, error) { return 41, nil }
@@ -617,7 +619,7 @@ func oasProbes(t *testing.T) []oasProbe {
 		probes[n-9].header = map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}
 		probes[n-4].header = map[string]string{"X-API-Key": oasKeyAll.full}
 		probes[n-3].before, probes[n-2].before = 1, 1
-		if scope == auth.ScopeVerify || scope == auth.ScopeSettle {
+		if scope == facilitator.ScopeVerify || scope == facilitator.ScopeSettle {
 			probes = append(probes,
 				refusal("payTo not allowed", 403, oasKeyOtherTo.full, nil),
 				refusal("payTo allowed", base.status, oasKeyPayTo.full, nil))

@@ -434,21 +434,21 @@ func (b *brokenLedger) SettlementByID(ctx context.Context, id int64) (*facilitat
 	return b.Store.SettlementByID(ctx, id)
 }
 
-func (b *brokenLedger) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+func (b *brokenLedger) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	if err := b.fail(true); err != nil {
 		return 0, err
 	}
 	return b.Store.InsertSettlement(ctx, s)
 }
 
-func (b *brokenLedger) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+func (b *brokenLedger) InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error) {
 	if err := b.fail(true); err != nil {
 		return nil, err
 	}
 	return b.Store.InsertSettlements(ctx, rows)
 }
 
-func (b *brokenLedger) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
+func (b *brokenLedger) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) error {
 	if err := b.fail(false); err != nil {
 		return err
 	}
@@ -462,7 +462,7 @@ func (b *brokenLedger) MarkBroadcast(ctx context.Context, ids []int64) error {
 	return b.Store.MarkBroadcast(ctx, ids)
 }
 
-func (b *brokenLedger) Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error) {
+func (b *brokenLedger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error) {
 	if err := b.fail(false); err != nil {
 		return nil, err
 	}
@@ -497,7 +497,7 @@ func (b *brokenLedger) ReleaseDelivery(ctx context.Context, id int64, claim []by
 	return b.Store.ReleaseDelivery(ctx, id, claim)
 }
 
-func (b *brokenLedger) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error) {
+func (b *brokenLedger) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error) {
 	if err := b.fail(false); err != nil {
 		return nil, err
 	}

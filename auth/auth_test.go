@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 
 	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 func TestGenerateFormat(t *testing.T) {
@@ -37,18 +38,18 @@ func TestGenerateFormat(t *testing.T) {
 	}
 }
 
-type store map[string]*auth.Key
+type store map[string]*facilitator.APIKey
 
-func (s store) APIKey(_ context.Context, id string) (*auth.Key, error) {
+func (s store) APIKey(_ context.Context, id string) (*facilitator.APIKey, error) {
 	if k, ok := s[id]; ok {
 		return k, nil
 	}
-	return nil, auth.ErrNotFound
+	return nil, facilitator.ErrNotFound
 }
 
 type downStore struct{}
 
-func (downStore) APIKey(context.Context, string) (*auth.Key, error) {
+func (downStore) APIKey(context.Context, string) (*facilitator.APIKey, error) {
 	return nil, errors.New("db down")
 }
 
@@ -57,8 +58,8 @@ func TestAuthenticate(t *testing.T) {
 	full, id, hash, _ := auth.Generate()
 	revokedFull, revokedID, revokedHash, _ := auth.Generate()
 	now := time.Now()
-	s := store{id: {ID: id, Hash: hash, Scopes: []auth.Scope{auth.ScopeVerify}},
-		revokedID: {ID: revokedID, Hash: revokedHash, Scopes: []auth.Scope{auth.ScopeVerify}, RevokedAt: &now}}
+	s := store{id: {ID: id, Hash: hash, Scopes: []facilitator.Scope{facilitator.ScopeVerify}},
+		revokedID: {ID: revokedID, Hash: revokedHash, Scopes: []facilitator.Scope{facilitator.ScopeVerify}, RevokedAt: &now}}
 	k, err := auth.Authenticate(ctx, s, full)
 	if err != nil || k.ID != id {
 		t.Fatalf("good key: %v %v", k, err)
@@ -78,7 +79,7 @@ func TestAuthenticate(t *testing.T) {
 
 func TestScopes(t *testing.T) {
 	got, err := auth.ParseScopes(" verify,settle ,verify,")
-	if err != nil || len(got) != 2 || got[0] != auth.ScopeVerify || got[1] != auth.ScopeSettle {
+	if err != nil || len(got) != 2 || got[0] != facilitator.ScopeVerify || got[1] != facilitator.ScopeSettle {
 		t.Fatalf("ParseScopes: %v %v", got, err)
 	}
 	for _, bad := range []string{"", ",", "verify,admin", "Verify"} {
@@ -86,22 +87,22 @@ func TestScopes(t *testing.T) {
 			t.Errorf("ParseScopes(%q) accepted", bad)
 		}
 	}
-	k := &auth.Key{Scopes: got}
-	if !k.Has(auth.ScopeSettle) || k.Has(auth.ScopeStatus) || k.Has(auth.ScopeWebhooks) {
+	k := &facilitator.APIKey{Scopes: got}
+	if !k.Has(facilitator.ScopeSettle) || k.Has(facilitator.ScopeStatus) || k.Has(facilitator.ScopeWebhooks) {
 		t.Fatalf("Has is wrong for %v", got)
 	}
 }
 
 func TestPayToAllowList(t *testing.T) {
 	a, b := common.HexToAddress("0x00000000000000000000000000000000000000aa"), common.HexToAddress("0x00000000000000000000000000000000000000bb")
-	if !(&auth.Key{}).AllowsPayTo(a) {
+	if !(&facilitator.APIKey{}).AllowsPayTo(a) {
 		t.Fatal("an empty allow-list refuses")
 	}
 	list, err := auth.ParsePayTo("0x00000000000000000000000000000000000000AA, 0x00000000000000000000000000000000000000aa")
 	if err != nil || len(list) != 1 {
 		t.Fatalf("ParsePayTo: %v %v", list, err)
 	}
-	k := &auth.Key{PayTo: list}
+	k := &facilitator.APIKey{PayTo: list}
 	if !k.AllowsPayTo(a) || k.AllowsPayTo(b) {
 		t.Fatal("allow-list is wrong")
 	}

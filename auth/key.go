@@ -15,57 +15,18 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/big"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
-
-// Scope is what a key may do.
-type Scope string
-
-const (
-	ScopeVerify   Scope = "verify"
-	ScopeSettle   Scope = "settle"
-	ScopeStatus   Scope = "status"
-	ScopeWebhooks Scope = "webhooks"
-)
-
-// AllScopes lists every scope, in a stable order.
-var AllScopes = []Scope{ScopeVerify, ScopeSettle, ScopeStatus, ScopeWebhooks}
 
 const (
 	prefix    = "x402_"
 	idLen     = 12 // hex characters
 	secretLen = 64 // hex characters (32 bytes)
 )
-
-// Key is a stored API key. It never holds the secret, only its hash.
-type Key struct {
-	ID     string
-	Hash   [32]byte
-	Name   string
-	Scopes []Scope
-	PayTo  []common.Address // empty: any payTo
-	// GasBudgetWei is the key's gas budget per rolling 24 hours (worst-case gas cost of its
-	// settlements); nil: the server's default; 0: unlimited.
-	GasBudgetWei *big.Int
-	CreatedAt    time.Time
-	RevokedAt    *time.Time
-}
-
-// Has reports whether k carries scope.
-func (k *Key) Has(scope Scope) bool { return slices.Contains(k.Scopes, scope) }
-
-// AllowsPayTo reports whether k may be used for payments to addr.
-func (k *Key) AllowsPayTo(addr common.Address) bool {
-	return len(k.PayTo) == 0 || slices.Contains(k.PayTo, addr)
-}
-
-// Revoked reports whether k has been revoked.
-func (k *Key) Revoked() bool { return k.RevokedAt != nil }
 
 // Generate makes a new key: the full text (to show once) and its id and hash (to store).
 func Generate() (full, id string, hash [32]byte, err error) {
@@ -111,22 +72,22 @@ func isLowerHex(s string) bool {
 	return true
 }
 
-// Matches reports, in constant time, whether full is k's key.
-func (k *Key) Matches(full string) bool {
+// matches reports, in constant time, whether full is k's key.
+func matches(k *facilitator.APIKey, full string) bool {
 	h := Hash(full)
 	return subtle.ConstantTimeCompare(h[:], k.Hash[:]) == 1
 }
 
 // ParseScopes reads a comma-separated scope list; it must name at least one known scope.
-func ParseScopes(s string) ([]Scope, error) {
-	var out []Scope
+func ParseScopes(s string) ([]facilitator.Scope, error) {
+	var out []facilitator.Scope
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		if part == "" {
 			continue
 		}
-		sc := Scope(part)
-		if !slices.Contains(AllScopes, sc) {
+		sc := facilitator.Scope(part)
+		if !slices.Contains(facilitator.AllScopes, sc) {
 			return nil, fmt.Errorf("unknown scope %q (want verify, settle, status or webhooks)", part)
 		}
 		if !slices.Contains(out, sc) {
@@ -158,33 +119,30 @@ func ParsePayTo(s string) ([]common.Address, error) {
 	return out, nil
 }
 
-// ErrNotFound is what a Store returns for an unknown key id.
-var ErrNotFound = errors.New("auth: no such key")
-
 // ErrUnauthorized: the key is malformed, unknown, wrong or revoked. Callers must not tell these
 // apart in what they answer.
 var ErrUnauthorized = errors.New("auth: invalid or revoked API key")
 
-// Store looks keys up by id.
+// Store looks keys up by id; an unknown id is facilitator.ErrNotFound.
 type Store interface {
-	APIKey(ctx context.Context, id string) (*Key, error)
+	APIKey(ctx context.Context, id string) (*facilitator.APIKey, error)
 }
 
 // Authenticate checks a presented key text against store. It returns ErrUnauthorized for any key
 // that must be refused, and the store's error (wrapped) when the store could not answer.
-func Authenticate(ctx context.Context, store Store, presented string) (*Key, error) {
+func Authenticate(ctx context.Context, store Store, presented string) (*facilitator.APIKey, error) {
 	id, ok := ParseID(presented)
 	if !ok {
 		return nil, ErrUnauthorized
 	}
 	k, err := store.APIKey(ctx, id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, facilitator.ErrNotFound) {
 		return nil, ErrUnauthorized
 	}
 	if err != nil {
 		return nil, fmt.Errorf("auth: looking up key %s: %w", id, err)
 	}
-	if !k.Matches(presented) || k.Revoked() {
+	if !matches(k, presented) || k.Revoked() {
 		return nil, ErrUnauthorized
 	}
 	return k, nil

@@ -7,6 +7,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // The three events indexed for every configured EIP-3009 token.
@@ -16,49 +17,15 @@ var (
 	AuthorizationCanceledTopic = crypto.Keccak256Hash([]byte("AuthorizationCanceled(address,bytes32)"))
 )
 
-// Position locates a log on chain.
-type Position struct {
-	BlockNumber uint64
-	BlockHash   common.Hash
-	BlockTime   time.Time // zero when the node does not report it
-	TxHash      common.Hash
-	LogIndex    uint
-	Token       common.Address
-}
-
-// Transfer is an indexed ERC-20 Transfer.
-type Transfer struct {
-	Position
-	From, To common.Address
-	Value    *big.Int
-}
-
-// AuthEvent is an indexed AuthorizationUsed or AuthorizationCanceled.
-type AuthEvent struct {
-	Position
-	Canceled   bool
-	Authorizer common.Address
-	Nonce      [32]byte
-}
-
-// Events are decoded logs.
-type Events struct {
-	Transfers []Transfer
-	Auths     []AuthEvent
-}
-
-// Len is the number of events.
-func (e Events) Len() int { return len(e.Transfers) + len(e.Auths) }
-
 // Decode turns logs into events. Logs that are not one of the three events, or are malformed (a
 // token emitting a Transfer with other indexing), are skipped: the index never guesses.
-func Decode(logs []types.Log) Events {
-	var ev Events
+func Decode(logs []types.Log) facilitator.Events {
+	var ev facilitator.Events
 	for _, l := range logs {
 		if len(l.Topics) == 0 || l.Removed {
 			continue
 		}
-		pos := Position{BlockNumber: l.BlockNumber, BlockHash: l.BlockHash, TxHash: l.TxHash, LogIndex: l.Index, Token: l.Address}
+		pos := facilitator.LogPosition{BlockNumber: l.BlockNumber, BlockHash: l.BlockHash, TxHash: l.TxHash, LogIndex: l.Index, Token: l.Address}
 		if l.BlockTimestamp != 0 {
 			pos.BlockTime = time.Unix(int64(l.BlockTimestamp), 0).UTC()
 		}
@@ -67,7 +34,7 @@ func Decode(logs []types.Log) Events {
 			if len(l.Topics) != 3 || len(l.Data) != 32 {
 				continue
 			}
-			ev.Transfers = append(ev.Transfers, Transfer{Position: pos,
+			ev.Transfers = append(ev.Transfers, facilitator.Transfer{LogPosition: pos,
 				From: common.BytesToAddress(l.Topics[1][:]), To: common.BytesToAddress(l.Topics[2][:]),
 				Value: new(big.Int).SetBytes(l.Data)})
 		case AuthorizationUsedTopic, AuthorizationCanceledTopic:
@@ -75,7 +42,7 @@ func Decode(logs []types.Log) Events {
 			if len(l.Topics) != 3 {
 				continue
 			}
-			ev.Auths = append(ev.Auths, AuthEvent{Position: pos, Canceled: l.Topics[0] == AuthorizationCanceledTopic,
+			ev.Auths = append(ev.Auths, facilitator.AuthorizationEvent{LogPosition: pos, Canceled: l.Topics[0] == AuthorizationCanceledTopic,
 				Authorizer: common.BytesToAddress(l.Topics[1][:]), Nonce: l.Topics[2]})
 		}
 	}

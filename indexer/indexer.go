@@ -18,6 +18,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // Chain is the JSON-RPC access the indexer needs; *rpc.Client satisfies it.
@@ -293,7 +294,7 @@ func (ix *Indexer) backfill(ctx context.Context, from, limit uint64) error {
 		return err
 	}
 	ev := Decode(logs)
-	if err := ix.cfg.Store.Commit(ctx, ix.cfg.Network, Batch{Events: ev, Blocks: []Block{last}, Cursor: last}); err != nil {
+	if err := ix.cfg.Store.Commit(ctx, ix.cfg.Network, facilitator.IndexBatch{Events: ev, Blocks: []facilitator.Block{last}, Cursor: last}); err != nil {
 		return err
 	}
 	ix.cursor.Store(to)
@@ -332,7 +333,7 @@ func (ix *Indexer) progress(at, target uint64) {
 
 // live indexes unfinalized blocks [next, head] (a bounded batch of them), checking that each links
 // to the last indexed one; a broken link is a reorg.
-func (ix *Indexer) live(ctx context.Context, cur Block, haveCursor bool, next, head uint64) (bool, error) {
+func (ix *Indexer) live(ctx context.Context, cur facilitator.Block, haveCursor bool, next, head uint64) (bool, error) {
 	to := min(head, next+ix.liveSpan()-1)
 	from := next
 	if !haveCursor && next > 0 {
@@ -360,7 +361,7 @@ func (ix *Indexer) live(ctx context.Context, cur Block, haveCursor bool, next, h
 		return false, err
 	}
 	last := headers[len(headers)-1]
-	if err := ix.cfg.Store.Commit(ctx, ix.cfg.Network, Batch{Events: ev, Blocks: headers, Cursor: last}); err != nil {
+	if err := ix.cfg.Store.Commit(ctx, ix.cfg.Network, facilitator.IndexBatch{Events: ev, Blocks: headers, Cursor: last}); err != nil {
 		return false, err
 	}
 	ix.cursor.Store(last.Number)
@@ -390,16 +391,16 @@ func (ix *Indexer) refused(from, to uint64, err error) bool {
 
 // logsFor reads the logs of consecutive blocks and checks each came from the block hash read with
 // the headers: a log from another branch means the chain moved under us, and the step is retried.
-func (ix *Indexer) logsFor(ctx context.Context, headers []Block) (Events, error) {
+func (ix *Indexer) logsFor(ctx context.Context, headers []facilitator.Block) (facilitator.Events, error) {
 	first := headers[0].Number
 	logs, err := ix.getLogs(ctx, first, headers[len(headers)-1].Number)
 	if err != nil {
-		return Events{}, err
+		return facilitator.Events{}, err
 	}
 	for _, l := range logs {
 		i := l.BlockNumber - first
 		if l.BlockNumber < first || i >= uint64(len(headers)) || l.BlockHash != headers[i].Hash {
-			return Events{}, fmt.Errorf("log of block %d (%s) is not from the block read (the chain moved while reading)", l.BlockNumber, l.BlockHash)
+			return facilitator.Events{}, fmt.Errorf("log of block %d (%s) is not from the block read (the chain moved while reading)", l.BlockNumber, l.BlockHash)
 		}
 	}
 	return Decode(logs), nil
@@ -407,7 +408,7 @@ func (ix *Indexer) logsFor(ctx context.Context, headers []Block) (Events, error)
 
 // reorg finds the highest kept block still on the canonical chain and, in one transaction, rolls
 // everything above it back and indexes the new branch from there.
-func (ix *Indexer) reorg(ctx context.Context, cur Block, head uint64) error {
+func (ix *Indexer) reorg(ctx context.Context, cur facilitator.Block, head uint64) error {
 	from := uint64(0)
 	if cur.Number > ix.window {
 		from = cur.Number - ix.window
@@ -427,7 +428,7 @@ func (ix *Indexer) reorg(ctx context.Context, cur Block, head uint64) error {
 	if err != nil {
 		return err
 	}
-	var ancestor *Block
+	var ancestor *facilitator.Block
 	for i := len(kept) - 1; i >= 0; i-- {
 		k := kept[i]
 		if k.Number <= top && canonical[k.Number-kept[0].Number].Hash == k.Hash {
@@ -439,7 +440,7 @@ func (ix *Indexer) reorg(ctx context.Context, cur Block, head uint64) error {
 		return fmt.Errorf("%w: no block from %d to %d is still canonical", ErrDeepReorg, kept[0].Number, cur.Number)
 	}
 	depth := cur.Number - ancestor.Number
-	batch := Batch{RollbackTo: ancestor, Cursor: *ancestor}
+	batch := facilitator.IndexBatch{RollbackTo: ancestor, Cursor: *ancestor}
 	if ancestor.Number < head {
 		to := min(head, ancestor.Number+ix.liveSpan())
 		headers, err := ix.headers(ctx, ancestor.Number+1, to)
@@ -488,16 +489,16 @@ type header struct {
 	ParentHash common.Hash    `json:"parentHash"`
 }
 
-func (ix *Indexer) header(ctx context.Context, n uint64) (Block, error) {
+func (ix *Indexer) header(ctx context.Context, n uint64) (facilitator.Block, error) {
 	hs, err := ix.headers(ctx, n, n)
 	if err != nil {
-		return Block{}, err
+		return facilitator.Block{}, err
 	}
 	return hs[0], nil
 }
 
 // headers reads blocks from..to in one batch.
-func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]Block, error) {
+func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]facilitator.Block, error) {
 	hs := make([]*header, to-from+1)
 	elems := make([]rpc.BatchElem, len(hs))
 	for i := range hs {
@@ -508,7 +509,7 @@ func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]Block, error
 	if err := ix.cfg.Chain.BatchCallContext(ctx, elems); err != nil {
 		return nil, err
 	}
-	out := make([]Block, len(hs))
+	out := make([]facilitator.Block, len(hs))
 	for i, h := range hs {
 		if elems[i].Error != nil {
 			return nil, elems[i].Error
@@ -516,7 +517,7 @@ func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]Block, error
 		if h == nil || uint64(h.Number) != from+uint64(i) {
 			return nil, fmt.Errorf("block %d is not available yet", from+uint64(i))
 		}
-		out[i] = Block{Number: uint64(h.Number), Hash: h.Hash, ParentHash: h.ParentHash}
+		out[i] = facilitator.Block{Number: uint64(h.Number), Hash: h.Hash, ParentHash: h.ParentHash}
 	}
 	return out, nil
 }

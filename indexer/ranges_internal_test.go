@@ -8,6 +8,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 func TestNewRangeSizer(t *testing.T) {
@@ -199,20 +200,20 @@ func TestDecode(t *testing.T) {
 		t.Fatalf("decoded %d transfers and %d auths, want 2 and 2: %+v", len(ev.Transfers), len(ev.Auths), ev)
 	}
 	at := time.Unix(1_700_000_000, 0).UTC()
-	pos := func(i uint, tm time.Time) Position {
-		return Position{BlockNumber: 42, BlockHash: blockHash, BlockTime: tm, TxHash: common.BigToHash(big.NewInt(int64(100 + i))), LogIndex: i, Token: token}
+	pos := func(i uint, tm time.Time) facilitator.LogPosition {
+		return facilitator.LogPosition{BlockNumber: 42, BlockHash: blockHash, BlockTime: tm, TxHash: common.BigToHash(big.NewInt(int64(100 + i))), LogIndex: i, Token: token}
 	}
 	t0 := ev.Transfers[0]
-	if t0.Position != pos(0, at) || t0.From != from || t0.To != to || t0.Value.Int64() != 1_500_000 {
+	if t0.LogPosition != pos(0, at) || t0.From != from || t0.To != to || t0.Value.Int64() != 1_500_000 {
 		t.Errorf("transfer 0: %+v", t0)
 	}
-	if t1 := ev.Transfers[1]; t1.Position != pos(12, at) || t1.From != to || t1.To != from || t1.Value.Sign() != 0 {
+	if t1 := ev.Transfers[1]; t1.LogPosition != pos(12, at) || t1.From != to || t1.To != from || t1.Value.Sign() != 0 {
 		t.Errorf("transfer 12: %+v", t1)
 	}
-	if a := ev.Auths[0]; a.Position != pos(1, at) || a.Canceled || a.Authorizer != from || a.Nonce != nonce {
+	if a := ev.Auths[0]; a.LogPosition != pos(1, at) || a.Canceled || a.Authorizer != from || a.Nonce != nonce {
 		t.Errorf("auth used: %+v", a)
 	}
-	if a := ev.Auths[1]; a.Position != pos(2, time.Time{}) || !a.Canceled || a.Authorizer != to || a.Nonce != nonce {
+	if a := ev.Auths[1]; a.LogPosition != pos(2, time.Time{}) || !a.Canceled || a.Authorizer != to || a.Nonce != nonce {
 		t.Errorf("auth canceled: %+v", a)
 	}
 	if ev := Decode(nil); ev.Len() != 0 {

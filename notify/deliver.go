@@ -133,8 +133,8 @@ func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 }
 
 // attempt sends one delivery and decides what follows: done, retry after a backoff, or give up.
-func (d *Dispatcher) attempt(ctx context.Context, del Delivery) Attempt {
-	a := Attempt{WebhookID: del.WebhookID, EventID: del.Event.ID}
+func (d *Dispatcher) attempt(ctx context.Context, del facilitator.WebhookDelivery) facilitator.DeliveryAttempt {
+	a := facilitator.DeliveryAttempt{WebhookID: del.WebhookID, EventID: del.Event.ID}
 	status, err := d.send(ctx, del)
 	a.Status = status
 	switch {
@@ -160,7 +160,7 @@ func (d *Dispatcher) attempt(ctx context.Context, del Delivery) Attempt {
 	return a
 }
 
-func (d *Dispatcher) observe(a Attempt) {
+func (d *Dispatcher) observe(a facilitator.DeliveryAttempt) {
 	if d.cfg.Observer == nil {
 		return
 	}
@@ -175,7 +175,7 @@ func (d *Dispatcher) observe(a Attempt) {
 }
 
 // send POSTs the event, signed, and returns the receiver's HTTP status.
-func (d *Dispatcher) send(ctx context.Context, del Delivery) (int, error) {
+func (d *Dispatcher) send(ctx context.Context, del facilitator.WebhookDelivery) (int, error) {
 	st, err := d.statusOf(ctx, del.Key, del.PaymentID)
 	if err != nil {
 		return 0, fmt.Errorf("reading the settlement's status: %w", err)
@@ -225,7 +225,7 @@ func (d *Dispatcher) statusOf(ctx context.Context, key facilitator.Authorization
 	return st, nil
 }
 
-func message(ev Event, st facilitator.AuthorizationStatus) Message {
+func message(ev facilitator.SettlementEvent, st facilitator.AuthorizationStatus) Message {
 	return Message{ID: strconv.FormatInt(ev.ID, 10), Type: "settlement." + string(ev.State), CreatedAt: ev.At.UTC(),
 		Data: st, State: string(ev.State), SettlementID: ev.SettlementID}
 }

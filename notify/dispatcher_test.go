@@ -152,7 +152,7 @@ func TestWebhookPayToFilter(t *testing.T) {
 	if got := deliveries(t, wMine.ID); len(got) != 3 {
 		t.Fatalf("the payee's webhook owes %d deliveries, want 3", len(got))
 	}
-	for name, w := range map[string]notify.Webhook{"other payTo": wOther, "disabled": wOff} {
+	for name, w := range map[string]facilitator.Webhook{"other payTo": wOther, "disabled": wOff} {
 		if got := deliveries(t, w.ID); len(got) != 0 {
 			t.Errorf("%s webhook owes %d deliveries, want none", name, len(got))
 		}
@@ -167,7 +167,7 @@ func TestWebhookPayToFilter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listed := map[string]notify.Webhook{}
+	listed := map[string]facilitator.Webhook{}
 	for _, w := range ws {
 		if w.Secret != "" {
 			t.Fatalf("webhook %s listed with its secret", w.ID)

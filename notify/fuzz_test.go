@@ -108,14 +108,14 @@ func (s *fuzzStreamStore) PaymentID(_ context.Context, _, id string) (*facilitat
 	return &facilitator.PaymentIDRecord{ID: id, Settlement: s.settlement()}, nil
 }
 
-func (s *fuzzStreamStore) SettlementEvents(_ context.Context, id, after int64, _ []string, _ int) ([]Event, error) {
+func (s *fuzzStreamStore) SettlementEvents(_ context.Context, id, after int64, _ []string, _ int) ([]facilitator.SettlementEvent, error) {
 	s.mu.Lock()
 	s.after = append(s.after, after)
 	s.mu.Unlock()
 	if after == math.MaxInt64 {
 		return nil, nil
 	}
-	return []Event{{ID: after + 1, SettlementID: id, State: facilitator.StateMined, At: time.Unix(1700000000, 0)}}, nil
+	return []facilitator.SettlementEvent{{ID: after + 1, SettlementID: id, State: facilitator.StateMined, At: time.Unix(1700000000, 0)}}, nil
 }
 
 func (s *fuzzStreamStore) LastSettlementEvent(context.Context, int64) (int64, error) { return 41, nil }

@@ -75,7 +75,7 @@ func (r *rig) dispatcher(t *testing.T, db *postgres.DB, edit func(*notify.Config
 
 // register creates a webhook for rec and disables it at cleanup, so later tests' settlements
 // are not sent to a receiver that is gone.
-func register(t *testing.T, d *notify.Dispatcher, rec *receiver, payTo ...common.Address) notify.Webhook {
+func register(t *testing.T, d *notify.Dispatcher, rec *receiver, payTo ...common.Address) facilitator.Webhook {
 	t.Helper()
 	ctx := context.Background()
 	var addrs []string

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ethereum/go-ethereum/common"
-
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -22,9 +20,9 @@ import (
 type Store interface {
 	// InsertWebhook stores w (its CreatedAt is set) unless w.Owner has limit webhooks enabled
 	// already; ok is false then. A new webhook hears only events written after it.
-	InsertWebhook(ctx context.Context, w *Webhook, limit int) (ok bool, err error)
+	InsertWebhook(ctx context.Context, w *facilitator.Webhook, limit int) (ok bool, err error)
 	// Webhooks lists owner's enabled webhooks, without their secrets.
-	Webhooks(ctx context.Context, owner string) ([]Webhook, error)
+	Webhooks(ctx context.Context, owner string) ([]facilitator.Webhook, error)
 	// DisableWebhook stops one of owner's webhooks and what it is still owed;
 	// facilitator.ErrNotFound if unknown or another owner's.
 	DisableWebhook(ctx context.Context, owner, id string) error
@@ -34,9 +32,9 @@ type Store interface {
 	EnqueueWebhookEvents(ctx context.Context, states []string, limit int) (more bool, err error)
 	// ClaimWebhookDeliveries takes up to limit due deliveries for one attempt each, hiding them
 	// from other claimers for lease.
-	ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]Delivery, error)
+	ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]facilitator.WebhookDelivery, error)
 	// RecordWebhookAttempt stores an attempt's outcome.
-	RecordWebhookAttempt(ctx context.Context, a Attempt) error
+	RecordWebhookAttempt(ctx context.Context, a facilitator.DeliveryAttempt) error
 	// PruneWebhookDeliveries deletes up to limit deliveries that were delivered or given up
 	// before before, and reports how many.
 	PruneWebhookDeliveries(ctx context.Context, before time.Time, limit int) (int64, error)
@@ -44,7 +42,7 @@ type Store interface {
 	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
 	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
 	// SettlementEvents lists a settlement's events after the id after with one of states, oldest first.
-	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]Event, error)
+	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error)
 	// LastSettlementEvent is the id of a settlement's latest event of any state (0: none).
 	LastSettlementEvent(ctx context.Context, settlementID int64) (int64, error)
 }
@@ -53,56 +51,6 @@ type Store interface {
 // every event carries.
 type Status interface {
 	Authorization(ctx context.Context, key facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error)
-}
-
-// Webhook is a merchant's registered endpoint.
-type Webhook struct {
-	ID  string
-	URL string
-	// Secret is the HMAC key; only set when the webhook is created (it is never listed).
-	Secret string
-	// PayTo limits the webhook to settlements paying one of these addresses; empty: all.
-	PayTo     []common.Address
-	CreatedAt time.Time
-	// Owner is the id of the merchant API key that registered it; "" in open mode. Only its
-	// owner lists or deletes it.
-	Owner string
-}
-
-// Event is one state transition of a settlement (a settlement_events row).
-type Event struct {
-	ID           int64
-	SettlementID int64
-	State        facilitator.State
-	At           time.Time
-}
-
-// Delivery is one claimed attempt to send an event to a webhook.
-type Delivery struct {
-	WebhookID string
-	URL       string
-	Secret    string
-	Event     Event
-	// Attempt counts this one: 1 for the first.
-	Attempt int
-	// Key is the settlement's authorization, to read its status at delivery time.
-	Key facilitator.AuthorizationKey
-	// PaymentID is the settlement's payment-identifier id, if it came with one.
-	PaymentID string
-}
-
-// Attempt is the outcome of one delivery attempt.
-type Attempt struct {
-	WebhookID string
-	EventID   int64
-	Delivered bool
-	// Status is the receiver's HTTP status; 0 when it did not answer.
-	Status int
-	Error  string
-	// RetryIn is when to try again (after a failure that is not the last).
-	RetryIn time.Duration
-	// GiveUp marks the last failed attempt: nothing more is sent.
-	GiveUp bool
 }
 
 // Message is an event as merchants receive it: the body of a webhook POST, and the data of an

@@ -155,8 +155,8 @@ func TestAttemptOutcome(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
 	d := New(Config{Status: fakeStatus{}, MaxAttempts: 3, BaseBackoff: time.Second})
-	del := Delivery{WebhookID: "wh_1", URL: srv.URL + "/hook?token=s3cret", Secret: "k", Event: Event{ID: 7, State: facilitator.StateMined}}
-	for attempt, want := range map[int]Attempt{
+	del := facilitator.WebhookDelivery{WebhookID: "wh_1", URL: srv.URL + "/hook?token=s3cret", Secret: "k", Event: facilitator.SettlementEvent{ID: 7, State: facilitator.StateMined}}
+	for attempt, want := range map[int]facilitator.DeliveryAttempt{
 		1: {WebhookID: "wh_1", EventID: 7, RetryIn: time.Second},
 		2: {WebhookID: "wh_1", EventID: 7, RetryIn: 2 * time.Second},
 		3: {WebhookID: "wh_1", EventID: 7, GiveUp: true},

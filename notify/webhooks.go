@@ -35,20 +35,20 @@ var (
 
 // CreateWebhook registers rawURL, owned by owner (an API key id; "" in open mode), for the
 // settlements paying one of payTo (all when empty). Which payTo an owner may ask for is the
-// caller's to check. The returned Webhook carries its secret: the only time it is shown.
-func (d *Dispatcher) CreateWebhook(ctx context.Context, owner, rawURL string, payTo []string) (Webhook, error) {
+// caller's to check. The returned facilitator.Webhook carries its secret: the only time it is shown.
+func (d *Dispatcher) CreateWebhook(ctx context.Context, owner, rawURL string, payTo []string) (facilitator.Webhook, error) {
 	u, err := d.checkURL(rawURL)
 	if err != nil {
-		return Webhook{}, err
+		return facilitator.Webhook{}, err
 	}
-	w := Webhook{URL: u, PayTo: []common.Address{}, Owner: owner}
+	w := facilitator.Webhook{URL: u, PayTo: []common.Address{}, Owner: owner}
 	if len(payTo) > maxPayTo {
-		return Webhook{}, facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "payTo holds at most %d addresses", maxPayTo)
+		return facilitator.Webhook{}, facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "payTo holds at most %d addresses", maxPayTo)
 	}
 	seen := map[common.Address]bool{}
 	for i, a := range payTo {
 		if !addressRE.MatchString(a) {
-			return Webhook{}, facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "payTo[%d] must be a 0x-prefixed 20-byte hex address", i)
+			return facilitator.Webhook{}, facilitator.Errorf(facilitator.EInvalid, ReasonInvalidWebhook, "payTo[%d] must be a 0x-prefixed 20-byte hex address", i)
 		}
 		addr := common.HexToAddress(a)
 		if !seen[addr] {
@@ -58,18 +58,18 @@ func (d *Dispatcher) CreateWebhook(ctx context.Context, owner, rawURL string, pa
 	}
 	id, secret := make([]byte, 16), make([]byte, 32)
 	if _, err := rand.Read(id); err != nil {
-		return Webhook{}, err
+		return facilitator.Webhook{}, err
 	}
 	if _, err := rand.Read(secret); err != nil {
-		return Webhook{}, err
+		return facilitator.Webhook{}, err
 	}
 	w.ID, w.Secret = "wh_"+hex.EncodeToString(id), hex.EncodeToString(secret)
 	ok, err := d.store.InsertWebhook(ctx, &w, d.cfg.MaxWebhooks)
 	if err != nil {
-		return Webhook{}, facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)
+		return facilitator.Webhook{}, facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)
 	}
 	if !ok {
-		return Webhook{}, facilitator.Errorf(facilitator.EConflict, ReasonWebhookLimitReached,
+		return facilitator.Webhook{}, facilitator.Errorf(facilitator.EConflict, ReasonWebhookLimitReached,
 			"%d webhooks are registered already; delete one first", d.cfg.MaxWebhooks)
 	}
 	d.log.InfoContext(ctx, "webhook registered", "webhook", w.ID, "api_key", owner, "host", hostOf(w.URL), "pay_to", len(w.PayTo))
@@ -77,7 +77,7 @@ func (d *Dispatcher) CreateWebhook(ctx context.Context, owner, rawURL string, pa
 }
 
 // Webhooks lists owner's enabled webhooks, without secrets.
-func (d *Dispatcher) Webhooks(ctx context.Context, owner string) ([]Webhook, error) {
+func (d *Dispatcher) Webhooks(ctx context.Context, owner string) ([]facilitator.Webhook, error) {
 	ws, err := d.store.Webhooks(ctx, owner)
 	if err != nil {
 		return nil, facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)

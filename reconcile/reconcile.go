@@ -17,22 +17,21 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // Store is what the jobs read and write.
 type Store interface {
-	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]settle.OpenSettlement, error)
-	Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error)
+	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]facilitator.OpenSettlement, error)
+	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error)
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	Touch(ctx context.Context, ids []int64) error
-	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*indexer.Use, error)
-	Cursor(ctx context.Context, network string) (indexer.Block, bool, error)
-	WindowBlocks(ctx context.Context, network string, from uint64) ([]indexer.Block, error)
-	Commit(ctx context.Context, network string, b indexer.Batch) error
+	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error)
+	Cursor(ctx context.Context, network string) (facilitator.Block, bool, error)
+	WindowBlocks(ctx context.Context, network string, from uint64) ([]facilitator.Block, error)
+	Commit(ctx context.Context, network string, b facilitator.IndexBatch) error
 	TryLock(ctx context.Context, name string) (release func(), ok bool, err error)
 	// TryLead takes a network's indexer lease when no indexer holds it.
 	TryLead(ctx context.Context, network string) (release func(), ok bool, err error)
@@ -153,9 +152,9 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 	}
 	// A terminal answer from the index rests on a block the index holds at the network's depth.
 	final := func(block uint64) bool { return cursor.Number+1 >= block+max(n.FinalityDepth, 1) }
-	var resolutions []settle.Resolution
+	var resolutions []facilitator.Resolution
 	var finals, looked []int64
-	unlanded := map[int64]*settle.OpenSettlement{} // resolved without a receipt of ours
+	unlanded := map[int64]*facilitator.OpenSettlement{} // resolved without a receipt of ours
 	for _, row := range rows {
 		ch.Looked++
 		looked = append(looked, row.ID)
@@ -176,7 +175,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 				if err := j.reopen(ctx, row.ID, "reconcile: the transaction moved to another block"); err != nil {
 					return ch, err
 				}
-				resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
+				resolutions = append(resolutions, facilitator.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
 					BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
 				ch.Reopened++
 				ch.Mined++
@@ -214,7 +213,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 			ch.Canceled++
 			unlanded[row.ID] = &row
 		case use != nil && ours[use.TxHash]:
-			resolutions = append(resolutions, settle.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
+			resolutions = append(resolutions, facilitator.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
 				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
 			ch.Mined++
 		case use != nil:
@@ -273,7 +272,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 // fromReceipts resolves an open settlement the index does not know about (yet) from the chain,
 // by the engine's own rules (settle.Judge): our transactions' receipts, and the authorization's
 // state and use log read pinned at a block the answering node has, twice.
-func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *settle.OpenSettlement) (settle.Resolution, bool, error) {
+func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.OpenSettlement) (facilitator.Resolution, bool, error) {
 	return settle.Judge(ctx, func(ctx context.Context, elems []rpc.BatchElem) error { return j.batch(ctx, n, elems) },
 		s, n.FinalityDepth, j.cfg.Now())
 }
@@ -288,8 +287,8 @@ func (j *Jobs) reopen(ctx context.Context, id int64, detail string) error {
 }
 
 // useResolution is the outcome an indexed use of the authorization by someone else proves.
-func useResolution(id int64, use *indexer.Use) settle.Resolution {
-	r := settle.Resolution{ID: id, State: facilitator.StateSettledElsewhere, TxHash: use.TxHash, BlockNumber: use.BlockNumber,
+func useResolution(id int64, use *facilitator.AuthorizationUse) facilitator.Resolution {
+	r := facilitator.Resolution{ID: id, State: facilitator.StateSettledElsewhere, TxHash: use.TxHash, BlockNumber: use.BlockNumber,
 		BlockHash: use.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed,
 		ErrorMessage: "the authorization was used by a transaction that is not ours"}
 	if use.Canceled {
@@ -300,7 +299,7 @@ func useResolution(id int64, use *indexer.Use) settle.Resolution {
 
 // resend broadcasts the settlement's latest signed transaction again: the chain may have lost it
 // (a node restart, a reorg), and the raw bytes are in the ledger. It never signs anything.
-func (j *Jobs) resend(ctx context.Context, n Network, s settle.OpenSettlement) bool {
+func (j *Jobs) resend(ctx context.Context, n Network, s facilitator.OpenSettlement) bool {
 	if len(s.Txs) == 0 {
 		return false
 	}
@@ -377,14 +376,14 @@ func (j *Jobs) indexHealth(ctx context.Context, n Network) (Changes, error) {
 	if err := j.batch(ctx, n, elems); err != nil {
 		return ch, err
 	}
-	var good *indexer.Block
+	var good *facilitator.Block
 	for i := range kept {
 		if elems[i].Error != nil || hashes[i] == nil || hashes[i].Hash != kept[i].Hash {
 			if good == nil {
 				j.log.Error("index health: no kept block is canonical; the index needs a person", "network", n.Network.ID, "from", kept[0].Number)
 				return ch, nil
 			}
-			if err := j.cfg.Store.Commit(ctx, n.Network.ID, indexer.Batch{RollbackTo: good, Cursor: *good}); err != nil {
+			if err := j.cfg.Store.Commit(ctx, n.Network.ID, facilitator.IndexBatch{RollbackTo: good, Cursor: *good}); err != nil {
 				return ch, err
 			}
 			ch.Rewound++

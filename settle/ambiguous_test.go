@@ -24,7 +24,7 @@ type ambiguousLedger struct {
 	blindReads atomic.Int32 // SettlementByKey calls left that fail
 }
 
-func (a *ambiguousLedger) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+func (a *ambiguousLedger) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	id, err := a.Store.InsertSettlement(ctx, s)
 	if err == nil && a.armed.CompareAndSwap(true, false) {
 		a.blindReads.Store(2)

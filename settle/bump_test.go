@@ -38,7 +38,7 @@ func TestSettleFeeBump(t *testing.T) {
 		t.Fatalf("with no blocks, want settlement_pending with a hash: %+v", out.Response)
 	}
 	// Let the engine bump at least once, then read the variants it committed.
-	var txs []settle.TxRecord
+	var txs []facilitator.TxRecord
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		open, err := r.DB.OpenSettlements(ctx, env.Network().ID, settletest.AddressOf(r.Signers[0]))

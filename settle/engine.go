@@ -122,7 +122,7 @@ type Config struct {
 	Observer Observer
 	// Limits are the per-wallet caps and the default per-key gas budget every new settlement must
 	// fit; the zero value limits nothing.
-	Limits Guard
+	Limits facilitator.Limits
 	// SignerMinBalance is the native balance (wei) below which a signer takes no new settlement;
 	// nil or 0: no minimum.
 	SignerMinBalance *big.Int
@@ -232,10 +232,10 @@ func New(cfg Config) (*Engine, error) {
 // and watchers. With a Leaser, keys held elsewhere are taken over in the background when their
 // holder goes away, with the same recovery.
 func (e *Engine) Start(ctx context.Context) error {
-	initial := map[*sender]SignerLease{}
+	initial := map[*sender]facilitator.SignerLease{}
 	for _, n := range e.networks {
 		for _, s := range n.senders {
-			var l SignerLease = ownLease{e.store}
+			var l facilitator.SignerLease = ownLease{e.store}
 			if e.cfg.Leaser != nil {
 				var err error
 				if l, err = e.cfg.Leaser.LeaseSigner(ctx, n.id.ID, s.addr, 0); err != nil {
@@ -285,7 +285,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
-func (e *Engine) releaseAll(leases map[*sender]SignerLease) {
+func (e *Engine) releaseAll(leases map[*sender]facilitator.SignerLease) {
 	for s, l := range leases {
 		e.dropKey(s, l)
 		l.Release()
@@ -335,7 +335,7 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 }
 
 // recovered is the flight of a ledger row of s's, with every transaction it signed.
-func recovered(s *sender, o *OpenSettlement) (*flight, error) {
+func recovered(s *sender, o *facilitator.OpenSettlement) (*flight, error) {
 	f := newFlight(o.ID, o.State)
 	f.key, f.fingerprint, f.payTo, f.value, f.validBefore = o.Key, o.Fingerprint, o.PayTo, o.Value, o.ValidBefore
 	f.sender, f.nonce = s, o.TxNonce
@@ -448,7 +448,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 		return facilitator.SettleOutcome{}, ledgerDown(err)
 	}
 
-	row := &NewSettlement{
+	row := &facilitator.NewSettlement{
 		Key: key, Fingerprint: fp, PayTo: p.Authorization.To, Value: p.Authorization.Value,
 		ValidAfter: p.Authorization.ValidAfter, ValidBefore: p.Authorization.ValidBefore,
 		X402Version: p.X402Version, Request: p.Body,
@@ -457,9 +457,9 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 		row.Request = []byte("{}")
 	}
 	if p.PaymentID != "" {
-		row.PaymentID = &PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Fingerprint: p.IDFingerprint(), Summary: p.Summary()}
+		row.PaymentID = &facilitator.PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Fingerprint: p.IDFingerprint(), Summary: p.Summary()}
 	}
-	row.KeyID, row.Guard = p.KeyID, e.cfg.Limits
+	row.KeyID, row.Limits = p.KeyID, e.cfg.Limits
 	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))
 
 	var (

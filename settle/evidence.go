@@ -164,12 +164,12 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 // transaction it signed, then the pinned reads, and the whole read made twice, since one read
 // never decides. ok is false when the chain does not tell yet; a mined outcome needs no second
 // read (it is not terminal: finality is checked later).
-func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, s *OpenSettlement, depth uint64, now time.Time) (Resolution, bool, error) {
+func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, s *facilitator.OpenSettlement, depth uint64, now time.Time) (facilitator.Resolution, bool, error) {
 	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore}
 	for _, x := range s.Txs {
 		var tx types.Transaction
 		if err := tx.UnmarshalBinary(x.Raw); err != nil {
-			return Resolution{}, false, err
+			return facilitator.Resolution{}, false, err
 		}
 		// Past every timer: the job resends nothing, it only reads.
 		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
@@ -185,10 +185,10 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 			rr.receipt(&o, v.hash, want)
 		}
 		if err := batch(ctx, rr.elems); err != nil {
-			return Resolution{}, false, err
+			return facilitator.Resolution{}, false, err
 		}
 		if rr.elems[0].Error != nil {
-			return Resolution{}, false, rr.elems[0].Error
+			return facilitator.Resolution{}, false, rr.elems[0].Error
 		}
 		for _, f := range rr.after {
 			f()
@@ -202,10 +202,10 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 			}
 			pr := newPinnedRead(s.Key, s.Signer, want, t, at)
 			if err := readPinned(ctx, batch, []*pinnedRead{pr}); err != nil {
-				return Resolution{}, false, err
+				return facilitator.Resolution{}, false, err
 			}
 			if !pr.apply(&t, &o) {
-				return Resolution{}, false, nil
+				return facilitator.Resolution{}, false, nil
 			}
 			d = decide(t, o, p)
 		}
@@ -214,9 +214,9 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 			d.res.ID = s.ID
 			return d.res, true, nil
 		case d.verdict == nil:
-			return Resolution{}, false, nil
+			return facilitator.Resolution{}, false, nil
 		}
 		t.verdict = d.verdict
 	}
-	return Resolution{}, false, nil
+	return facilitator.Resolution{}, false, nil
 }

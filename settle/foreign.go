@@ -75,7 +75,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		if err != nil {
 			return err
 		}
-		rec := TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas}
+		rec := facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas}
 		// Through the lease, before the broadcast: no row, no broadcast.
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 		err = l.MoveNonce(wctx, f.id, nonce, rec)

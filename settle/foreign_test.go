@@ -170,7 +170,7 @@ func authorizationUses(t testing.TB, p settletest.Pay) int {
 
 // takeNonce plays the key used elsewhere: a 0-value self-transfer at nonce, paying twice our
 // fees, replaces our unmined transaction in the pool (auto-mine off); then it is mined.
-func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours settle.TxRecord, oursHash common.Hash) {
+func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) {
 	t.Helper()
 	foreign := replaceNonce(t, signer, nonce, ours, oursHash)
 	env.Mine(t)
@@ -181,7 +181,7 @@ func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours settle
 
 // replaceNonce is takeNonce without the mining: the foreign transaction is in the pool in place
 // of ours, and its hash is returned.
-func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours settle.TxRecord, oursHash common.Hash) common.Hash {
+func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) common.Hash {
 	t.Helper()
 	addr := settletest.AddressOf(signer)
 	tip := new(big.Int).Mul(ours.TipCap, big.NewInt(2))

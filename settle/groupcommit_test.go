@@ -27,7 +27,7 @@ type lostCommit struct {
 
 var errLost = errors.New("conn closed after commit")
 
-func (l *lostCommit) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+func (l *lostCommit) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	id, err := l.Store.InsertSettlement(ctx, s)
 	if err == nil && l.armed.CompareAndSwap(true, false) {
 		return 0, errLost
@@ -35,7 +35,7 @@ func (l *lostCommit) InsertSettlement(ctx context.Context, s *settle.NewSettleme
 	return id, err
 }
 
-func (l *lostCommit) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+func (l *lostCommit) InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error) {
 	ids, err := l.Store.InsertSettlements(ctx, rows)
 	if err == nil && l.armed.CompareAndSwap(true, false) {
 		return nil, errLost
@@ -57,7 +57,7 @@ func TestSettleLostCommitAnswer(t *testing.T) {
 				store = &lostCommit{Store: c.Store}
 				c.Store = store
 				if guarded {
-					c.Limits = settle.Guard{WalletCapCount: 1000, WalletWindow: time.Hour}
+					c.Limits = facilitator.Limits{WalletCapCount: 1000, WalletWindow: time.Hour}
 				}
 			}})
 			store.armed.Store(true)
@@ -117,17 +117,17 @@ func (g *gatedStore) gate() {
 	})
 }
 
-func (g *gatedStore) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+func (g *gatedStore) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	g.gate()
 	return g.Store.InsertSettlement(ctx, s)
 }
 
-func (g *gatedStore) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+func (g *gatedStore) InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error) {
 	g.gate()
 	ids, err := g.Store.InsertSettlements(ctx, rows)
 	g.mu.Lock()
 	g.groups = append(g.groups, len(rows))
-	if errors.Is(err, settle.ErrGroupRefused) {
+	if errors.Is(err, facilitator.ErrGroupRefused) {
 		g.refused++
 	}
 	g.mu.Unlock()
@@ -147,7 +147,7 @@ func TestGroupCommitWalletCapRefusal(t *testing.T) {
 	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Config: func(c *settle.Config) {
 		store.Store = c.Store
 		c.Store = store
-		c.Limits = settle.Guard{WalletCapCount: 1, WalletWindow: time.Hour}
+		c.Limits = facilitator.Limits{WalletCapCount: 1, WalletWindow: time.Hour}
 	}})
 	ctx := context.Background()
 	keyID := newKeyID(t, r, new(big.Int).Mul(big.NewInt(1e18), big.NewInt(1000)))

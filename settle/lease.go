@@ -15,25 +15,9 @@ import (
 type Leaser interface {
 	// LeaseSigner takes the key's lease. With wait zero it returns (nil, nil) at once when another
 	// process holds it; with wait > 0 it queues behind the holder for up to wait, which tells a
-	// holder of several keys that someone wants one (SignerLease.Wanted). An error means the
+	// holder of several keys that someone wants one (facilitator.SignerLease.Wanted). An error means the
 	// lease store is unavailable.
-	LeaseSigner(ctx context.Context, network string, signer common.Address, wait time.Duration) (SignerLease, error)
-}
-
-// SignerLease is a held lease. Its writes are the key's ledger writes that allocate or extend its
-// nonce stream: they go through the lease itself and fail once it is lost, so a process that lost a
-// key cannot commit a transaction for it.
-type SignerLease interface {
-	// Lost is closed when the lease ends: its session failed, or Release.
-	Lost() <-chan struct{}
-	// Wanted reports whether another process queued for this lease at the last check.
-	Wanted() bool
-	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
-	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
-	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
-	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
-	// Release gives the lease up. It is safe to call more than once.
-	Release()
+	LeaseSigner(ctx context.Context, network string, signer common.Address, wait time.Duration) (facilitator.SignerLease, error)
 }
 
 // ownLease is the lease of an engine without a Leaser: every key is its own, for good (one
@@ -43,21 +27,21 @@ type ownLease struct{ store Store }
 func (ownLease) Lost() <-chan struct{} { return nil }
 func (ownLease) Wanted() bool          { return false }
 func (ownLease) Release()              {}
-func (o ownLease) InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error) {
+func (o ownLease) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	return o.store.InsertSettlement(ctx, s)
 }
-func (o ownLease) InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error) {
+func (o ownLease) InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error) {
 	return o.store.InsertSettlements(ctx, rows)
 }
-func (o ownLease) AddTx(ctx context.Context, id int64, tx TxRecord) error {
+func (o ownLease) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) error {
 	return o.store.AddTx(ctx, id, tx)
 }
-func (o ownLease) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx TxRecord) error {
+func (o ownLease) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx facilitator.TxRecord) error {
 	return o.store.MoveNonce(ctx, id, txNonce, tx)
 }
 
-// leaseBox holds a SignerLease in an atomic.Pointer.
-type leaseBox struct{ l SignerLease }
+// leaseBox holds a facilitator.SignerLease in an atomic.Pointer.
+type leaseBox struct{ l facilitator.SignerLease }
 
 // errNotLeased: the sender's key is not (or no longer) leased by this process; nothing was sent.
 var errNotLeased = facilitator.Unavailable(facilitator.ReasonSettlerBusy,
@@ -72,7 +56,7 @@ const leaseWriteTimeout = 5 * time.Second
 const leaseWait = 3 * time.Second
 
 // held is the sender's lease, nil when this process does not hold the key.
-func (s *sender) held() SignerLease {
+func (s *sender) held() facilitator.SignerLease {
 	if b := s.lease.Load(); b != nil {
 		return b.l
 	}
@@ -82,7 +66,7 @@ func (s *sender) held() SignerLease {
 // takeKey makes l the sender's lease and runs the key's recovery: its next nonce from the chain
 // and the ledger, and every settlement the ledger holds open for it resumed (rebroadcast, watched).
 // On failure the key is not used.
-func (e *Engine) takeKey(ctx context.Context, s *sender, l SignerLease) error {
+func (e *Engine) takeKey(ctx context.Context, s *sender, l facilitator.SignerLease) error {
 	s.mu.Lock()
 	s.loaded = false
 	s.lease.Store(&leaseBox{l})
@@ -101,7 +85,7 @@ func (e *Engine) takeKey(ctx context.Context, s *sender, l SignerLease) error {
 // dropKey stops the sender using l at once: it takes no new settlement, signs nothing, and its
 // flights leave this process (the key's next holder resumes them from the ledger; their waiters
 // read the ledger). It returns how many flights were dropped.
-func (e *Engine) dropKey(s *sender, l SignerLease) int {
+func (e *Engine) dropKey(s *sender, l facilitator.SignerLease) int {
 	s.mu.Lock() // waits for a commit in progress: it either landed (and is in the ledger) or failed
 	if b := s.lease.Load(); b != nil && b.l == l {
 		s.lease.Store(nil)
@@ -133,7 +117,7 @@ func (e *Engine) dropFlights(s *sender) int {
 // leaseLoop keeps the sender's key leased when it can be: it retries every LeaseRetry while
 // another process holds it, runs the key's recovery when it gets it, drops the key the moment
 // the lease is lost, and hands a key over to a replica that holds none of the network's.
-func (e *Engine) leaseLoop(ctx context.Context, s *sender, l SignerLease) {
+func (e *Engine) leaseLoop(ctx context.Context, s *sender, l facilitator.SignerLease) {
 	n := s.net
 	t := time.NewTicker(e.cfg.LeaseRetry)
 	defer t.Stop()
@@ -176,7 +160,7 @@ func (e *Engine) leaseLoop(ctx context.Context, s *sender, l SignerLease) {
 }
 
 // lease tries to take the sender's key and recover it; nil when it is not this process's.
-func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) SignerLease {
+func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) facilitator.SignerLease {
 	began := time.Now()
 	l, err := e.cfg.Leaser.LeaseSigner(ctx, s.net.id.ID, s.addr, wait)
 	if err != nil {
@@ -213,7 +197,7 @@ func (n *network) leased() int {
 
 // handOver gives s's key up to a process queued for it, if this process keeps another key of the
 // network: every replica then settles with at least one key when there are enough.
-func (n *network) handOver(s *sender, l SignerLease) bool {
+func (n *network) handOver(s *sender, l facilitator.SignerLease) bool {
 	n.leaseMu.Lock()
 	defer n.leaseMu.Unlock()
 	if n.leased() < 2 {

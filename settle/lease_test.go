@@ -383,13 +383,13 @@ func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 		t.Fatalf("queueing for a held key: %v %v; want none after the wait", other, err)
 	}
 
-	row := func(nonce uint64) *settle.NewSettlement {
+	row := func(nonce uint64) *facilitator.NewSettlement {
 		p := env.NewPay(t, env.FundedPayer(t, 1), 1)
 		var h common.Hash
 		h[0], h[31] = 0xee, byte(nonce)
-		return &settle.NewSettlement{Key: p.Key(), PayTo: p.PayTo, Value: bigOne(), ValidAfter: bigOne(), ValidBefore: bigOne(),
+		return &facilitator.NewSettlement{Key: p.Key(), PayTo: p.PayTo, Value: bigOne(), ValidAfter: bigOne(), ValidBefore: bigOne(),
 			X402Version: 2, Request: []byte("{}"), Signer: settletest.AddressOf(key), TxNonce: nonce,
-			Tx: settle.TxRecord{Hash: h, Raw: []byte{1}, TipCap: bigOne(), FeeCap: bigOne()}}
+			Tx: facilitator.TxRecord{Hash: h, Raw: []byte{1}, TipCap: bigOne(), FeeCap: bigOne()}}
 	}
 	if _, err := l.InsertSettlement(ctx, row(0)); err != nil {
 		t.Fatalf("a write through a held lease: %v", err)

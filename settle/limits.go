@@ -2,25 +2,9 @@ package settle
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
-
-// WalletCapExceeded is the refusal of a settlement by the wallet caps of window; wait is when the
-// same settlement would fit.
-func WalletCapExceeded(wait, window time.Duration) error {
-	return &facilitator.Error{Code: facilitator.ELimited, Reason: facilitator.ReasonWalletCapExceeded, RetryAfter: wait,
-		Message: fmt.Sprintf("the paying wallet has reached this facilitator's cap of settlements of this asset over %s; nothing was sent, retry after Retry-After", window)}
-}
-
-// GasBudgetExceeded is the refusal of a settlement by its API key's gas budget; wait is when the
-// same settlement would fit.
-func GasBudgetExceeded(wait time.Duration) error {
-	return &facilitator.Error{Code: facilitator.ELimited, Reason: facilitator.ReasonGasBudgetExceeded, RetryAfter: wait,
-		Message: "this API key's gas budget for the last 24 hours would be exceeded by this settlement; nothing was sent, retry after Retry-After"}
-}
 
 // CheckLimits tells, without reserving anything, whether a settlement of p would be refused by
 // the wallet caps now: /verify asks, so that a merchant does not do work that /settle will refuse.
@@ -44,7 +28,7 @@ func (e *Engine) CheckLimits(ctx context.Context, p *facilitator.Payment) error 
 		return nil
 	}
 	if wait > 0 {
-		return WalletCapExceeded(wait, g.WalletWindow)
+		return facilitator.WalletCapExceeded(wait, g.WalletWindow)
 	}
 	return nil
 }

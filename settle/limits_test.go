@@ -64,7 +64,7 @@ func mustSucceed(t *testing.T, out facilitator.SettleOutcome, err error) {
 // would have used goes to the next settlement, and another wallet is not affected.
 func TestWalletCapCount(t *testing.T) {
 	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
-		c.Limits = settle.Guard{WalletCapCount: 2, WalletWindow: time.Hour}
+		c.Limits = facilitator.Limits{WalletCapCount: 2, WalletWindow: time.Hour}
 	}})
 	ctx := context.Background()
 	signer := crypto.PubkeyToAddress(r.Signers[0].PublicKey)
@@ -109,7 +109,7 @@ func TestWalletCapCount(t *testing.T) {
 // admits 50 (the exact remainder).
 func TestWalletCapAmount(t *testing.T) {
 	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
-		c.Limits = settle.Guard{WalletCapAmount: big.NewInt(250), WalletWindow: time.Hour}
+		c.Limits = facilitator.Limits{WalletCapAmount: big.NewInt(250), WalletWindow: time.Hour}
 	}})
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 1_000)
@@ -126,7 +126,7 @@ func TestWalletCapAmount(t *testing.T) {
 	}
 	// A payment larger than the cap on its own can never fit: Retry-After is the whole window.
 	tight := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
-		c.Limits = settle.Guard{WalletCapAmount: big.NewInt(10), WalletWindow: time.Minute}
+		c.Limits = facilitator.Limits{WalletCapAmount: big.NewInt(10), WalletWindow: time.Minute}
 	}})
 	_, err = tight.SettleBody(ctx, t, env.NewPay(t, env.FundedPayer(t, 100), 11).Body(t))
 	wantLimited(t, err, facilitator.ReasonWalletCapExceeded, time.Minute)
@@ -139,7 +139,7 @@ func TestWalletCapAmount(t *testing.T) {
 // two engines (two processes' worth of connections and signers) on one ledger, with a cap of
 // three: exactly three transfers happen, the seven others are refused.
 func TestWalletCapConcurrent(t *testing.T) {
-	capped := func(c *settle.Config) { c.Limits = settle.Guard{WalletCapCount: 3, WalletWindow: time.Hour} }
+	capped := func(c *settle.Config) { c.Limits = facilitator.Limits{WalletCapCount: 3, WalletWindow: time.Hour} }
 	rigs := []*settletest.Engine{env.NewEngine(t, settletest.EngineOptions{Config: capped}), env.NewEngine(t, settletest.EngineOptions{Config: capped})}
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 10_000)
@@ -234,7 +234,7 @@ func newKeyID(t *testing.T, r *settletest.Engine, budget *big.Int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &auth.Key{ID: id, Hash: hash, Name: t.Name(), Scopes: []auth.Scope{auth.ScopeSettle}, GasBudgetWei: budget}
+	k := &facilitator.APIKey{ID: id, Hash: hash, Name: t.Name(), Scopes: []facilitator.Scope{facilitator.ScopeSettle}, GasBudgetWei: budget}
 	if err := r.DB.InsertAPIKey(context.Background(), k); err != nil {
 		t.Fatal(err)
 	}

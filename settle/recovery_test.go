@@ -14,7 +14,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
@@ -37,7 +36,7 @@ func nonceOf(t testing.TB, addr common.Address, block string) uint64 {
 }
 
 // openRows is the ledger's open settlements of a signer, by authorization, as recovery reads them.
-func openRows(t testing.TB, signer common.Address) map[facilitator.AuthorizationKey]*settle.OpenSettlement {
+func openRows(t testing.TB, signer common.Address) map[facilitator.AuthorizationKey]*facilitator.OpenSettlement {
 	t.Helper()
 	db, err := postgres.Open(context.Background(), env.DBURL, nil)
 	if err != nil {
@@ -48,7 +47,7 @@ func openRows(t testing.TB, signer common.Address) map[facilitator.Authorization
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[facilitator.AuthorizationKey]*settle.OpenSettlement{}
+	out := map[facilitator.AuthorizationKey]*facilitator.OpenSettlement{}
 	for i := range rows {
 		out[rows[i].Key] = &rows[i]
 	}
@@ -56,7 +55,7 @@ func openRows(t testing.TB, signer common.Address) map[facilitator.Authorization
 }
 
 // latestTx is the hash of the last transaction signed for a settlement: the one (re)sent.
-func latestTx(s *settle.OpenSettlement) string {
+func latestTx(s *facilitator.OpenSettlement) string {
 	if len(s.Txs) == 0 {
 		return ""
 	}

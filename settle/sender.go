@@ -118,7 +118,7 @@ func (s *sender) load(ctx context.Context) error {
 
 // submission is one settlement waiting for its turn at the key's next nonce.
 type submission struct {
-	row  *NewSettlement
+	row  *facilitator.NewSettlement
 	to   common.Address
 	data []byte
 	gas  uint64
@@ -136,7 +136,7 @@ type submission struct {
 // commit): whoever takes the key's lock next signs every waiting settlement with consecutive
 // nonces and writes them in one transaction, so the key's rate is not one ledger round trip per
 // settlement. Each still leaves only after its row is committed.
-func (s *sender) submit(ctx context.Context, row *NewSettlement, to common.Address, data []byte, gas uint64) (*flight, error) {
+func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to common.Address, data []byte, gas uint64) (*flight, error) {
 	fees, err := s.net.fees(ctx)
 	if err != nil {
 		return nil, err
@@ -185,7 +185,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			}
 		}
 		var (
-			rows   []*NewSettlement
+			rows   []*facilitator.NewSettlement
 			signed []*submission
 			raws   [][]byte
 		)
@@ -212,7 +212,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 				continue
 			}
 			sub.row.Signer, sub.row.TxNonce = s.addr, nonce
-			sub.row.Tx = TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: sub.fees.TipCap, FeeCap: sub.fees.FeeCap, Gas: sub.gas}
+			sub.row.Tx = facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: sub.fees.TipCap, FeeCap: sub.fees.FeeCap, Gas: sub.gas}
 			sub.row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(sub.gas), sub.fees.FeeCap)
 			rows, signed, raws = append(rows, sub.row), append(signed, sub), append(raws, raw)
 		}
@@ -240,7 +240,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			continue
 		}
 		if len(rows) > 1 && (errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrPaymentIDTaken) ||
-			errors.Is(err, ErrGroupRefused)) {
+			errors.Is(err, facilitator.ErrGroupRefused)) {
 			// One of the group collides with a row committed meanwhile (a concurrent request for the
 			// same authorization or payment id), or a limit refused one: nothing of the group was
 			// written. Commit them one by one, so that only that one fails, and the others take
@@ -318,7 +318,7 @@ func (s *sender) newFlight(id int64, sub *submission, raw []byte) *flight {
 // unknownCommit is a write whose outcome is unknown: its rows and the flights their callers wait on.
 type unknownCommit struct {
 	s       *sender
-	rows    []*NewSettlement
+	rows    []*facilitator.NewSettlement
 	flights []*flight
 	next    time.Time // when to ask the ledger again
 	wait    time.Duration
@@ -329,7 +329,7 @@ type unknownCommit struct {
 // flights are tracked and sent like any others; if not, they are dropped (nothing was sent, and a
 // retry of the same payload settles it afresh). Until then the callers wait on the flights and
 // are answered pending with the hash.
-func (s *sender) resolveUnknown(rows []*NewSettlement, flights []*flight) {
+func (s *sender) resolveUnknown(rows []*facilitator.NewSettlement, flights []*flight) {
 	n := s.net
 	n.unknownMu.Lock()
 	n.unknown = append(n.unknown, &unknownCommit{s: s, rows: rows, flights: flights, wait: n.engine.cfg.RetryInterval})
@@ -379,7 +379,7 @@ func (n *network) checkUnknown(ctx context.Context) {
 
 // commitOutcome tells whether rows, written in one transaction whose outcome is unknown, are in
 // the ledger: their ids if so, nil if not; known is false when the ledger could not be read.
-func (s *sender) commitOutcome(ctx context.Context, rows []*NewSettlement) (ids []int64, known bool) {
+func (s *sender) commitOutcome(ctx context.Context, rows []*facilitator.NewSettlement) (ids []int64, known bool) {
 	e := s.net.engine
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 	defer cancel()

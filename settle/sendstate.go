@@ -159,9 +159,9 @@ func (a action) String() string { return actionNames[a] }
 // decision is decide's answer.
 type decision struct {
 	act action
-	res Resolution // actResolve, actMove
-	at  uint64     // actReadAt
-	why string     // for logs
+	res facilitator.Resolution // actResolve, actMove
+	at  uint64                 // actReadAt
+	why string                 // for logs
 	// verdict is what to remember for the next round (nil: nothing).
 	verdict *verdict
 }
@@ -224,13 +224,13 @@ func decideMined(t track, o observation, p policy) decision {
 			return decision{act: actWait, why: "not deep enough yet"}
 		}
 		if r.success {
-			res := Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
+			res := facilitator.Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
 			if !r.transfer {
 				res.ErrorReason, res.ErrorMessage = facilitator.ReasonTransferEventMismatch, "the transaction succeeded without the expected Transfer event"
 			}
 			return twice(t, decision{act: actMove, res: res, why: "re-included in another block"}, r.block, r.blockHash)
 		}
-		return twice(t, decision{act: actReopen, res: Resolution{TxHash: r.tx}, why: "re-included in another block, where it reverted"}, r.block, r.blockHash)
+		return twice(t, decision{act: actReopen, res: facilitator.Resolution{TxHash: r.tx}, why: "re-included in another block, where it reverted"}, r.block, r.blockHash)
 	}
 	// A null receipt is evidence only beside the block at the recorded height, read in the same
 	// request: a different block there means the recorded one was reorganised away.
@@ -246,7 +246,7 @@ func decideOpen(t track, o observation, p policy) decision {
 	for _, v := range t.variants {
 		if rr := o.receipts[v.hash]; rr.ok && rr.r != nil && rr.r.success {
 			r := rr.r
-			res := Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
+			res := facilitator.Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
 			if !r.transfer {
 				res.ErrorReason, res.ErrorMessage = facilitator.ReasonTransferEventMismatch, "the transaction succeeded without the expected Transfer event"
 			}
@@ -285,13 +285,13 @@ func decideOpen(t track, o observation, p policy) decision {
 	if u := c.use; u != nil {
 		if !u.canceled && t.has(u.tx) {
 			// Ours: the log is the proof (its receipt may not have been read yet).
-			return decision{act: actResolve, res: Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}, why: "the authorization's use log names our transaction"}
+			return decision{act: actResolve, res: facilitator.Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}, why: "the authorization's use log names our transaction"}
 		}
 		if u.canceled {
-			return t.terminal(o, p, c.at, c.atHash, Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
+			return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
 				ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorizer canceled the authorization"}, "canceled by the authorizer")
 		}
-		return t.terminal(o, p, c.at, c.atHash, Resolution{State: facilitator.StateSettledElsewhere, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
+		return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateSettledElsewhere, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
 			ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorization was used by a transaction that is not ours"}, "used by another transaction")
 	}
 	if c.used {
@@ -306,7 +306,7 @@ func decideOpen(t track, o observation, p policy) decision {
 		if c.keyNonce > t.txNonce && c.receiptsComplete && !t.mayHaveReceipt(o) {
 			msg += fmt.Sprintf("; the signer's tx nonce %d was taken by a transaction that is not ours", t.txNonce)
 		}
-		res := Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore, ErrorMessage: msg}
+		res := facilitator.Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore, ErrorMessage: msg}
 		if reverted != nil {
 			// Ours was mined too late, and reverted: the record names it.
 			res.TxHash, res.BlockNumber, res.BlockHash = reverted.tx, reverted.block, reverted.blockHash
@@ -320,7 +320,7 @@ func decideOpen(t track, o observation, p policy) decision {
 		if !t.allNoncesUsed(c.keyNonce) {
 			return waitFor("a variant reverted; another nonce of ours may still land")
 		}
-		return t.terminal(o, p, c.at, c.atHash, Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
+		return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
 			ErrorReason: facilitator.ReasonTransactionFailed, ErrorMessage: "the transaction reverted"}, "reverted")
 	}
 	if c.keyNonce > t.txNonce {
@@ -354,7 +354,7 @@ func decideOpen(t track, o observation, p policy) decision {
 // terminal is a failure outcome, resting on the block at (with hash atHash): carried out only
 // once that block is final by the network's depth (a reorg above it could take the evidence away
 // and let ours land), and on the second read there. Until then the verdict says where to read.
-func (t track) terminal(o observation, p policy, at uint64, atHash common.Hash, res Resolution, why string) decision {
+func (t track) terminal(o observation, p policy, at uint64, atHash common.Hash, res facilitator.Resolution, why string) decision {
 	if !final(at, o.chain.nodeHead, p) {
 		return notFinal(o.chain, p, why)
 	}

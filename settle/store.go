@@ -2,7 +2,6 @@ package settle
 
 import (
 	"context"
-	"errors"
 	"math/big"
 	"time"
 
@@ -18,30 +17,30 @@ type Store interface {
 	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
 	SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error)
 	// InsertSettlement commits the row, its first signed transaction and the "signed" event at
-	// once. It is the write before the broadcast. When the row's Guard refuses it, nothing is
+	// once. It is the write before the broadcast. When the row's facilitator.Limits refuses it, nothing is
 	// written and the error is a *facilitator.Error with code ELimited and a RetryAfter.
-	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
+	InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error)
 	// InsertSettlements commits several new settlements in one transaction, all or none (a group
 	// commit: one round trip for a burst of settlements on one key). Its error is
-	// InsertSettlement's for the first row that failed, except that a row its Guard refuses makes
-	// it write nothing and return ErrGroupRefused (the caller then commits the rows one by one).
-	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
+	// InsertSettlement's for the first row that failed, except that a row its facilitator.Limits refuses makes
+	// it write nothing and return facilitator.ErrGroupRefused (the caller then commits the rows one by one).
+	InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error)
 	// AddTx records a fee-bumped replacement (same tx nonce) before it is sent;
 	// facilitator.ErrNotFound (nothing written) when the settlement is mined or final;
 	// facilitator.ErrDuplicate when the transaction is recorded already (an earlier AddTx of it
 	// committed and its answer was lost).
-	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
+	AddTx(ctx context.Context, settlementID int64, tx facilitator.TxRecord) error
 	// MoveNonce records a re-signed transaction with a new tx nonce (the old one was taken by a
 	// transaction that is not ours) and makes txNonce the settlement's, before it is sent. The
 	// earlier variants stay recorded and watched. Errors: facilitator.ErrNonceTaken (the signer's
 	// txNonce has a row), facilitator.ErrNotFound (the settlement is mined or final: a failed one
 	// still moves, to fill a nonce gap below the key's other transactions), facilitator.ErrDuplicate
 	// (the transaction is recorded already: an earlier move of it committed and its answer was lost).
-	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
+	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx facilitator.TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
 	// Resolve moves open settlements to their outcomes, at once, and returns the ids it moved; it
 	// leaves alone any that is no longer open (someone else resolved it: read it again).
-	Resolve(ctx context.Context, rs []Resolution) ([]int64, error)
+	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error)
 	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain;
 	// facilitator.ErrNotFound when it is not mined (any more).
 	Reopen(ctx context.Context, id int64, detail string) error
@@ -60,101 +59,16 @@ type Store interface {
 	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
 	// OpenSettlements lists the signer's settlements in signed, broadcast or mined state, with all
 	// their transactions, in tx nonce order.
-	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]OpenSettlement, error)
+	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error)
 	// ClosedFrom lists the signer's settlements that ended in a failure (reverted, expired,
 	// settled elsewhere, canceled) at a tx nonce of at least from, with all their transactions, in
 	// tx nonce order: their nonces may be unused on chain, a gap the signer's later transactions
 	// wait behind until the settlement's transaction (which can only revert now) fills it.
-	ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]OpenSettlement, error)
+	ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]facilitator.OpenSettlement, error)
 	// NoncesHeld lists the tx nonces of at least from that the signer's settlements hold (in any
 	// state), ascending.
 	NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error)
 	// WalletCapWait is how long until a settlement of value by payer would fit g's wallet caps
 	// (0: it fits now), read without a lock.
-	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g Guard) (time.Duration, error)
-}
-
-// ErrGroupRefused is InsertSettlements' answer when a row's Guard refused it: nothing of the
-// group was written. Each row's own insert (InsertSettlement) tells which, and why.
-var ErrGroupRefused = errors.New("settle: a limit refused a row of the group; nothing was written")
-
-// NewSettlement is a row to insert.
-type NewSettlement struct {
-	Key         facilitator.AuthorizationKey
-	Fingerprint facilitator.Fingerprint
-	PayTo       common.Address
-	Value       *big.Int
-	ValidAfter  *big.Int
-	ValidBefore *big.Int
-	X402Version int
-	Request     []byte // JSON: {"paymentPayload":…,"paymentRequirements":…}
-	Signer      common.Address
-	TxNonce     uint64
-	Tx          TxRecord
-	// PaymentID, when set, is bound to this settlement in the same statement; an id already bound
-	// makes the insert fail with facilitator.ErrPaymentIDTaken and nothing is written.
-	PaymentID *PaymentIDBinding
-	// KeyID is the merchant API key the settlement was requested with ("" in open mode).
-	KeyID string
-	// GasReserved is the transaction's worst-case gas cost in wei: gas limit × max fee per gas.
-	GasReserved *big.Int
-	// Guard holds the limits the row is checked against in the same transaction as its insert.
-	Guard Guard
-}
-
-// Guard is the limits a new settlement must fit. The store checks them against the ledger under
-// a lock per wallet (and per key) taken in the insert's own transaction, so concurrent inserts
-// from any number of processes see each other: the limits are exact.
-type Guard struct {
-	// WalletCapCount and WalletCapAmount bound the payer's settlements per network and asset
-	// (signed, broadcast, mined or final) created within WalletWindow; 0 or nil: no bound.
-	WalletCapCount  int
-	WalletCapAmount *big.Int
-	WalletWindow    time.Duration
-	// KeyGasBudget is the gas budget (wei per rolling 24 hours) of a key with no budget of its
-	// own; nil or 0: unlimited. Applies only when the row has a KeyID.
-	KeyGasBudget *big.Int
-}
-
-// WalletCapped reports whether the guard bounds wallets at all.
-func (g Guard) WalletCapped() bool {
-	return g.WalletWindow > 0 && (g.WalletCapCount > 0 || (g.WalletCapAmount != nil && g.WalletCapAmount.Sign() > 0))
-}
-
-// PaymentIDBinding is a payment-identifier id to bind to a new settlement.
-type PaymentIDBinding struct {
-	Scope string
-	ID    string
-	// Fingerprint is what the id is bound to: the payment's IDFingerprint (payment and resource),
-	// not the settlement's own fingerprint.
-	Fingerprint facilitator.Fingerprint
-	Summary     map[string]string
-}
-
-// TxRecord is one signed transaction of a settlement.
-type TxRecord struct {
-	Hash   common.Hash
-	Raw    []byte
-	TipCap *big.Int
-	FeeCap *big.Int
-	// Gas is the transaction's gas limit, when known (AddTx raises the settlement's reserved gas
-	// cost to Gas × FeeCap); records read back from the ledger leave it 0.
-	Gas uint64
-}
-
-// Resolution is a settlement's outcome as read from the chain.
-type Resolution struct {
-	ID           int64
-	State        facilitator.State
-	TxHash       common.Hash
-	BlockNumber  uint64
-	BlockHash    common.Hash
-	ErrorReason  string
-	ErrorMessage string
-}
-
-// OpenSettlement is a settlement the engine still watches, with every transaction it signed.
-type OpenSettlement struct {
-	facilitator.Settlement
-	Txs []TxRecord
+	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g facilitator.Limits) (time.Duration, error)
 }

@@ -380,7 +380,7 @@ func summarize(r *types.Receipt, want Expected) *receipt {
 
 type outcome struct {
 	f   *flight
-	res Resolution
+	res facilitator.Resolution
 }
 
 // recordAsync records a round's outcomes while the next round reads the chain: the ledger write
@@ -416,7 +416,7 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 	}
 	e := n.engine
 	e.fault(FaultAfterReceipt)
-	res := make([]Resolution, len(outcomes))
+	res := make([]facilitator.Resolution, len(outcomes))
 	for i, o := range outcomes {
 		res[i] = o.res
 	}
@@ -681,7 +681,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	// Through the lease: a process that lost the key cannot add a variant its next holder would
 	// not know of.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-	err = l.AddTx(wctx, f.id, TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas})
+	err = l.AddTx(wctx, f.id, facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas})
 	cancel()
 	if errors.Is(err, facilitator.ErrDuplicate) {
 		// Recorded by an earlier bump whose answer was lost (the same fees sign the same bytes).

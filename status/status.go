@@ -23,8 +23,8 @@ type Store interface {
 	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
 	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
 	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
-	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*indexer.Use, error)
-	Cursor(ctx context.Context, network string) (indexer.Block, bool, error)
+	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error)
+	Cursor(ctx context.Context, network string) (facilitator.Block, bool, error)
 }
 
 // Head reads a chain's head.

@@ -15,7 +15,6 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
@@ -254,20 +253,20 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 	ctx := context.Background()
 	svc := statusService(2)
 	for _, tc := range []struct {
-		res    settle.Resolution
+		res    facilitator.Resolution
 		state  string
 		reason string
 	}{
-		{settle.Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore}, facilitator.StatusExpired, facilitator.ReasonValidBefore},
-		{settle.Resolution{State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed}, facilitator.StatusFailed, facilitator.ReasonTransactionFailed},
-		{settle.Resolution{State: facilitator.StateCanceled, ErrorReason: facilitator.ReasonNonceAlreadyUsed}, facilitator.StatusCanceled, facilitator.ReasonNonceAlreadyUsed},
-		{settle.Resolution{State: facilitator.StateSigned}, facilitator.StatusPending, ""},
+		{facilitator.Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore}, facilitator.StatusExpired, facilitator.ReasonValidBefore},
+		{facilitator.Resolution{State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed}, facilitator.StatusFailed, facilitator.ReasonTransactionFailed},
+		{facilitator.Resolution{State: facilitator.StateCanceled, ErrorReason: facilitator.ReasonNonceAlreadyUsed}, facilitator.StatusCanceled, facilitator.ReasonNonceAlreadyUsed},
+		{facilitator.Resolution{State: facilitator.StateSigned}, facilitator.StatusPending, ""},
 	} {
 		t.Run(string(tc.res.State), func(t *testing.T) {
 			k, hash := insertRow(t, nil)
 			if tc.res.State != facilitator.StateSigned {
 				tc.res.ID = env.Row(t, k).ID
-				if _, err := env.DB.Resolve(ctx, []settle.Resolution{tc.res}); err != nil {
+				if _, err := env.DB.Resolve(ctx, []facilitator.Resolution{tc.res}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -291,13 +290,13 @@ func TestStatusLookups(t *testing.T) {
 	ctx := context.Background()
 	svc := statusService(2)
 	id := settletest.RandomID(t)
-	k, first := insertRow(t, &settle.PaymentIDBinding{ID: id, Summary: map[string]string{}})
+	k, first := insertRow(t, &facilitator.PaymentIDBinding{ID: id, Summary: map[string]string{}})
 	bumped := common.Hash{0xb0}
 	bumped[31] = 1
 	var rnd [31]byte
 	_, _ = rand.Read(rnd[:])
 	copy(bumped[1:], rnd[:])
-	if err := env.DB.AddTx(ctx, env.Row(t, k).ID, settle.TxRecord{Hash: bumped, Raw: []byte{0x02}, TipCap: big.NewInt(2), FeeCap: big.NewInt(4)}); err != nil {
+	if err := env.DB.AddTx(ctx, env.Row(t, k).ID, facilitator.TxRecord{Hash: bumped, Raw: []byte{0x02}, TipCap: big.NewInt(2), FeeCap: big.NewInt(4)}); err != nil {
 		t.Fatal(err)
 	}
 	want, found, err := svc.Authorization(ctx, k)
@@ -403,16 +402,16 @@ func revertedSettlement(t *testing.T) (settletest.Pay, common.Hash) {
 
 // insertRow writes a settlement row as the engine does before a broadcast (signed, one transaction),
 // for a fresh authorization; it returns the key and the transaction's hash. Nothing is sent.
-func insertRow(t testing.TB, id *settle.PaymentIDBinding) (facilitator.AuthorizationKey, common.Hash) {
+func insertRow(t testing.TB, id *facilitator.PaymentIDBinding) (facilitator.AuthorizationKey, common.Hash) {
 	t.Helper()
 	p := env.NewPay(t, mustKey(t), 1_000)
 	var fp facilitator.Fingerprint
 	_, _ = rand.Read(fp[:])
 	var hash common.Hash
 	_, _ = rand.Read(hash[:])
-	n := &settle.NewSettlement{Key: p.Key(), Fingerprint: fp, PayTo: p.PayTo, Value: big.NewInt(p.Value), ValidAfter: big.NewInt(0),
+	n := &facilitator.NewSettlement{Key: p.Key(), Fingerprint: fp, PayTo: p.PayTo, Value: big.NewInt(p.Value), ValidAfter: big.NewInt(0),
 		ValidBefore: p.ValidBefore, X402Version: 2, Request: []byte("{}"), Signer: settletest.AddressOf(mustKey(t)), TxNonce: 0,
-		Tx: settle.TxRecord{Hash: hash, Raw: []byte{0x01}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)}, PaymentID: id}
+		Tx: facilitator.TxRecord{Hash: hash, Raw: []byte{0x01}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)}, PaymentID: id}
 	if _, err := env.DB.InsertSettlement(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}

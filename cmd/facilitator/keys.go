@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 const keysUsage = `usage: facilitator keys <create|list|revoke|budget> [flags]
@@ -60,7 +61,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		return err
 	}
 	// Check the arguments before touching the database.
-	var key auth.Key
+	var key facilitator.APIKey
 	var keyID string
 	switch sub {
 	case "create":
@@ -79,7 +80,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if err != nil {
 			return fmt.Errorf("keys create: --gas-budget-wei: %w", err)
 		}
-		key = auth.Key{Name: strings.TrimSpace(*name), Scopes: sc, PayTo: pt, GasBudgetWei: gb}
+		key = facilitator.APIKey{Name: strings.TrimSpace(*name), Scopes: sc, PayTo: pt, GasBudgetWei: gb}
 		if fs.NArg() != 0 {
 			return fmt.Errorf("keys create: unexpected argument %q", fs.Arg(0))
 		}
@@ -149,7 +150,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		return tw.Flush()
 	case "revoke":
 		at, err := db.RevokeAPIKey(ctx, keyID, time.Now())
-		if errors.Is(err, auth.ErrNotFound) {
+		if errors.Is(err, facilitator.ErrNotFound) {
 			return fmt.Errorf("keys revoke: no key %s", keyID)
 		}
 		if err != nil {
@@ -158,7 +159,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		fmt.Fprintf(stdout, "key %s revoked at %s\n", keyID, at.UTC().Format(time.RFC3339))
 	case "budget":
 		err := db.SetAPIKeyGasBudget(ctx, keyID, key.GasBudgetWei)
-		if errors.Is(err, auth.ErrNotFound) {
+		if errors.Is(err, facilitator.ErrNotFound) {
 			return fmt.Errorf("keys budget: no key %s", keyID)
 		}
 		if err != nil {
@@ -191,7 +192,7 @@ func budgetText(wei *big.Int) string {
 	return wei.String()
 }
 
-func joinScopes(scopes []auth.Scope) string {
+func joinScopes(scopes []facilitator.Scope) string {
 	s := make([]string, len(scopes))
 	for i, sc := range scopes {
 		s[i] = string(sc)
@@ -199,7 +200,7 @@ func joinScopes(scopes []auth.Scope) string {
 	return strings.Join(s, ",")
 }
 
-func payToSuffix(k *auth.Key) string {
+func payToSuffix(k *facilitator.APIKey) string {
 	if len(k.PayTo) == 0 {
 		return ", any payTo"
 	}

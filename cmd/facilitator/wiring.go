@@ -137,7 +137,7 @@ func (m *Main) Run(ctx context.Context) error {
 		// Replicas on one database share the signer keys by leasing each to one of them at a time.
 		Leaser:   m.db,
 		Observer: m.metrics,
-		Limits: settle.Guard{WalletCapCount: cfg.WalletCapCount, WalletCapAmount: cfg.WalletCapAmount,
+		Limits: facilitator.Limits{WalletCapCount: cfg.WalletCapCount, WalletCapAmount: cfg.WalletCapAmount,
 			WalletWindow: cfg.WalletCapWindow, KeyGasBudget: cfg.KeyGasBudget},
 		SignerMinBalance: cfg.SignerMinBalance,
 		BalanceInterval:  cfg.BalanceInterval,

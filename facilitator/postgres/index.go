@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // leaseCheckEvery is how often a leader checks that the connection holding its lock is alive.
@@ -145,22 +145,22 @@ func (db *DB) dropLease(network string, l *lease) {
 }
 
 // Cursor returns the last indexed block of a network.
-func (db *DB) Cursor(ctx context.Context, network string) (indexer.Block, bool, error) {
+func (db *DB) Cursor(ctx context.Context, network string) (facilitator.Block, bool, error) {
 	var n int64
 	var hash []byte
 	err := db.pool.QueryRow(ctx, `SELECT number, hash FROM index_cursors WHERE network = $1`, network).Scan(&n, &hash)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return indexer.Block{}, false, nil
+		return facilitator.Block{}, false, nil
 	}
 	if err != nil {
-		return indexer.Block{}, false, err
+		return facilitator.Block{}, false, err
 	}
-	return indexer.Block{Number: uint64(n), Hash: common.BytesToHash(hash)}, true, nil
+	return facilitator.Block{Number: uint64(n), Hash: common.BytesToHash(hash)}, true, nil
 }
 
 // Commit writes one indexer step in one transaction: an optional rollback above a reorg's
 // ancestor, the events (with COPY), the window blocks, and the cursor.
-func (db *DB) Commit(ctx context.Context, network string, b indexer.Batch) error {
+func (db *DB) Commit(ctx context.Context, network string, b facilitator.IndexBatch) error {
 	l := db.lease(network)
 	if l == nil {
 		return ErrNotLeading
@@ -234,17 +234,17 @@ func blockTime(t time.Time) any {
 }
 
 // WindowBlocks returns the kept blocks from number from upward.
-func (db *DB) WindowBlocks(ctx context.Context, network string, from uint64) ([]indexer.Block, error) {
+func (db *DB) WindowBlocks(ctx context.Context, network string, from uint64) ([]facilitator.Block, error) {
 	rows, err := db.pool.Query(ctx, `SELECT number, hash, parent_hash FROM index_blocks
 		WHERE network = $1 AND number >= $2 ORDER BY number`, network, int64(from))
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (indexer.Block, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (facilitator.Block, error) {
 		var n int64
 		var h, p []byte
 		err := r.Scan(&n, &h, &p)
-		return indexer.Block{Number: uint64(n), Hash: common.BytesToHash(h), ParentHash: common.BytesToHash(p)}, err
+		return facilitator.Block{Number: uint64(n), Hash: common.BytesToHash(h), ParentHash: common.BytesToHash(p)}, err
 	})
 }
 
@@ -260,13 +260,11 @@ func (db *DB) PruneBlocks(ctx context.Context, network string, below uint64) err
 	return err
 }
 
-var _ indexer.Store = (*DB)(nil)
-
 // AuthorizationUse returns the indexed use or cancellation of an authorization, with the transfer
 // its transaction made from the authorizer when it was a use.
-func (db *DB) AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*indexer.Use, error) {
+func (db *DB) AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error) {
 	var (
-		u             indexer.Use
+		u             facilitator.AuthorizationUse
 		kind          string
 		blockHash, tx []byte
 		block         int64

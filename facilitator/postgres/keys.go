@@ -10,15 +10,14 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-
-	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 const apiKeyColumns = `id, key_hash, name, scopes, pay_to, gas_budget_wei, created_at, revoked_at`
 
-func scanAPIKey(row pgx.Row) (*auth.Key, error) {
+func scanAPIKey(row pgx.Row) (*facilitator.APIKey, error) {
 	var (
-		k      auth.Key
+		k      facilitator.APIKey
 		hash   []byte
 		scopes []string
 		payTo  [][]byte
@@ -33,7 +32,7 @@ func scanAPIKey(row pgx.Row) (*auth.Key, error) {
 	copy(k.Hash[:], hash)
 	k.GasBudgetWei = numericInt(budget)
 	for _, s := range scopes {
-		k.Scopes = append(k.Scopes, auth.Scope(s))
+		k.Scopes = append(k.Scopes, facilitator.Scope(s))
 	}
 	for _, a := range payTo {
 		k.PayTo = append(k.PayTo, common.BytesToAddress(a))
@@ -41,17 +40,17 @@ func scanAPIKey(row pgx.Row) (*auth.Key, error) {
 	return &k, nil
 }
 
-// APIKey returns a key by id, revoked or not; auth.ErrNotFound if there is none.
-func (db *DB) APIKey(ctx context.Context, id string) (*auth.Key, error) {
+// APIKey returns a key by id, revoked or not; facilitator.ErrNotFound if there is none.
+func (db *DB) APIKey(ctx context.Context, id string) (*facilitator.APIKey, error) {
 	k, err := scanAPIKey(db.pool.QueryRow(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, auth.ErrNotFound
+		return nil, facilitator.ErrNotFound
 	}
 	return k, err
 }
 
 // InsertAPIKey stores a new key (its hash, never its text).
-func (db *DB) InsertAPIKey(ctx context.Context, k *auth.Key) error {
+func (db *DB) InsertAPIKey(ctx context.Context, k *facilitator.APIKey) error {
 	scopes := make([]string, len(k.Scopes))
 	for i, s := range k.Scopes {
 		scopes[i] = string(s)
@@ -70,7 +69,7 @@ func (db *DB) InsertAPIKey(ctx context.Context, k *auth.Key) error {
 }
 
 // SetAPIKeyGasBudget sets a key's gas budget (wei per rolling 24 hours; nil: the server's default,
-// 0: unlimited). It applies to the key's next settlement. An unknown id is auth.ErrNotFound.
+// 0: unlimited). It applies to the key's next settlement. An unknown id is facilitator.ErrNotFound.
 func (db *DB) SetAPIKeyGasBudget(ctx context.Context, id string, wei *big.Int) error {
 	var budget *pgtype.Numeric
 	if wei != nil {
@@ -79,19 +78,19 @@ func (db *DB) SetAPIKeyGasBudget(ctx context.Context, id string, wei *big.Int) e
 	}
 	tag, err := db.pool.Exec(ctx, `UPDATE api_keys SET gas_budget_wei = $2 WHERE id = $1`, id, budget)
 	if err == nil && tag.RowsAffected() == 0 {
-		return auth.ErrNotFound
+		return facilitator.ErrNotFound
 	}
 	return err
 }
 
 // APIKeys lists every key, oldest first.
-func (db *DB) APIKeys(ctx context.Context) ([]*auth.Key, error) {
+func (db *DB) APIKeys(ctx context.Context) ([]*facilitator.APIKey, error) {
 	rows, err := db.pool.Query(ctx, `SELECT `+apiKeyColumns+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []*auth.Key
+	var out []*facilitator.APIKey
 	for rows.Next() {
 		k, err := scanAPIKey(rows)
 		if err != nil {
@@ -103,13 +102,13 @@ func (db *DB) APIKeys(ctx context.Context) ([]*auth.Key, error) {
 }
 
 // RevokeAPIKey revokes a key from now on. Revoking a revoked key keeps its first revocation time;
-// an unknown id is auth.ErrNotFound.
+// an unknown id is facilitator.ErrNotFound.
 func (db *DB) RevokeAPIKey(ctx context.Context, id string, now time.Time) (time.Time, error) {
 	var at time.Time
 	err := db.pool.QueryRow(ctx, `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2)
 		WHERE id = $1 RETURNING revoked_at`, id, now).Scan(&at)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, auth.ErrNotFound
+		return time.Time{}, facilitator.ErrNotFound
 	}
 	return at, err
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // Signer leases (ARCHITECTURE.md invariant 7). A process uses a signer key only while it holds the key's
@@ -45,7 +45,7 @@ var errLeaseSessionGone = errors.New("postgres: the signer lease's session ended
 
 // LeaseSigner takes a signer key's lease; see settle.Leaser. It returns (nil, nil) when another
 // process holds the key (after queueing for up to wait, when wait > 0).
-func (db *DB) LeaseSigner(ctx context.Context, network string, signer common.Address, wait time.Duration) (settle.SignerLease, error) {
+func (db *DB) LeaseSigner(ctx context.Context, network string, signer common.Address, wait time.Duration) (facilitator.SignerLease, error) {
 	key := signerLeaseKey(network, signer)
 	if wait <= 0 {
 		// A look first, through the shared pool: a replica retrying every second for keys another
@@ -264,7 +264,7 @@ func (l *signerLease) Release() {
 }
 
 // InsertSettlement commits a new settlement on the lease's session; see DB.InsertSettlement.
-func (l *signerLease) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+func (l *signerLease) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	if l.isLost() {
 		return 0, errLeaseSessionGone
 	}
@@ -272,7 +272,7 @@ func (l *signerLease) InsertSettlement(ctx context.Context, s *settle.NewSettlem
 }
 
 // InsertSettlements commits new settlements on the lease's session; see DB.InsertSettlements.
-func (l *signerLease) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+func (l *signerLease) InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error) {
 	if l.isLost() {
 		return nil, errLeaseSessionGone
 	}
@@ -280,7 +280,7 @@ func (l *signerLease) InsertSettlements(ctx context.Context, rows []*settle.NewS
 }
 
 // AddTx records a replacement transaction on the lease's session; see DB.AddTx.
-func (l *signerLease) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
+func (l *signerLease) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) error {
 	if l.isLost() {
 		return errLeaseSessionGone
 	}
@@ -288,14 +288,12 @@ func (l *signerLease) AddTx(ctx context.Context, id int64, tx settle.TxRecord) e
 }
 
 // MoveNonce records a re-signed transaction on the lease's session; see DB.MoveNonce.
-func (l *signerLease) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle.TxRecord) error {
+func (l *signerLease) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx facilitator.TxRecord) error {
 	if l.isLost() {
 		return errLeaseSessionGone
 	}
 	return l.db.MoveNonce(ctx, id, txNonce, tx)
 }
-
-var _ settle.Leaser = (*DB)(nil)
 
 func signerLeaseKey(network string, signer common.Address) int64 {
 	h := fnv.New64a()

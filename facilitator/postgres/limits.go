@@ -10,8 +10,7 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-
-	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // limitLockTimeout bounds the wait for a wallet's or key's lock inside an insert. The insert runs
@@ -47,14 +46,14 @@ func orZero(n *big.Int) *big.Int {
 
 // limitRefusal explains an insert its guard refused: which limit, and when the same settlement
 // would fit. The wait is read after the refusal, without the lock: it is advice, not a promise.
-func (db *DB) limitRefusal(ctx context.Context, s *settle.NewSettlement, walletOK, gasOK bool) error {
+func (db *DB) limitRefusal(ctx context.Context, s *facilitator.NewSettlement, walletOK, gasOK bool) error {
 	if !walletOK {
-		g := s.Guard
+		g := s.Limits
 		wait, err := db.walletWait(ctx, s.Key.Network, s.Key.Asset, s.Key.Payer, s.Value, g)
 		if err != nil {
 			return err
 		}
-		return settle.WalletCapExceeded(wait, g.WalletWindow)
+		return facilitator.WalletCapExceeded(wait, g.WalletWindow)
 	}
 	if !gasOK {
 		wait, err := db.secondsUntil(ctx, `
@@ -64,14 +63,14 @@ func (db *DB) limitRefusal(ctx context.Context, s *settle.NewSettlement, walletO
 				WHERE api_key = $1 AND created_at > now() - interval '24 hours' AND gas_reserved IS NOT NULL
 				WINDOW newer AS (ORDER BY created_at DESC, id DESC ROWS UNBOUNDED PRECEDING)) r
 			WHERE gas_from - gas + $2::numeric <= COALESCE((SELECT gas_budget_wei FROM api_keys WHERE id = $1), $3::numeric)`,
-			s.KeyID, numeric(orZero(s.GasReserved)), numeric(orZero(s.Guard.KeyGasBudget)))
+			s.KeyID, numeric(orZero(s.GasReserved)), numeric(orZero(s.Limits.KeyGasBudget)))
 		if err != nil {
 			return err
 		}
 		if wait == 0 {
 			wait = keyGasWindow // this settlement alone exceeds the budget
 		}
-		return settle.GasBudgetExceeded(wait)
+		return facilitator.GasBudgetExceeded(wait)
 	}
 	return fmt.Errorf("postgres: a settlement insert wrote nothing although its guard passed")
 }
@@ -92,7 +91,7 @@ func (db *DB) secondsUntil(ctx context.Context, sql string, args ...any) (time.D
 // WalletCapWait is how long until a settlement of value by payer would fit the guard's wallet
 // caps: 0 when it fits now, the whole window when it never can. It reads without a lock: /verify's
 // advice, which InsertSettlement enforces exactly.
-func (db *DB) WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error) {
+func (db *DB) WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g facilitator.Limits) (time.Duration, error) {
 	if !g.WalletCapped() {
 		return 0, nil
 	}
@@ -113,7 +112,7 @@ func (db *DB) WalletCapWait(ctx context.Context, network string, asset, payer co
 // walletWait is how long until a settlement of value by payer fits the wallet caps, assuming it
 // does not now: when enough of the oldest settlements have left the window. When the payment
 // alone exceeds the amount cap no wait makes it fit, and the answer is the whole window.
-func (db *DB) walletWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error) {
+func (db *DB) walletWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g facilitator.Limits) (time.Duration, error) {
 	wait, err := db.secondsUntil(ctx, `
 		SELECT EXTRACT(EPOCH FROM min(created_at) + make_interval(secs => $5::float8) - now())::float8 FROM (
 			SELECT created_at, value, count(*) OVER newer AS n_from, sum(value) OVER newer AS v_from

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // settlementColumns reads a row; tx_hash falls back to the latest signed variant while nothing is
@@ -97,7 +96,7 @@ func (db *DB) SettlementByID(ctx context.Context, id int64) (*facilitator.Settle
 // or a key that has a gas budget, the check runs behind a transaction-scoped advisory lock on the
 // wallet (and the key) taken in the same batch, so a concurrent insert for the same wallet waits
 // and then counts this one.
-func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+func (db *DB) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	args, err := insertSettlementArgs(s)
 	if err != nil {
 		return 0, err
@@ -114,7 +113,7 @@ func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (in
 		// insert commits, and the insert (a later statement) reads the ledger after getting them.
 		b := &pgx.Batch{}
 		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, limitLockTimeout)
-		queueLimitLocks(b, []*settle.NewSettlement{s})
+		queueLimitLocks(b, []*facilitator.NewSettlement{s})
 		b.Queue(insertSettlementSQL, args...).QueryRow(scan)
 		err = db.pool.SendBatch(ctx, b).Close()
 	}
@@ -128,14 +127,14 @@ func (db *DB) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (in
 }
 
 // guarded reports whether a row's insert checks a limit, and so runs behind advisory locks.
-func guarded(s *settle.NewSettlement) bool { return s.Guard.WalletCapped() || s.KeyID != "" }
+func guarded(s *facilitator.NewSettlement) bool { return s.Limits.WalletCapped() || s.KeyID != "" }
 
 // queueLimitLocks queues the advisory locks that rows' guarded inserts run behind: each capped
 // row's wallet lock, and each keyed row's key lock when the key has a budget (an unlimited key is
 // not locked, so its settlements keep going in parallel). Each lock is taken once, and all in
 // ascending order of lock key, so two transactions that need overlapping locks (a group commit
 // and a single insert, or two groups on different signers) queue rather than deadlock.
-func queueLimitLocks(b *pgx.Batch, rows []*settle.NewSettlement) {
+func queueLimitLocks(b *pgx.Batch, rows []*facilitator.NewSettlement) {
 	type keyLock struct {
 		id     string
 		budget *big.Int // the largest default budget among the key's rows: locked if any applies
@@ -144,7 +143,7 @@ func queueLimitLocks(b *pgx.Batch, rows []*settle.NewSettlement) {
 	keys := map[int64]*keyLock{}
 	var order []int64
 	for _, s := range rows {
-		if s.Guard.WalletCapped() {
+		if s.Limits.WalletCapped() {
 			k := walletLockKey(s.Key.Network, s.Key.Asset, s.Key.Payer)
 			if !wallets[k] && keys[k] == nil {
 				order = append(order, k)
@@ -153,7 +152,7 @@ func queueLimitLocks(b *pgx.Batch, rows []*settle.NewSettlement) {
 		}
 		if s.KeyID != "" {
 			k := keyGasLockKey(s.KeyID)
-			budget := orZero(s.Guard.KeyGasBudget)
+			budget := orZero(s.Limits.KeyGasBudget)
 			if kl := keys[k]; kl != nil {
 				if budget.Cmp(kl.budget) > 0 {
 					kl.budget = budget
@@ -179,7 +178,7 @@ func queueLimitLocks(b *pgx.Batch, rows []*settle.NewSettlement) {
 
 // InsertSettlements writes several new settlements at once, all or none. The error is the first
 // row's that failed, translated as InsertSettlement's; when a row's guard refuses it, nothing is
-// written and the error is settle.ErrGroupRefused (the caller commits the rows one by one, so
+// written and the error is facilitator.ErrGroupRefused (the caller commits the rows one by one, so
 // that only the refused one fails, with its reason, and no nonce is left unused).
 //
 // Without guarded rows, the statements go out in one pipelined batch, which Postgres runs as one
@@ -188,7 +187,7 @@ func queueLimitLocks(b *pgx.Batch, rows []*settle.NewSettlement) {
 // pipelines the inserts, then commits only if every row was inserted. The locks are held from
 // before the first insert's check to the commit, so each check counts every row committed before
 // it, and the group's earlier rows (the same transaction's).
-func (db *DB) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+func (db *DB) InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error) {
 	anyGuarded := false
 	for _, s := range rows {
 		anyGuarded = anyGuarded || guarded(s)
@@ -226,7 +225,7 @@ func (db *DB) InsertSettlements(ctx context.Context, rows []*settle.NewSettlemen
 		if err != nil {
 			return nil, insertError(err)
 		}
-		return nil, settle.ErrGroupRefused
+		return nil, facilitator.ErrGroupRefused
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, insertError(err)
@@ -265,7 +264,7 @@ func sendInserts(br pgx.BatchResults, b *pgx.Batch, n int) ([]int64, bool, error
 	return ids, refused, nil
 }
 
-func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
+func insertSettlementArgs(s *facilitator.NewSettlement) ([]any, error) {
 	var scope string
 	var pid *string
 	var summary []byte
@@ -277,7 +276,7 @@ func insertSettlementArgs(s *settle.NewSettlement) ([]any, error) {
 			return nil, err
 		}
 	}
-	g := s.Guard
+	g := s.Limits
 	return []any{
 		s.Key.Network, s.Key.Asset[:], s.Key.Payer[:], s.Key.Nonce[:], s.Fingerprint[:], s.PayTo[:],
 		numeric(s.Value), numeric(s.ValidAfter), numeric(s.ValidBefore), s.X402Version, s.Request,
@@ -348,7 +347,7 @@ const insertSettlementSQL = `
 // transaction: facilitator.ErrNotFound, and nothing is written (a failed one does: its tx nonce
 // may be unused, and the replacement can only revert). A transaction already recorded is
 // facilitator.ErrDuplicate (an earlier AddTx of it committed and its answer was lost).
-func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
+func (db *DB) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) error {
 	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 	var added int
 	err := db.pool.QueryRow(ctx, `
@@ -377,7 +376,7 @@ func (db *DB) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
 // statement, before it is sent. Every earlier variant stays in settlement_txs, watched as before.
 // The settlement must still be signed or broadcast (else facilitator.ErrNotFound); a nonce the
 // signer's other settlement holds is facilitator.ErrNonceTaken.
-func (db *DB) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle.TxRecord) error {
+func (db *DB) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx facilitator.TxRecord) error {
 	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 	var moved int
 	err := db.pool.QueryRow(ctx, `
@@ -413,7 +412,7 @@ func (db *DB) MarkBroadcast(ctx context.Context, ids []int64) error {
 
 // Resolve records open settlements' outcomes in one statement and returns the ids it moved: a
 // settlement no longer open (another process or a job resolved it first) is left alone.
-func (db *DB) Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error) {
+func (db *DB) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error) {
 	n := len(rs)
 	ids, states, reasons, messages := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes, blockHashes, blocks := make([][]byte, n), make([][]byte, n), make([]int64, n)
@@ -514,7 +513,7 @@ func (db *DB) ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
 }
 
 // OpenSettlements lists a signer's unfinished settlements with their transactions.
-func (db *DB) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error) {
+func (db *DB) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error) {
 	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE network = $1 AND signer = $2 AND state IN ('signed', 'broadcast', 'mined') ORDER BY tx_nonce`, network, signer[:])
 	if err != nil {
@@ -524,7 +523,7 @@ func (db *DB) OpenSettlements(ctx context.Context, network string, signer common
 }
 
 // ClosedFrom lists a signer's failed settlements at tx nonces from on, with their transactions.
-func (db *DB) ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]settle.OpenSettlement, error) {
+func (db *DB) ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]facilitator.OpenSettlement, error) {
 	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE network = $1 AND signer = $2 AND tx_nonce >= $3
 			AND state IN ('reverted', 'expired', 'settled_elsewhere', 'canceled') ORDER BY tx_nonce`, network, signer[:], int64(from))
@@ -535,8 +534,8 @@ func (db *DB) ClosedFrom(ctx context.Context, network string, signer common.Addr
 }
 
 // withTxs reads settlement rows and attaches every transaction each has signed.
-func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]settle.OpenSettlement, error) {
-	var out []settle.OpenSettlement
+func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]facilitator.OpenSettlement, error) {
+	var out []facilitator.OpenSettlement
 	index := map[int64]int{}
 	for rows.Next() {
 		s, err := scanSettlement(rows)
@@ -545,7 +544,7 @@ func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]settle.OpenSettleme
 			return nil, err
 		}
 		index[s.ID] = len(out)
-		out = append(out, settle.OpenSettlement{Settlement: *s})
+		out = append(out, facilitator.OpenSettlement{Settlement: *s})
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -572,7 +571,7 @@ func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]settle.OpenSettleme
 			return nil, err
 		}
 		o := &out[index[id]]
-		o.Txs = append(o.Txs, settle.TxRecord{Hash: common.BytesToHash(hash), Raw: raw, TipCap: numericInt(tip), FeeCap: numericInt(feeCap)})
+		o.Txs = append(o.Txs, facilitator.TxRecord{Hash: common.BytesToHash(hash), Raw: raw, TipCap: numericInt(tip), FeeCap: numericInt(feeCap)})
 	}
 	return out, txRows.Err()
 }
@@ -605,8 +604,6 @@ func (db *DB) MaxTxNonce(ctx context.Context, network string, signer common.Addr
 	return uint64(*n), true, nil
 }
 
-var _ settle.Store = (*DB)(nil)
-
 // SettlementByTx returns the settlement one of whose transactions (any fee-bump variant) has hash tx.
 func (db *DB) SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error) {
 	return scanSettlement(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+` FROM settlements
@@ -615,7 +612,7 @@ func (db *DB) SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.
 
 // StaleSettlements lists a network's settlements still owed an outcome (signed, broadcast, or mined
 // but not final) that nothing has updated since before, oldest first, with their transactions.
-func (db *DB) StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]settle.OpenSettlement, error) {
+func (db *DB) StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]facilitator.OpenSettlement, error) {
 	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE network = $1 AND state IN ('signed', 'broadcast', 'mined') AND updated_at < $2
 		ORDER BY updated_at LIMIT $3`, network, before, limit)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // ledgerFixture is the package's ledger, migrated, with a network of its own, for the tests of
@@ -41,25 +40,25 @@ func newLedgerFixture(t *testing.T, timeout time.Duration) *ledgerFixture {
 }
 
 // txRecord is a signed transaction's record with a random hash.
-func txRecord() settle.TxRecord {
+func txRecord() facilitator.TxRecord {
 	var hash common.Hash
 	rand.Read(hash[:])
-	return settle.TxRecord{Hash: hash, Raw: hash[:], TipCap: big.NewInt(1), FeeCap: big.NewInt(2), Gas: 100_000}
+	return facilitator.TxRecord{Hash: hash, Raw: hash[:], TipCap: big.NewInt(1), FeeCap: big.NewInt(2), Gas: 100_000}
 }
 
 // insert writes a new settlement of a random authorization at the signer's txNonce.
-func (l *ledgerFixture) insert(t *testing.T, txNonce uint64) (int64, settle.TxRecord) {
+func (l *ledgerFixture) insert(t *testing.T, txNonce uint64) (int64, facilitator.TxRecord) {
 	t.Helper()
 	return l.insertFor(t, txNonce, "")
 }
 
 // insertFor is insert for a request made with API key keyID ("" in open mode).
-func (l *ledgerFixture) insertFor(t *testing.T, txNonce uint64, keyID string) (int64, settle.TxRecord) {
+func (l *ledgerFixture) insertFor(t *testing.T, txNonce uint64, keyID string) (int64, facilitator.TxRecord) {
 	t.Helper()
 	var nonce [32]byte
 	rand.Read(nonce[:])
 	tx := txRecord()
-	id, err := l.db.InsertSettlement(l.ctx, &settle.NewSettlement{
+	id, err := l.db.InsertSettlement(l.ctx, &facilitator.NewSettlement{
 		Key:   facilitator.AuthorizationKey{Network: l.network, Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: nonce},
 		PayTo: common.HexToAddress("0xc"),
 		Value: big.NewInt(1), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(1 << 40),
@@ -95,7 +94,7 @@ func TestResolveKeepsEveryStep(t *testing.T) {
 	states := func(id int64) []facilitator.State {
 		return l.states(t, id, "signed", "broadcast", "mined", "reverted", "expired", "final")
 	}
-	mined := settle.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+	mined := facilitator.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
 
 	early, normal, expired := insert(1), insert(2), insert(3)
 	if err := db.MarkBroadcast(ctx, []int64{normal}); err != nil {
@@ -103,7 +102,7 @@ func TestResolveKeepsEveryStep(t *testing.T) {
 	}
 	r1, r2 := mined, mined
 	r1.ID, r2.ID = early, normal
-	if _, err := db.Resolve(ctx, []settle.Resolution{r1, r2, {ID: expired, State: facilitator.StateExpired}}); err != nil {
+	if _, err := db.Resolve(ctx, []facilitator.Resolution{r1, r2, {ID: expired, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.MarkBroadcast(ctx, []int64{early}); err != nil {
@@ -147,8 +146,8 @@ func TestResolveRacingMarkBroadcast(t *testing.T) {
 	}()
 	go func() {
 		for _, id := range ids {
-			r := settle.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
-			if _, err := db.Resolve(ctx, []settle.Resolution{r}); err != nil {
+			r := facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+			if _, err := db.Resolve(ctx, []facilitator.Resolution{r}); err != nil {
 				errs <- err
 				return
 			}
@@ -175,7 +174,7 @@ func TestResolveRacingMarkBroadcast(t *testing.T) {
 func TestMoveNonce(t *testing.T) {
 	l := newLedgerFixture(t, 20*time.Second)
 	db, ctx, network, signer, record := l.db, l.ctx, l.network, l.signer, txRecord
-	insert := func(txNonce uint64) (int64, settle.TxRecord) { return l.insert(t, txNonce) }
+	insert := func(txNonce uint64) (int64, facilitator.TxRecord) { return l.insert(t, txNonce) }
 	moved, first := insert(0)
 	other, _ := insert(1)
 
@@ -216,14 +215,14 @@ func TestMoveNonce(t *testing.T) {
 
 	// A failed settlement still moves (its nonce may be a gap below the key's others: filling it
 	// moves the settlement down); a mined one does not.
-	if _, err := db.Resolve(ctx, []settle.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
+	if _, err := db.Resolve(ctx, []facilitator.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.MoveNonce(ctx, other, 3, record()); err != nil {
 		t.Fatalf("moving a failed settlement: %v", err)
 	}
 	minedID, _ := insert(4)
-	if _, err := db.Resolve(ctx, []settle.Resolution{{ID: minedID, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 5,
+	if _, err := db.Resolve(ctx, []facilitator.Resolution{{ID: minedID, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 5,
 		BlockHash: common.HexToHash("0x2")}}); err != nil {
 		t.Fatal(err)
 	}
@@ -244,13 +243,13 @@ func TestWritesThatMatchNoRow(t *testing.T) {
 	db, ctx := l.db, l.ctx
 	open, _ := l.insert(t, 0)
 	done, _ := l.insert(t, 1)
-	mined := settle.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+	mined := facilitator.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
 	mined.ID = done
-	if moved, err := db.Resolve(ctx, []settle.Resolution{mined}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
+	if moved, err := db.Resolve(ctx, []facilitator.Resolution{mined}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
 		t.Fatalf("first Resolve moved %v, %v; want [%d]", moved, err, done)
 	}
-	expired := settle.Resolution{ID: done, State: facilitator.StateExpired}
-	if moved, err := db.Resolve(ctx, []settle.Resolution{expired}); err != nil || len(moved) != 0 {
+	expired := facilitator.Resolution{ID: done, State: facilitator.StateExpired}
+	if moved, err := db.Resolve(ctx, []facilitator.Resolution{expired}); err != nil || len(moved) != 0 {
 		t.Fatalf("Resolve of a mined row moved %v, %v; want nothing", moved, err)
 	}
 	if moved, err := db.MarkFinal(ctx, []int64{open, done}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
@@ -287,9 +286,9 @@ func TestClaimDeliveryKey(t *testing.T) {
 	keyed, _ := l.insertFor(t, 1, "key_a")
 	open, _ := l.insertFor(t, 2, "")
 	for i, id := range []int64{keyed, open} {
-		r := settle.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.BigToHash(big.NewInt(int64(i + 1))), BlockNumber: 5,
+		r := facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.BigToHash(big.NewInt(int64(i + 1))), BlockNumber: 5,
 			BlockHash: common.HexToHash("0x2")}
-		if _, err := db.Resolve(ctx, []settle.Resolution{r}); err != nil {
+		if _, err := db.Resolve(ctx, []facilitator.Resolution{r}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,16 +9,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/notify"
 )
-
-var _ notify.Store = (*DB)(nil)
 
 // InsertWebhook stores a webhook unless its owner has limit enabled already. Its cursor starts at
 // this statement's snapshot: events of transactions finished before it are not its business,
 // those of transactions still running (xid at or above xmin) are. An empty Owner is stored as
 // NULL (open mode).
-func (db *DB) InsertWebhook(ctx context.Context, w *notify.Webhook, limit int) (bool, error) {
+func (db *DB) InsertWebhook(ctx context.Context, w *facilitator.Webhook, limit int) (bool, error) {
 	payTo := make([][]byte, 0, len(w.PayTo))
 	for _, a := range w.PayTo {
 		payTo = append(payTo, a.Bytes())
@@ -37,14 +34,14 @@ func (db *DB) InsertWebhook(ctx context.Context, w *notify.Webhook, limit int) (
 
 // Webhooks lists owner's enabled webhooks (owner "": those registered in open mode), oldest
 // first, without their secrets.
-func (db *DB) Webhooks(ctx context.Context, owner string) ([]notify.Webhook, error) {
+func (db *DB) Webhooks(ctx context.Context, owner string) ([]facilitator.Webhook, error) {
 	rows, err := db.pool.Query(ctx, `SELECT id, url, pay_to, created_at, COALESCE(api_key, '') FROM webhooks
 		WHERE disabled_at IS NULL AND api_key IS NOT DISTINCT FROM NULLIF($1, '') ORDER BY created_at, id`, owner)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (notify.Webhook, error) {
-		var w notify.Webhook
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (facilitator.Webhook, error) {
+		var w facilitator.Webhook
 		var payTo [][]byte
 		if err := row.Scan(&w.ID, &w.URL, &payTo, &w.CreatedAt, &w.Owner); err != nil {
 			return w, err
@@ -120,7 +117,7 @@ func (db *DB) EnqueueWebhookEvents(ctx context.Context, states []string, limit i
 // ClaimWebhookDeliveries takes due deliveries of enabled webhooks for one attempt each: the
 // attempt is counted and the delivery hidden for lease, in one statement. SKIP LOCKED lets
 // replicas claim side by side without ever taking the same attempt.
-func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]notify.Delivery, error) {
+func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]facilitator.WebhookDelivery, error) {
 	rows, err := db.pool.Query(ctx, `
 		WITH due AS (
 			SELECT d.webhook_id, d.event_id FROM webhook_deliveries d
@@ -143,9 +140,9 @@ func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (notify.Delivery, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (facilitator.WebhookDelivery, error) {
 		var (
-			d                   notify.Delivery
+			d                   facilitator.WebhookDelivery
 			state               string
 			asset, payer, nonce []byte
 		)
@@ -161,7 +158,7 @@ func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.
 // RecordWebhookAttempt stores an attempt's outcome. A delivery already marked delivered stays
 // so: a late report from an attempt whose claim had lapsed does not schedule it again; nor is one
 // scheduled for a webhook disabled while the attempt was in flight.
-func (db *DB) RecordWebhookAttempt(ctx context.Context, a notify.Attempt) error {
+func (db *DB) RecordWebhookAttempt(ctx context.Context, a facilitator.DeliveryAttempt) error {
 	var status *int
 	if a.Status != 0 {
 		status = &a.Status
@@ -194,14 +191,14 @@ func (db *DB) PruneWebhookDeliveries(ctx context.Context, before time.Time, limi
 }
 
 // SettlementEvents lists a settlement's events after an id with one of states, oldest first.
-func (db *DB) SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]notify.Event, error) {
+func (db *DB) SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error) {
 	rows, err := db.pool.Query(ctx, `SELECT id, settlement_id, state, at FROM settlement_events
 		WHERE settlement_id = $1 AND id > $2 AND state = ANY($3) ORDER BY id LIMIT $4`, settlementID, after, states, limit)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (notify.Event, error) {
-		var ev notify.Event
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (facilitator.SettlementEvent, error) {
+		var ev facilitator.SettlementEvent
 		var state string
 		err := row.Scan(&ev.ID, &ev.SettlementID, &state, &ev.At)
 		ev.State = facilitator.State(state)

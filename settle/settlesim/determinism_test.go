@@ -85,10 +85,10 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 				t.Fatal(err)
 			}
 			raw, _ := tx.MarshalBinary()
-			id, err := ledger.InsertSettlement(ctx, &settle.NewSettlement{
+			id, err := ledger.InsertSettlement(ctx, &facilitator.NewSettlement{
 				Key:   facilitator.AuthorizationKey{Network: network, Asset: token, Payer: payer, Nonce: a.Nonce},
 				Value: a.Value, ValidAfter: a.ValidAfter, ValidBefore: a.ValidBefore, Request: []byte("{}"), Signer: addr, TxNonce: nonce,
-				Tx: settle.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: tx.Gas()}})
+				Tx: facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: tx.Gas()}})
 			if err != nil {
 				if s, rerr := ledger.SettlementByKey(ctx, facilitator.AuthorizationKey{Network: network, Asset: token, Payer: payer, Nonce: a.Nonce}); rerr != nil || s.TxHash != tx.Hash() {
 					continue // nothing committed: nothing goes out
@@ -114,7 +114,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 			if err := lb.BatchCallContext(ctx, elems); err != nil {
 				continue
 			}
-			var rs []settle.Resolution
+			var rs []facilitator.Resolution
 			for i, rc := range slots {
 				if elems[i].Error != nil || rc == nil {
 					continue
@@ -123,7 +123,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 				if rc.Status == 0 {
 					st = facilitator.StateReverted
 				}
-				rs = append(rs, settle.Resolution{ID: all[i].id, State: st, TxHash: rc.TxHash, BlockNumber: rc.BlockNumber.Uint64(), BlockHash: rc.BlockHash})
+				rs = append(rs, facilitator.Resolution{ID: all[i].id, State: st, TxHash: rc.TxHash, BlockNumber: rc.BlockNumber.Uint64(), BlockHash: rc.BlockHash})
 			}
 			if len(rs) > 0 {
 				moved, err := ledger.Resolve(ctx, rs)
@@ -189,7 +189,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 			tx, _ := types.SignNewTx(signer, signerOf, &types.DynamicFeeTx{ChainID: big.NewInt(1337), Nonce: s.tx.Nonce(),
 				GasTipCap: bumped.TipCap, GasFeeCap: bumped.FeeCap, Gas: s.tx.Gas(), To: &token, Data: s.data})
 			raw, _ := tx.MarshalBinary()
-			if err := ledger.AddTx(ctx, s.id, settle.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: bumped.TipCap, FeeCap: bumped.FeeCap, Gas: tx.Gas()}); err == nil {
+			if err := ledger.AddTx(ctx, s.id, facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: bumped.TipCap, FeeCap: bumped.FeeCap, Gas: tx.Gas()}); err == nil {
 				var h common.Hash
 				_ = lb.CallContext(ctx, &h, "eth_sendRawTransaction", hexutil.Bytes(raw))
 				all[len(all)-1] = sent{s.id, tx, s.data, s.auth}

@@ -14,7 +14,6 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // LedgerFaults are the ledger's fault rates, drawn per call.
@@ -72,7 +71,7 @@ type ledgerRow struct {
 	request     []byte
 	keyID       string
 	gasReserved *big.Int
-	paymentID   *settle.PaymentIDBinding
+	paymentID   *facilitator.PaymentIDBinding
 	delivered   bool // success_delivered_at IS NOT NULL
 	deliveredAt time.Time
 	claim       []byte // success_claim
@@ -83,7 +82,7 @@ type ledgerRow struct {
 
 // LedgerTx is one row of settlement_txs.
 type LedgerTx struct {
-	settle.TxRecord
+	facilitator.TxRecord
 	CreatedAt time.Time
 }
 
@@ -107,7 +106,7 @@ type LedgerRow struct {
 	Request     []byte
 	KeyID       string
 	GasReserved *big.Int
-	PaymentID   *settle.PaymentIDBinding
+	PaymentID   *facilitator.PaymentIDBinding
 	Delivered   bool // a caller has been told success, at DeliveredAt
 	DeliveredAt time.Time
 	UpdatedAt   time.Time
@@ -195,8 +194,8 @@ func cloneBig(b *big.Int) *big.Int {
 	return new(big.Int).Set(b)
 }
 
-func cloneTx(t settle.TxRecord) settle.TxRecord {
-	return settle.TxRecord{Hash: t.Hash, Raw: slices.Clone(t.Raw), TipCap: cloneBig(t.TipCap), FeeCap: cloneBig(t.FeeCap), Gas: t.Gas}
+func cloneTx(t facilitator.TxRecord) facilitator.TxRecord {
+	return facilitator.TxRecord{Hash: t.Hash, Raw: slices.Clone(t.Raw), TipCap: cloneBig(t.TipCap), FeeCap: cloneBig(t.FeeCap), Gas: t.Gas}
 }
 
 // SettlementByKey implements settle.Store.
@@ -244,10 +243,10 @@ func (l *Ledger) SettlementByTx(ctx context.Context, h common.Hash) (*facilitato
 
 // InsertSettlement implements settle.Store: the row, its first transaction, its "signed" event
 // and its payment id, at once.
-func (l *Ledger) InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error) {
+func (l *Ledger) InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error) {
 	var id int64
 	err := l.call(ctx, fmt.Sprintf("insert nonce=%d", s.TxNonce), true, func() error {
-		ids, err := l.insertLocked([]*settle.NewSettlement{s})
+		ids, err := l.insertLocked([]*facilitator.NewSettlement{s})
 		if err == nil {
 			id = ids[0]
 		}
@@ -260,8 +259,8 @@ func (l *Ledger) InsertSettlement(ctx context.Context, s *settle.NewSettlement) 
 }
 
 // InsertSettlements implements settle.Store: all rows or none; the error is the first failing
-// row's. Guards never refuse here, so it never answers settle.ErrGroupRefused.
-func (l *Ledger) InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error) {
+// row's. Guards never refuse here, so it never answers facilitator.ErrGroupRefused.
+func (l *Ledger) InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error) {
 	var ids []int64
 	err := l.call(ctx, fmt.Sprintf("insert-group n=%d", len(rows)), true, func() error {
 		var err error
@@ -276,7 +275,7 @@ func (l *Ledger) InsertSettlements(ctx context.Context, rows []*settle.NewSettle
 
 // insertLocked checks every row, in order, against the ledger and the group's earlier rows,
 // with the unique keys in the order Postgres checks them, then writes them all.
-func (l *Ledger) insertLocked(news []*settle.NewSettlement) ([]int64, error) {
+func (l *Ledger) insertLocked(news []*facilitator.NewSettlement) ([]int64, error) {
 	keys := map[facilitator.AuthorizationKey]bool{}
 	nonces := map[nonceKey]bool{}
 	hashes := map[common.Hash]bool{}
@@ -349,7 +348,7 @@ func cloneSummary(m map[string]string) map[string]string {
 
 // MoveNonce implements settle.Store: the re-signed transaction and the new tx nonce, at once,
 // for a settlement still signed or broadcast.
-func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx settle.TxRecord) error {
+func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx facilitator.TxRecord) error {
 	return l.call(ctx, fmt.Sprintf("move-nonce %d to %d", id, txNonce), true, func() error {
 		r := l.rows[id]
 		if r == nil || r.s.State.Succeeded() {
@@ -376,14 +375,14 @@ func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx set
 	})
 }
 
-func reservedGas(tx settle.TxRecord) *big.Int {
+func reservedGas(tx facilitator.TxRecord) *big.Int {
 	if tx.FeeCap == nil {
 		return new(big.Int)
 	}
 	return new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 }
 
-func (l *Ledger) addTxLocked(r *ledgerRow, tx settle.TxRecord) {
+func (l *Ledger) addTxLocked(r *ledgerRow, tx facilitator.TxRecord) {
 	rec := cloneTx(tx)
 	rec.Gas = 0
 	r.txs = append(r.txs, LedgerTx{TxRecord: rec, CreatedAt: l.now()})
@@ -416,21 +415,21 @@ func (l *Ledger) ReleaseDelivery(ctx context.Context, id int64, claim []byte) er
 
 // OpenSettlements implements settle.Store: the signer's signed, broadcast and mined rows, in tx
 // nonce order, each with every transaction it signed, oldest first.
-func (l *Ledger) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error) {
-	var out []settle.OpenSettlement
+func (l *Ledger) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error) {
+	var out []facilitator.OpenSettlement
 	err := l.call(ctx, "open "+signer.Hex(), false, func() error {
 		for _, id := range l.idsLocked() {
 			r := l.rows[id]
 			if r.s.Key.Network != network || r.s.Signer != signer || !(r.s.State.Open() || r.s.State == facilitator.StateMined) {
 				continue
 			}
-			o := settle.OpenSettlement{Settlement: *r.settlement()}
+			o := facilitator.OpenSettlement{Settlement: *r.settlement()}
 			for _, t := range r.txs {
 				o.Txs = append(o.Txs, cloneTx(t.TxRecord))
 			}
 			out = append(out, o)
 		}
-		slices.SortStableFunc(out, func(a, b settle.OpenSettlement) int {
+		slices.SortStableFunc(out, func(a, b facilitator.OpenSettlement) int {
 			switch {
 			case a.TxNonce < b.TxNonce:
 				return -1
@@ -479,7 +478,7 @@ func (l *Ledger) MaxTxNonce(ctx context.Context, network string, signer common.A
 
 // WalletCapWait implements settle.Store. The simulated ledger enforces no limit, so every
 // settlement fits now.
-func (l *Ledger) WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error) {
+func (l *Ledger) WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g facilitator.Limits) (time.Duration, error) {
 	var wait time.Duration
 	err := l.call(ctx, "wallet-cap-wait", false, func() error { return nil })
 	return wait, err

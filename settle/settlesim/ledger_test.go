@@ -13,7 +13,6 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // newStore is settle.Store with the contract being changed in parallel (store_contract.go):
@@ -21,19 +20,19 @@ import (
 type newStore interface {
 	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
 	SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error)
-	InsertSettlement(ctx context.Context, s *settle.NewSettlement) (int64, error)
-	InsertSettlements(ctx context.Context, rows []*settle.NewSettlement) ([]int64, error)
-	AddTx(ctx context.Context, settlementID int64, tx settle.TxRecord) error
-	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx settle.TxRecord) error
+	InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error)
+	InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error)
+	AddTx(ctx context.Context, settlementID int64, tx facilitator.TxRecord) error
+	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx facilitator.TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
-	Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error)
+	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
 	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error)
 	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
-	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]settle.OpenSettlement, error)
+	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error)
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
-	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g settle.Guard) (time.Duration, error)
+	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g facilitator.Limits) (time.Duration, error)
 }
 
 var _ newStore = (*Ledger)(nil)
@@ -51,19 +50,19 @@ func newLedger(faults LedgerFaults) (*Ledger, *Clock) {
 }
 
 // row is a new settlement of authorization nonce n, signed by signer at txNonce.
-func row(n byte, signer common.Address, txNonce uint64) *settle.NewSettlement {
-	return &settle.NewSettlement{
+func row(n byte, signer common.Address, txNonce uint64) *facilitator.NewSettlement {
+	return &facilitator.NewSettlement{
 		Key:   facilitator.AuthorizationKey{Network: network, Asset: common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3"), Payer: common.HexToAddress("0xbeef"), Nonce: [32]byte{n}},
 		Value: big.NewInt(10), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(2_000_000_000), X402Version: 2, Request: []byte("{}"),
 		Signer: signer, TxNonce: txNonce, Tx: txRec(fmt.Sprintf("%d/%s/%d", n, signer, txNonce)), GasReserved: big.NewInt(1),
 	}
 }
 
-func txRec(seed string) settle.TxRecord {
-	return settle.TxRecord{Hash: crypto.Keccak256Hash([]byte(seed)), Raw: []byte(seed), TipCap: big.NewInt(1), FeeCap: big.NewInt(3), Gas: 120_000}
+func txRec(seed string) facilitator.TxRecord {
+	return facilitator.TxRecord{Hash: crypto.Keccak256Hash([]byte(seed)), Raw: []byte(seed), TipCap: big.NewInt(1), FeeCap: big.NewInt(3), Gas: 120_000}
 }
 
-func mustInsert(t *testing.T, l *Ledger, s *settle.NewSettlement) int64 {
+func mustInsert(t *testing.T, l *Ledger, s *facilitator.NewSettlement) int64 {
 	t.Helper()
 	id, err := l.InsertSettlement(context.Background(), s)
 	if err != nil {
@@ -86,30 +85,30 @@ func states(l *Ledger, id int64) string {
 func TestLedgerUniqueKeys(t *testing.T) {
 	tests := []struct {
 		name string
-		row  func() *settle.NewSettlement
+		row  func() *facilitator.NewSettlement
 		want error
 	}{
-		{"same authorization", func() *settle.NewSettlement { return row(1, signerA, 7) }, facilitator.ErrDuplicate},
-		{"same signer nonce", func() *settle.NewSettlement { return row(2, signerA, 0) }, facilitator.ErrNonceTaken},
-		{"same nonce, other signer", func() *settle.NewSettlement { return row(2, signerB, 0) }, nil},
-		{"same nonce, other network", func() *settle.NewSettlement {
+		{"same authorization", func() *facilitator.NewSettlement { return row(1, signerA, 7) }, facilitator.ErrDuplicate},
+		{"same signer nonce", func() *facilitator.NewSettlement { return row(2, signerA, 0) }, facilitator.ErrNonceTaken},
+		{"same nonce, other signer", func() *facilitator.NewSettlement { return row(2, signerB, 0) }, nil},
+		{"same nonce, other network", func() *facilitator.NewSettlement {
 			s := row(1, signerA, 0)
 			s.Key.Network, s.Tx = "eip155:1", txRec("other network")
 			return s
 		}, nil},
-		{"same transaction hash", func() *settle.NewSettlement {
+		{"same transaction hash", func() *facilitator.NewSettlement {
 			s := row(2, signerA, 1)
 			s.Tx = row(1, signerA, 0).Tx
 			return s
 		}, facilitator.ErrDuplicate},
-		{"same payment id", func() *settle.NewSettlement {
+		{"same payment id", func() *facilitator.NewSettlement {
 			s := row(2, signerA, 1)
-			s.PaymentID = &settle.PaymentIDBinding{Scope: "key1", ID: "pay_0123456789abcdef"}
+			s.PaymentID = &facilitator.PaymentIDBinding{Scope: "key1", ID: "pay_0123456789abcdef"}
 			return s
 		}, facilitator.ErrPaymentIDTaken},
-		{"same payment id, other scope", func() *settle.NewSettlement {
+		{"same payment id, other scope", func() *facilitator.NewSettlement {
 			s := row(2, signerA, 1)
-			s.PaymentID = &settle.PaymentIDBinding{Scope: "key2", ID: "pay_0123456789abcdef"}
+			s.PaymentID = &facilitator.PaymentIDBinding{Scope: "key2", ID: "pay_0123456789abcdef"}
 			return s
 		}, nil},
 	}
@@ -117,7 +116,7 @@ func TestLedgerUniqueKeys(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l, _ := newLedger(LedgerFaults{})
 			first := row(1, signerA, 0)
-			first.PaymentID = &settle.PaymentIDBinding{Scope: "key1", ID: "pay_0123456789abcdef"}
+			first.PaymentID = &facilitator.PaymentIDBinding{Scope: "key1", ID: "pay_0123456789abcdef"}
 			mustInsert(t, l, first)
 			_, err := l.InsertSettlement(context.Background(), tt.row())
 			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
@@ -135,11 +134,11 @@ func TestLedgerUniqueKeys(t *testing.T) {
 func TestLedgerGroupCommit(t *testing.T) {
 	l, _ := newLedger(LedgerFaults{})
 	ctx := context.Background()
-	_, err := l.InsertSettlements(ctx, []*settle.NewSettlement{row(1, signerA, 0), row(2, signerA, 1), row(3, signerA, 1)})
+	_, err := l.InsertSettlements(ctx, []*facilitator.NewSettlement{row(1, signerA, 0), row(2, signerA, 1), row(3, signerA, 1)})
 	if !errors.Is(err, facilitator.ErrNonceTaken) || len(l.Rows()) != 0 {
 		t.Fatalf("colliding group: %v, %d rows", err, len(l.Rows()))
 	}
-	ids, err := l.InsertSettlements(ctx, []*settle.NewSettlement{row(1, signerA, 0), row(2, signerA, 1)})
+	ids, err := l.InsertSettlements(ctx, []*facilitator.NewSettlement{row(1, signerA, 0), row(2, signerA, 1)})
 	if err != nil || len(ids) != 2 || ids[0] != 4 || ids[1] != 5 {
 		t.Fatalf("group: %v %v, want ids 4 and 5", ids, err)
 	}
@@ -161,14 +160,14 @@ func TestLedgerTransitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Advance(time.Second)
-	mined := func(id int64) settle.Resolution {
-		return settle.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+	mined := func(id int64) facilitator.Resolution {
+		return facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
 	}
-	moved, err := l.Resolve(ctx, []settle.Resolution{mined(normal), mined(early), {ID: expired, State: facilitator.StateExpired, ErrorReason: "invalid_exact_evm_payload_authorization_valid_before"}})
+	moved, err := l.Resolve(ctx, []facilitator.Resolution{mined(normal), mined(early), {ID: expired, State: facilitator.StateExpired, ErrorReason: "invalid_exact_evm_payload_authorization_valid_before"}})
 	if err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{normal, early, expired}) {
 		t.Fatalf("resolve moved %v %v", moved, err)
 	}
-	if moved, _ := l.Resolve(ctx, []settle.Resolution{mined(normal)}); len(moved) != 0 {
+	if moved, _ := l.Resolve(ctx, []facilitator.Resolution{mined(normal)}); len(moved) != 0 {
 		t.Fatalf("a second resolve moved %v", moved)
 	}
 	if err := l.MarkBroadcast(ctx, []int64{early}); err != nil {
@@ -250,14 +249,14 @@ func TestLedgerMoveNonce(t *testing.T) {
 		t.Fatalf("the old nonce is free again: %v", err)
 	}
 	// A failed settlement still moves (its nonce may be a gap to fill); a mined one does not.
-	if _, err := l.Resolve(ctx, []settle.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
+	if _, err := l.Resolve(ctx, []facilitator.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.MoveNonce(ctx, other, 9, txRec("y")); err != nil {
 		t.Fatalf("a failed settlement: %v", err)
 	}
 	minedRow := mustInsert(t, l, row(4, signerA, 10))
-	if _, err := l.Resolve(ctx, []settle.Resolution{{ID: minedRow, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 1}}); err != nil {
+	if _, err := l.Resolve(ctx, []facilitator.Resolution{{ID: minedRow, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.MoveNonce(ctx, minedRow, 11, txRec("z")); !errors.Is(err, facilitator.ErrNotFound) {
@@ -276,7 +275,7 @@ func TestLedgerClaimDelivery(t *testing.T) {
 	keyed := row(1, signerA, 0)
 	keyed.KeyID = "0123456789ab"
 	id, open, mismatch := mustInsert(t, l, keyed), mustInsert(t, l, row(2, signerA, 1)), mustInsert(t, l, row(3, signerA, 2))
-	if _, err := l.Resolve(ctx, []settle.Resolution{
+	if _, err := l.Resolve(ctx, []facilitator.Resolution{
 		{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 1},
 		{ID: mismatch, State: facilitator.StateMined, TxHash: common.HexToHash("0x2"), BlockNumber: 1, ErrorReason: facilitator.ReasonTransferEventMismatch},
 	}); err != nil {

@@ -26,8 +26,8 @@ var _ settle.Store = (*Ledger)(nil)
 
 // ClosedFrom implements settle.Store: the signer's failed rows at tx nonces from on, in tx nonce
 // order, each with its transactions.
-func (l *Ledger) ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]settle.OpenSettlement, error) {
-	var out []settle.OpenSettlement
+func (l *Ledger) ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]facilitator.OpenSettlement, error) {
+	var out []facilitator.OpenSettlement
 	err := l.call(ctx, fmt.Sprintf("closed-from %s %d", signer.Hex(), from), false, func() error {
 		for _, id := range l.idsLocked() {
 			r := l.rows[id]
@@ -35,13 +35,13 @@ func (l *Ledger) ClosedFrom(ctx context.Context, network string, signer common.A
 			if r.s.Key.Network != network || r.s.Signer != signer || r.s.TxNonce < from || st.Open() || st.Succeeded() {
 				continue
 			}
-			o := settle.OpenSettlement{Settlement: *r.settlement()}
+			o := facilitator.OpenSettlement{Settlement: *r.settlement()}
 			for _, t := range r.txs {
 				o.Txs = append(o.Txs, cloneTx(t.TxRecord))
 			}
 			out = append(out, o)
 		}
-		slices.SortStableFunc(out, func(a, b settle.OpenSettlement) int { return cmp.Compare(a.TxNonce, b.TxNonce) })
+		slices.SortStableFunc(out, func(a, b facilitator.OpenSettlement) int { return cmp.Compare(a.TxNonce, b.TxNonce) })
 		return nil
 	})
 	return out, err
@@ -51,7 +51,7 @@ func (l *Ledger) ClosedFrom(ctx context.Context, network string, signer common.A
 // the order given; a row no longer open is left alone and not returned). Each moved row gets its
 // outcome's event, preceded by a broadcast event when a receipt arrived before the broadcast was
 // recorded, as the Postgres ledger writes them.
-func (l *Ledger) Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, error) {
+func (l *Ledger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error) {
 	var moved []int64
 	err := l.call(ctx, fmt.Sprintf("resolve %s", resolutions(rs)), true, func() error {
 		moved = nil
@@ -100,7 +100,7 @@ func (l *Ledger) Resolve(ctx context.Context, rs []settle.Resolution) ([]int64, 
 	return moved, nil
 }
 
-func resolutions(rs []settle.Resolution) string {
+func resolutions(rs []facilitator.Resolution) string {
 	out := ""
 	for i, r := range rs {
 		if i > 0 {
@@ -149,7 +149,7 @@ func (l *Ledger) Reopen(ctx context.Context, id int64, detail string) error {
 // AddTx records a fee-bumped replacement before it is sent, and raises the settlement's reserved
 // gas cost to the replacement's when that is higher; facilitator.ErrNotFound when the
 // settlement is mined or final (a failed one still takes one: its nonce may need filling).
-func (l *Ledger) AddTx(ctx context.Context, id int64, tx settle.TxRecord) error {
+func (l *Ledger) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) error {
 	return l.call(ctx, fmt.Sprintf("add-tx %d %s", id, tx.Hash.Hex()), true, func() error {
 		r := l.rows[id]
 		if r == nil || r.s.State.Succeeded() {

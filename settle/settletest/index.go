@@ -78,7 +78,7 @@ func (e *Env) WaitIndexed(t testing.TB, n uint64) {
 }
 
 // Use is the index's record of an authorization's use or cancellation (nil: none).
-func (e *Env) Use(t testing.TB, k facilitator.AuthorizationKey) *indexer.Use {
+func (e *Env) Use(t testing.TB, k facilitator.AuthorizationKey) *facilitator.AuthorizationUse {
 	t.Helper()
 	u, err := e.DB.AuthorizationUse(context.Background(), k.Network, k.Asset, k.Payer, k.Nonce)
 	if err != nil {

@@ -1,0 +1,49 @@
+package facilitator
+
+import (
+	"math/big"
+	"slices"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+)
+
+// Merchants' API keys as the ledger stores them; auth issues and checks them.
+
+// Scope is what a key may do.
+type Scope string
+
+const (
+	ScopeVerify   Scope = "verify"
+	ScopeSettle   Scope = "settle"
+	ScopeStatus   Scope = "status"
+	ScopeWebhooks Scope = "webhooks"
+)
+
+// AllScopes lists every scope, in a stable order.
+var AllScopes = []Scope{ScopeVerify, ScopeSettle, ScopeStatus, ScopeWebhooks}
+
+// APIKey is a stored API key. It never holds the secret, only its hash.
+type APIKey struct {
+	ID     string
+	Hash   [32]byte
+	Name   string
+	Scopes []Scope
+	PayTo  []common.Address // empty: any payTo
+	// GasBudgetWei is the key's gas budget per rolling 24 hours (worst-case gas cost of its
+	// settlements); nil: the server's default; 0: unlimited.
+	GasBudgetWei *big.Int
+	CreatedAt    time.Time
+	RevokedAt    *time.Time
+}
+
+// Has reports whether k carries scope.
+func (k *APIKey) Has(scope Scope) bool { return slices.Contains(k.Scopes, scope) }
+
+// AllowsPayTo reports whether k may be used for payments to addr.
+func (k *APIKey) AllowsPayTo(addr common.Address) bool {
+	return len(k.PayTo) == 0 || slices.Contains(k.PayTo, addr)
+}
+
+// Revoked reports whether k has been revoked.
+func (k *APIKey) Revoked() bool { return k.RevokedAt != nil }

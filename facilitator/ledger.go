@@ -1,0 +1,130 @@
+package facilitator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+)
+
+// The ledger's rows for settlements: what the engine writes before it broadcasts, and what it
+// reads back on recovery. They are domain types so that the adapter storing them
+// (facilitator/postgres) and the engine writing them depend on the domain, not on each other.
+
+// ErrGroupRefused is InsertSettlements' answer when a row's Limits refused it: nothing of the
+// group was written. Each row's own insert (InsertSettlement) tells which, and why.
+var ErrGroupRefused = errors.New("facilitator: a limit refused a row of the group; nothing was written")
+
+// NewSettlement is a row to insert.
+type NewSettlement struct {
+	Key         AuthorizationKey
+	Fingerprint Fingerprint
+	PayTo       common.Address
+	Value       *big.Int
+	ValidAfter  *big.Int
+	ValidBefore *big.Int
+	X402Version int
+	Request     []byte // JSON: {"paymentPayload":…,"paymentRequirements":…}
+	Signer      common.Address
+	TxNonce     uint64
+	Tx          TxRecord
+	// PaymentID, when set, is bound to this settlement in the same statement; an id already bound
+	// makes the insert fail with ErrPaymentIDTaken and nothing is written.
+	PaymentID *PaymentIDBinding
+	// KeyID is the merchant API key the settlement was requested with ("" in open mode).
+	KeyID string
+	// GasReserved is the transaction's worst-case gas cost in wei: gas limit × max fee per gas.
+	GasReserved *big.Int
+	// Limits holds the bounds the row is checked against in the same transaction as its insert.
+	Limits Limits
+}
+
+// Limits are the bounds a new settlement must fit. The store checks them against the ledger under
+// a lock per wallet (and per key) taken in the insert's own transaction, so concurrent inserts
+// from any number of processes see each other: the limits are exact.
+type Limits struct {
+	// WalletCapCount and WalletCapAmount bound the payer's settlements per network and asset
+	// (signed, broadcast, mined or final) created within WalletWindow; 0 or nil: no bound.
+	WalletCapCount  int
+	WalletCapAmount *big.Int
+	WalletWindow    time.Duration
+	// KeyGasBudget is the gas budget (wei per rolling 24 hours) of a key with no budget of its
+	// own; nil or 0: unlimited. Applies only when the row has a KeyID.
+	KeyGasBudget *big.Int
+}
+
+// WalletCapped reports whether the limits bound wallets at all.
+func (g Limits) WalletCapped() bool {
+	return g.WalletWindow > 0 && (g.WalletCapCount > 0 || (g.WalletCapAmount != nil && g.WalletCapAmount.Sign() > 0))
+}
+
+// PaymentIDBinding is a payment-identifier id to bind to a new settlement.
+type PaymentIDBinding struct {
+	Scope string
+	ID    string
+	// Fingerprint is what the id is bound to: the payment's IDFingerprint (payment and resource),
+	// not the settlement's own fingerprint.
+	Fingerprint Fingerprint
+	Summary     map[string]string
+}
+
+// TxRecord is one signed transaction of a settlement.
+type TxRecord struct {
+	Hash   common.Hash
+	Raw    []byte
+	TipCap *big.Int
+	FeeCap *big.Int
+	// Gas is the transaction's gas limit, when known (AddTx raises the settlement's reserved gas
+	// cost to Gas × FeeCap); records read back from the ledger leave it 0.
+	Gas uint64
+}
+
+// Resolution is a settlement's outcome as read from the chain.
+type Resolution struct {
+	ID           int64
+	State        State
+	TxHash       common.Hash
+	BlockNumber  uint64
+	BlockHash    common.Hash
+	ErrorReason  string
+	ErrorMessage string
+}
+
+// OpenSettlement is a settlement the engine still watches, with every transaction it signed.
+type OpenSettlement struct {
+	Settlement
+	Txs []TxRecord
+}
+
+// WalletCapExceeded is the refusal of a settlement by the wallet caps of window; wait is when the
+// same settlement would fit.
+func WalletCapExceeded(wait, window time.Duration) error {
+	return &Error{Code: ELimited, Reason: ReasonWalletCapExceeded, RetryAfter: wait,
+		Message: fmt.Sprintf("the paying wallet has reached this facilitator's cap of settlements of this asset over %s; nothing was sent, retry after Retry-After", window)}
+}
+
+// GasBudgetExceeded is the refusal of a settlement by its API key's gas budget; wait is when the
+// same settlement would fit.
+func GasBudgetExceeded(wait time.Duration) error {
+	return &Error{Code: ELimited, Reason: ReasonGasBudgetExceeded, RetryAfter: wait,
+		Message: "this API key's gas budget for the last 24 hours would be exceeded by this settlement; nothing was sent, retry after Retry-After"}
+}
+
+// SignerLease is a held lease. Its writes are the key's ledger writes that allocate or extend its
+// nonce stream: they go through the lease itself and fail once it is lost, so a process that lost a
+// key cannot commit a transaction for it.
+type SignerLease interface {
+	// Lost is closed when the lease ends: its session failed, or Release.
+	Lost() <-chan struct{}
+	// Wanted reports whether another process queued for this lease at the last check.
+	Wanted() bool
+	InsertSettlement(ctx context.Context, s *NewSettlement) (int64, error)
+	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
+	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
+	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
+	// Release gives the lease up. It is safe to call more than once.
+	Release()
+}
