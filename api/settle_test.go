@@ -33,6 +33,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -186,7 +187,7 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 	if err := e.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(e.Stop)
+	settletest.StopAtCleanup(t, e)
 	s.Network, s.Client, s.Reader, s.Verifier, s.Engine, s.Logger = n, client, reader, v, e, logger
 	apiCfg := api.Config{
 		Verifier:  v,

@@ -106,3 +106,8 @@ var (
 	// allocator's view of the signer is stale.
 	ErrNonceTaken = errors.New("transaction nonce already used by another settlement")
 )
+
+// ErrClosed is what a service (the settlement engine, an indexer) answers once it is stopped:
+// nothing was done, and it does not start again. Its loops' context is canceled with it as the
+// cause, so a loop's log says why it ended.
+var ErrClosed = errors.New("the service is stopped")

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"golang.org/x/sync/errgroup"
 )
 
 // Chain is the JSON-RPC access the indexer needs; *rpc.Client satisfies it.
@@ -74,9 +76,17 @@ type Indexer struct {
 	leader        atomic.Bool
 	subscribed    atomic.Bool
 	eventsIndexed atomic.Int64
-	stopped       atomic.Bool   // Run gave up (ErrDeepReorg): an operator must step in
+	stopped       atomic.Bool   // the loop gave up (ErrDeepReorg): an operator must step in
 	rangeSize     atomic.Uint64 // the sizer's size, for Status (the sizer is the leader's alone)
 	checkedCursor bool          // the resumed cursor was found canonical (leader's alone)
+
+	// The loop's lifetime: Stop cancels it with facilitator.ErrClosed as the cause and awaits it.
+	mu      sync.Mutex
+	stopRun context.CancelCauseFunc
+	closed  bool
+	loops   errgroup.Group
+	done    chan struct{} // closed when the loop has ended (Stop, or ErrDeepReorg)
+	runErr  error         // the loop's error, set before done closes
 
 	// Backfill progress, owned by the leading goroutine.
 	progressAt     time.Time
@@ -109,6 +119,7 @@ func New(cfg Config) *Indexer {
 		log:    cfg.Logger.With("network", cfg.Network, "component", "indexer"),
 		sizer:  newRangeSizer(cfg.InitialRange, cfg.MaxRange),
 		window: max(2*cfg.FinalityDepth, 128),
+		done:   make(chan struct{}),
 	}
 	ix.rangeSize.Store(ix.sizer.size)
 	return ix
@@ -160,9 +171,60 @@ func (ix *Indexer) Ready(maxLag uint64) error {
 	return nil
 }
 
-// Run indexes until ctx ends. Only the process holding the network's lease indexes; the others
-// wait to take over. A reorg deeper than the window returns ErrDeepReorg.
-func (ix *Indexer) Run(ctx context.Context) error {
+// Start runs the indexer in the background until Stop. Only the process holding the network's
+// lease indexes; the others wait to take over. A reorg deeper than the window stops it on its own
+// (Done, Err: ErrDeepReorg). After Stop it answers facilitator.ErrClosed.
+func (ix *Indexer) Start(ctx context.Context) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.closed {
+		return facilitator.ErrClosed
+	}
+	if ix.stopRun != nil {
+		return errors.New("indexer: started twice")
+	}
+	// The loop outlives Start's context (a start-up deadline); Stop ends it.
+	runCtx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
+	ix.stopRun = stop
+	ix.loops.Go(func() error { return ix.run(runCtx) })
+	go func() { ix.runErr = ix.loops.Wait(); close(ix.done) }()
+	return nil
+}
+
+// Stop ends the indexer and waits for it until ctx ends. It returns why the indexer had stopped
+// on its own, if it had (ErrDeepReorg). It may be called more than once.
+func (ix *Indexer) Stop(ctx context.Context) error {
+	ix.mu.Lock()
+	ix.closed = true
+	stop := ix.stopRun
+	ix.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop(facilitator.ErrClosed)
+	select {
+	case <-ix.done:
+		return ix.runErr
+	case <-ctx.Done():
+		return fmt.Errorf("indexer: stopping %s: %w", ix.cfg.Network, context.Cause(ctx))
+	}
+}
+
+// Done is closed once the indexer has stopped: after Stop, or on its own (Err says why).
+func (ix *Indexer) Done() <-chan struct{} { return ix.done }
+
+// Err is why the indexer stopped on its own (ErrDeepReorg), once Done is closed; nil otherwise.
+func (ix *Indexer) Err() error {
+	select {
+	case <-ix.done:
+		return ix.runErr
+	default:
+		return nil
+	}
+}
+
+// run indexes until ctx ends.
+func (ix *Indexer) run(ctx context.Context) error {
 	for {
 		leading, release, err := ix.cfg.Store.Lead(ctx, ix.cfg.Network)
 		if err != nil {

@@ -85,8 +85,6 @@ func bindNetwork(t testing.TB) string {
 type running struct {
 	ix      *indexer.Indexer
 	network string
-	cancel  context.CancelFunc
-	done    chan error
 	once    sync.Once
 	err     error
 	stopLog func()
@@ -112,9 +110,10 @@ func start(t testing.TB, cfg indexer.Config) *running {
 	if cfg.Logger == nil {
 		cfg.Logger = log
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{ix: indexer.New(cfg), network: cfg.Network, cancel: cancel, done: make(chan error, 1), stopLog: stopLog}
-	go func() { r.done <- r.ix.Run(ctx) }()
+	r := &running{ix: indexer.New(cfg), network: cfg.Network, stopLog: stopLog}
+	if err := r.ix.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := r.stop(); err != nil && !errors.Is(err, indexer.ErrDeepReorg) {
 			t.Errorf("indexer stopped with %v", err)
@@ -123,16 +122,13 @@ func start(t testing.TB, cfg indexer.Config) *running {
 	return r
 }
 
-// stop cancels the indexer and waits for Run to return; it returns Run's result.
+// stop stops the indexer and returns what Stop returned.
 func (r *running) stop() error {
 	r.once.Do(func() {
-		r.cancel()
-		select {
-		case r.err = <-r.done:
-		case <-time.After(30 * time.Second):
-			r.err = errors.New("indexer did not stop within 30s")
-		}
-		// Run has returned, but its head follower may still be winding down: drop its last words.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		r.err = r.ix.Stop(ctx)
+		// The loop has returned, but its head follower may still be winding down: drop its last words.
 		r.stopLog()
 	})
 	return r.err
@@ -154,9 +150,8 @@ func (r *running) waitFor(t testing.TB, what string, within time.Duration, cond 
 			return s
 		}
 		select {
-		case err := <-r.done:
-			r.done <- err
-			t.Fatalf("waiting for %s: the indexer stopped (%v); status %+v", what, err, s)
+		case <-r.ix.Done():
+			t.Fatalf("waiting for %s: the indexer stopped (%v); status %+v", what, r.ix.Err(), s)
 		default:
 		}
 		if time.Now().After(deadline) {

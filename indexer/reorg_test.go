@@ -163,10 +163,9 @@ func TestReorgRollsBack(t *testing.T) {
 		payOnce(t, payer, sender, 6_000)
 		mine(t, 160)
 		select {
-		case err := <-r.done:
-			r.done <- err
-			if !errors.Is(err, indexer.ErrDeepReorg) {
-				t.Fatalf("Run returned %v, want ErrDeepReorg", err)
+		case <-r.ix.Done():
+			if err := r.ix.Err(); !errors.Is(err, indexer.ErrDeepReorg) {
+				t.Fatalf("the indexer stopped with %v, want ErrDeepReorg", err)
 			}
 			t.Logf("Run: %v", err)
 		case <-time.After(20 * time.Second):

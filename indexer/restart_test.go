@@ -2,8 +2,11 @@ package indexer_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // TestRestartResumes stops indexers (once at the head, once in the middle of a backfill) and
@@ -125,5 +128,26 @@ func TestRestartAfterReorg(t *testing.T) {
 			t.Logf("old authorization in %d, first cursor %d; replacement in %d; second instance: %+v", old.block, first.ix.Status().Cursor, replacement.block, st)
 			checkReorged(t, network, cfg, old, replacement, top)
 		})
+	}
+}
+
+// TestStoppedIndexerRefuses: Stop ends the loop (Done closes, no error), and a stopped indexer
+// does not start again: Start answers ErrClosed.
+func TestStoppedIndexerRefuses(t *testing.T) {
+	r := start(t, config(bindNetwork(t)))
+	r.waitCursor(t, head(t), 10*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.ix.Done():
+	default:
+		t.Fatal("Done is not closed after Stop")
+	}
+	if err := r.ix.Err(); err != nil {
+		t.Fatalf("Err after a plain Stop: %v", err)
+	}
+	if err := r.ix.Start(context.Background()); !errors.Is(err, facilitator.ErrClosed) {
+		t.Fatalf("Start after Stop: %v, want ErrClosed", err)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/idempotency"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -122,7 +123,7 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	if err := engine.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(engine.Stop)
+	settletest.StopAtCleanup(t, engine)
 	ids := idempotency.New(idempotency.Config{Store: db, Settler: engine, Verifier: verifier, Logger: log})
 	var h http.Handler = api.New(api.Config{
 		Verifier:  ids,

@@ -3,7 +3,6 @@ package loadgen
 import (
 	"context"
 	"crypto/ecdsa"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/big"
@@ -250,38 +249,34 @@ func TimeBackfill(ctx context.Context, rc *rpc.Client, timeout time.Duration, db
 	ix := indexer.New(indexer.Config{Network: network, Tokens: []common.Address{e.Contract}, Chain: rc, Store: db,
 		StartBlock: e.DeployBlock, FinalityDepth: backfillFinality, PollInterval: 50 * time.Millisecond,
 		RPCTimeout: timeout, Logger: log})
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
 	begin := time.Now()
-	go func() { done <- ix.Run(runCtx) }()
+	if err := ix.Start(ctx); err != nil {
+		return r, err
+	}
+	stop := func() error {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		return ix.Stop(stopCtx)
+	}
+	defer func() { _ = stop() }() // for the early returns; the stop that counts is checked below
 	// A bound far above any expected backfill (seconds for 100,000 events), so that a stuck
 	// indexer ends the run with its status instead of hanging it.
 	deadline := time.After(10 * time.Minute)
 	var st indexer.Status
 	for st = ix.Status(); st.Cursor < e.Head; st = ix.Status() {
 		select {
-		case err := <-done:
-			if ctx.Err() != nil {
-				return r, ctx.Err()
-			}
-			return r, fmt.Errorf("the indexer stopped before the head (%v); status %+v", err, st)
+		case <-ix.Done():
+			return r, fmt.Errorf("the indexer stopped before the head (%v); status %+v", ix.Err(), st)
+		case <-ctx.Done():
+			return r, ctx.Err()
 		case <-deadline:
-			stop()
-			<-done
 			return r, fmt.Errorf("the indexer did not reach block %d in 10 minutes; status %+v", e.Head, st)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	r.Elapsed = time.Since(begin)
-	stop()
-	select {
-	case err := <-done:
-		if err != nil {
-			return r, fmt.Errorf("indexer: %w", err)
-		}
-	case <-time.After(30 * time.Second):
-		return r, errors.New("the indexer did not stop within 30s")
+	if err := stop(); err != nil {
+		return r, fmt.Errorf("indexer: %w", err)
 	}
 	if r.Stored, err = db.IndexedEvents(ctx, network); err != nil {
 		return r, err

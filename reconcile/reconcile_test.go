@@ -44,7 +44,7 @@ func testAfterDeath(t *testing.T, lost bool) {
 	env.ManualMining(t)
 	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
-	e.Stop() // the process dies after the broadcast
+	e.Stop(context.Background()) // the process dies after the broadcast
 	r := env.Row(t, p.Key())
 	if !r.State.Open() || r.TxHash != hash {
 		t.Fatalf("ledger after the death: %+v, want open with %s", r, hash)
@@ -140,7 +140,7 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 	env.ManualMining(t)
 	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
 	ours := e.SettlePending(t, body)
-	e.Stop()
+	e.Stop(context.Background())
 	env.DropPool(t) // ours never lands
 	env.SetAutomine(t, true)
 	theirs := p.SubmitElsewhere(t)
@@ -214,7 +214,7 @@ func testExpired(t *testing.T, lostAgain bool) {
 	env.ManualMining(t)
 	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
-	e.Stop()
+	e.Stop(context.Background())
 	env.DropPool(t)
 
 	j := jobs(t, 2, later)
@@ -304,7 +304,7 @@ func TestReconcileLateTransfer(t *testing.T) {
 			env.ManualMining(t)
 			e := env.NewEngine(t, settletest.EngineOptions{Deadline: 500 * time.Millisecond})
 			hash := e.SettlePending(t, body)
-			e.Stop()
+			e.Stop(context.Background())
 
 			env.Mine(t) // the transfer lands after the pending answer
 			rc := env.Receipt(t, hash)
@@ -358,7 +358,7 @@ func TestReconcileReorg(t *testing.T) {
 	env.ManualMining(t)
 	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
-	e.Stop()
+	e.Stop(context.Background())
 
 	snap, err := env.Chain.Snapshot(ctx)
 	if err != nil {
@@ -466,7 +466,7 @@ func TestReconcileReorgRemined(t *testing.T) {
 	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 	raw := rawTx(t, hash)
-	e.Stop()
+	e.Stop(context.Background())
 
 	snap, err := env.Chain.Snapshot(ctx)
 	if err != nil {
@@ -524,7 +524,7 @@ func TestReconcileCanceled(t *testing.T) {
 	env.ManualMining(t)
 	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
 	ours := e.SettlePending(t, body)
-	e.Stop()
+	e.Stop(context.Background())
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	cancelTx := env.CancelAuthorization(t, payer, p.Nonce)
@@ -563,7 +563,7 @@ func TestReconcileLeavesNoNonceGap(t *testing.T) {
 	env.ManualMining(t)
 	e := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
 	e.SettlePending(t, body)
-	e.Stop()
+	e.Stop(context.Background())
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	theirs := p.SubmitElsewhere(t)

@@ -67,7 +67,7 @@ func TestNonceCheckBehindLaggingBackend(t *testing.T) {
 	env.ManualMining(t)
 	first := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 500 * time.Millisecond})
 	hash := first.SettlePending(t, body)
-	first.Stop()
+	first.Stop(context.Background())
 	env.Mine(t) // ours is mined while no engine watches
 
 	obs := &recordingObserver{}
@@ -118,7 +118,7 @@ func TestClosedSettlementNonceIsFilled(t *testing.T) {
 	env.ManualMining(t)
 	first := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 300 * time.Millisecond})
 	ours := first.SettlePending(t, p.Body(t))
-	first.Stop()
+	first.Stop(context.Background())
 	env.DropPool(t)
 	theirs := p.SendElsewhere(t)
 	env.Mine(t)

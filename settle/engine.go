@@ -23,6 +23,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
@@ -141,8 +142,11 @@ type Engine struct {
 	mu      sync.Mutex
 	flights map[int64]*flight
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// The loops' lifetime: Stop cancels runCtx with ErrClosed as the cause and awaits loops;
+	// closed refuses new settlements from then on.
+	stopRun context.CancelCauseFunc
+	loops   *errgroup.Group
+	closed  atomic.Bool
 
 	// salt and claims make claim tokens (claimToken); releases are claims still to be undone.
 	salt     [16]byte
@@ -232,6 +236,9 @@ func New(cfg Config) (*Engine, error) {
 // and watchers. With a Leaser, keys held elsewhere are taken over in the background when their
 // holder goes away, with the same recovery.
 func (e *Engine) Start(ctx context.Context) error {
+	if e.closed.Load() {
+		return facilitator.ErrClosed
+	}
 	initial := map[*sender]facilitator.SignerLease{}
 	for _, n := range e.networks {
 		for _, s := range n.senders {
@@ -259,28 +266,26 @@ func (e *Engine) Start(ctx context.Context) error {
 		// Before the first settlement: a key below its minimum is known as such from the start.
 		n.readBalances(ctx)
 	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.cancel = cancel
+	// The loops outlive Start's context (a start-up deadline); Stop ends them.
+	runCtx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
+	e.stopRun = stop
 	if e.stepped {
 		return nil // the simulator runs the loops' work itself (step)
 	}
+	// The loops never fail: each runs until runCtx ends, so the group is only awaited.
+	e.loops = &errgroup.Group{}
+	loop := func(f func(context.Context)) { e.loops.Go(func() error { f(runCtx); return nil }) }
 	for _, n := range e.networks {
-		e.wg.Add(1)
-		go func() { defer e.wg.Done(); n.broadcastLoop(runCtx) }()
-		e.wg.Add(1)
-		go func() { defer e.wg.Done(); n.balanceLoop(runCtx) }()
+		loop(n.broadcastLoop)
+		loop(n.balanceLoop)
 		for _, s := range n.senders {
 			if e.cfg.Leaser != nil {
-				e.wg.Add(1)
-				go func() { defer e.wg.Done(); e.leaseLoop(runCtx, s, initial[s]) }()
+				loop(func(ctx context.Context) { e.leaseLoop(ctx, s, initial[s]) })
 			}
 		}
-		e.wg.Add(1)
-		go func() { defer e.wg.Done(); n.watchLoop(runCtx) }()
-		e.wg.Add(1)
-		go func() { defer e.wg.Done(); n.followHeads(runCtx) }()
-		e.wg.Add(1)
-		go func() { defer e.wg.Done(); n.markLoop(runCtx) }()
+		loop(n.watchLoop)
+		loop(n.followHeads)
+		loop(n.markLoop)
 	}
 	return nil
 }
@@ -292,13 +297,27 @@ func (e *Engine) releaseAll(leases map[*sender]facilitator.SignerLease) {
 	}
 }
 
-// Stop ends the loops and gives the signer leases back. Unfinished settlements stay in the
-// ledger; the next holder of their key resumes them.
-func (e *Engine) Stop() {
-	if e.cancel != nil {
-		e.cancel()
+// Stop ends the loops and gives the signer leases back, waiting for them until ctx ends.
+// Unfinished settlements stay in the ledger; the next holder of their key resumes them. From
+// Stop on, Settle answers facilitator.ErrClosed and Start does not run again; Stop may be called
+// more than once.
+func (e *Engine) Stop(ctx context.Context) error {
+	e.closed.Store(true)
+	if e.stopRun == nil {
+		return nil
 	}
-	e.wg.Wait()
+	e.stopRun(facilitator.ErrClosed)
+	if e.loops == nil {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() { _ = e.loops.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("settle: stopping the engine: %w", context.Cause(ctx))
+	}
 }
 
 // recoverLocked loads the key's next nonce and resumes its open settlements. Caller holds s.mu
@@ -424,6 +443,10 @@ func (e *Engine) now() time.Time { return e.cfg.Now() }
 // non-nil only when no answer about the payment can be given (bad request, ledger or node down,
 // every signer busy): then nothing was broadcast.
 func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
+	if e.closed.Load() {
+		return facilitator.SettleOutcome{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError,
+			"this facilitator is shutting down; nothing was sent, retry", facilitator.ErrClosed)
+	}
 	id, err := e.verifier.Route(p)
 	if err != nil {
 		return facilitator.SettleOutcome{}, err

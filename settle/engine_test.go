@@ -3,6 +3,7 @@ package settle_test
 import (
 	"context"
 	"crypto/ecdsa"
+	"errors"
 	"fmt"
 	"math/big"
 	"sync"
@@ -198,5 +199,31 @@ func TestSettleInvalidLeavesNoRow(t *testing.T) {
 	out, err = r.SettleBody(ctx, t, body)
 	if err != nil || !out.Response.Success {
 		t.Fatalf("after funding: %+v %v", out.Response, err)
+	}
+}
+
+// TestStoppedEngineRefuses: after Stop, a settlement is refused with ErrClosed (503, nothing
+// written, nothing sent) instead of waiting on loops that no longer run, and Start does not run
+// the engine again.
+func TestStoppedEngineRefuses(t *testing.T) {
+	r := env.NewEngine(t, settletest.EngineOptions{})
+	ctx := context.Background()
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	payer := env.FundedPayer(t, 5_000_000)
+	p := env.NewPay(t, payer, 1_000)
+	_, err := r.SettleBody(ctx, t, p.Body(t))
+	if !errors.Is(err, facilitator.ErrClosed) || facilitator.ErrorCode(err) != facilitator.EUnavailable {
+		t.Fatalf("settle after Stop: %v, want ErrClosed (unavailable)", err)
+	}
+	if _, err := r.DB.SettlementByKey(ctx, p.Key()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("a row after a refused settle: %v", err)
+	}
+	if err := r.Start(ctx); !errors.Is(err, facilitator.ErrClosed) {
+		t.Fatalf("Start after Stop: %v, want ErrClosed", err)
+	}
+	if err := r.Stop(ctx); err != nil {
+		t.Fatalf("a second Stop: %v", err)
 	}
 }

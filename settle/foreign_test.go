@@ -225,7 +225,7 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 			t.Fatalf("no foreign nonce observed; observer saw %v", obs.snapshot())
 		}
 	}
-	r.Stop()
+	r.Stop(context.Background())
 	env.DropPool(t) // the node lost the re-signed transaction too: only the ledger has it
 	moved := openRows(t, addr)[p.Key()]
 	if moved == nil || moved.TxNonce <= taken || len(moved.Txs) < 2 {

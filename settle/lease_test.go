@@ -349,7 +349,7 @@ func TestSignerLeaseStop(t *testing.T) {
 	if !holds(a, key) || holds(b, key) {
 		t.Fatal("want the first engine alone to hold the key")
 	}
-	a.Engine.Stop()
+	a.Engine.Stop(context.Background())
 	took := waitFor(t, 5*time.Second, "the second engine takes the key", func() bool { return holds(b, key) })
 	t.Logf("taken over %s after a clean stop", took.Round(time.Millisecond))
 	out, err := b.SettleBody(context.Background(), t, env.NewPay(t, env.FundedPayer(t, 1_000), 1_000).Body(t))

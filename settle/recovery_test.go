@@ -239,8 +239,8 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	a := env.NewEngine(t, settletest.EngineOptions{Signers: keys, Deadline: deadline})
 	settleAll(a, 0, before)
 	wantNonces(rowNonces(0, before), 0, before)
-	a.Engine.Stop()
-	a.Engine.Stop() // Stop is idempotent; the rig's cleanup calls it again too
+	a.Engine.Stop(context.Background())
+	a.Engine.Stop(context.Background()) // Stop is idempotent; the rig's cleanup calls it again too
 	for i := range before {
 		if !env.InPool(t, common.HexToHash(hashes[i])) {
 			t.Fatalf("payment %d: transaction %s is not in the node's pool after stop", i, hashes[i])

@@ -245,7 +245,7 @@ func (w *simWorld) run() error {
 	if err := w.engine.Start(w.ctx); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	defer w.engine.Stop()
+	defer w.engine.Stop(context.Background())
 	// The faults come on once the engine is up.
 	for _, b := range w.backends {
 		b.SetProfile(settlesim.RandomProfile(w.r))

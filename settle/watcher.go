@@ -400,12 +400,12 @@ func (n *network) recordAsync(ctx context.Context, outcomes []outcome) {
 		return
 	}
 	n.recording.Add(1)
-	n.engine.wg.Add(1)
-	go func() {
-		defer n.engine.wg.Done()
+	// In the engine's group: Stop awaits the write (called from a loop, so the group is live).
+	n.engine.loops.Go(func() error {
 		defer n.recording.Done()
 		n.record(ctx, outcomes)
-	}()
+		return nil
+	})
 }
 
 // record writes a round's outcomes to the ledger in one statement, then tells the waiters. If the

@@ -387,7 +387,7 @@ func revertedSettlement(t *testing.T) (settletest.Pay, common.Hash) {
 	env.ManualMining(t)
 	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
-	e.Stop()
+	e.Stop(context.Background())
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	drain.SubmitElsewhere(t)

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -48,8 +47,6 @@ type Main struct {
 	engine   *settle.Engine
 	jobs     *cron.Cron
 	indexers []*indexer.Indexer
-	stopIdx  context.CancelFunc
-	idxDone  chan struct{}
 	server   *http.Server
 	serveErr chan error
 	notifier *notify.Dispatcher
@@ -104,7 +101,9 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}
 	if cfg.IndexOnly {
-		m.startIndexers(networks)
+		if err := m.startIndexers(startCtx, networks); err != nil {
+			return err
+		}
 		log.Info("indexing only", "networks", len(networks))
 		return nil
 	}
@@ -181,7 +180,9 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if cfg.Index {
-		m.startIndexers(networks)
+		if err := m.startIndexers(startCtx, networks); err != nil {
+			return err
+		}
 	}
 	srv := api.New(api.Config{
 		Verifier:      idsvc,
@@ -223,10 +224,7 @@ func (m *Main) Run(ctx context.Context) error {
 
 // startIndexers runs one block indexer per network in the background. Replicas elect one leader
 // per network among themselves; a deep reorg stops that network's indexer, loudly, and nothing else.
-func (m *Main) startIndexers(networks []facilitator.Network) {
-	ctx, cancel := context.WithCancel(context.Background())
-	m.stopIdx, m.idxDone = cancel, make(chan struct{})
-	var wg sync.WaitGroup
+func (m *Main) startIndexers(ctx context.Context, networks []facilitator.Network) error {
 	for i, n := range networks {
 		nc := m.Config.Networks[i]
 		logRange := nc.LogRange
@@ -243,17 +241,13 @@ func (m *Main) startIndexers(networks []facilitator.Network) {
 			PollInterval: m.Config.PollInterval, RPCTimeout: m.Config.RPCTimeout, Logger: m.Logger,
 			Observer: m.metrics,
 		})
+		if err := ix.Start(ctx); err != nil {
+			return err
+		}
 		m.indexers = append(m.indexers, ix)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := ix.Run(ctx); err != nil {
-				m.Logger.Error("block indexer stopped", "network", n.ID, "err", err)
-			}
-		}()
 	}
-	go func() { wg.Wait(); close(m.idxDone) }()
 	m.metrics.WatchIndexers(indexerSource(networks, m.indexers))
+	return nil
 }
 
 // readyChecks are what /readyz asks: Postgres, each network's RPC, and each indexer this process
@@ -347,15 +341,20 @@ func (m *Main) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	if m.stopIdx != nil {
-		m.stopIdx()
-		<-m.idxDone
+	for i, ix := range m.indexers {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := ix.Stop(ctx); err != nil {
+			m.Logger.Error("block indexer stopped", "network", m.Config.Networks[i].ID, "err", err)
+		}
+		cancel()
 	}
 	if m.jobs != nil {
 		<-m.jobs.Stop().Done()
 	}
 	if m.engine != nil {
-		m.engine.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		errs = append(errs, m.engine.Stop(ctx))
+		cancel()
 	}
 	for _, c := range m.rpcs {
 		c.Close()

@@ -74,7 +74,7 @@ func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Stop)
+	StopAtCleanup(t, s)
 	return &Engine{Engine: s, DB: o.DB, Verifier: v, Signers: o.Signers}
 }
 
@@ -106,4 +106,16 @@ func (e *Engine) SettlePending(t testing.TB, body []byte) common.Hash {
 		t.Fatalf("want settlement_pending with a hash, got %+v", out.Response)
 	}
 	return common.HexToHash(out.Response.Transaction)
+}
+
+// StopAtCleanup stops a service (an engine, an indexer) when the test ends, and fails the test
+// when it does not stop within 20 s or stops with an error.
+func StopAtCleanup(t testing.TB, s interface{ Stop(context.Context) error }) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stopping %T: %v", s, err)
+		}
+	})
 }

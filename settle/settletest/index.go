@@ -2,7 +2,6 @@ package settletest
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"sync"
 	"testing"
@@ -18,11 +17,10 @@ import (
 
 // Indexer is an indexer for the env's network (finality depth 2), running in the background.
 type Indexer struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	err    error
-	quiet  func()
+	ix    *indexer.Indexer
+	once  sync.Once
+	err   error
+	quiet func()
 }
 
 // StartIndexer runs an indexer until the test ends (or Stop).
@@ -31,9 +29,10 @@ func (e *Env) StartIndexer(t testing.TB) *Indexer {
 	log, quiet := QuietableLogger(t)
 	ix := indexer.New(indexer.Config{Network: e.Network().ID, Tokens: []common.Address{e.Chain.USDC.Address}, Chain: e.Chain.RPC,
 		Store: e.DB, FinalityDepth: 2, PollInterval: 50 * time.Millisecond, Logger: log.With("component", "indexer")})
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &Indexer{cancel: cancel, done: make(chan error, 1), quiet: quiet}
-	go func() { r.done <- ix.Run(ctx) }()
+	if err := ix.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := &Indexer{ix: ix, quiet: quiet}
 	t.Cleanup(func() {
 		if err := r.Stop(); err != nil {
 			t.Errorf("indexer: %v", err)
@@ -42,15 +41,12 @@ func (e *Env) StartIndexer(t testing.TB) *Indexer {
 	return r
 }
 
-// Stop stops the indexer and returns what its Run returned.
+// Stop stops the indexer and returns what its Stop returned.
 func (r *Indexer) Stop() error {
 	r.once.Do(func() {
-		r.cancel()
-		select {
-		case r.err = <-r.done:
-		case <-time.After(20 * time.Second):
-			r.err = errors.New("the indexer did not stop within 20s")
-		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r.err = r.ix.Stop(ctx)
 		r.quiet()
 	})
 	return r.err
