@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/x402-facilitator/x402-facilitator/demo"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 )
 
@@ -30,9 +31,9 @@ func TestDemo(t *testing.T) {
 		skipOrFail(err)
 	}
 	out, logs := &syncBuffer{}, &syncBuffer{}
-	err = runDemoStory(ctx, demoOptions{DatabaseURL: dbURL, Log: logs, LogPath: "(test buffer)"}, out)
+	err = demo.Run(ctx, demo.Options{Start: startDemoStack(dbURL, logs), LogPath: "(test buffer)"}, out)
 	t.Logf("demo output:\n%s", out.String())
-	var stackErr *demoStackError
+	var stackErr *demo.StackError
 	if errors.As(err, &stackErr) {
 		skipOrFail(err)
 	}
@@ -111,19 +112,5 @@ func TestDemo(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "facilitator listening") {
 		t.Errorf("the facilitator's logs did not go to the log writer")
-	}
-}
-
-func TestDemoUSDC(t *testing.T) {
-	for in, want := range map[int64]string{
-		0: "0.00 USDC", 10_000: "0.01 USDC", 1_500_000: "1.50 USDC", 123_456: "0.123456 USDC",
-		1_000_000_000_000: "1,000,000.00 USDC", 999_999_990_000: "999,999.99 USDC", -10_000: "-0.01 USDC",
-	} {
-		if got := demoUSDC(bigInt(in), false); got != want {
-			t.Errorf("demoUSDC(%d) = %q, want %q", in, got, want)
-		}
-	}
-	if got := demoUSDC(bigInt(10_000), true); got != "+0.01 USDC" {
-		t.Errorf("signed: %q", got)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/big"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -76,7 +75,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if err != nil {
 			return fmt.Errorf("keys create: --pay-to: %w", err)
 		}
-		gb, err := parseGasBudget(*budget)
+		gb, err := auth.ParseGasBudget(*budget)
 		if err != nil {
 			return fmt.Errorf("keys create: --gas-budget-wei: %w", err)
 		}
@@ -88,7 +87,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if *budget == "" {
 			return errors.New("keys budget: --gas-budget-wei is required (a number of wei, 0 for unlimited, or default)")
 		}
-		gb, err := parseGasBudget(*budget)
+		gb, err := auth.ParseGasBudget(*budget)
 		if err != nil {
 			return fmt.Errorf("keys budget: --gas-budget-wei: %w", err)
 		}
@@ -122,7 +121,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if err := db.InsertAPIKey(ctx, &key); err != nil {
 			return fmt.Errorf("keys create: %w (has 'facilitator migrate' run?)", err)
 		}
-		fmt.Fprintf(stdout, "created key %s (%s), scopes %s%s\n", id, key.Name, joinScopes(key.Scopes), payToSuffix(&key))
+		fmt.Fprintf(stdout, "created key %s (%s), scopes %s%s\n", id, key.Name, auth.ScopesText(key.Scopes), payToSuffix(&key))
 		fmt.Fprintf(stdout, "\n  %s\n\nIt is shown only now; only its hash is stored. Send it as \"Authorization: Bearer <key>\".\n", full)
 	case "list":
 		keys, err := db.APIKeys(ctx)
@@ -134,17 +133,13 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		for _, k := range keys {
 			pt := "any"
 			if len(k.PayTo) > 0 {
-				s := make([]string, len(k.PayTo))
-				for i, a := range k.PayTo {
-					s[i] = a.Hex()
-				}
-				pt = strings.Join(s, ",")
+				pt = auth.PayToText(k.PayTo)
 			}
 			revoked := "-"
 			if k.RevokedAt != nil {
 				revoked = k.RevokedAt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, joinScopes(k.Scopes), pt, budgetText(k.GasBudgetWei),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, auth.ScopesText(k.Scopes), pt, auth.GasBudgetText(k.GasBudgetWei),
 				k.CreatedAt.UTC().Format(time.RFC3339), revoked)
 		}
 		return tw.Flush()
@@ -165,48 +160,14 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		if err != nil {
 			return fmt.Errorf("keys budget: %w", err)
 		}
-		fmt.Fprintf(stdout, "key %s gas budget: %s\n", keyID, budgetText(key.GasBudgetWei))
+		fmt.Fprintf(stdout, "key %s gas budget: %s\n", keyID, auth.GasBudgetText(key.GasBudgetWei))
 	}
 	return nil
-}
-
-// parseGasBudget reads a gas budget: wei, or "default" (nil: the server's default).
-func parseGasBudget(s string) (*big.Int, error) {
-	if s = strings.TrimSpace(s); s == "default" {
-		return nil, nil
-	}
-	v, ok := new(big.Int).SetString(s, 10)
-	if !ok || v.Sign() < 0 {
-		return nil, fmt.Errorf("%q is neither a non-negative number of wei nor default", s)
-	}
-	return v, nil
-}
-
-func budgetText(wei *big.Int) string {
-	switch {
-	case wei == nil:
-		return "default"
-	case wei.Sign() == 0:
-		return "unlimited"
-	}
-	return wei.String()
-}
-
-func joinScopes(scopes []facilitator.Scope) string {
-	s := make([]string, len(scopes))
-	for i, sc := range scopes {
-		s[i] = string(sc)
-	}
-	return strings.Join(s, ",")
 }
 
 func payToSuffix(k *facilitator.APIKey) string {
 	if len(k.PayTo) == 0 {
 		return ", any payTo"
 	}
-	s := make([]string, len(k.PayTo))
-	for i, a := range k.PayTo {
-		s[i] = a.Hex()
-	}
-	return ", payTo " + strings.Join(s, ",")
+	return ", payTo " + auth.PayToText(k.PayTo)
 }

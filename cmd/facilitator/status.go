@@ -83,7 +83,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
-	printStatus(stdout, st, found)
+	client.PrintStatus(stdout, st, found)
 	return nil
 }
 
@@ -101,46 +101,4 @@ func authorizationKey(args []string) (facilitator.AuthorizationKey, error) {
 	key.Network, key.Asset, key.Payer = args[0], common.HexToAddress(args[1]), common.HexToAddress(args[2])
 	copy(key.Nonce[:], common.FromHex(args[3]))
 	return key, nil
-}
-
-// advice says what a merchant or agent should do in each state (README, "Status").
-var advice = map[string]string{
-	facilitator.StatusUnused:   "nothing has moved; it can still be settled until validBefore",
-	facilitator.StatusPending:  "broadcast, not mined yet: wait and ask again; never sign a new authorization",
-	facilitator.StatusSettled:  "the payment happened",
-	facilitator.StatusCanceled: "canceled by the payer: no payment",
-	facilitator.StatusExpired:  "expired unused: the payer may safely sign a new authorization",
-	facilitator.StatusFailed:   "our transaction reverted; nothing moved",
-}
-
-func printStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
-	state := st.State
-	if st.SettledBy != "" {
-		state += " (by " + st.SettledBy + ")"
-	}
-	row := func(k, v string) {
-		if v != "" {
-			fmt.Fprintf(w, "%-13s %s\n", k, v)
-		}
-	}
-	row("state", state)
-	row("meaning", advice[st.State])
-	if !found {
-		row("note", "never seen by this facilitator's ledger or index: this is the chain's own answer")
-	}
-	row("authorization", fmt.Sprintf("%s %s from %s nonce %s", st.Network, st.Asset, st.Authorizer, st.Nonce))
-	row("payment id", st.PaymentID)
-	row("transaction", st.Transaction)
-	if st.BlockNumber > 0 {
-		final := "not final yet"
-		if st.Final {
-			final = "final"
-		}
-		row("block", fmt.Sprintf("%d (%d confirmations, %s)", st.BlockNumber, st.Confirmations, final))
-	}
-	if st.To != "" {
-		row("paid", fmt.Sprintf("%s to %s", st.Value, st.To))
-	}
-	row("reason", st.Reason)
-	row("read from", fmt.Sprintf("%s, indexed head %d, chain head %d", st.Basis, st.IndexedHead, st.Head))
 }

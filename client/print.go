@@ -1,0 +1,62 @@
+package client
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// PrintStatus writes a status answer for a person: one labelled line per known field, with what
+// a merchant or agent should do in that state. found is false when neither the facilitator's
+// ledger nor its index has seen the authorization, so the state is the chain's own word.
+func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
+	state := st.State
+	if st.SettledBy != "" {
+		state += " (by " + st.SettledBy + ")"
+	}
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(w, "%-13s %s\n", k, v)
+		}
+	}
+	row("state", state)
+	row("meaning", advice(st.State))
+	if !found {
+		row("note", "never seen by this facilitator's ledger or index: this is the chain's own answer")
+	}
+	row("authorization", fmt.Sprintf("%s %s from %s nonce %s", st.Network, st.Asset, st.Authorizer, st.Nonce))
+	row("payment id", st.PaymentID)
+	row("transaction", st.Transaction)
+	if st.BlockNumber > 0 {
+		final := "not final yet"
+		if st.Final {
+			final = "final"
+		}
+		row("block", fmt.Sprintf("%d (%d confirmations, %s)", st.BlockNumber, st.Confirmations, final))
+	}
+	if st.To != "" {
+		row("paid", fmt.Sprintf("%s to %s", st.Value, st.To))
+	}
+	row("reason", st.Reason)
+	row("read from", fmt.Sprintf("%s, indexed head %d, chain head %d", st.Basis, st.IndexedHead, st.Head))
+}
+
+// advice says what a merchant or agent should do in each state (README, "Status").
+func advice(state string) string {
+	switch state {
+	case facilitator.StatusUnused:
+		return "nothing has moved; it can still be settled until validBefore"
+	case facilitator.StatusPending:
+		return "broadcast, not mined yet: wait and ask again; never sign a new authorization"
+	case facilitator.StatusSettled:
+		return "the payment happened"
+	case facilitator.StatusCanceled:
+		return "canceled by the payer: no payment"
+	case facilitator.StatusExpired:
+		return "expired unused: the payer may safely sign a new authorization"
+	case facilitator.StatusFailed:
+		return "our transaction reverted; nothing moved"
+	}
+	return ""
+}
