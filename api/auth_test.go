@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -633,5 +634,64 @@ func TestAuthWebhooksOwned(t *testing.T) {
 	}
 	if r := doAuth(t, http.MethodDelete, u+"/"+whB.ID, keyB, nil); r.Status != http.StatusNoContent {
 		t.Fatalf("key B deletes its webhook: want 204, got %s", r)
+	}
+}
+
+// downKeys is a key store that cannot answer.
+type downKeys struct{}
+
+func (downKeys) APIKey(context.Context, string) (*auth.Key, error) {
+	return nil, errors.New("connection refused")
+}
+
+// TestAuthChallengeAndKeyStoreDown pins the headers and bodies of the refusals no other test
+// reads whole: a 401 challenges (invalid_token when a key was sent), and a key store that cannot
+// answer is a 503 with Retry-After, in the route's shape, that never says why.
+func TestAuthChallengeAndKeyStoreDown(t *testing.T) {
+	keys := &memKeys{keys: map[string]*auth.Key{}}
+	serve := func(store auth.Store) string {
+		srv := api.New(api.Config{Verifier: &stubVerifier{}, Status: &scopeStatus{}, Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: store}})
+		hs := httptest.NewServer(srv.Handler())
+		t.Cleanup(hs.Close)
+		return hs.URL
+	}
+	up, down := serve(keys), serve(downKeys{})
+	p := newPayment(t, 1)
+	payer := p.auth.From.Hex()
+	status := "/v1/payments/abcdefghijklmnopq"
+	for _, tc := range []struct {
+		name, url, path, key string
+		body                 []byte
+		status               int
+		challenge, retry     string
+		want                 string
+	}{
+		{"no key", up, status, "", nil, 401, `Bearer realm="x402-facilitator"`, "",
+			`{"error":"unauthorized","message":"an API key is required (Authorization: Bearer \u003ckey\u003e)"}`},
+		{"invalid key", up, status, "not-a-key", nil, 401, `Bearer realm="x402-facilitator", error="invalid_token"`, "",
+			`{"error":"unauthorized","message":"the API key is invalid or revoked"}`},
+		{"invalid key on /verify", up, "/verify", "not-a-key", p.body(t), 401, `Bearer realm="x402-facilitator", error="invalid_token"`, "",
+			`{"isValid":false,"invalidReason":"unauthorized","invalidMessage":"the API key is invalid or revoked","payer":"` + payer + `"}`},
+		{"store down", down, status, keys.add(t, auth.ScopeStatus), nil, 503, "", "1",
+			`{"error":"unavailable","message":"checking the API key failed; retry later"}`},
+		{"store down on /verify", down, "/verify", keys.add(t, auth.ScopeVerify), p.body(t), 503, "", "1",
+			`{"isValid":false,"invalidReason":"unexpected_verify_error","invalidMessage":"checking the API key failed; retry later","payer":"` + payer + `"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			method := http.MethodGet
+			if tc.body != nil {
+				method = http.MethodPost
+			}
+			r := doAuth(t, method, tc.url+tc.path, tc.key, tc.body)
+			if r.Status != tc.status || strings.TrimSpace(string(r.Body)) != tc.want {
+				t.Fatalf("want %d %s, got %s", tc.status, tc.want, r)
+			}
+			if got := r.Header.Get("WWW-Authenticate"); got != tc.challenge {
+				t.Fatalf("WWW-Authenticate %q, want %q", got, tc.challenge)
+			}
+			if got := r.Header.Get("Retry-After"); got != tc.retry {
+				t.Fatalf("Retry-After %q, want %q", got, tc.retry)
+			}
+		})
 	}
 }
