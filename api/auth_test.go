@@ -125,13 +125,13 @@ func TestAuthRefusals(t *testing.T) {
 		status int
 		reason string
 	}{
-		{"no key", "", 401, api.ReasonUnauthorized},
-		{"malformed key", "not-a-key", 401, api.ReasonUnauthorized},
-		{"forged secret", forged, 401, api.ReasonUnauthorized},
-		{"unknown key", "x402_000000000000_" + good[len(good)-64:], 401, api.ReasonUnauthorized},
-		{"revoked key", revoked, 401, api.ReasonUnauthorized},
-		{"wrong scope", verifyOnly, 403, api.ReasonForbiddenScope},
-		{"payTo outside the allow-list", elsewhere, 403, api.ReasonPayToNotAllowed},
+		{"no key", "", 401, facilitator.ReasonUnauthorized},
+		{"malformed key", "not-a-key", 401, facilitator.ReasonUnauthorized},
+		{"forged secret", forged, 401, facilitator.ReasonUnauthorized},
+		{"unknown key", "x402_000000000000_" + good[len(good)-64:], 401, facilitator.ReasonUnauthorized},
+		{"revoked key", revoked, 401, facilitator.ReasonUnauthorized},
+		{"wrong scope", verifyOnly, 403, facilitator.ReasonForbiddenScope},
+		{"payTo outside the allow-list", elsewhere, 403, facilitator.ReasonPayToNotAllowed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,10 +143,10 @@ func TestAuthRefusals(t *testing.T) {
 			if res.Success || res.ErrorReason != tc.reason || res.Transaction != "" {
 				t.Fatalf("want success:false %s, got %s", tc.reason, r)
 			}
-			if tc.reason == api.ReasonPayToNotAllowed && res.Network != facilitator.CAIP2(chain.ChainID) {
+			if tc.reason == facilitator.ReasonPayToNotAllowed && res.Network != facilitator.CAIP2(chain.ChainID) {
 				t.Fatalf("network %q missing from the refusal", res.Network)
 			}
-			if tc.status != 403 || tc.reason == api.ReasonPayToNotAllowed {
+			if tc.status != 403 || tc.reason == facilitator.ReasonPayToNotAllowed {
 				vr := doAuth(t, http.MethodPost, s.URL+"/verify", tc.key, body)
 				v, _ := verdict(t, vr)
 				if vr.Status != tc.status || v.IsValid || v.InvalidReason != tc.reason {
@@ -311,7 +311,7 @@ func TestAuthRateLimit(t *testing.T) {
 	}
 	r := doAuth(t, http.MethodPost, hs.URL+"/verify", k1, body)
 	res, _ := verdict(t, r)
-	if r.Status != http.StatusTooManyRequests || res.IsValid || res.InvalidReason != api.ReasonRateLimited || r.Header.Get("Retry-After") != "2" {
+	if r.Status != http.StatusTooManyRequests || res.IsValid || res.InvalidReason != facilitator.ReasonRateLimited || r.Header.Get("Retry-After") != "2" {
 		t.Fatalf("third request with the key: want 429 rate_limited with Retry-After 2, got %s (Retry-After %q)", r, r.Header.Get("Retry-After"))
 	}
 	if v.calls.Load() != 2 {
@@ -362,7 +362,7 @@ func TestAuthOtherRoutes(t *testing.T) {
 		key    string
 		status int
 		reason string
-	}{{"", 401, api.ReasonUnauthorized}, {keys.add(t, auth.ScopeVerify), 403, api.ReasonForbiddenScope}} {
+	}{{"", 401, facilitator.ReasonUnauthorized}, {keys.add(t, auth.ScopeVerify), 403, facilitator.ReasonForbiddenScope}} {
 		r := doAuth(t, http.MethodGet, u, tc.key, nil)
 		var body map[string]string
 		if err := json.Unmarshal(r.Body, &body); err != nil || r.Status != tc.status || body["error"] != tc.reason {
@@ -524,7 +524,7 @@ func TestAuthWebhooksOwned(t *testing.T) {
 		"B for every payee":     {keyB, nil},
 		"C (any payTo) for all": {keyC, nil},
 	} {
-		errorBody(t, register(tc.key, recB.URL, tc.payTo...), http.StatusForbidden, api.ReasonPayToNotAllowed)
+		errorBody(t, register(tc.key, recB.URL, tc.payTo...), http.StatusForbidden, facilitator.ReasonPayToNotAllowed)
 		if got := listed(tc.key); len(got) != 0 {
 			t.Fatalf("%s: refused, yet %v listed", name, got)
 		}
