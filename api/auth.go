@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -48,14 +47,6 @@ type AuthConfig struct {
 	// Now is the limiters' clock (nil: time.Now).
 	Now func() time.Time
 }
-
-// Refusal reasons.
-const (
-	ReasonUnauthorized    = "unauthorized"
-	ReasonForbiddenScope  = "forbidden_scope"
-	ReasonPayToNotAllowed = "pay_to_not_allowed"
-	ReasonRateLimited     = "rate_limited"
-)
 
 // apiKeyKey is where the middleware leaves the request's *facilitator.APIKey.
 const apiKeyKey = "x402.apikey"
@@ -117,41 +108,45 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		req := c.Request()
 		if ok, wait := g.perClient.Allow(clientAddress(req)); !ok {
-			return s.refuse(c, http.StatusTooManyRequests, ReasonRateLimited, "too many requests from this address", wait)
+			return s.refuse(c, rateLimited("too many requests from this address", wait))
 		}
 		if g.cfg.Mode != AuthKeys {
 			return next(c)
 		}
 		text := presentedKey(req)
 		if text == "" {
-			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="x402-facilitator"`)
-			return s.refuse(c, http.StatusUnauthorized, ReasonUnauthorized, "an API key is required (Authorization: Bearer <key>)", 0)
+			return s.refuse(c, &facilitator.Error{Code: facilitator.EUnauthenticated, Reason: facilitator.ReasonUnauthorized,
+				Message: "an API key is required (Authorization: Bearer <key>)"})
 		}
 		key, err := auth.Authenticate(req.Context(), g.cfg.Keys, text)
-		if err == auth.ErrUnauthorized {
-			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="x402-facilitator", error="invalid_token"`)
-			return s.refuse(c, http.StatusUnauthorized, ReasonUnauthorized, "the API key is invalid or revoked", 0)
-		}
 		if err != nil {
-			s.log.ErrorContext(req.Context(), "checking an API key failed", "path", c.Path(), "err", err)
-			c.Response().Header().Set("Retry-After", retryAfterSeconds)
-			return s.refuse(c, http.StatusServiceUnavailable, "", "checking the API key failed; retry later", 0)
+			return s.refuse(c, err)
 		}
 		c.Set(apiKeyKey, key)
 		if !key.Has(scope) {
-			return s.refuse(c, http.StatusForbidden, ReasonForbiddenScope, "the API key lacks the "+string(scope)+" scope", 0)
+			return s.refuse(c, facilitator.Errorf(facilitator.EForbidden, facilitator.ReasonForbiddenScope, "the API key lacks the %s scope", scope))
 		}
 		if ok, wait := g.perKey.Allow(key.ID); !ok {
-			return s.refuse(c, http.StatusTooManyRequests, ReasonRateLimited, "too many requests with this API key", wait)
+			return s.refuse(c, rateLimited("too many requests with this API key", wait))
 		}
 		if len(key.PayTo) > 0 && (scope == facilitator.ScopeVerify || scope == facilitator.ScopeSettle) {
 			// An undecodable body is left to the handler, which answers 400 without acting on it.
 			if p := peekPayment(c); p != nil && !key.AllowsPayTo(p.Requirements.PayTo) {
-				return s.refuse(c, http.StatusForbidden, ReasonPayToNotAllowed, "the API key may not be used for payments to "+p.Requirements.PayTo.Hex(), 0)
+				return s.refuse(c, payToNotAllowed(p.Requirements.PayTo))
 			}
 		}
 		return next(c)
 	}
+}
+
+// rateLimited refuses a request past a rate limit until wait has passed.
+func rateLimited(msg string, wait time.Duration) error {
+	return &facilitator.Error{Code: facilitator.ELimited, Reason: facilitator.ReasonRateLimited, Message: msg, RetryAfter: wait}
+}
+
+// payToNotAllowed refuses a payment, or a webhook, for a payee outside the key's allow-list.
+func payToNotAllowed(addr common.Address) error {
+	return facilitator.Errorf(facilitator.EForbidden, facilitator.ReasonPayToNotAllowed, "the API key may not be used for payments to %s", addr.Hex())
 }
 
 // apiKeyOf returns the request's authenticated key, nil in open mode.
@@ -160,20 +155,21 @@ func apiKeyOf(c echo.Context) *facilitator.APIKey {
 	return k
 }
 
-// webhookPayToRefusal says why key may not register a webhook for payTo, "" if it may. With a key,
+// webhookPayToRefusal refuses a webhook key may not register for payTo; nil if it may. With a key,
 // a webhook must name its payees: without a filter it would hear every merchant's settlements
 // (payers, amounts, transactions). A key with an allow-list may name only addresses on it.
 // Entries that are not addresses are left to notify, which refuses the whole request (400).
-func webhookPayToRefusal(key *facilitator.APIKey, payTo []string) string {
+func webhookPayToRefusal(key *facilitator.APIKey, payTo []string) error {
 	if len(payTo) == 0 {
-		return "with an API key, a webhook must name the payTo addresses it is for"
+		return &facilitator.Error{Code: facilitator.EForbidden, Reason: facilitator.ReasonPayToNotAllowed,
+			Message: "with an API key, a webhook must name the payTo addresses it is for"}
 	}
 	for _, a := range payTo {
 		if len(a) == 2+2*common.AddressLength && common.IsHexAddress(a) && !key.AllowsPayTo(common.HexToAddress(a)) {
-			return "the API key may not be used for payments to " + common.HexToAddress(a).Hex()
+			return payToNotAllowed(common.HexToAddress(a))
 		}
 	}
-	return ""
+	return nil
 }
 
 // idScope is the payment-identifier scope of the request: its key's id, "" without a key.
@@ -202,37 +198,12 @@ func peekPayment(c echo.Context) *facilitator.Payment {
 	return p
 }
 
-// refuse answers a request the guard turned away, in the shape the route's clients parse: a
-// VerifyResponse for /verify, a SettleResponse for /settle, {"error","message"} elsewhere.
-func (s *Server) refuse(c echo.Context, status int, reason, msg string, wait time.Duration) error {
-	if status == http.StatusTooManyRequests {
-		c.Response().Header().Set("Retry-After", strconv.Itoa(auth.RetryAfterSeconds(wait)))
+// refuse answers a request the guard turned away. The body of a /verify or /settle is peeked at
+// for its payer (and network), which the route's answer carries.
+func (s *Server) refuse(c echo.Context, err error) error {
+	var p *facilitator.Payment
+	if path := c.Path(); path == "/verify" || path == "/settle" {
+		p = peekPayment(c)
 	}
-	switch c.Path() {
-	case "/verify":
-		if reason == "" {
-			reason = facilitator.ReasonUnexpectedVerifyError
-		}
-		c.Set(reasonKey, reason)
-		res := facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg}
-		if p := peekPayment(c); p != nil {
-			res.Payer = p.Payer
-		}
-		return c.JSON(status, res)
-	case "/settle":
-		if reason == "" {
-			reason = facilitator.ReasonUnexpectedSettleError
-		}
-		c.Set(reasonKey, reason)
-		res := facilitator.SettleResponse{Success: false, ErrorReason: reason, ErrorMessage: msg, Transaction: ""}
-		if p := peekPayment(c); p != nil {
-			res.Payer, res.Network = p.Payer, p.Network
-		}
-		return c.JSON(status, res)
-	}
-	if reason == "" {
-		reason = "unavailable"
-	}
-	c.Set(reasonKey, reason)
-	return c.JSON(status, map[string]string{"error": reason, "message": msg})
+	return s.writeError(c, p, err)
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -124,13 +125,13 @@ func TestAuthRefusals(t *testing.T) {
 		status int
 		reason string
 	}{
-		{"no key", "", 401, api.ReasonUnauthorized},
-		{"malformed key", "not-a-key", 401, api.ReasonUnauthorized},
-		{"forged secret", forged, 401, api.ReasonUnauthorized},
-		{"unknown key", "x402_000000000000_" + good[len(good)-64:], 401, api.ReasonUnauthorized},
-		{"revoked key", revoked, 401, api.ReasonUnauthorized},
-		{"wrong scope", verifyOnly, 403, api.ReasonForbiddenScope},
-		{"payTo outside the allow-list", elsewhere, 403, api.ReasonPayToNotAllowed},
+		{"no key", "", 401, facilitator.ReasonUnauthorized},
+		{"malformed key", "not-a-key", 401, facilitator.ReasonUnauthorized},
+		{"forged secret", forged, 401, facilitator.ReasonUnauthorized},
+		{"unknown key", "x402_000000000000_" + good[len(good)-64:], 401, facilitator.ReasonUnauthorized},
+		{"revoked key", revoked, 401, facilitator.ReasonUnauthorized},
+		{"wrong scope", verifyOnly, 403, facilitator.ReasonForbiddenScope},
+		{"payTo outside the allow-list", elsewhere, 403, facilitator.ReasonPayToNotAllowed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,10 +143,10 @@ func TestAuthRefusals(t *testing.T) {
 			if res.Success || res.ErrorReason != tc.reason || res.Transaction != "" {
 				t.Fatalf("want success:false %s, got %s", tc.reason, r)
 			}
-			if tc.reason == api.ReasonPayToNotAllowed && res.Network != facilitator.CAIP2(chain.ChainID) {
+			if tc.reason == facilitator.ReasonPayToNotAllowed && res.Network != facilitator.CAIP2(chain.ChainID) {
 				t.Fatalf("network %q missing from the refusal", res.Network)
 			}
-			if tc.status != 403 || tc.reason == api.ReasonPayToNotAllowed {
+			if tc.status != 403 || tc.reason == facilitator.ReasonPayToNotAllowed {
 				vr := doAuth(t, http.MethodPost, s.URL+"/verify", tc.key, body)
 				v, _ := verdict(t, vr)
 				if vr.Status != tc.status || v.IsValid || v.InvalidReason != tc.reason {
@@ -310,7 +311,7 @@ func TestAuthRateLimit(t *testing.T) {
 	}
 	r := doAuth(t, http.MethodPost, hs.URL+"/verify", k1, body)
 	res, _ := verdict(t, r)
-	if r.Status != http.StatusTooManyRequests || res.IsValid || res.InvalidReason != api.ReasonRateLimited || r.Header.Get("Retry-After") != "2" {
+	if r.Status != http.StatusTooManyRequests || res.IsValid || res.InvalidReason != facilitator.ReasonRateLimited || r.Header.Get("Retry-After") != "2" {
 		t.Fatalf("third request with the key: want 429 rate_limited with Retry-After 2, got %s (Retry-After %q)", r, r.Header.Get("Retry-After"))
 	}
 	if v.calls.Load() != 2 {
@@ -361,7 +362,7 @@ func TestAuthOtherRoutes(t *testing.T) {
 		key    string
 		status int
 		reason string
-	}{{"", 401, api.ReasonUnauthorized}, {keys.add(t, facilitator.ScopeVerify), 403, api.ReasonForbiddenScope}} {
+	}{{"", 401, facilitator.ReasonUnauthorized}, {keys.add(t, facilitator.ScopeVerify), 403, facilitator.ReasonForbiddenScope}} {
 		r := doAuth(t, http.MethodGet, u, tc.key, nil)
 		var body map[string]string
 		if err := json.Unmarshal(r.Body, &body); err != nil || r.Status != tc.status || body["error"] != tc.reason {
@@ -523,7 +524,7 @@ func TestAuthWebhooksOwned(t *testing.T) {
 		"B for every payee":     {keyB, nil},
 		"C (any payTo) for all": {keyC, nil},
 	} {
-		errorBody(t, register(tc.key, recB.URL, tc.payTo...), http.StatusForbidden, api.ReasonPayToNotAllowed)
+		errorBody(t, register(tc.key, recB.URL, tc.payTo...), http.StatusForbidden, facilitator.ReasonPayToNotAllowed)
 		if got := listed(tc.key); len(got) != 0 {
 			t.Fatalf("%s: refused, yet %v listed", name, got)
 		}
@@ -633,5 +634,64 @@ func TestAuthWebhooksOwned(t *testing.T) {
 	}
 	if r := doAuth(t, http.MethodDelete, u+"/"+whB.ID, keyB, nil); r.Status != http.StatusNoContent {
 		t.Fatalf("key B deletes its webhook: want 204, got %s", r)
+	}
+}
+
+// downKeys is a key store that cannot answer.
+type downKeys struct{}
+
+func (downKeys) APIKey(context.Context, string) (*facilitator.APIKey, error) {
+	return nil, errors.New("connection refused")
+}
+
+// TestAuthChallengeAndKeyStoreDown pins the headers and bodies of the refusals no other test
+// reads whole: a 401 challenges (invalid_token when a key was sent), and a key store that cannot
+// answer is a 503 with Retry-After, in the route's shape, that never says why.
+func TestAuthChallengeAndKeyStoreDown(t *testing.T) {
+	keys := &memKeys{keys: map[string]*facilitator.APIKey{}}
+	serve := func(store auth.Store) string {
+		srv := api.New(api.Config{Verifier: &stubVerifier{}, Status: &scopeStatus{}, Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: store}})
+		hs := httptest.NewServer(srv.Handler())
+		t.Cleanup(hs.Close)
+		return hs.URL
+	}
+	up, down := serve(keys), serve(downKeys{})
+	p := newPayment(t, 1)
+	payer := p.auth.From.Hex()
+	status := "/v1/payments/abcdefghijklmnopq"
+	for _, tc := range []struct {
+		name, url, path, key string
+		body                 []byte
+		status               int
+		challenge, retry     string
+		want                 string
+	}{
+		{"no key", up, status, "", nil, 401, `Bearer realm="x402-facilitator"`, "",
+			`{"error":"unauthorized","message":"an API key is required (Authorization: Bearer \u003ckey\u003e)"}`},
+		{"invalid key", up, status, "not-a-key", nil, 401, `Bearer realm="x402-facilitator", error="invalid_token"`, "",
+			`{"error":"unauthorized","message":"the API key is invalid or revoked"}`},
+		{"invalid key on /verify", up, "/verify", "not-a-key", p.body(t), 401, `Bearer realm="x402-facilitator", error="invalid_token"`, "",
+			`{"isValid":false,"invalidReason":"unauthorized","invalidMessage":"the API key is invalid or revoked","payer":"` + payer + `"}`},
+		{"store down", down, status, keys.add(t, facilitator.ScopeStatus), nil, 503, "", "1",
+			`{"error":"unavailable","message":"checking the API key failed; retry later"}`},
+		{"store down on /verify", down, "/verify", keys.add(t, facilitator.ScopeVerify), p.body(t), 503, "", "1",
+			`{"isValid":false,"invalidReason":"unexpected_verify_error","invalidMessage":"checking the API key failed; retry later","payer":"` + payer + `"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			method := http.MethodGet
+			if tc.body != nil {
+				method = http.MethodPost
+			}
+			r := doAuth(t, method, tc.url+tc.path, tc.key, tc.body)
+			if r.Status != tc.status || strings.TrimSpace(string(r.Body)) != tc.want {
+				t.Fatalf("want %d %s, got %s", tc.status, tc.want, r)
+			}
+			if got := r.Header.Get("WWW-Authenticate"); got != tc.challenge {
+				t.Fatalf("WWW-Authenticate %q, want %q", got, tc.challenge)
+			}
+			if got := r.Header.Get("Retry-After"); got != tc.retry {
+				t.Fatalf("Retry-After %q, want %q", got, tc.retry)
+			}
+		})
 	}
 }

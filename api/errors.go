@@ -2,57 +2,103 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // statusOf is the one table from error categories to HTTP statuses.
 var statusOf = map[facilitator.Code]int{
-	facilitator.EInvalid:     http.StatusBadRequest,
-	facilitator.EConflict:    http.StatusConflict,
-	facilitator.ELimited:     http.StatusTooManyRequests,
-	facilitator.EUnavailable: http.StatusServiceUnavailable,
-	facilitator.EInternal:    http.StatusInternalServerError,
+	facilitator.EInvalid:         http.StatusBadRequest,
+	facilitator.EUnauthenticated: http.StatusUnauthorized,
+	facilitator.EForbidden:       http.StatusForbidden,
+	facilitator.ENotFound:        http.StatusNotFound,
+	facilitator.EConflict:        http.StatusConflict,
+	facilitator.ELimited:         http.StatusTooManyRequests,
+	facilitator.EUnavailable:     http.StatusServiceUnavailable,
+	facilitator.EInternal:        http.StatusInternalServerError,
 }
 
-// retryAfterSeconds is sent with 503s: the dependency that failed is usually back within seconds.
-const retryAfterSeconds = "1"
-
-// setRetryAfter sets Retry-After on a 429 or 503: the error's own advice (rounded up to whole
-// seconds) when it has one, else retryAfterSeconds.
-func setRetryAfter(c echo.Context, status int, err error) {
-	if status != http.StatusServiceUnavailable && status != http.StatusTooManyRequests {
-		return
+// challenge is the WWW-Authenticate of a 401 (RFC 6750): invalid_token only when a key was sent.
+func challenge(err error) string {
+	if errors.Is(err, auth.ErrUnauthorized) {
+		return `Bearer realm="x402-facilitator", error="invalid_token"`
 	}
-	v := retryAfterSeconds
-	if d := facilitator.ErrorRetryAfter(err); d > 0 {
-		v = strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
-	}
-	c.Response().Header().Set("Retry-After", v)
+	return `Bearer realm="x402-facilitator"`
 }
 
-// verifyError answers a /verify that got no verdict with a VerifyResponse-shaped body, so that both
-// client generations surface the reason instead of a parse error.
-func (s *Server) verifyError(c echo.Context, p *facilitator.Payment, err error) error {
+// setRetryAfter is the one place Retry-After is set: wait rounded up to whole seconds, and at
+// least one, since what failed (a dependency, a settlement still in flight) is usually done within
+// seconds.
+func setRetryAfter(c echo.Context, wait time.Duration) {
+	secs := max(1, int64((wait+time.Second-1)/time.Second))
+	c.Response().Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+}
+
+// writeError is the one writer of error answers: the status from the table, Retry-After on a 429
+// or 503, a challenge on a 401, and the body in the shape the route's clients parse: a
+// VerifyResponse for /verify and a SettleResponse for /settle (with p's payer and network when the
+// body decoded, so that both client generations surface the reason instead of a parse error;
+// nothing was broadcast), {"error": reason, "message": …} elsewhere. An *echo.HTTPError, what never
+// reached a handler or failed in one outright, answers only {"error": its text}, whatever the route.
+func (s *Server) writeError(c echo.Context, p *facilitator.Payment, err error) error {
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		s.logError(c, he.Code, err)
+		return c.JSON(he.Code, map[string]string{"error": fmt.Sprint(he.Message)})
+	}
+	if errors.Is(err, facilitator.ErrNotFound) {
+		err = &facilitator.Error{Code: facilitator.ENotFound, Reason: facilitator.ReasonNotFound, Message: "nothing is known here under this key", Err: err}
+	}
 	code := facilitator.ErrorCode(err)
 	status := statusOf[code]
-	res := facilitator.VerifyResponse{
-		IsValid:        false,
-		InvalidReason:  facilitator.ErrorReason(err, facilitator.ReasonUnexpectedVerifyError),
-		InvalidMessage: facilitator.ErrorMessage(err),
-	}
-	if p != nil {
-		res.Payer = p.Payer
-	}
 	s.logError(c, status, err)
-	c.Set(reasonKey, res.InvalidReason)
-	setRetryAfter(c, status, err)
-	return c.JSON(status, res)
+	switch status {
+	case http.StatusUnauthorized:
+		c.Response().Header().Set("WWW-Authenticate", challenge(err))
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		setRetryAfter(c, facilitator.ErrorRetryAfter(err))
+	}
+	msg := facilitator.ErrorMessage(err)
+	switch c.Path() {
+	case "/verify":
+		res := facilitator.VerifyResponse{
+			IsValid:        false,
+			InvalidReason:  facilitator.ErrorReason(err, facilitator.ReasonUnexpectedVerifyError),
+			InvalidMessage: msg,
+		}
+		if p != nil {
+			res.Payer = p.Payer
+		}
+		c.Set(reasonKey, res.InvalidReason)
+		return c.JSON(status, res)
+	case "/settle":
+		// transaction and network are always present, as the official client's schema requires.
+		res := facilitator.SettleResponse{
+			Success:      false,
+			ErrorReason:  facilitator.ErrorReason(err, facilitator.ReasonUnexpectedSettleError),
+			ErrorMessage: msg,
+			Transaction:  "",
+		}
+		if p != nil {
+			res.Payer, res.Network = p.Payer, p.Network
+		}
+		c.Set(reasonKey, res.ErrorReason)
+		return c.JSON(status, res)
+	}
+	fallback := "internal_error"
+	if code == facilitator.EUnavailable {
+		fallback = "unavailable"
+	}
+	reason := facilitator.ErrorReason(err, fallback)
+	c.Set(reasonKey, reason)
+	return c.JSON(status, map[string]string{"error": reason, "message": msg})
 }
 
 // logError logs what the operator must look at; a client's bad request is only counted in the
@@ -64,39 +110,16 @@ func (s *Server) logError(c echo.Context, status int, err error) {
 	s.log.ErrorContext(c.Request().Context(), "request failed", "path", c.Path(), "status", status, "err", err)
 }
 
-// handleHTTPError answers what never reached a handler (unknown route, wrong method) and anything
-// a handler returned unhandled.
+// handleHTTPError answers what never reached a handler (unknown route, wrong method; echo's own
+// errors carry their status's text) and anything a handler returned unanswered (a panic, a bug),
+// which says no more than "internal error".
 func (s *Server) handleHTTPError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	status := http.StatusInternalServerError
-	msg := "internal error"
 	var he *echo.HTTPError
-	if errors.As(err, &he) {
-		status = he.Code
-		msg = http.StatusText(status)
+	if !errors.As(err, &he) {
+		he = echo.NewHTTPError(http.StatusInternalServerError, "internal error").SetInternal(err)
 	}
-	s.logError(c, status, err)
-	_ = c.JSON(status, map[string]string{"error": msg})
-}
-
-// settleError answers a /settle that got no outcome with a SettleResponse-shaped body: transaction
-// and network are always present, as the official client's schema requires. Nothing was broadcast.
-func (s *Server) settleError(c echo.Context, p *facilitator.Payment, err error) error {
-	code := facilitator.ErrorCode(err)
-	status := statusOf[code]
-	res := facilitator.SettleResponse{
-		Success:      false,
-		ErrorReason:  facilitator.ErrorReason(err, facilitator.ReasonUnexpectedSettleError),
-		ErrorMessage: facilitator.ErrorMessage(err),
-		Transaction:  "",
-	}
-	if p != nil {
-		res.Payer, res.Network = p.Payer, p.Network
-	}
-	s.logError(c, status, err)
-	c.Set(reasonKey, res.ErrorReason)
-	setRetryAfter(c, status, err)
-	return c.JSON(status, res)
+	_ = s.writeError(c, nil, he)
 }

@@ -46,23 +46,23 @@ func toWebhookJSON(w facilitator.Webhook) webhookJSON {
 func (s *Server) createWebhook(c echo.Context) error {
 	body, err := io.ReadAll(io.LimitReader(c.Request().Body, maxWebhookBody+1))
 	if err != nil || len(body) > maxWebhookBody {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, notify.ReasonInvalidWebhook, "the body must be JSON of at most 16 KiB"))
+		return s.writeError(c, nil, facilitator.Errorf(facilitator.EInvalid, notify.ReasonInvalidWebhook, "the body must be JSON of at most 16 KiB"))
 	}
 	var req struct {
 		URL   string   `json:"url"`
 		PayTo []string `json:"payTo"`
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(body), &req); err != nil {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, notify.ReasonInvalidWebhook, `the body must be {"url": "https://…", "payTo": ["0x…"]}`))
+		return s.writeError(c, nil, facilitator.Errorf(facilitator.EInvalid, notify.ReasonInvalidWebhook, `the body must be {"url": "https://…", "payTo": ["0x…"]}`))
 	}
 	if key := apiKeyOf(c); key != nil {
-		if msg := webhookPayToRefusal(key, req.PayTo); msg != "" {
-			return s.refuse(c, http.StatusForbidden, ReasonPayToNotAllowed, msg, 0)
+		if err := webhookPayToRefusal(key, req.PayTo); err != nil {
+			return s.writeError(c, nil, err)
 		}
 	}
 	w, err := s.cfg.Notify.CreateWebhook(c.Request().Context(), idScope(c), req.URL, req.PayTo)
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	c.Response().Header().Set("Cache-Control", "no-store") // it carries the secret
 	return c.JSON(http.StatusCreated, toWebhookJSON(w))
@@ -71,7 +71,7 @@ func (s *Server) createWebhook(c echo.Context) error {
 func (s *Server) listWebhooks(c echo.Context) error {
 	ws, err := s.cfg.Notify.Webhooks(c.Request().Context(), idScope(c))
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	out := make([]webhookJSON, len(ws))
 	for i, w := range ws {
@@ -83,7 +83,7 @@ func (s *Server) listWebhooks(c echo.Context) error {
 
 func (s *Server) deleteWebhook(c echo.Context) error {
 	if err := s.cfg.Notify.DisableWebhook(c.Request().Context(), idScope(c), pathParam(c, "id")); err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	return c.NoContent(http.StatusNoContent)
 }
@@ -91,7 +91,7 @@ func (s *Server) deleteWebhook(c echo.Context) error {
 func (s *Server) authorizationEvents(c echo.Context) error {
 	key, err := authorizationKeyParam(c)
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	return s.stream(c, notify.Target{Key: key})
 }
@@ -99,7 +99,7 @@ func (s *Server) authorizationEvents(c echo.Context) error {
 func (s *Server) paymentEvents(c echo.Context) error {
 	id := pathParam(c, "id")
 	if !idParam.MatchString(id) {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
+		return s.writeError(c, nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
 	}
 	return s.stream(c, notify.Target{PaymentID: id, IDScope: idScope(c)})
 }
@@ -110,7 +110,7 @@ func (s *Server) stream(c echo.Context, t notify.Target) error {
 	ctx := c.Request().Context()
 	st, err := s.cfg.Notify.OpenStream(ctx, t, c.Request().Header.Get("Last-Event-ID"))
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	defer st.Close()
 	res := c.Response()

@@ -27,18 +27,18 @@ func (s *Server) settle(c echo.Context) error {
 	p, err := readPayment(c)
 	tagPayment(c, p)
 	if err != nil {
-		return s.settleError(c, p, err)
+		return s.writeError(c, p, err)
 	}
 	out, err := s.cfg.Settler.Settle(c.Request().Context(), p)
 	if err != nil {
-		return s.settleError(c, p, err)
+		return s.writeError(c, p, err)
 	}
 	res := out.Response
 	c.Set(reasonKey, res.ErrorReason)
 	c.Set(payerKey, res.Payer)
 	c.Set(txKey, res.Transaction)
 	if res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
-		c.Response().Header().Set("Retry-After", retryAfterSeconds)
+		setRetryAfter(c, 0)
 	}
 	markReplay(c, res.Extensions)
 	// Every outcome, success or not, is 200: v1 clients accept nothing else, and the official v2

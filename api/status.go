@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -47,11 +46,11 @@ func authorizationKeyParam(c echo.Context) (facilitator.AuthorizationKey, error)
 func (s *Server) authorizationStatus(c echo.Context) error {
 	key, err := authorizationKeyParam(c)
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	st, found, err := s.cfg.Status.Authorization(c.Request().Context(), key)
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	if !found {
 		// Never seen by the ledger or the index: 404, still with the chain's word on it.
@@ -63,11 +62,11 @@ func (s *Server) authorizationStatus(c echo.Context) error {
 func (s *Server) paymentStatus(c echo.Context) error {
 	id := pathParam(c, "id")
 	if !idParam.MatchString(id) {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
+		return s.writeError(c, nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
 	}
 	st, err := s.cfg.Status.Payment(c.Request().Context(), idScope(c), id)
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	return c.JSON(http.StatusOK, st)
 }
@@ -75,26 +74,13 @@ func (s *Server) paymentStatus(c echo.Context) error {
 func (s *Server) settlementStatus(c echo.Context) error {
 	tx := pathParam(c, "tx")
 	if !hashParam.MatchString(tx) {
-		return s.statusError(c, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "the transaction hash must be 0x-prefixed 32-byte hex"))
+		return s.writeError(c, nil, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "the transaction hash must be 0x-prefixed 32-byte hex"))
 	}
 	st, err := s.cfg.Status.Settlement(c.Request().Context(), common.HexToHash(tx))
 	if err != nil {
-		return s.statusError(c, err)
+		return s.writeError(c, nil, err)
 	}
 	return c.JSON(http.StatusOK, st)
-}
-
-// statusError answers a status query that has no answer: {"error": reason, "message": …}.
-func (s *Server) statusError(c echo.Context, err error) error {
-	if errors.Is(err, facilitator.ErrNotFound) {
-		return c.JSON(http.StatusNotFound, map[string]string{"error": "not_found", "message": "nothing is known here under this key"})
-	}
-	status := statusOf[facilitator.ErrorCode(err)]
-	s.logError(c, status, err)
-	if status == http.StatusServiceUnavailable {
-		c.Response().Header().Set("Retry-After", retryAfterSeconds)
-	}
-	return c.JSON(status, map[string]string{"error": facilitator.ErrorReason(err, "internal_error"), "message": facilitator.ErrorMessage(err)})
 }
 
 func clipParam(s string) string {

@@ -17,7 +17,7 @@ func (s *Server) verify(c echo.Context) error {
 	p, err := readPayment(c)
 	tagPayment(c, p)
 	if err != nil {
-		return s.verifyError(c, p, err)
+		return s.writeError(c, p, err)
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.VerifyTimeout)
 	defer cancel()
@@ -26,7 +26,7 @@ func (s *Server) verify(c echo.Context) error {
 		err = s.cfg.Limits.CheckLimits(ctx, p)
 	}
 	if err != nil {
-		return s.verifyError(c, p, err)
+		return s.writeError(c, p, err)
 	}
 	c.Set(reasonKey, res.InvalidReason)
 	c.Set(payerKey, res.Payer)

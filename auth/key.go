@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/ethereum/go-ethereum/common"
+
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -128,22 +129,29 @@ type Store interface {
 	APIKey(ctx context.Context, id string) (*facilitator.APIKey, error)
 }
 
-// Authenticate checks a presented key text against store. It returns ErrUnauthorized for any key
-// that must be refused, and the store's error (wrapped) when the store could not answer.
+// Authenticate checks a presented key text against store. A key that must be refused is an
+// unauthenticated facilitator.Error wrapping ErrUnauthorized; a store that could not answer is an
+// unavailable one wrapping the store's error, whose text stays out of the answer.
 func Authenticate(ctx context.Context, store Store, presented string) (*facilitator.APIKey, error) {
 	id, ok := ParseID(presented)
 	if !ok {
-		return nil, ErrUnauthorized
+		return nil, refused()
 	}
 	k, err := store.APIKey(ctx, id)
 	if errors.Is(err, facilitator.ErrNotFound) {
-		return nil, ErrUnauthorized
+		return nil, refused()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("auth: looking up key %s: %w", id, err)
+		return nil, facilitator.Unavailable("", "checking the API key failed; retry later", fmt.Errorf("auth: looking up key %s: %w", id, err))
 	}
 	if !matches(k, presented) || k.Revoked() {
-		return nil, ErrUnauthorized
+		return nil, refused()
 	}
 	return k, nil
+}
+
+// refused is the one answer to every key that must be refused, so that none can be told apart.
+func refused() error {
+	return &facilitator.Error{Code: facilitator.EUnauthenticated, Reason: facilitator.ReasonUnauthorized,
+		Message: "the API key is invalid or revoked", Err: ErrUnauthorized}
 }

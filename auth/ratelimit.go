@@ -81,12 +81,3 @@ func (l *Limiter) sweep(now time.Time) {
 		}
 	}
 }
-
-// RetryAfterSeconds renders a wait as a Retry-After value: whole seconds, at least 1.
-func RetryAfterSeconds(d time.Duration) int {
-	s := int(math.Ceil(d.Seconds()))
-	if s < 1 {
-		s = 1
-	}
-	return s
-}

@@ -13,6 +13,12 @@ type Code string
 const (
 	// EInvalid: the request cannot be processed as sent (400). Nothing was changed.
 	EInvalid Code = "invalid"
+	// EUnauthenticated: the request carries no usable credentials (401).
+	EUnauthenticated Code = "unauthenticated"
+	// EForbidden: the credentials do not allow this request (403). Nothing was changed.
+	EForbidden Code = "forbidden"
+	// ENotFound: nothing is known under the key the request names (404).
+	ENotFound Code = "not_found"
 	// EConflict: the request contradicts an earlier one (409).
 	EConflict Code = "conflict"
 	// ELimited: a configured limit refuses the request for now (429); nothing was changed, and

@@ -46,6 +46,23 @@ const (
 	ReasonInvalidPaymentIdentifier  = "invalid_payment_identifier"
 )
 
+// Refusals of the API-key guard (ours, additive): a refused request is neither verified nor sent.
+const (
+	// ReasonUnauthorized: no API key, or a malformed, unknown or revoked one (HTTP 401).
+	ReasonUnauthorized = "unauthorized"
+	// ReasonForbiddenScope: the API key lacks the route's scope (HTTP 403).
+	ReasonForbiddenScope = "forbidden_scope"
+	// ReasonPayToNotAllowed: the API key's payTo allow-list excludes the payment's payee (HTTP 403).
+	ReasonPayToNotAllowed = "pay_to_not_allowed"
+	// ReasonRateLimited: too many requests with the API key or from the client address (HTTP 429
+	// with Retry-After).
+	ReasonRateLimited = "rate_limited"
+)
+
+// ReasonNotFound answers a status query, or a webhook deletion, for a key nothing is known under
+// (HTTP 404). Ours, additive.
+const ReasonNotFound = "not_found"
+
 // ReasonAlreadySettled answers a repeated /settle of an authorization whose success was already
 // delivered to another caller: it carries the existing transaction, and is not a fresh success,
 // so a merchant cannot serve twice for one payment (ARCHITECTURE.md invariant 4). Ours, additive.

@@ -143,3 +143,47 @@ func TestLegacyBinding(t *testing.T) {
 		t.Fatalf("the conflicting authorization has a ledger row: %v", err)
 	}
 }
+
+// blindThenDown is the id store with its first lookup answering "no such id" and every later one
+// failing: the id was bound by a concurrent request, and its record cannot be read back.
+type blindThenDown struct {
+	idempotency.Store
+	looked atomic.Int64
+}
+
+func (b *blindThenDown) PaymentID(context.Context, string, string) (*facilitator.PaymentIDRecord, error) {
+	if b.looked.Add(1) == 1 {
+		return nil, facilitator.ErrNotFound
+	}
+	return nil, errors.New("connection refused")
+}
+
+// TestConflictUnreadable: a payment whose id was bound to another since its lookup is the
+// conflict, counted, and nothing is sent, even when the binding cannot be read back to say what
+// differs.
+func TestConflictUnreadable(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	ctx := context.Background()
+	a := newPay(t, env.FundedPayer(t, 1_000_000), 100_000)
+	if out, err := r.settle(t, a.Body(t)); err != nil || !out.Response.Success {
+		t.Fatalf("the id's first payment: %+v %v", out.Response, err)
+	}
+	b := newPay(t, env.FundedPayer(t, 1_000_000), 200_000)
+	b.ID = a.ID
+	before := r.nonces(t)
+	racer := idempotency.New(idempotency.Config{Store: &blindThenDown{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: settletest.Logger(t)})
+	_, err := racer.Settle(ctx, settletest.Decode(t, b.Body(t)))
+	if facilitator.ErrorCode(err) != facilitator.EConflict || facilitator.ErrorReason(err, "") != facilitator.ReasonPaymentIdentifierConflict ||
+		!errors.Is(err, facilitator.ErrPaymentIDTaken) {
+		t.Fatalf("another payment under a bound id: %v; want a payment_identifier_conflict from the ledger insert", err)
+	}
+	if conflicts, _ := racer.Counts(); conflicts != 1 {
+		t.Fatalf("%d conflicts counted, want 1", conflicts)
+	}
+	if n := r.nonces(t); n != before {
+		t.Fatalf("signer nonces %v -> %v: the conflicting payment was sent", before, n)
+	}
+	if _, err := r.db.SettlementByKey(ctx, b.Key()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("the conflicting authorization has a ledger row: %v", err)
+	}
+}

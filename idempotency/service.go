@@ -27,7 +27,8 @@ type Store interface {
 }
 
 // Settler settles payments (the settle engine). It binds a new settlement's payment id itself, in
-// the statement that writes the settlement.
+// the statement that writes the settlement, and fails with facilitator.ErrPaymentIDTaken, nothing
+// sent, when the id is already bound: the conflict is this service's to answer.
 type Settler interface {
 	Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error)
 	ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error
@@ -91,13 +92,16 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitat
 	}
 	if rec == nil {
 		out, err := s.cfg.Settler.Settle(ctx, p)
-		if err != nil {
-			if facilitator.ErrorReason(err, "") == facilitator.ReasonPaymentIdentifierConflict {
-				// Bound by a concurrent request after our lookup: say what differs.
-				if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil {
-					return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec)
-				}
+		if errors.Is(err, facilitator.ErrPaymentIDTaken) {
+			// Bound by a concurrent request after our lookup: say what differs, if the record
+			// can be read.
+			rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID)
+			if lerr != nil {
+				rec = nil
 			}
+			return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec, err)
+		}
+		if err != nil {
 			return out, err
 		}
 		if out.Claimed {
@@ -106,7 +110,7 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitat
 			// still a conflict. The success stays claimed: the id's own request gets it as a
 			// replay, and nobody gets it twice.
 			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil && !rec.BindsTo(p) {
-				return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec)
+				return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec, nil)
 			}
 		}
 		if out.Response.ErrorReason == facilitator.ReasonAlreadySettled {
@@ -134,7 +138,7 @@ func (s *Service) lookup(ctx context.Context, p *facilitator.Payment) (*facilita
 	case err != nil:
 		return nil, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "the payment-identifier store is unavailable; nothing was sent, retry", err)
 	case !rec.BindsTo(p):
-		return nil, s.conflict(ctx, p, rec)
+		return nil, s.conflict(ctx, p, rec, nil)
 	}
 	return rec, nil
 }
@@ -234,10 +238,17 @@ func (s *Service) Verify(ctx context.Context, p *facilitator.Payment) (facilitat
 	return res, nil
 }
 
-// conflict reports p reusing an id bound to another request: a client bug or a quote drift, so it
-// is logged with what differs and counted.
-func (s *Service) conflict(ctx context.Context, p *facilitator.Payment, rec *facilitator.PaymentIDRecord) error {
+// conflict is the one answer to p reusing an id bound to another request (rec, nil when it could
+// not be read; cause, the engine's ErrPaymentIDTaken when the insert found it bound): a client bug
+// or a quote drift, so it is logged with what differs and counted.
+func (s *Service) conflict(ctx context.Context, p *facilitator.Payment, rec *facilitator.PaymentIDRecord, cause error) error {
 	s.conflicts.Add(1)
+	msg := "this payment identifier is already bound to a different payment"
+	if rec == nil {
+		s.log.WarnContext(ctx, "payment identifier reused with a different payment",
+			"payment_id", p.PaymentID, "payer", p.Payer, "conflicts_total", s.conflicts.Load())
+		return &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict, Message: msg, Err: cause}
+	}
 	now := p.Summary()
 	var differs []string
 	for k, v := range now {
@@ -251,7 +262,7 @@ func (s *Service) conflict(ctx context.Context, p *facilitator.Payment, rec *fac
 		"payment_id", p.PaymentID, "first_payer", rec.Summary["from"], "payer", now["from"],
 		"differs", strings.Join(differs, ","), "first_settlement", rec.Settlement.ID, "conflicts_total", s.conflicts.Load())
 	return &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
-		Message: "this payment identifier is already bound to a different payment (differs in: " + strings.Join(differs, ", ") + ")"}
+		Message: msg + " (differs in: " + strings.Join(differs, ", ") + ")", Err: cause}
 }
 
 // ReleaseDelivery passes through to the settler.

@@ -441,7 +441,9 @@ func (e *Engine) now() time.Time { return e.cfg.Now() }
 
 // Settle settles p, or reports on the settlement already made for its authorization. The error is
 // non-nil only when no answer about the payment can be given (bad request, ledger or node down,
-// every signer busy): then nothing was broadcast.
+// every signer busy, or facilitator.ErrPaymentIDTaken: p's payment id was bound to another request
+// since the caller looked it up, a conflict the payment-identifier service words): then nothing
+// was broadcast.
 func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
 	if e.closed.Load() {
 		return facilitator.SettleOutcome{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError,
@@ -534,11 +536,6 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 			return facilitator.SettleOutcome{}, ledgerDown(err)
 		}
 		return e.follow(ctx, waitCtx, p, fp, existing)
-	}
-	if errors.Is(err, facilitator.ErrPaymentIDTaken) {
-		// Bound to another request between the caller's lookup and this insert; nothing was sent.
-		return facilitator.SettleOutcome{}, &facilitator.Error{Code: facilitator.EConflict, Reason: facilitator.ReasonPaymentIdentifierConflict,
-			Message: "this payment identifier is already bound to a different payment", Err: err}
 	}
 	if facilitator.ErrorCode(err) == facilitator.ELimited {
 		e.log.Info("settlement refused by a limit; nothing was sent", "network", id.ID, "payer", key.Payer,
