@@ -33,7 +33,7 @@ bench-settle:
 
 # Latency of a payment-identifier replay of /settle over HTTP (p50, p99).
 bench-replay:
-	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./idempotency/ -run '^$$' -bench BenchmarkReplay -benchtime 2000x
+	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./paymentid/ -run '^$$' -bench BenchmarkReplay -benchtime 2000x
 
 # Backfill throughput: 100,000 events indexed from anvil into Postgres (events/s).
 bench-index:

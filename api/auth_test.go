@@ -26,7 +26,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
@@ -46,7 +46,7 @@ func newAuthStack(t *testing.T) *authStack {
 func newAuthStackWith(t *testing.T, o settleOptions) *authStack {
 	t.Helper()
 	o.server = func(cfg *api.Config, s *settleStack) {
-		ids := idempotency.New(idempotency.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
+		ids := paymentid.New(paymentid.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
 		cfg.Verifier, cfg.Settler, cfg.Limits = ids, ids, nil
 		cfg.Supported = facilitator.Supported([]facilitator.Network{s.Network}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey})
 		cfg.Auth = &api.AuthConfig{Mode: api.AuthKeys, Keys: s.DB}
@@ -441,7 +441,7 @@ func (r *hookReceiver) await(t *testing.T, typ, tx string) notify.Message {
 // receives its settlements' events, with its own payment id, and the other key's webhook none.
 func TestAuthWebhooksOwned(t *testing.T) {
 	s := newSettleStack(t, settleOptions{database: "apihooks", server: func(cfg *api.Config, s *settleStack) {
-		ids := idempotency.New(idempotency.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
+		ids := paymentid.New(paymentid.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
 		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client, FinalityDepth: 1}}, nil)
 		d := notify.New(notify.Config{Store: s.DB, Status: stat, PollInterval: 50 * time.Millisecond,
 			MaxWebhooks: 2, AllowPrivateTargets: true, Logger: s.Logger})

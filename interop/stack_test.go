@@ -28,7 +28,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
-	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
@@ -53,7 +53,7 @@ type stack struct {
 	dbURL    string
 	db       *postgres.DB
 	signer   common.Address
-	ids      *idempotency.Service
+	ids      *paymentid.Service
 	networks []facilitator.Network
 	log      *callLog
 }
@@ -124,7 +124,7 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 		t.Fatal(err)
 	}
 	settletest.StopAtCleanup(t, engine)
-	ids := idempotency.New(idempotency.Config{Store: db, Settler: engine, Verifier: verifier, Logger: log})
+	ids := paymentid.New(paymentid.Config{Store: db, Settler: engine, Verifier: verifier, Logger: log})
 	var h http.Handler = api.New(api.Config{
 		Verifier:  ids,
 		Settler:   ids,

@@ -226,7 +226,7 @@ func (c *indexerCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // WatchPaymentIDs exports the payment-identifier conflicts and replays counts reads (the
-// idempotency service's own counters, which only grow).
+// payment-identifier service's own counters, which only grow).
 func (m *Metrics) WatchPaymentIDs(counts func() (conflicts, replays int64)) {
 	m.reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "payment_id_conflicts_total",

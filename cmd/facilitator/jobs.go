@@ -8,14 +8,14 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 )
 
 // startJobs schedules the background jobs. Each only calls a service method, bounded in time, and
 // logs what it changed.
-func startJobs(log *slog.Logger, cfg *Config, ids *idempotency.Service, rec *reconcile.Jobs, hooks *notify.Dispatcher) (*cron.Cron, error) {
+func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *reconcile.Jobs, hooks *notify.Dispatcher) (*cron.Cron, error) {
 	// SkipIfStillRunning: a slow run is never stacked under the next one.
 	c := cron.New(cron.WithChain(cron.SkipIfStillRunning(cron.DiscardLogger)))
 	bounded := func(name string, run func(context.Context) (reconcile.Changes, error)) func() {

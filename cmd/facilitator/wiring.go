@@ -23,7 +23,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
@@ -149,7 +149,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.metrics.WatchSigners(signerSource(m.engine))
-	idsvc := idempotency.New(idempotency.Config{
+	idsvc := paymentid.New(paymentid.Config{
 		Store:    m.db,
 		Settler:  m.engine,
 		Verifier: verifier,

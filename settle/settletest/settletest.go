@@ -1,5 +1,5 @@
 // Package settletest is the shared test bench of the packages that settle real payments in their
-// tests (settle, reconcile, status, idempotency, notify): one anvil with Circle's USDC and one
+// tests (settle, reconcile, status, paymentid, notify): one anvil with Circle's USDC and one
 // database per test binary, signed payments as the official client sends them, settle engines that
 // a test can stop to play a process that died, an indexer, and readers of the chain and the ledger.
 //

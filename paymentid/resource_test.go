@@ -1,4 +1,4 @@
-package idempotency_test
+package paymentid_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 )
 
@@ -56,7 +56,7 @@ func TestConflictResource(t *testing.T) {
 // blindOnce is the id store with its first lookup answering "no such id": a request that looked
 // the id up just before a concurrent one bound it.
 type blindOnce struct {
-	idempotency.Store
+	paymentid.Store
 	looked atomic.Int64
 }
 
@@ -82,7 +82,7 @@ func TestConflictResourceRace(t *testing.T) {
 	hash := pending.Response.Transaction
 	env.Mine(t)
 
-	racer := idempotency.New(idempotency.Config{Store: &blindOnce{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: settletest.Logger(t)})
+	racer := paymentid.New(paymentid.Config{Store: &blindOnce{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: settletest.Logger(t)})
 	other := first
 	other.Resource = "http://merchant.test/another-route"
 	out, err := racer.Settle(context.Background(), settletest.Decode(t, other.Body(t)))
@@ -147,7 +147,7 @@ func TestLegacyBinding(t *testing.T) {
 // blindThenDown is the id store with its first lookup answering "no such id" and every later one
 // failing: the id was bound by a concurrent request, and its record cannot be read back.
 type blindThenDown struct {
-	idempotency.Store
+	paymentid.Store
 	looked atomic.Int64
 }
 
@@ -171,7 +171,7 @@ func TestConflictUnreadable(t *testing.T) {
 	b := newPay(t, env.FundedPayer(t, 1_000_000), 200_000)
 	b.ID = a.ID
 	before := r.nonces(t)
-	racer := idempotency.New(idempotency.Config{Store: &blindThenDown{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: settletest.Logger(t)})
+	racer := paymentid.New(paymentid.Config{Store: &blindThenDown{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: settletest.Logger(t)})
 	_, err := racer.Settle(ctx, settletest.Decode(t, b.Body(t)))
 	if facilitator.ErrorCode(err) != facilitator.EConflict || facilitator.ErrorReason(err, "") != facilitator.ReasonPaymentIdentifierConflict ||
 		!errors.Is(err, facilitator.ErrPaymentIDTaken) {

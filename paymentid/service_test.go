@@ -1,4 +1,4 @@
-package idempotency_test
+package paymentid_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package idempotency_test
+package paymentid_test
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 // requests resend the same body and get the stored answer. It reports the per-request latency's
 // p50 and p99 in microseconds.
 //
-//	go test ./idempotency/ -run '^$' -bench BenchmarkReplay -benchtime 2000x
+//	go test ./paymentid/ -run '^$' -bench BenchmarkReplay -benchtime 2000x
 func BenchmarkReplay(b *testing.B) {
 	r := newRig(b, rigOptions{quiet: true})
 	url := r.server(b) + "/settle"

@@ -1,4 +1,4 @@
-package idempotency_test
+package paymentid_test
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/idempotency"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
@@ -29,7 +29,7 @@ import (
 var env *settletest.Env
 
 func TestMain(m *testing.M) {
-	settletest.Main(m, "idempotency", func(e *settletest.Env) int { env = e; return m.Run() })
+	settletest.Main(m, "paymentid", func(e *settletest.Env) int { env = e; return m.Run() })
 }
 
 // clock is the service's injected clock: real time plus an offset the test moves.
@@ -64,7 +64,7 @@ func (c *countingSettler) Settle(ctx context.Context, p *facilitator.Payment) (f
 
 // rig is the service over a real verifier, engine (one fresh signer key) and ledger.
 type rig struct {
-	svc      *idempotency.Service
+	svc      *paymentid.Service
 	engine   *countingSettler
 	verifier *verify.Verifier
 	db       *postgres.DB
@@ -87,7 +87,7 @@ func newRig(tb testing.TB, o rigOptions) *rig {
 	e := env.NewEngine(tb, settletest.EngineOptions{Deadline: o.deadline, Logger: logger})
 	db, v := e.DB, e.Verifier
 	r := &rig{engine: &countingSettler{Engine: e.Engine}, verifier: v, db: db, signer: settletest.AddressOf(e.Signer()), clock: &clock{}}
-	r.svc = idempotency.New(idempotency.Config{
+	r.svc = paymentid.New(paymentid.Config{
 		Store: db, Settler: r.engine, Verifier: v,
 		Window: o.window, FinalityMargin: o.margin, Now: r.clock.Now, Logger: logger,
 	})

@@ -1,9 +1,9 @@
-// Package idempotency implements the payment-identifier extension on the facilitator side: an id
+// Package paymentid implements the payment-identifier extension on the facilitator side: an id
 // is bound to the request it first came with (its fingerprint), a retry with the same id and
 // request gets the stored answer without anything being sent again, a different request under
 // the same id is a conflict, and the id keeps resolving to its settlement long after the stored
 // answer is gone (ARCHITECTURE.md invariant 5).
-package idempotency
+package paymentid
 
 import (
 	"context"
