@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
@@ -92,7 +93,7 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 		t.Fatal(err)
 	}
 	verifier, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}},
+		Readers: map[string]verify.Reader{n.ID: &ethrpc.Reader{Chain: chain.RPC, Timeout: 5 * time.Second}},
 		Logger:  log})
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/verify"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 // node is the chain's JSON-RPC endpoint with a bound on each call.
@@ -236,7 +236,7 @@ func ceilingTxs(ctx context.Context, n *node, tok token, key *ecdsa.PrivateKey, 
 		tx, err := types.SignNewTx(key, signer, &types.DynamicFeeTx{
 			ChainID: chainID, Nonce: nonce + uint64(i), GasTipCap: tip, GasFeeCap: feeCap,
 			Gas: 150_000, // about 96,000 used; fixed so that no estimate is part of the loop
-			To:  &tok.Address, Data: verify.TransferCalldata(p.Auth, p.Signature),
+			To:  &tok.Address, Data: eip3009.TransferCalldata(p.Auth, p.Signature),
 		})
 		if err != nil {
 			return nil, nil, err

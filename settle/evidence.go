@@ -10,8 +10,8 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // The evidence a terminal decision rests on is read pinned at one block number, in one request,
@@ -98,7 +98,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		if pr.at > logLookback {
 			from = pr.at - logLookback
 		}
-		call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(verify.AuthorizationStateCalldata(key.Payer, key.Nonce))}
+		call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(key.Payer, key.Nonce))}
 		filter := map[string]any{
 			"address":   key.Asset,
 			"fromBlock": hexutil.EncodeUint64(from),

@@ -11,7 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/verify"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 func pct(x *big.Int, p int64) *big.Int {
@@ -142,7 +142,7 @@ func TestMinedTransfer(t *testing.T) {
 			a := w.auth(7, 250)
 			data := calldata(a)
 			if overload == "bytes" {
-				data = verify.TransferCalldata(a, make([]byte, 97)) // an ERC-1271 wallet's signature
+				data = eip3009.TransferCalldata(a, make([]byte, 97)) // an ERC-1271 wallet's signature
 			}
 			tx := w.sign(0, data, gwei, new(big.Int).Mul(big.NewInt(3), gwei))
 			w.mustSend(tx)
