@@ -6,14 +6,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
-)
 
-// The three events indexed for every configured EIP-3009 token.
-var (
-	TransferTopic              = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
-	AuthorizationUsedTopic     = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
-	AuthorizationCanceledTopic = crypto.Keccak256Hash([]byte("AuthorizationCanceled(address,bytes32)"))
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 // Position locates a log on chain.
@@ -50,11 +44,12 @@ type Events struct {
 // Len is the number of events.
 func (e Events) Len() int { return len(e.Transfers) + len(e.Auths) }
 
-// Decode turns logs into events. Logs that are not one of the three events, or are malformed (a
+// Decode turns logs into events. Logs that are not one of the three events (eip3009), or are malformed (a
 // token emitting a Transfer with other indexing), are skipped: the index never guesses.
 func Decode(logs []types.Log) Events {
 	var ev Events
-	for _, l := range logs {
+	for i := range logs {
+		l := &logs[i]
 		if len(l.Topics) == 0 || l.Removed {
 			continue
 		}
@@ -62,21 +57,10 @@ func Decode(logs []types.Log) Events {
 		if l.BlockTimestamp != 0 {
 			pos.BlockTime = time.Unix(int64(l.BlockTimestamp), 0).UTC()
 		}
-		switch l.Topics[0] {
-		case TransferTopic:
-			if len(l.Topics) != 3 || len(l.Data) != 32 {
-				continue
-			}
-			ev.Transfers = append(ev.Transfers, Transfer{Position: pos,
-				From: common.BytesToAddress(l.Topics[1][:]), To: common.BytesToAddress(l.Topics[2][:]),
-				Value: new(big.Int).SetBytes(l.Data)})
-		case AuthorizationUsedTopic, AuthorizationCanceledTopic:
-			// authorizer is indexed, the nonce is indexed too in FiatToken (both topics).
-			if len(l.Topics) != 3 {
-				continue
-			}
-			ev.Auths = append(ev.Auths, AuthEvent{Position: pos, Canceled: l.Topics[0] == AuthorizationCanceledTopic,
-				Authorizer: common.BytesToAddress(l.Topics[1][:]), Nonce: l.Topics[2]})
+		if from, to, value, ok := eip3009.DecodeTransfer(l); ok {
+			ev.Transfers = append(ev.Transfers, Transfer{Position: pos, From: from, To: to, Value: value})
+		} else if authorizer, nonce, canceled, ok := eip3009.DecodeAuthorization(l); ok {
+			ev.Auths = append(ev.Auths, AuthEvent{Position: pos, Canceled: canceled, Authorizer: authorizer, Nonce: nonce})
 		}
 	}
 	return ev

@@ -18,6 +18,8 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 // Chain is the JSON-RPC access the indexer needs; *rpc.Client satisfies it.
@@ -475,7 +477,7 @@ func (ix *Indexer) getLogs(ctx context.Context, from, to uint64) ([]types.Log, e
 		"fromBlock": hexutil.EncodeUint64(from),
 		"toBlock":   hexutil.EncodeUint64(to),
 		"address":   ix.cfg.Tokens,
-		"topics":    [][]common.Hash{{TransferTopic, AuthorizationUsedTopic, AuthorizationCanceledTopic}},
+		"topics":    [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}},
 	}
 	var logs []types.Log
 	err := ix.call(ctx, &logs, "eth_getLogs", filter)

@@ -7,7 +7,6 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
@@ -18,11 +17,6 @@ import (
 // together with that block's header: a node that lacks the block answers an error or null for it
 // (so a lagging backend cannot answer "unused" or "nonce free" from its past), and a header whose
 // hash differs from the expected one is another branch (a reorg since the first read).
-
-var (
-	authorizationUsedTopic     = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
-	authorizationCanceledTopic = crypto.Keccak256Hash([]byte("AuthorizationCanceled(address,bytes32)"))
-)
 
 // logLookback is how many blocks before the pinned block the authorization's use log is looked
 // for. The use precedes the revert it explains, and follows the settlement's signing, so it is
@@ -103,7 +97,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			"address":   key.Asset,
 			"fromBlock": hexutil.EncodeUint64(from),
 			"toBlock":   at,
-			"topics":    [][]common.Hash{{authorizationUsedTopic, authorizationCanceledTopic}, {common.BytesToHash(key.Payer[:])}, {common.Hash(key.Nonce)}},
+			"topics":    eip3009.AuthorizationTopics(key.Payer, key.Nonce),
 		}
 		elems = append(elems,
 			rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{at, false}, Result: &s.header},
@@ -137,7 +131,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			if l.Removed || len(l.Topics) < 3 {
 				continue
 			}
-			c.use = &authLog{tx: l.TxHash, canceled: l.Topics[0] == authorizationCanceledTopic, block: l.BlockNumber, blockHash: l.BlockHash}
+			c.use = &authLog{tx: l.TxHash, canceled: l.Topics[0] == eip3009.AuthorizationCanceledTopic, block: l.BlockNumber, blockHash: l.BlockHash}
 		}
 		if c.use != nil && !c.used {
 			// A log the node's state does not agree with: its indexes are inconsistent. Not known.
