@@ -82,11 +82,6 @@ func AuthorizationStateCalldata(authorizer common.Address, nonce [32]byte) []byt
 // BalanceOfCalldata encodes balanceOf(account).
 func BalanceOfCalldata(account common.Address) []byte { return pack(MethodBalanceOf, account) }
 
-// ERC20TransferCalldata encodes the ERC-20 transfer(to, value).
-func ERC20TransferCalldata(to common.Address, value *big.Int) []byte {
-	return pack(MethodTransfer, to, value)
-}
-
 // NameCalldata encodes name(), the EIP-712 domain's name.
 func NameCalldata() []byte { return pack(MethodName) }
 

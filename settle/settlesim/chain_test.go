@@ -171,7 +171,7 @@ func TestMinedTransfer(t *testing.T) {
 			if got := new(big.Int).Sub(before, w.chain.Balance(w.addr)); got.Cmp(fee) != 0 {
 				t.Errorf("charged %s, want %s", got, fee)
 			}
-			if len(r.Logs) != 2 || r.Logs[0].Topics[0] != AuthorizationUsedTopic || r.Logs[1].Topics[0] != TransferTopic ||
+			if len(r.Logs) != 2 || r.Logs[0].Topics[0] != eip3009.AuthorizationUsedTopic || r.Logs[1].Topics[0] != eip3009.TransferTopic ||
 				common.BytesToAddress(r.Logs[1].Topics[1][:]) != a.From || common.BytesToAddress(r.Logs[1].Topics[2][:]) != a.To ||
 				new(big.Int).SetBytes(r.Logs[1].Data).Int64() != 250 || r.Logs[1].Index != 1 || r.Logs[1].TxHash != tx.Hash() {
 				t.Fatalf("logs %+v", r.Logs)
@@ -215,7 +215,7 @@ func TestMinedTransfer(t *testing.T) {
 			}
 			var logs []types.Log
 			filter := map[string]any{"fromBlock": "0x0", "toBlock": "latest", "address": []common.Address{w.chain.Token()},
-				"topics": [][]common.Hash{{TransferTopic}, {common.BytesToHash(a.From[:])}}}
+				"topics": [][]common.Hash{{eip3009.TransferTopic}, {common.BytesToHash(a.From[:])}}}
 			if err := w.node.CallContext(ctx, &logs, "eth_getLogs", filter); err != nil || len(logs) != 1 || logs[0].BlockHash != mined.Hash {
 				t.Fatalf("logs %+v %v", logs, err)
 			}

@@ -154,7 +154,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 		case 9: // reads the indexer, reconcile and foreign.go make
 			var logs []types.Log
 			_ = lb.CallContext(ctx, &logs, "eth_getLogs", map[string]any{"fromBlock": "0x0", "toBlock": "latest", "address": []common.Address{token},
-				"topics": [][]common.Hash{{TransferTopic, AuthorizationUsedTopic, AuthorizationCanceledTopic}}})
+				"topics": [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}}})
 			var count hexutil.Uint64
 			_ = lb.CallContext(ctx, &count, "eth_getTransactionCount", addr, "latest")
 			var rcpts []*types.Receipt

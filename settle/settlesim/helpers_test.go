@@ -130,7 +130,11 @@ func authorizationUsed(t *testing.T, b *Backend, token, payer common.Address, no
 	if err := b.CallContext(context.Background(), &state, "eth_call", call, at); err != nil {
 		t.Fatalf("authorizationState: %v", err)
 	}
-	return len(state) == 32 && state[31] == 1
+	used, ok := eip3009.DecodeAuthorizationState(state)
+	if !ok {
+		t.Fatalf("authorizationState answered %x", []byte(state))
+	}
+	return used
 }
 
 // wantRPCError checks that err is a node's error object (an rpc.Error) whose message contains want.
