@@ -136,7 +136,7 @@ type stack struct {
 }
 
 type stackOptions struct {
-	// Reader replaces the RPCReader on the chain (through the counting proxy).
+	// Reader replaces the ethrpc.Reader on the chain (through the counting proxy).
 	Reader        verify.Reader
 	Network       *facilitator.Network
 	VerifyTimeout time.Duration
@@ -691,7 +691,7 @@ func TestVerifyRPCDown(t *testing.T) {
 	const secretURL = "https://rpc.internal.example/v2/s3cr3t-api-key"
 	cause := fmt.Errorf("Post %q: dial tcp 10.1.2.3:443: connect: connection refused", secretURL)
 
-	// A real RPCReader whose node is gone.
+	// A real ethrpc.Reader whose node is gone.
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := dead.URL
 	dead.Close()
