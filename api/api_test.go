@@ -29,6 +29,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -135,7 +136,7 @@ type stack struct {
 }
 
 type stackOptions struct {
-	// Reader replaces the RPCReader on the chain (through the counting proxy).
+	// Reader replaces the ethrpc.Reader on the chain (through the counting proxy).
 	Reader        verify.Reader
 	Network       *facilitator.Network
 	VerifyTimeout time.Duration
@@ -158,7 +159,7 @@ func newStack(tb testing.TB, opts stackOptions) *stack {
 			tb.Fatal(err)
 		}
 		tb.Cleanup(client.Close)
-		reader = &verify.RPCReader{Client: client, Timeout: 5 * time.Second}
+		reader = &ethrpc.Reader{Chain: client, Timeout: 5 * time.Second}
 	}
 	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
 	if err != nil {
@@ -675,12 +676,12 @@ func TestVerifyNeverServerError(t *testing.T) {
 // failingReader is a chain that never answers; its error carries what must not reach a client.
 type failingReader struct{ err error }
 
-func (f failingReader) Read(context.Context, ...*verify.Read) error { return f.err }
+func (f failingReader) Read(context.Context, ...*ethrpc.Read) error { return f.err }
 
 // hangingReader is a chain that answers only when the caller gives up.
 type hangingReader struct{}
 
-func (hangingReader) Read(ctx context.Context, _ ...*verify.Read) error {
+func (hangingReader) Read(ctx context.Context, _ ...*ethrpc.Read) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -690,7 +691,7 @@ func TestVerifyRPCDown(t *testing.T) {
 	const secretURL = "https://rpc.internal.example/v2/s3cr3t-api-key"
 	cause := fmt.Errorf("Post %q: dial tcp 10.1.2.3:443: connect: connection refused", secretURL)
 
-	// A real RPCReader whose node is gone.
+	// A real ethrpc.Reader whose node is gone.
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := dead.URL
 	dead.Close()
@@ -708,7 +709,7 @@ func TestVerifyRPCDown(t *testing.T) {
 	}{
 		{"reader fails", stackOptions{Reader: failingReader{err: cause}},
 			[]string{secretURL, "s3cr3t", "rpc.internal.example", "dial tcp", "connection refused", "10.1.2.3"}, "s3cr3t"},
-		{"node unreachable", stackOptions{Reader: &verify.RPCReader{Client: client, Timeout: 2 * time.Second}},
+		{"node unreachable", stackOptions{Reader: &ethrpc.Reader{Chain: client, Timeout: 2 * time.Second}},
 			[]string{deadURL, strings.TrimPrefix(deadURL, "http://"), "dial tcp", "connection refused"}, "connection refused"},
 		{"node hangs past the verify timeout", stackOptions{Reader: hangingReader{}, VerifyTimeout: 200 * time.Millisecond},
 			[]string{"context deadline exceeded"}, "context deadline exceeded"},

@@ -14,8 +14,8 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // TestReadyz asks /readyz about a real Postgres and real RPC endpoints: anvil, a closed port,
@@ -27,13 +27,13 @@ func TestReadyz(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	reader := func(url string) *verify.RPCReader {
+	reader := func(url string) *ethrpc.Reader {
 		c, err := rpc.DialContext(ctx, url)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(c.Close)
-		return &verify.RPCReader{Client: c, Timeout: 5 * time.Second}
+		return &ethrpc.Reader{Chain: c, Timeout: 5 * time.Second}
 	}
 	// A port nothing listens on.
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -29,6 +29,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
@@ -112,7 +113,7 @@ type settleStack struct {
 	// What a server hook may build on.
 	Network  facilitator.Network
 	Client   *rpc.Client
-	Reader   *verify.RPCReader
+	Reader   *ethrpc.Reader
 	Verifier *verify.Verifier
 	Engine   *settle.Engine
 	Logger   *slog.Logger
@@ -156,7 +157,7 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 	}
 	t.Cleanup(client.Close)
 	n := testNetwork(v1Name)
-	reader := &verify.RPCReader{Client: client, Timeout: 5 * time.Second}
+	reader := &ethrpc.Reader{Chain: client, Timeout: 5 * time.Second}
 	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
 	if err != nil {
 		t.Fatal(err)

@@ -24,10 +24,10 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -419,7 +419,7 @@ func (d *run) transfers(ctx context.Context, from, to common.Address) (int, erro
 		FromBlock: big.NewInt(0),
 		Addresses: []common.Address{chain.USDC.Address},
 		Topics: [][]common.Hash{
-			{crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))},
+			{eip3009.TransferTopic},
 			{common.BytesToHash(from.Bytes())},
 			{common.BytesToHash(to.Bytes())},
 		},

@@ -1,4 +1,4 @@
-// Package indexer follows a chain and stores the Transfer, AuthorizationUsed and
+// Package indexer follows a chain and stores the facilitator.Transfer, AuthorizationUsed and
 // AuthorizationCanceled logs of the configured tokens in Postgres: the facilitator's memory of
 // the chain (ARCHITECTURE.md invariant 6). It backfills with adaptive eth_getLogs ranges written with COPY,
 // follows new heads (WebSocket subscription, polling fallback), and detects reorgs by parent hash,
@@ -21,6 +21,8 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 // Chain is the JSON-RPC access the indexer needs; *rpc.Client satisfies it.
@@ -538,7 +540,7 @@ func (ix *Indexer) getLogs(ctx context.Context, from, to uint64) ([]types.Log, e
 		"fromBlock": hexutil.EncodeUint64(from),
 		"toBlock":   hexutil.EncodeUint64(to),
 		"address":   ix.cfg.Tokens,
-		"topics":    [][]common.Hash{{TransferTopic, AuthorizationUsedTopic, AuthorizationCanceledTopic}},
+		"topics":    [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}},
 	}
 	var logs []types.Log
 	err := ix.call(ctx, &logs, "eth_getLogs", filter)

@@ -9,6 +9,8 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 func TestNewRangeSizer(t *testing.T) {
@@ -181,19 +183,19 @@ func TestDecode(t *testing.T) {
 		return l
 	}
 	logs := []types.Log{
-		with(0, []common.Hash{TransferTopic, pad(from), pad(to)}, value),                                                     // kept
-		with(1, []common.Hash{AuthorizationUsedTopic, pad(from), nonce}, nil),                                                // kept
-		with(2, []common.Hash{AuthorizationCanceledTopic, pad(to), nonce}, nil, func(l *types.Log) { l.BlockTimestamp = 0 }), // kept, no time
-		with(3, []common.Hash{TransferTopic, pad(from), pad(to), common.BigToHash(big.NewInt(7))}, nil),                      // ERC-721
-		with(4, []common.Hash{TransferTopic, pad(from)}, append(common.LeftPadBytes(to[:], 32), value...)),                   // unindexed to
-		with(5, []common.Hash{TransferTopic, pad(from), pad(to)}, nil),                                                       // no value
-		with(6, []common.Hash{TransferTopic, pad(from), pad(to)}, append(value, value...)),                                   // 64 bytes
-		with(7, []common.Hash{AuthorizationUsedTopic, pad(from)}, nonce[:]),                                                  // unindexed nonce
-		with(8, []common.Hash{AuthorizationCanceledTopic, pad(from), nonce, nonce}, nil),                                     // extra topic
+		with(0, []common.Hash{eip3009.TransferTopic, pad(from), pad(to)}, value),                                                     // kept
+		with(1, []common.Hash{eip3009.AuthorizationUsedTopic, pad(from), nonce}, nil),                                                // kept
+		with(2, []common.Hash{eip3009.AuthorizationCanceledTopic, pad(to), nonce}, nil, func(l *types.Log) { l.BlockTimestamp = 0 }), // kept, no time
+		with(3, []common.Hash{eip3009.TransferTopic, pad(from), pad(to), common.BigToHash(big.NewInt(7))}, nil),                      // ERC-721
+		with(4, []common.Hash{eip3009.TransferTopic, pad(from)}, append(common.LeftPadBytes(to[:], 32), value...)),                   // unindexed to
+		with(5, []common.Hash{eip3009.TransferTopic, pad(from), pad(to)}, nil),                                                       // no value
+		with(6, []common.Hash{eip3009.TransferTopic, pad(from), pad(to)}, append(value, value...)),                                   // 64 bytes
+		with(7, []common.Hash{eip3009.AuthorizationUsedTopic, pad(from)}, nonce[:]),                                                  // unindexed nonce
+		with(8, []common.Hash{eip3009.AuthorizationCanceledTopic, pad(from), nonce, nonce}, nil),                                     // extra topic
 		with(9, nil, value), // anonymous
-		with(10, []common.Hash{common.HexToHash("0xdead"), pad(from), pad(to)}, value),                                                // other event
-		with(11, []common.Hash{TransferTopic, pad(from), pad(to)}, value, func(l *types.Log) { l.Removed = true }),                    // removed
-		with(12, []common.Hash{TransferTopic, pad(to), pad(from)}, common.LeftPadBytes(nil, 32), func(l *types.Log) { l.Index = 12 }), // zero value, kept
+		with(10, []common.Hash{common.HexToHash("0xdead"), pad(from), pad(to)}, value),                                                        // other event
+		with(11, []common.Hash{eip3009.TransferTopic, pad(from), pad(to)}, value, func(l *types.Log) { l.Removed = true }),                    // removed
+		with(12, []common.Hash{eip3009.TransferTopic, pad(to), pad(from)}, common.LeftPadBytes(nil, 32), func(l *types.Log) { l.Index = 12 }), // zero value, kept
 	}
 	ev := Decode(logs)
 	if ev.Len() != 4 || len(ev.Transfers) != 2 || len(ev.Auths) != 2 {

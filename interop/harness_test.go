@@ -17,6 +17,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/loadgen"
 	"github.com/x402-facilitator/x402-facilitator/verify"
@@ -53,7 +54,7 @@ func run(m *testing.M, c *devchain.Chain) (int, error) {
 	n := facilitator.Network{ID: facilitator.CAIP2(diffChainID), ChainID: diffChainID, V1Name: "base-sepolia",
 		Tokens: []facilitator.Token{{Address: c.USDC.Address, Name: c.USDC.Name, Version: c.USDC.Version}}}
 	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: c.RPC, Timeout: 5 * time.Second}}})
+		Readers: map[string]verify.Reader{n.ID: &ethrpc.Reader{Chain: c.RPC, Timeout: 5 * time.Second}}})
 	if err != nil {
 		return 0, err
 	}

@@ -25,6 +25,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
@@ -93,7 +95,7 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 		t.Fatal(err)
 	}
 	verifier, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}},
+		Readers: map[string]verify.Reader{n.ID: &ethrpc.Reader{Chain: chain.RPC, Timeout: 5 * time.Second}},
 		Logger:  log})
 	if err != nil {
 		t.Fatal(err)
@@ -375,16 +377,13 @@ func newPayer(t *testing.T, ctx context.Context, usdc int64) (*ecdsa.PrivateKey,
 	return key, addr
 }
 
-// transferTopic is keccak256("Transfer(address,address,uint256)").
-var transferTopic = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
-
 // transfersFrom counts USDC Transfer events from payer to payTo on the whole chain.
 func transfersFrom(t *testing.T, ctx context.Context, payer, payTo common.Address) int {
 	t.Helper()
 	logs, err := chain.Client.FilterLogs(ctx, ethereum.FilterQuery{
 		FromBlock: big.NewInt(0),
 		Addresses: []common.Address{chain.USDC.Address},
-		Topics:    [][]common.Hash{{transferTopic}, {common.BytesToHash(payer.Bytes())}, {common.BytesToHash(payTo.Bytes())}},
+		Topics:    [][]common.Hash{{eip3009.TransferTopic}, {common.BytesToHash(payer.Bytes())}, {common.BytesToHash(payTo.Bytes())}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/verify"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 // node is the chain's JSON-RPC endpoint with a bound on each call.
@@ -88,11 +88,6 @@ func (n *node) receiptStatus(ctx context.Context, tx common.Hash, every time.Dur
 	}
 }
 
-var (
-	transferTopic     = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
-	authorizationUsed = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
-)
-
 // ChainCount is what the chain says happened to a phase's payments.
 type ChainCount struct {
 	Blocks             uint64 // blocks mined during the phase
@@ -121,7 +116,7 @@ func countOnChain(ctx context.Context, n *node, tok common.Address, from, to uin
 		hi := min(lo+span-1, to)
 		var logs []types.Log
 		if err := n.call(ctx, &logs, "eth_getLogs", map[string]any{"fromBlock": hexutil.Uint64(lo), "toBlock": hexutil.Uint64(hi),
-			"address": tok, "topics": [][]common.Hash{{transferTopic, authorizationUsed}}}); err != nil {
+			"address": tok, "topics": [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic}}}); err != nil {
 			return c, err
 		}
 		for _, l := range logs {
@@ -129,11 +124,11 @@ func countOnChain(ctx context.Context, n *node, tok common.Address, from, to uin
 				continue
 			}
 			switch l.Topics[0] {
-			case transferTopic:
+			case eip3009.TransferTopic:
 				if k, ok := payees[common.BytesToAddress(l.Topics[2][:])]; ok {
 					payees[common.BytesToAddress(l.Topics[2][:])] = k + 1
 				}
-			case authorizationUsed:
+			case eip3009.AuthorizationUsedTopic:
 				key := [2]common.Hash{l.Topics[1], l.Topics[2]}
 				if k, ok := auths[key]; ok {
 					auths[key] = k + 1
@@ -236,7 +231,7 @@ func ceilingTxs(ctx context.Context, n *node, tok token, key *ecdsa.PrivateKey, 
 		tx, err := types.SignNewTx(key, signer, &types.DynamicFeeTx{
 			ChainID: chainID, Nonce: nonce + uint64(i), GasTipCap: tip, GasFeeCap: feeCap,
 			Gas: 150_000, // about 96,000 used; fixed so that no estimate is part of the loop
-			To:  &tok.Address, Data: verify.TransferCalldata(p.Auth, p.Signature),
+			To:  &tok.Address, Data: eip3009.TransferCalldata(p.Auth, p.Signature),
 		})
 		if err != nil {
 			return nil, nil, err

@@ -14,8 +14,8 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // token is the EIP-3009 token the payments are in, with its EIP-712 domain.
@@ -28,7 +28,7 @@ type token struct {
 
 func newToken(addr common.Address, name, version string, chainID uint64) token {
 	return token{Address: addr, Name: name, Version: version, ChainID: chainID,
-		domain: verify.DomainSeparator(name, version, chainID, addr)}
+		domain: eip3009.DomainSeparator(name, version, chainID, addr)}
 }
 
 // payment is one signed authorization and the /verify-/settle body that carries it.
@@ -58,7 +58,7 @@ func signPayment(t token, key *ecdsa.PrivateKey, validFor time.Duration, payment
 		From: crypto.PubkeyToAddress(key.PublicKey), To: payTo, Value: big.NewInt(paymentValue),
 		ValidAfter: new(big.Int), ValidBefore: big.NewInt(time.Now().Add(validFor).Unix()), Nonce: nonce,
 	}
-	digest := verify.AuthorizationDigest(t.domain, a)
+	digest := eip3009.AuthorizationDigest(t.domain, a)
 	sig, err := crypto.Sign(digest[:], key)
 	if err != nil {
 		return nil, err

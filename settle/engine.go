@@ -25,8 +25,8 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // Verifier is what the engine needs of verify.
@@ -485,7 +485,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 		row.PaymentID = &facilitator.PaymentIDBinding{Scope: p.IDScope, ID: p.PaymentID, Fingerprint: p.IDFingerprint(), Summary: p.Summary()}
 	}
 	row.KeyID, row.Limits = p.KeyID, e.cfg.Limits
-	data := verify.TransferCalldata(p.Authorization, verify.SettlementSignature(p.Signature))
+	data := eip3009.TransferCalldata(p.Authorization, eip3009.SettlementSignature(p.Signature))
 
 	var (
 		s   *sender

@@ -7,22 +7,16 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // The evidence a terminal decision rests on is read pinned at one block number, in one request,
 // together with that block's header: a node that lacks the block answers an error or null for it
 // (so a lagging backend cannot answer "unused" or "nonce free" from its past), and a header whose
 // hash differs from the expected one is another branch (a reorg since the first read).
-
-var (
-	authorizationUsedTopic     = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
-	authorizationCanceledTopic = crypto.Keccak256Hash([]byte("AuthorizationCanceled(address,bytes32)"))
-)
 
 // logLookback is how many blocks before the pinned block the authorization's use log is looked
 // for. The use precedes the revert it explains, and follows the settlement's signing, so it is
@@ -98,12 +92,12 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		if pr.at > logLookback {
 			from = pr.at - logLookback
 		}
-		call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(verify.AuthorizationStateCalldata(key.Payer, key.Nonce))}
+		call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(key.Payer, key.Nonce))}
 		filter := map[string]any{
 			"address":   key.Asset,
 			"fromBlock": hexutil.EncodeUint64(from),
 			"toBlock":   at,
-			"topics":    [][]common.Hash{{authorizationUsedTopic, authorizationCanceledTopic}, {common.BytesToHash(key.Payer[:])}, {common.Hash(key.Nonce)}},
+			"topics":    eip3009.AuthorizationTopics(key.Payer, key.Nonce),
 		}
 		elems = append(elems,
 			rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{at, false}, Result: &s.header},
@@ -137,7 +131,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			if l.Removed || len(l.Topics) < 3 {
 				continue
 			}
-			c.use = &authLog{tx: l.TxHash, canceled: l.Topics[0] == authorizationCanceledTopic, block: l.BlockNumber, blockHash: l.BlockHash}
+			c.use = &authLog{tx: l.TxHash, canceled: l.Topics[0] == eip3009.AuthorizationCanceledTopic, block: l.BlockNumber, blockHash: l.BlockHash}
 		}
 		if c.use != nil && !c.used {
 			// A log the node's state does not agree with: its indexes are inconsistent. Not known.

@@ -11,8 +11,8 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/status"
@@ -161,7 +161,7 @@ func authorizationUses(t testing.TB, p settletest.Pay) int {
 	t.Helper()
 	var logs []types.Log
 	filter := map[string]any{"fromBlock": "0x0", "toBlock": "latest", "address": []common.Address{env.Chain.USDC.Address},
-		"topics": []any{indexer.AuthorizationUsedTopic, common.BytesToHash(p.From().Bytes()), common.Hash(p.Nonce)}}
+		"topics": []any{eip3009.AuthorizationUsedTopic, common.BytesToHash(p.From().Bytes()), common.Hash(p.Nonce)}}
 	if err := env.Chain.RPC.CallContext(context.Background(), &logs, "eth_getLogs", filter); err != nil {
 		t.Fatal(err)
 	}

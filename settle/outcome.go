@@ -7,6 +7,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -29,7 +30,7 @@ func ExpectedOf(s *facilitator.Settlement) Expected {
 // 1 without it is mined with ReasonTransferEventMismatch (sendstate.go).
 func transferLogged(rcpt *types.Receipt, want Expected) bool {
 	for _, l := range rcpt.Logs {
-		if l.Address == want.Key.Asset && len(l.Topics) == 3 && l.Topics[0] == transferTopic &&
+		if l.Address == want.Key.Asset && len(l.Topics) == 3 && l.Topics[0] == eip3009.TransferTopic &&
 			common.BytesToAddress(l.Topics[1][:]) == want.Key.Payer && common.BytesToAddress(l.Topics[2][:]) == want.PayTo &&
 			want.Value != nil && bytes.Equal(l.Data, common.LeftPadBytes(want.Value.Bytes(), 32)) {
 			return true

@@ -12,8 +12,8 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
@@ -262,7 +262,7 @@ func TestReorgMovesTransaction(t *testing.T) {
 	if got := d.payer - env.Balance(t, d.p.From()); got != d.p.Value {
 		t.Errorf("the payer paid %d, want exactly %d", got, d.p.Value)
 	}
-	if uses := authorizationLogs(t, d.p, indexer.AuthorizationUsedTopic); len(uses) != 1 || uses[0].TxHash != d.ours.Hash() || uses[0].BlockNumber != moved {
+	if uses := authorizationLogs(t, d.p, eip3009.AuthorizationUsedTopic); len(uses) != 1 || uses[0].TxHash != d.ours.Hash() || uses[0].BlockNumber != moved {
 		t.Errorf("AuthorizationUsed logs %+v, want one, ours in block %d", uses, moved)
 	}
 }
@@ -313,7 +313,7 @@ func TestReorgReincludedAfterThirdPartyTransfer(t *testing.T) {
 	if got := d.payer - env.Balance(t, d.p.From()); got != d.p.Value {
 		t.Errorf("the payer paid %d, want exactly %d", got, d.p.Value)
 	}
-	if uses := authorizationLogs(t, d.p, indexer.AuthorizationUsedTopic); len(uses) != 1 || uses[0].TxHash != theirs.Hash() {
+	if uses := authorizationLogs(t, d.p, eip3009.AuthorizationUsedTopic); len(uses) != 1 || uses[0].TxHash != theirs.Hash() {
 		t.Errorf("AuthorizationUsed logs %+v, want one, the third party's %s", uses, theirs.Hash())
 	}
 }
@@ -364,10 +364,10 @@ func TestReorgReincludedAfterCancel(t *testing.T) {
 	if got := env.Balance(t, d.p.From()); got != d.payer {
 		t.Errorf("the payer holds %d, want %d untouched", got, d.payer)
 	}
-	if uses := authorizationLogs(t, d.p, indexer.AuthorizationUsedTopic); len(uses) != 0 {
+	if uses := authorizationLogs(t, d.p, eip3009.AuthorizationUsedTopic); len(uses) != 0 {
 		t.Errorf("AuthorizationUsed logs %+v, want none", uses)
 	}
-	if cancels := authorizationLogs(t, d.p, indexer.AuthorizationCanceledTopic); len(cancels) != 1 || cancels[0].TxHash != cancel.Hash() {
+	if cancels := authorizationLogs(t, d.p, eip3009.AuthorizationCanceledTopic); len(cancels) != 1 || cancels[0].TxHash != cancel.Hash() {
 		t.Errorf("AuthorizationCanceled logs %+v, want one, the payer's %s", cancels, cancel.Hash())
 	}
 }

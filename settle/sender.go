@@ -16,8 +16,8 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // sender owns one signer key on one network: it is the only allocator of that key's nonces
@@ -141,7 +141,7 @@ func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to 
 	if err != nil {
 		return nil, err
 	}
-	sub := &submission{row: row, to: to, data: data, gas: verify.GasLimit(gas), fees: fees}
+	sub := &submission{row: row, to: to, data: data, gas: eip3009.GasLimit(gas), fees: fees}
 	s.pmu.Lock()
 	s.pending = append(s.pending, sub)
 	s.pmu.Unlock()

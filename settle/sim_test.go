@@ -20,10 +20,10 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settlesim"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // The simulator: the real engine, stepped (its decision core,
@@ -315,7 +315,7 @@ func (w *simWorld) act(step int) error {
 	case x < 85:
 		if p := w.somePayment(); p != nil {
 			a := p.p.Authorization
-			if _, err := w.chain.ThirdPartyTransfer(verify.TransferCalldata(a, verify.SettlementSignature(p.p.Signature))); err == nil {
+			if _, err := w.chain.ThirdPartyTransfer(eip3009.TransferCalldata(a, eip3009.SettlementSignature(p.p.Signature))); err == nil {
 				w.stats.thirdParty++
 			}
 		}

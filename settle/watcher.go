@@ -10,13 +10,10 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
-
-var transferTopic = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
 
 // watchLoop polls receipts for every transaction this network's flights have signed, resolves
 // outcomes from them, and keeps unmined transactions moving (resend, fee bump). It runs every

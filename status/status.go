@@ -13,8 +13,8 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -227,8 +227,7 @@ func (s *Service) recentUse(ctx context.Context, n Network, st *facilitator.Auth
 	}
 	filter := map[string]any{
 		"fromBlock": hexutil.EncodeUint64(from), "toBlock": "latest", "address": key.Asset,
-		"topics": [][]common.Hash{{indexer.AuthorizationUsedTopic, indexer.AuthorizationCanceledTopic},
-			{common.BytesToHash(key.Payer[:])}, {common.Hash(key.Nonce)}},
+		"topics": eip3009.AuthorizationTopics(key.Payer, key.Nonce),
 	}
 	if err := n.Head.CallContext(ctx, &logs, "eth_getLogs", filter); err != nil {
 		return false, err
@@ -239,7 +238,7 @@ func (s *Service) recentUse(ctx context.Context, n Network, st *facilitator.Auth
 		}
 		st.Transaction = l.TxHash.Hex()
 		s.confirm(n, st, l.BlockNumber)
-		if l.Topics[0] == indexer.AuthorizationCanceledTopic {
+		if l.Topics[0] == eip3009.AuthorizationCanceledTopic {
 			st.State = facilitator.StatusCanceled
 		} else {
 			st.State, st.SettledBy = facilitator.StatusSettled, "other"

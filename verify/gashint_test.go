@@ -8,6 +8,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -23,7 +25,7 @@ type recordingReader struct {
 	capped    []uint64
 }
 
-func (r *recordingReader) Read(ctx context.Context, reads ...*verify.Read) error {
+func (r *recordingReader) Read(ctx context.Context, reads ...*ethrpc.Read) error {
 	r.mu.Lock()
 	for _, rd := range reads {
 		switch {
@@ -67,7 +69,7 @@ func settleable(t *testing.T, v *verify.Verifier, p *payment) (facilitator.Verif
 // eth_call at the limit the transaction will be signed with; a failing call falls back to the
 // estimate, whose verdict stands.
 func TestSettleableGasHint(t *testing.T) {
-	rr := &recordingReader{Reader: &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}}
+	rr := &recordingReader{Reader: &ethrpc.Reader{Chain: chain.RPC, Timeout: 5 * time.Second}}
 	v := newVerifier(t, verify.Config{Readers: map[string]verify.Reader{network().ID: rr}})
 
 	res, first := settleable(t, v, newPayment(t, 1))
@@ -76,9 +78,9 @@ func TestSettleableGasHint(t *testing.T) {
 	}
 
 	res, gas := settleable(t, v, newPayment(t, 2))
-	if est, capped := rr.take(); !res.IsValid || gas != first || est != 0 || len(capped) != 1 || capped[0] != verify.GasLimit(first) {
+	if est, capped := rr.take(); !res.IsValid || gas != first || est != 0 || len(capped) != 1 || capped[0] != eip3009.GasLimit(first) {
 		t.Fatalf("hinted settle simulation: valid=%v gas=%d estimates=%d capped=%v; want valid, gas %d, one call capped at %d",
-			res.IsValid, gas, est, capped, first, verify.GasLimit(first))
+			res.IsValid, gas, est, capped, first, eip3009.GasLimit(first))
 	}
 
 	// A payer without USDC: the capped call reverts, the estimate confirms it, the diagnosis names it.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -144,15 +146,11 @@ type simulation struct {
 	mode simMode
 	from common.Address // simEstimate: the submitting signer
 	// hint, when set (simEstimate), is an earlier estimate of the token's transfer for an EOA
-	// payer: the simulation is then one eth_call at GasLimit(hint), the limit the settlement is
+	// payer: the simulation is then one eth_call at eip3009.GasLimit(hint), the limit the settlement is
 	// signed with, instead of an eth_estimateGas (which nodes answer by running the call many
 	// times, in a binary search: under load it was most of anvil's work per settlement).
 	hint uint64
 }
-
-// GasLimit is the gas limit a settlement transaction is signed with, for an estimate: the
-// estimate is exact only for the state it ran on.
-func GasLimit(estimate uint64) uint64 { return estimate + estimate/4 }
 
 func (v *Verifier) gasHint(network string, asset common.Address) uint64 {
 	v.gasMu.Lock()
@@ -217,25 +215,25 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 
 	// One round trip answers the common case: the payer's code (EOA or contract wallet), the
 	// token's code when not cached, and the simulation, which does not depend on either.
-	wrapper, wrapped := unwrap6492(p.Signature)
+	wrapper, wrapped := eip3009.Unwrap6492(p.Signature)
 	inner := p.Signature
 	if wrapped {
 		inner = wrapper.Inner
 	}
 	payerCode := codeAt(a.From)
-	reads := []*Read{payerCode}
-	var assetCode *Read
+	reads := []*ethrpc.Read{payerCode}
+	var assetCode *ethrpc.Read
 	if !v.assetKnown(n.ID, r.Asset) {
 		assetCode = codeAt(r.Asset)
 		reads = append(reads, assetCode)
 	}
 	_, accepted := n.Token(r.Asset)
-	var sim *Read
+	var sim *ethrpc.Read
 	if how.mode != simNone && accepted && !wrapped {
-		sim = call(r.Asset, TransferCalldata(a, inner))
+		sim = call(r.Asset, eip3009.TransferCalldata(a, inner))
 		switch {
 		case how.mode == simEstimate && how.hint > 0:
-			sim.From, sim.GasCap = how.from, GasLimit(how.hint)
+			sim.From, sim.GasCap = how.from, eip3009.GasLimit(how.hint)
 		case how.mode == simEstimate:
 			sim.Estimate, sim.From = true, how.from
 		}
@@ -251,7 +249,7 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 	if counterfactual && !v.factories[wrapper.Factory] {
 		return facilitator.ReasonEIP6492FactoryNotAllowed, fmt.Sprintf("factory %s is not on this facilitator's allow-list", wrapper.Factory.Hex()), 0, nil
 	}
-	digest := AuthorizationDigest(DomainSeparator(r.Name, r.Version, n.ChainID, r.Asset), a)
+	digest := eip3009.AuthorizationDigest(eip3009.DomainSeparator(r.Name, r.Version, n.ChainID, r.Asset), a)
 	if !counterfactual {
 		ok := false
 		if !deployed {
@@ -308,7 +306,7 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 			// authorization is bad, or the transfer needs more gas than the hint), or the payer is
 			// a contract wallet, whose gas the hint says nothing about: estimate, as without a
 			// hint; the estimate's verdict stands and its diagnosis follows.
-			est := &Read{Estimate: true, From: how.from, To: r.Asset, Data: sim.Data}
+			est := &ethrpc.Read{Estimate: true, From: how.from, To: r.Asset, Data: sim.Data}
 			if err := reader.Read(ctx, est); err != nil {
 				return "", "", 0, v.unavailable(n, "estimating the transfer's gas", err)
 			}
@@ -327,7 +325,7 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 			return "", "", 0, err
 		}
 		if how.mode == simEstimate && !sim.Reverted {
-			est := &Read{Estimate: true, From: how.from, To: r.Asset, Data: TransferCalldata(a, wrapper.Inner)}
+			est := &ethrpc.Read{Estimate: true, From: how.from, To: r.Asset, Data: eip3009.TransferCalldata(a, wrapper.Inner)}
 			if err := reader.Read(ctx, est); err != nil {
 				return "", "", 0, v.unavailable(n, "estimating the transfer's gas", err)
 			}
@@ -345,9 +343,9 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 
 // simulateWrapped simulates an ERC-6492 payment. A deployed wallet is simulated like any other;
 // a counterfactual one through Multicall3, deploying it first in the same call.
-func (v *Verifier) simulateWrapped(ctx context.Context, reader Reader, n *facilitator.Network, asset common.Address, a facilitator.Authorization, w wrapped6492, counterfactual bool) (*Read, error) {
+func (v *Verifier) simulateWrapped(ctx context.Context, reader Reader, n *facilitator.Network, asset common.Address, a facilitator.Authorization, w eip3009.Wrapped6492, counterfactual bool) (*ethrpc.Read, error) {
 	if !counterfactual {
-		sim := call(asset, TransferCalldata(a, w.Inner))
+		sim := call(asset, eip3009.TransferCalldata(a, w.Inner))
 		if err := reader.Read(ctx, sim); err != nil {
 			return nil, v.unavailable(n, "simulating the transfer", err)
 		}
@@ -355,7 +353,7 @@ func (v *Verifier) simulateWrapped(ctx context.Context, reader Reader, n *facili
 	}
 	agg := call(Multicall3, pack("tryAggregate", false, []aggregateCall{
 		{Target: w.Factory, CallData: w.FactoryData},
-		{Target: asset, CallData: TransferCalldata(a, w.Inner)},
+		{Target: asset, CallData: eip3009.TransferCalldata(a, w.Inner)},
 	}))
 	if err := reader.Read(ctx, agg); err != nil {
 		return nil, v.unavailable(n, "simulating the deployment and transfer", err)
@@ -365,22 +363,22 @@ func (v *Verifier) simulateWrapped(ctx context.Context, reader Reader, n *facili
 	}
 	res, err := unpackAggregate(agg.Out)
 	if err != nil || len(res) != 2 {
-		return &Read{Reverted: true, RevertReason: "Multicall3 is not available on this chain to simulate a counterfactual wallet"}, nil
+		return &ethrpc.Read{Reverted: true, RevertReason: "Multicall3 is not available on this chain to simulate a counterfactual wallet"}, nil
 	}
 	if !res[1].Success {
-		return &Read{Reverted: true, RevertReason: "transfer reverted after deploying the counterfactual wallet"}, nil
+		return &ethrpc.Read{Reverted: true, RevertReason: "transfer reverted after deploying the counterfactual wallet"}, nil
 	}
-	return &Read{}, nil
+	return &ethrpc.Read{}, nil
 }
 
 // diagnose names why a simulation failed, with the official facilitator's precedence. It reads in
 // one batch rather than through Multicall3, which plain dev chains lack. If the diagnosis itself
 // cannot be read, the simulation's failure still stands.
 func (v *Verifier) diagnose(ctx context.Context, reader Reader, r facilitator.Requirements, a facilitator.Authorization) string {
-	balance := call(r.Asset, pack("balanceOf", a.From))
-	name := call(r.Asset, pack("name"))
-	version := call(r.Asset, pack("version"))
-	state := call(r.Asset, pack("authorizationState", a.From, a.Nonce))
+	balance := call(r.Asset, eip3009.BalanceOfCalldata(a.From))
+	name := call(r.Asset, eip3009.NameCalldata())
+	version := call(r.Asset, eip3009.VersionCalldata())
+	state := call(r.Asset, eip3009.AuthorizationStateCalldata(a.From, a.Nonce))
 	if err := reader.Read(ctx, balance, name, version, state); err != nil {
 		v.log.WarnContext(ctx, "diagnosing a failed simulation", "err", err)
 		return facilitator.ReasonSimulationFailed
@@ -388,16 +386,16 @@ func (v *Verifier) diagnose(ctx context.Context, reader Reader, r facilitator.Re
 	if state.Reverted {
 		return facilitator.ReasonEIP3009NotSupported
 	}
-	if used, ok := unpackBool("authorizationState", state.Out); ok && used {
+	if used, ok := eip3009.DecodeAuthorizationState(state.Out); ok && used {
 		return facilitator.ReasonNonceAlreadyUsed
 	}
-	if s, ok := unpackString("name", name.Out); !name.Reverted && ok && s != r.Name {
+	if s, ok := eip3009.DecodeString(name.Out); !name.Reverted && ok && s != r.Name {
 		return facilitator.ReasonTokenNameMismatch
 	}
-	if s, ok := unpackString("version", version.Out); !version.Reverted && ok && s != r.Version {
+	if s, ok := eip3009.DecodeString(version.Out); !version.Reverted && ok && s != r.Version {
 		return facilitator.ReasonTokenVersionMismatch
 	}
-	if b, ok := unpackUint("balanceOf", balance.Out); !balance.Reverted && ok && b.Cmp(r.Amount) < 0 {
+	if b, ok := eip3009.DecodeBalance(balance.Out); !balance.Reverted && ok && b.Cmp(r.Amount) < 0 {
 		return facilitator.ReasonInsufficientBalance
 	}
 	return facilitator.ReasonSimulationFailed

@@ -12,6 +12,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -33,7 +34,7 @@ func newVerifier(t testing.TB, cfg verify.Config) *verify.Verifier {
 		cfg.Networks = []facilitator.Network{network()}
 	}
 	if cfg.Readers == nil {
-		cfg.Readers = map[string]verify.Reader{cfg.Networks[0].ID: &verify.RPCReader{Client: chain.RPC, Timeout: 5 * time.Second}}
+		cfg.Readers = map[string]verify.Reader{cfg.Networks[0].ID: &ethrpc.Reader{Chain: chain.RPC, Timeout: 5 * time.Second}}
 	}
 	v, err := verify.New(cfg)
 	if err != nil {
@@ -362,6 +363,6 @@ func TestVerifyRPCDown(t *testing.T) {
 
 type failingReader struct{}
 
-func (failingReader) Read(context.Context, ...*verify.Read) error {
+func (failingReader) Read(context.Context, ...*ethrpc.Read) error {
 	return context.DeadlineExceeded
 }

@@ -11,21 +11,16 @@ import (
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // The audit: after a fault test has let the facilitator recover, the ledger and the chain must
 // tell the same story, with every authorization moving money at most once.
-
-var (
-	authorizationUsedTopic = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
-	transferEventTopic     = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
-)
 
 // auditInput is what the audit checks against.
 type auditInput struct {
@@ -136,7 +131,7 @@ func auditLedger(ctx context.Context, t *testing.T, in auditInput) auditReport {
 		payer[p] = true
 	}
 	logs, err := in.chain.Client.FilterLogs(ctx, ethereum.FilterQuery{FromBlock: big.NewInt(0), Addresses: []common.Address{in.chain.USDC.Address},
-		Topics: [][]common.Hash{{authorizationUsedTopic, transferEventTopic}}})
+		Topics: [][]common.Hash{{eip3009.AuthorizationUsedTopic, eip3009.TransferTopic}}})
 	if err != nil {
 		t.Fatalf("audit: eth_getLogs: %v", err)
 	}
@@ -153,13 +148,13 @@ func auditLedger(ctx context.Context, t *testing.T, in auditInput) auditReport {
 			continue
 		}
 		switch l.Topics[0] {
-		case authorizationUsedTopic:
+		case eip3009.AuthorizationUsedTopic:
 			k := authKey{payer: common.BytesToAddress(l.Topics[1][:]), nonce: l.Topics[2]}
 			if payer[k.payer] {
 				used[k] = append(used[k], l.TxHash)
 				rep.usedIn[l.TxHash] = l.BlockNumber
 			}
-		case transferEventTopic:
+		case eip3009.TransferTopic:
 			if common.BytesToAddress(l.Topics[2][:]) == in.merchant {
 				v := new(big.Int).SetBytes(l.Data)
 				transfers[l.TxHash] = append(transfers[l.TxHash], transfer{common.BytesToAddress(l.Topics[1][:]), v})
@@ -336,7 +331,7 @@ func auditReceipts(ctx context.Context, t *testing.T, c *rpc.Client, hashes []co
 // receiptMoves reports whether rc holds token's Transfer from -> to of value.
 func receiptMoves(rc *types.Receipt, token, from, to common.Address, value *big.Int) bool {
 	for _, l := range rc.Logs {
-		if l.Address == token && len(l.Topics) == 3 && l.Topics[0] == transferEventTopic &&
+		if l.Address == token && len(l.Topics) == 3 && l.Topics[0] == eip3009.TransferTopic &&
 			common.BytesToAddress(l.Topics[1][:]) == from && common.BytesToAddress(l.Topics[2][:]) == to &&
 			new(big.Int).SetBytes(l.Data).Cmp(value) == 0 {
 			return true

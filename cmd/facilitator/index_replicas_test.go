@@ -21,9 +21,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
 
 const replicaLeadingMsg = "leading this network's indexer"
@@ -350,8 +350,8 @@ func (h *replicaHarness) waitIndexed(ctx context.Context, t *testing.T, within t
 	if common.BytesToHash(hash) != block.Hash() {
 		t.Fatalf("the cursor's hash %x is not block %d's %s", hash, head, block.Hash())
 	}
-	transfers := h.compare(ctx, t, head, indexer.TransferTopic, "transfers")
-	auths := h.compare(ctx, t, head, indexer.AuthorizationUsedTopic, "authorization_events")
+	transfers := h.compare(ctx, t, head, eip3009.TransferTopic, "transfers")
+	auths := h.compare(ctx, t, head, eip3009.AuthorizationUsedTopic, "authorization_events")
 	return replicaIndexState{head: head, transfers: transfers, auths: auths}
 }
 

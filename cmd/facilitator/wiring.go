@@ -21,6 +21,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/paymentid"
@@ -84,7 +85,7 @@ func (m *Main) Run(ctx context.Context) error {
 
 	m.metrics = metrics.New()
 	readers := map[string]verify.Reader{}
-	rpcReaders := map[string]*verify.RPCReader{}
+	rpcReaders := map[string]*ethrpc.Reader{}
 	for i, n := range networks {
 		client, err := dialRPC(startCtx, cfg.Networks[i].RPC)
 		if err != nil {
@@ -94,7 +95,7 @@ func (m *Main) Run(ctx context.Context) error {
 		if err := m.checkChain(startCtx, client, n); err != nil {
 			return err
 		}
-		rpcReaders[n.ID] = &verify.RPCReader{Client: client, Timeout: cfg.RPCTimeout}
+		rpcReaders[n.ID] = &ethrpc.Reader{Chain: client, Timeout: cfg.RPCTimeout}
 		readers[n.ID] = rpcReaders[n.ID]
 		for _, t := range n.Tokens {
 			m.checkToken(startCtx, readers[n.ID], n, t)
@@ -252,7 +253,7 @@ func (m *Main) startIndexers(ctx context.Context, networks []facilitator.Network
 
 // readyChecks are what /readyz asks: Postgres, each network's RPC, and each indexer this process
 // runs. Each check lives with its state; this only names them.
-func (m *Main) readyChecks(rpcs map[string]*verify.RPCReader) map[string]api.ReadyChecker {
+func (m *Main) readyChecks(rpcs map[string]*ethrpc.Reader) map[string]api.ReadyChecker {
 	checks := map[string]api.ReadyChecker{"postgres": api.ReadyFunc(m.db.Ping)}
 	for id, r := range rpcs {
 		checks["rpc:"+id] = r

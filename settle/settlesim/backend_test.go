@@ -14,8 +14,8 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 var (
@@ -64,7 +64,7 @@ func TestLagView(t *testing.T) {
 	var bal hexutil.Big
 	wantRPCError(t, lag.CallContext(ctx, &bal, "eth_getBalance", w.addr, hexutil.EncodeUint64(head.Number)), "header not found")
 	var state hexutil.Bytes
-	call := map[string]any{"to": w.chain.Token(), "input": hexutil.Bytes(verify.AuthorizationStateCalldata(a.From, a.Nonce))}
+	call := map[string]any{"to": w.chain.Token(), "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(a.From, a.Nonce))}
 	wantRPCError(t, lag.CallContext(ctx, &state, "eth_call", call, map[string]any{"blockHash": head.Hash}), "header for hash not found")
 	if authorizationUsed(t, lag, w.chain.Token(), a.From, a.Nonce, "latest") {
 		t.Fatal("the lagging node sees the authorization used")

@@ -822,7 +822,7 @@ func (c *Chain) ThirdPartyTransfer(calldata []byte) (common.Hash, error) {
 func (c *Chain) Cancel(payer common.Address, nonce [32]byte) (common.Hash, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	tx, _, err := c.submitLocked(c.thirdPartyTx(CancelCalldata(payer, nonce)), SourceThirdParty)
+	tx, _, err := c.submitLocked(c.thirdPartyTx(cancelCalldata(payer, nonce)), SourceThirdParty)
 	c.trace.Record("chain cancel %s %x -> %s %v", payer.Hex(), nonce, tx.Hash().Hex(), err)
 	if err != nil {
 		return common.Hash{}, err

@@ -11,7 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/verify"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 )
 
 func pct(x *big.Int, p int64) *big.Int {
@@ -142,7 +142,7 @@ func TestMinedTransfer(t *testing.T) {
 			a := w.auth(7, 250)
 			data := calldata(a)
 			if overload == "bytes" {
-				data = verify.TransferCalldata(a, make([]byte, 97)) // an ERC-1271 wallet's signature
+				data = eip3009.TransferCalldata(a, make([]byte, 97)) // an ERC-1271 wallet's signature
 			}
 			tx := w.sign(0, data, gwei, new(big.Int).Mul(big.NewInt(3), gwei))
 			w.mustSend(tx)
@@ -171,7 +171,7 @@ func TestMinedTransfer(t *testing.T) {
 			if got := new(big.Int).Sub(before, w.chain.Balance(w.addr)); got.Cmp(fee) != 0 {
 				t.Errorf("charged %s, want %s", got, fee)
 			}
-			if len(r.Logs) != 2 || r.Logs[0].Topics[0] != AuthorizationUsedTopic || r.Logs[1].Topics[0] != TransferTopic ||
+			if len(r.Logs) != 2 || r.Logs[0].Topics[0] != eip3009.AuthorizationUsedTopic || r.Logs[1].Topics[0] != eip3009.TransferTopic ||
 				common.BytesToAddress(r.Logs[1].Topics[1][:]) != a.From || common.BytesToAddress(r.Logs[1].Topics[2][:]) != a.To ||
 				new(big.Int).SetBytes(r.Logs[1].Data).Int64() != 250 || r.Logs[1].Index != 1 || r.Logs[1].TxHash != tx.Hash() {
 				t.Fatalf("logs %+v", r.Logs)
@@ -215,7 +215,7 @@ func TestMinedTransfer(t *testing.T) {
 			}
 			var logs []types.Log
 			filter := map[string]any{"fromBlock": "0x0", "toBlock": "latest", "address": []common.Address{w.chain.Token()},
-				"topics": [][]common.Hash{{TransferTopic}, {common.BytesToHash(a.From[:])}}}
+				"topics": [][]common.Hash{{eip3009.TransferTopic}, {common.BytesToHash(a.From[:])}}}
 			if err := w.node.CallContext(ctx, &logs, "eth_getLogs", filter); err != nil || len(logs) != 1 || logs[0].BlockHash != mined.Hash {
 				t.Fatalf("logs %+v %v", logs, err)
 			}

@@ -15,9 +15,9 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // scenario drives every component from one seed with the engine's kinds of calls (fee reads,
@@ -80,7 +80,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 				ValidBefore: big.NewInt(clock.Now().Unix() + int64(30+r.IntN(600))), Nonce: [32]byte{byte(step), byte(step >> 8), 1}}
 			data := calldata(a)
 			tx, err := types.SignNewTx(signer, signerOf, &types.DynamicFeeTx{ChainID: big.NewInt(1337), Nonce: nonce,
-				GasTipCap: fees.TipCap, GasFeeCap: fees.FeeCap, Gas: verify.GasLimit(96_000), To: &token, Data: data})
+				GasTipCap: fees.TipCap, GasFeeCap: fees.FeeCap, Gas: eip3009.GasLimit(96_000), To: &token, Data: data})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +154,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 		case 9: // reads the indexer, reconcile and foreign.go make
 			var logs []types.Log
 			_ = lb.CallContext(ctx, &logs, "eth_getLogs", map[string]any{"fromBlock": "0x0", "toBlock": "latest", "address": []common.Address{token},
-				"topics": [][]common.Hash{{TransferTopic, AuthorizationUsedTopic, AuthorizationCanceledTopic}}})
+				"topics": [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}}})
 			var count hexutil.Uint64
 			_ = lb.CallContext(ctx, &count, "eth_getTransactionCount", addr, "latest")
 			var rcpts []*types.Receipt

@@ -12,10 +12,10 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settlesim"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // A driver builds everything from one seed: the clock, the chain, a few nodes with their own
@@ -44,7 +44,7 @@ func Example() {
 	token := chain.Token()
 	tx, _ := types.SignNewTx(signer, chain.Signer(), &types.DynamicFeeTx{ChainID: big.NewInt(1337), Nonce: 0,
 		GasTipCap: big.NewInt(1e9), GasFeeCap: big.NewInt(3e9), Gas: 120_000, To: &token,
-		Data: verify.TransferCalldata(a, make([]byte, 65))})
+		Data: eip3009.TransferCalldata(a, make([]byte, 65))})
 	raw, _ := tx.MarshalBinary()
 	_, _ = chain.SendRaw(raw) // or through endpoint, with its faults
 

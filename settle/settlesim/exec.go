@@ -2,52 +2,14 @@ package settlesim
 
 import (
 	"math/big"
-	"strings"
 
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-)
-
-// The token's ABI: the FiatToken V2.2 methods the engine, verify and the simulator's third
-// parties call. Parsed once, never written.
-var tokenABI = func() abi.ABI {
-	a, err := abi.JSON(strings.NewReader(`[
-	{"type":"function","name":"transferWithAuthorization","inputs":[
-		{"name":"from","type":"address"},{"name":"to","type":"address"},{"name":"value","type":"uint256"},
-		{"name":"validAfter","type":"uint256"},{"name":"validBefore","type":"uint256"},{"name":"nonce","type":"bytes32"},
-		{"name":"v","type":"uint8"},{"name":"r","type":"bytes32"},{"name":"s","type":"bytes32"}],"outputs":[]},
-	{"type":"function","name":"transferWithAuthorization","inputs":[
-		{"name":"from","type":"address"},{"name":"to","type":"address"},{"name":"value","type":"uint256"},
-		{"name":"validAfter","type":"uint256"},{"name":"validBefore","type":"uint256"},{"name":"nonce","type":"bytes32"},
-		{"name":"signature","type":"bytes"}],"outputs":[]},
-	{"type":"function","name":"cancelAuthorization","inputs":[
-		{"name":"authorizer","type":"address"},{"name":"nonce","type":"bytes32"},
-		{"name":"v","type":"uint8"},{"name":"r","type":"bytes32"},{"name":"s","type":"bytes32"}],"outputs":[]},
-	{"type":"function","name":"cancelAuthorization","inputs":[
-		{"name":"authorizer","type":"address"},{"name":"nonce","type":"bytes32"},{"name":"signature","type":"bytes"}],"outputs":[]},
-	{"type":"function","name":"authorizationState","stateMutability":"view","inputs":[
-		{"name":"authorizer","type":"address"},{"name":"nonce","type":"bytes32"}],"outputs":[{"name":"","type":"bool"}]},
-	{"type":"function","name":"balanceOf","stateMutability":"view","inputs":[{"name":"account","type":"address"}],"outputs":[{"name":"","type":"uint256"}]},
-	{"type":"function","name":"transfer","inputs":[{"name":"to","type":"address"},{"name":"value","type":"uint256"}],"outputs":[{"name":"","type":"bool"}]},
-	{"type":"function","name":"name","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"string"}]},
-	{"type":"function","name":"version","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"string"}]},
-	{"type":"function","name":"decimals","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"uint8"}]}
-	]`))
-	if err != nil {
-		panic(err)
-	}
-	return a
-}()
-
-// The token's event topics, as FiatToken emits them.
-var (
-	TransferTopic              = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
-	AuthorizationUsedTopic     = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
-	AuthorizationCanceledTopic = crypto.Keccak256Hash([]byte("AuthorizationCanceled(address,bytes32)"))
 )
 
 // FiatToken's revert strings: verify and the engine read them only through "execution
@@ -211,17 +173,13 @@ func run(env execEnv, st *state, sender common.Address, to *common.Address, valu
 	if value != nil && value.Sign() > 0 || len(data) < 4 {
 		return revert(revertUnknown) // FiatToken is not payable and has no fallback
 	}
-	m, err := tokenABI.MethodById(data[:4])
-	if err != nil {
+	c, ok := eip3009.DecodeCall(data)
+	if !ok {
 		return revert(revertUnknown)
 	}
-	args, err := m.Inputs.Unpack(data[4:])
-	if err != nil {
-		return revert(revertUnknown)
-	}
-	switch m.RawName {
-	case "transferWithAuthorization":
-		a := authorizationOf(args)
+	switch c.Method {
+	case eip3009.MethodTransferWithAuthorization:
+		a := c.Authorization
 		key := authKey{a.From, a.Nonce}
 		now := new(big.Int).SetUint64(env.time)
 		switch {
@@ -241,65 +199,55 @@ func run(env execEnv, st *state, sender common.Address, to *common.Address, valu
 		if st.tokens(a.From).Cmp(a.Value) < 0 {
 			return revert(revertBalance)
 		}
-		logs := []*types.Log{
-			{Address: env.token, Topics: []common.Hash{AuthorizationUsedTopic, addressTopic(a.From), a.Nonce}, Data: []byte{}},
-			{Address: env.token, Topics: []common.Hash{TransferTopic, addressTopic(a.From), addressTopic(a.To)}, Data: common.LeftPadBytes(a.Value.Bytes(), 32)},
-		}
+		logs := []*types.Log{eip3009.AuthorizationLog(env.token, a.From, a.Nonce, false), eip3009.TransferLog(env.token, a.From, a.To, a.Value)}
 		return callResult{ret: []byte{}, logs: logs, gas: base + transferExecGas, commit: func(st *state, tx common.Hash) {
 			st.auths[key] = Use{Kind: UseTransfer, TxHash: tx, Sender: sender, BlockNumber: env.number, To: a.To, Value: new(big.Int).Set(a.Value)}
 			st.usdc[a.From] = new(big.Int).Sub(st.tokens(a.From), a.Value)
 			st.usdc[a.To] = new(big.Int).Add(st.tokens(a.To), a.Value)
 		}}
-	case "cancelAuthorization":
-		key := authKey{args[0].(common.Address), args[1].([32]byte)}
+	case eip3009.MethodCancelAuthorization:
+		key := authKey{c.Authorization.From, c.Authorization.Nonce}
 		if _, used := st.auths[key]; used {
 			return revert(revertUsed)
 		}
-		logs := []*types.Log{{Address: env.token, Topics: []common.Hash{AuthorizationCanceledTopic, addressTopic(key.authorizer), key.nonce}, Data: []byte{}}}
+		logs := []*types.Log{eip3009.AuthorizationLog(env.token, key.authorizer, key.nonce, true)}
 		return callResult{ret: []byte{}, logs: logs, gas: base + cancelExecGas, commit: func(st *state, tx common.Hash) {
 			st.auths[key] = Use{Kind: UseCancel, TxHash: tx, Sender: sender, BlockNumber: env.number, Value: new(big.Int)}
 		}}
-	case "transfer":
-		dst, v := args[0].(common.Address), args[1].(*big.Int)
+	case eip3009.MethodTransfer:
+		dst, v := c.Account, c.Value
 		if dst == (common.Address{}) {
 			return revert(revertZeroAddress)
 		}
 		if st.tokens(sender).Cmp(v) < 0 {
 			return revert(revertBalance)
 		}
-		logs := []*types.Log{{Address: env.token, Topics: []common.Hash{TransferTopic, addressTopic(sender), addressTopic(dst)}, Data: common.LeftPadBytes(v.Bytes(), 32)}}
+		logs := []*types.Log{eip3009.TransferLog(env.token, sender, dst, v)}
 		return callResult{ret: common.LeftPadBytes([]byte{1}, 32), logs: logs, gas: base + erc20ExecGas, commit: func(st *state, _ common.Hash) {
 			st.usdc[sender] = new(big.Int).Sub(st.tokens(sender), v)
 			st.usdc[dst] = new(big.Int).Add(st.tokens(dst), v)
 		}}
-	case "authorizationState":
-		_, used := st.auths[authKey{args[0].(common.Address), args[1].([32]byte)}]
-		return callResult{ret: mustPack(m, used), gas: base + viewExecGas}
-	case "balanceOf":
-		return callResult{ret: mustPack(m, new(big.Int).Set(st.tokens(args[0].(common.Address)))), gas: base + viewExecGas}
-	case "name":
-		return callResult{ret: mustPack(m, env.name), gas: base + viewExecGas}
-	case "version":
-		return callResult{ret: mustPack(m, env.version), gas: base + viewExecGas}
-	case "decimals":
-		return callResult{ret: mustPack(m, uint8(6)), gas: base + viewExecGas}
+	case eip3009.MethodAuthorizationState:
+		_, used := st.auths[authKey{c.Authorization.From, c.Authorization.Nonce}]
+		return callResult{ret: tokenAnswer(c.Method, used), gas: base + viewExecGas}
+	case eip3009.MethodBalanceOf:
+		return callResult{ret: tokenAnswer(c.Method, new(big.Int).Set(st.tokens(c.Account))), gas: base + viewExecGas}
+	case eip3009.MethodName:
+		return callResult{ret: tokenAnswer(c.Method, env.name), gas: base + viewExecGas}
+	case eip3009.MethodVersion:
+		return callResult{ret: tokenAnswer(c.Method, env.version), gas: base + viewExecGas}
+	case eip3009.MethodDecimals:
+		return callResult{ret: tokenAnswer(c.Method, uint8(6)), gas: base + viewExecGas}
 	}
 	return revert(revertUnknown)
 }
 
-func mustPack(m *abi.Method, vals ...any) []byte {
-	out, err := m.Outputs.Pack(vals...)
+func tokenAnswer(method string, vals ...any) []byte {
+	out, err := eip3009.EncodeAnswer(method, vals...)
 	if err != nil {
-		panic("settlesim: packing " + m.Name + ": " + err.Error()) // a programming error
+		panic("settlesim: packing " + method + ": " + err.Error()) // a programming error
 	}
 	return out
-}
-
-func addressTopic(a common.Address) common.Hash { return common.BytesToHash(a[:]) }
-
-func authorizationOf(args []any) facilitator.Authorization {
-	return facilitator.Authorization{From: args[0].(common.Address), To: args[1].(common.Address), Value: args[2].(*big.Int),
-		ValidAfter: args[3].(*big.Int), ValidBefore: args[4].(*big.Int), Nonce: args[5].([32]byte)}
 }
 
 // TokenCall is a decoded call of one of the token's authorization methods.
@@ -312,43 +260,22 @@ type TokenCall struct {
 // DecodeTokenCall decodes transferWithAuthorization (either overload) and cancelAuthorization
 // (either overload) calldata; ok is false for anything else.
 func DecodeTokenCall(data []byte) (TokenCall, bool) {
-	if len(data) < 4 {
-		return TokenCall{}, false
-	}
-	m, err := tokenABI.MethodById(data[:4])
-	if err != nil {
-		return TokenCall{}, false
-	}
-	args, err := m.Inputs.Unpack(data[4:])
-	if err != nil {
-		return TokenCall{}, false
-	}
-	switch m.RawName {
-	case "transferWithAuthorization":
-		return TokenCall{Kind: UseTransfer, Authorization: authorizationOf(args)}, true
-	case "cancelAuthorization":
-		return TokenCall{Kind: UseCancel, Authorization: facilitator.Authorization{From: args[0].(common.Address), Nonce: args[1].([32]byte)}}, true
+	c, ok := eip3009.DecodeCall(data)
+	switch {
+	case ok && c.Method == eip3009.MethodTransferWithAuthorization:
+		return TokenCall{Kind: UseTransfer, Authorization: c.Authorization}, true
+	case ok && c.Method == eip3009.MethodCancelAuthorization:
+		return TokenCall{Kind: UseCancel, Authorization: c.Authorization}, true
 	}
 	return TokenCall{}, false
 }
 
-// CancelCalldata encodes cancelAuthorization(authorizer, nonce, v, r, s). The chain does not
+// cancelCalldata encodes cancelAuthorization(authorizer, nonce, v, r, s). The chain does not
 // check the signature, so any will do.
-func CancelCalldata(authorizer common.Address, nonce [32]byte) []byte {
-	data, err := tokenABI.Pack("cancelAuthorization", authorizer, nonce, uint8(27), [32]byte{1}, [32]byte{1})
-	if err != nil {
-		panic(err)
-	}
-	return data
-}
-
-// TokenTransferCalldata encodes the ERC-20 transfer(to, value).
-func TokenTransferCalldata(to common.Address, value *big.Int) []byte {
-	data, err := tokenABI.Pack("transfer", to, value)
-	if err != nil {
-		panic(err)
-	}
-	return data
+func cancelCalldata(authorizer common.Address, nonce [32]byte) []byte {
+	sig := make([]byte, 65)
+	sig[0], sig[32], sig[64] = 1, 1, 27
+	return eip3009.CancelCalldata(authorizer, nonce, sig)
 }
 
 // revertData is the ABI encoding of Error(reason), which nodes return with a revert.

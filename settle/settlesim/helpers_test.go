@@ -16,8 +16,8 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 var (
@@ -70,13 +70,13 @@ func (w *world) auth(nonce byte, value int64) facilitator.Authorization {
 func calldata(a facilitator.Authorization) []byte {
 	sig := make([]byte, 65)
 	sig[0], sig[64] = 1, 27
-	return verify.TransferCalldata(a, sig)
+	return eip3009.TransferCalldata(a, sig)
 }
 
 // sign signs a transaction of ours to the token, as the engine does.
 func (w *world) sign(nonce uint64, data []byte, tip, feeCap *big.Int) *types.Transaction {
 	w.t.Helper()
-	return w.signWith(w.signer, w.chain.Config().ChainID, nonce, data, tip, feeCap, verify.GasLimit(96_000))
+	return w.signWith(w.signer, w.chain.Config().ChainID, nonce, data, tip, feeCap, eip3009.GasLimit(96_000))
 }
 
 func (w *world) signWith(k *ecdsa.PrivateKey, chainID, nonce uint64, data []byte, tip, feeCap *big.Int, gas uint64) *types.Transaction {
@@ -126,11 +126,15 @@ func receipt(t *testing.T, b *Backend, h common.Hash) *types.Receipt {
 func authorizationUsed(t *testing.T, b *Backend, token, payer common.Address, nonce [32]byte, at any) bool {
 	t.Helper()
 	var state hexutil.Bytes
-	call := map[string]any{"to": token, "input": hexutil.Bytes(verify.AuthorizationStateCalldata(payer, nonce))}
+	call := map[string]any{"to": token, "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(payer, nonce))}
 	if err := b.CallContext(context.Background(), &state, "eth_call", call, at); err != nil {
 		t.Fatalf("authorizationState: %v", err)
 	}
-	return len(state) == 32 && state[31] == 1
+	used, ok := eip3009.DecodeAuthorizationState(state)
+	if !ok {
+		t.Fatalf("authorizationState answered %x", []byte(state))
+	}
+	return used
 }
 
 // wantRPCError checks that err is a node's error object (an rpc.Error) whose message contains want.

@@ -225,7 +225,7 @@ func (c *Chain) conflicts(old []txFrom, targets map[common.Hash]bool, p ReorgPol
 		seen[key] = true
 		data, exec := t.tx.Data(), uint64(transferExecGas)
 		if p == ReorgConflictCancel {
-			data, exec = CancelCalldata(call.Authorization.From, call.Authorization.Nonce), cancelExecGas
+			data, exec = cancelCalldata(call.Authorization.From, call.Authorization.Nonce), cancelExecGas
 		}
 		n := nonce
 		nonce++

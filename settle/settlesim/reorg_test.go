@@ -9,6 +9,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -93,7 +94,7 @@ func TestReorgPolicies(t *testing.T) {
 			if err := w.node.CallContext(context.Background(), &logs, "eth_getLogs", filter); err != nil {
 				t.Fatal(err)
 			}
-			if len(logs) != 1 || logs[0].Topics[0] != AuthorizationCanceledTopic {
+			if len(logs) != 1 || logs[0].Topics[0] != eip3009.AuthorizationCanceledTopic {
 				t.Fatalf("logs %+v, want only the cancel: no Transfer", logs)
 			}
 			if w.chain.TokenBalance(w.payTo).Sign() != 0 {

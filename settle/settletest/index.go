@@ -11,6 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
@@ -124,7 +125,7 @@ func (e *Env) ChainLogs(t testing.TB, to uint64) []LogID {
 	t.Helper()
 	var logs []types.Log
 	filter := map[string]any{"fromBlock": "0x0", "toBlock": hexutil.EncodeUint64(to), "address": []common.Address{e.Chain.USDC.Address},
-		"topics": [][]common.Hash{{indexer.TransferTopic, indexer.AuthorizationUsedTopic, indexer.AuthorizationCanceledTopic}}}
+		"topics": [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}}}
 	if err := e.Chain.RPC.CallContext(context.Background(), &logs, "eth_getLogs", filter); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // Pay is a signed payment of Value from Payer to PayTo. It is a value: a test copies one and
@@ -126,7 +126,7 @@ func (p Pay) SendElsewhere(t testing.TB) common.Hash {
 func (p Pay) ElsewhereTx(t testing.TB) *types.Transaction {
 	t.Helper()
 	a := p.Authorization()
-	data := verify.TransferCalldata(facilitator.Authorization{From: a.From, To: a.To, Value: a.Value, ValidAfter: a.ValidAfter,
+	data := eip3009.TransferCalldata(facilitator.Authorization{From: a.From, To: a.To, Value: a.Value, ValidAfter: a.ValidAfter,
 		ValidBefore: a.ValidBefore, Nonce: a.Nonce}, p.Signature(t))
 	return p.env.signTx(t, p.env.Chain.Accounts[1], data)
 }

@@ -22,10 +22,10 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // Env is one test binary's chain and database, with the chain's network bound in the ledger.
@@ -78,8 +78,8 @@ func (e *Env) Network() facilitator.Network {
 }
 
 // Reader is the verifier's view of the chain.
-func (e *Env) Reader() *verify.RPCReader {
-	return &verify.RPCReader{Client: e.Chain.RPC, Timeout: 5 * time.Second}
+func (e *Env) Reader() *ethrpc.Reader {
+	return &ethrpc.Reader{Chain: e.Chain.RPC, Timeout: 5 * time.Second}
 }
 
 // OpenDB is a ledger handle of the test's own (a process of its own), closed when the test ends.

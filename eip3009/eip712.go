@@ -1,4 +1,4 @@
-package verify
+package eip3009
 
 import (
 	"math/big"

@@ -1,4 +1,4 @@
-package verify_test
+package ethrpc_test
 
 import (
 	"context"
@@ -15,12 +15,12 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/verify"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
-// TestRPCReaderClassifiesErrors: only what the node executed and rejected counts as a revert (a
+// TestReaderClassifiesErrors: only what the node executed and rejected counts as a revert (a
 // verdict on the payment); overload, timeouts and transport failures are errors (no verdict).
-func TestRPCReaderClassifiesErrors(t *testing.T) {
+func TestReaderClassifiesErrors(t *testing.T) {
 	cases := []struct {
 		name       string
 		status     int
@@ -46,7 +46,7 @@ func TestRPCReaderClassifiesErrors(t *testing.T) {
 				}
 				return map[string]any{"error": map[string]any{"code": tc.code, "message": tc.message}}
 			})
-			read := &verify.Read{To: common.Address{1}, Data: []byte{0x12}}
+			read := &ethrpc.Read{To: common.Address{1}, Data: []byte{0x12}}
 			err := r.Read(context.Background(), read)
 			if tc.wantRevert {
 				if err != nil || !read.Reverted {
@@ -61,11 +61,11 @@ func TestRPCReaderClassifiesErrors(t *testing.T) {
 	}
 }
 
-// TestRPCReaderRefusesLaggingAnswers: behind a load balancer, a backend whose head is behind one
+// TestReaderRefusesLaggingAnswers: behind a load balancer, a backend whose head is behind one
 // the reader has already seen answers from its past (a payer funded since has "no balance"): its
 // answer is not used; the read is made again, and fails (not known) while every answer lags. A
 // node that caught up is used again.
-func TestRPCReaderRefusesLaggingAnswers(t *testing.T) {
+func TestReaderRefusesLaggingAnswers(t *testing.T) {
 	var head, requests atomic.Int64
 	head.Store(10)
 	r := batchNode(t, 200, func(method string) map[string]any {
@@ -76,7 +76,7 @@ func TestRPCReaderRefusesLaggingAnswers(t *testing.T) {
 		return map[string]any{"result": "0x" + strconv.FormatInt(head.Load(), 16)}
 	})
 	read := func() error {
-		return r.Read(context.Background(), &verify.Read{To: common.Address{1}, Data: []byte{0x12}})
+		return r.Read(context.Background(), &ethrpc.Read{To: common.Address{1}, Data: []byte{0x12}})
 	}
 	if err := read(); err != nil {
 		t.Fatalf("a read at head 10: %v", err)
@@ -97,7 +97,7 @@ func TestRPCReaderRefusesLaggingAnswers(t *testing.T) {
 
 // batchNode is a reader over a JSON-RPC node that answers every batch element with answer(method)
 // (a "result" or an "error"), or the whole request with HTTP status when it is not 200.
-func batchNode(t *testing.T, status int, answer func(method string) map[string]any) *verify.RPCReader {
+func batchNode(t *testing.T, status int, answer func(method string) map[string]any) *ethrpc.Reader {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if status != 200 {
@@ -125,5 +125,5 @@ func batchNode(t *testing.T, status int, answer func(method string) map[string]a
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
-	return &verify.RPCReader{Client: client, Timeout: 2 * time.Second}
+	return &ethrpc.Reader{Chain: client, Timeout: 2 * time.Second}
 }

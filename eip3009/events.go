@@ -1,0 +1,57 @@
+package eip3009
+
+import (
+	"math/big"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+)
+
+// The token's event topics, as FiatToken emits them.
+var (
+	TransferTopic              = crypto.Keccak256Hash([]byte("Transfer(address,address,uint256)"))
+	AuthorizationUsedTopic     = crypto.Keccak256Hash([]byte("AuthorizationUsed(address,bytes32)"))
+	AuthorizationCanceledTopic = crypto.Keccak256Hash([]byte("AuthorizationCanceled(address,bytes32)"))
+)
+
+// DecodeTransfer decodes an ERC-20 Transfer log. ok is false for any other log, and for a
+// Transfer indexed otherwise (an ERC-721's, one with an unindexed recipient): it is never guessed.
+func DecodeTransfer(l *types.Log) (from, to common.Address, value *big.Int, ok bool) {
+	if len(l.Topics) != 3 || l.Topics[0] != TransferTopic || len(l.Data) != 32 {
+		return common.Address{}, common.Address{}, nil, false
+	}
+	return common.BytesToAddress(l.Topics[1][:]), common.BytesToAddress(l.Topics[2][:]), new(big.Int).SetBytes(l.Data), true
+}
+
+// DecodeAuthorization decodes an AuthorizationUsed or AuthorizationCanceled log (FiatToken indexes
+// both the authorizer and the nonce). ok is false for any other log.
+func DecodeAuthorization(l *types.Log) (authorizer common.Address, nonce [32]byte, canceled, ok bool) {
+	if len(l.Topics) != 3 || (l.Topics[0] != AuthorizationUsedTopic && l.Topics[0] != AuthorizationCanceledTopic) {
+		return common.Address{}, [32]byte{}, false, false
+	}
+	return common.BytesToAddress(l.Topics[1][:]), l.Topics[2], l.Topics[0] == AuthorizationCanceledTopic, true
+}
+
+// TransferLog is the Transfer log token emits for value moved from from to to.
+func TransferLog(token, from, to common.Address, value *big.Int) *types.Log {
+	return &types.Log{Address: token, Topics: []common.Hash{TransferTopic, addressTopic(from), addressTopic(to)},
+		Data: common.LeftPadBytes(value.Bytes(), 32)}
+}
+
+// AuthorizationLog is the AuthorizationUsed (or, canceled, AuthorizationCanceled) log token emits.
+func AuthorizationLog(token, authorizer common.Address, nonce [32]byte, canceled bool) *types.Log {
+	topic := AuthorizationUsedTopic
+	if canceled {
+		topic = AuthorizationCanceledTopic
+	}
+	return &types.Log{Address: token, Topics: []common.Hash{topic, addressTopic(authorizer), nonce}, Data: []byte{}}
+}
+
+// AuthorizationTopics is the topic filter (eth_getLogs, indexed arguments in order) of the
+// AuthorizationUsed and AuthorizationCanceled logs of one authorization.
+func AuthorizationTopics(authorizer common.Address, nonce [32]byte) [][]common.Hash {
+	return [][]common.Hash{{AuthorizationUsedTopic, AuthorizationCanceledTopic}, {addressTopic(authorizer)}, {nonce}}
+}
+
+func addressTopic(a common.Address) common.Hash { return common.BytesToHash(a[:]) }

@@ -1,0 +1,187 @@
+// Package eip3009 is the FiatToken (USDC) contract as the facilitator speaks to it: the calldata of
+// the calls made to it, the decoding of its answers, the EIP-712 digest a payer signs, and its
+// Transfer, AuthorizationUsed and AuthorizationCanceled logs. Verify, the settlement engine, the
+// indexer and the simulator all encode and decode the token here, so they cannot disagree on it.
+package eip3009
+
+import (
+	"fmt"
+	"math/big"
+	"strings"
+
+	"github.com/ethereum/go-ethereum/accounts/abi"
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// The token's methods, by the names DecodeCall reports.
+const (
+	MethodTransferWithAuthorization = "transferWithAuthorization"
+	MethodCancelAuthorization       = "cancelAuthorization"
+	MethodAuthorizationState        = "authorizationState"
+	MethodBalanceOf                 = "balanceOf"
+	MethodTransfer                  = "transfer"
+	MethodName                      = "name"
+	MethodVersion                   = "version"
+	MethodDecimals                  = "decimals"
+)
+
+// tokenABI is the part of FiatToken V2.2's ABI the facilitator and its simulator use. Parsed once,
+// never written.
+var tokenABI = mustABI(`[
+	{"type":"function","name":"transferWithAuthorization","stateMutability":"nonpayable","inputs":[
+		{"name":"from","type":"address"},{"name":"to","type":"address"},{"name":"value","type":"uint256"},
+		{"name":"validAfter","type":"uint256"},{"name":"validBefore","type":"uint256"},{"name":"nonce","type":"bytes32"},
+		{"name":"v","type":"uint8"},{"name":"r","type":"bytes32"},{"name":"s","type":"bytes32"}],"outputs":[]},
+	{"type":"function","name":"transferWithAuthorization","stateMutability":"nonpayable","inputs":[
+		{"name":"from","type":"address"},{"name":"to","type":"address"},{"name":"value","type":"uint256"},
+		{"name":"validAfter","type":"uint256"},{"name":"validBefore","type":"uint256"},{"name":"nonce","type":"bytes32"},
+		{"name":"signature","type":"bytes"}],"outputs":[]},
+	{"type":"function","name":"cancelAuthorization","stateMutability":"nonpayable","inputs":[
+		{"name":"authorizer","type":"address"},{"name":"nonce","type":"bytes32"},
+		{"name":"v","type":"uint8"},{"name":"r","type":"bytes32"},{"name":"s","type":"bytes32"}],"outputs":[]},
+	{"type":"function","name":"cancelAuthorization","stateMutability":"nonpayable","inputs":[
+		{"name":"authorizer","type":"address"},{"name":"nonce","type":"bytes32"},{"name":"signature","type":"bytes"}],"outputs":[]},
+	{"type":"function","name":"authorizationState","stateMutability":"view","inputs":[
+		{"name":"authorizer","type":"address"},{"name":"nonce","type":"bytes32"}],"outputs":[{"name":"","type":"bool"}]},
+	{"type":"function","name":"balanceOf","stateMutability":"view","inputs":[{"name":"account","type":"address"}],"outputs":[{"name":"","type":"uint256"}]},
+	{"type":"function","name":"transfer","stateMutability":"nonpayable","inputs":[{"name":"to","type":"address"},{"name":"value","type":"uint256"}],"outputs":[{"name":"","type":"bool"}]},
+	{"type":"function","name":"name","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"string"}]},
+	{"type":"function","name":"version","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"string"}]},
+	{"type":"function","name":"decimals","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"uint8"}]}
+	]`)
+
+// GasLimit is the gas limit a settlement transaction is signed with, for an estimate: the
+// estimate is exact only for the state it ran on.
+func GasLimit(estimate uint64) uint64 { return estimate + estimate/4 }
+
+// TransferCalldata encodes transferWithAuthorization for sig: the (v, r, s) overload for a 65-byte
+// signature, with v normalised to 27/28, and USDC 2.2's bytes overload for anything else
+// (ERC-1271 wallets).
+func TransferCalldata(a facilitator.Authorization, sig []byte) []byte {
+	if len(sig) == 65 {
+		v, r, s := normalizeV(sig)
+		return pack(MethodTransferWithAuthorization, a.From, a.To, a.Value, a.ValidAfter, a.ValidBefore, a.Nonce, v, r, s)
+	}
+	// go-ethereum renames the second overload with a 0 suffix; its selector stays the real one (0xcf092995).
+	return pack(MethodTransferWithAuthorization+"0", a.From, a.To, a.Value, a.ValidAfter, a.ValidBefore, a.Nonce, sig)
+}
+
+// CancelCalldata encodes cancelAuthorization(authorizer, nonce, v, r, s) for a 65-byte sig.
+func CancelCalldata(authorizer common.Address, nonce [32]byte, sig []byte) []byte {
+	v, r, s := normalizeV(sig)
+	return pack(MethodCancelAuthorization, authorizer, nonce, v, r, s)
+}
+
+// AuthorizationStateCalldata encodes authorizationState(authorizer, nonce).
+func AuthorizationStateCalldata(authorizer common.Address, nonce [32]byte) []byte {
+	return pack(MethodAuthorizationState, authorizer, nonce)
+}
+
+// BalanceOfCalldata encodes balanceOf(account).
+func BalanceOfCalldata(account common.Address) []byte { return pack(MethodBalanceOf, account) }
+
+// NameCalldata encodes name(), the EIP-712 domain's name.
+func NameCalldata() []byte { return pack(MethodName) }
+
+// VersionCalldata encodes version(), the EIP-712 domain's version.
+func VersionCalldata() []byte { return pack(MethodVersion) }
+
+// DecodeAuthorizationState decodes authorizationState's answer: whether the authorization is used
+// or canceled. ok is false when the answer is not a bool.
+func DecodeAuthorizationState(out []byte) (used, ok bool) {
+	vals, err := tokenABI.Unpack(MethodAuthorizationState, out)
+	if err != nil || len(vals) != 1 {
+		return false, false
+	}
+	used, ok = vals[0].(bool)
+	return used, ok
+}
+
+// DecodeBalance decodes balanceOf's answer.
+func DecodeBalance(out []byte) (*big.Int, bool) {
+	vals, err := tokenABI.Unpack(MethodBalanceOf, out)
+	if err != nil || len(vals) != 1 {
+		return nil, false
+	}
+	n, ok := vals[0].(*big.Int)
+	return n, ok
+}
+
+// DecodeString decodes the answer of name() or version().
+func DecodeString(out []byte) (string, bool) {
+	vals, err := tokenABI.Unpack(MethodName, out)
+	if err != nil || len(vals) != 1 {
+		return "", false
+	}
+	s, ok := vals[0].(string)
+	return s, ok
+}
+
+// Call is a decoded call of one of the token's methods.
+type Call struct {
+	Method string // one of the Method constants
+	// Authorization is transferWithAuthorization's; for cancelAuthorization and
+	// authorizationState only From (the authorizer) and Nonce are set.
+	Authorization facilitator.Authorization
+	// Account is balanceOf's account, or the ERC-20 transfer's recipient.
+	Account common.Address
+	// Value is the ERC-20 transfer's amount.
+	Value *big.Int
+}
+
+// DecodeCall decodes calldata of any of the token's methods (either overload); ok is false for
+// anything else, or for arguments that do not decode.
+func DecodeCall(data []byte) (Call, bool) {
+	if len(data) < 4 {
+		return Call{}, false
+	}
+	m, err := tokenABI.MethodById(data[:4])
+	if err != nil {
+		return Call{}, false
+	}
+	args, err := m.Inputs.Unpack(data[4:])
+	if err != nil {
+		return Call{}, false
+	}
+	c := Call{Method: m.RawName}
+	switch m.RawName {
+	case MethodTransferWithAuthorization:
+		c.Authorization = facilitator.Authorization{From: args[0].(common.Address), To: args[1].(common.Address), Value: args[2].(*big.Int),
+			ValidAfter: args[3].(*big.Int), ValidBefore: args[4].(*big.Int), Nonce: args[5].([32]byte)}
+	case MethodCancelAuthorization, MethodAuthorizationState:
+		c.Authorization = facilitator.Authorization{From: args[0].(common.Address), Nonce: args[1].([32]byte)}
+	case MethodBalanceOf:
+		c.Account = args[0].(common.Address)
+	case MethodTransfer:
+		c.Account, c.Value = args[0].(common.Address), args[1].(*big.Int)
+	}
+	return c, true
+}
+
+// EncodeAnswer is the ABI encoding of what method returns, for a contract that answers as the
+// token does (the simulator): vals are the method's outputs.
+func EncodeAnswer(method string, vals ...any) ([]byte, error) {
+	m, ok := tokenABI.Methods[method]
+	if !ok {
+		return nil, fmt.Errorf("eip3009: no method %s", method)
+	}
+	return m.Outputs.Pack(vals...)
+}
+
+func pack(method string, args ...any) []byte {
+	data, err := tokenABI.Pack(method, args...)
+	if err != nil {
+		panic(fmt.Sprintf("eip3009: packing %s: %v", method, err)) // only on a programming error
+	}
+	return data
+}
+
+func mustABI(s string) abi.ABI {
+	a, err := abi.JSON(strings.NewReader(s))
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
