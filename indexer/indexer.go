@@ -18,13 +18,9 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
-)
 
-// Chain is the JSON-RPC access the indexer needs; *rpc.Client satisfies it.
-type Chain interface {
-	CallContext(ctx context.Context, result any, method string, args ...any) error
-	BatchCallContext(ctx context.Context, b []rpc.BatchElem) error
-}
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+)
 
 // ErrDeepReorg stops a network's indexer: the chain reorganised below the kept window, so what is
 // indexed cannot be reconciled automatically.
@@ -40,7 +36,7 @@ type Observer interface {
 type Config struct {
 	Network string // CAIP-2
 	Tokens  []common.Address
-	Chain   Chain
+	Chain   ethrpc.Chain
 	// WSURL, when set, is used to subscribe to new heads; without it (or while the subscription is
 	// down) the indexer polls every PollInterval.
 	WSURL string

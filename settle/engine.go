@@ -24,6 +24,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -73,7 +74,7 @@ const (
 // NetworkConfig is one chain the engine settles on.
 type NetworkConfig struct {
 	Network facilitator.Network
-	Chain   Chain
+	Chain   ethrpc.Chain
 	Signers []*ecdsa.PrivateKey
 	// FinalityDepth is the number of confirmations (the mined block counts as one) at which a
 	// settlement is final.

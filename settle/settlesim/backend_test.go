@@ -14,13 +14,13 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 var (
-	_ settle.Chain = (*Backend)(nil)
-	_ settle.Chain = (*Balancer)(nil)
+	_ ethrpc.Chain = (*Backend)(nil)
+	_ ethrpc.Chain = (*Balancer)(nil)
 )
 
 // TestLagView: a node k blocks behind answers as a node whose head is head−k, for every method:
