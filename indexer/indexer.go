@@ -37,9 +37,9 @@ type Config struct {
 	Network string // CAIP-2
 	Tokens  []common.Address
 	Chain   ethrpc.Chain
-	// WSURL, when set, is used to subscribe to new heads; without it (or while the subscription is
-	// down) the indexer polls every PollInterval.
-	WSURL string
+	// Heads, when set, hurries the indexer to each new head the network's subscription announces;
+	// the indexer polls every PollInterval regardless.
+	Heads Heads
 	Store Store
 	// StartBlock is where indexing begins on an empty database.
 	StartBlock uint64
@@ -67,7 +67,6 @@ type Indexer struct {
 	head, cursor  atomic.Uint64
 	reorgs        atomic.Int64
 	leader        atomic.Bool
-	subscribed    atomic.Bool
 	eventsIndexed atomic.Int64
 	stopped       atomic.Bool   // Run gave up (ErrDeepReorg): an operator must step in
 	rangeSize     atomic.Uint64 // the sizer's size, for Status (the sizer is the leader's alone)
@@ -130,7 +129,9 @@ func (ix *Indexer) Status() Status {
 	if h > c {
 		lag = h - c
 	}
-	return Status{Leader: ix.leader.Load(), Stopped: ix.stopped.Load(), Subscribed: ix.subscribed.Load(), Head: h, Cursor: c, Lag: lag,
+	// Only the leader follows heads.
+	subscribed := ix.leader.Load() && ix.cfg.Heads != nil && ix.cfg.Heads.Subscribed()
+	return Status{Leader: ix.leader.Load(), Stopped: ix.stopped.Load(), Subscribed: subscribed, Head: h, Cursor: c, Lag: lag,
 		Reorgs: ix.reorgs.Load(), Events: ix.eventsIndexed.Load(), RangeSize: ix.rangeSize.Load()}
 }
 

@@ -19,7 +19,7 @@ type network struct {
 	engine  *Engine
 	id      facilitator.Network
 	chain   ethrpc.Chain
-	wsURL   string // for the newHeads subscription; "" polls only
+	heads   Heads // nil: polls only
 	senders []*sender
 	depth   uint64 // confirmations at which a mined settlement is final
 
