@@ -145,18 +145,21 @@ type follower struct {
 }
 
 func follow(t *testing.T, h *ethrpc.Heads) *follower {
-	var f *follower
-	f = startFollower(t, h, func(head uint64) {
+	f := &follower{}
+	return f.start(t, h, func(head uint64) {
 		f.mu.Lock()
 		f.heads = append(f.heads, head)
 		f.mu.Unlock()
 	})
-	return f
 }
 
 func startFollower(t *testing.T, h *ethrpc.Heads, fn func(uint64)) *follower {
+	return (&follower{}).start(t, h, fn)
+}
+
+func (f *follower) start(t *testing.T, h *ethrpc.Heads, fn func(uint64)) *follower {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &follower{cancel: cancel, done: make(chan struct{})}
+	f.cancel, f.done = cancel, make(chan struct{})
 	go func() {
 		defer close(f.done)
 		h.Follow(ctx, fn)
