@@ -14,6 +14,8 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 // send signs and submits an EIP-1559 transaction from `from` and waits for its
@@ -54,15 +56,8 @@ func (c *Chain) submit(ctx context.Context, from *Account, to *common.Address, d
 	}
 	tip := big.NewInt(1_000_000_000)
 	feeCap := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip)
-	tx, err := types.SignNewTx(from.Key, types.LatestSignerForChainID(new(big.Int).SetUint64(c.ChainID)), &types.DynamicFeeTx{
-		ChainID:   new(big.Int).SetUint64(c.ChainID),
-		Nonce:     nonce,
-		GasTipCap: tip,
-		GasFeeCap: feeCap,
-		Gas:       gas + gas/5, // headroom: estimates are exact only for the state they ran on
-		To:        to,
-		Data:      data,
-	})
+	// Headroom on the gas: estimates are exact only for the state they ran on.
+	tx, err := ethrpc.NewSigner(c.ChainID, from.Key).Sign(nonce, to, data, gas+gas/5, tip, feeCap)
 	if err != nil {
 		return nil, fmt.Errorf("devchain: sign tx: %w", err)
 	}

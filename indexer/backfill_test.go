@@ -16,7 +16,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 // TestBackfillMatchesGetLogs indexes a chain holding more than 10,000 USDC events (mints,
@@ -171,7 +171,7 @@ func overload(t testing.TB, raw string, nargs int) string {
 // rangeLimiter is an RPC that refuses eth_getLogs ranges wider than maxBlocks with an
 // Alchemy-style hint, and results longer than maxLogs with a hint-less "more than N results".
 type rangeLimiter struct {
-	indexer.Chain
+	ethrpc.Chain
 	maxBlocks uint64
 	maxLogs   int
 

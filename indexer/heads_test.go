@@ -1,13 +1,12 @@
 package indexer_test
 
 import (
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc/ethrpctest"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
 
@@ -15,11 +14,11 @@ import (
 // controls: when the proxy drops its connections and refuses new ones, the indexer keeps indexing
 // by polling; when the proxy is back, the subscription is too.
 func TestHeadsFallBackToPolling(t *testing.T) {
-	proxy := newProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+	proxy := ethrpctest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
 	network := bindNetwork(t)
 	cfg := config(network)
 	cfg.StartBlock = head(t) + 1
-	cfg.WSURL = proxy.url()
+	cfg.Heads = ethrpc.NewHeads(proxy.URL(), 0, nil)
 	cfg.PollInterval = 100 * time.Millisecond
 	sender := gasAccount(t)
 	r := start(t, cfg)
@@ -28,7 +27,7 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 	p := payOnce(t, chain.Accounts[6], sender, 1)
 	r.waitCursor(t, p.block, 5*time.Second)
 
-	proxy.setMode(refuse)
+	proxy.SetMode(ethrpctest.Refuse)
 	droppedAt := time.Now()
 	r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Status) bool { return !s.Subscribed })
 	t.Logf("subscription dropped after %s", time.Since(droppedAt).Round(time.Millisecond))
@@ -42,11 +41,11 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 		t.Logf("block %d indexed by polling after %s", p.block, time.Since(begin).Round(time.Millisecond))
 	}
 
-	proxy.setMode(forward)
+	proxy.SetMode(ethrpctest.Forward)
 	backAt := time.Now()
 	r.waitFor(t, "the subscription to come back", 15*time.Second, func(s indexer.Status) bool { return s.Subscribed })
 	t.Logf("resubscribed %s after the proxy came back (%s after the drop; %d connections tried in all)",
-		time.Since(backAt).Round(time.Millisecond), time.Since(droppedAt).Round(time.Millisecond), proxy.accepted())
+		time.Since(backAt).Round(time.Millisecond), time.Since(droppedAt).Round(time.Millisecond), proxy.Accepted())
 	p = payOnce(t, chain.Accounts[6], sender, 3)
 	r.waitCursor(t, p.block, 5*time.Second)
 	c := compareWithChain(t, network, cfg.Tokens, cfg.StartBlock, p.block)
@@ -60,26 +59,26 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 // and never answers the handshake, must not stop the indexer from following the chain: polling
 // has to go on meanwhile.
 func TestHeadsUnresponsiveWebSocket(t *testing.T) {
-	for _, mode := range []proxyMode{freeze, blackhole} {
+	for _, mode := range []ethrpctest.Mode{ethrpctest.Freeze, ethrpctest.Blackhole} {
 		t.Run(mode.String(), func(t *testing.T) {
-			proxy := newProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+			proxy := ethrpctest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
 			network := bindNetwork(t)
 			cfg := config(network)
 			cfg.StartBlock = head(t) + 1
-			cfg.WSURL = proxy.url()
+			cfg.Heads = ethrpc.NewHeads(proxy.URL(), 0, nil)
 			cfg.PollInterval = 100 * time.Millisecond
 			sender := gasAccount(t)
 			r := start(t, cfg)
 			r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Status) bool { return s.Subscribed })
-			if mode == blackhole {
+			if mode == ethrpctest.Blackhole {
 				// Drop the subscription so that the indexer dials again, into the black hole.
-				proxy.setMode(refuse)
+				proxy.SetMode(ethrpctest.Refuse)
 				r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Status) bool { return !s.Subscribed })
 			}
-			proxy.setMode(mode)
+			proxy.SetMode(mode)
 			// Long enough for a resubscription attempt (every 10 s) into the black hole.
 			deadline := time.Now().Add(5 * time.Second)
-			if mode == blackhole {
+			if mode == ethrpctest.Blackhole {
 				deadline = time.Now().Add(14 * time.Second)
 			}
 			for time.Now().Before(deadline) {
@@ -90,115 +89,5 @@ func TestHeadsUnresponsiveWebSocket(t *testing.T) {
 				time.Sleep(time.Second)
 			}
 		})
-	}
-}
-
-type proxyMode int
-
-const (
-	forward   proxyMode = iota
-	refuse              // close every connection and every new one at once
-	freeze              // keep connections open, forward nothing (a half-open connection)
-	blackhole           // close existing connections; accept new ones and never answer
-)
-
-func (m proxyMode) String() string {
-	return [...]string{"forward", "refuse", "freeze", "blackhole"}[m]
-}
-
-// proxy is a TCP proxy on loopback to a WebSocket endpoint, with switchable failure modes.
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	mode  proxyMode
-	conns map[net.Conn]bool
-	count int
-}
-
-func newProxy(t testing.TB, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	go p.serve()
-	t.Cleanup(func() {
-		ln.Close()
-		p.setMode(refuse)
-	})
-	return p
-}
-
-func (p *proxy) url() string { return "ws://" + p.ln.Addr().String() }
-
-func (p *proxy) accepted() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.count
-}
-
-func (p *proxy) setMode(m proxyMode) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.mode = m
-	if m == refuse || m == blackhole {
-		for c := range p.conns {
-			c.Close()
-		}
-		clear(p.conns)
-	}
-}
-
-func (p *proxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		p.count++
-		switch p.mode {
-		case refuse:
-			c.Close()
-		case blackhole, freeze:
-			p.conns[c] = true
-			go func() { _, _ = io.Copy(io.Discard, c) }()
-		default:
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				break
-			}
-			p.conns[c], p.conns[up] = true, true
-			go p.pipe(c, up)
-			go p.pipe(up, c)
-		}
-		p.mu.Unlock()
-	}
-}
-
-// pipe copies src to dst while the proxy forwards, and discards what arrives while it is frozen.
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			frozen := p.mode == freeze
-			p.mu.Unlock()
-			if !frozen {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-		}
-		if err != nil {
-			return
-		}
 	}
 }

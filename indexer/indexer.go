@@ -1,4 +1,4 @@
-// Package indexer follows a chain and stores the facilitator.Transfer, AuthorizationUsed and
+// Package indexer follows a chain and stores the Transfer, AuthorizationUsed and
 // AuthorizationCanceled logs of the configured tokens in Postgres: the facilitator's memory of
 // the chain (ARCHITECTURE.md invariant 6). It backfills with adaptive eth_getLogs ranges written with COPY,
 // follows new heads (WebSocket subscription, polling fallback), and detects reorgs by parent hash,
@@ -23,13 +23,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
-
-// Chain is the JSON-RPC access the indexer needs; *rpc.Client satisfies it.
-type Chain interface {
-	CallContext(ctx context.Context, result any, method string, args ...any) error
-	BatchCallContext(ctx context.Context, b []rpc.BatchElem) error
-}
 
 // ErrDeepReorg stops a network's indexer: the chain reorganised below the kept window, so what is
 // indexed cannot be reconciled automatically.
@@ -45,10 +40,10 @@ type Observer interface {
 type Config struct {
 	Network string // CAIP-2
 	Tokens  []common.Address
-	Chain   Chain
-	// WSURL, when set, is used to subscribe to new heads; without it (or while the subscription is
-	// down) the indexer polls every PollInterval.
-	WSURL string
+	Chain   ethrpc.Chain
+	// Heads, when set, hurries the indexer to each new head the network's subscription announces;
+	// the indexer polls every PollInterval regardless.
+	Heads Heads
 	Store Store
 	// StartBlock is where indexing begins on an empty database.
 	StartBlock uint64
@@ -76,7 +71,6 @@ type Indexer struct {
 	head, cursor  atomic.Uint64
 	reorgs        atomic.Int64
 	leader        atomic.Bool
-	subscribed    atomic.Bool
 	eventsIndexed atomic.Int64
 	stopped       atomic.Bool   // the loop gave up (ErrDeepReorg): an operator must step in
 	rangeSize     atomic.Uint64 // the sizer's size, for Status (the sizer is the leader's alone)
@@ -148,7 +142,9 @@ func (ix *Indexer) Status() Status {
 	if h > c {
 		lag = h - c
 	}
-	return Status{Leader: ix.leader.Load(), Stopped: ix.stopped.Load(), Subscribed: ix.subscribed.Load(), Head: h, Cursor: c, Lag: lag,
+	// Only the leader follows heads.
+	subscribed := ix.leader.Load() && ix.cfg.Heads != nil && ix.cfg.Heads.Subscribed()
+	return Status{Leader: ix.leader.Load(), Stopped: ix.stopped.Load(), Subscribed: subscribed, Head: h, Cursor: c, Lag: lag,
 		Reorgs: ix.reorgs.Load(), Events: ix.eventsIndexed.Load(), RangeSize: ix.rangeSize.Load()}
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
@@ -96,7 +97,7 @@ func config(network string) indexer.Config {
 		Network:       network,
 		Tokens:        []common.Address{chain.USDC.Address},
 		Chain:         chain.RPC,
-		WSURL:         chain.WSURL,
+		Heads:         ethrpc.NewHeads(chain.WSURL, 0, nil),
 		Store:         store,
 		FinalityDepth: 2,
 		PollInterval:  50 * time.Millisecond,

@@ -15,6 +15,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
@@ -94,10 +95,9 @@ func EmitEvents(ctx context.Context, rc *rpc.Client, timeout time.Duration, key 
 	// Full blocks raise the base fee by up to 12.5% each: leave room for the whole run.
 	tip := big.NewInt(1_000_000_000)
 	feeCap := new(big.Int).Add(new(big.Int).Mul(latest.BaseFee.ToInt(), big.NewInt(20)), big.NewInt(100_000_000_000))
-	signer := types.LatestSignerForChainID(new(big.Int).SetUint64(id))
+	signer := ethrpc.NewSigner(id, key)
 	sign := func(to *common.Address, data []byte, gas uint64) (*types.Transaction, error) {
-		tx, err := types.SignNewTx(key, signer, &types.DynamicFeeTx{ChainID: new(big.Int).SetUint64(id), Nonce: nonce,
-			GasTipCap: tip, GasFeeCap: feeCap, Gas: gas, To: to, Data: data})
+		tx, err := signer.Sign(nonce, to, data, gas, tip, feeCap)
 		nonce++
 		return tx, err
 	}

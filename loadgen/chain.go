@@ -19,6 +19,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 // node is the chain's JSON-RPC endpoint with a bound on each call.
@@ -218,8 +219,7 @@ func ceilingTxs(ctx context.Context, n *node, tok token, key *ecdsa.PrivateKey, 
 	tip := big.NewInt(1_000_000_000)
 	// Three times the base fee leaves room for it to rise while the burst is mined.
 	feeCap := new(big.Int).Add(new(big.Int).Mul(head.BaseFee.ToInt(), big.NewInt(3)), tip)
-	chainID := new(big.Int).SetUint64(tok.ChainID)
-	signer := types.LatestSignerForChainID(chainID)
+	signer := ethrpc.NewSigner(tok.ChainID, key)
 	raws := make([]string, count)
 	pays := make([]*payment, count)
 	for i := range raws {
@@ -228,11 +228,8 @@ func ceilingTxs(ctx context.Context, n *node, tok token, key *ecdsa.PrivateKey, 
 			return nil, nil, err
 		}
 		pays[i] = p
-		tx, err := types.SignNewTx(key, signer, &types.DynamicFeeTx{
-			ChainID: chainID, Nonce: nonce + uint64(i), GasTipCap: tip, GasFeeCap: feeCap,
-			Gas: 150_000, // about 96,000 used; fixed so that no estimate is part of the loop
-			To:  &tok.Address, Data: eip3009.TransferCalldata(p.Auth, p.Signature),
-		})
+		// Gas about 96,000 used; fixed so that no estimate is part of the loop.
+		tx, err := signer.Sign(nonce+uint64(i), &tok.Address, eip3009.TransferCalldata(p.Auth, p.Signature), 150_000, tip, feeCap)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/verify"
@@ -37,16 +38,10 @@ type Store interface {
 	TryLead(ctx context.Context, network string) (release func(), ok bool, err error)
 }
 
-// Chain is the JSON-RPC access the jobs need; *rpc.Client satisfies it.
-type Chain interface {
-	CallContext(ctx context.Context, result any, method string, args ...any) error
-	BatchCallContext(ctx context.Context, b []rpc.BatchElem) error
-}
-
 // Network is one chain the jobs watch.
 type Network struct {
 	Network       facilitator.Network
-	Chain         Chain
+	Chain         ethrpc.Chain
 	Reader        verify.Reader
 	FinalityDepth uint64
 }

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -74,14 +75,14 @@ const (
 // NetworkConfig is one chain the engine settles on.
 type NetworkConfig struct {
 	Network facilitator.Network
-	Chain   Chain
+	Chain   ethrpc.Chain
 	Signers []*ecdsa.PrivateKey
 	// FinalityDepth is the number of confirmations (the mined block counts as one) at which a
 	// settlement is final.
 	FinalityDepth uint64
-	// WSURL, when set, is a WebSocket endpoint of the chain whose newHeads subscription wakes the
-	// receipt watcher on every block (PollInterval polling goes on regardless).
-	WSURL string
+	// Heads, when set, wakes the receipt watcher on every block the network's head subscription
+	// announces (PollInterval polling goes on regardless).
+	Heads Heads
 }
 
 // Config configures the engine. Zero durations take the defaults in New.
@@ -214,7 +215,7 @@ func New(cfg Config) (*Engine, error) {
 		if len(nc.Signers) == 0 {
 			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
 		}
-		n := &network{engine: e, id: nc.Network, chain: nc.Chain, wsURL: nc.WSURL, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64)}
+		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64)}
 		seen := map[common.Address]bool{}
 		for _, k := range nc.Signers {
 			s := newSender(n, k)

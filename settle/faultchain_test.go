@@ -11,14 +11,14 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 // faultChain puts the answers of a load-balanced provider's worse backends in front of the node,
 // as the test switches them on: receipts that read null or fail though mined, and batches answered
 // by a backend that lags the head by some blocks (single calls still reach an up-to-date one).
 type faultChain struct {
-	settle.Chain
+	ethrpc.Chain
 	badReceipts atomic.Bool  // receipts read null (odd calls) or fail (even calls)
 	lagBatches  atomic.Int64 // batches answered as a node this many blocks behind
 	calls       atomic.Int64

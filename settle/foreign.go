@@ -6,8 +6,6 @@ import (
 	"math/big"
 	"time"
 
-	"github.com/ethereum/go-ethereum/core/types"
-
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -64,10 +62,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			nonce = *gap
 		}
 		to := f.key.Asset
-		tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
-			ChainID: new(big.Int).SetUint64(n.id.ChainID), Nonce: nonce,
-			GasTipCap: fees.TipCap, GasFeeCap: fees.FeeCap, Gas: f.gas, To: &to, Data: f.data,
-		})
+		tx, err := s.signer.Sign(nonce, &to, f.data, f.gas, fees.TipCap, fees.FeeCap)
 		if err != nil {
 			return err
 		}

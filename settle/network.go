@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -17,8 +18,8 @@ import (
 type network struct {
 	engine  *Engine
 	id      facilitator.Network
-	chain   Chain
-	wsURL   string // for the newHeads subscription; "" polls only
+	chain   ethrpc.Chain
+	heads   Heads // nil: polls only
 	senders []*sender
 	depth   uint64 // confirmations at which a mined settlement is final
 

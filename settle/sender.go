@@ -12,11 +12,10 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
-	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -24,9 +23,8 @@ import (
 // (ARCHITECTURE.md invariant 7), and it broadcasts that key's transactions in nonce order, in batches.
 type sender struct {
 	net    *network
-	key    *ecdsa.PrivateKey
 	addr   common.Address
-	signer types.Signer
+	signer *ethrpc.Signer
 
 	// mu makes "take the next nonce, sign, commit the row" one step, so a nonce is used only by a
 	// committed row and given back (not incremented) when the commit fails.
@@ -51,12 +49,8 @@ type sender struct {
 }
 
 func newSender(n *network, key *ecdsa.PrivateKey) *sender {
-	return &sender{
-		net:    n,
-		key:    key,
-		addr:   crypto.PubkeyToAddress(key.PublicKey),
-		signer: types.LatestSignerForChainID(new(big.Int).SetUint64(n.id.ChainID)),
-	}
+	signer := ethrpc.NewSigner(n.id.ChainID, key)
+	return &sender{net: n, addr: signer.Address(), signer: signer}
 }
 
 // load derives the next nonce from the chain's mined nonce and the ledger: every transaction of
@@ -194,15 +188,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 				continue
 			}
 			nonce := s.next + uint64(len(rows))
-			tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
-				ChainID:   new(big.Int).SetUint64(s.net.id.ChainID),
-				Nonce:     nonce,
-				GasTipCap: sub.fees.TipCap,
-				GasFeeCap: sub.fees.FeeCap,
-				Gas:       sub.gas,
-				To:        &sub.to,
-				Data:      sub.data,
-			})
+			tx, err := s.signer.Sign(nonce, &sub.to, sub.data, sub.gas, sub.fees.TipCap, sub.fees.FeeCap)
 			var raw []byte
 			if err == nil {
 				raw, err = tx.MarshalBinary()

@@ -21,6 +21,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settlesim"
@@ -600,7 +601,7 @@ func (v *simVerifier) Settleable(ctx context.Context, p *facilitator.Payment, si
 // already had one is a fee bump, and must never replace a transaction whose nonce was mined at
 // a block the engine had already been told of.
 type sendSpy struct {
-	settle.Chain
+	ethrpc.Chain
 	w          *simWorld
 	maxHead    uint64 // the highest head any answer told the engine of
 	variants   map[spyKey][]common.Hash

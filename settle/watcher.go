@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/big"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -664,10 +663,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 		return errNotLeased // the key's holder bumps it
 	}
 	to := f.key.Asset
-	tx, err := types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(n.id.ChainID), Nonce: f.txNonce(),
-		GasTipCap: fees.TipCap, GasFeeCap: fees.FeeCap, Gas: f.gas, To: &to, Data: f.data,
-	})
+	tx, err := s.signer.Sign(f.txNonce(), &to, f.data, f.gas, fees.TipCap, fees.FeeCap)
 	if err != nil {
 		return err
 	}

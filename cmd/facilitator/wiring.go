@@ -24,10 +24,10 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
@@ -45,6 +45,7 @@ type Main struct {
 
 	db       *postgres.DB
 	rpcs     []*rpc.Client
+	heads    []*ethrpc.Heads // per network, shared by the engine and the indexer
 	engine   *settle.Engine
 	jobs     *cron.Cron
 	indexers []*indexer.Indexer
@@ -92,6 +93,7 @@ func (m *Main) Run(ctx context.Context) error {
 			return fmt.Errorf("%s: dialing the RPC: %w", n.ID, err)
 		}
 		m.rpcs = append(m.rpcs, client)
+		m.heads = append(m.heads, ethrpc.NewHeads(cfg.Networks[i].WS, cfg.RPCTimeout, log.With("network", n.ID)))
 		if err := m.checkChain(startCtx, client, n); err != nil {
 			return err
 		}
@@ -120,7 +122,7 @@ func (m *Main) Run(ctx context.Context) error {
 	var settleNets []settle.NetworkConfig
 	for i, n := range networks {
 		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys,
-			FinalityDepth: cfg.Networks[i].finality(n.ChainID), WSURL: cfg.Networks[i].WS})
+			FinalityDepth: cfg.Networks[i].finality(n.ChainID), Heads: m.heads[i]})
 	}
 	m.engine, err = settle.New(settle.Config{
 		Networks:             settleNets,
@@ -237,7 +239,7 @@ func (m *Main) startIndexers(ctx context.Context, networks []facilitator.Network
 			tokens[j] = t.Address
 		}
 		ix := indexer.New(indexer.Config{
-			Network: n.ID, Tokens: tokens, Chain: m.rpcs[i], WSURL: nc.WS, Store: m.db,
+			Network: n.ID, Tokens: tokens, Chain: m.rpcs[i], Heads: m.heads[i], Store: m.db,
 			StartBlock: nc.StartBlock, FinalityDepth: nc.finality(n.ChainID), MaxRange: logRange,
 			PollInterval: m.Config.PollInterval, RPCTimeout: m.Config.RPCTimeout, Logger: m.Logger,
 			Observer: m.metrics,

@@ -69,7 +69,7 @@ func RandomProfile(r *rand.Rand) Profile {
 }
 
 // Backend is one JSON-RPC node's view of the chain, with its own faults. It implements
-// settle.Chain (go-ethereum's *rpc.Client method set): results are written as the real client
+// ethrpc.Chain (go-ethereum's *rpc.Client method set): results are written as the real client
 // writes them, by a JSON round trip of the answer into result, and errors are what the real
 // client returns (an rpc.Error for a node's error object; a *url.Error or rpc.HTTPError for
 // transport failures).
@@ -127,7 +127,7 @@ type answer struct {
 	err    error
 }
 
-// CallContext implements settle.Chain.
+// CallContext implements ethrpc.Chain.
 func (b *Backend) CallContext(ctx context.Context, result any, method string, args ...any) error {
 	if result != nil && reflect.TypeOf(result).Kind() != reflect.Pointer {
 		return fmt.Errorf("call result parameter must be pointer or nil interface: %v", result)
@@ -151,7 +151,7 @@ func (b *Backend) CallContext(ctx context.Context, result any, method string, ar
 	}
 }
 
-// BatchCallContext implements settle.Chain.
+// BatchCallContext implements ethrpc.Chain.
 func (b *Backend) BatchCallContext(ctx context.Context, elems []rpc.BatchElem) error {
 	if len(elems) == 0 {
 		return rpcErr(-32600, "empty batch")
@@ -341,7 +341,7 @@ func joinRaw(params []json.RawMessage) string {
 }
 
 // Balancer is a load-balanced endpoint: each request goes to one of its backends, drawn at
-// random, so consecutive reads may come from nodes that disagree. It implements settle.Chain.
+// random, so consecutive reads may come from nodes that disagree. It implements ethrpc.Chain.
 type Balancer struct {
 	mu       sync.Mutex
 	r        *rand.Rand
@@ -375,12 +375,12 @@ func (lb *Balancer) SplitBatches(on bool) {
 // Backends are the balancer's backends.
 func (lb *Balancer) Backends() []*Backend { return append([]*Backend(nil), lb.backends...) }
 
-// CallContext implements settle.Chain.
+// CallContext implements ethrpc.Chain.
 func (lb *Balancer) CallContext(ctx context.Context, result any, method string, args ...any) error {
 	return lb.pick().CallContext(ctx, result, method, args...)
 }
 
-// BatchCallContext implements settle.Chain.
+// BatchCallContext implements ethrpc.Chain.
 func (lb *Balancer) BatchCallContext(ctx context.Context, elems []rpc.BatchElem) error {
 	lb.mu.Lock()
 	split := lb.split

@@ -15,12 +15,12 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
-	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 var (
-	_ settle.Chain = (*Backend)(nil)
-	_ settle.Chain = (*Balancer)(nil)
+	_ ethrpc.Chain = (*Backend)(nil)
+	_ ethrpc.Chain = (*Balancer)(nil)
 )
 
 // TestLagView: a node k blocks behind answers as a node whose head is head−k, for every method:

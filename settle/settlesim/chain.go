@@ -12,6 +12,8 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 // ChainConfig configures a Chain. Zero values take the defaults in NewChain.
@@ -764,8 +766,6 @@ func (c *Chain) buildLocked(f ForeignTx) (*types.Transaction, common.Address) {
 		res := run(env, head.state, from, to, nil, f.Data)
 		gas = res.gas + res.gas/4
 	}
-	inner := &types.DynamicFeeTx{ChainID: new(big.Int).SetUint64(c.cfg.ChainID), Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap,
-		Gas: gas, To: to, Data: f.Data}
 	key := f.Key
 	if key == nil {
 		// Impersonation: a key of the sender's own, so that two senders' identical transactions
@@ -776,7 +776,7 @@ func (c *Chain) buildLocked(f ForeignTx) (*types.Transaction, common.Address) {
 		}
 		key = k
 	}
-	tx, err := types.SignNewTx(key, c.signer, inner)
+	tx, err := ethrpc.NewSigner(c.cfg.ChainID, key).Sign(nonce, to, f.Data, gas, tip, feeCap)
 	if err != nil {
 		panic(err) // only on a programming error
 	}

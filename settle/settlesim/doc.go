@@ -11,6 +11,6 @@
 // safe for concurrent use, because the engine calls its Chain and Store from several goroutines;
 // a simulation is reproducible only if its driver makes the order of those calls deterministic.
 //
-// The package depends on the engine only through its exported types (settle.Chain's method set,
+// The package depends on the engine only through the method sets it serves (ethrpc.Chain's,
 // settle.Store's), so a driver can run the real engine against it.
 package settlesim

@@ -13,13 +13,13 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settlesim"
 )
 
 // A driver builds everything from one seed: the clock, the chain, a few nodes with their own
-// faults behind a load balancer (the engine's settle.Chain), and the ledger (its Store).
+// faults behind a load balancer (the engine's ethrpc.Chain), and the ledger (its Store).
 func Example() {
 	seed := uint64(42)
 	r := rand.New(rand.NewPCG(seed, 0))
@@ -29,7 +29,7 @@ func Example() {
 		settlesim.NewBackend(chain, "steady", settlesim.Profile{}, r),
 		settlesim.NewBackend(chain, "flaky", settlesim.RandomProfile(r), r),
 	}
-	var endpoint settle.Chain = settlesim.NewBalancer(r, nodes...)
+	var endpoint ethrpc.Chain = settlesim.NewBalancer(r, nodes...)
 	ledger := settlesim.NewLedger(clock, settlesim.LedgerFaults{Fail: 0.05, Ambiguous: 0.05}, r)
 	_ = ledger // the engine's Store, once settle.Store has the new signatures (store_contract.go)
 

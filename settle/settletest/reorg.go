@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 // BranchTx is a transaction of a reorganisation's new branch: its signed bytes, and the block
@@ -79,10 +80,8 @@ func (e *Env) signTx(t testing.TB, from *devchain.Account, data []byte) *types.T
 		t.Fatal(err)
 	}
 	tip := big.NewInt(1_000_000_000)
-	chainID := new(big.Int).SetUint64(c.ChainID)
-	tx, err := types.SignNewTx(from.Key, types.LatestSignerForChainID(chainID), &types.DynamicFeeTx{ChainID: chainID, Nonce: nonce,
-		GasTipCap: tip, GasFeeCap: new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip), Gas: 200_000,
-		To: &c.USDC.Address, Data: data})
+	feeCap := new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip)
+	tx, err := ethrpc.NewSigner(c.ChainID, from.Key).Sign(nonce, &c.USDC.Address, data, 200_000, tip, feeCap)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,42 @@
+package ethrpc
+
+import (
+	"crypto/ecdsa"
+	"math/big"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+)
+
+// Signer signs EIP-1559 transactions of one key for one chain. Every transaction the facilitator
+// and its tools send is built here, so a replacement, a re-sign and a first send of the same
+// calldata differ only in what their callers chose (nonce, fees), never in how they are encoded.
+type Signer struct {
+	key     *ecdsa.PrivateKey
+	addr    common.Address
+	chainID *big.Int
+	signer  types.Signer
+}
+
+// NewSigner returns the signer of key on chain chainID.
+func NewSigner(chainID uint64, key *ecdsa.PrivateKey) *Signer {
+	id := new(big.Int).SetUint64(chainID)
+	return &Signer{key: key, addr: crypto.PubkeyToAddress(key.PublicKey), chainID: id, signer: types.LatestSignerForChainID(id)}
+}
+
+// Address is the key's account.
+func (s *Signer) Address() common.Address { return s.addr }
+
+// Sign builds and signs a dynamic-fee transaction; to == nil deploys data as code.
+func (s *Signer) Sign(nonce uint64, to *common.Address, data []byte, gas uint64, tipCap, feeCap *big.Int) (*types.Transaction, error) {
+	return types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
+		ChainID:   s.chainID,
+		Nonce:     nonce,
+		GasTipCap: tipCap,
+		GasFeeCap: feeCap,
+		Gas:       gas,
+		To:        to,
+		Data:      data,
+	})
+}
