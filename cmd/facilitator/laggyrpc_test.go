@@ -714,11 +714,21 @@ func TestFaultProxyRewrites(t *testing.T) {
 		if latest.Number != view {
 			t.Fatalf("the lagging backend's latest block is %d, its head %d", latest.Number, view)
 		}
-		if err := pc.CallContext(ctx, &pastView, "eth_getBlockByNumber", hexutil.EncodeUint64(uint64(view)+1), false); err != nil || pastView != nil {
+		// Past the lagging head nothing exists, unless that head moved on between the batch and
+		// this request (a block a second): then the round says nothing and the next one asks again.
+		moved := func() bool {
+			t.Helper()
+			var now hexutil.Uint64
+			if err := pc.CallContext(ctx, &now, "eth_blockNumber"); err != nil {
+				t.Fatal(err)
+			}
+			return now > view
+		}
+		if err := pc.CallContext(ctx, &pastView, "eth_getBlockByNumber", hexutil.EncodeUint64(uint64(view)+1), false); (err != nil || pastView != nil) && !moved() {
 			t.Fatalf("block %d, past the lagging head %d: %v %v; want null", view+1, view, pastView, err)
 		}
 		var bal hexutil.Big
-		if err := pc.CallContext(ctx, &bal, "eth_getBalance", key.Address, hexutil.EncodeUint64(uint64(view)+2)); err == nil || !strings.Contains(err.Error(), "header not found") {
+		if err := pc.CallContext(ctx, &bal, "eth_getBalance", key.Address, hexutil.EncodeUint64(uint64(view)+2)); (err == nil || !strings.Contains(err.Error(), "header not found")) && !moved() {
 			t.Fatalf("a balance at block %d, past the lagging head %d: %v; want header not found", view+2, view, err)
 		}
 		switch {
