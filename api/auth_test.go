@@ -26,8 +26,8 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 

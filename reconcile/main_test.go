@@ -28,7 +28,7 @@ func jobs(t testing.TB, depth uint64, now func() time.Time) *reconcile.Jobs {
 	t.Helper()
 	return reconcile.New(reconcile.Config{
 		Store:      env.DB,
-		Networks:   []reconcile.Network{{Network: env.Network(), Chain: env.Chain.RPC, Reader: env.Reader(), FinalityDepth: depth}},
+		Networks:   []reconcile.Network{{Network: env.Network(), Chain: env.Chain.RPC, FinalityDepth: depth}},
 		StaleAfter: time.Minute,
 		Now:        now,
 		Logger:     settletest.Logger(t),

@@ -19,7 +19,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // Store is what the jobs read and write.
@@ -42,7 +41,6 @@ type Store interface {
 type Network struct {
 	Network       facilitator.Network
 	Chain         ethrpc.Chain
-	Reader        verify.Reader
 	FinalityDepth uint64
 }
 

@@ -49,7 +49,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		err := s.load(lctx)
 		cancel()
 		if err != nil {
-			s.loaded = false
+			s.nonces.reset()
 			return err
 		}
 		nonce := s.next
@@ -84,7 +84,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			cancel()
 			switch {
 			case rerr != nil:
-				s.loaded = false
+				s.nonces.reset()
 				return rerr
 			case got.TxNonce != nonce && attempt < 3:
 				// New bytes: one wei more of tip and cap.
@@ -99,7 +99,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		}
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
 			e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
-			s.loaded = false
+			s.nonces.reset()
 			continue
 		}
 		if err != nil && !errors.Is(err, facilitator.ErrNotFound) && !errors.Is(err, facilitator.ErrNonceTaken) {
@@ -120,13 +120,13 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			}
 		}
 		if err != nil {
-			s.loaded = false
+			s.nonces.reset()
 			return err
 		}
 		if gap == nil {
 			s.next = nonce + 1
 		} else {
-			s.loaded = false // the next commit derives the key's next free nonce afresh
+			s.nonces.reset() // the next commit derives the key's next free nonce afresh
 		}
 		f.update(func(f *flight) {
 			f.nonce = nonce

@@ -68,12 +68,12 @@ func (s *sender) held() facilitator.SignerLease {
 // On failure the key is not used.
 func (e *Engine) takeKey(ctx context.Context, s *sender, l facilitator.SignerLease) error {
 	s.mu.Lock()
-	s.loaded = false
+	s.nonces.reset()
 	s.lease.Store(&leaseBox{l})
 	err := e.recoverLocked(ctx, s)
 	if err != nil {
 		s.lease.Store(nil)
-		s.loaded = false
+		s.nonces.reset()
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -90,7 +90,7 @@ func (e *Engine) dropKey(s *sender, l facilitator.SignerLease) int {
 	if b := s.lease.Load(); b != nil && b.l == l {
 		s.lease.Store(nil)
 	}
-	s.loaded = false
+	s.nonces.reset()
 	s.mu.Unlock()
 	return e.dropFlights(s)
 }
@@ -225,12 +225,6 @@ func (n *network) waitDone() {
 	n.waiting = false
 	n.turn++
 	n.leaseMu.Unlock()
-}
-
-func (s *sender) nextNonce() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.next
 }
 
 // HeldSigners lists, by network, the signer keys this process holds now (every key without a

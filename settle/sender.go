@@ -29,9 +29,7 @@ type sender struct {
 	// mu makes "take the next nonce, sign, commit the row" one step, so a nonce is used only by a
 	// committed row and given back (not incremented) when the commit fails.
 	mu     sync.Mutex
-	next   uint64
-	loaded bool
-	mined  uint64 // the chain's mined nonce of the key at the last load
+	nonces // under mu (nonce.go)
 
 	// pending are the submissions waiting for mu; whoever takes mu commits them all at once.
 	pmu     sync.Mutex
@@ -51,63 +49,6 @@ type sender struct {
 func newSender(n *network, key *ecdsa.PrivateKey) *sender {
 	signer := ethrpc.NewSigner(n.id.ChainID, key)
 	return &sender{net: n, addr: signer.Address(), signer: signer}
-}
-
-// load derives the next nonce from the chain's mined nonce and the ledger: every transaction of
-// ours, mined, pooled or not sent yet (a crash between commit and broadcast), is in the ledger
-// before it leaves the process, so the ledger's highest nonce covers them. The chain's pending
-// nonce is not used: past ours it counts only transactions that are not ours, sitting in a pool,
-// and one of those that a pool drops would leave the nonce it held a gap nobody fills, holding
-// back every later transaction of the key. Signing at such a nonce instead costs at most a
-// replacement fight or a re-sign (foreign.go). Caller holds mu.
-func (s *sender) load(ctx context.Context) error {
-	e := s.net.engine
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
-	defer cancel()
-	// The count comes with the answering node's head: a node behind a head we were told of may
-	// not count a transaction of the key mined since, and signing at its nonce would only earn a
-	// "nonce too low". Asked again, then not known.
-	var latest, head hexutil.Uint64
-	for try := 1; ; try++ {
-		b := []rpc.BatchElem{
-			{Method: "eth_getTransactionCount", Args: []any{s.addr, "latest"}, Result: &latest},
-			{Method: "eth_blockNumber", Result: &head},
-		}
-		err := s.net.chain.BatchCallContext(ctx, b)
-		if err == nil {
-			err = errors.Join(b[0].Error, b[1].Error)
-		}
-		if err == nil && uint64(head) < s.net.maxSeen.Load() {
-			err = fmt.Errorf("the node answering is behind the chain's head (block %d, %d seen)", uint64(head), s.net.maxSeen.Load())
-		}
-		if err == nil {
-			s.net.saw(uint64(head))
-			break
-		}
-		if try == 3 {
-			return facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the signer's nonce; nothing was sent, retry", err)
-		}
-	}
-	// The lowest nonce from the chain's on that no settlement holds: past the ledger's highest
-	// normally, or a gap below it (a foreign transaction that held it was reorganised away).
-	held, err := e.store.NoncesHeld(ctx, s.net.id.ID, s.addr, uint64(latest))
-	if err != nil {
-		return ledgerDown(err)
-	}
-	next := uint64(latest)
-	for _, n := range held {
-		if n == next {
-			next++
-		} else if n > next {
-			break
-		}
-	}
-	if s.loaded && next != s.next {
-		e.log.Warn("signer nonce resynchronised", "network", s.net.id.ID, "signer", s.addr, "was", s.next, "now", next)
-		e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceResync)
-	}
-	s.next, s.loaded, s.mined = next, true, uint64(latest)
-	return nil
 }
 
 // submission is one settlement waiting for its turn at the key's next nonce.
@@ -169,7 +110,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			finish(errNotLeased)
 			return
 		}
-		if !s.loaded {
+		if !s.nonces.loaded {
 			lctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
 			err := s.load(lctx)
 			cancel()
@@ -222,7 +163,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			// Our view of the key is stale (a commit whose answer was lost, another process on the
 			// key): re-derive it and take the next free nonces.
 			e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceTaken)
-			s.loaded = false
+			s.nonces.reset()
 			continue
 		}
 		if len(rows) > 1 && (errors.Is(err, facilitator.ErrDuplicate) || errors.Is(err, facilitator.ErrPaymentIDTaken) ||
@@ -253,12 +194,12 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 				e.log.Warn("a settlement write reported an error but had committed; sending", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
 				ids, err = committed, nil
 			case known:
-				s.loaded = false // re-derive the key's next nonce from the ledger next time
+				s.nonces.reset() // re-derive the key's next nonce from the ledger next time
 				err = ledgerDown(err)
 			default:
 				// Not known either way: the callers are answered pending with the hash they may
 				// land under, and the outcome is settled in the background.
-				s.loaded = false
+				s.nonces.reset()
 				e.log.Warn("a settlement write's outcome is unknown; answering pending and finding out", "network", s.net.id.ID,
 					"signer", s.addr, "count", len(rows), "err", err)
 				flights := make([]*flight, len(signed))
@@ -274,7 +215,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			finish(err)
 			return
 		}
-		s.next += uint64(len(rows))
+		s.nonces.take(len(rows))
 		e.fault(FaultAfterCommit)
 
 		for i, sub := range signed {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 )
 

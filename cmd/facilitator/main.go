@@ -82,13 +82,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	m := &Main{Config: cfg, Logger: newLogger(stderr, cfg.LogLevel, cfg.LogFormat)}
-	if err := m.Run(ctx); err != nil {
-		m.Close()
-		return err
-	}
-	<-ctx.Done()
-	return m.Close()
+	return runUntilDone(ctx, cfg, stderr)
 }
 
 func runIndex(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -97,6 +91,11 @@ func runIndex(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	cfg.IndexOnly = true
+	return runUntilDone(ctx, cfg, stderr)
+}
+
+// runUntilDone runs the facilitator until ctx ends (a signal), then closes it.
+func runUntilDone(ctx context.Context, cfg *Config, stderr io.Writer) error {
 	m := &Main{Config: cfg, Logger: newLogger(stderr, cfg.LogLevel, cfg.LogFormat)}
 	if err := m.Run(ctx); err != nil {
 		m.Close()

@@ -162,7 +162,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.metrics.WatchPaymentIDs(idsvc.Counts)
 	var recNets []reconcile.Network
 	for i, n := range networks {
-		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.rpcs[i], Reader: readers[n.ID],
+		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.rpcs[i],
 			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
 	}
 	rec := reconcile.New(reconcile.Config{Store: m.db, Networks: recNets, StaleAfter: cfg.ReconcileStale,
