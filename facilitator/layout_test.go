@@ -1,0 +1,115 @@
+package facilitator_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLayout holds the house's dependency rules, read from the build itself (go list): imports
+// point one way, from cmd/ down to this domain root, and the test benches serve only tests. A
+// change that breaks a rule fails here rather than in a reviewer's reading.
+func TestLayout(t *testing.T) {
+	pkgs := listPackages(t)
+	const mod = "github.com/x402-facilitator/x402-facilitator/"
+	ours := func(imports []string) []string {
+		var out []string
+		for _, p := range imports {
+			if strings.HasPrefix(p, mod) {
+				out = append(out, strings.TrimPrefix(p, mod))
+			}
+		}
+		return out
+	}
+	// The bottom of the house: what each may import of ours, and nothing else.
+	only := map[string][]string{
+		"facilitator":          {},
+		"migrations":           {},
+		"facilitator/postgres": {"facilitator", "migrations"},
+		"eip3009":              {"facilitator"},
+		"ethrpc":               {"eip3009", "facilitator"},
+	}
+	// Packages nothing may import but the binary's wiring, and the binary itself.
+	top := map[string][]string{"api": {"cmd/facilitator"}, "cmd/facilitator": {}}
+	// The third-party layers the domain root must not know (it is the wire and the rules).
+	foreign := []string{"github.com/labstack/echo", "github.com/jackc/pgx", "github.com/ethereum/go-ethereum/ethclient", "github.com/ethereum/go-ethereum/rpc"}
+
+	seen := map[string]bool{}
+	for _, p := range pkgs {
+		name := strings.TrimPrefix(p.ImportPath, mod)
+		seen[name] = true
+		imports := ours(p.Imports)
+		if allowed, ok := only[name]; ok {
+			for _, imp := range imports {
+				if !slices.Contains(allowed, imp) {
+					t.Errorf("%s imports %s; it may import only %v of this module", name, imp, allowed)
+				}
+			}
+		}
+		if name == "facilitator" {
+			for _, imp := range p.Imports {
+				for _, f := range foreign {
+					if strings.HasPrefix(imp, f) {
+						t.Errorf("the domain root imports %s", imp)
+					}
+				}
+			}
+		}
+		for _, imp := range imports {
+			if users, ok := top[imp]; ok && !slices.Contains(users, name) {
+				t.Errorf("%s imports %s; only %v may", name, imp, users)
+			}
+			// A package whose name ends in "test" is a test bench: only tests import it.
+			if strings.HasSuffix(imp, "test") && !strings.HasSuffix(name, "test") {
+				t.Errorf("%s (product code) imports the test bench %s", name, imp)
+			}
+		}
+	}
+	for name := range only {
+		if !seen[name] {
+			t.Errorf("package %s is gone: update the rules", name)
+		}
+	}
+}
+
+type listed struct {
+	ImportPath string
+	Imports    []string
+}
+
+func listPackages(t *testing.T) []listed {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "list", "-json", "github.com/x402-facilitator/x402-facilitator/...")
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []listed
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p listed
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages; the module has more", len(pkgs))
+	}
+	return pkgs
+}
