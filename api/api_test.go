@@ -28,9 +28,9 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -39,8 +39,8 @@ import (
 var chain *devchain.Chain
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
-		chain = c
+	stacktest.MainWith(m, stacktest.Options{}, func(e *stacktest.Env) (int, error) {
+		chain = e.Chain
 		return m.Run(), nil
 	})
 }

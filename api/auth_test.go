@@ -23,11 +23,11 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -224,7 +224,7 @@ func TestAuthSuccessBelongsToKey(t *testing.T) {
 	ledger(t)
 	p := fundedPayment(t)
 	body := p.body(t)
-	devchaintest.ManualMining(t, chain)
+	stacktest.ManualMining(t, chain)
 	s := newAuthStackWith(t, settleOptions{deadline: time.Second}) // registered after: stops first
 	all := []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle}
 	a, _ := newKey(t, s.DB, all)

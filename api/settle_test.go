@@ -28,13 +28,11 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -67,7 +65,7 @@ func ledgerNamed(t *testing.T, name string) string {
 	}
 	ledgersMu.Unlock()
 	l.once.Do(func() { l.url, l.err = setUpLedger(name) })
-	if errors.Is(l.err, postgrestest.ErrNoDatabase) {
+	if errors.Is(l.err, stacktest.ErrNoDatabase) {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("these tests need Postgres: %v", l.err)
 		}
@@ -82,7 +80,7 @@ func ledgerNamed(t *testing.T, name string) string {
 func setUpLedger(name string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	u, err := postgrestest.Fresh(ctx, name)
+	u, err := stacktest.FreshDB(ctx, name)
 	if err != nil {
 		return "", err
 	}
@@ -188,7 +186,7 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 	if err := e.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	settletest.StopAtCleanup(t, e)
+	stacktest.StopAtCleanup(t, e)
 	s.Network, s.Client, s.Reader, s.Verifier, s.Engine, s.Logger = n, client, reader, v, e, logger
 	apiCfg := api.Config{
 		Verifier:  v,
@@ -600,7 +598,7 @@ func TestSettlePendingRetryAfter(t *testing.T) {
 	p := fundedPayment(t)
 	body := p.body(t)
 	ctx := context.Background()
-	devchaintest.ManualMining(t, chain)
+	stacktest.ManualMining(t, chain)
 	s := newSettleStack(t, settleOptions{deadline: time.Second}) // registered after: stops first
 
 	r := s.settle(t, body)

@@ -22,12 +22,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own. The index
@@ -42,10 +41,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
+	stacktest.MainWith(m, stacktest.Options{}, func(e *stacktest.Env) (int, error) {
+		c := e.Chain
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		u, err := postgrestest.Fresh(ctx, "indexer")
+		u, err := stacktest.FreshDB(ctx, "indexer")
 		if err != nil {
 			return 0, err
 		}

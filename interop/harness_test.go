@@ -16,10 +16,10 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/loadgen"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -34,7 +34,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{ChainID: diffChainID}, func(c *devchain.Chain) (int, error) { return run(m, c) })
+	stacktest.MainWith(m, stacktest.Options{Chain: devchain.Options{ChainID: diffChainID}}, func(e *stacktest.Env) (int, error) { return run(m, e.Chain) })
 }
 
 func run(m *testing.M, c *devchain.Chain) (int, error) {

@@ -29,10 +29,9 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
@@ -62,7 +61,7 @@ type stack struct {
 
 func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	t.Helper()
-	dbURL, err := postgrestest.Fresh(ctx, opts.db)
+	dbURL, err := stacktest.FreshDB(ctx, opts.db)
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("this test needs TEST_DATABASE_URL: %v", err)
@@ -125,7 +124,7 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	if err := engine.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	settletest.StopAtCleanup(t, engine)
+	stacktest.StopAtCleanup(t, engine)
 	ids := paymentid.New(paymentid.Config{Store: db, Settler: engine, Verifier: verifier, Logger: log})
 	var h http.Handler = api.New(api.Config{
 		Verifier:  ids,

@@ -15,7 +15,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -54,10 +54,10 @@ func TestStatusUnused(t *testing.T) {
 func TestStatusPending(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 42_000)
-	p.ID = settletest.RandomID(t)
+	p.ID = stacktest.RandomID(t)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 
 	svc := statusService(2)
@@ -88,7 +88,7 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 	ctx := context.Background()
 	const depth = 3
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 500_000)
-	e := env.NewEngine(t, settletest.EngineOptions{Depth: 10, Deadline: 10 * time.Second}) // the engine keeps it mined, not final
+	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second}) // the engine keeps it mined, not final
 	out := e.MustSettle(t, p.Body(t))
 	if !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
@@ -118,7 +118,7 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 
 	// The ledger's final counts even where the service's own depth is not reached.
 	q := env.NewPay(t, env.FundedPayer(t, 1_000_000), 600_000)
-	e1 := env.NewEngine(t, settletest.EngineOptions{Depth: 1, Deadline: 10 * time.Second})
+	e1 := env.NewEngine(t, stacktest.EngineOptions{Depth: 1, Deadline: 10 * time.Second})
 	if out := e1.MustSettle(t, q.Body(t)); !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
@@ -289,7 +289,7 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 func TestStatusLookups(t *testing.T) {
 	ctx := context.Background()
 	svc := statusService(2)
-	id := settletest.RandomID(t)
+	id := stacktest.RandomID(t)
 	k, first := insertRow(t, &facilitator.PaymentIDBinding{ID: id, Summary: map[string]string{}})
 	bumped := common.Hash{0xb0}
 	bumped[31] = 1
@@ -315,7 +315,7 @@ func TestStatusLookups(t *testing.T) {
 		t.Fatalf("Payment(%s): %+v %v", id, st, err)
 	}
 
-	if _, err := svc.Payment(ctx, "", settletest.RandomID(t)); !errors.Is(err, facilitator.ErrNotFound) {
+	if _, err := svc.Payment(ctx, "", stacktest.RandomID(t)); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("unknown payment id: %v, want ErrNotFound", err)
 	}
 	if _, err := svc.Payment(ctx, "merchant-7", id); !errors.Is(err, facilitator.ErrNotFound) {
@@ -331,7 +331,7 @@ func TestStatusLookups(t *testing.T) {
 func TestStatusHeadUnavailable(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 9_000)
-	e := env.NewEngine(t, settletest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
+	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
 	if out := e.MustSettle(t, p.Body(t)); !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
@@ -378,20 +378,20 @@ func waitState(t testing.TB, k facilitator.AuthorizationKey, s facilitator.State
 // with mining off and stops, the node drops it, the payer's whole balance goes elsewhere through
 // another authorization, and a restarted engine's recovery resends it into the revert. It returns
 // the payment and our transaction's hash, once the ledger says reverted.
-func revertedSettlement(t *testing.T) (settletest.Pay, common.Hash) {
+func revertedSettlement(t *testing.T) (stacktest.Pay, common.Hash) {
 	t.Helper()
 	payer := env.FundedPayer(t, 100_000)
 	p := env.NewPay(t, payer, 100_000)
 	drain := env.NewPay(t, payer, 100_000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 	e.Stop(context.Background())
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	drain.SubmitElsewhere(t)
-	env.NewEngine(t, settletest.EngineOptions{Signers: e.Signers, Deadline: pendingDeadline}) // recovery resends the ledger's transaction
+	env.NewEngine(t, stacktest.EngineOptions{Signers: e.Signers, Deadline: pendingDeadline}) // recovery resends the ledger's transaction
 	waitState(t, p.Key(), facilitator.StateReverted)
 	rc := env.Receipt(t, hash)
 	if rc == nil || rc.Status != types.ReceiptStatusFailed {
@@ -410,7 +410,7 @@ func insertRow(t testing.TB, id *facilitator.PaymentIDBinding) (facilitator.Auth
 	var hash common.Hash
 	_, _ = rand.Read(hash[:])
 	n := &facilitator.NewSettlement{Key: p.Key(), Fingerprint: fp, PayTo: p.PayTo, Value: big.NewInt(p.Value), ValidAfter: big.NewInt(0),
-		ValidBefore: p.ValidBefore, X402Version: 2, Request: []byte("{}"), Signer: settletest.AddressOf(mustKey(t)), TxNonce: 0,
+		ValidBefore: p.ValidBefore, X402Version: 2, Request: []byte("{}"), Signer: stacktest.AddressOf(mustKey(t)), TxNonce: 0,
 		Tx: facilitator.TxRecord{Hash: hash, Raw: []byte{0x01}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)}, PaymentID: id}
 	if _, err := env.DB.InsertSettlement(context.Background(), n); err != nil {
 		t.Fatal(err)

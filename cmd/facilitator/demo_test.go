@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/demo"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestDemo runs `facilitator demo` end to end on a fresh database and anvil, and checks from its
@@ -26,7 +26,7 @@ func TestDemo(t *testing.T) {
 		}
 		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
 	}
-	dbURL, err := postgrestest.Fresh(ctx, "demo")
+	dbURL, err := stacktest.FreshDB(ctx, "demo")
 	if err != nil {
 		skipOrFail(err)
 	}

@@ -24,9 +24,8 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The fault tests (issue #8) drive the real binary with concurrent /settle of distinct payments
@@ -51,7 +50,7 @@ func freshStack(ctx context.Context, t *testing.T, dbSuffix string, opts devchai
 		chain *devchain.Chain
 	)
 	if dbSuffix != "" {
-		url, err = postgrestest.Fresh(ctx, dbSuffix)
+		url, err = stacktest.FreshDB(ctx, dbSuffix)
 	}
 	if err == nil {
 		chain, err = devchain.Start(ctx, opts)
@@ -327,7 +326,7 @@ func (l *faultLoad) settleAll(ctx context.Context, c *child) {
 	}
 	wg.Wait()
 	if n := failed.Load(); n > 0 {
-		pool, err := devchaintest.PoolSize(context.Background(), l.h.chain)
+		pool, err := stacktest.PoolSize(context.Background(), l.h.chain)
 		l.t.Fatalf("%d of %d payments left unsettled by the faults are still not settled after a minute of retries (anvil's pool: %d, %v)", n, len(open), pool, err)
 	}
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // requireStack returns the test database URL and a fresh chain, or skips (fails under CI).
@@ -30,7 +30,7 @@ func requireStack(t *testing.T) (string, *devchain.Chain) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var chain *devchain.Chain
-	url, err := postgrestest.Fresh(ctx, "cmd")
+	url, err := stacktest.FreshDB(ctx, "cmd")
 	if err == nil {
 		chain, err = devchain.Start(ctx, devchain.Options{})
 	}
