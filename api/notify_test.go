@@ -22,7 +22,7 @@ import (
 
 // notifyLedger is the webhook and event-stream tests' own database ("apinotify"): webhooks hear
 // every settlement of their database, and the other tests' settlements are none of theirs.
-func notifyLedger(t *testing.T) string { return ledgerNamed(t, "apinotify") }
+func notifyLedger(t *testing.T) string { return env.Ledger(t, "apinotify") }
 
 // notifyStack is the HTTP API with /settle (an engine on a fresh signer), the status routes and
 // the notify routes, over the shared chain and the apinotify database.

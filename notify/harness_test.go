@@ -45,7 +45,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	db := env.OpenDB(t)
 	e := env.NewEngine(t, stacktest.EngineOptions{DB: db})
-	st := status.New(db, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: 1}}, nil)
+	st := env.Status(db, 1)
 	return &rig{db: db, engine: e.Engine, status: st}
 }
 

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/paymentid"
@@ -62,9 +60,11 @@ func (c *countingSettler) Settle(ctx context.Context, p *facilitator.Payment) (f
 	return c.Engine.Settle(ctx, p)
 }
 
-// rig is the service over a real verifier, engine (one fresh signer key) and ledger.
+// rig is the service over a real verifier, engine (one fresh signer key) and ledger, and the HTTP
+// API over the service, as the binary wires it.
 type rig struct {
 	svc      *paymentid.Service
+	url      string // the HTTP API's
 	engine   *countingSettler
 	verifier *verify.Verifier
 	db       *postgres.DB
@@ -85,26 +85,11 @@ func newRig(tb testing.TB, o rigOptions) *rig {
 		logger = stacktest.Logger(tb)
 	}
 	e := env.NewEngine(tb, stacktest.EngineOptions{Deadline: o.deadline, Logger: logger})
-	db, v := e.DB, e.Verifier
-	r := &rig{engine: &countingSettler{Engine: e.Engine}, verifier: v, db: db, signer: stacktest.AddressOf(e.Signer()), clock: &clock{}}
-	r.svc = paymentid.New(paymentid.Config{
-		Store: db, Settler: r.engine, Verifier: v,
-		Window: o.window, FinalityMargin: o.margin, Now: r.clock.Now, Logger: logger,
-	})
+	r := &rig{engine: &countingSettler{Engine: e.Engine}, verifier: e.Verifier, db: e.DB, signer: stacktest.AddressOf(e.Signer()), clock: &clock{}}
+	srv := env.NewServer(tb, stacktest.ServerOptions{Engine: e, Logger: logger, PaymentIDs: &paymentid.Config{
+		Settler: r.engine, Window: o.window, FinalityMargin: o.margin, Now: r.clock.Now, Logger: logger}})
+	r.svc, r.url = srv.IDs, srv.URL
 	return r
-}
-
-// server is the HTTP API over the rig's service, as the binary wires it.
-func (r *rig) server(tb testing.TB) string {
-	tb.Helper()
-	srv := api.New(api.Config{
-		Verifier:  r.svc,
-		Settler:   r.svc,
-		Supported: facilitator.Supported([]facilitator.Network{env.Network()}, []common.Address{r.signer}, []string{facilitator.PaymentIdentifierKey}),
-	})
-	hs := httptest.NewServer(srv.Handler())
-	tb.Cleanup(hs.Close) // registered after the engine's Stop, so it runs first
-	return hs.URL
 }
 
 func (r *rig) settle(tb testing.TB, body []byte) (facilitator.SettleOutcome, error) {

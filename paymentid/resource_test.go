@@ -19,7 +19,7 @@ import (
 // resource.
 func TestConflictResource(t *testing.T) {
 	r := newRig(t, rigOptions{})
-	url := r.server(t)
+	url := r.url
 	first := newPay(t, env.FundedPayer(t, 1_000_000), 100_000)
 	out, err := r.settle(t, first.Body(t))
 	if err != nil || !out.Response.Success {

@@ -24,7 +24,7 @@ import (
 // same repeat is already_settled, as before.
 func TestReplay(t *testing.T) {
 	r := newRig(t, rigOptions{})
-	url := r.server(t)
+	url := r.url
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 1_000_000)
 	p := newPay(t, payer, 250_000)
@@ -156,7 +156,7 @@ func TestReplay(t *testing.T) {
 // from /settle and /verify, and nothing is sent, paid or written for it.
 func TestConflict(t *testing.T) {
 	r := newRig(t, rigOptions{})
-	url := r.server(t)
+	url := r.url
 	ctx := context.Background()
 	cases := []struct {
 		name    string
@@ -412,7 +412,7 @@ func TestInFlight(t *testing.T) {
 	const deadline = time.Second
 	stacktest.ManualMining(t, env.Chain)
 	r := newRig(t, rigOptions{deadline: deadline})
-	url := r.server(t)
+	url := r.url
 
 	start := time.Now()
 	first, err := r.settle(t, body)

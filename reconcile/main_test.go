@@ -7,7 +7,6 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
-	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own, with one
@@ -44,11 +43,6 @@ func runSettlements(t testing.TB, j *reconcile.Jobs) reconcile.Changes {
 	}
 	t.Logf("Settlements: %+v", ch)
 	return ch
-}
-
-// statusService answers status queries over the shared chain and database.
-func statusService(depth uint64) *status.Service {
-	return status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: depth}}, nil)
 }
 
 // pendingDeadline is the engines' deadline here: short, so that with mining off they answer

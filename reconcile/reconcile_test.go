@@ -49,7 +49,7 @@ func testAfterDeath(t *testing.T, lost bool) {
 	if !r.State.Open() || r.TxHash != hash {
 		t.Fatalf("ledger after the death: %+v, want open with %s", r, hash)
 	}
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	if st, err := svc.Payment(ctx, "", p.ID); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() ||
 		st.Basis != "ledger" || st.PaymentID != p.ID {
 		t.Fatalf("status while pending: %+v %v, want pending with %s from the ledger", st, err, hash)
@@ -159,7 +159,7 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 		r.BlockNumber != rc.BlockNumber.Uint64() {
 		t.Fatalf("ledger: %+v, want settled_elsewhere in block %d", r, rc.BlockNumber)
 	}
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("status: %v, found %v", err, found)
@@ -222,7 +222,7 @@ func testExpired(t *testing.T, lostAgain bool) {
 	if ch.Resent < 1 || ch.Expired != 0 || !env.InPool(t, hash) {
 		t.Fatalf("before validBefore: changes %+v (in pool %v), want the raw transaction resent", ch, env.InPool(t, hash))
 	}
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	if st, _, err := svc.Authorization(ctx, p.Key()); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() {
 		t.Fatalf("status before validBefore: %+v %v", st, err)
 	}
@@ -337,7 +337,7 @@ func TestReconcileLateTransfer(t *testing.T) {
 			if got := stacktest.States(es); strings.Join(got, ",") != strings.Join(want, ",") {
 				t.Fatalf("settlement events %v, want %v", got, want)
 			}
-			st, _, err := statusService(2).Authorization(context.Background(), p.Key())
+			st, _, err := env.Status(env.DB, 2).Authorization(context.Background(), p.Key())
 			if err != nil || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Transaction != hash.Hex() {
 				t.Fatalf("status: %+v %v", st, err)
 			}
@@ -379,7 +379,7 @@ func TestReconcileReorg(t *testing.T) {
 	if r := env.Row(t, p.Key()); r.State != facilitator.StateMined || r.BlockNumber != b {
 		t.Fatalf("ledger before the reorg: %+v", r)
 	}
-	svc := statusService(depth)
+	svc := env.Status(env.DB, depth)
 	if st, _, err := svc.Authorization(ctx, p.Key()); err != nil || st.State != facilitator.StatusSettled || st.Final || st.Confirmations != 2 {
 		t.Fatalf("status before the reorg: %+v %v, want settled, 2 confirmations, not final", st, err)
 	}
@@ -504,7 +504,7 @@ func TestReconcileReorgRemined(t *testing.T) {
 		t.Errorf("ledger after the job: %+v, want mined in block %d (the transaction's block on the canonical chain), "+
 			"not the orphaned block %d", r, b+1, b)
 	}
-	st, _, err := statusService(depth).Authorization(ctx, p.Key())
+	st, _, err := env.Status(env.DB, depth).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,7 +539,7 @@ func TestReconcileCanceled(t *testing.T) {
 	if r.State != facilitator.StateCanceled || r.ErrorReason != facilitator.ReasonNonceAlreadyUsed {
 		t.Fatalf("ledger: %+v, want canceled", r)
 	}
-	st, found, err := statusService(2).Authorization(ctx, p.Key())
+	st, found, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil || !found || st.State != facilitator.StatusCanceled || st.Basis != "ledger" {
 		t.Fatalf("status: %+v %v %v, want canceled from the ledger", st, found, err)
 	}

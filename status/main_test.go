@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
-	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own, with one
@@ -20,8 +19,3 @@ func TestMain(m *testing.M) {
 // pendingDeadline is the engines' default deadline here: short, so that with mining off they
 // answer settlement_pending soon.
 const pendingDeadline = time.Second
-
-// statusService answers status queries over the shared chain and database.
-func statusService(depth uint64) *status.Service {
-	return status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: depth}}, nil)
-}

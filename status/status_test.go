@@ -27,7 +27,7 @@ func TestStatusUnused(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1), 1)
 	h := env.Head(t)
-	st, found, err := statusService(2).Authorization(ctx, p.Key())
+	st, found, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil || found {
 		t.Fatalf("found %v, err %v; want not found and no error", found, err)
 	}
@@ -44,7 +44,7 @@ func TestStatusUnused(t *testing.T) {
 	k := p.Key()
 	k.Network = "eip155:1"
 	var fe *facilitator.Error
-	if _, _, err := statusService(2).Authorization(ctx, k); !errors.As(err, &fe) || fe.Code != facilitator.EInvalid ||
+	if _, _, err := env.Status(env.DB, 2).Authorization(ctx, k); !errors.As(err, &fe) || fe.Code != facilitator.EInvalid ||
 		fe.Reason != facilitator.ReasonInvalidNetwork {
 		t.Fatalf("unknown network: %v, want invalid_network", err)
 	}
@@ -60,7 +60,7 @@ func TestStatusPending(t *testing.T) {
 	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
@@ -95,7 +95,7 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 	}
 	hash := common.HexToHash(out.Response.Transaction)
 	rc := env.Receipt(t, hash)
-	svc := statusService(depth)
+	svc := env.Status(env.DB, depth)
 
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
@@ -123,7 +123,7 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 		t.Fatalf("settle: %+v", out.Response)
 	}
 	waitState(t, q.Key(), facilitator.StateFinal)
-	st, _, err = statusService(100).Authorization(ctx, q.Key())
+	st, _, err = env.Status(env.DB, 100).Authorization(ctx, q.Key())
 	if err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations >= 100 {
 		t.Fatalf("status of a final row at depth 100: %+v %v, want final", st, err)
 	}
@@ -136,7 +136,7 @@ func TestStatusSettledByOther(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 77_000)
 	theirs := p.SubmitElsewhere(t)
 	rc := env.Receipt(t, theirs)
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 
 	if env.Use(t, p.Key()) == nil {
 		st, found, err := svc.Authorization(ctx, p.Key())
@@ -174,7 +174,7 @@ func TestStatusCanceled(t *testing.T) {
 	p := env.NewPay(t, payer, 10_000)
 	tx := env.CancelAuthorization(t, payer, p.Nonce)
 	rc := env.Receipt(t, tx)
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 
 	env.StartIndexer(t)
 	env.WaitIndexed(t, rc.BlockNumber.Uint64())
@@ -199,7 +199,7 @@ func TestStatusCanceledNotYetIndexed(t *testing.T) {
 	if env.Use(t, p.Key()) != nil {
 		t.Fatal("the index has the cancellation although no indexer runs")
 	}
-	st, _, err := statusService(2).Authorization(ctx, p.Key())
+	st, _, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestStatusCanceledNotYetIndexed(t *testing.T) {
 func TestStatusFailed(t *testing.T) {
 	ctx := context.Background()
 	p, hash := revertedSettlement(t)
-	st, found, err := statusService(2).Authorization(ctx, p.Key())
+	st, found, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
@@ -239,7 +239,7 @@ func TestStatusFailedThenSettledElsewhere(t *testing.T) {
 	theirs := p.SubmitElsewhere(t)
 	env.StartIndexer(t)
 	env.WaitIndexed(t, env.Receipt(t, theirs).BlockNumber.Uint64())
-	st, _, err := statusService(2).Authorization(ctx, p.Key())
+	st, _, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestStatusFailedThenSettledElsewhere(t *testing.T) {
 // expired, and the ledger's other outcomes, read from rows as the engine and the jobs write them.
 func TestStatusLedgerOutcomes(t *testing.T) {
 	ctx := context.Background()
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	for _, tc := range []struct {
 		res    facilitator.Resolution
 		state  string
@@ -288,7 +288,7 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 // (a fee-bumped variant too); unknown ones are facilitator.ErrNotFound.
 func TestStatusLookups(t *testing.T) {
 	ctx := context.Background()
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	id := stacktest.RandomID(t)
 	k, first := insertRow(t, &facilitator.PaymentIDBinding{ID: id, Summary: map[string]string{}})
 	bumped := common.Hash{0xb0}

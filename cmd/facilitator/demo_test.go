@@ -26,12 +26,9 @@ func TestDemo(t *testing.T) {
 		}
 		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
 	}
-	dbURL, err := stacktest.FreshDB(ctx, "demo")
-	if err != nil {
-		skipOrFail(err)
-	}
+	dbURL := stacktest.NewDB(t, "demo")
 	out, logs := &syncBuffer{}, &syncBuffer{}
-	err = demo.Run(ctx, demo.Options{Start: startDemoStack(dbURL, logs), LogPath: "(test buffer)"}, out)
+	err := demo.Run(ctx, demo.Options{Start: startDemoStack(dbURL, logs), LogPath: "(test buffer)"}, out)
 	t.Logf("demo output:\n%s", out.String())
 	var stackErr *demo.StackError
 	if errors.As(err, &stackErr) {
