@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/loadgen"
+	"github.com/x402-facilitator/x402-facilitator/official"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -39,7 +39,7 @@ func run(m *testing.M, e *stacktest.Env) (int, error) {
 	env, chain = e, e.Chain
 
 	// The official facilitator signs with dev account #0.
-	ref, err := loadgen.StartOfficial(ctx, loadgen.Official{Script: "js/official-facilitator.mjs",
+	ref, err := official.Start(ctx, official.Config{Script: "js/official-facilitator.mjs",
 		Key: chain.Accounts[0].Key, Stderr: os.Stderr}, chain.RPCURL, diffChainID)
 	if err != nil {
 		return 0, err
