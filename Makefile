@@ -37,7 +37,7 @@ bench-replay:
 
 # Backfill throughput: 100,000 events indexed from anvil into Postgres (events/s).
 bench-index:
-	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./indexer/ -run '^$$' -bench BenchmarkBackfill -benchtime 1x
+	scripts/npm.sh && TEST_DATABASE_URL="$$(scripts/postgres.sh x402_test)" go test ./loadgen/ -run '^$$' -bench BenchmarkBackfill -benchtime 1x
 
 # Load test of the RUNNING local stack ('make run' in another shell): /verify and /settle under
 # load beside the official TypeScript facilitator on the same anvil, payment-identifier replays,

@@ -28,19 +28,23 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
-// chain is the anvil with Circle's USDC shared by this package's tests and benchmarks. Nothing
-// here changes chain state: /verify only reads.
-var chain *devchain.Chain
+// env is the package's bench: the anvil with Circle's USDC shared by this package's tests and
+// benchmarks, and the ledgers the settling tests name (Ledger). chain is env's chain. Nothing
+// verify-only changes chain state: /verify only reads.
+var (
+	env   *stacktest.Env
+	chain *devchain.Chain
+)
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
-		chain = c
+	stacktest.MainWith(m, stacktest.Options{V1Name: v1Name}, func(e *stacktest.Env) (int, error) {
+		env, chain = e, e.Chain
 		return m.Run(), nil
 	})
 }
@@ -105,6 +109,19 @@ func countCalls(body []byte) int64 {
 	return 1
 }
 
+// client is a JSON-RPC client through the proxy, closed when the test ends.
+func (c *rpcCounter) client(tb testing.TB) *rpc.Client {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, err := rpc.DialContext(ctx, c.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(client.Close)
+	return client
+}
+
 func (c *rpcCounter) reset() {
 	c.roundTrips.Store(0)
 	c.calls.Store(0)
@@ -149,31 +166,14 @@ func newStack(tb testing.TB, opts stackOptions) *stack {
 		n = *opts.Network
 	}
 	s := &stack{Logs: &syncBuffer{}}
-	reader := opts.Reader
-	if reader == nil {
+	o := stacktest.ServerOptions{Network: &n, Reader: opts.Reader, Signers: signers(),
+		Logger: slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Config: func(c *api.Config, _ *stacktest.Server) { c.VerifyTimeout = opts.VerifyTimeout }}
+	if o.Reader == nil {
 		s.RPC = newRPCCounter(tb, chain.RPCURL)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		client, err := rpc.DialContext(ctx, s.RPC.URL)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(client.Close)
-		reader = &ethrpc.Reader{Chain: client, Timeout: 5 * time.Second}
+		o.Chain = s.RPC.client(tb)
 	}
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv := api.New(api.Config{
-		Verifier:      v,
-		Supported:     facilitator.Supported([]facilitator.Network{n}, signers(), nil),
-		VerifyTimeout: opts.VerifyTimeout,
-		Logger:        slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
-	hs := httptest.NewServer(srv.Handler())
-	tb.Cleanup(hs.Close)
-	s.URL = hs.URL
+	s.URL = env.NewServer(tb, o).URL
 	return s
 }
 

@@ -23,11 +23,10 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/notify"
-	"github.com/x402-facilitator/x402-facilitator/paymentid"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -45,10 +44,9 @@ func newAuthStack(t *testing.T) *authStack {
 // newAuthStackWith is newAuthStack with o's deadline and database.
 func newAuthStackWith(t *testing.T, o settleOptions) *authStack {
 	t.Helper()
+	o.paymentIDs = true
 	o.server = func(cfg *api.Config, s *settleStack) {
-		ids := paymentid.New(paymentid.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
-		cfg.Verifier, cfg.Settler, cfg.Limits = ids, ids, nil
-		cfg.Supported = facilitator.Supported([]facilitator.Network{s.Network}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey})
+		cfg.Limits = nil
 		cfg.Auth = &api.AuthConfig{Mode: api.AuthKeys, Keys: s.DB}
 	}
 	return &authStack{*newSettleStack(t, o)}
@@ -224,7 +222,7 @@ func TestAuthSuccessBelongsToKey(t *testing.T) {
 	ledger(t)
 	p := fundedPayment(t)
 	body := p.body(t)
-	devchaintest.ManualMining(t, chain)
+	stacktest.ManualMining(t, chain)
 	s := newAuthStackWith(t, settleOptions{deadline: time.Second}) // registered after: stops first
 	all := []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle}
 	a, _ := newKey(t, s.DB, all)
@@ -440,8 +438,7 @@ func (r *hookReceiver) await(t *testing.T, typ, tx string) notify.Message {
 // outside its allow-list or without a payTo filter (403 pay_to_not_allowed); the owner still
 // receives its settlements' events, with its own payment id, and the other key's webhook none.
 func TestAuthWebhooksOwned(t *testing.T) {
-	s := newSettleStack(t, settleOptions{database: "apihooks", server: func(cfg *api.Config, s *settleStack) {
-		ids := paymentid.New(paymentid.Config{Store: s.DB, Settler: s.Engine, Verifier: s.Verifier, Logger: s.Logger})
+	s := newSettleStack(t, settleOptions{database: "apihooks", paymentIDs: true, server: func(cfg *api.Config, s *settleStack) {
 		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client, FinalityDepth: 1}}, nil)
 		d := notify.New(notify.Config{Store: s.DB, Status: stat, PollInterval: 50 * time.Millisecond,
 			MaxWebhooks: 2, AllowPrivateTargets: true, Logger: s.Logger})
@@ -449,8 +446,7 @@ func TestAuthWebhooksOwned(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(d.Stop)
-		cfg.Verifier, cfg.Settler, cfg.Limits, cfg.Status, cfg.Notify = ids, ids, nil, stat, d
-		cfg.Supported = facilitator.Supported([]facilitator.Network{s.Network}, []common.Address{s.Signer}, []string{facilitator.PaymentIdentifierKey})
+		cfg.Limits, cfg.Status, cfg.Notify = nil, stat, d
 		cfg.Auth = &api.AuthConfig{Mode: api.AuthKeys, Keys: s.DB}
 	}})
 	ctx := context.Background()
@@ -569,7 +565,7 @@ func TestAuthWebhooksOwned(t *testing.T) {
 	}
 	// Key C's webhook has been carried past key A's events (its cursor moved over them in the
 	// same statement that queued key A's deliveries) without a delivery being queued for it.
-	pool, err := pgxpool.New(ctx, ledgerNamed(t, "apihooks"))
+	pool, err := pgxpool.New(ctx, env.Ledger(t, "apihooks"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,15 +14,15 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // notifyLedger is the webhook and event-stream tests' own database ("apinotify"): webhooks hear
 // every settlement of their database, and the other tests' settlements are none of theirs.
-func notifyLedger(t *testing.T) string { return ledgerNamed(t, "apinotify") }
+func notifyLedger(t *testing.T) string { return env.Ledger(t, "apinotify") }
 
 // notifyStack is the HTTP API with /settle (an engine on a fresh signer), the status routes and
 // the notify routes, over the shared chain and the apinotify database.
@@ -275,7 +275,7 @@ func TestEventStream(t *testing.T) {
 	req := p.request(t)
 	set(req, "paymentPayload.extensions", map[string]any{facilitator.PaymentIdentifierKey: map[string]any{"info": map[string]any{"id": pid}}})
 	body := marshal(t, req)
-	devchaintest.ManualMining(t, chain)
+	stacktest.ManualMining(t, chain)
 	s := newNotifyStack(t, notifyOptions{deadline: time.Second, notify: func(c *notify.Config) {
 		c.KeepAlive = 100 * time.Millisecond
 		c.StreamLifetime = 5 * time.Second

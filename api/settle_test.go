@@ -8,15 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/big"
 	"net/http"
-	"net/http/httptest"
-	"os"
 	"reflect"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,78 +24,17 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
-// Each database is created once per package run; tests that must not see the others'
-// settlements (webhooks hear every settlement of their database) name one of their own.
-var (
-	ledgersMu sync.Mutex
-	ledgers   = map[string]*ledgerSetup{}
-)
-
-type ledgerSetup struct {
-	once sync.Once
-	url  string
-	err  error
-}
-
 // ledger returns the package's migrated database with the test chain's network bound.
-func ledger(t *testing.T) string { return ledgerNamed(t, "api") }
-
-// ledgerNamed returns the migrated database named name (created on first use) with the test
-// chain's network bound. Without TEST_DATABASE_URL the test fails under CI=true and is skipped
-// elsewhere.
-func ledgerNamed(t *testing.T, name string) string {
-	t.Helper()
-	ledgersMu.Lock()
-	l := ledgers[name]
-	if l == nil {
-		l = &ledgerSetup{}
-		ledgers[name] = l
-	}
-	ledgersMu.Unlock()
-	l.once.Do(func() { l.url, l.err = setUpLedger(name) })
-	if errors.Is(l.err, postgrestest.ErrNoDatabase) {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("these tests need Postgres: %v", l.err)
-		}
-		t.Skipf("these tests need Postgres: %v", l.err)
-	}
-	if l.err != nil {
-		t.Fatalf("setting up the database %s: %v", name, l.err)
-	}
-	return l.url
-}
-
-func setUpLedger(name string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	u, err := postgrestest.Fresh(ctx, name)
-	if err != nil {
-		return "", err
-	}
-	db, err := postgres.Open(ctx, u, nil)
-	if err != nil {
-		return "", err
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx); err != nil {
-		return "", err
-	}
-	genesis, err := chain.Client.HeaderByNumber(ctx, big.NewInt(0))
-	if err != nil {
-		return "", err
-	}
-	return u, db.BindNetwork(ctx, facilitator.CAIP2(chain.ChainID), chain.ChainID, genesis.Hash())
-}
+func ledger(t *testing.T) string { return env.Ledger(t, "api") }
 
 // settleStack is the HTTP API with a settlement engine on a fresh signer key, over the shared
 // chain (through a counting proxy) and the package's ledger.
@@ -123,6 +58,8 @@ type settleOptions struct {
 	deadline time.Duration
 	// database names the package database to use ("" is the shared "api" one).
 	database string
+	// paymentIDs puts the payment-identifier service in front of the verifier and the engine.
+	paymentIDs bool
 	// server finishes the API's configuration, which already has the stack's verifier, engine,
 	// supported kinds and logger.
 	server func(*api.Config, *settleStack)
@@ -134,76 +71,38 @@ type settleOptions struct {
 
 func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 	t.Helper()
-	ctx := context.Background()
 	if o.database == "" {
 		o.database = "api"
 	}
-	db, err := postgres.Open(ctx, ledgerNamed(t, o.database), nil)
+	db, err := postgres.Open(context.Background(), env.Ledger(t, o.database), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	key, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
+	s := &settleStack{RPC: newRPCCounter(t, chain.RPCURL), Logs: &syncBuffer{}, DB: db, Network: testNetwork(v1Name)}
+	s.Client = s.RPC.client(t)
+	s.Reader = &ethrpc.Reader{Chain: s.Client, Timeout: 5 * time.Second}
+	s.Logger = slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: o.deadline, DB: db, Logger: s.Logger, Chain: s.Client,
+		Network: &s.Network, Reader: s.Reader, Config: func(c *settle.Config) {
+			if o.store != nil {
+				c.Store = o.store(db)
+			}
+			if o.engine != nil {
+				o.engine(c)
+			}
+		}})
+	s.Signer, s.Verifier, s.Engine = stacktest.AddressOf(e.Signer()), e.Verifier, e.Engine
+	so := stacktest.ServerOptions{Engine: e, Logger: s.Logger, Config: func(c *api.Config, _ *stacktest.Server) {
+		c.Limits = e
+		if o.server != nil {
+			o.server(c, s)
+		}
+	}}
+	if o.paymentIDs {
+		so.PaymentIDs = &paymentid.Config{}
 	}
-	s := &settleStack{RPC: newRPCCounter(t, chain.RPCURL), Logs: &syncBuffer{}, DB: db, Signer: crypto.PubkeyToAddress(key.PublicKey)}
-	if err := chain.SetBalance(ctx, s.Signer, new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	client, err := rpc.DialContext(ctx, s.RPC.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(client.Close)
-	n := testNetwork(v1Name)
-	reader := &ethrpc.Reader{Chain: client, Timeout: 5 * time.Second}
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: reader}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var store settle.Store = db
-	if o.store != nil {
-		store = o.store(db)
-	}
-	if o.deadline == 0 {
-		o.deadline = 20 * time.Second
-	}
-	logger := slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg := settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: client, Signers: []*ecdsa.PrivateKey{key}, FinalityDepth: 1}},
-		Store:        store,
-		Verifier:     v,
-		Deadline:     o.deadline,
-		PollInterval: 50 * time.Millisecond,
-		Logger:       logger,
-	}
-	if o.engine != nil {
-		o.engine(&cfg)
-	}
-	e, err := settle.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	settletest.StopAtCleanup(t, e)
-	s.Network, s.Client, s.Reader, s.Verifier, s.Engine, s.Logger = n, client, reader, v, e, logger
-	apiCfg := api.Config{
-		Verifier:  v,
-		Settler:   e,
-		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{s.Signer}, nil),
-		Logger:    logger,
-		Limits:    e,
-	}
-	if o.server != nil {
-		o.server(&apiCfg, s)
-	}
-	srv := api.New(apiCfg)
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close) // before the engine stops (and ends event streams' connections first)
-	s.URL = hs.URL
+	s.URL = env.NewServer(t, so).URL
 	return s
 }
 
@@ -600,7 +499,7 @@ func TestSettlePendingRetryAfter(t *testing.T) {
 	p := fundedPayment(t)
 	body := p.body(t)
 	ctx := context.Background()
-	devchaintest.ManualMining(t, chain)
+	stacktest.ManualMining(t, chain)
 	s := newSettleStack(t, settleOptions{deadline: time.Second}) // registered after: stops first
 
 	r := s.settle(t, body)

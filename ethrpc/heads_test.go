@@ -8,17 +8,16 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
-	"github.com/x402-facilitator/x402-facilitator/ethrpc/ethrpctest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The heads tests follow a real anvil's newHeads, through a proxy each test breaks as it needs.
 var chain *devchain.Chain
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
-		chain = c
+	stacktest.MainWith(m, stacktest.Options{}, func(e *stacktest.Env) (int, error) {
+		chain = e.Chain
 		return m.Run(), nil
 	})
 }
@@ -27,7 +26,7 @@ func TestMain(m *testing.M) {
 // and a follower that never returns from its callback holds up none of the others. Once the last
 // follower has gone the subscription is closed, and the next follower opens it again.
 func TestHeadsShared(t *testing.T) {
-	proxy := ethrpctest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
 	h := ethrpc.NewHeads(proxy.URL(), 5*time.Second, nil)
 	a, b := follow(t, h), follow(t, h)
 	stuck := make(chan struct{})
@@ -67,18 +66,18 @@ func TestHeadsShared(t *testing.T) {
 // again.
 func TestHeadsResubscribe(t *testing.T) {
 	t.Parallel()
-	proxy := ethrpctest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
 	h := ethrpc.NewHeads(proxy.URL(), 5*time.Second, nil)
 	f := follow(t, h)
 	waitUntil(t, "the subscription", 10*time.Second, h.Subscribed)
 	f.waitHead(t, mine(t), 5*time.Second)
 
-	proxy.SetMode(ethrpctest.Refuse)
+	proxy.SetMode(stacktest.Refuse)
 	waitUntil(t, "the subscription to drop", 5*time.Second, func() bool { return !h.Subscribed() })
 	restarts := f.zeros()
 	mine(t)
 
-	proxy.SetMode(ethrpctest.Forward)
+	proxy.SetMode(stacktest.Forward)
 	backAt := time.Now()
 	waitUntil(t, "the subscription to come back", 15*time.Second, h.Subscribed)
 	t.Logf("resubscribed %s after the endpoint came back (%d connections tried)", time.Since(backAt).Round(time.Millisecond), proxy.Accepted())
@@ -91,17 +90,17 @@ func TestHeadsResubscribe(t *testing.T) {
 // and keeps no follower from leaving: Follow returns within a bound of its context's end.
 func TestHeadsUnresponsive(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []ethrpctest.Mode{ethrpctest.Freeze, ethrpctest.Blackhole} {
+	for _, mode := range []stacktest.ProxyMode{stacktest.Freeze, stacktest.Blackhole} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			proxy := ethrpctest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+			proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
 			h := ethrpc.NewHeads(proxy.URL(), 2*time.Second, nil)
 			f := follow(t, h)
 			waitUntil(t, "the subscription", 10*time.Second, h.Subscribed)
 			f.waitHead(t, mine(t), 5*time.Second)
 			bound := 15 * time.Second // a frozen connection's eth_unsubscribe waits out go-ethereum's 10 s
-			if mode == ethrpctest.Blackhole {
-				proxy.SetMode(ethrpctest.Refuse)
+			if mode == stacktest.Blackhole {
+				proxy.SetMode(stacktest.Refuse)
 				waitUntil(t, "the subscription to drop", 5*time.Second, func() bool { return !h.Subscribed() })
 				proxy.SetMode(mode)
 				tried := proxy.Accepted()

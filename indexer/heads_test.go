@@ -6,15 +6,15 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
-	"github.com/x402-facilitator/x402-facilitator/ethrpc/ethrpctest"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestHeadsFallBackToPolling follows heads over a WebSocket that goes through a proxy the test
 // controls: when the proxy drops its connections and refuses new ones, the indexer keeps indexing
 // by polling; when the proxy is back, the subscription is too.
 func TestHeadsFallBackToPolling(t *testing.T) {
-	proxy := ethrpctest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
 	network := bindNetwork(t)
 	cfg := config(network)
 	cfg.StartBlock = head(t) + 1
@@ -27,7 +27,7 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 	p := payOnce(t, chain.Accounts[6], sender, 1)
 	r.waitCursor(t, p.block, 5*time.Second)
 
-	proxy.SetMode(ethrpctest.Refuse)
+	proxy.SetMode(stacktest.Refuse)
 	droppedAt := time.Now()
 	r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Status) bool { return !s.Subscribed })
 	t.Logf("subscription dropped after %s", time.Since(droppedAt).Round(time.Millisecond))
@@ -41,7 +41,7 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 		t.Logf("block %d indexed by polling after %s", p.block, time.Since(begin).Round(time.Millisecond))
 	}
 
-	proxy.SetMode(ethrpctest.Forward)
+	proxy.SetMode(stacktest.Forward)
 	backAt := time.Now()
 	r.waitFor(t, "the subscription to come back", 15*time.Second, func(s indexer.Status) bool { return s.Subscribed })
 	t.Logf("resubscribed %s after the proxy came back (%s after the drop; %d connections tried in all)",
@@ -59,9 +59,9 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 // and never answers the handshake, must not stop the indexer from following the chain: polling
 // has to go on meanwhile.
 func TestHeadsUnresponsiveWebSocket(t *testing.T) {
-	for _, mode := range []ethrpctest.Mode{ethrpctest.Freeze, ethrpctest.Blackhole} {
+	for _, mode := range []stacktest.ProxyMode{stacktest.Freeze, stacktest.Blackhole} {
 		t.Run(mode.String(), func(t *testing.T) {
-			proxy := ethrpctest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+			proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
 			network := bindNetwork(t)
 			cfg := config(network)
 			cfg.StartBlock = head(t) + 1
@@ -70,15 +70,15 @@ func TestHeadsUnresponsiveWebSocket(t *testing.T) {
 			sender := gasAccount(t)
 			r := start(t, cfg)
 			r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Status) bool { return s.Subscribed })
-			if mode == ethrpctest.Blackhole {
+			if mode == stacktest.Blackhole {
 				// Drop the subscription so that the indexer dials again, into the black hole.
-				proxy.SetMode(ethrpctest.Refuse)
+				proxy.SetMode(stacktest.Refuse)
 				r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Status) bool { return !s.Subscribed })
 			}
 			proxy.SetMode(mode)
 			// Long enough for a resubscription attempt (every 10 s) into the black hole.
 			deadline := time.Now().Add(5 * time.Second)
-			if mode == ethrpctest.Blackhole {
+			if mode == stacktest.Blackhole {
 				deadline = time.Now().Add(14 * time.Second)
 			}
 			for time.Now().Before(deadline) {

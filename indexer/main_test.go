@@ -22,12 +22,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own. The index
@@ -42,32 +41,14 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		u, err := postgrestest.Fresh(ctx, "indexer")
+	stacktest.Main(m, "indexer", func(e *stacktest.Env) int {
+		h, err := e.Chain.Client.HeaderByNumber(context.Background(), big.NewInt(0))
 		if err != nil {
-			return 0, err
+			fmt.Fprintf(os.Stderr, "FAIL: the chain's genesis: %v\n", err)
+			return 1
 		}
-		db, err := postgres.Open(ctx, u, nil)
-		if err != nil {
-			return 0, err
-		}
-		defer db.Close()
-		if _, err := db.Migrate(ctx); err != nil {
-			return 0, err
-		}
-		p, err := pgxpool.New(ctx, u)
-		if err != nil {
-			return 0, err
-		}
-		defer p.Close()
-		h, err := c.Client.HeaderByNumber(ctx, big.NewInt(0))
-		if err != nil {
-			return 0, err
-		}
-		chain, store, pool, genesis, dbURL = c, db, p, h.Hash(), u
-		return m.Run(), nil
+		chain, store, pool, genesis, dbURL = e.Chain, e.DB, e.Pool, h.Hash(), e.DBURL
+		return m.Run()
 	})
 }
 
@@ -374,31 +355,9 @@ func waitMined(t testing.TB, txs []*types.Transaction) []*types.Receipt {
 // testLogger sends the indexer's logs to t.Log until stop is called (after the indexer stopped:
 // logging into a finished test panics). INDEXER_TEST_LOG=debug shows debug logs too.
 func testLogger(t testing.TB) (*slog.Logger, func()) {
-	w := &tbWriter{t: t}
 	level := slog.LevelInfo
 	if os.Getenv("INDEXER_TEST_LOG") == "debug" {
 		level = slog.LevelDebug
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), w.stop
-}
-
-type tbWriter struct {
-	mu      sync.Mutex
-	t       testing.TB
-	stopped bool
-}
-
-func (w *tbWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.stopped {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *tbWriter) stop() {
-	w.mu.Lock()
-	w.stopped = true
-	w.mu.Unlock()
+	return stacktest.QuietableLoggerAt(t, level)
 }

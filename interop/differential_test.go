@@ -15,6 +15,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // deliberate lists the cases where we answer differently from the official facilitator on
@@ -154,6 +155,7 @@ func TestDifferentialVerify(t *testing.T) {
 	}
 	payloads := signAll(t, signs)
 
+	oursURL := env.NewServer(t, stacktest.ServerOptions{}).URL
 	var table []string
 	same, documented := 0, 0
 	for i, c := range cases {

@@ -7,20 +7,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
-	"github.com/x402-facilitator/x402-facilitator/ethrpc"
-	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/loadgen"
-	"github.com/x402-facilitator/x402-facilitator/verify"
+	"github.com/x402-facilitator/x402-facilitator/official"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // diffChainID is Base Sepolia's: the official v1 scheme only knows chains in its name table, so
@@ -28,40 +23,29 @@ import (
 const diffChainID = 84532
 
 var (
+	env         *stacktest.Env
 	chain       *devchain.Chain
-	oursURL     string
 	officialURL string
 )
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{ChainID: diffChainID}, func(c *devchain.Chain) (int, error) { return run(m, c) })
+	stacktest.MainWith(m, stacktest.Options{Chain: devchain.Options{ChainID: diffChainID}, V1Name: "base-sepolia"},
+		func(e *stacktest.Env) (int, error) { return run(m, e) })
 }
 
-func run(m *testing.M, c *devchain.Chain) (int, error) {
+func run(m *testing.M, e *stacktest.Env) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	chain = c
+	env, chain = e, e.Chain
 
 	// The official facilitator signs with dev account #0.
-	official, err := loadgen.StartOfficial(ctx, loadgen.Official{Script: "js/official-facilitator.mjs",
-		Key: c.Accounts[0].Key, Stderr: os.Stderr}, c.RPCURL, diffChainID)
+	ref, err := official.Start(ctx, official.Config{Script: "js/official-facilitator.mjs",
+		Key: chain.Accounts[0].Key, Stderr: os.Stderr}, chain.RPCURL, diffChainID)
 	if err != nil {
 		return 0, err
 	}
-	defer official.Stop()
-	officialURL = official.URL
-
-	n := facilitator.Network{ID: facilitator.CAIP2(diffChainID), ChainID: diffChainID, V1Name: "base-sepolia",
-		Tokens: []facilitator.Token{{Address: c.USDC.Address, Name: c.USDC.Name, Version: c.USDC.Version}}}
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &ethrpc.Reader{Chain: c.RPC, Timeout: 5 * time.Second}}})
-	if err != nil {
-		return 0, err
-	}
-	srv := httptest.NewServer(api.New(api.Config{Verifier: v,
-		Supported: facilitator.Supported([]facilitator.Network{n}, nil, nil)}).Handler())
-	defer srv.Close()
-	oursURL = srv.URL
+	defer ref.Stop()
+	officialURL = ref.URL
 	return m.Run(), nil
 }
 

@@ -15,8 +15,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // merchantPrice is what every merchant of these tests charges for GET /paid, in USDC atomic units
@@ -265,7 +265,7 @@ func TestOfficialPendingRetry(t *testing.T) {
 	payTo := lostRandomAddress(t)
 	payerBefore, payToBefore := lostBalance(t, ctx, payer), lostBalance(t, ctx, payTo)
 
-	devchaintest.ManualMining(t, chain) // before the stack, so the stack stops first at cleanup
+	stacktest.ManualMining(t, chain) // before the stack, so the stack stops first at cleanup
 	miner := &retryMiner{}
 	s := startStack(t, ctx, stackOptions{db: "interop_pending_retry", settleDeadline: time.Second, around: miner.wrap})
 

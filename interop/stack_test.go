@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"math/big"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -24,16 +23,12 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
-	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
 	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
-	"github.com/x402-facilitator/x402-facilitator/verify"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // stackOptions shapes one in-process facilitator for a merchant test.
@@ -62,13 +57,7 @@ type stack struct {
 
 func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	t.Helper()
-	dbURL, err := postgrestest.Fresh(ctx, opts.db)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("this test needs TEST_DATABASE_URL: %v", err)
-		}
-		t.Skipf("needs TEST_DATABASE_URL; run 'make test': %v", err)
-	}
+	dbURL := env.Ledger(t, opts.db)
 	logs := &lostBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	t.Cleanup(func() {
@@ -76,70 +65,28 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 			t.Logf("facilitator log:\n%s", logs.String())
 		}
 	})
-
 	db, err := postgres.Open(ctx, dbURL, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	n := facilitator.Network{ID: facilitator.CAIP2(diffChainID), ChainID: diffChainID, V1Name: "base-sepolia",
-		Tokens: []facilitator.Token{{Address: chain.USDC.Address, Name: chain.USDC.Name, Version: chain.USDC.Version}}}
-	genesis, err := chain.Client.HeaderByNumber(ctx, big.NewInt(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.BindNetwork(ctx, n.ID, n.ChainID, genesis.Hash()); err != nil {
-		t.Fatal(err)
-	}
-	verifier, err := verify.New(verify.Config{Networks: []facilitator.Network{n},
-		Readers: map[string]verify.Reader{n.ID: &ethrpc.Reader{Chain: chain.RPC, Timeout: 5 * time.Second}},
-		Logger:  log})
-	if err != nil {
-		t.Fatal(err)
+	if opts.settleDeadline == 0 {
+		opts.settleDeadline = 30 * time.Second
 	}
 	// A fresh signer with gas money, so its nonce counts exactly the transactions of this test.
-	signerKey, err := crypto.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer := crypto.PubkeyToAddress(signerKey.PublicKey)
-	if err := chain.SetBalance(ctx, signer, new(big.Int).Mul(big.NewInt(100), big.NewInt(1e18))); err != nil {
-		t.Fatal(err)
-	}
-	engine, err := settle.New(settle.Config{
-		Networks: []settle.NetworkConfig{{Network: n, Chain: chain.RPC, Signers: []*ecdsa.PrivateKey{signerKey},
-			FinalityDepth: 1}},
-		Store:        db,
-		Verifier:     verifier,
-		Deadline:     opts.settleDeadline,
-		PollInterval: 100 * time.Millisecond,
-		RPCTimeout:   5 * time.Second,
-		Logger:       log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := engine.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	settletest.StopAtCleanup(t, engine)
-	ids := paymentid.New(paymentid.Config{Store: db, Settler: engine, Verifier: verifier, Logger: log})
-	var h http.Handler = api.New(api.Config{
-		Verifier:  ids,
-		Settler:   ids,
-		Supported: facilitator.Supported([]facilitator.Network{n}, []common.Address{signer}, []string{facilitator.PaymentIdentifierKey}),
-		Logger:    log,
-	}).Handler()
-	if opts.around != nil {
-		h = opts.around(h)
-	}
+	engine := env.NewEngine(t, stacktest.EngineOptions{DB: db, Deadline: opts.settleDeadline, Logger: log, Config: func(c *settle.Config) {
+		c.PollInterval, c.RPCTimeout = 100*time.Millisecond, 5*time.Second
+	}})
 	calls := &callLog{}
-	hs := httptest.NewServer(calls.wrap(h))
-	t.Cleanup(hs.Close) // runs before engine.Stop and db.Close
-	return &stack{url: hs.URL, dbURL: dbURL, db: db, signer: signer, ids: ids, networks: []facilitator.Network{n}, log: calls}
+	srv := env.NewServer(t, stacktest.ServerOptions{Engine: engine, PaymentIDs: &paymentid.Config{}, Logger: log,
+		Handler: func(h http.Handler) http.Handler {
+			if opts.around != nil {
+				h = opts.around(h)
+			}
+			return calls.wrap(h)
+		}})
+	return &stack{url: srv.URL, dbURL: dbURL, db: db, signer: stacktest.AddressOf(engine.Signer()), ids: srv.IDs,
+		networks: []facilitator.Network{srv.Network}, log: calls}
 }
 
 // sent is how many transactions the stack's signer has sent (its pending nonce).

@@ -26,6 +26,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/official"
 )
 
 // Config is one benchmark run.
@@ -38,7 +39,7 @@ type Config struct {
 	// may be a key a facilitator signs with.
 	Payers     []*ecdsa.PrivateKey
 	CeilingKey *ecdsa.PrivateKey
-	Official   *Official // nil: no reference run
+	Official   *official.Config // nil: no reference run
 
 	VerifyConcurrency int
 	VerifyDuration    time.Duration
@@ -240,7 +241,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func runReference(ctx context.Context, cfg Config, n *node, tok token, pool []*payment, rep *Report, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	proc, err := StartOfficial(startCtx, *cfg.Official, cfg.RPCURL, tok.ChainID)
+	proc, err := official.Start(startCtx, *cfg.Official, cfg.RPCURL, tok.ChainID)
 	if err != nil {
 		return err
 	}

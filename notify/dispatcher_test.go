@@ -18,7 +18,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 var settlementTypes = []string{"settlement.broadcast", "settlement.mined", "settlement.final"}
@@ -35,7 +35,7 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	if len(w.Secret) != 64 {
 		t.Fatalf("secret %q, want 32 bytes of hex", w.Secret)
 	}
-	p := newPayment(t, settletest.NewAddress(t))
+	p := newPayment(t, stacktest.NewAddress(t))
 	out := r.settle(t, p)
 
 	msgs := rec.await(t, out.SettlementID, settlementTypes...)
@@ -122,10 +122,10 @@ func TestWebhookPayToFilter(t *testing.T) {
 	r := newRig(t)
 	d := r.dispatcher(t, r.db, nil)
 	ctx := context.Background()
-	payTo := settletest.NewAddress(t)
+	payTo := stacktest.NewAddress(t)
 	mine, other, off := newReceiver(t, 0), newReceiver(t, 0), newReceiver(t, 0)
-	wMine := register(t, d, mine, settletest.NewAddress(t), payTo)
-	wOther := register(t, d, other, settletest.NewAddress(t))
+	wMine := register(t, d, mine, stacktest.NewAddress(t), payTo)
+	wOther := register(t, d, other, stacktest.NewAddress(t))
 	wOff := register(t, d, off, payTo)
 	if err := d.DisableWebhook(ctx, "", wOff.ID); err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 	r := newRig(t)
 	d := r.dispatcher(t, r.db, nil)
 	ctx := context.Background()
-	payTo := settletest.NewAddress(t)
+	payTo := stacktest.NewAddress(t)
 	rec := newReceiver(t, 0)
 	register(t, d, rec, payTo)
 	out := r.settle(t, newPayment(t, payTo))
@@ -242,7 +242,7 @@ func TestReplicasSendEachAttemptOnce(t *testing.T) {
 	r := newRig(t)
 	r.dispatcher(t, env.OpenDB(t), nil)
 	d := r.dispatcher(t, env.OpenDB(t), nil)
-	payTo := settletest.NewAddress(t)
+	payTo := stacktest.NewAddress(t)
 	rec := newReceiver(t, 1)
 	w := register(t, d, rec, payTo)
 
@@ -303,7 +303,7 @@ func TestWebhookGivesUp(t *testing.T) {
 	r := newRig(t)
 	obs := &attemptObserver{}
 	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.MaxAttempts = 3; c.Observer = obs })
-	payTo := settletest.NewAddress(t)
+	payTo := stacktest.NewAddress(t)
 	rec := newReceiver(t, 1<<30)
 	w := register(t, d, rec, payTo)
 	r.settle(t, newPayment(t, payTo))
@@ -355,7 +355,7 @@ func (o *attemptObserver) snapshot() map[string]int {
 func TestSlowReceiverHoldsOnlyItsOwn(t *testing.T) {
 	r := newRig(t)
 	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.SendTimeout = 5 * time.Second })
-	payTo := settletest.NewAddress(t)
+	payTo := stacktest.NewAddress(t)
 	hang := make(chan struct{})
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -386,7 +386,7 @@ func TestSlowReceiverHoldsOnlyItsOwn(t *testing.T) {
 func TestPruneKeepsWhatIsOwed(t *testing.T) {
 	r := newRig(t)
 	d := r.dispatcher(t, r.db, func(c *notify.Config) { c.MaxAttempts = 1000 })
-	paidOK, paidFailing := settletest.NewAddress(t), settletest.NewAddress(t)
+	paidOK, paidFailing := stacktest.NewAddress(t), stacktest.NewAddress(t)
 	ok, failing := newReceiver(t, 0), newReceiver(t, 1<<30)
 	wOK, wFailing := register(t, d, ok, paidOK), register(t, d, failing, paidFailing)
 	r.settle(t, newPayment(t, paidOK))

@@ -21,16 +21,16 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own. They run one
 // after another: a webhook without a payTo filter hears every settlement in the database.
-var env *settletest.Env
+var env *stacktest.Env
 
 func TestMain(m *testing.M) {
-	settletest.Main(m, "notify", func(e *settletest.Env) int { env = e; return m.Run() })
+	stacktest.Main(m, "notify", func(e *stacktest.Env) int { env = e; return m.Run() })
 }
 
 // rig is a settle engine (one fresh signer, finality 1) and the status service over the shared
@@ -44,8 +44,8 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	db := env.OpenDB(t)
-	e := env.NewEngine(t, settletest.EngineOptions{DB: db})
-	st := status.New(db, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: 1}}, nil)
+	e := env.NewEngine(t, stacktest.EngineOptions{DB: db})
+	st := env.Status(db, 1)
 	return &rig{db: db, engine: e.Engine, status: st}
 }
 
@@ -60,7 +60,7 @@ func (r *rig) dispatcher(t *testing.T, db *postgres.DB, edit func(*notify.Config
 		BaseBackoff:         50 * time.Millisecond,
 		SendTimeout:         2 * time.Second,
 		AllowPrivateTargets: true, // the receivers are on 127.0.0.1
-		Logger:              settletest.Logger(t),
+		Logger:              stacktest.Logger(t),
 	}
 	if edit != nil {
 		edit(&cfg)
@@ -97,7 +97,7 @@ func register(t *testing.T, d *notify.Dispatcher, rec *receiver, payTo ...common
 
 // payment is a signed 1 USDC authorization from a fresh funded payer to payTo, with its body.
 type payment struct {
-	settletest.Pay
+	stacktest.Pay
 	body []byte
 }
 

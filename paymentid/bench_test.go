@@ -19,7 +19,7 @@ import (
 //	go test ./paymentid/ -run '^$' -bench BenchmarkReplay -benchtime 2000x
 func BenchmarkReplay(b *testing.B) {
 	r := newRig(b, rigOptions{quiet: true})
-	url := r.server(b) + "/settle"
+	url := r.url + "/settle"
 	p := newPay(b, env.FundedPayer(b, 1_000_000), 10_000)
 	body := p.Body(b)
 	first := post(b, url, body)

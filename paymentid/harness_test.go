@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,20 +15,19 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own.
-var env *settletest.Env
+var env *stacktest.Env
 
 func TestMain(m *testing.M) {
-	settletest.Main(m, "paymentid", func(e *settletest.Env) int { env = e; return m.Run() })
+	stacktest.Main(m, "paymentid", func(e *stacktest.Env) int { env = e; return m.Run() })
 }
 
 // clock is the service's injected clock: real time plus an offset the test moves.
@@ -62,9 +60,11 @@ func (c *countingSettler) Settle(ctx context.Context, p *facilitator.Payment) (f
 	return c.Engine.Settle(ctx, p)
 }
 
-// rig is the service over a real verifier, engine (one fresh signer key) and ledger.
+// rig is the service over a real verifier, engine (one fresh signer key) and ledger, and the HTTP
+// API over the service, as the binary wires it.
 type rig struct {
 	svc      *paymentid.Service
+	url      string // the HTTP API's
 	engine   *countingSettler
 	verifier *verify.Verifier
 	db       *postgres.DB
@@ -82,39 +82,24 @@ func newRig(tb testing.TB, o rigOptions) *rig {
 	tb.Helper()
 	logger := slog.New(slog.DiscardHandler)
 	if !o.quiet {
-		logger = settletest.Logger(tb)
+		logger = stacktest.Logger(tb)
 	}
-	e := env.NewEngine(tb, settletest.EngineOptions{Deadline: o.deadline, Logger: logger})
-	db, v := e.DB, e.Verifier
-	r := &rig{engine: &countingSettler{Engine: e.Engine}, verifier: v, db: db, signer: settletest.AddressOf(e.Signer()), clock: &clock{}}
-	r.svc = paymentid.New(paymentid.Config{
-		Store: db, Settler: r.engine, Verifier: v,
-		Window: o.window, FinalityMargin: o.margin, Now: r.clock.Now, Logger: logger,
-	})
+	e := env.NewEngine(tb, stacktest.EngineOptions{Deadline: o.deadline, Logger: logger})
+	r := &rig{engine: &countingSettler{Engine: e.Engine}, verifier: e.Verifier, db: e.DB, signer: stacktest.AddressOf(e.Signer()), clock: &clock{}}
+	srv := env.NewServer(tb, stacktest.ServerOptions{Engine: e, Logger: logger, PaymentIDs: &paymentid.Config{
+		Settler: r.engine, Window: o.window, FinalityMargin: o.margin, Now: r.clock.Now, Logger: logger}})
+	r.svc, r.url = srv.IDs, srv.URL
 	return r
-}
-
-// server is the HTTP API over the rig's service, as the binary wires it.
-func (r *rig) server(tb testing.TB) string {
-	tb.Helper()
-	srv := api.New(api.Config{
-		Verifier:  r.svc,
-		Settler:   r.svc,
-		Supported: facilitator.Supported([]facilitator.Network{env.Network()}, []common.Address{r.signer}, []string{facilitator.PaymentIdentifierKey}),
-	})
-	hs := httptest.NewServer(srv.Handler())
-	tb.Cleanup(hs.Close) // registered after the engine's Stop, so it runs first
-	return hs.URL
 }
 
 func (r *rig) settle(tb testing.TB, body []byte) (facilitator.SettleOutcome, error) {
 	tb.Helper()
-	return r.svc.Settle(context.Background(), settletest.Decode(tb, body))
+	return r.svc.Settle(context.Background(), stacktest.Decode(tb, body))
 }
 
 func (r *rig) verify(tb testing.TB, body []byte) (facilitator.VerifyResponse, error) {
 	tb.Helper()
-	return r.svc.Verify(context.Background(), settletest.Decode(tb, body))
+	return r.svc.Verify(context.Background(), stacktest.Decode(tb, body))
 }
 
 // nonces is the signer's transaction count at latest and pending: what it has sent.
@@ -142,10 +127,10 @@ func (r *rig) record(tb testing.TB, id string) *facilitator.PaymentIDRecord {
 }
 
 // newPay is a payment of value from payer to a fresh payTo under a fresh payment id.
-func newPay(tb testing.TB, payer *ecdsa.PrivateKey, value int64) settletest.Pay {
+func newPay(tb testing.TB, payer *ecdsa.PrivateKey, value int64) stacktest.Pay {
 	tb.Helper()
 	p := env.NewPay(tb, payer, value)
-	p.ID = settletest.RandomID(tb)
+	p.ID = stacktest.RandomID(tb)
 	return p
 }
 

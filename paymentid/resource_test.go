@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/paymentid"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestConflictResource: an id paid for one resource, sent again with the same signed payment for
@@ -20,7 +19,7 @@ import (
 // resource.
 func TestConflictResource(t *testing.T) {
 	r := newRig(t, rigOptions{})
-	url := r.server(t)
+	url := r.url
 	first := newPay(t, env.FundedPayer(t, 1_000_000), 100_000)
 	out, err := r.settle(t, first.Body(t))
 	if err != nil || !out.Response.Success {
@@ -73,7 +72,7 @@ func (b *blindOnce) PaymentID(ctx context.Context, scope, id string) (*facilitat
 // success (a replay). One transfer, and one caller told success.
 func TestConflictResourceRace(t *testing.T) {
 	first := newPay(t, env.FundedPayer(t, 1_000_000), 100_000) // minted while anvil still mines
-	devchaintest.ManualMining(t, env.Chain)
+	stacktest.ManualMining(t, env.Chain)
 	r := newRig(t, rigOptions{deadline: time.Second})
 	pending, err := r.settle(t, first.Body(t))
 	if err != nil || pending.Response.ErrorReason != facilitator.ReasonSettlementPending {
@@ -82,10 +81,10 @@ func TestConflictResourceRace(t *testing.T) {
 	hash := pending.Response.Transaction
 	env.Mine(t)
 
-	racer := paymentid.New(paymentid.Config{Store: &blindOnce{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: settletest.Logger(t)})
+	racer := paymentid.New(paymentid.Config{Store: &blindOnce{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: stacktest.Logger(t)})
 	other := first
 	other.Resource = "http://merchant.test/another-route"
-	out, err := racer.Settle(context.Background(), settletest.Decode(t, other.Body(t)))
+	out, err := racer.Settle(context.Background(), stacktest.Decode(t, other.Body(t)))
 	if err == nil {
 		t.Fatalf("another resource under the id: %+v (claimed %v); want payment_identifier_conflict", out.Response, out.Claimed)
 	}
@@ -108,7 +107,7 @@ func TestLegacyBinding(t *testing.T) {
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 1_000_000) // minted while anvil still mines
 	p := newPay(t, payer, 100_000)
-	devchaintest.ManualMining(t, env.Chain)
+	stacktest.ManualMining(t, env.Chain)
 	r := newRig(t, rigOptions{deadline: time.Second})
 	pending, err := r.settle(t, p.Body(t))
 	if err != nil || pending.Response.ErrorReason != facilitator.ReasonSettlementPending {
@@ -120,7 +119,7 @@ func TestLegacyBinding(t *testing.T) {
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("rewriting the binding: %v (%d rows)", err, tag.RowsAffected())
 	}
-	if rec := r.record(t, p.ID); rec.Fingerprint != settletest.Decode(t, p.Body(t)).Fingerprint() {
+	if rec := r.record(t, p.ID); rec.Fingerprint != stacktest.Decode(t, p.Body(t)).Fingerprint() {
 		t.Fatal("the binding was not rewritten")
 	}
 	env.Mine(t)
@@ -171,8 +170,8 @@ func TestConflictUnreadable(t *testing.T) {
 	b := newPay(t, env.FundedPayer(t, 1_000_000), 200_000)
 	b.ID = a.ID
 	before := r.nonces(t)
-	racer := paymentid.New(paymentid.Config{Store: &blindThenDown{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: settletest.Logger(t)})
-	_, err := racer.Settle(ctx, settletest.Decode(t, b.Body(t)))
+	racer := paymentid.New(paymentid.Config{Store: &blindThenDown{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: stacktest.Logger(t)})
+	_, err := racer.Settle(ctx, stacktest.Decode(t, b.Body(t)))
 	if facilitator.ErrorCode(err) != facilitator.EConflict || facilitator.ErrorReason(err, "") != facilitator.ReasonPaymentIdentifierConflict ||
 		!errors.Is(err, facilitator.ErrPaymentIDTaken) {
 		t.Fatalf("another payment under a bound id: %v; want a payment_identifier_conflict from the ledger insert", err)

@@ -14,9 +14,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestReplay: a payment settled under an id, sent again with the same id and request, gets the
@@ -25,7 +24,7 @@ import (
 // same repeat is already_settled, as before.
 func TestReplay(t *testing.T) {
 	r := newRig(t, rigOptions{})
-	url := r.server(t)
+	url := r.url
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 1_000_000)
 	p := newPay(t, payer, 250_000)
@@ -43,7 +42,7 @@ func TestReplay(t *testing.T) {
 	rec := r.record(t, p.ID)
 	// Bound to the payment and its resource (IDFingerprint), no longer to the settlement's
 	// fingerprint alone, which leaves the resource out.
-	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || rec.Fingerprint != settletest.Decode(t, body).IDFingerprint() {
+	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || rec.Fingerprint != stacktest.Decode(t, body).IDFingerprint() {
 		t.Fatalf("id record %+v, want bound to settlement %d with the request's id fingerprint", rec, out.SettlementID)
 	}
 	if rec.Response == nil || time.Until(rec.ResponseExpires) < 23*time.Hour {
@@ -93,7 +92,7 @@ func TestReplay(t *testing.T) {
 	if !vres.IsValid || vres.InvalidReason != "" || vres.Payer != p.From().Hex() || replayID(vres.Extensions) != p.ID {
 		t.Fatalf("verify of a settled id: %+v", vres)
 	}
-	plain, err := r.verifier.Verify(ctx, settletest.Decode(t, body))
+	plain, err := r.verifier.Verify(ctx, stacktest.Decode(t, body))
 	if err != nil || plain.IsValid || plain.InvalidReason != facilitator.ReasonNonceAlreadyUsed {
 		t.Fatalf("the plain verifier on the settled payment: %+v %v; want %s (the case the replay covers)", plain, err, facilitator.ReasonNonceAlreadyUsed)
 	}
@@ -157,23 +156,23 @@ func TestReplay(t *testing.T) {
 // from /settle and /verify, and nothing is sent, paid or written for it.
 func TestConflict(t *testing.T) {
 	r := newRig(t, rigOptions{})
-	url := r.server(t)
+	url := r.url
 	ctx := context.Background()
 	cases := []struct {
 		name    string
-		edit    func(t *testing.T, first settletest.Pay) settletest.Pay
+		edit    func(t *testing.T, first stacktest.Pay) stacktest.Pay
 		differs []string
 	}{
-		{"amount", func(t *testing.T, f settletest.Pay) settletest.Pay {
-			f.Nonce, f.Value = settletest.Random32(t), f.Value+1
+		{"amount", func(t *testing.T, f stacktest.Pay) stacktest.Pay {
+			f.Nonce, f.Value = stacktest.Random32(t), f.Value+1
 			return f
 		}, []string{"amount", "value"}},
-		{"payTo", func(t *testing.T, f settletest.Pay) settletest.Pay {
-			f.Nonce, f.PayTo = settletest.Random32(t), settletest.NewAddress(t)
+		{"payTo", func(t *testing.T, f stacktest.Pay) stacktest.Pay {
+			f.Nonce, f.PayTo = stacktest.Random32(t), stacktest.NewAddress(t)
 			return f
 		}, []string{"payTo", "to"}},
-		{"payer", func(t *testing.T, f settletest.Pay) settletest.Pay {
-			f.Nonce, f.Payer = settletest.Random32(t), env.FundedPayer(t, 1_000_000)
+		{"payer", func(t *testing.T, f stacktest.Pay) stacktest.Pay {
+			f.Nonce, f.Payer = stacktest.Random32(t), env.FundedPayer(t, 1_000_000)
 			return f
 		}, []string{"from"}},
 	}
@@ -186,7 +185,7 @@ func TestConflict(t *testing.T) {
 			}
 			second := tc.edit(t, first)
 			body := second.Body(t)
-			if v, err := r.verifier.Verify(ctx, settletest.Decode(t, body)); err != nil || !v.IsValid {
+			if v, err := r.verifier.Verify(ctx, stacktest.Decode(t, body)); err != nil || !v.IsValid {
 				t.Fatalf("the second payment is not valid on its own: %+v %v", v, err)
 			}
 			before := r.nonces(t)
@@ -233,7 +232,7 @@ func TestConflict(t *testing.T) {
 				t.Fatalf("the first payment's retry after the conflict: %+v %v", again.Response, err)
 			}
 			// ... and the second authorization is untouched: under an id of its own it settles.
-			second.ID = settletest.RandomID(t)
+			second.ID = stacktest.RandomID(t)
 			if o, err := r.settle(t, second.Body(t)); err != nil || !o.Response.Success {
 				t.Fatalf("the second payment under its own id: %+v %v", o.Response, err)
 			}
@@ -281,11 +280,11 @@ func TestConcurrentConflict(t *testing.T) {
 	const rounds = 8
 	raced := 0
 	for round := range rounds {
-		id := settletest.RandomID(t)
+		id := stacktest.RandomID(t)
 		a := newPay(t, env.FundedPayer(t, 1_000_000), 100_000)
 		b := newPay(t, env.FundedPayer(t, 1_000_000), 200_000)
 		a.ID, b.ID = id, id
-		pays := []settletest.Pay{a, b}
+		pays := []stacktest.Pay{a, b}
 		bodies := [][]byte{a.Body(t), b.Body(t)}
 		before := r.nonces(t)
 		calls := r.engine.calls.Load()
@@ -298,7 +297,7 @@ func TestConcurrentConflict(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				p := settletest.Decode(t, bodies[i])
+				p := stacktest.Decode(t, bodies[i])
 				<-start
 				outs[i], errs[i] = r.svc.Settle(ctx, p)
 			}()
@@ -336,7 +335,7 @@ func TestConcurrentConflict(t *testing.T) {
 		if _, err := r.db.SettlementByKey(ctx, pays[lost].Key()); !errors.Is(err, facilitator.ErrNotFound) {
 			t.Fatalf("round %d: the conflicting authorization has a ledger row: %v", round, err)
 		}
-		if rec := r.record(t, id); rec.Settlement.ID != outs[won].SettlementID || rec.Fingerprint != settletest.Decode(t, bodies[won]).IDFingerprint() {
+		if rec := r.record(t, id); rec.Settlement.ID != outs[won].SettlementID || rec.Fingerprint != stacktest.Decode(t, bodies[won]).IDFingerprint() {
 			t.Fatalf("round %d: the id is bound to settlement %d, the winner's is %d", round, rec.Settlement.ID, outs[won].SettlementID)
 		}
 	}
@@ -361,7 +360,7 @@ func TestConcurrentSameID(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			q := settletest.Decode(t, body)
+			q := stacktest.Decode(t, body)
 			<-start
 			outs[i], errs[i] = r.svc.Settle(ctx, q)
 		}()
@@ -411,9 +410,9 @@ func TestInFlight(t *testing.T) {
 	p := newPay(t, env.FundedPayer(t, 1_000_000), 400_000) // minted while anvil still mines
 	body := p.Body(t)
 	const deadline = time.Second
-	devchaintest.ManualMining(t, env.Chain)
+	stacktest.ManualMining(t, env.Chain)
 	r := newRig(t, rigOptions{deadline: deadline})
-	url := r.server(t)
+	url := r.url
 
 	start := time.Now()
 	first, err := r.settle(t, body)
@@ -499,7 +498,7 @@ func TestInFlightWaits(t *testing.T) {
 	p := newPay(t, env.FundedPayer(t, 1_000_000), 500_000)
 	body := p.Body(t)
 	const deadline = 10 * time.Second
-	devchaintest.ManualMining(t, env.Chain)
+	stacktest.ManualMining(t, env.Chain)
 	r := newRig(t, rigOptions{deadline: deadline})
 
 	type answer struct {
@@ -511,7 +510,7 @@ func TestInFlightWaits(t *testing.T) {
 		ch := make(chan answer, 1)
 		go func() {
 			start := time.Now()
-			out, err := r.svc.Settle(context.Background(), settletest.Decode(t, body))
+			out, err := r.svc.Settle(context.Background(), stacktest.Decode(t, body))
 			ch <- answer{out, err, time.Since(start)}
 		}()
 		return ch
@@ -623,7 +622,7 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("stored answer %q survived compaction", rec.Response)
 	}
 	if rec.Settlement == nil || rec.Settlement.ID != out.SettlementID || !rec.Settlement.State.Succeeded() || rec.Settlement.TxHash.Hex() != tx ||
-		rec.Fingerprint != settletest.Decode(t, body).IDFingerprint() {
+		rec.Fingerprint != stacktest.Decode(t, body).IDFingerprint() {
 		t.Fatalf("link after compaction: %+v; want settlement %d mined with %s", rec.Settlement, out.SettlementID, tx)
 	}
 	if n, err := r.svc.Compact(ctx); err != nil || n != 0 {

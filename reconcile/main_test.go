@@ -6,17 +6,16 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
-	"github.com/x402-facilitator/x402-facilitator/status"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The package's tests share one anvil with real USDC and one database of their own, with one
 // network id. They do not run in parallel: several move the chain's clock, mine on demand or
 // reorganise it, and the index has one cursor per network.
-var env *settletest.Env
+var env *stacktest.Env
 
 func TestMain(m *testing.M) {
-	settletest.Main(m, "reconcile", func(e *settletest.Env) int { env = e; return m.Run() })
+	stacktest.Main(m, "reconcile", func(e *stacktest.Env) int { env = e; return m.Run() })
 }
 
 // later is the jobs' clock: an hour ahead, so every open settlement counts as stale (no engine
@@ -31,7 +30,7 @@ func jobs(t testing.TB, depth uint64, now func() time.Time) *reconcile.Jobs {
 		Networks:   []reconcile.Network{{Network: env.Network(), Chain: env.Chain.RPC, FinalityDepth: depth}},
 		StaleAfter: time.Minute,
 		Now:        now,
-		Logger:     settletest.Logger(t),
+		Logger:     stacktest.Logger(t),
 	})
 }
 
@@ -44,11 +43,6 @@ func runSettlements(t testing.TB, j *reconcile.Jobs) reconcile.Changes {
 	}
 	t.Logf("Settlements: %+v", ch)
 	return ch
-}
-
-// statusService answers status queries over the shared chain and database.
-func statusService(depth uint64) *status.Service {
-	return status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: depth}}, nil)
 }
 
 // pendingDeadline is the engines' deadline here: short, so that with mining off they answer

@@ -15,7 +15,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestReconcileAfterDeath: a facilitator dies right after broadcasting a settlement that carries a
@@ -39,17 +39,17 @@ func testAfterDeath(t *testing.T, lost bool) {
 	ctx := context.Background()
 	env.StartIndexer(t)
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 250_000)
-	p.ID = settletest.RandomID(t)
+	p.ID = stacktest.RandomID(t)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 	e.Stop(context.Background()) // the process dies after the broadcast
 	r := env.Row(t, p.Key())
 	if !r.State.Open() || r.TxHash != hash {
 		t.Fatalf("ledger after the death: %+v, want open with %s", r, hash)
 	}
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	if st, err := svc.Payment(ctx, "", p.ID); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() ||
 		st.Basis != "ledger" || st.PaymentID != p.ID {
 		t.Fatalf("status while pending: %+v %v, want pending with %s from the ledger", st, err, hash)
@@ -124,7 +124,7 @@ func testAfterDeath(t *testing.T, lost bool) {
 		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
 	}
 	want := []string{"signed", "broadcast", "mined", "final"}
-	if got := settletest.States(env.Events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
+	if got := stacktest.States(env.Events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("settlement events %v, want %v", got, want)
 	}
 }
@@ -138,7 +138,7 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	ours := e.SettlePending(t, body)
 	e.Stop(context.Background())
 	env.DropPool(t) // ours never lands
@@ -159,7 +159,7 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 		r.BlockNumber != rc.BlockNumber.Uint64() {
 		t.Fatalf("ledger: %+v, want settled_elsewhere in block %d", r, rc.BlockNumber)
 	}
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("status: %v, found %v", err, found)
@@ -212,7 +212,7 @@ func testExpired(t *testing.T, lostAgain bool) {
 	p.ValidBefore = big.NewInt(env.TimeBase(t) + 30)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 	e.Stop(context.Background())
 	env.DropPool(t)
@@ -222,7 +222,7 @@ func testExpired(t *testing.T, lostAgain bool) {
 	if ch.Resent < 1 || ch.Expired != 0 || !env.InPool(t, hash) {
 		t.Fatalf("before validBefore: changes %+v (in pool %v), want the raw transaction resent", ch, env.InPool(t, hash))
 	}
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	if st, _, err := svc.Authorization(ctx, p.Key()); err != nil || st.State != facilitator.StatusPending || st.Transaction != hash.Hex() {
 		t.Fatalf("status before validBefore: %+v %v", st, err)
 	}
@@ -302,7 +302,7 @@ func TestReconcileLateTransfer(t *testing.T) {
 			p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 70_000)
 			body := p.Body(t)
 			env.ManualMining(t)
-			e := env.NewEngine(t, settletest.EngineOptions{Deadline: 500 * time.Millisecond})
+			e := env.NewEngine(t, stacktest.EngineOptions{Deadline: 500 * time.Millisecond})
 			hash := e.SettlePending(t, body)
 			e.Stop(context.Background())
 
@@ -334,10 +334,10 @@ func TestReconcileLateTransfer(t *testing.T) {
 				t.Fatalf("events %+v, want the last to record mined with %s", es, hash)
 			}
 			want := []string{"signed", "broadcast", "mined"}
-			if got := settletest.States(es); strings.Join(got, ",") != strings.Join(want, ",") {
+			if got := stacktest.States(es); strings.Join(got, ",") != strings.Join(want, ",") {
 				t.Fatalf("settlement events %v, want %v", got, want)
 			}
-			st, _, err := statusService(2).Authorization(context.Background(), p.Key())
+			st, _, err := env.Status(env.DB, 2).Authorization(context.Background(), p.Key())
 			if err != nil || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Transaction != hash.Hex() {
 				t.Fatalf("status: %+v %v", st, err)
 			}
@@ -356,7 +356,7 @@ func TestReconcileReorg(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 123_000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 	e.Stop(context.Background())
 
@@ -379,7 +379,7 @@ func TestReconcileReorg(t *testing.T) {
 	if r := env.Row(t, p.Key()); r.State != facilitator.StateMined || r.BlockNumber != b {
 		t.Fatalf("ledger before the reorg: %+v", r)
 	}
-	svc := statusService(depth)
+	svc := env.Status(env.DB, depth)
 	if st, _, err := svc.Authorization(ctx, p.Key()); err != nil || st.State != facilitator.StatusSettled || st.Final || st.Confirmations != 2 {
 		t.Fatalf("status before the reorg: %+v %v, want settled, 2 confirmations, not final", st, err)
 	}
@@ -445,7 +445,7 @@ func TestReconcileReorg(t *testing.T) {
 		t.Fatalf("status at depth: %+v %v", st, err)
 	}
 	want := []string{"signed", "broadcast", "mined", "broadcast", "mined", "final"}
-	if got := settletest.States(env.Events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
+	if got := stacktest.States(env.Events(t, r.ID)); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("settlement events %v, want %v", got, want)
 	}
 	if got := env.Balance(t, p.PayTo); got != p.Value {
@@ -463,7 +463,7 @@ func TestReconcileReorgRemined(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 321_000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 	raw := rawTx(t, hash)
 	e.Stop(context.Background())
@@ -504,7 +504,7 @@ func TestReconcileReorgRemined(t *testing.T) {
 		t.Errorf("ledger after the job: %+v, want mined in block %d (the transaction's block on the canonical chain), "+
 			"not the orphaned block %d", r, b+1, b)
 	}
-	st, _, err := statusService(depth).Authorization(ctx, p.Key())
+	st, _, err := env.Status(env.DB, depth).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,7 +522,7 @@ func TestReconcileCanceled(t *testing.T) {
 	p := env.NewPay(t, payer, 55_000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	ours := e.SettlePending(t, body)
 	e.Stop(context.Background())
 	env.DropPool(t)
@@ -539,7 +539,7 @@ func TestReconcileCanceled(t *testing.T) {
 	if r.State != facilitator.StateCanceled || r.ErrorReason != facilitator.ReasonNonceAlreadyUsed {
 		t.Fatalf("ledger: %+v, want canceled", r)
 	}
-	st, found, err := statusService(2).Authorization(ctx, p.Key())
+	st, found, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil || !found || st.State != facilitator.StatusCanceled || st.Basis != "ledger" {
 		t.Fatalf("status: %+v %v %v, want canceled from the ledger", st, found, err)
 	}
@@ -561,7 +561,7 @@ func TestReconcileLeavesNoNonceGap(t *testing.T) {
 	body := p.Body(t)
 	signer := env.NewSigner(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
 	e.SettlePending(t, body)
 	e.Stop(context.Background())
 	env.DropPool(t)
@@ -575,11 +575,11 @@ func TestReconcileLeavesNoNonceGap(t *testing.T) {
 
 	// The signer's key comes back with a new process: the next payment must settle.
 	next := env.NewPay(t, env.FundedPayer(t, 1_000_000), 20_000)
-	e2 := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 5 * time.Second})
+	e2 := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 5 * time.Second})
 	out := e2.MustSettle(t, next.Body(t))
 	if !out.Response.Success {
 		var onChain hexutil.Uint64
-		_ = env.Chain.RPC.CallContext(ctx, &onChain, "eth_getTransactionCount", settletest.AddressOf(signer), "latest")
+		_ = env.Chain.RPC.CallContext(ctx, &onChain, "eth_getTransactionCount", stacktest.AddressOf(signer), "latest")
 		t.Fatalf("a payment after the job resolved an unlanded settlement: %+v; the signer's nonce on chain is %d while "+
 			"the ledger holds nonce 0 for the resolved row and the new transaction took the next: a nonce gap", out.Response, onChain)
 	}
@@ -597,7 +597,7 @@ func TestIndexHealthRewinds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gone := settletest.AddressOf(mustKey(t))
+	gone := stacktest.AddressOf(mustKey(t))
 	if err := env.Chain.USDC.Mint(ctx, gone, big.NewInt(1)); err != nil { // a transfer only the old branch has
 		t.Fatal(err)
 	}
@@ -615,7 +615,7 @@ func TestIndexHealthRewinds(t *testing.T) {
 	if err := env.Chain.Revert(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
-	kept := settletest.AddressOf(mustKey(t))
+	kept := stacktest.AddressOf(mustKey(t))
 	if err := env.Chain.USDC.Mint(ctx, kept, big.NewInt(2)); err != nil { // and one only the new branch has
 		t.Fatal(err)
 	}

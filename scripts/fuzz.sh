@@ -51,7 +51,7 @@ fi
 
 # oneWorker: the package's TestMain recreates a database (see above).
 oneWorker() {
-  grep -l 'func TestMain' "$1"/*_test.go 2>/dev/null | xargs -r grep -lE 'postgrestest.Fresh|settletest.Main' | grep -q .
+  grep -l 'func TestMain' "$1"/*_test.go 2>/dev/null | xargs -r grep -lE 'stacktest\.(Main\(|FreshDB)' | grep -q .
 }
 
 log "${#targets[@]} targets, ${secs}s each; logs in $out"

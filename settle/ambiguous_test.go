@@ -12,7 +12,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // ambiguousLedger commits a settlement insert and then, while armed, reports an error (the
@@ -49,7 +49,7 @@ func (a *ambiguousLedger) SettlementByKey(ctx context.Context, k facilitator.Aut
 func TestSettleAmbiguousCommitAnswersPending(t *testing.T) {
 	var store *ambiguousLedger
 	signer := env.NewSigner(t)
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 2 * time.Second, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 2 * time.Second, Config: func(c *settle.Config) {
 		store = &ambiguousLedger{Store: c.Store}
 		c.Store = store
 		c.RetryInterval = 100 * time.Millisecond

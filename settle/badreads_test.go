@@ -9,7 +9,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestMinedSurvivesBadReceiptReads: once mined, a settlement's receipt reads null or fails for a
@@ -21,7 +21,7 @@ func TestMinedSurvivesBadReceiptReads(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
 	env.ManualMining(t)
 	var chain *faultChain
-	r := env.NewEngine(t, settletest.EngineOptions{Deadline: 200 * time.Millisecond, Depth: 4, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Deadline: 200 * time.Millisecond, Depth: 4, Config: func(c *settle.Config) {
 		chain = &faultChain{Chain: c.Networks[0].Chain}
 		c.Networks[0].Chain = chain
 		c.BumpAfter = 700 * time.Millisecond
@@ -45,7 +45,7 @@ func TestMinedSurvivesBadReceiptReads(t *testing.T) {
 	if final.TxHash != hash {
 		t.Fatalf("final with %s, want %s", final.TxHash, hash)
 	}
-	if got, want := settletest.States(env.Events(t, row.ID)), []string{"signed", "broadcast", "mined", "final"}; !slices.Equal(got, want) {
+	if got, want := stacktest.States(env.Events(t, row.ID)), []string{"signed", "broadcast", "mined", "final"}; !slices.Equal(got, want) {
 		t.Fatalf("events %v, want %v: no reopening, no bump", got, want)
 	}
 	if raws := txsOf(t, row.ID); len(raws) != 1 {
@@ -65,14 +65,14 @@ func TestNonceCheckBehindLaggingBackend(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	first := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 500 * time.Millisecond})
+	first := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 500 * time.Millisecond})
 	hash := first.SettlePending(t, body)
 	first.Stop(context.Background())
 	env.Mine(t) // ours is mined while no engine watches
 
 	obs := &recordingObserver{}
 	var chain *faultChain
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 500 * time.Millisecond, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 500 * time.Millisecond, Config: func(c *settle.Config) {
 		chain = &faultChain{Chain: c.Networks[0].Chain}
 		chain.lagBatches.Store(2)
 		c.Networks[0].Chain = chain
@@ -87,7 +87,7 @@ func TestNonceCheckBehindLaggingBackend(t *testing.T) {
 			t.Fatalf("re-signed behind a lagging backend: events %v", env.Events(t, row.ID))
 		}
 	}
-	if n := obs.count("gap " + env.Network().ID + " " + settletest.AddressOf(signer).Hex() + " " + settle.NonceForeign); n != 0 {
+	if n := obs.count("gap " + env.Network().ID + " " + stacktest.AddressOf(signer).Hex() + " " + settle.NonceForeign); n != 0 {
 		t.Fatalf("%d foreign re-signs reported", n)
 	}
 	chain.lagBatches.Store(0)
@@ -99,7 +99,7 @@ func TestNonceCheckBehindLaggingBackend(t *testing.T) {
 	if raws := txsOf(t, row.ID); len(raws) != 1 {
 		t.Fatalf("%d signed variants, want 1", len(raws))
 	}
-	if n := nonceOf(t, settletest.AddressOf(signer), "latest"); n != 1 {
+	if n := nonceOf(t, stacktest.AddressOf(signer), "latest"); n != 1 {
 		t.Fatalf("the signer has %d mined transactions, want 1", n)
 	}
 	_ = r
@@ -116,7 +116,7 @@ func TestClosedSettlementNonceIsFilled(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
 	next := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
 	env.ManualMining(t)
-	first := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 300 * time.Millisecond})
+	first := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 300 * time.Millisecond})
 	ours := first.SettlePending(t, p.Body(t))
 	first.Stop(context.Background())
 	env.DropPool(t)
@@ -128,7 +128,7 @@ func TestClosedSettlementNonceIsFilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 300 * time.Millisecond, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: 300 * time.Millisecond, Config: func(c *settle.Config) {
 		c.RetryInterval = 100 * time.Millisecond
 		c.RebroadcastAfter = 200 * time.Millisecond
 	}})

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 var (
@@ -31,7 +31,7 @@ func BenchmarkSettle(b *testing.B) {
 	for i := range signers {
 		signers[i] = env.NewSigner(b)
 	}
-	r := env.NewEngine(b, settletest.EngineOptions{Signers: signers, Deadline: time.Minute, Config: func(c *settle.Config) {
+	r := env.NewEngine(b, stacktest.EngineOptions{Signers: signers, Deadline: time.Minute, Config: func(c *settle.Config) {
 		c.Logger = slog.New(slog.DiscardHandler)
 		if *benchPoll > 0 {
 			c.PollInterval = *benchPoll
@@ -39,7 +39,7 @@ func BenchmarkSettle(b *testing.B) {
 	}})
 	for range b.N {
 		b.StopTimer()
-		pays := make([]settletest.Pay, *benchK)
+		pays := make([]stacktest.Pay, *benchK)
 		bodies := make([][]byte, *benchK)
 		for i := range pays {
 			pays[i] = env.NewPay(b, env.FundedPayer(b, 10_000), 10_000)

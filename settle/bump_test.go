@@ -12,7 +12,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestSettleFeeBump: a transaction left unmined past BumpAfter is replaced by one with the same
@@ -21,7 +21,7 @@ import (
 func TestSettleFeeBump(t *testing.T) {
 	ctx := context.Background()
 	obs := &recordingObserver{}
-	r := env.NewEngine(t, settletest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
 		c.BumpAfter = 300 * time.Millisecond
 		c.Observer = obs
 	}})
@@ -41,7 +41,7 @@ func TestSettleFeeBump(t *testing.T) {
 	var txs []facilitator.TxRecord
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		open, err := r.DB.OpenSettlements(ctx, env.Network().ID, settletest.AddressOf(r.Signers[0]))
+		open, err := r.DB.OpenSettlements(ctx, env.Network().ID, stacktest.AddressOf(r.Signers[0]))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,7 @@ func TestSettleFeeBump(t *testing.T) {
 	if len(txs) < 2 {
 		t.Fatal("no replacement transaction was committed")
 	}
-	if got := inFlight(r.Engine, settletest.AddressOf(r.Signers[0])); got != 1 {
+	if got := inFlight(r.Engine, stacktest.AddressOf(r.Signers[0])); got != 1 {
 		t.Fatalf("in flight while unmined: %d, want 1", got)
 	}
 	first, second := decodeTx(t, txs[0].Raw), decodeTx(t, txs[1].Raw)
@@ -97,10 +97,10 @@ func TestSettleFeeBump(t *testing.T) {
 	if got := env.Balance(t, p.PayTo); got != 100_000 {
 		t.Fatalf("payee holds %d, want exactly 100000", got)
 	}
-	if n, err := env.Chain.Client.NonceAt(ctx, settletest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
+	if n, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
 		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
 	}
-	if got := inFlight(r.Engine, settletest.AddressOf(r.Signers[0])); got != 0 {
+	if got := inFlight(r.Engine, stacktest.AddressOf(r.Signers[0])); got != 0 {
 		t.Errorf("in flight once mined: %d, want 0", got)
 	}
 	// Every replacement committed before mining was observed as a bump, on this network.
@@ -146,7 +146,7 @@ func (o *recordingObserver) count(k string) int {
 // payment is refused as unavailable (503 with Retry-After at the API) and nothing is sent for it.
 func TestSettleCapacity(t *testing.T) {
 	ctx := context.Background()
-	r := env.NewEngine(t, settletest.EngineOptions{Deadline: time.Second, Config: func(c *settle.Config) { c.MaxInFlightPerSigner = 1 }})
+	r := env.NewEngine(t, stacktest.EngineOptions{Deadline: time.Second, Config: func(c *settle.Config) { c.MaxInFlightPerSigner = 1 }})
 	first, second := env.NewPay(t, env.FundedPayer(t, 1000), 1000), env.NewPay(t, env.FundedPayer(t, 1000), 1000)
 	b1, b2 := first.Body(t), second.Body(t)
 	env.ManualMining(t)
@@ -159,7 +159,7 @@ func TestSettleCapacity(t *testing.T) {
 	if facilitator.ErrorCode(err) != facilitator.EUnavailable || facilitator.ErrorReason(err, "") != facilitator.ReasonSettlerBusy {
 		t.Fatalf("second, with the only signer full: want unavailable %s, got %v", facilitator.ReasonSettlerBusy, err)
 	}
-	if n, err := env.Chain.Client.PendingNonceAt(ctx, settletest.AddressOf(r.Signers[0])); err != nil || n != 1 {
+	if n, err := env.Chain.Client.PendingNonceAt(ctx, stacktest.AddressOf(r.Signers[0])); err != nil || n != 1 {
 		t.Fatalf("pending nonce %d (%v): the refused payment must send nothing", n, err)
 	}
 	env.Mine(t)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // hungClaims is the ledger with a ClaimDelivery that never answers: it returns only when its
@@ -33,7 +33,7 @@ func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string, 
 // a request that hangs for as long as the ledger does.
 func TestClaimBounded(t *testing.T) {
 	hung := &hungClaims{}
-	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Config: func(c *settle.Config) {
 		hung.Store = c.Store
 		c.Store = hung
 	}})
@@ -45,7 +45,7 @@ func TestClaimBounded(t *testing.T) {
 	done := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		out, err := r.Settle(context.Background(), settletest.Decode(t, p.Body(t)))
+		out, err := r.Settle(context.Background(), stacktest.Decode(t, p.Body(t)))
 		done <- result{out, err}
 	}()
 	var res result
@@ -76,10 +76,10 @@ func TestSuccessBelongsToKey(t *testing.T) {
 	payer := env.FundedPayer(t, 2_000_000) // minted while anvil still mines
 	keyed, open := env.NewPay(t, payer, 1_000_000), env.NewPay(t, payer, 1_000_000)
 	env.ManualMining(t)
-	r := env.NewEngine(t, settletest.EngineOptions{Deadline: time.Second})
-	settleAs := func(p settletest.Pay, keyID string) facilitator.SettleOutcome {
+	r := env.NewEngine(t, stacktest.EngineOptions{Deadline: time.Second})
+	settleAs := func(p stacktest.Pay, keyID string) facilitator.SettleOutcome {
 		t.Helper()
-		d := settletest.Decode(t, p.Body(t))
+		d := stacktest.Decode(t, p.Body(t))
 		d.KeyID, d.IDScope = keyID, keyID
 		out, err := r.Settle(ctx, d)
 		if err != nil {

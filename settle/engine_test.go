@@ -12,13 +12,13 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestSettleOnce: one payment settles, the payee gets exactly the amount, the ledger row is
 // mined with the receipt's hash, and a repeat of the same payload is not a second success.
 func TestSettleOnce(t *testing.T) {
-	r := env.NewEngine(t, settletest.EngineOptions{})
+	r := env.NewEngine(t, stacktest.EngineOptions{})
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 5_000_000)
 	p := env.NewPay(t, payer, 1_250_000)
@@ -58,7 +58,7 @@ func TestSettleOnce(t *testing.T) {
 // TestSettleConcurrentDuplicates: 50 concurrent settles of one payload make one transaction and
 // one transfer; one caller gets success, every other gets the same transaction as already settled.
 func TestSettleConcurrentDuplicates(t *testing.T) {
-	r := env.NewEngine(t, settletest.EngineOptions{})
+	r := env.NewEngine(t, stacktest.EngineOptions{})
 	payer := env.FundedPayer(t, 1_000_000)
 	p := env.NewPay(t, payer, 700_000)
 	body := p.Body(t)
@@ -119,9 +119,9 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 // with no nonce error, each signer's nonces used without gaps, and every payee paid once.
 func TestSettleManyPayers(t *testing.T) {
 	signers := []*ecdsa.PrivateKey{env.NewSigner(t), env.NewSigner(t)}
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: signers})
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: signers})
 	const total, conc = 200, 32
-	pays := make([]settletest.Pay, total)
+	pays := make([]stacktest.Pay, total)
 	bodies := make([][]byte, total)
 	for i := range pays {
 		pays[i] = env.NewPay(t, env.FundedPayer(t, 10_000), 10_000)
@@ -177,7 +177,7 @@ func TestSettleManyPayers(t *testing.T) {
 // TestSettleInvalidLeavesNoRow: a payment that fails verification is answered with the reason and
 // nothing is written or sent, so the same authorization can be settled once it becomes valid.
 func TestSettleInvalidLeavesNoRow(t *testing.T) {
-	r := env.NewEngine(t, settletest.EngineOptions{})
+	r := env.NewEngine(t, stacktest.EngineOptions{})
 	ctx := context.Background()
 	payer, _ := crypto.GenerateKey() // holds no USDC yet
 	p := env.NewPay(t, payer, 50_000)
@@ -206,7 +206,7 @@ func TestSettleInvalidLeavesNoRow(t *testing.T) {
 // written, nothing sent) instead of waiting on loops that no longer run, and Start does not run
 // the engine again.
 func TestStoppedEngineRefuses(t *testing.T) {
-	r := env.NewEngine(t, settletest.EngineOptions{})
+	r := env.NewEngine(t, stacktest.EngineOptions{})
 	ctx := context.Background()
 	if err := r.Stop(ctx); err != nil {
 		t.Fatal(err)

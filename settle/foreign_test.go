@@ -14,7 +14,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -27,14 +27,14 @@ import (
 func TestSettleForeignNonceResigned(t *testing.T) {
 	obs := &recordingObserver{}
 	signer := env.NewSigner(t)
-	addr := settletest.AddressOf(signer)
+	addr := stacktest.AddressOf(signer)
 	payer := env.FundedPayer(t, 5000)
 	p := env.NewPay(t, payer, 1000)
 	body := p.Body(t)
 	next := env.NewPay(t, payer, 2000)
 	nextBody := next.Body(t)
 	env.ManualMining(t)
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
 		Config: func(c *settle.Config) {
 			c.Observer = obs
 			c.RebroadcastAfter = 200 * time.Millisecond
@@ -157,7 +157,7 @@ func txsOf(t testing.TB, id int64) [][]byte {
 }
 
 // authorizationUses counts the chain's AuthorizationUsed logs for p's authorization.
-func authorizationUses(t testing.TB, p settletest.Pay) int {
+func authorizationUses(t testing.TB, p stacktest.Pay) int {
 	t.Helper()
 	var logs []types.Log
 	filter := map[string]any{"fromBlock": "0x0", "toBlock": "latest", "address": []common.Address{env.Chain.USDC.Address},
@@ -183,7 +183,7 @@ func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facili
 // of ours, and its hash is returned.
 func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) common.Hash {
 	t.Helper()
-	addr := settletest.AddressOf(signer)
+	addr := stacktest.AddressOf(signer)
 	tip := new(big.Int).Mul(ours.TipCap, big.NewInt(2))
 	feeCap := new(big.Int).Mul(ours.FeeCap, big.NewInt(2))
 	foreign, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
@@ -206,7 +206,7 @@ func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours fac
 func TestSettleForeignNonceRecovered(t *testing.T) {
 	obs := &recordingObserver{}
 	signer := env.NewSigner(t)
-	addr := settletest.AddressOf(signer)
+	addr := stacktest.AddressOf(signer)
 	payer := env.FundedPayer(t, 1000)
 	p := env.NewPay(t, payer, 1000)
 	body := p.Body(t)
@@ -216,7 +216,7 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 		c.RebroadcastAfter = 200 * time.Millisecond
 		c.RetryInterval = 200 * time.Millisecond
 	}
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
 	ours := r.SettlePending(t, body)
 	taken := env.Row(t, p.Key()).TxNonce
 	takeNonce(t, signer, taken, openRows(t, addr)[p.Key()].Txs[0], ours)
@@ -232,7 +232,7 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 		t.Fatalf("the ledger after the re-sign: %+v", moved)
 	}
 
-	r2 := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
+	r2 := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
 	var out facilitator.SettleOutcome
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		env.Mine(t)
@@ -262,10 +262,10 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 // elsewhere) replaced in the pool, not mined yet: auto-mine is off, and the engine rebroadcasts
 // fast, so it hears nonce too low soon after the foreign transaction is mined.
 type displaced struct {
-	r       *settletest.Engine
+	r       *stacktest.Engine
 	obs     *recordingObserver
 	addr    common.Address
-	p       settletest.Pay
+	p       stacktest.Pay
 	body    []byte
 	ours    common.Hash // the settlement's one transaction
 	taken   uint64      // its tx nonce, which the foreign transaction holds
@@ -275,13 +275,13 @@ type displaced struct {
 
 // displace settles p with mining off and replaces its transaction with a foreign one at the
 // same nonce (unmined).
-func displace(t *testing.T, p settletest.Pay) *displaced {
+func displace(t *testing.T, p stacktest.Pay) *displaced {
 	t.Helper()
 	d := &displaced{obs: &recordingObserver{}, p: p, body: p.Body(t)}
 	signer := env.NewSigner(t)
-	d.addr = settletest.AddressOf(signer)
+	d.addr = stacktest.AddressOf(signer)
 	env.ManualMining(t)
-	d.r = env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
+	d.r = env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
 		Config: func(c *settle.Config) {
 			c.Observer = d.obs
 			c.RebroadcastAfter = 200 * time.Millisecond
@@ -347,7 +347,7 @@ func (d *displaced) notResigned(t *testing.T, id int64) {
 
 // nextSettles checks that the key's next settlement takes the nonce after the taken one and is
 // mined.
-func (d *displaced) nextSettles(t *testing.T, next settletest.Pay) {
+func (d *displaced) nextSettles(t *testing.T, next stacktest.Pay) {
 	t.Helper()
 	body := next.Body(t)
 	out := d.r.MustSettle(t, body)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // lostCommit commits settlement inserts and then, while armed, reports an error, as a write does
@@ -53,7 +53,7 @@ func TestSettleLostCommitAnswer(t *testing.T) {
 		t.Run(fmt.Sprintf("guarded=%v", guarded), func(t *testing.T) {
 			var store *lostCommit
 			signer := env.NewSigner(t)
-			r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Config: func(c *settle.Config) {
+			r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Config: func(c *settle.Config) {
 				store = &lostCommit{Store: c.Store}
 				c.Store = store
 				if guarded {
@@ -144,7 +144,7 @@ func TestGroupCommitWalletCapRefusal(t *testing.T) {
 	store := &gatedStore{held: make(chan struct{}), release: make(chan struct{})}
 	signer := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(signer.PublicKey)
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Config: func(c *settle.Config) {
 		store.Store = c.Store
 		c.Store = store
 		c.Limits = facilitator.Limits{WalletCapCount: 1, WalletWindow: time.Hour}

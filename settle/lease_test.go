@@ -15,24 +15,24 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // leased makes a rig lease its keys through its own database handle: two rigs are then two
 // processes as far as Postgres knows (each its own sessions).
-func leased(deadline time.Duration, signers ...*ecdsa.PrivateKey) settletest.EngineOptions {
-	return settletest.EngineOptions{Signers: signers, Deadline: deadline, Config: func(c *settle.Config) {
+func leased(deadline time.Duration, signers ...*ecdsa.PrivateKey) stacktest.EngineOptions {
+	return stacktest.EngineOptions{Signers: signers, Deadline: deadline, Config: func(c *settle.Config) {
 		c.Leaser = c.Store.(*postgres.DB)
 	}}
 }
 
 // holds reports whether r holds k's lease.
-func holds(r *settletest.Engine, k *ecdsa.PrivateKey) bool {
-	return slices.Contains(r.Engine.HeldSigners()[env.Network().ID], settletest.AddressOf(k))
+func holds(r *stacktest.Engine, k *ecdsa.PrivateKey) bool {
+	return slices.Contains(r.Engine.HeldSigners()[env.Network().ID], stacktest.AddressOf(k))
 }
 
 // held is how many keys r holds.
-func held(r *settletest.Engine) int { return len(r.Engine.HeldSigners()[env.Network().ID]) }
+func held(r *stacktest.Engine) int { return len(r.Engine.HeldSigners()[env.Network().ID]) }
 
 // waitFor polls cond until it holds, or fails after within; it returns how long it took.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) time.Duration {
@@ -61,7 +61,7 @@ func sqlConn(t testing.TB) *pgx.Conn {
 func leaseRow(t testing.TB, conn *pgx.Conn, k *ecdsa.PrivateKey) (pid int32, epoch int64) {
 	t.Helper()
 	if err := conn.QueryRow(context.Background(), `SELECT session_pid, epoch FROM signer_leases WHERE network = $1 AND signer = $2`,
-		env.Network().ID, settletest.AddressOf(k).Bytes()).Scan(&pid, &epoch); err != nil {
+		env.Network().ID, stacktest.AddressOf(k).Bytes()).Scan(&pid, &epoch); err != nil {
 		t.Fatal(err)
 	}
 	return pid, epoch
@@ -119,7 +119,7 @@ func TestSignerLeaseOneHolder(t *testing.T) {
 	if _, err := a.DB.SettlementByKey(ctx, p.Key()); err == nil {
 		t.Fatal("the engine without the key wrote a ledger row")
 	}
-	if n := nonceOf(t, settletest.AddressOf(key), "pending"); n != 0 {
+	if n := nonceOf(t, stacktest.AddressOf(key), "pending"); n != 0 {
 		t.Fatalf("the key sent %d transactions after a refusal", n)
 	}
 
@@ -137,7 +137,7 @@ func TestSignerLeaseOneHolder(t *testing.T) {
 	if !holds(a, key) || holds(b, key) {
 		t.Fatalf("holders after 2.5s: first %v, second %v", a.Engine.HeldSigners(), b.Engine.HeldSigners())
 	}
-	if n := nonceOf(t, settletest.AddressOf(key), "latest"); n != 1 {
+	if n := nonceOf(t, stacktest.AddressOf(key), "latest"); n != 1 {
 		t.Fatalf("the key's nonce is %d, want 1", n)
 	}
 }
@@ -150,9 +150,9 @@ func TestSignerLeaseOneHolder(t *testing.T) {
 func TestSignerLeaseTakeover(t *testing.T) {
 	ctx := context.Background()
 	key := env.NewSigner(t)
-	addr := settletest.AddressOf(key)
+	addr := stacktest.AddressOf(key)
 	const value = 20_000
-	pays := make([]settletest.Pay, 5)
+	pays := make([]stacktest.Pay, 5)
 	bodies := make([][]byte, len(pays))
 	for i := range pays {
 		pays[i] = env.NewPay(t, env.FundedPayer(t, value), value)
@@ -327,14 +327,14 @@ func TestSignerLeaseHandOver(t *testing.T) {
 	if got := env.Balance(t, p.PayTo); got != 30_000 {
 		t.Fatalf("payee holds %d, want 30000 once", got)
 	}
-	for _, r := range []*settletest.Engine{a, b} {
+	for _, r := range []*stacktest.Engine{a, b} {
 		q := env.NewPay(t, env.FundedPayer(t, 1_000), 1_000)
 		out, err := r.SettleBody(ctx, t, q.Body(t))
 		if err != nil || !out.Response.Success {
 			t.Fatalf("a payment through each engine: %+v %v", out.Response, err)
 		}
 	}
-	total := nonceOf(t, settletest.AddressOf(k1), "latest") + nonceOf(t, settletest.AddressOf(k2), "latest")
+	total := nonceOf(t, stacktest.AddressOf(k1), "latest") + nonceOf(t, stacktest.AddressOf(k2), "latest")
 	if total != 3 {
 		t.Fatalf("the keys sent %d transactions, want 3", total)
 	}
@@ -371,15 +371,15 @@ func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 	}
 	t.Cleanup(db.Close)
 	conn := sqlConn(t)
-	l, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 0)
+	l, err := db.LeaseSigner(ctx, env.Network().ID, stacktest.AddressOf(key), 0)
 	if err != nil || l == nil {
 		t.Fatalf("leasing a free key: %v %v", l, err)
 	}
 	defer l.Release()
-	if other, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 0); err != nil || other != nil {
+	if other, err := db.LeaseSigner(ctx, env.Network().ID, stacktest.AddressOf(key), 0); err != nil || other != nil {
 		t.Fatalf("a second lease of a held key: %v %v; want none", other, err)
 	}
-	if other, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 300*time.Millisecond); err != nil || other != nil {
+	if other, err := db.LeaseSigner(ctx, env.Network().ID, stacktest.AddressOf(key), 300*time.Millisecond); err != nil || other != nil {
 		t.Fatalf("queueing for a held key: %v %v; want none after the wait", other, err)
 	}
 
@@ -388,7 +388,7 @@ func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 		var h common.Hash
 		h[0], h[31] = 0xee, byte(nonce)
 		return &facilitator.NewSettlement{Key: p.Key(), PayTo: p.PayTo, Value: bigOne(), ValidAfter: bigOne(), ValidBefore: bigOne(),
-			X402Version: 2, Request: []byte("{}"), Signer: settletest.AddressOf(key), TxNonce: nonce,
+			X402Version: 2, Request: []byte("{}"), Signer: stacktest.AddressOf(key), TxNonce: nonce,
 			Tx: facilitator.TxRecord{Hash: h, Raw: []byte{1}, TipCap: bigOne(), FeeCap: bigOne()}}
 	}
 	if _, err := l.InsertSettlement(ctx, row(0)); err != nil {
@@ -403,7 +403,7 @@ func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 	if _, err := l.InsertSettlement(ctx, row(1)); err == nil {
 		t.Fatal("a write through a lease whose session ended succeeded")
 	}
-	if got := ledgerNonces(t, conn, settletest.AddressOf(key)); len(got) != 1 {
+	if got := ledgerNonces(t, conn, stacktest.AddressOf(key)); len(got) != 1 {
 		t.Fatalf("ledger tx nonces %v, want only the one written under the lease", got)
 	}
 	select {
@@ -415,7 +415,7 @@ func TestSignerLeaseWritesNeedTheLease(t *testing.T) {
 		t.Fatal("a write through a lost lease succeeded")
 	}
 	// The key is free for the next holder, which sees the row written under the first lease.
-	next, err := db.LeaseSigner(ctx, env.Network().ID, settletest.AddressOf(key), 0)
+	next, err := db.LeaseSigner(ctx, env.Network().ID, stacktest.AddressOf(key), 0)
 	if err != nil || next == nil {
 		t.Fatalf("leasing the key after its holder's session ended: %v %v", next, err)
 	}
@@ -451,9 +451,9 @@ func TestSettleDuplicateMinedDuringVerify(t *testing.T) {
 	k1, k2 := env.NewSigner(t), env.NewSigner(t)
 	p := env.NewPay(t, env.FundedPayer(t, 40_000), 40_000)
 	body := p.Body(t)
-	other := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{k1}})
+	other := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{k1}})
 	var first facilitator.SettleOutcome
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{k2}, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{k2}, Config: func(c *settle.Config) {
 		c.Verifier = &raceVerifier{Verifier: c.Verifier, before: func() {
 			var err error
 			if first, err = other.SettleBody(ctx, t, body); err != nil || !first.Response.Success {

@@ -19,13 +19,13 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // settleAs settles a body sent with the API key keyID ("" for none), as the API does.
-func settleAs(ctx context.Context, t testing.TB, r *settletest.Engine, body []byte, keyID string) (facilitator.SettleOutcome, error) {
+func settleAs(ctx context.Context, t testing.TB, r *stacktest.Engine, body []byte, keyID string) (facilitator.SettleOutcome, error) {
 	t.Helper()
-	p := settletest.Decode(t, body)
+	p := stacktest.Decode(t, body)
 	p.KeyID, p.IDScope = keyID, keyID
 	return r.Engine.Settle(ctx, p)
 }
@@ -63,7 +63,7 @@ func mustSucceed(t *testing.T, out facilitator.SettleOutcome, err error) {
 // with a Retry-After within the window), nothing is signed or written for it, the tx nonce it
 // would have used goes to the next settlement, and another wallet is not affected.
 func TestWalletCapCount(t *testing.T) {
-	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Config: func(c *settle.Config) {
 		c.Limits = facilitator.Limits{WalletCapCount: 2, WalletWindow: time.Hour}
 	}})
 	ctx := context.Background()
@@ -108,7 +108,7 @@ func TestWalletCapCount(t *testing.T) {
 // TestWalletCapAmount: a cap of 250 base units admits 100 + 100, refuses a third 100, and still
 // admits 50 (the exact remainder).
 func TestWalletCapAmount(t *testing.T) {
-	r := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Config: func(c *settle.Config) {
 		c.Limits = facilitator.Limits{WalletCapAmount: big.NewInt(250), WalletWindow: time.Hour}
 	}})
 	ctx := context.Background()
@@ -125,7 +125,7 @@ func TestWalletCapAmount(t *testing.T) {
 		t.Fatalf("payer holds %d, want 750", got)
 	}
 	// A payment larger than the cap on its own can never fit: Retry-After is the whole window.
-	tight := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) {
+	tight := env.NewEngine(t, stacktest.EngineOptions{Config: func(c *settle.Config) {
 		c.Limits = facilitator.Limits{WalletCapAmount: big.NewInt(10), WalletWindow: time.Minute}
 	}})
 	_, err = tight.SettleBody(ctx, t, env.NewPay(t, env.FundedPayer(t, 100), 11).Body(t))
@@ -140,7 +140,7 @@ func TestWalletCapAmount(t *testing.T) {
 // three: exactly three transfers happen, the seven others are refused.
 func TestWalletCapConcurrent(t *testing.T) {
 	capped := func(c *settle.Config) { c.Limits = facilitator.Limits{WalletCapCount: 3, WalletWindow: time.Hour} }
-	rigs := []*settletest.Engine{env.NewEngine(t, settletest.EngineOptions{Config: capped}), env.NewEngine(t, settletest.EngineOptions{Config: capped})}
+	rigs := []*stacktest.Engine{env.NewEngine(t, stacktest.EngineOptions{Config: capped}), env.NewEngine(t, stacktest.EngineOptions{Config: capped})}
 	ctx := context.Background()
 	payer := env.FundedPayer(t, 10_000)
 	bodies := make([][]byte, 10)
@@ -187,7 +187,7 @@ func TestWalletCapConcurrent(t *testing.T) {
 // second refused; other keys and requests without a key are not charged; raising the budget to
 // unlimited lets it settle again.
 func TestKeyGasBudget(t *testing.T) {
-	r := env.NewEngine(t, settletest.EngineOptions{})
+	r := env.NewEngine(t, stacktest.EngineOptions{})
 	ctx := context.Background()
 	keyID := newKeyID(t, r, nil)
 	payer := env.FundedPayer(t, 10_000)
@@ -221,14 +221,14 @@ func TestKeyGasBudget(t *testing.T) {
 	mustSucceed(t, out, err)
 
 	// The engine's default applies to keys without a budget of their own.
-	d := env.NewEngine(t, settletest.EngineOptions{Config: func(c *settle.Config) { c.Limits.KeyGasBudget = big.NewInt(1) }})
+	d := env.NewEngine(t, stacktest.EngineOptions{Config: func(c *settle.Config) { c.Limits.KeyGasBudget = big.NewInt(1) }})
 	_, err = settleAs(ctx, t, d, env.NewPay(t, payer, 1_000).Body(t), newKeyID(t, d, nil))
 	wantLimited(t, err, facilitator.ReasonGasBudgetExceeded, 24*time.Hour)
 	out, err = settleAs(ctx, t, d, env.NewPay(t, payer, 1_000).Body(t), newKeyID(t, d, big.NewInt(0)))
 	mustSucceed(t, out, err)
 }
 
-func newKeyID(t *testing.T, r *settletest.Engine, budget *big.Int) string {
+func newKeyID(t *testing.T, r *stacktest.Engine, budget *big.Int) string {
 	t.Helper()
 	_, id, hash, err := auth.Generate()
 	if err != nil {
@@ -299,7 +299,7 @@ func TestSignerBalanceGuard(t *testing.T) {
 	a, b := env.NewSigner(t), env.NewSigner(t)
 	addrA, addrB := crypto.PubkeyToAddress(a.PublicKey), crypto.PubkeyToAddress(b.PublicKey)
 	eth := big.NewInt(1e18)
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{a, b}, Config: func(c *settle.Config) {
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{a, b}, Config: func(c *settle.Config) {
 		c.SignerMinBalance = eth
 		c.BalanceInterval = 50 * time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))

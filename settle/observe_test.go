@@ -12,7 +12,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestSettleNonceGapObserved: the signer key sends a transaction behind the engine's back, after
@@ -23,7 +23,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 	obs := &recordingObserver{}
 	signer := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(signer.PublicKey)
-	r := env.NewEngine(t, settletest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
 		Config: func(c *settle.Config) { c.Observer = obs }})
 
 	// Nonce 0, spent outside the engine (anvil mines it at once).

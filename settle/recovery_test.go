@@ -11,15 +11,14 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
 
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 func poolSize(t testing.TB) int {
 	t.Helper()
-	n, err := devchaintest.PoolSize(context.Background(), env.Chain)
+	n, err := stacktest.PoolSize(context.Background(), env.Chain)
 	if err != nil {
 		t.Fatalf("txpool_status: %v", err)
 	}
@@ -72,7 +71,7 @@ func TestSettleSlowChainPending(t *testing.T) {
 	body := p.Body(t)
 	const deadline = 1500 * time.Millisecond
 	env.ManualMining(t)
-	r := env.NewEngine(t, settletest.EngineOptions{Deadline: deadline})
+	r := env.NewEngine(t, stacktest.EngineOptions{Deadline: deadline})
 	signer := crypto.PubkeyToAddress(r.Signers[0].PublicKey)
 
 	start := time.Now()
@@ -162,7 +161,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	ctx := context.Background()
 	const before, after, value = 5, 3, 10_000
 	const deadline = 1500 * time.Millisecond
-	pays := make([]settletest.Pay, before+after)
+	pays := make([]stacktest.Pay, before+after)
 	bodies := make([][]byte, len(pays))
 	for i := range pays {
 		pays[i] = env.NewPay(t, env.FundedPayer(t, value), value)
@@ -175,7 +174,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 
 	// settleAll settles bodies[from:to] concurrently through r; every answer must be pending.
 	hashes := make([]string, len(pays))
-	settleAll := func(r *settletest.Engine, from, to int) {
+	settleAll := func(r *stacktest.Engine, from, to int) {
 		t.Helper()
 		outs := make([]facilitator.SettleOutcome, to-from)
 		errs := make([]error, to-from)
@@ -236,7 +235,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	}
 
 	// Engine A: five settlements left pending, then a "restart".
-	a := env.NewEngine(t, settletest.EngineOptions{Signers: keys, Deadline: deadline})
+	a := env.NewEngine(t, stacktest.EngineOptions{Signers: keys, Deadline: deadline})
 	settleAll(a, 0, before)
 	wantNonces(rowNonces(0, before), 0, before)
 	a.Engine.Stop(context.Background())
@@ -259,7 +258,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	}
 
 	// Engine B on the same key and ledger: recovery, then new payments.
-	b := env.NewEngine(t, settletest.EngineOptions{Signers: keys, Deadline: deadline})
+	b := env.NewEngine(t, stacktest.EngineOptions{Signers: keys, Deadline: deadline})
 	if dropPool {
 		// Recovery must resend the very same signed transactions from the ledger.
 		limit := time.Now().Add(5 * time.Second)
@@ -343,8 +342,8 @@ func TestSettlePendingSeenByAnotherEngine(t *testing.T) {
 	body := p.Body(t)
 	const deadline = time.Second
 	env.ManualMining(t)
-	owner := env.NewEngine(t, settletest.EngineOptions{Deadline: deadline})
-	replica := env.NewEngine(t, settletest.EngineOptions{Deadline: deadline}) // another signer key, the same ledger
+	owner := env.NewEngine(t, stacktest.EngineOptions{Deadline: deadline})
+	replica := env.NewEngine(t, stacktest.EngineOptions{Deadline: deadline}) // another signer key, the same ledger
 
 	first, err := owner.SettleBody(ctx, t, body)
 	if err != nil || first.Response.ErrorReason != facilitator.ReasonSettlementPending || first.Response.Transaction == "" {

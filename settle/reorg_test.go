@@ -14,7 +14,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -32,12 +32,12 @@ const reorgFinality = 4
 // reorged is a settlement whose transaction the first branch mined: the engine has it mined,
 // not final.
 type reorged struct {
-	r      *settletest.Engine
-	p      settletest.Pay
+	r      *stacktest.Engine
+	p      stacktest.Pay
 	body   []byte
 	id     int64
 	ours   *types.Transaction // the mined variant, as the ledger holds it signed
-	first  settletest.Block   // the block the first branch mined it in
+	first  stacktest.Block    // the block the first branch mined it in
 	payer  int64              // the payer's balance before
 	payees int64              // the payee's balance before (0)
 }
@@ -51,7 +51,7 @@ func minedThenReorgable(t *testing.T, extra int) *reorged {
 	d := &reorged{p: env.NewPay(t, payer, 1000)}
 	d.body = d.p.Body(t)
 	env.ManualMining(t)
-	d.r = env.NewEngine(t, settletest.EngineOptions{Depth: reorgFinality, Deadline: time.Second})
+	d.r = env.NewEngine(t, stacktest.EngineOptions{Depth: reorgFinality, Deadline: time.Second})
 	sent := d.r.SettlePending(t, d.body)
 	d.payer, d.payees = env.Balance(t, d.p.From()), env.Balance(t, d.p.PayTo)
 
@@ -137,19 +137,19 @@ func canonicalBlock(t *testing.T, row *facilitator.Settlement) {
 }
 
 // mentionsBlock reports whether an event's detail names block n (the ledger writes "tx 0x… block n").
-func mentionsBlock(ev settletest.Event, n uint64) bool {
+func mentionsBlock(ev stacktest.Event, n uint64) bool {
 	return regexp.MustCompile(fmt.Sprintf(`\bblock %d\b`, n)).MatchString(ev.Detail)
 }
 
 // reorgStep reports whether an event records that the settlement's block left the chain: the
 // ledger's reopen step (back to broadcast), or any step whose detail names the reorganisation.
-func reorgStep(ev settletest.Event) bool {
+func reorgStep(ev stacktest.Event) bool {
 	return ev.State == string(facilitator.StateBroadcast) || strings.Contains(strings.ToLower(ev.Detail), "reorg")
 }
 
 // afterFirstMined checks the events up to the first branch's mined step and the reorganisation
 // step after it; it returns the index of the step after the reorganisation step (-1: missing).
-func (d *reorged) afterFirstMined(t *testing.T, evs []settletest.Event) int {
+func (d *reorged) afterFirstMined(t *testing.T, evs []stacktest.Event) int {
 	t.Helper()
 	mined := -1
 	for i, ev := range evs {
@@ -190,7 +190,7 @@ func (d *reorged) statusNow(t *testing.T) facilitator.AuthorizationStatus {
 
 // authorizationLogs is the chain's logs of topic (AuthorizationUsed or AuthorizationCanceled)
 // for p's authorization.
-func authorizationLogs(t testing.TB, p settletest.Pay, topic common.Hash) []types.Log {
+func authorizationLogs(t testing.TB, p stacktest.Pay, topic common.Hash) []types.Log {
 	t.Helper()
 	var logs []types.Log
 	filter := map[string]any{"fromBlock": "0x0", "toBlock": "latest", "address": []common.Address{env.Chain.USDC.Address},
@@ -208,7 +208,7 @@ func authorizationLogs(t testing.TB, p settletest.Pay, topic common.Hash) []type
 func TestReorgMovesTransaction(t *testing.T) {
 	d := minedThenReorgable(t, 1)
 	moved := uint64(d.first.Number) + 1
-	env.Reorg(t, 2, settletest.BranchTx{Tx: d.ours, Block: 1})
+	env.Reorg(t, 2, stacktest.BranchTx{Tx: d.ours, Block: 1})
 	rcpt := env.Receipt(t, d.ours.Hash())
 	if rcpt.Status != types.ReceiptStatusSuccessful {
 		t.Fatalf("our transaction in the new branch: status %d, want 1", rcpt.Status)
@@ -275,7 +275,7 @@ func TestReorgMovesTransaction(t *testing.T) {
 func TestReorgReincludedAfterThirdPartyTransfer(t *testing.T) {
 	d := minedThenReorgable(t, 0)
 	theirs := d.p.ElsewhereTx(t)
-	env.Reorg(t, 1, settletest.BranchTx{Tx: theirs, Block: 0}, settletest.BranchTx{Tx: d.ours, Block: 0})
+	env.Reorg(t, 1, stacktest.BranchTx{Tx: theirs, Block: 0}, stacktest.BranchTx{Tx: d.ours, Block: 0})
 	their, our := env.Receipt(t, theirs.Hash()), env.Receipt(t, d.ours.Hash())
 	if their.Status != types.ReceiptStatusSuccessful || our.Status != types.ReceiptStatusFailed || their.TransactionIndex >= our.TransactionIndex {
 		t.Fatalf("the new branch: theirs status %d index %d, ours status %d index %d; want theirs first and mined, ours reverted",
@@ -325,7 +325,7 @@ func TestReorgReincludedAfterThirdPartyTransfer(t *testing.T) {
 func TestReorgReincludedAfterCancel(t *testing.T) {
 	d := minedThenReorgable(t, 1)
 	cancel := env.CancelTx(t, d.p.Payer, d.p.Nonce)
-	env.Reorg(t, 2, settletest.BranchTx{Tx: cancel, Block: 0}, settletest.BranchTx{Tx: d.ours, Block: 1})
+	env.Reorg(t, 2, stacktest.BranchTx{Tx: cancel, Block: 0}, stacktest.BranchTx{Tx: d.ours, Block: 1})
 	canceled, our := env.Receipt(t, cancel.Hash()), env.Receipt(t, d.ours.Hash())
 	if canceled.Status != types.ReceiptStatusSuccessful || our.Status != types.ReceiptStatusFailed {
 		t.Fatalf("the new branch: the cancel's status %d, ours %d; want the cancel mined, ours reverted", canceled.Status, our.Status)
@@ -377,7 +377,7 @@ func rowString(s *facilitator.Settlement) string {
 	return fmt.Sprintf("{state %s tx %s block %d reason %q message %q delivered %v}", s.State, s.TxHash, s.BlockNumber, s.ErrorReason, s.ErrorMessage, s.Delivered)
 }
 
-func countState(evs []settletest.Event, s facilitator.State) int {
+func countState(evs []stacktest.Event, s facilitator.State) int {
 	n := 0
 	for _, ev := range evs {
 		if ev.State == string(s) {
@@ -387,7 +387,7 @@ func countState(evs []settletest.Event, s facilitator.State) int {
 	return n
 }
 
-func indexOfState(evs []settletest.Event, s facilitator.State) int {
+func indexOfState(evs []stacktest.Event, s facilitator.State) int {
 	for i, ev := range evs {
 		if ev.State == string(s) {
 			return i

@@ -15,7 +15,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/settle/settletest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -27,7 +27,7 @@ func TestStatusUnused(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1), 1)
 	h := env.Head(t)
-	st, found, err := statusService(2).Authorization(ctx, p.Key())
+	st, found, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil || found {
 		t.Fatalf("found %v, err %v; want not found and no error", found, err)
 	}
@@ -44,7 +44,7 @@ func TestStatusUnused(t *testing.T) {
 	k := p.Key()
 	k.Network = "eip155:1"
 	var fe *facilitator.Error
-	if _, _, err := statusService(2).Authorization(ctx, k); !errors.As(err, &fe) || fe.Code != facilitator.EInvalid ||
+	if _, _, err := env.Status(env.DB, 2).Authorization(ctx, k); !errors.As(err, &fe) || fe.Code != facilitator.EInvalid ||
 		fe.Reason != facilitator.ReasonInvalidNetwork {
 		t.Fatalf("unknown network: %v, want invalid_network", err)
 	}
@@ -54,13 +54,13 @@ func TestStatusUnused(t *testing.T) {
 func TestStatusPending(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 42_000)
-	p.ID = settletest.RandomID(t)
+	p.ID = stacktest.RandomID(t)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
@@ -88,14 +88,14 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 	ctx := context.Background()
 	const depth = 3
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 500_000)
-	e := env.NewEngine(t, settletest.EngineOptions{Depth: 10, Deadline: 10 * time.Second}) // the engine keeps it mined, not final
+	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second}) // the engine keeps it mined, not final
 	out := e.MustSettle(t, p.Body(t))
 	if !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
 	hash := common.HexToHash(out.Response.Transaction)
 	rc := env.Receipt(t, hash)
-	svc := statusService(depth)
+	svc := env.Status(env.DB, depth)
 
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
@@ -118,12 +118,12 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 
 	// The ledger's final counts even where the service's own depth is not reached.
 	q := env.NewPay(t, env.FundedPayer(t, 1_000_000), 600_000)
-	e1 := env.NewEngine(t, settletest.EngineOptions{Depth: 1, Deadline: 10 * time.Second})
+	e1 := env.NewEngine(t, stacktest.EngineOptions{Depth: 1, Deadline: 10 * time.Second})
 	if out := e1.MustSettle(t, q.Body(t)); !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
 	waitState(t, q.Key(), facilitator.StateFinal)
-	st, _, err = statusService(100).Authorization(ctx, q.Key())
+	st, _, err = env.Status(env.DB, 100).Authorization(ctx, q.Key())
 	if err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations >= 100 {
 		t.Fatalf("status of a final row at depth 100: %+v %v, want final", st, err)
 	}
@@ -136,7 +136,7 @@ func TestStatusSettledByOther(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 77_000)
 	theirs := p.SubmitElsewhere(t)
 	rc := env.Receipt(t, theirs)
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 
 	if env.Use(t, p.Key()) == nil {
 		st, found, err := svc.Authorization(ctx, p.Key())
@@ -174,7 +174,7 @@ func TestStatusCanceled(t *testing.T) {
 	p := env.NewPay(t, payer, 10_000)
 	tx := env.CancelAuthorization(t, payer, p.Nonce)
 	rc := env.Receipt(t, tx)
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 
 	env.StartIndexer(t)
 	env.WaitIndexed(t, rc.BlockNumber.Uint64())
@@ -199,7 +199,7 @@ func TestStatusCanceledNotYetIndexed(t *testing.T) {
 	if env.Use(t, p.Key()) != nil {
 		t.Fatal("the index has the cancellation although no indexer runs")
 	}
-	st, _, err := statusService(2).Authorization(ctx, p.Key())
+	st, _, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestStatusCanceledNotYetIndexed(t *testing.T) {
 func TestStatusFailed(t *testing.T) {
 	ctx := context.Background()
 	p, hash := revertedSettlement(t)
-	st, found, err := statusService(2).Authorization(ctx, p.Key())
+	st, found, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
 	}
@@ -239,7 +239,7 @@ func TestStatusFailedThenSettledElsewhere(t *testing.T) {
 	theirs := p.SubmitElsewhere(t)
 	env.StartIndexer(t)
 	env.WaitIndexed(t, env.Receipt(t, theirs).BlockNumber.Uint64())
-	st, _, err := statusService(2).Authorization(ctx, p.Key())
+	st, _, err := env.Status(env.DB, 2).Authorization(ctx, p.Key())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestStatusFailedThenSettledElsewhere(t *testing.T) {
 // expired, and the ledger's other outcomes, read from rows as the engine and the jobs write them.
 func TestStatusLedgerOutcomes(t *testing.T) {
 	ctx := context.Background()
-	svc := statusService(2)
+	svc := env.Status(env.DB, 2)
 	for _, tc := range []struct {
 		res    facilitator.Resolution
 		state  string
@@ -288,8 +288,8 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 // (a fee-bumped variant too); unknown ones are facilitator.ErrNotFound.
 func TestStatusLookups(t *testing.T) {
 	ctx := context.Background()
-	svc := statusService(2)
-	id := settletest.RandomID(t)
+	svc := env.Status(env.DB, 2)
+	id := stacktest.RandomID(t)
 	k, first := insertRow(t, &facilitator.PaymentIDBinding{ID: id, Summary: map[string]string{}})
 	bumped := common.Hash{0xb0}
 	bumped[31] = 1
@@ -315,7 +315,7 @@ func TestStatusLookups(t *testing.T) {
 		t.Fatalf("Payment(%s): %+v %v", id, st, err)
 	}
 
-	if _, err := svc.Payment(ctx, "", settletest.RandomID(t)); !errors.Is(err, facilitator.ErrNotFound) {
+	if _, err := svc.Payment(ctx, "", stacktest.RandomID(t)); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("unknown payment id: %v, want ErrNotFound", err)
 	}
 	if _, err := svc.Payment(ctx, "merchant-7", id); !errors.Is(err, facilitator.ErrNotFound) {
@@ -331,7 +331,7 @@ func TestStatusLookups(t *testing.T) {
 func TestStatusHeadUnavailable(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 9_000)
-	e := env.NewEngine(t, settletest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
+	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
 	if out := e.MustSettle(t, p.Body(t)); !out.Response.Success {
 		t.Fatalf("settle: %+v", out.Response)
 	}
@@ -378,20 +378,20 @@ func waitState(t testing.TB, k facilitator.AuthorizationKey, s facilitator.State
 // with mining off and stops, the node drops it, the payer's whole balance goes elsewhere through
 // another authorization, and a restarted engine's recovery resends it into the revert. It returns
 // the payment and our transaction's hash, once the ledger says reverted.
-func revertedSettlement(t *testing.T) (settletest.Pay, common.Hash) {
+func revertedSettlement(t *testing.T) (stacktest.Pay, common.Hash) {
 	t.Helper()
 	payer := env.FundedPayer(t, 100_000)
 	p := env.NewPay(t, payer, 100_000)
 	drain := env.NewPay(t, payer, 100_000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	e := env.NewEngine(t, settletest.EngineOptions{Deadline: pendingDeadline})
+	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
 	hash := e.SettlePending(t, body)
 	e.Stop(context.Background())
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	drain.SubmitElsewhere(t)
-	env.NewEngine(t, settletest.EngineOptions{Signers: e.Signers, Deadline: pendingDeadline}) // recovery resends the ledger's transaction
+	env.NewEngine(t, stacktest.EngineOptions{Signers: e.Signers, Deadline: pendingDeadline}) // recovery resends the ledger's transaction
 	waitState(t, p.Key(), facilitator.StateReverted)
 	rc := env.Receipt(t, hash)
 	if rc == nil || rc.Status != types.ReceiptStatusFailed {
@@ -410,7 +410,7 @@ func insertRow(t testing.TB, id *facilitator.PaymentIDBinding) (facilitator.Auth
 	var hash common.Hash
 	_, _ = rand.Read(hash[:])
 	n := &facilitator.NewSettlement{Key: p.Key(), Fingerprint: fp, PayTo: p.PayTo, Value: big.NewInt(p.Value), ValidAfter: big.NewInt(0),
-		ValidBefore: p.ValidBefore, X402Version: 2, Request: []byte("{}"), Signer: settletest.AddressOf(mustKey(t)), TxNonce: 0,
+		ValidBefore: p.ValidBefore, X402Version: 2, Request: []byte("{}"), Signer: stacktest.AddressOf(mustKey(t)), TxNonce: 0,
 		Tx: facilitator.TxRecord{Hash: hash, Raw: []byte{0x01}, TipCap: big.NewInt(1), FeeCap: big.NewInt(2)}, PaymentID: id}
 	if _, err := env.DB.InsertSettlement(context.Background(), n); err != nil {
 		t.Fatal(err)

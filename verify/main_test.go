@@ -12,7 +12,7 @@ import (
 	"github.com/ethereum/go-ethereum/signer/core/apitypes"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // chain is the anvil with real USDC shared by this package's tests; each test uses its own
@@ -20,8 +20,8 @@ import (
 var chain *devchain.Chain
 
 func TestMain(m *testing.M) {
-	devchaintest.Main(m, devchain.Options{}, func(c *devchain.Chain) (int, error) {
-		chain = c
+	stacktest.MainWith(m, stacktest.Options{}, func(e *stacktest.Env) (int, error) {
+		chain = e.Chain
 		return m.Run(), nil
 	})
 }

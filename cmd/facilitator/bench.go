@@ -14,6 +14,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/loadgen"
+	"github.com/x402-facilitator/x402-facilitator/official"
 )
 
 // runBench parses the bench flags and runs loadgen against a running local stack. The dev keys
@@ -40,7 +41,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.IntVar(&cfg.CeilingInFlight, "ceiling-inflight", 64, "outstanding eth_sendRawTransaction requests in the one-per-request mode")
 	fs.IntVar(&cfg.PID, "pid", 0, "our facilitator's process id for its memory (0: the process listening on --url's port; -1: skip)")
 	fs.DurationVar(&cfg.RPCTimeout, "rpc-timeout", 10*time.Second, "bound on each JSON-RPC call")
-	official := fs.Bool("official", true, "also run the load against the official TypeScript facilitator (needs node and node_modules)")
+	withOfficial := fs.Bool("official", true, "also run the load against the official TypeScript facilitator (needs node and node_modules)")
 	script := fs.String("official-script", "", "official-facilitator.mjs (default: interop/js/ under the module root above the working directory)")
 	nodeBin := fs.String("node", "node", "node binary for the official facilitator")
 	refPoll := fs.Duration("ref-poll", 100*time.Millisecond, "the official facilitator's receipt polling interval (the dev stack's own is 100ms)")
@@ -70,14 +71,14 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	} else if cfg.Asset, err = devchain.DevUSDCAddress(); err != nil {
 		return err
 	}
-	if *official {
+	if *withOfficial {
 		path := *script
 		if path == "" {
 			if path, err = officialScript(); err != nil {
 				return err
 			}
 		}
-		cfg.Official = &loadgen.Official{Node: *nodeBin, Script: path, Poll: *refPoll, Key: accounts[9].Key, Stderr: stderr}
+		cfg.Official = &official.Config{Node: *nodeBin, Script: path, Poll: *refPoll, Key: accounts[9].Key, Stderr: stderr}
 	}
 	cfg.Logger = newLogger(stderr, "info", "text")
 	if *backfill {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/demo"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestDemo runs `facilitator demo` end to end on a fresh database and anvil, and checks from its
@@ -26,12 +26,9 @@ func TestDemo(t *testing.T) {
 		}
 		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
 	}
-	dbURL, err := postgrestest.Fresh(ctx, "demo")
-	if err != nil {
-		skipOrFail(err)
-	}
+	dbURL := stacktest.NewDB(t, "demo")
 	out, logs := &syncBuffer{}, &syncBuffer{}
-	err = demo.Run(ctx, demo.Options{Start: startDemoStack(dbURL, logs), LogPath: "(test buffer)"}, out)
+	err := demo.Run(ctx, demo.Options{Start: startDemoStack(dbURL, logs), LogPath: "(test buffer)"}, out)
 	t.Logf("demo output:\n%s", out.String())
 	var stackErr *demo.StackError
 	if errors.As(err, &stackErr) {

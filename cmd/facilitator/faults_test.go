@@ -11,7 +11,6 @@ import (
 	"math/big"
 	mrand "math/rand/v2"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,9 +23,8 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The fault tests (issue #8) drive the real binary with concurrent /settle of distinct payments
@@ -43,27 +41,13 @@ func faultStack(ctx context.Context, t *testing.T, dbSuffix string) (string, *de
 
 // freshStack starts a chain of its own (closed at cleanup) and, unless dbSuffix is empty, a fresh
 // database on the shared test server; it skips when they are missing, and fails under CI=true.
-func freshStack(ctx context.Context, t *testing.T, dbSuffix string, opts devchain.Options) (string, *devchain.Chain) {
+func freshStack(_ context.Context, t *testing.T, dbSuffix string, opts devchain.Options) (string, *devchain.Chain) {
 	t.Helper()
-	var (
-		url   string
-		err   error
-		chain *devchain.Chain
-	)
+	var url string
 	if dbSuffix != "" {
-		url, err = postgrestest.Fresh(ctx, dbSuffix)
+		url = stacktest.NewDB(t, dbSuffix)
 	}
-	if err == nil {
-		chain, err = devchain.Start(ctx, opts)
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s needs TEST_DATABASE_URL and anvil: %v", t.Name(), err)
-		}
-		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
-	}
-	t.Cleanup(func() { _ = chain.Close() })
-	return url, chain
+	return url, stacktest.NewChain(t, opts)
 }
 
 // faultLoad is a merchant population paying one merchant through the facilitator, retrying
@@ -327,7 +311,7 @@ func (l *faultLoad) settleAll(ctx context.Context, c *child) {
 	}
 	wg.Wait()
 	if n := failed.Load(); n > 0 {
-		pool, err := devchaintest.PoolSize(context.Background(), l.h.chain)
+		pool, err := stacktest.PoolSize(context.Background(), l.h.chain)
 		l.t.Fatalf("%d of %d payments left unsettled by the faults are still not settled after a minute of retries (anvil's pool: %d, %v)", n, len(open), pool, err)
 	}
 }

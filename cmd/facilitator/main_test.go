@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/big"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -21,27 +20,13 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres/postgrestest"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // requireStack returns the test database URL and a fresh chain, or skips (fails under CI).
 func requireStack(t *testing.T) (string, *devchain.Chain) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var chain *devchain.Chain
-	url, err := postgrestest.Fresh(ctx, "cmd")
-	if err == nil {
-		chain, err = devchain.Start(ctx, devchain.Options{})
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the end-to-end test needs TEST_DATABASE_URL and anvil: %v", err)
-		}
-		t.Skip("needs TEST_DATABASE_URL and anvil; run 'make test'")
-	}
-	t.Cleanup(func() { _ = chain.Close() })
-	return url, chain
+	return stacktest.NewDB(t, "cmd"), stacktest.NewChain(t, devchain.Options{})
 }
 
 // syncBuffer collects logs written from several goroutines.

@@ -1,6 +1,4 @@
-// Package ethrpctest puts a node's WebSocket endpoint behind a proxy a test can break, for the
-// tests of what follows heads over it.
-package ethrpctest
+package stacktest
 
 import (
 	"io"
@@ -9,28 +7,29 @@ import (
 	"testing"
 )
 
-// Mode is how the proxy treats its connections.
-type Mode int
+// ProxyMode is how the proxy treats its connections.
+type ProxyMode int
 
 // The proxy's modes.
 const (
-	Forward   Mode = iota
-	Refuse         // close every connection and every new one at once
-	Freeze         // keep connections open, forward nothing (a half-open connection)
-	Blackhole      // close existing connections; accept new ones and never answer
+	Forward   ProxyMode = iota
+	Refuse              // close every connection and every new one at once
+	Freeze              // keep connections open, forward nothing (a half-open connection)
+	Blackhole           // close existing connections; accept new ones and never answer
 )
 
-func (m Mode) String() string {
+func (m ProxyMode) String() string {
 	return [...]string{"forward", "refuse", "freeze", "blackhole"}[m]
 }
 
-// Proxy is a TCP proxy on loopback to a WebSocket endpoint, with switchable failure modes.
+// Proxy is a TCP proxy on loopback to a node's WebSocket endpoint, with switchable failure modes,
+// for the tests of what follows heads over it.
 type Proxy struct {
 	ln     net.Listener
 	target string
 
 	mu    sync.Mutex
-	mode  Mode
+	mode  ProxyMode
 	conns map[net.Conn]bool
 	count int
 }
@@ -62,7 +61,7 @@ func (p *Proxy) Accepted() int {
 }
 
 // SetMode switches the proxy to m; Refuse and Blackhole also close the open connections.
-func (p *Proxy) SetMode(m Mode) {
+func (p *Proxy) SetMode(m ProxyMode) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.mode = m

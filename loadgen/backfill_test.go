@@ -1,8 +1,9 @@
-package indexer_test
+package loadgen_test
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -12,17 +13,29 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/loadgen"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // BenchmarkBackfill measures backfill throughput, events per second from anvil into Postgres, with
 // the default log ranges: 100,000 events (50,000 Transfer and 50,000 AuthorizationUsed, from
 // devchain/testdata/Emitter.sol) in 50 transactions, indexed from the Emitter's deploy block to the
-// head. The chain and the timed run are loadgen's, the same as 'facilitator bench' measures.
+// head. The chain and the timed run are loadgen's, the same as 'facilitator bench' measures; the
+// chain and the database are the benchmark's own.
 //
-//	go test ./indexer/ -run '^$' -bench BenchmarkBackfill -benchtime 1x
+//	go test ./loadgen/ -run '^$' -bench BenchmarkBackfill -benchtime 1x
 func BenchmarkBackfill(b *testing.B) {
 	ctx := context.Background()
+	chain := stacktest.NewChain(b, devchain.Options{})
+	store, err := postgres.Open(ctx, stacktest.NewDB(b, "loadgen"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	if _, err := store.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
 	key, err := devchain.BenchEmitter()
 	if err != nil {
 		b.Fatal(err)
@@ -33,7 +46,7 @@ func BenchmarkBackfill(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Logf("chain: %d events from %s in %d transactions, head %d; built in %s", e.Events, e.Contract, e.Calls, e.Head, time.Since(begin).Round(time.Millisecond))
-	log, stopLog := testLogger(b)
+	log, stopLog := stacktest.QuietableLoggerAt(b, slog.LevelInfo)
 	defer stopLog()
 	var took time.Duration
 	b.ResetTimer()

@@ -1,4 +1,4 @@
-package settletest
+package stacktest
 
 import (
 	"context"

@@ -1,4 +1,7 @@
-package loadgen
+// Package official runs the official x402 facilitator (the TypeScript one of the @x402 packages,
+// interop/js/official-facilitator.mjs) as a child process: the reference that 'facilitator bench'
+// measures ours beside and that the interop tests compare ours against.
+package official
 
 import (
 	"bufio"
@@ -17,9 +20,9 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 )
 
-// Official says how to run the official TypeScript facilitator (interop/js/official-facilitator.mjs)
+// Config says how to run the official TypeScript facilitator (interop/js/official-facilitator.mjs)
 // as the reference.
-type Official struct {
+type Config struct {
 	Node   string // node binary ("" is "node" on PATH)
 	Script string // path of official-facilitator.mjs
 	// Poll is viem's receipt polling interval. viem's default (4 s) would make the reference's
@@ -37,9 +40,9 @@ type Process struct {
 	done chan struct{}
 }
 
-// StartOfficial runs the official facilitator against rpcURL and waits (bounded by ctx) for the
-// one line it prints once listening.
-func StartOfficial(ctx context.Context, o Official, rpcURL string, chainID uint64) (*Process, error) {
+// Start runs the official facilitator against rpcURL and waits (bounded by ctx) for the one line
+// it prints once listening.
+func Start(ctx context.Context, o Config, rpcURL string, chainID uint64) (*Process, error) {
 	bin := o.Node
 	if bin == "" {
 		bin = "node"

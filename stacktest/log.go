@@ -1,4 +1,4 @@
-package settletest
+package stacktest
 
 import (
 	"log/slog"
@@ -16,9 +16,14 @@ func Logger(t testing.TB) *slog.Logger {
 // QuietableLogger is Logger that also stops at quiet: background goroutines may log after their
 // test returned, and testing panics on a Log after the test's end.
 func QuietableLogger(t testing.TB) (log *slog.Logger, quiet func()) {
+	return QuietableLoggerAt(t, slog.LevelDebug)
+}
+
+// QuietableLoggerAt is QuietableLogger from level up.
+func QuietableLoggerAt(t testing.TB, level slog.Level) (log *slog.Logger, quiet func()) {
 	w := &tbWriter{t: t}
 	t.Cleanup(w.quiet)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})), w.quiet
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), w.quiet
 }
 
 type tbWriter struct {

@@ -1,7 +1,7 @@
-// Package postgrestest gives each test package a database of its own on the server named by
-// TEST_DATABASE_URL, so packages that bind the same network id to different test chains never
-// meet. Under CI=true a missing TEST_DATABASE_URL is a failure, elsewhere a skip.
-package postgrestest
+// Each test package gets a database of its own on the server named by TEST_DATABASE_URL, so
+// packages that bind the same network id to different test chains never meet.
+
+package stacktest
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,8 +18,8 @@ import (
 // ErrNoDatabase is returned when TEST_DATABASE_URL is not set.
 var ErrNoDatabase = fmt.Errorf("TEST_DATABASE_URL is not set; run 'make test'")
 
-// Fresh drops and creates the database "<TEST_DATABASE_URL's database>_<suffix>" and returns its URL.
-func Fresh(ctx context.Context, suffix string) (string, error) {
+// FreshDB drops and creates the database "<TEST_DATABASE_URL's database>_<suffix>" and returns its URL.
+func FreshDB(ctx context.Context, suffix string) (string, error) {
 	base := os.Getenv("TEST_DATABASE_URL")
 	if base == "" {
 		return "", ErrNoDatabase
@@ -53,4 +54,17 @@ func Fresh(ctx context.Context, suffix string) (string, error) {
 	}
 	u.Path = "/" + name
 	return u.String(), nil
+}
+
+// NewDB is FreshDB for one test (not migrated: a binary under test migrates its own); without
+// TEST_DATABASE_URL the test fails under CI=true and is skipped elsewhere.
+func NewDB(t testing.TB, suffix string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := FreshDB(ctx, suffix)
+	if err != nil {
+		missing(t, "this test needs Postgres (TEST_DATABASE_URL; run 'make test'): %v", err)
+	}
+	return u
 }

@@ -1,7 +1,8 @@
-// Package devchaintest gives test binaries a devchain with the project's one rule for missing
-// tools: under CI=true a chain that cannot start fails the run; elsewhere the package is skipped
-// with a message saying how to run it ('make test').
-package devchaintest
+// The project's one rule for missing tools: under CI=true a chain that cannot start (or a database
+// that cannot be made) fails the run; elsewhere the package is skipped with a message saying how to
+// run it ('make test').
+
+package stacktest
 
 import (
 	"context"
@@ -15,14 +16,14 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 )
 
-// Main is for a package's TestMain: it starts a chain, calls run (which sets up whatever else the
-// package needs and returns m.Run()'s code), closes the chain and exits. An error from Start or
-// from run's set-up counts as a missing dependency.
-func Main(m *testing.M, opts devchain.Options, run func(c *devchain.Chain) (int, error)) {
-	os.Exit(main(m, opts, run))
+// mainChain starts a chain, calls run (which sets up whatever else the package needs and returns
+// m.Run()'s code), closes the chain and exits. An error from Start or from run's set-up counts as
+// a missing dependency.
+func mainChain(_ *testing.M, opts devchain.Options, run func(c *devchain.Chain) (int, error)) {
+	os.Exit(chainMain(opts, run))
 }
 
-func main(_ *testing.M, opts devchain.Options, run func(c *devchain.Chain) (int, error)) int {
+func chainMain(opts devchain.Options, run func(c *devchain.Chain) (int, error)) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	c, err := devchain.Start(ctx, opts)
 	cancel()
@@ -39,6 +40,29 @@ func main(_ *testing.M, opts devchain.Options, run func(c *devchain.Chain) (int,
 	}
 	fmt.Fprintf(os.Stderr, "SKIP: these tests need anvil, node and node_modules (run 'make test'): %v\n", err)
 	return 0
+}
+
+// NewChain is a chain of the test's own, closed when the test ends; one that cannot start fails
+// the test under CI=true and skips it elsewhere.
+func NewChain(t testing.TB, opts devchain.Options) *devchain.Chain {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := devchain.Start(ctx, opts)
+	if err != nil {
+		missing(t, "this test needs anvil, node and node_modules (run 'make test'): %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// missing fails the test under CI=true and skips it elsewhere.
+func missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
 }
 
 // ManualMining switches c's auto-mine off for the rest of the test. Call it before building

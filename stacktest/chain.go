@@ -1,4 +1,4 @@
-package settletest
+package stacktest
 
 import (
 	"context"
@@ -9,12 +9,10 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
-
-	"github.com/x402-facilitator/x402-facilitator/devchain/devchaintest"
 )
 
-// ManualMining switches auto-mine off until the test ends (devchaintest.ManualMining).
-func (e *Env) ManualMining(t testing.TB) { devchaintest.ManualMining(t, e.Chain) }
+// ManualMining switches auto-mine off until the test ends (the function ManualMining).
+func (e *Env) ManualMining(t testing.TB) { ManualMining(t, e.Chain) }
 
 // SetAutomine switches anvil's auto-mine on or off.
 func (e *Env) SetAutomine(t testing.TB, on bool) {
@@ -38,7 +36,7 @@ func (e *Env) DropPool(t testing.TB) {
 	if err := e.Chain.RPC.CallContext(context.Background(), nil, "anvil_dropAllTransactions"); err != nil {
 		t.Fatalf("anvil_dropAllTransactions: %v", err)
 	}
-	if n, err := devchaintest.PoolSize(context.Background(), e.Chain); err != nil || n != 0 {
+	if n, err := PoolSize(context.Background(), e.Chain); err != nil || n != 0 {
 		t.Fatalf("pool after dropping all: %d transactions, %v", n, err)
 	}
 }

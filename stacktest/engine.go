@@ -1,4 +1,4 @@
-package settletest
+package stacktest
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
@@ -16,7 +17,7 @@ import (
 )
 
 // EngineOptions shape an engine; the zero value is one fresh funded signer, a 20 s deadline and
-// finality depth 1 over a ledger handle of its own.
+// finality depth 1 over the env's chain and network and a ledger handle of its own.
 type EngineOptions struct {
 	Signers  []*ecdsa.PrivateKey  // default: one fresh funded key
 	Deadline time.Duration        // default: 20 s (1 s gets pending answers with mining off)
@@ -24,6 +25,14 @@ type EngineOptions struct {
 	DB       *postgres.DB         // default: a handle of its own, as a process of its own has
 	Logger   *slog.Logger         // default: the test's log
 	Config   func(*settle.Config) // edits the configuration before the engine is built
+	// Chain is what the engine and its verifier read and send through (a counting proxy, say);
+	// default: the env's.
+	Chain ethrpc.Chain
+	// Network is the network settled on; default: the env's (another V1Name, say).
+	Network *facilitator.Network
+	// Reader is the verifier's view of the chain (one a test also reads through, say); default:
+	// an ethrpc.Reader on Chain.
+	Reader verify.Reader
 }
 
 // Engine is a started settle engine over the env's chain and ledger, stopped when the test ends;
@@ -33,6 +42,7 @@ type Engine struct {
 	DB       *postgres.DB
 	Verifier *verify.Verifier
 	Signers  []*ecdsa.PrivateKey
+	Network  facilitator.Network
 }
 
 // NewEngine builds and starts an engine.
@@ -51,13 +61,22 @@ func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 	if o.Logger == nil {
 		o.Logger = Logger(t).With("component", "engine")
 	}
+	if o.Chain == nil {
+		o.Chain = e.Chain.RPC
+	}
 	n := e.Network()
-	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: e.Reader()}})
+	if o.Network != nil {
+		n = *o.Network
+	}
+	if o.Reader == nil {
+		o.Reader = &ethrpc.Reader{Chain: o.Chain, Timeout: 5 * time.Second}
+	}
+	v, err := verify.New(verify.Config{Networks: []facilitator.Network{n}, Readers: map[string]verify.Reader{n.ID: o.Reader}, Logger: o.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: e.Chain.RPC, Signers: o.Signers, FinalityDepth: max(o.Depth, 1)}},
+		Networks:     []settle.NetworkConfig{{Network: n, Chain: o.Chain, Signers: o.Signers, FinalityDepth: max(o.Depth, 1)}},
 		Store:        o.DB,
 		Verifier:     v,
 		Deadline:     o.Deadline,
@@ -75,7 +94,7 @@ func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 		t.Fatal(err)
 	}
 	StopAtCleanup(t, s)
-	return &Engine{Engine: s, DB: o.DB, Verifier: v, Signers: o.Signers}
+	return &Engine{Engine: s, DB: o.DB, Verifier: v, Signers: o.Signers, Network: n}
 }
 
 // Signer is the engine's first signer key.
