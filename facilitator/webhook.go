@@ -50,9 +50,9 @@ type DeliveryAttempt struct {
 	WebhookID string
 	EventID   int64
 	Delivered bool
-	// Status is the receiver's HTTP status; 0 when it did not answer.
-	Status int
-	Error  string
+	// HTTPStatus is the receiver's HTTP status; 0 when it did not answer.
+	HTTPStatus int
+	Error      string
 	// RetryIn is when to try again (after a failure that is not the last).
 	RetryIn time.Duration
 	// GiveUp marks the last failed attempt: nothing more is sent.

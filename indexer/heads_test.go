@@ -23,13 +23,13 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 	sender := gasAccount(t)
 	r := start(t, cfg)
 
-	r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Status) bool { return s.Subscribed })
+	r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Health) bool { return s.Subscribed })
 	p := payOnce(t, chain.Accounts[6], sender, 1)
 	r.waitCursor(t, p.block, 5*time.Second)
 
 	proxy.SetMode(stacktest.Refuse)
 	droppedAt := time.Now()
-	r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Status) bool { return !s.Subscribed })
+	r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Health) bool { return !s.Subscribed })
 	t.Logf("subscription dropped after %s", time.Since(droppedAt).Round(time.Millisecond))
 	for range 3 {
 		p := payOnce(t, chain.Accounts[6], sender, 2)
@@ -43,7 +43,7 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 
 	proxy.SetMode(stacktest.Forward)
 	backAt := time.Now()
-	r.waitFor(t, "the subscription to come back", 15*time.Second, func(s indexer.Status) bool { return s.Subscribed })
+	r.waitFor(t, "the subscription to come back", 15*time.Second, func(s indexer.Health) bool { return s.Subscribed })
 	t.Logf("resubscribed %s after the proxy came back (%s after the drop; %d connections tried in all)",
 		time.Since(backAt).Round(time.Millisecond), time.Since(droppedAt).Round(time.Millisecond), proxy.Accepted())
 	p = payOnce(t, chain.Accounts[6], sender, 3)
@@ -69,11 +69,11 @@ func TestHeadsUnresponsiveWebSocket(t *testing.T) {
 			cfg.PollInterval = 100 * time.Millisecond
 			sender := gasAccount(t)
 			r := start(t, cfg)
-			r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Status) bool { return s.Subscribed })
+			r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Health) bool { return s.Subscribed })
 			if mode == stacktest.Blackhole {
 				// Drop the subscription so that the indexer dials again, into the black hole.
 				proxy.SetMode(stacktest.Refuse)
-				r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Status) bool { return !s.Subscribed })
+				r.waitFor(t, "the subscription to drop", 5*time.Second, func(s indexer.Health) bool { return !s.Subscribed })
 			}
 			proxy.SetMode(mode)
 			// Long enough for a resubscription attempt (every 10 s) into the black hole.
@@ -85,7 +85,7 @@ func TestHeadsUnresponsiveWebSocket(t *testing.T) {
 				p := payOnce(t, chain.Accounts[7], sender, 1)
 				begin := time.Now()
 				r.waitCursor(t, p.block, 3*time.Second)
-				t.Logf("block %d indexed after %s; status %+v", p.block, time.Since(begin).Round(time.Millisecond), r.ix.Status())
+				t.Logf("block %d indexed after %s; status %+v", p.block, time.Since(begin).Round(time.Millisecond), r.ix.Health())
 				time.Sleep(time.Second)
 			}
 		})

@@ -67,13 +67,13 @@ type Indexer struct {
 	sizer  *rangeSizer
 	window uint64
 
-	// Status, for logs and metrics.
+	// Health, for logs and metrics.
 	head, cursor  atomic.Uint64
 	reorgs        atomic.Int64
 	leader        atomic.Bool
 	eventsIndexed atomic.Int64
 	stopped       atomic.Bool   // the loop gave up (ErrDeepReorg): an operator must step in
-	rangeSize     atomic.Uint64 // the sizer's size, for Status (the sizer is the leader's alone)
+	rangeSize     atomic.Uint64 // the sizer's size, for Health (the sizer is the leader's alone)
 	checkedCursor bool          // the resumed cursor was found canonical (leader's alone)
 
 	// The loop's lifetime: Stop cancels it with facilitator.ErrClosed as the cause and awaits it.
@@ -121,8 +121,8 @@ func New(cfg Config) *Indexer {
 	return ix
 }
 
-// Status is the indexer's state for operators.
-type Status struct {
+// Health is the indexer's state for operators and metrics: leadership, progress, reorgs.
+type Health struct {
 	Leader bool
 	// Stopped: the indexer gave up on a reorg deeper than its window and indexes nothing more.
 	Stopped    bool
@@ -135,8 +135,8 @@ type Status struct {
 	RangeSize  uint64
 }
 
-// Status reports the indexer's state.
-func (ix *Indexer) Status() Status {
+// Health reports the indexer's state.
+func (ix *Indexer) Health() Health {
 	h, c := ix.head.Load(), ix.cursor.Load()
 	var lag uint64
 	if h > c {
@@ -144,7 +144,7 @@ func (ix *Indexer) Status() Status {
 	}
 	// Only the leader follows heads.
 	subscribed := ix.leader.Load() && ix.cfg.Heads != nil && ix.cfg.Heads.Subscribed()
-	return Status{Leader: ix.leader.Load(), Stopped: ix.stopped.Load(), Subscribed: subscribed, Head: h, Cursor: c, Lag: lag,
+	return Health{Leader: ix.leader.Load(), Stopped: ix.stopped.Load(), Subscribed: subscribed, Head: h, Cursor: c, Lag: lag,
 		Reorgs: ix.reorgs.Load(), Events: ix.eventsIndexed.Load(), RangeSize: ix.rangeSize.Load()}
 }
 
@@ -159,7 +159,7 @@ var (
 // not lead is ready: the leader elsewhere keeps the index, and this process takes over if it
 // goes. Ready reads counters only.
 func (ix *Indexer) Ready(maxLag uint64) error {
-	st := ix.Status()
+	st := ix.Health()
 	switch {
 	case st.Stopped:
 		return errStopped

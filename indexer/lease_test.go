@@ -28,7 +28,7 @@ func TestLeaseFailover(t *testing.T) {
 	t.Cleanup(otherDB.Close)
 
 	a := start(t, cfg)
-	a.waitFor(t, "a to lead", 5*time.Second, func(s indexer.Status) bool { return s.Leader })
+	a.waitFor(t, "a to lead", 5*time.Second, func(s indexer.Health) bool { return s.Leader })
 	cfgB := cfg
 	cfgB.Store = otherDB
 	b := start(t, cfgB)
@@ -36,7 +36,7 @@ func TestLeaseFailover(t *testing.T) {
 	p := payOnce(t, chain.Accounts[9], sender, 1)
 	a.waitCursor(t, p.block, 5*time.Second)
 	time.Sleep(1500 * time.Millisecond) // b tries the lease every second
-	if st := b.ix.Status(); st.Leader || st.Events != 0 {
+	if st := b.ix.Health(); st.Leader || st.Events != 0 {
 		t.Fatalf("the replica leads or indexes while the leader runs: %+v", st)
 	}
 
@@ -44,7 +44,7 @@ func TestLeaseFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	stoppedAt := time.Now()
-	b.waitFor(t, "b to take over", 5*time.Second, func(s indexer.Status) bool { return s.Leader })
+	b.waitFor(t, "b to take over", 5*time.Second, func(s indexer.Health) bool { return s.Leader })
 	t.Logf("the replica took over %s after the leader stopped", time.Since(stoppedAt).Round(time.Millisecond))
 	p = payOnce(t, chain.Accounts[9], sender, 2)
 	b.waitCursor(t, p.block, 5*time.Second)
@@ -52,7 +52,7 @@ func TestLeaseFailover(t *testing.T) {
 	if c.used != 2 {
 		t.Errorf("indexed %+v, want 2 authorizations", c)
 	}
-	if got := a.ix.Status().Events + b.ix.Status().Events; got != int64(c.total()) {
+	if got := a.ix.Health().Events + b.ix.Health().Events; got != int64(c.total()) {
 		t.Errorf("the two indexed %d events between them, the chain has %d", got, c.total())
 	}
 }

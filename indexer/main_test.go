@@ -117,17 +117,17 @@ func (r *running) stop() error {
 }
 
 // waitCursor waits until the indexer's cursor reaches block n.
-func (r *running) waitCursor(t testing.TB, n uint64, within time.Duration) indexer.Status {
+func (r *running) waitCursor(t testing.TB, n uint64, within time.Duration) indexer.Health {
 	t.Helper()
-	return r.waitFor(t, fmt.Sprintf("cursor >= %d", n), within, func(s indexer.Status) bool { return s.Cursor >= n })
+	return r.waitFor(t, fmt.Sprintf("cursor >= %d", n), within, func(s indexer.Health) bool { return s.Cursor >= n })
 }
 
 // waitFor polls the indexer's status until cond holds, failing with the last status after within.
-func (r *running) waitFor(t testing.TB, what string, within time.Duration, cond func(indexer.Status) bool) indexer.Status {
+func (r *running) waitFor(t testing.TB, what string, within time.Duration, cond func(indexer.Health) bool) indexer.Health {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		s := r.ix.Status()
+		s := r.ix.Health()
 		if cond(s) {
 			return s
 		}

@@ -54,7 +54,7 @@ func TestReorgRollsBack(t *testing.T) {
 		replacement := payOnce(t, payer, sender, 2_000)
 		mine(t, int(oldHead-base)+2)
 		newHead := head(t)
-		st := r.waitFor(t, "a reorg and the new head", 20*time.Second, func(s indexer.Status) bool { return s.Reorgs >= 1 && s.Cursor >= newHead })
+		st := r.waitFor(t, "a reorg and the new head", 20*time.Second, func(s indexer.Health) bool { return s.Reorgs >= 1 && s.Cursor >= newHead })
 		t.Logf("old branch %d..%d (authorization in %d), new branch %d..%d (transfer in %d); status %+v",
 			base+1, oldHead, old.block, base+1, newHead, replacement.block, st)
 		checkReorged(t, network, cfg, old, replacement, newHead)
@@ -107,7 +107,7 @@ func TestReorgRollsBack(t *testing.T) {
 		// A branch of the same height is seen when a block arrives on top of it.
 		mine(t, 1)
 		newHead := head(t)
-		st := r.waitFor(t, "a reorg and the new head", 20*time.Second, func(s indexer.Status) bool { return s.Reorgs >= 1 && s.Cursor >= newHead })
+		st := r.waitFor(t, "a reorg and the new head", 20*time.Second, func(s indexer.Health) bool { return s.Reorgs >= 1 && s.Cursor >= newHead })
 		t.Logf("blocks %d..%d replaced (authorization in %d, new transfer in %d); status %+v", old.block, oldHead, old.block, replacement.block, st)
 		checkReorged(t, network, cfg, old, replacement, newHead)
 	})
@@ -134,7 +134,7 @@ func TestReorgRollsBack(t *testing.T) {
 		replacement := payOnce(t, payer, sender, 8_000)
 		mine(t, int(oldHead-base)+2)
 		newHead := head(t)
-		r.waitFor(t, "a reorg and the new head", 20*time.Second, func(s indexer.Status) bool { return s.Reorgs >= 1 && s.Cursor >= newHead })
+		r.waitFor(t, "a reorg and the new head", 20*time.Second, func(s indexer.Health) bool { return s.Reorgs >= 1 && s.Cursor >= newHead })
 		checkReorged(t, network, cfg, old, replacement, newHead)
 	})
 
@@ -169,10 +169,10 @@ func TestReorgRollsBack(t *testing.T) {
 			}
 			t.Logf("Run: %v", err)
 		case <-time.After(20 * time.Second):
-			t.Fatalf("the indexer did not stop on a reorg deeper than its window; status %+v", r.ix.Status())
+			t.Fatalf("the indexer did not stop on a reorg deeper than its window; status %+v", r.ix.Health())
 		}
 		// Stopped is what /readyz reports, whatever the lag bound.
-		if st := r.ix.Status(); !st.Stopped {
+		if st := r.ix.Health(); !st.Stopped {
 			t.Errorf("status %+v after stopping, want Stopped", st)
 		}
 		if err := r.ix.Ready(0); err == nil || err.Error() != "stopped" {

@@ -30,7 +30,7 @@ func TestRestartResumes(t *testing.T) {
 	if err := first.stop(); err != nil {
 		t.Fatal(err)
 	}
-	st1 := first.ix.Status()
+	st1 := first.ix.Health()
 
 	// 2. While no indexer runs, transfers and enough blocks that the next instance backfills.
 	pay(10)
@@ -48,7 +48,7 @@ func TestRestartResumes(t *testing.T) {
 	if err := second.stop(); err != nil {
 		t.Fatal(err)
 	}
-	st2 := second.ix.Status()
+	st2 := second.ix.Health()
 	if st2.Cursor >= top-128 {
 		t.Fatalf("the second instance got to %d, past its backfill (head %d): cannot test a stop mid-backfill", st2.Cursor, top)
 	}
@@ -125,7 +125,7 @@ func TestRestartAfterReorg(t *testing.T) {
 			top := head(t)
 			second := start(t, cfg)
 			st := second.waitCursor(t, top, 20*time.Second)
-			t.Logf("old authorization in %d, first cursor %d; replacement in %d; second instance: %+v", old.block, first.ix.Status().Cursor, replacement.block, st)
+			t.Logf("old authorization in %d, first cursor %d; replacement in %d; second instance: %+v", old.block, first.ix.Health().Cursor, replacement.block, st)
 			checkReorged(t, network, cfg, old, replacement, top)
 		})
 	}

@@ -262,8 +262,8 @@ func TimeBackfill(ctx context.Context, rc *rpc.Client, timeout time.Duration, db
 	// A bound far above any expected backfill (seconds for 100,000 events), so that a stuck
 	// indexer ends the run with its status instead of hanging it.
 	deadline := time.After(10 * time.Minute)
-	var st indexer.Status
-	for st = ix.Status(); st.Cursor < e.Head; st = ix.Status() {
+	var st indexer.Health
+	for st = ix.Health(); st.Cursor < e.Head; st = ix.Health() {
 		select {
 		case <-ix.Done():
 			return r, fmt.Errorf("the indexer stopped before the head (%v); status %+v", ix.Err(), st)

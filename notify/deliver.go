@@ -136,7 +136,7 @@ func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 func (d *Dispatcher) attempt(ctx context.Context, del facilitator.WebhookDelivery) facilitator.DeliveryAttempt {
 	a := facilitator.DeliveryAttempt{WebhookID: del.WebhookID, EventID: del.Event.ID}
 	status, err := d.send(ctx, del)
-	a.Status = status
+	a.HTTPStatus = status
 	switch {
 	case err != nil:
 		a.Error = clip(err.Error())

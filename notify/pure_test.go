@@ -173,7 +173,7 @@ func TestAttemptOutcome(t *testing.T) {
 	}
 	d = New(Config{Status: fakeStatus{}, AllowPrivateTargets: true})
 	del.Attempt = 1
-	if got := d.attempt(context.Background(), del); !got.Delivered || got.Status != 200 || got.Error != "" {
+	if got := d.attempt(context.Background(), del); !got.Delivered || got.HTTPStatus != 200 || got.Error != "" {
 		t.Fatalf("a 200: %+v, want delivered", got)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 )
 
-// SignerStatus is one signer key as this process sees it, for metrics and operators.
-type SignerStatus struct {
+// SignerHealth is one signer key as this process sees it, for metrics and operators.
+type SignerHealth struct {
 	Network string
 	Address common.Address
 	// InFlight is the key's transactions in flight (signed, not yet mined or failed) in this process.
@@ -27,16 +27,16 @@ type SignerStatus struct {
 }
 
 // Signers lists every configured signer key of every network, by network then in configured order.
-func (e *Engine) Signers() []SignerStatus {
+func (e *Engine) Signers() []SignerHealth {
 	ids := make([]string, 0, len(e.networks))
 	for id := range e.networks {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	var out []SignerStatus
+	var out []SignerHealth
 	for _, id := range ids {
 		for _, s := range e.networks[id].senders {
-			st := SignerStatus{Network: id, Address: s.addr, InFlight: int(s.inFlight.Load()), BalanceLow: s.low.Load(),
+			st := SignerHealth{Network: id, Address: s.addr, InFlight: int(s.inFlight.Load()), BalanceLow: s.low.Load(),
 				Leased: s.held() != nil}
 			if b := s.balance.Load(); b != nil {
 				st.Balance = new(big.Int).Set(b)

@@ -305,14 +305,14 @@ func TestSignerBalanceGuard(t *testing.T) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}})
 	ctx := context.Background()
-	status := func(addr common.Address) settle.SignerStatus {
+	status := func(addr common.Address) settle.SignerHealth {
 		for _, s := range r.Engine.Signers() {
 			if s.Address == addr {
 				return s
 			}
 		}
 		t.Fatalf("no status for %s", addr)
-		return settle.SignerStatus{}
+		return settle.SignerHealth{}
 	}
 	waitLow := func(addr common.Address, low bool) {
 		t.Helper()

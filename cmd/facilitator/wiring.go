@@ -289,7 +289,7 @@ func indexerSource(networks []facilitator.Network, ixs []*indexer.Indexer) metri
 	return func() []metrics.Indexer {
 		out := make([]metrics.Indexer, len(ixs))
 		for i, ix := range ixs {
-			st := ix.Status()
+			st := ix.Health()
 			out[i] = metrics.Indexer{Network: networks[i].ID, Leader: st.Leader, Stopped: st.Stopped, Lag: st.Lag}
 		}
 		return out

@@ -160,8 +160,8 @@ func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.
 // scheduled for a webhook disabled while the attempt was in flight.
 func (db *DB) RecordWebhookAttempt(ctx context.Context, a facilitator.DeliveryAttempt) error {
 	var status *int
-	if a.Status != 0 {
-		status = &a.Status
+	if a.HTTPStatus != 0 {
+		status = &a.HTTPStatus
 	}
 	var errText *string
 	if a.Error != "" {
