@@ -18,6 +18,19 @@ type Network struct {
 	ChainID uint64
 	V1Name  string // e.g. "base-sepolia"; empty when the chain has no v1 name
 	Tokens  []Token
+	// Finality is when the network's blocks are final.
+	Finality Finality
+}
+
+// Finality is how a network's blocks become final: by the chain's own word where its nodes serve
+// a finality block tag (a block at or below the block the tag names is final), by depth
+// elsewhere.
+type Finality struct {
+	// Tag is "finalized" or "safe", or "" to count confirmations.
+	Tag string
+	// Depth is the confirmations (the block itself counts as one) at which a block is final when
+	// there is no tag, and while the tag cannot be read.
+	Depth uint64
 }
 
 // Token is an accepted EIP-3009 asset and the EIP-712 domain it signs under.

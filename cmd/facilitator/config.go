@@ -144,7 +144,7 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		if len(nc.Tokens) == 0 {
 			return nil, fmt.Errorf("networks[%d] (%s): at least one token is required", i, nc.ID)
 		}
-		n := facilitator.Network{ID: nc.ID, ChainID: chainID}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: facilitator.Finality{Depth: nc.finality(chainID)}}
 		if nc.V1Name != nil {
 			n.V1Name = *nc.V1Name
 		} else {
