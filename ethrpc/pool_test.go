@@ -1,0 +1,252 @@
+package ethrpc_test
+
+import (
+	"context"
+	"errors"
+	"math/big"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+)
+
+// fakeEndpoint answers JSON-RPC through function fields, for the provider faults a real node does
+// not produce on demand (429s, -32005 with a back-off, a dead transport).
+type fakeEndpoint struct {
+	calls atomic.Int64
+	call  func(method string, result any) error
+	batch func(b []rpc.BatchElem) error
+}
+
+func (f *fakeEndpoint) CallContext(_ context.Context, result any, method string, _ ...any) error {
+	f.calls.Add(1)
+	return f.call(method, result)
+}
+
+func (f *fakeEndpoint) BatchCallContext(_ context.Context, b []rpc.BatchElem) error {
+	f.calls.Add(1)
+	return f.batch(b)
+}
+
+type rpcErr struct {
+	code int
+	msg  string
+	data any
+}
+
+func (e rpcErr) Error() string  { return e.msg }
+func (e rpcErr) ErrorCode() int { return e.code }
+func (e rpcErr) ErrorData() any { return e.data }
+
+func answering(head uint64) *fakeEndpoint {
+	return &fakeEndpoint{
+		call: func(method string, result any) error {
+			*result.(*hexutil.Uint64) = hexutil.Uint64(head)
+			return nil
+		},
+		batch: func(b []rpc.BatchElem) error {
+			for i := range b {
+				if h, ok := b[i].Result.(*hexutil.Uint64); ok {
+					*h = hexutil.Uint64(head)
+				}
+				if h, ok := b[i].Result.(*common.Hash); ok {
+					*h = common.HexToHash("0xabc")
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func failing(err error) *fakeEndpoint {
+	return &fakeEndpoint{call: func(string, any) error { return err }, batch: func([]rpc.BatchElem) error { return err }}
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newPool(t *testing.T, c *clock, chains ...ethrpc.Chain) *ethrpc.Pool {
+	t.Helper()
+	var eps []ethrpc.Endpoint
+	for i, ch := range chains {
+		eps = append(eps, ethrpc.Endpoint{Name: "rpc" + string(rune('0'+i)), Chain: ch})
+	}
+	p, err := ethrpc.NewPool(eps, nil, c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestPoolFailsOver: a transport failure, an HTTP 429 and a -32005 send the read to the next
+// endpoint, and the failed one is left alone for its back-off (the one a rate limit asks for,
+// when it says); a JSON-RPC error is an answer and is not retried elsewhere.
+func TestPoolFailsOver(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		err  error
+		wait time.Duration // how long the failed endpoint is left alone
+	}{
+		{"transport down", errors.New(`Post "https://rpc.example/v2/SECRETKEY": dial tcp 127.0.0.1:443: connect: connection refused`), time.Second},
+		{"http 429", rpc.HTTPError{StatusCode: 429, Status: "429 Too Many Requests"}, time.Second},
+		{"-32005 with a back-off", rpcErr{code: -32005, msg: "limit exceeded", data: map[string]any{"backoff_seconds": 5.0}}, 5 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := &clock{t: time.Unix(1_000, 0)}
+			bad, good := failing(c.err), answering(42)
+			p := newPool(t, clk, bad, good)
+			var head hexutil.Uint64
+			if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil || head != 42 {
+				t.Fatalf("read: %v, head %d; want 42 from the second endpoint", err, head)
+			}
+			h := p.Health()
+			if h[0].Healthy || !h[1].Healthy || h[1].Head != 42 {
+				t.Fatalf("health after the failure: %+v", h)
+			}
+			if strings.Contains(h[0].LastError, "SECRETKEY") || h[0].LastError == "" {
+				t.Fatalf("the endpoint's last error %q: want it, without the URL's key", h[0].LastError)
+			}
+			// Left alone until its back-off ends: reads go to the good one only.
+			before := bad.calls.Load()
+			for range 4 {
+				if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if bad.calls.Load() != before {
+				t.Fatalf("the failed endpoint was asked again during its back-off")
+			}
+			clk.add(c.wait)
+			if !p.Health()[0].Healthy {
+				t.Fatalf("still left alone after %s", c.wait)
+			}
+		})
+	}
+	t.Run("an answer is not retried", func(t *testing.T) {
+		reverted := &fakeEndpoint{call: func(string, any) error { return rpcErr{code: 3, msg: "execution reverted"} }}
+		other := answering(1)
+		p := newPool(t, &clock{t: time.Unix(1_000, 0)}, reverted, other)
+		var out hexutil.Bytes
+		err := p.CallContext(ctx, &out, "eth_call")
+		if err == nil || !strings.Contains(err.Error(), "execution reverted") || other.calls.Load() != 0 {
+			t.Fatalf("a revert: %v, other endpoint asked %d times; want the revert, no retry", err, other.calls.Load())
+		}
+		if !p.Health()[0].Healthy {
+			t.Fatal("an endpoint that answered a revert was marked down")
+		}
+	})
+}
+
+// TestPoolBroadcastsToEvery: a send goes to every healthy endpoint, and succeeds when any of them
+// took it (here the first is down), with the hash it answered.
+func TestPoolBroadcastsToEvery(t *testing.T) {
+	down, a, b := failing(errors.New("connection refused")), answering(1), answering(1)
+	p := newPool(t, &clock{t: time.Unix(1_000, 0)}, down, a, b)
+	var h common.Hash
+	elems := []rpc.BatchElem{{Method: "eth_sendRawTransaction", Args: []any{hexutil.Bytes{1}}, Result: &h}}
+	if err := p.BatchCallContext(context.Background(), elems); err != nil || elems[0].Error != nil {
+		t.Fatalf("send: %v / %v", err, elems[0].Error)
+	}
+	if h != common.HexToHash("0xabc") || a.calls.Load() != 1 || b.calls.Load() != 1 {
+		t.Fatalf("hash %s; endpoints asked %d and %d times; want the answer from both", h, a.calls.Load(), b.calls.Load())
+	}
+	// Mixing reads into a send batch is refused: their answers could come from any endpoint.
+	mixed := []rpc.BatchElem{{Method: "eth_sendRawTransaction", Args: []any{hexutil.Bytes{1}}, Result: &h}, {Method: "eth_blockNumber", Result: new(hexutil.Uint64)}}
+	if err := p.BatchCallContext(context.Background(), mixed); err == nil {
+		t.Fatal("a batch mixing a send and a read was accepted")
+	}
+}
+
+// TestPoolPair: two different healthy endpoints, or none when fewer are healthy.
+func TestPoolPair(t *testing.T) {
+	clk := &clock{t: time.Unix(1_000, 0)}
+	a, b := answering(7), failing(errors.New("connection refused"))
+	p := newPool(t, clk, a, b)
+	var head hexutil.Uint64
+	_ = p.CallContext(context.Background(), &head, "eth_blockNumber") // may mark b down
+	_ = p.CallContext(context.Background(), &head, "eth_blockNumber")
+	if _, _, ok := p.Pair(); ok {
+		t.Fatal("a pair with one healthy endpoint")
+	}
+	p = newPool(t, clk, answering(7), answering(9))
+	x, y, ok := p.Pair()
+	if !ok {
+		t.Fatal("no pair of two healthy endpoints")
+	}
+	var hx, hy hexutil.Uint64
+	if err := x.CallContext(context.Background(), &hx, "eth_blockNumber"); err != nil {
+		t.Fatal(err)
+	}
+	if err := y.CallContext(context.Background(), &hy, "eth_blockNumber"); err != nil {
+		t.Fatal(err)
+	}
+	if hx == hy {
+		t.Fatalf("the pair is one endpoint twice (both answered %d)", hx)
+	}
+}
+
+// TestPoolOnAnvil: a pool of a dead endpoint and the real node reads, and sends a transaction
+// that the chain mines, through the live one.
+func TestPoolOnAnvil(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dead, err := rpc.DialContext(ctx, "http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	p, err := ethrpc.NewPool([]ethrpc.Endpoint{{Name: "rpc0", Chain: dead}, {Name: "rpc1", Chain: chain.RPC, Rate: 100, Burst: 10}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var head hexutil.Uint64
+	if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil {
+		t.Fatalf("a read with one endpoint dead: %v", err)
+	}
+	key := chain.Accounts[9]
+	var nonce hexutil.Uint64
+	if err := p.CallContext(ctx, &nonce, "eth_getTransactionCount", key.Address, "latest"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := ethrpc.NewSigner(chain.ChainID, key.Key).Sign(uint64(nonce), &key.Address, nil, 21_000, big.NewInt(1e9), big.NewInt(100e9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := tx.MarshalBinary()
+	var h common.Hash
+	elems := []rpc.BatchElem{{Method: "eth_sendRawTransaction", Args: []any{hexutil.Bytes(raw)}, Result: &h}}
+	if err := p.BatchCallContext(ctx, elems); err != nil || elems[0].Error != nil || h != tx.Hash() {
+		t.Fatalf("send: %v / %v, hash %s want %s", err, elems[0].Error, h, tx.Hash())
+	}
+	for {
+		var r *types.Receipt
+		if err := p.CallContext(ctx, &r, "eth_getTransactionReceipt", h); err != nil {
+			t.Fatal(err)
+		}
+		if r != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if h := p.Health(); h[0].Healthy || !h[1].Healthy || h[1].Head == 0 {
+		t.Fatalf("health: %+v", h)
+	}
+}
