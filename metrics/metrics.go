@@ -28,6 +28,9 @@ type Metrics struct {
 
 	nonceGaps *prometheus.CounterVec
 	feeBumps  *prometheus.CounterVec
+	// disagreements counts corroborated reads two RPC endpoints answered differently.
+	disagreements *prometheus.CounterVec
+	endpoints     *prometheus.CounterVec
 
 	reorgs     *prometheus.CounterVec
 	reorgDepth *prometheus.HistogramVec
@@ -69,6 +72,14 @@ func New() *Metrics {
 		Namespace: namespace, Name: "fee_bumps_total",
 		Help: "Settlement transactions replaced with higher fees (same nonce).",
 	}, []string{"network"})
+	m.disagreements = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "rpc_disagreements_total",
+		Help: "Reads for a settlement's terminal decision that two RPC endpoints of the network answered differently (nothing was decided from them).",
+	}, []string{"network"})
+	m.endpoints = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "rpc_endpoint_failures_total",
+		Help: "Times an RPC endpoint failed (transport, timeout, rate limit) and was left alone for its back-off.",
+	}, []string{"network", "endpoint"})
 	m.reorgs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "indexer_reorgs_total",
 		Help: "Reorgs the block indexer rolled back and re-indexed.",
@@ -86,7 +97,7 @@ func New() *Metrics {
 	for _, r := range []string{"delivered", "failed_retrying", "gave_up"} {
 		m.webhooks.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps,
+	m.reg.MustRegister(m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps, m.disagreements, m.endpoints,
 		m.reorgs, m.reorgDepth, m.webhooks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -118,6 +129,15 @@ func (m *Metrics) FeeBumped(network string) { m.feeBumps.WithLabelValues(network
 // NonceGap records a signer nonce that was not what the engine expected (settle.Observer).
 func (m *Metrics) NonceGap(network, signer, kind string) {
 	m.nonceGaps.WithLabelValues(network, signer, kind).Inc()
+}
+
+// Disagreement records a corroborated read two RPC endpoints answered differently
+// (settle.Observer).
+func (m *Metrics) Disagreement(network string) { m.disagreements.WithLabelValues(network).Inc() }
+
+// EndpointFailed records an RPC endpoint's failure; endpoint is its name, never its URL.
+func (m *Metrics) EndpointFailed(network, endpoint string) {
+	m.endpoints.WithLabelValues(network, endpoint).Inc()
 }
 
 // Reorg records a reorg the indexer handled (indexer.Observer).

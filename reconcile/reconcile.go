@@ -266,8 +266,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 // by the engine's own rules (settle.Judge): our transactions' receipts, and the authorization's
 // state and use log read pinned at a block the answering node has, twice.
 func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.OpenSettlement) (facilitator.Resolution, bool, error) {
-	return settle.Judge(ctx, func(ctx context.Context, elems []rpc.BatchElem) error { return j.batch(ctx, n, elems) },
-		s, n.FinalityDepth, j.cfg.Now())
+	return settle.Judge(ctx, n.Chain, j.batchOn, s, n.FinalityDepth, j.cfg.Now())
 }
 
 // reopen moves a mined row back to broadcast; a row no longer mined (the engine moved it first)
@@ -309,12 +308,19 @@ func (j *Jobs) resend(ctx context.Context, n Network, s facilitator.OpenSettleme
 }
 
 func (j *Jobs) batch(ctx context.Context, n Network, elems []rpc.BatchElem) error {
-	if len(elems) == 0 {
-		return nil
+	return j.batchOn(n.Chain)(ctx, elems)
+}
+
+// batchOn is batch over one chain (one endpoint of a network's, for corroborated reads).
+func (j *Jobs) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error {
+	return func(ctx context.Context, elems []rpc.BatchElem) error {
+		if len(elems) == 0 {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, j.cfg.RPCTimeout)
+		defer cancel()
+		return c.BatchCallContext(ctx, elems)
 	}
-	ctx, cancel := context.WithTimeout(ctx, j.cfg.RPCTimeout)
-	defer cancel()
-	return n.Chain.BatchCallContext(ctx, elems)
 }
 
 // IndexHealth compares the index's kept blocks with the canonical chain. A kept block that is no

@@ -121,6 +121,8 @@ func (o *recordingObserver) NonceGap(network, signer, kind string) {
 	o.add("gap " + network + " " + signer + " " + kind)
 }
 
+func (o *recordingObserver) Disagreement(network string) { o.add("disagreement " + network) }
+
 func (o *recordingObserver) add(k string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

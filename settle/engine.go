@@ -46,6 +46,9 @@ type Observer interface {
 	// as nonce too low), NonceTaken (the ledger already held the nonce) or NonceForeign (a
 	// transaction that is not ours took a settlement's nonce; it was re-signed with a new one).
 	NonceGap(network, signer, kind string)
+	// Disagreement: two RPC endpoints of the network answered a corroborated read differently;
+	// nothing was decided from it.
+	Disagreement(network string)
 }
 
 // NonceGap kinds.
@@ -60,6 +63,7 @@ type noObserver struct{}
 
 func (noObserver) FeeBumped(string)                {}
 func (noObserver) NonceGap(string, string, string) {}
+func (noObserver) Disagreement(string)             {}
 
 // FaultPoint names a step of a settlement at which a crash test kills the process.
 type FaultPoint string

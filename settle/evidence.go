@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -158,7 +159,11 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 // transaction it signed, then the pinned reads, and the whole read made twice, since one read
 // never decides. ok is false when the chain does not tell yet; a mined outcome needs no second
 // read (it is not terminal: finality is checked later).
-func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, s *facilitator.OpenSettlement, depth uint64, now time.Time) (facilitator.Resolution, bool, error) {
+// With several endpoints (ethrpc.Pool), its pinned reads are corroborated by two of them, as the
+// watcher's are; batchOn makes the batch function over one chain.
+func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
+	s *facilitator.OpenSettlement, depth uint64, now time.Time) (facilitator.Resolution, bool, error) {
+	batch := batchOn(chain)
 	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore}
 	for _, x := range s.Txs {
 		var tx types.Transaction
@@ -195,7 +200,7 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 				at = o.head
 			}
 			pr := newPinnedRead(s.Key, s.Signer, want, t, at)
-			if err := readPinned(ctx, batch, []*pinnedRead{pr}); err != nil {
+			if err := readCorroborated(ctx, chain, batchOn, []*pinnedRead{pr}, func() {}); err != nil {
 				return facilitator.Resolution{}, false, err
 			}
 			if !pr.apply(&t, &o) {

@@ -11,6 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -183,7 +184,8 @@ func (n *network) watch(ctx context.Context) {
 	}
 	gaps := map[gapKey]bool{}
 	if len(pinned) > 0 {
-		if err := readPinned(ctx, n.batch, pinned); err != nil {
+		disagreed := func() { e.cfg.Observer.Disagreement(n.id.ID) }
+		if err := readCorroborated(ctx, n.chain, n.batchOn, pinned, disagreed); err != nil {
 			e.log.Warn("pinned chain reads failed; deciding next round", "network", n.id.ID, "err", err)
 			for _, pr := range pinned {
 				pr.read = nil
@@ -631,17 +633,24 @@ func (n *network) call(ctx context.Context, result any, method string, args ...a
 
 // batch runs elems in chunks, each bounded by the RPC timeout.
 func (n *network) batch(ctx context.Context, elems []rpc.BatchElem) error {
-	const chunk = 500
-	for i := 0; i < len(elems); i += chunk {
-		end := min(i+chunk, len(elems))
-		cctx, cancel := context.WithTimeout(ctx, n.engine.cfg.RPCTimeout)
-		err := n.chain.BatchCallContext(cctx, elems[i:end])
-		cancel()
-		if err != nil {
-			return err
+	return n.batchOn(n.chain)(ctx, elems)
+}
+
+// batchOn is batch over one chain (one endpoint of the network's, for corroborated reads).
+func (n *network) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error {
+	return func(ctx context.Context, elems []rpc.BatchElem) error {
+		const chunk = 500
+		for i := 0; i < len(elems); i += chunk {
+			end := min(i+chunk, len(elems))
+			cctx, cancel := context.WithTimeout(ctx, n.engine.cfg.RPCTimeout)
+			err := c.BatchCallContext(cctx, elems[i:end])
+			cancel()
+			if err != nil {
+				return err
+			}
 		}
+		return nil
 	}
-	return nil
 }
 
 // bump signs a replacement with the same nonce and higher fees, and commits it before it is sent.

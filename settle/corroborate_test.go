@@ -1,0 +1,152 @@
+package settle
+
+import (
+	"context"
+	"encoding/json"
+	"math/big"
+	"testing"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// scriptedNode answers the pinned reads from a fixed view of the chain: the fault of a provider
+// that lies (an authorization "used" by a transaction that does not exist) is one a real node
+// cannot be made to produce.
+type scriptedNode struct {
+	head      uint64
+	hash      common.Hash // every block's hash
+	keyNonce  uint64
+	used      bool
+	useTx     common.Hash // zero: no use log
+	receipt   *types.Receipt
+	noBlock   bool // the node lacks the pinned block (it lags)
+	callCount int
+}
+
+func (n *scriptedNode) CallContext(context.Context, any, string, ...any) error { return nil }
+
+func (n *scriptedNode) BatchCallContext(_ context.Context, b []rpc.BatchElem) error {
+	n.callCount++
+	for i := range b {
+		var answer any
+		switch b[i].Method {
+		case "eth_getBlockByNumber":
+			if !n.noBlock {
+				answer = map[string]any{"hash": n.hash, "timestamp": hexutil.Uint64(1_000)}
+			}
+		case "eth_getTransactionCount":
+			answer = hexutil.Uint64(n.keyNonce)
+		case "eth_call":
+			word := make([]byte, 32)
+			if n.used {
+				word[31] = 1
+			}
+			answer = hexutil.Bytes(word)
+		case "eth_getLogs":
+			logs := []types.Log{}
+			if n.useTx != (common.Hash{}) {
+				logs = append(logs, types.Log{Address: token, Topics: []common.Hash{eip3009.AuthorizationUsedTopic, common.BytesToHash(payer.Bytes()), {7}},
+					TxHash: n.useTx, BlockNumber: 5, BlockHash: n.hash})
+			}
+			answer = logs
+		case "eth_blockNumber":
+			answer = hexutil.Uint64(n.head)
+		case "eth_getTransactionReceipt":
+			answer = n.receipt
+		}
+		raw, err := json.Marshal(answer)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(raw, b[i].Result); err != nil {
+			b[i].Error = err
+		}
+	}
+	return nil
+}
+
+// pair is a chain of two endpoints.
+type pair struct {
+	ethrpc.Chain
+	a, b ethrpc.Chain
+}
+
+func (p pair) Pair() (ethrpc.Chain, ethrpc.Chain, bool) { return p.a, p.b, true }
+
+var (
+	token = common.HexToAddress("0x00000000000000000000000000000000000000aa")
+	payer = common.HexToAddress("0x00000000000000000000000000000000000000bb")
+)
+
+func pinned(at uint64) *pinnedRead {
+	key := facilitator.AuthorizationKey{Network: "eip155:1", Asset: token, Payer: payer, Nonce: [32]byte{7}}
+	t := track{state: facilitator.StateBroadcast, variants: []variant{{hash: common.Hash{1}, nonce: 3}}, validBefore: big.NewInt(1 << 40)}
+	return newPinnedRead(key, common.Address{9}, Expected{Key: key}, t, at)
+}
+
+func direct(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error { return c.BatchCallContext }
+
+// TestCorroboratedReads: a pinned read counts only where two endpoints say the same about the
+// block; a lying endpoint (an authorization "used" by a transaction that does not exist) makes it
+// "not known" and is counted, one that lacks the block makes it "not known" and is not; an
+// agreed read's finality counts from the lower head; a receipt mined after the pinned block on one
+// endpoint only is no disagreement.
+func TestCorroboratedReads(t *testing.T) {
+	ctx := context.Background()
+	honest := func() *scriptedNode { return &scriptedNode{head: 20, hash: common.Hash{0xb}, keyNonce: 3} }
+	for _, c := range []struct {
+		name       string
+		b          func(*scriptedNode)
+		known      bool
+		disagreed  int
+		wantHead   uint64
+		wantUseLog bool
+	}{
+		{"both honest", func(*scriptedNode) {}, true, 0, 18, false},
+		{"one says used by a transaction that does not exist", func(n *scriptedNode) { n.used, n.useTx = true, common.Hash{0xee} }, false, 1, 0, false},
+		{"one has another block there", func(n *scriptedNode) { n.hash = common.Hash{0xc} }, false, 1, 0, false},
+		{"one says the signer's nonce moved", func(n *scriptedNode) { n.keyNonce = 4 }, false, 1, 0, false},
+		{"one lacks the block", func(n *scriptedNode) { n.noBlock = true }, false, 0, 0, false},
+		{"one has our receipt, mined past the pinned block", func(n *scriptedNode) {
+			n.receipt = &types.Receipt{TxHash: common.Hash{1}, Status: 1, BlockNumber: big.NewInt(12), BlockHash: common.Hash{0xd}}
+		}, true, 0, 18, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := honest(), honest()
+			a.head = 18
+			c.b(b)
+			pr := pinned(10)
+			n := 0
+			if err := readCorroborated(ctx, pair{Chain: a, a: a, b: b}, direct, []*pinnedRead{pr}, func() { n++ }); err != nil {
+				t.Fatal(err)
+			}
+			if (pr.read != nil) != c.known || n != c.disagreed {
+				t.Fatalf("read known %v, disagreements %d; want %v, %d", pr.read != nil, n, c.known, c.disagreed)
+			}
+			if a.callCount != 1 || b.callCount != 1 {
+				t.Fatalf("endpoints asked %d and %d times; want once each", a.callCount, b.callCount)
+			}
+			if c.known && pr.read.nodeHead != c.wantHead {
+				t.Fatalf("finality counts from head %d; want the lower, %d", pr.read.nodeHead, c.wantHead)
+			}
+		})
+	}
+	t.Run("one endpoint: the read is the node's", func(t *testing.T) {
+		a := honest()
+		a.used, a.useTx = true, common.Hash{0xee}
+		pr := pinned(10)
+		if err := readCorroborated(ctx, a, direct, []*pinnedRead{pr}, func() { t.Fatal("a disagreement with one endpoint") }); err != nil {
+			t.Fatal(err)
+		}
+		if pr.read == nil || !pr.read.used {
+			t.Fatalf("a single endpoint's read: %+v", pr.read)
+		}
+	})
+}
