@@ -367,6 +367,9 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 			}
 			return nil
 		})},
+		ReadyEndpoints: func() map[string]string {
+			return map[string]string{"eip155:84532/rpc0": "ok, head 12", "eip155:84532/rpc1": "down: rate limited"}
+		},
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f,
 		Logger: slog.New(slog.DiscardHandler),
 		Auth:   &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},

@@ -26,6 +26,9 @@ func (f ReadyFunc) Ready(ctx context.Context) error { return f(ctx) }
 type ReadyResponse struct {
 	Status string            `json:"status"`
 	Checks map[string]string `json:"checks"`
+	// Endpoints is each RPC endpoint's state, for operators; it does not make the process
+	// unready (a network serves while any of its endpoints does).
+	Endpoints map[string]string `json:"endpoints,omitempty"`
 }
 
 // maxStateText bounds a state's text in the body.
@@ -75,6 +78,9 @@ func (s *Server) readyz(c echo.Context) error {
 			res.Status, status = "unready", http.StatusServiceUnavailable
 			s.log.WarnContext(c.Request().Context(), "not ready", "check", name, "state", state)
 		}
+	}
+	if s.cfg.ReadyEndpoints != nil {
+		res.Endpoints = s.cfg.ReadyEndpoints()
 	}
 	return c.JSON(status, res)
 }

@@ -40,6 +40,9 @@ type Config struct {
 	Metrics http.Handler
 	// Ready lists, by name, what GET /readyz checks (ready.go); none: always ready.
 	Ready map[string]ReadyChecker
+	// ReadyEndpoints, when set, lists each RPC endpoint's state for the /readyz body (named,
+	// never by URL); informational only.
+	ReadyEndpoints func() map[string]string
 	// ReadyTimeout bounds one /readyz, all checks at once (default 2s).
 	ReadyTimeout time.Duration
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would

@@ -245,6 +245,46 @@ func (c *indexerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// Endpoint is one RPC endpoint of a network at scrape time, named (rpc0, rpc1…), never by URL.
+type Endpoint struct {
+	Network, Name string
+	Up            bool
+	// Head is the highest block number it answered (0: none yet: not exported).
+	Head uint64
+}
+
+// EndpointSource lists the RPC endpoints; called on every scrape.
+type EndpointSource func() []Endpoint
+
+// WatchEndpoints exports each RPC endpoint's health and head.
+func (m *Metrics) WatchEndpoints(src EndpointSource) {
+	m.reg.MustRegister(&endpointCollector{src: src,
+		up: prometheus.NewDesc(namespace+"_rpc_endpoint_up", "1 when the RPC endpoint is in use; 0 while it is left alone after a failure.",
+			[]string{"network", "endpoint"}, nil),
+		head: prometheus.NewDesc(namespace+"_rpc_endpoint_head", "The highest block number the RPC endpoint answered.",
+			[]string{"network", "endpoint"}, nil),
+	})
+}
+
+type endpointCollector struct {
+	src      EndpointSource
+	up, head *prometheus.Desc
+}
+
+func (c *endpointCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.up
+	ch <- c.head
+}
+
+func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, e := range c.src() {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, boolValue(e.Up), e.Network, e.Name)
+		if e.Head > 0 {
+			ch <- prometheus.MustNewConstMetric(c.head, prometheus.GaugeValue, float64(e.Head), e.Network, e.Name)
+		}
+	}
+}
+
 // WatchPaymentIDs exports the payment-identifier conflicts and replays counts reads (the
 // payment-identifier service's own counters, which only grow).
 func (m *Metrics) WatchPaymentIDs(counts func() (conflicts, replays int64)) {

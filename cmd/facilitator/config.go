@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/big"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -92,11 +93,18 @@ type Config struct {
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
 type NetworkConfig struct {
-	ID     string        `json:"id"`
-	RPC    string        `json:"rpc"`
-	WS     string        `json:"ws,omitempty"`
-	V1Name *string       `json:"v1Name,omitempty"`
-	Tokens []TokenConfig `json:"tokens"`
+	ID  string `json:"id"`
+	RPC string `json:"rpc"`
+	// RPCs are more endpoints of the network, from other providers (rpc, when set, is the first).
+	// Reads fail over among them, sends go to all, and a terminal decision needs two to agree.
+	RPCs []string `json:"rpcs,omitempty"`
+	// RPCRate bounds the requests per second sent to each endpoint (0: no bound), in bursts of
+	// RPCBurst.
+	RPCRate  float64       `json:"rpcRate,omitempty"`
+	RPCBurst int           `json:"rpcBurst,omitempty"`
+	WS       string        `json:"ws,omitempty"`
+	V1Name   *string       `json:"v1Name,omitempty"`
+	Tokens   []TokenConfig `json:"tokens"`
 	// Finality is the confirmations (the mined block counts as one) at which a settlement is
 	// final; 0 takes the default: 1 on local dev chains (31337, 1337), 12 elsewhere.
 	Finality uint64 `json:"finality,omitempty"`
@@ -105,6 +113,17 @@ type NetworkConfig struct {
 	StartBlock uint64 `json:"startBlock,omitempty"`
 	// LogRange caps eth_getLogs block ranges during backfill (default 2000).
 	LogRange uint64 `json:"logRange,omitempty"`
+}
+
+// urls are the network's RPC endpoints, rpc first, without repeats.
+func (nc NetworkConfig) urls() []string {
+	var out []string
+	for _, u := range append([]string{nc.RPC}, nc.RPCs...) {
+		if u != "" && !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	return out
 }
 
 // finality returns the network's finality depth.
@@ -138,8 +157,11 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 			return nil, fmt.Errorf("networks[%d]: %s is configured twice", i, nc.ID)
 		}
 		seen[nc.ID] = true
-		if nc.RPC == "" {
-			return nil, fmt.Errorf("networks[%d] (%s): rpc is required", i, nc.ID)
+		if len(nc.urls()) == 0 {
+			return nil, fmt.Errorf("networks[%d] (%s): rpc (or rpcs) is required", i, nc.ID)
+		}
+		if nc.RPCRate < 0 || nc.RPCBurst < 0 {
+			return nil, fmt.Errorf("networks[%d] (%s): rpcRate and rpcBurst must not be negative", i, nc.ID)
 		}
 		if len(nc.Tokens) == 0 {
 			return nil, fmt.Errorf("networks[%d] (%s): at least one token is required", i, nc.ID)

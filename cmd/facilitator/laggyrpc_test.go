@@ -43,7 +43,7 @@ type laggyRPC struct {
 
 	requests, healthy, lagged                             atomic.Int64
 	lagHeads, lagNulls, lagPinned, lagRefused, lagClamped atomic.Int64
-	nullReceipts, rpcErrors, http429, dropped             atomic.Int64
+	nullReceipts, rpcErrors, http429, dropped, reverted   atomic.Int64
 	sends, sendsFailed, sendsDropped                      atomic.Int64
 }
 
@@ -56,6 +56,10 @@ type laggyFaults struct {
 	NullReceipt float64
 	Error       float64
 	Drop        float64
+	// Revert is the share of answers the backend rewrites to tell that a mined transaction
+	// reverted: its receipt says so and logs nothing, log queries find nothing, and a used
+	// authorization reads unused. A provider answering wrong receipts, consistently.
+	Revert float64
 }
 
 // providerFaults are the shares the fault tests' acceptance target names (a copy is set, so that a
@@ -354,6 +358,9 @@ func (p *laggyRPC) answer(ctx context.Context, msgs []*rpcMsg, f *laggyFaults, l
 		if m.Method == "eth_getTransactionReceipt" && st.local == nil {
 			st.post = p.nullReceipt(f, st.post)
 		}
+		if (m.Method == "eth_getLogs" || m.Method == "eth_call") && st.local == nil && f.Revert > 0 {
+			st.post = p.unused(f, st.post)
+		}
 		steps[i] = st
 		if st.local == nil {
 			fwd = append(fwd, &rpcMsg{JSONRPC: "2.0", ID: json.RawMessage(strconv.Itoa(i)), Method: m.Method, Params: st.fwd})
@@ -416,6 +423,43 @@ func (p *laggyRPC) nullReceipt(f *laggyFaults, then func(json.RawMessage) (json.
 		if !isNull(result) && mrand.Float64() < f.NullReceipt {
 			p.nullReceipts.Add(1)
 			return jsonNull, nil
+		}
+		if !isNull(result) && mrand.Float64() < f.Revert {
+			var r map[string]any
+			if json.Unmarshal(result, &r) == nil {
+				r["status"], r["logs"] = "0x0", []any{}
+				if out, err := json.Marshal(r); err == nil {
+					p.reverted.Add(1)
+					return out, nil
+				}
+			}
+		}
+		return result, nil
+	}
+}
+
+// unused wraps a log or call read's post-processing with the story a receipt rewritten as
+// reverted needs to be believed: no log, and a used authorization ("…01") read as unused.
+func (p *laggyRPC) unused(f *laggyFaults, then func(json.RawMessage) (json.RawMessage, *rpcErr)) func(json.RawMessage) (json.RawMessage, *rpcErr) {
+	return func(result json.RawMessage) (json.RawMessage, *rpcErr) {
+		if then != nil {
+			var e *rpcErr
+			if result, e = then(result); e != nil {
+				return nil, e
+			}
+		}
+		if mrand.Float64() >= f.Revert {
+			return result, nil
+		}
+		var logs []any
+		if json.Unmarshal(result, &logs) == nil && len(logs) > 0 {
+			p.reverted.Add(1)
+			return json.RawMessage("[]"), nil
+		}
+		used := `"0x` + strings.Repeat("0", 63) + `1"`
+		if string(result) == used {
+			p.reverted.Add(1)
+			return json.RawMessage(`"0x` + strings.Repeat("0", 64) + `"`), nil
 		}
 		return result, nil
 	}

@@ -44,7 +44,8 @@ type Main struct {
 	Addr string
 
 	db       *postgres.DB
-	rpcs     []*rpc.Client
+	clients  []*rpc.Client   // every endpoint's, to close
+	rpcs     []*ethrpc.Pool  // each network's endpoints
 	heads    []*ethrpc.Heads // per network, shared by the engine and the indexer
 	engine   *settle.Engine
 	jobs     *cron.Cron
@@ -88,21 +89,30 @@ func (m *Main) Run(ctx context.Context) error {
 	readers := map[string]verify.Reader{}
 	rpcReaders := map[string]*ethrpc.Reader{}
 	for i, n := range networks {
-		client, err := dialRPC(startCtx, cfg.Networks[i].RPC)
+		pool, err := m.dialNetwork(startCtx, n, cfg.Networks[i])
 		if err != nil {
-			return fmt.Errorf("%s: dialing the RPC: %w", n.ID, err)
-		}
-		m.rpcs = append(m.rpcs, client)
-		m.heads = append(m.heads, ethrpc.NewHeads(cfg.Networks[i].WS, cfg.RPCTimeout, log.With("network", n.ID)))
-		if err := m.checkChain(startCtx, client, n); err != nil {
 			return err
 		}
-		rpcReaders[n.ID] = &ethrpc.Reader{Chain: client, Timeout: cfg.RPCTimeout}
+		m.rpcs = append(m.rpcs, pool)
+		m.heads = append(m.heads, ethrpc.NewHeads(cfg.Networks[i].WS, cfg.RPCTimeout, log.With("network", n.ID)))
+		if err := m.checkChain(startCtx, pool, n); err != nil {
+			return err
+		}
+		rpcReaders[n.ID] = &ethrpc.Reader{Chain: pool, Timeout: cfg.RPCTimeout}
 		readers[n.ID] = rpcReaders[n.ID]
 		for _, t := range n.Tokens {
 			m.checkToken(startCtx, readers[n.ID], n, t)
 		}
 	}
+	m.metrics.WatchEndpoints(func() []metrics.Endpoint {
+		var out []metrics.Endpoint
+		for i, p := range m.rpcs {
+			for _, h := range p.Health() {
+				out = append(out, metrics.Endpoint{Network: networks[i].ID, Name: h.Name, Up: h.Healthy, Head: h.Head})
+			}
+		}
+		return out
+	})
 	if cfg.IndexOnly {
 		if err := m.startIndexers(startCtx, networks); err != nil {
 			return err
@@ -199,8 +209,21 @@ func (m *Main) Run(ctx context.Context) error {
 		Observer:      m.metrics,
 		Metrics:       m.metrics.Handler(),
 		Ready:         m.readyChecks(rpcReaders),
-		ReadyTimeout:  cfg.ReadyTimeout,
-		Limits:        m.engine,
+		ReadyEndpoints: func() map[string]string {
+			out := map[string]string{}
+			for i, p := range m.rpcs {
+				for _, h := range p.Health() {
+					state := fmt.Sprintf("ok, head %d", h.Head)
+					if !h.Healthy {
+						state = "down: " + h.LastError
+					}
+					out[networks[i].ID+"/"+h.Name] = state
+				}
+			}
+			return out
+		},
+		ReadyTimeout: cfg.ReadyTimeout,
+		Limits:       m.engine,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -298,7 +321,7 @@ func indexerSource(networks []facilitator.Network, ixs []*indexer.Indexer) metri
 
 // checkChain refuses an RPC that serves another chain than configured, and binds the database's
 // ledger to this chain's genesis.
-func (m *Main) checkChain(ctx context.Context, client *rpc.Client, n facilitator.Network) error {
+func (m *Main) checkChain(ctx context.Context, client ethrpc.Chain, n facilitator.Network) error {
 	var chainID hexutil.Uint64
 	if err := client.CallContext(ctx, &chainID, "eth_chainId"); err != nil {
 		return fmt.Errorf("%s: reading the chain id: %w", n.ID, err)
@@ -359,7 +382,7 @@ func (m *Main) Close() error {
 		errs = append(errs, m.engine.Stop(ctx))
 		cancel()
 	}
-	for _, c := range m.rpcs {
+	for _, c := range m.clients {
 		c.Close()
 	}
 	if m.db != nil {
@@ -375,6 +398,58 @@ func (m *Main) Close() error {
 // moment used: go-ethereum's default HTTP client keeps 2 per host, so under load (dozens of
 // concurrent simulations, broadcasts and receipt reads) every other request opened a fresh TCP
 // connection and closed it, which cost this process and the node more CPU than the requests.
+// dialNetwork dials every RPC endpoint of a network into one pool, after checking that each
+// serves the network's chain: an endpoint of another chain (a copy-pasted URL) must never answer
+// for this one. Endpoints are named rpc0, rpc1… in configured order, never by URL.
+func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc NetworkConfig) (*ethrpc.Pool, error) {
+	var eps []ethrpc.Endpoint
+	var genesis common.Hash
+	for j, u := range nc.urls() {
+		name := fmt.Sprintf("rpc%d", j)
+		client, err := dialRPC(ctx, u)
+		if err != nil {
+			return nil, fmt.Errorf("%s: dialing RPC endpoint %s: %w", n.ID, name, err)
+		}
+		m.clients = append(m.clients, client)
+		var chainID hexutil.Uint64
+		var g struct {
+			Hash common.Hash `json:"hash"`
+		}
+		if err := client.CallContext(ctx, &chainID, "eth_chainId"); err != nil {
+			return nil, fmt.Errorf("%s: RPC endpoint %s: reading the chain id: %w", n.ID, name, redactURL(err, u))
+		}
+		if err := client.CallContext(ctx, &g, "eth_getBlockByNumber", "0x0", false); err != nil {
+			return nil, fmt.Errorf("%s: RPC endpoint %s: reading the genesis block: %w", n.ID, name, redactURL(err, u))
+		}
+		switch {
+		case uint64(chainID) != n.ChainID:
+			return nil, fmt.Errorf("%s: RPC endpoint %s serves chain %d", n.ID, name, uint64(chainID))
+		case j > 0 && g.Hash != genesis:
+			return nil, fmt.Errorf("%s: RPC endpoint %s serves another chain than rpc0 (genesis %s, not %s)", n.ID, name, g.Hash, genesis)
+		}
+		genesis = g.Hash
+		eps = append(eps, ethrpc.Endpoint{Name: name, Chain: client, Rate: nc.RPCRate, Burst: nc.RPCBurst})
+	}
+	return ethrpc.NewPool(eps, endpointObserver{m.metrics, n.ID}, nil)
+}
+
+// redactURL keeps an endpoint's URL (often with an API key in it) out of an error.
+func redactURL(err error, u string) error {
+	if u == "" || !strings.Contains(err.Error(), u) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), u, "<url>"))
+}
+
+// endpointObserver counts a network's endpoint failures in metrics.
+type endpointObserver struct {
+	m       *metrics.Metrics
+	network string
+}
+
+func (o endpointObserver) EndpointDown(endpoint string) { o.m.EndpointFailed(o.network, endpoint) }
+func (o endpointObserver) EndpointUp(string)            {}
+
 func dialRPC(ctx context.Context, url string) (*rpc.Client, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 256

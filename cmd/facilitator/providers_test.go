@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// TestTwoProviders: a network served by two providers, one of which answers wrong receipts (every
+// mined transaction "reverted", logging nothing). Settlements stay exactly-once and no payment gets
+// a wrong terminal answer: a decision the lie would change rests on reads both providers must
+// agree on, and the disagreements are counted. Then that provider goes down (every request
+// refused, as a rate-limited or failing provider does) and settling goes on through the other.
+func TestTwoProviders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dbURL, chain := faultStack(ctx, t, "two_providers")
+	bin := buildFacilitator(ctx, t)
+	liar, liarURL := newLaggyRPC(t, chain.RPCURL)
+	load := newFaultLoad(ctx, t, chain, 8)
+	load.terminal, load.retryCap = true, 5*time.Second
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, load.key)
+	env["FACILITATOR_NETWORKS"] = withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], 3), liarURL)
+	env["FACILITATOR_LOG_LEVEL"] = "info"
+	c := startServe(ctx, t, bin, env, "facilitator") // its start-up checks see two honest endpoints
+
+	drive := func(what string, payments int64, faults *laggyFaults) {
+		t.Helper()
+		liar.set(faults)
+		load.limit = int64(len(load.payments)) + payments
+		load.issued.Store(int64(len(load.payments)))
+		driveCtx, stop := context.WithTimeout(ctx, 90*time.Second)
+		load.drive(driveCtx, func() *child { return c }, 6, nil).Wait()
+		stop()
+		rep := auditLedger(ctx, t, load.auditInput(dbURL))
+		wrong := load.wrongAnswers(rep)
+		doubled := doublyCarried(t, minedSignerTxs(ctx, t, chain, load.signer))
+		t.Logf("%s: %s; ledger audit: %s; lying provider: %s", what, load.summary(), rep, liar)
+		if len(wrong)+len(doubled)+rep.discrepancies > 0 || load.refused.Load() > 0 || load.failures.Load() > 0 {
+			t.Fatalf("%s: %d wrong answers, %d doubly-carried authorizations, %d ledger discrepancies, %d answers not allowed, %d failures",
+				what, len(wrong), len(doubled), rep.discrepancies, load.refused.Load(), load.failures.Load())
+		}
+		for _, p := range load.payments {
+			if !p.answered() {
+				t.Fatalf("%s: a payment got no definite answer: %v", what, p.key)
+			}
+		}
+	}
+
+	drive("one provider lying about receipts", 30, &laggyFaults{Revert: 1})
+	if liar.reverted.Load() == 0 {
+		t.Fatal("the lying provider was never asked for a receipt")
+	}
+	fams := scrape(t, c.base)
+	if f, ok := fams["facilitator_rpc_disagreements_total"]; !ok || f.GetMetric()[0].GetCounter().GetValue() == 0 {
+		t.Fatalf("no disagreement counted while one provider lied (%d receipts rewritten)", liar.reverted.Load())
+	}
+
+	drive("one provider down", 15, &laggyFaults{Error: 1})
+	fams = scrape(t, c.base)
+	up := map[string]float64{}
+	for _, m := range fams["facilitator_rpc_endpoint_up"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "endpoint" {
+				up[l.GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if up["rpc0"] != 1 || up["rpc1"] != 0 {
+		t.Fatalf("endpoint health with rpc1 refusing everything: %v", up)
+	}
+	liar.set(nil)
+	c.stop(t)
+}
+
+// withRPCs adds more RPC endpoints to every network of a FACILITATOR_NETWORKS value.
+func withRPCs(t *testing.T, networks string, urls ...string) string {
+	t.Helper()
+	var nets []map[string]any
+	if err := json.Unmarshal([]byte(networks), &nets); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nets {
+		n["rpcs"] = urls
+	}
+	out, err := json.Marshal(nets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
