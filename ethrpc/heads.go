@@ -2,6 +2,7 @@ package ethrpc
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -19,10 +20,12 @@ const resubscribeEvery = 10 * time.Second
 // a process opens one WebSocket per network whoever listens. It is subscribed while anyone
 // follows, and a subscription that drops, is refused or cannot be dialed is tried again every
 // resubscribeEvery. Heads only hurry their followers: each keeps polling on its own timer, so a
-// subscription that drops or goes silent costs latency, never progress. Without a URL it never
-// announces anything (an HTTP-only node) and followers just poll.
+// subscription that drops or goes silent costs latency, never progress. With several URLs (several
+// providers) one that cannot be dialed or refuses the subscription gives way to the next. Without a
+// URL it never announces anything (an HTTP-only node) and followers just poll.
 type Heads struct {
-	url     string
+	urls    []string
+	next    int // the URL the next subscription tries first (the subscription's goroutine's alone)
 	timeout time.Duration
 	log     *slog.Logger
 
@@ -36,16 +39,23 @@ type Heads struct {
 	done      chan struct{}      // closed when the last subscription's goroutine has returned
 }
 
-// NewHeads returns the heads of the node at url (ws:// or wss://; "" for none). timeout bounds
-// the dial and the subscribe call (0: 10 s); log hears the subscription come and go (nil: nobody).
-func NewHeads(url string, timeout time.Duration, log *slog.Logger) *Heads {
+// NewHeads returns the heads of the nodes at urls (ws:// or wss://; none, or only "", for none).
+// timeout bounds the dial and the subscribe call (0: 10 s); log hears the subscription come and go
+// (nil: nobody).
+func NewHeads(timeout time.Duration, log *slog.Logger, urls ...string) *Heads {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Heads{url: url, timeout: timeout, log: log, followers: map[chan uint64]struct{}{}}
+	var kept []string
+	for _, u := range urls {
+		if u != "" {
+			kept = append(kept, u)
+		}
+	}
+	return &Heads{urls: kept, timeout: timeout, log: log, followers: map[chan uint64]struct{}{}}
 }
 
 // Subscribed reports whether the subscription is up now.
@@ -57,7 +67,7 @@ func (h *Heads) Subscribed() bool { return h.subscribed.Load() }
 // meanwhile: catch up. Follow returns once ctx has ended and, if it was the last follower, the
 // subscription is closed.
 func (h *Heads) Follow(ctx context.Context, fn func(head uint64)) {
-	if h.url == "" {
+	if len(h.urls) == 0 {
 		<-ctx.Done()
 		return
 	}
@@ -126,17 +136,32 @@ func (h *Heads) run(ctx context.Context) {
 	}
 }
 
-// subscribe follows newHeads until the subscription fails or ctx ends; it reports whether it
-// was subscribed at all.
+// subscribe follows newHeads on the first URL, from the last one that worked, that takes the
+// subscription, until it fails or ctx ends; it reports whether it was subscribed at all.
 func (h *Heads) subscribe(ctx context.Context) bool {
+	for range h.urls {
+		i := h.next
+		if ok, up := h.subscribeAt(ctx, i); ok || ctx.Err() != nil {
+			return up
+		}
+		h.next = (i + 1) % len(h.urls)
+	}
+	return false
+}
+
+// subscribeAt follows newHeads on URL i. ok is false when it could not subscribe there (try
+// another); up reports whether it was subscribed. Logs name the URL by position, never by text
+// (a provider's key is often in it).
+func (h *Heads) subscribeAt(ctx context.Context, i int) (ok, up bool) {
+	name := fmt.Sprintf("ws%d", i)
 	dialCtx, cancel := context.WithTimeout(ctx, h.timeout)
 	defer cancel()
-	client, err := rpc.DialContext(dialCtx, h.url)
+	client, err := rpc.DialContext(dialCtx, h.urls[i])
 	if err != nil {
 		if ctx.Err() == nil {
-			h.log.Debug("head subscription unavailable; polling", "err", err)
+			h.log.Debug("head subscription unavailable; polling", "endpoint", name, "err", redact(err))
 		}
-		return false
+		return false, false
 	}
 	defer client.Close()
 	heads := make(chan struct {
@@ -146,22 +171,22 @@ func (h *Heads) subscribe(ctx context.Context) bool {
 	sub, err := client.EthSubscribe(dialCtx, heads, "newHeads")
 	if err != nil {
 		if ctx.Err() == nil {
-			h.log.Debug("head subscription refused; polling", "err", err)
+			h.log.Debug("head subscription refused; polling", "endpoint", name, "err", redact(err))
 		}
-		return false
+		return false, false
 	}
 	defer sub.Unsubscribe()
 	h.subscribed.Store(true)
 	defer h.subscribed.Store(false)
-	h.log.Info("following heads over WebSocket")
+	h.log.Info("following heads over WebSocket", "endpoint", name)
 	h.announce(0) // catch up on what arrived while we were not subscribed
 	for {
 		select {
 		case <-ctx.Done():
-			return true
+			return true, true
 		case err := <-sub.Err():
-			h.log.Debug("head subscription ended", "err", err)
-			return true
+			h.log.Debug("head subscription ended", "endpoint", name, "err", redact(err))
+			return true, true
 		case head := <-heads:
 			h.announce(uint64(head.Number))
 		}

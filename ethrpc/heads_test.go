@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 // follower has gone the subscription is closed, and the next follower opens it again.
 func TestHeadsShared(t *testing.T) {
 	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-	h := ethrpc.NewHeads(proxy.URL(), 5*time.Second, nil)
+	h := ethrpc.NewHeads(5*time.Second, nil, proxy.URL())
 	a, b := follow(t, h), follow(t, h)
 	stuck := make(chan struct{})
 	blocked := startFollower(t, h, func(uint64) { <-stuck })
@@ -67,7 +67,7 @@ func TestHeadsShared(t *testing.T) {
 func TestHeadsResubscribe(t *testing.T) {
 	t.Parallel()
 	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-	h := ethrpc.NewHeads(proxy.URL(), 5*time.Second, nil)
+	h := ethrpc.NewHeads(5*time.Second, nil, proxy.URL())
 	f := follow(t, h)
 	waitUntil(t, "the subscription", 10*time.Second, h.Subscribed)
 	f.waitHead(t, mine(t), 5*time.Second)
@@ -94,7 +94,7 @@ func TestHeadsUnresponsive(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-			h := ethrpc.NewHeads(proxy.URL(), 2*time.Second, nil)
+			h := ethrpc.NewHeads(2*time.Second, nil, proxy.URL())
 			f := follow(t, h)
 			waitUntil(t, "the subscription", 10*time.Second, h.Subscribed)
 			f.waitHead(t, mine(t), 5*time.Second)
@@ -124,7 +124,7 @@ func TestHeadsUnresponsive(t *testing.T) {
 // TestHeadsWithoutURL: without a WebSocket URL (an HTTP-only node) nothing is announced, and
 // Follow returns when its context ends.
 func TestHeadsWithoutURL(t *testing.T) {
-	h := ethrpc.NewHeads("", 0, nil)
+	h := ethrpc.NewHeads(0, nil)
 	f := follow(t, h)
 	mine(t)
 	time.Sleep(200 * time.Millisecond)
@@ -233,6 +233,29 @@ func waitUntil(t *testing.T, what string, within time.Duration, cond func() bool
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s within %s", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestHeadsFallsBackToTheNextURL: with the first WebSocket URL dead, the subscription is taken on
+// the second.
+func TestHeadsFallsBackToTheNextURL(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	h := ethrpc.NewHeads(2*time.Second, nil, "ws://127.0.0.1:1", chain.WSURL)
+	got := make(chan uint64, 16)
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go h.Follow(fctx, func(n uint64) {
+		select {
+		case got <- n:
+		default:
+		}
+	})
+	for !h.Subscribed() {
+		if ctx.Err() != nil {
+			t.Fatal("never subscribed through the second URL")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

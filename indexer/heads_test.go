@@ -18,7 +18,7 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 	network := bindNetwork(t)
 	cfg := config(network)
 	cfg.StartBlock = head(t) + 1
-	cfg.Heads = ethrpc.NewHeads(proxy.URL(), 0, nil)
+	cfg.Heads = ethrpc.NewHeads(0, nil, proxy.URL())
 	cfg.PollInterval = 100 * time.Millisecond
 	sender := gasAccount(t)
 	r := start(t, cfg)
@@ -65,7 +65,7 @@ func TestHeadsUnresponsiveWebSocket(t *testing.T) {
 			network := bindNetwork(t)
 			cfg := config(network)
 			cfg.StartBlock = head(t) + 1
-			cfg.Heads = ethrpc.NewHeads(proxy.URL(), 0, nil)
+			cfg.Heads = ethrpc.NewHeads(0, nil, proxy.URL())
 			cfg.PollInterval = 100 * time.Millisecond
 			sender := gasAccount(t)
 			r := start(t, cfg)

@@ -78,7 +78,7 @@ func config(network string) indexer.Config {
 		Network:       network,
 		Tokens:        []common.Address{chain.USDC.Address},
 		Chain:         chain.RPC,
-		Heads:         ethrpc.NewHeads(chain.WSURL, 0, nil),
+		Heads:         ethrpc.NewHeads(0, nil, chain.WSURL),
 		Store:         store,
 		FinalityDepth: 2,
 		PollInterval:  50 * time.Millisecond,

@@ -98,6 +98,9 @@ type NetworkConfig struct {
 	// RPCs are more endpoints of the network, from other providers (rpc, when set, is the first).
 	// Reads fail over among them, sends go to all, and a terminal decision needs two to agree.
 	RPCs []string `json:"rpcs,omitempty"`
+	// WSs are more WebSocket endpoints for the head subscription (ws, when set, is the first);
+	// one that fails gives way to the next.
+	WSs []string `json:"wss,omitempty"`
 	// RPCRate bounds the requests per second sent to each endpoint (0: no bound), in bursts of
 	// RPCBurst.
 	RPCRate  float64       `json:"rpcRate,omitempty"`
@@ -116,9 +119,14 @@ type NetworkConfig struct {
 }
 
 // urls are the network's RPC endpoints, rpc first, without repeats.
-func (nc NetworkConfig) urls() []string {
+func (nc NetworkConfig) urls() []string { return endpoints(nc.RPC, nc.RPCs) }
+
+// wsURLs are the network's WebSocket endpoints, ws first, without repeats.
+func (nc NetworkConfig) wsURLs() []string { return endpoints(nc.WS, nc.WSs) }
+
+func endpoints(first string, more []string) []string {
 	var out []string
-	for _, u := range append([]string{nc.RPC}, nc.RPCs...) {
+	for _, u := range append([]string{first}, more...) {
 		if u != "" && !slices.Contains(out, u) {
 			out = append(out, u)
 		}

@@ -94,7 +94,7 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 		m.rpcs = append(m.rpcs, pool)
-		m.heads = append(m.heads, ethrpc.NewHeads(cfg.Networks[i].WS, cfg.RPCTimeout, log.With("network", n.ID)))
+		m.heads = append(m.heads, ethrpc.NewHeads(cfg.RPCTimeout, log.With("network", n.ID), cfg.Networks[i].wsURLs()...))
 		if err := m.checkChain(startCtx, pool, n); err != nil {
 			return err
 		}
