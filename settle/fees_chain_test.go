@@ -137,7 +137,9 @@ type noFeeHistory struct{ ethrpc.Chain }
 
 type methodNotFound struct{}
 
-func (methodNotFound) Error() string  { return "the method eth_feeHistory does not exist/is not available" }
+func (methodNotFound) Error() string {
+	return "the method eth_feeHistory does not exist/is not available"
+}
 func (methodNotFound) ErrorCode() int { return -32601 }
 
 func (c noFeeHistory) BatchCallContext(ctx context.Context, b []rpc.BatchElem) error {
