@@ -81,21 +81,7 @@ func settleOnce(t *testing.T, r *stacktest.Engine, p stacktest.Pay, value int64)
 		t.Fatalf("open settlements %v, %v", open, err)
 	}
 	first = decodeTx(t, open[0].Txs[0].Raw)
-	env.SetAutomine(t, true)
-	env.Mine(t)
-	deadline := time.Now().Add(20 * time.Second)
-	for !out.Response.Success && time.Now().Before(deadline) {
-		if out, err = r.SettleBody(ctx, t, body); err != nil {
-			t.Fatal(err)
-		}
-		if !out.Response.Success {
-			env.Mine(t)
-		}
-	}
-	if !out.Response.Success {
-		t.Fatalf("after mining: %+v", out.Response)
-	}
-	tx, _, err := env.Chain.Client.TransactionByHash(ctx, common.HexToHash(out.Response.Transaction))
+	tx, _, err := env.Chain.Client.TransactionByHash(ctx, mineUntilSettled(t, r, body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,6 +92,28 @@ func settleOnce(t *testing.T, r *stacktest.Engine, p stacktest.Pay, value int64)
 		t.Fatalf("signer nonce %d (%v): one transaction", n, err)
 	}
 	return first, tx
+}
+
+// mineUntilSettled turns mining back on and resends body until it answers success; it answers the
+// transaction named.
+func mineUntilSettled(t *testing.T, r *stacktest.Engine, body []byte) common.Hash {
+	t.Helper()
+	env.SetAutomine(t, true)
+	env.Mine(t)
+	var out facilitator.SettleOutcome
+	for deadline := time.Now().Add(20 * time.Second); !out.Response.Success && time.Now().Before(deadline); {
+		var err error
+		if out, err = r.SettleBody(context.Background(), t, body); err != nil {
+			t.Fatal(err)
+		}
+		if !out.Response.Success {
+			env.Mine(t)
+		}
+	}
+	if !out.Response.Success {
+		t.Fatalf("after mining: %+v", out.Response)
+	}
+	return common.HexToHash(out.Response.Transaction)
 }
 
 // TestSettleFeesFromHistory: the settlement's transaction carries the tip at the policy's
@@ -280,22 +288,7 @@ func TestSettleFeeBumpPolicy(t *testing.T) {
 				t.Fatal("the node did not take the replacement")
 			}
 
-			env.SetAutomine(t, true)
-			env.Mine(t)
-			var out facilitator.SettleOutcome
-			for deadline := time.Now().Add(20 * time.Second); !out.Response.Success && time.Now().Before(deadline); {
-				var err error
-				if out, err = r.SettleBody(ctx, t, body); err != nil {
-					t.Fatal(err)
-				}
-				if !out.Response.Success {
-					env.Mine(t)
-				}
-			}
-			if !out.Response.Success {
-				t.Fatalf("after mining: %+v", out.Response)
-			}
-			rcpt := env.Receipt(t, common.HexToHash(out.Response.Transaction))
+			rcpt := env.Receipt(t, mineUntilSettled(t, r, body))
 			if rcpt.Type != tc.typ || rcpt.Status != types.ReceiptStatusSuccessful {
 				t.Fatalf("mined receipt type %d status %d", rcpt.Type, rcpt.Status)
 			}
