@@ -40,3 +40,15 @@ func (s *Signer) Sign(nonce uint64, to *common.Address, data []byte, gas uint64,
 		Data:      data,
 	})
 }
+
+// SignLegacy builds and signs a type-0 transaction at gasPrice (EIP-155 replay protected), for a
+// chain whose fee policy is legacy pricing; to == nil deploys data as code.
+func (s *Signer) SignLegacy(nonce uint64, to *common.Address, data []byte, gas uint64, gasPrice *big.Int) (*types.Transaction, error) {
+	return types.SignNewTx(s.key, s.signer, &types.LegacyTx{
+		Nonce:    nonce,
+		GasPrice: gasPrice,
+		Gas:      gas,
+		To:       to,
+		Data:     data,
+	})
+}

@@ -83,4 +83,8 @@ const (
 	// ReasonInsufficientSignerFunds: every settlement signer of the network is below its minimum
 	// native balance; the operator must fund them (HTTP 503 with Retry-After).
 	ReasonInsufficientSignerFunds = "insufficient_signer_funds"
+	// ReasonFeesAboveCap: the network's next base fee and the least tip are above the network's
+	// max fee per gas (FeePolicy.MaxFee), so no transaction within it could be mined; nothing was
+	// signed (HTTP 503 with Retry-After: fees fall again).
+	ReasonFeesAboveCap = "network_fees_above_cap"
 )

@@ -87,6 +87,9 @@ type NetworkConfig struct {
 	// Heads, when set, wakes the receipt watcher on every block the network's head subscription
 	// announces (PollInterval polling goes on regardless).
 	Heads Heads
+	// Fees prices the network's transactions (fees.go); its nil MinTip and MaxFee take the
+	// engine's MinTip and MaxFeeCap.
+	Fees facilitator.FeePolicy
 }
 
 // Config configures the engine. Zero durations take the defaults in New.
@@ -105,9 +108,10 @@ type Config struct {
 	RebroadcastAfter time.Duration
 	// BumpAfter replaces an unmined transaction with one paying 10% more (the same nonce).
 	BumpAfter time.Duration
-	// MaxFeeCap bounds what a bump may reach (nil: unbounded).
+	// MaxFeeCap bounds the fee cap (gas price, on a legacy network) of every transaction of a
+	// network whose fee policy sets no MaxFee (nil: unbounded).
 	MaxFeeCap *big.Int
-	// MinTip is the least tip offered.
+	// MinTip is the least tip offered where a network's fee policy sets none.
 	MinTip *big.Int
 	// MaxInFlightPerSigner bounds the unmined transactions per signer; past it /settle answers 503.
 	MaxInFlightPerSigner int
@@ -219,7 +223,11 @@ func New(cfg Config) (*Engine, error) {
 		if len(nc.Signers) == 0 {
 			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
 		}
-		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64)}
+		if err := nc.Fees.Check(); err != nil {
+			return nil, fmt.Errorf("settle: network %s fees: %w", nc.Network.ID, err)
+		}
+		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64),
+			feePolicy: nc.Fees.WithDefaults(cfg.MinTip, cfg.MaxFeeCap)}
 		seen := map[common.Address]bool{}
 		for _, k := range nc.Signers {
 			s := newSender(n, k)

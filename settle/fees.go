@@ -1,49 +1,179 @@
 package settle
 
-import "math/big"
+import (
+	"errors"
+	"math/big"
+	"slices"
 
-// Fees are an EIP-1559 transaction's tip and fee cap.
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// Fees are a transaction's tip and fee cap. A legacy (type-0) transaction's gas price is both:
+// that is how nodes read one (a gas price pays its whole self to the block producer).
 type Fees struct {
 	TipCap *big.Int
 	FeeCap *big.Int
 }
 
-// SuggestFees prices a new transaction: the node's tip, and a fee cap of twice the base fee plus
-// the tip, which survives six full blocks of base-fee growth.
-func SuggestFees(baseFee, tip, minTip *big.Int) Fees {
-	if minTip != nil && tip.Cmp(minTip) < 0 {
-		tip = minTip
-	}
-	feeCap := new(big.Int).Mul(baseFee, big.NewInt(2))
-	feeCap.Add(feeCap, tip)
-	return Fees{TipCap: new(big.Int).Set(tip), FeeCap: feeCap}
+// feeReading is what one round trip told of a network's fees.
+type feeReading struct {
+	// history is eth_feeHistory's answer; nil: the node has none (the fallback reads price).
+	history *feeHistory
+	// latestBaseFee is the latest block's base fee (the fallback's base fee); nil: not read.
+	latestBaseFee *big.Int
+	// nodeTip is eth_maxPriorityFeePerGas; nil: the node has no such method.
+	nodeTip *big.Int
+	// gasPrice is eth_gasPrice (legacy pricing).
+	gasPrice *big.Int
 }
 
-// BumpFees prices a replacement: each of tip and fee cap at least 10% above the old one (the
-// mempool's replacement rule, rounded up) and at least the current suggestion.
-func BumpFees(old, suggested Fees) Fees {
-	tip := maxBig(plusTenPercent(old.TipCap), suggested.TipCap)
-	feeCap := maxBig(plusTenPercent(old.FeeCap), suggested.FeeCap)
+// feeHistory is the part of an eth_feeHistory answer pricing reads: per block, the share of its
+// gas used and its tip at the policy's percentile; and the base fees, the last of which is the
+// next block's.
+type feeHistory struct {
+	baseFees     []*big.Int // len(rewards)+1
+	gasUsedRatio []float64
+	rewards      []*big.Int // the percentile's reward, per block
+}
+
+// errFeesAboveCap is wrapped by the refusal of a settlement the network's max fee cannot pay for.
+var errFeesAboveCap = errors.New("settle: the network's fees are above its max fee")
+
+// errNoFeeReading: the read told nothing to price with.
+var errNoFeeReading = errors.New("settle: no base fee or gas price in the fee reading")
+
+// priceFees prices a new transaction under policy p (defaults applied) from reading r.
+//
+// EIP-1559: the tip is the median, over the blocks of the history that carried transactions, of
+// each block's reward at the policy's percentile (empty blocks say nothing about what it takes
+// to be included), or the node's eth_maxPriorityFeePerGas when no block did, clamped to
+// [MinTip, MaxTip]; the fee cap is FeeCapPercent of the next block's base fee plus the tip, cut
+// down to MaxFee. A node without eth_feeHistory is priced from the latest block's base fee and
+// its eth_maxPriorityFeePerGas. Legacy: the node's gas price, at least MinTip.
+//
+// When even the next base fee plus the tip exceeds MaxFee, no transaction within the limit could
+// be mined: the answer is the fees at the limit and errFeesAboveCap (a bump may still go up to
+// the limit; a new settlement is refused).
+func priceFees(p facilitator.FeePolicy, r feeReading) (Fees, error) {
+	if p.Legacy {
+		if r.gasPrice == nil {
+			return Fees{}, errNoFeeReading
+		}
+		price := clampTip(r.gasPrice, p.MinTip, nil)
+		if p.MaxFee != nil && price.Cmp(p.MaxFee) > 0 {
+			return Fees{TipCap: new(big.Int).Set(p.MaxFee), FeeCap: new(big.Int).Set(p.MaxFee)}, errFeesAboveCap
+		}
+		return Fees{TipCap: price, FeeCap: new(big.Int).Set(price)}, nil
+	}
+	var baseFee, tip *big.Int
+	if h := r.history; h != nil && len(h.baseFees) > 0 {
+		baseFee = h.baseFees[len(h.baseFees)-1]
+		var used []*big.Int
+		for i, reward := range h.rewards {
+			if i < len(h.gasUsedRatio) && h.gasUsedRatio[i] > 0 && reward != nil {
+				used = append(used, reward)
+			}
+		}
+		tip = median(used)
+	} else {
+		baseFee = r.latestBaseFee
+	}
+	if baseFee == nil {
+		return Fees{}, errNoFeeReading
+	}
+	if tip == nil {
+		tip = r.nodeTip
+	}
+	if tip == nil {
+		tip = new(big.Int) // a node with neither: the floor applies
+	}
+	tip = clampTip(tip, p.MinTip, p.MaxTip)
+	feeCap := new(big.Int).Mul(baseFee, new(big.Int).SetUint64(p.FeeCapPercent))
+	feeCap = ceilDiv(feeCap, 100)
+	feeCap.Add(feeCap, tip)
+	if p.MaxFee != nil && feeCap.Cmp(p.MaxFee) > 0 {
+		feeCap.Set(p.MaxFee)
+		if least := new(big.Int).Add(baseFee, tip); least.Cmp(p.MaxFee) > 0 {
+			return Fees{TipCap: minBig(tip, p.MaxFee), FeeCap: feeCap}, errFeesAboveCap
+		}
+	}
+	return Fees{TipCap: tip, FeeCap: feeCap}, nil
+}
+
+// SuggestFees is the default policy's price, with minimum tip minTip, read the way a node without
+// eth_feeHistory is: the latest block's base fee and the node's tip.
+func SuggestFees(baseFee, tip, minTip *big.Int) Fees {
+	f, _ := priceFees(facilitator.FeePolicy{}.WithDefaults(minTip, nil), feeReading{latestBaseFee: baseFee, nodeTip: tip})
+	return f
+}
+
+// BumpFees prices a replacement of old: each of tip and fee cap at least percent above the old
+// one (the pool's replacement rule, rounded up, so that a pool that compares with
+// old*(100+percent)/100 in integers takes it) and at least the current suggestion, with the fee
+// cap never below the tip. A fee cap over limit (nil: none) is cut down to it; ok is false when
+// the cut leaves no valid replacement (the current fees stay).
+func BumpFees(old, suggested Fees, percent uint64, limit *big.Int) (f Fees, ok bool) {
+	minTip, minCap := plusPercent(old.TipCap, percent), plusPercent(old.FeeCap, percent)
+	tip := maxBig(minTip, suggested.TipCap)
+	feeCap := maxBig(minCap, suggested.FeeCap)
 	if feeCap.Cmp(tip) < 0 {
 		feeCap = new(big.Int).Set(tip)
 	}
-	return Fees{TipCap: tip, FeeCap: feeCap}
+	if limit != nil && feeCap.Cmp(limit) > 0 {
+		feeCap = new(big.Int).Set(limit)
+		if tip.Cmp(feeCap) > 0 {
+			tip = new(big.Int).Set(feeCap)
+		}
+		if feeCap.Cmp(minCap) < 0 || tip.Cmp(minTip) < 0 {
+			return Fees{}, false
+		}
+	}
+	return Fees{TipCap: tip, FeeCap: feeCap}, true
 }
 
-// WithinLimit reports whether f's fee cap is at most limit (nil: no limit).
-func WithinLimit(f Fees, limit *big.Int) bool {
-	return limit == nil || f.FeeCap.Cmp(limit) <= 0
+// plusPercent is ceil(n * (100+p) / 100), and at least n+1: a replacement must differ.
+func plusPercent(n *big.Int, p uint64) *big.Int {
+	out := ceilDiv(new(big.Int).Mul(n, new(big.Int).SetUint64(100+p)), 100)
+	if out.Cmp(n) <= 0 {
+		out.Add(n, big.NewInt(1))
+	}
+	return out
 }
 
-func plusTenPercent(n *big.Int) *big.Int {
-	// ceil(n * 11 / 10)
-	out := new(big.Int).Mul(n, big.NewInt(11))
-	out.Add(out, big.NewInt(9))
-	return out.Div(out, big.NewInt(10))
+func ceilDiv(n *big.Int, d int64) *big.Int {
+	out := new(big.Int).Add(n, big.NewInt(d-1))
+	return out.Div(out, big.NewInt(d))
+}
+
+// median is the middle value (the lower of the two middles), or nil for none.
+func median(vs []*big.Int) *big.Int {
+	if len(vs) == 0 {
+		return nil
+	}
+	s := slices.Clone(vs)
+	slices.SortFunc(s, func(a, b *big.Int) int { return a.Cmp(b) })
+	return new(big.Int).Set(s[(len(s)-1)/2])
+}
+
+func clampTip(tip, lo, hi *big.Int) *big.Int {
+	switch {
+	case lo != nil && tip.Cmp(lo) < 0:
+		return new(big.Int).Set(lo)
+	case hi != nil && tip.Cmp(hi) > 0:
+		return new(big.Int).Set(hi)
+	}
+	return new(big.Int).Set(tip)
 }
 
 func maxBig(a, b *big.Int) *big.Int {
 	if a.Cmp(b) >= 0 {
+		return new(big.Int).Set(a)
+	}
+	return new(big.Int).Set(b)
+}
+
+func minBig(a, b *big.Int) *big.Int {
+	if a.Cmp(b) <= 0 {
 		return new(big.Int).Set(a)
 	}
 	return new(big.Int).Set(b)

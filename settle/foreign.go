@@ -62,7 +62,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			nonce = *gap
 		}
 		to := f.key.Asset
-		tx, err := s.signer.Sign(nonce, &to, f.data, f.gas, fees.TipCap, fees.FeeCap)
+		tx, err := s.sign(nonce, to, f.data, f.gas, fees)
 		if err != nil {
 			return err
 		}

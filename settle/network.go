@@ -2,6 +2,7 @@ package settle
 
 import (
 	"context"
+	"errors"
 	"math/big"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,9 @@ type network struct {
 	feeMu   sync.Mutex
 	feeAt   time.Time
 	feeLast Fees
+	feeErr  error // with feeLast: the fees are above the policy's max fee
+	// feePolicy prices the network's transactions, its defaults applied.
+	feePolicy facilitator.FeePolicy
 
 	bumpMu sync.Mutex
 	bumps  map[int64]bool // flights a node called underpriced: bump on the next watch
@@ -73,39 +77,89 @@ type network struct {
 // feeTTL bounds how stale a fee suggestion may be; base fees move once per block.
 const feeTTL = 2 * time.Second
 
-// fees returns the current suggestion, read at most once per feeTTL: the base fee of the latest
-// block and the node's tip, in one round trip.
+// feesRetryAfter is how soon a settlement refused for fees above the max fee may be tried again.
+const feesRetryAfter = 15 * time.Second
+
+// fees returns the current price under the network's fee policy, read at most once per feeTTL in
+// one round trip: eth_feeHistory over the policy's blocks at its percentile, with the latest
+// block's base fee and eth_maxPriorityFeePerGas for a node without it; eth_gasPrice on a legacy
+// network. Fees the max fee cannot pay for come with an error wrapping errFeesAboveCap (and the
+// fees at the limit, which a bump may still use); nothing may be signed for a new settlement then.
 func (n *network) fees(ctx context.Context) (Fees, error) {
 	n.feeMu.Lock()
 	defer n.feeMu.Unlock()
 	e := n.engine
 	if !n.feeAt.IsZero() && e.now().Sub(n.feeAt) < feeTTL {
-		return n.feeLast, nil
+		return n.feeLast, n.feeErr
 	}
-	var head struct {
-		BaseFee *hexutil.Big `json:"baseFeePerGas"`
+	p := n.feePolicy
+	var (
+		r     feeReading
+		batch []rpc.BatchElem
+		head  struct {
+			BaseFee *hexutil.Big `json:"baseFeePerGas"`
+		}
+		hist struct {
+			BaseFees     []*hexutil.Big   `json:"baseFeePerGas"`
+			GasUsedRatio []float64        `json:"gasUsedRatio"`
+			Reward       [][]*hexutil.Big `json:"reward"`
+		}
+		tip, price hexutil.Big
+	)
+	if p.Legacy {
+		batch = []rpc.BatchElem{{Method: "eth_gasPrice", Result: &price}}
+	} else {
+		batch = []rpc.BatchElem{
+			{Method: "eth_feeHistory", Args: []any{hexutil.Uint64(p.HistoryBlocks), "latest", []float64{p.TipPercentile}}, Result: &hist},
+			{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &head},
+			{Method: "eth_maxPriorityFeePerGas", Result: &tip},
+		}
 	}
-	var tip hexutil.Big
-	batch := []rpc.BatchElem{
-		{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &head},
-		{Method: "eth_maxPriorityFeePerGas", Result: &tip},
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
 	defer cancel()
-	err := n.chain.BatchCallContext(ctx, batch)
-	if err == nil {
-		err = batch[0].Error
+	err := n.chain.BatchCallContext(cctx, batch)
+	if err == nil && p.Legacy {
+		if err = batch[0].Error; err == nil {
+			r.gasPrice = (*big.Int)(&price)
+		}
+	} else if err == nil {
+		if batch[0].Error == nil && len(hist.BaseFees) == len(hist.GasUsedRatio)+1 && len(hist.Reward) == len(hist.GasUsedRatio) {
+			h := &feeHistory{gasUsedRatio: hist.GasUsedRatio}
+			for _, b := range hist.BaseFees {
+				h.baseFees = append(h.baseFees, (*big.Int)(b))
+			}
+			for _, rw := range hist.Reward {
+				var v *big.Int
+				if len(rw) == 1 {
+					v = (*big.Int)(rw[0])
+				}
+				h.rewards = append(h.rewards, v)
+			}
+			r.history = h
+		}
+		if batch[1].Error == nil && head.BaseFee != nil {
+			r.latestBaseFee = (*big.Int)(head.BaseFee)
+		}
+		if batch[2].Error == nil {
+			r.nodeTip = (*big.Int)(&tip)
+		}
 	}
-	if err != nil || head.BaseFee == nil {
+	var f Fees
+	if err == nil {
+		f, err = priceFees(p, r)
+	}
+	if err != nil && !errors.Is(err, errFeesAboveCap) {
 		return Fees{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the network's fees; nothing was sent, retry", err)
 	}
-	t := (*big.Int)(&tip)
-	if batch[1].Error != nil {
-		t = big.NewInt(0) // a node without the method: the floor applies
+	if err != nil {
+		e.log.Warn("network fees are above the configured max fee; new settlements are refused until they fall",
+			"network", n.id.ID, "max_fee", p.MaxFee, "fee_cap", f.FeeCap, "tip", f.TipCap)
+		err = &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonFeesAboveCap,
+			Message:    "the network's fees are above this facilitator's max fee per gas; nothing was sent, retry later",
+			RetryAfter: feesRetryAfter, Err: err}
 	}
-	n.feeLast = SuggestFees((*big.Int)(head.BaseFee), t, e.cfg.MinTip)
-	n.feeAt = e.now()
-	return n.feeLast, nil
+	n.feeLast, n.feeErr, n.feeAt = f, err, e.now()
+	return f, err
 }
 
 // pickSender returns the signer this process holds with the fewest transactions in flight, or

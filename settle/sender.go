@@ -12,6 +12,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
@@ -49,6 +50,15 @@ type sender struct {
 func newSender(n *network, key *ecdsa.PrivateKey) *sender {
 	signer := ethrpc.NewSigner(n.id.ChainID, key)
 	return &sender{net: n, addr: signer.Address(), signer: signer}
+}
+
+// sign signs a call of the key at nonce with fees: a type-0 transaction at the gas price
+// fees.FeeCap on a legacy network, an EIP-1559 one elsewhere.
+func (s *sender) sign(nonce uint64, to common.Address, data []byte, gas uint64, fees Fees) (*types.Transaction, error) {
+	if s.net.feePolicy.Legacy {
+		return s.signer.SignLegacy(nonce, &to, data, gas, fees.FeeCap)
+	}
+	return s.signer.Sign(nonce, &to, data, gas, fees.TipCap, fees.FeeCap)
 }
 
 // submission is one settlement waiting for its turn at the key's next nonce.
@@ -129,7 +139,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 				continue
 			}
 			nonce := s.next + uint64(len(rows))
-			tx, err := s.signer.Sign(nonce, &sub.to, sub.data, sub.gas, sub.fees.TipCap, sub.fees.FeeCap)
+			tx, err := s.sign(nonce, sub.to, sub.data, sub.gas, sub.fees)
 			var raw []byte
 			if err == nil {
 				raw, err = tx.MarshalBinary()

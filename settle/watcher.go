@@ -657,13 +657,14 @@ func (n *network) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem)
 func (n *network) bump(ctx context.Context, f *flight) error {
 	e := n.engine
 	suggested, err := n.fees(ctx)
-	if err != nil {
+	if err != nil && !errors.Is(err, errFeesAboveCap) {
 		return err
 	}
+	// Above the max fee, the suggestion is at the limit: the replacement goes as far as it allows.
 	old := f.latest()
-	fees := BumpFees(old.fees, suggested)
-	if !WithinLimit(fees, e.cfg.MaxFeeCap) {
-		e.log.Warn("fee bump would exceed the fee cap limit; keeping the current fees", f.logAttrs("tx", old.hash, "fee_cap", fees.FeeCap)...)
+	fees, ok := BumpFees(old.fees, suggested, n.feePolicy.BumpPercent, n.feePolicy.MaxFee)
+	if !ok {
+		e.log.Warn("fee bump would exceed the max fee; keeping the current fees", f.logAttrs("tx", old.hash, "fee_cap", old.fees.FeeCap, "max_fee", n.feePolicy.MaxFee)...)
 		return nil
 	}
 	s := f.sender
@@ -672,7 +673,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 		return errNotLeased // the key's holder bumps it
 	}
 	to := f.key.Asset
-	tx, err := s.signer.Sign(f.txNonce(), &to, f.data, f.gas, fees.TipCap, fees.FeeCap)
+	tx, err := s.sign(f.txNonce(), to, f.data, f.gas, fees)
 	if err != nil {
 		return err
 	}

@@ -116,6 +116,13 @@ type NetworkConfig struct {
 	StartBlock uint64 `json:"startBlock,omitempty"`
 	// LogRange caps eth_getLogs block ranges during backfill (default 2000).
 	LogRange uint64 `json:"logRange,omitempty"`
+	// Fees prices the network's transactions (fees.go); absent: the defaults.
+	Fees *FeesConfig `json:"fees,omitempty"`
+}
+
+// feePolicy is the network's fee policy: the defaults with the configured fields set.
+func (nc NetworkConfig) feePolicy() (facilitator.FeePolicy, error) {
+	return nc.Fees.Apply(facilitator.FeePolicy{})
 }
 
 // urls are the network's RPC endpoints, rpc first, without repeats.
@@ -173,6 +180,9 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		}
 		if len(nc.Tokens) == 0 {
 			return nil, fmt.Errorf("networks[%d] (%s): at least one token is required", i, nc.ID)
+		}
+		if _, err := nc.feePolicy(); err != nil {
+			return nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, nc.ID, err)
 		}
 		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: facilitator.Finality{Depth: nc.finality(chainID)}}
 		if nc.V1Name != nil {
@@ -267,7 +277,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	fs.StringVar(&cfg.ReconcileSchedule, "reconcile-schedule", env("FACILITATOR_RECONCILE_SCHEDULE", "@every 30s"), "cron schedule of the job that resolves settlements nothing is working on (FACILITATOR_RECONCILE_SCHEDULE)")
 	fs.StringVar(&cfg.IndexHealthSchedule, "index-health-schedule", env("FACILITATOR_INDEX_HEALTH_SCHEDULE", "@every 5m"), "cron schedule of the index health check (FACILITATOR_INDEX_HEALTH_SCHEDULE)")
 	reconcileStale := fs.String("reconcile-stale", env("FACILITATOR_RECONCILE_STALE", "2m"), "how long a settlement goes without an update before the reconcile job looks at it (FACILITATOR_RECONCILE_STALE)")
-	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "cap on the max fee per gas a fee bump may reach, in gwei (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
+	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "most a transaction may offer per gas (fee cap, or gas price on a legacy network), in gwei, on networks whose fees set no maxFeeGwei; a settlement the chain's fees do not fit under is refused (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
 	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
 	fs.StringVar(&cfg.Pprof, "pprof", env("FACILITATOR_PPROF", ""), "serve net/http/pprof on this loopback address, e.g. 127.0.0.1:6060 (FACILITATOR_PPROF; empty: off)")

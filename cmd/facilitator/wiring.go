@@ -131,8 +131,12 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	var settleNets []settle.NetworkConfig
 	for i, n := range networks {
+		fees, err := cfg.Networks[i].feePolicy()
+		if err != nil {
+			return fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
+		}
 		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys,
-			FinalityDepth: cfg.Networks[i].finality(n.ChainID), Heads: m.heads[i]})
+			FinalityDepth: cfg.Networks[i].finality(n.ChainID), Heads: m.heads[i], Fees: fees})
 	}
 	m.engine, err = settle.New(settle.Config{
 		Networks:             settleNets,

@@ -185,7 +185,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 				continue
 			}
 			s := all[len(all)-1]
-			bumped := settle.BumpFees(settle.Fees{TipCap: s.tx.GasTipCap(), FeeCap: s.tx.GasFeeCap()}, settle.Fees{TipCap: big.NewInt(1), FeeCap: big.NewInt(1)})
+			bumped, _ := settle.BumpFees(settle.Fees{TipCap: s.tx.GasTipCap(), FeeCap: s.tx.GasFeeCap()}, settle.Fees{TipCap: big.NewInt(1), FeeCap: big.NewInt(1)}, facilitator.MinBumpPercent, nil)
 			tx, _ := types.SignNewTx(signer, signerOf, &types.DynamicFeeTx{ChainID: big.NewInt(1337), Nonce: s.tx.Nonce(),
 				GasTipCap: bumped.TipCap, GasFeeCap: bumped.FeeCap, Gas: s.tx.Gas(), To: &token, Data: s.data})
 			raw, _ := tx.MarshalBinary()
