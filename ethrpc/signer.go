@@ -1,6 +1,7 @@
 package ethrpc
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"math/big"
 
@@ -30,8 +31,7 @@ func (s *Signer) Address() common.Address { return s.addr }
 
 // Sign builds and signs a dynamic-fee transaction; to == nil deploys data as code.
 func (s *Signer) Sign(nonce uint64, to *common.Address, data []byte, gas uint64, tipCap, feeCap *big.Int) (*types.Transaction, error) {
-	return types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
-		ChainID:   s.chainID,
+	return s.SignTx(context.Background(), &types.DynamicFeeTx{
 		Nonce:     nonce,
 		GasTipCap: tipCap,
 		GasFeeCap: feeCap,
@@ -39,4 +39,13 @@ func (s *Signer) Sign(nonce uint64, to *common.Address, data []byte, gas uint64,
 		To:        to,
 		Data:      data,
 	})
+}
+
+// SignTx signs tx for the signer's chain (its ChainID is set here). The key is in the process, so
+// ctx bounds nothing; it is there because the settlement engine signs through an interface a
+// remote signer also implements.
+func (s *Signer) SignTx(_ context.Context, tx *types.DynamicFeeTx) (*types.Transaction, error) {
+	t := *tx
+	t.ChainID = s.chainID
+	return types.SignNewTx(s.key, s.signer, &t)
 }
