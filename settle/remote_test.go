@@ -1,0 +1,140 @@
+package settle_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"math/big"
+	"strings"
+	"testing"
+
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/extsigner"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// remoteSigners are the remote signers the engine's settle and crash tests run against: the
+// real Clef, and our narrow signer (which speaks the same API).
+var remoteSigners = []struct {
+	name  string
+	start func(t *testing.T, key *ecdsa.PrivateKey) []settle.Signer
+}{
+	{"clef", func(t *testing.T, key *ecdsa.PrivateKey) []settle.Signer {
+		return stacktest.StartClef(t, env.Chain.ChainID, key).Signers(t, env.Chain.ChainID)
+	}},
+	{"narrow", func(t *testing.T, key *ecdsa.PrivateKey) []settle.Signer {
+		return env.NarrowSigner(t, extsigner.Policy{MaxGas: 500_000, MaxFeeCap: big.NewInt(1e12)}, key)
+	}},
+}
+
+// TestRemoteSignerSettleOnce: with the key behind a remote signer (the engine holds only its
+// address), a payment settles once: the payee gets exactly the amount, the ledger row is the
+// key's and mined, a repeat is already_settled, and the key sent one transaction.
+func TestRemoteSignerSettleOnce(t *testing.T) {
+	for _, rs := range remoteSigners {
+		t.Run(rs.name, func(t *testing.T) {
+			ctx := context.Background()
+			key := env.NewSigner(t)
+			addr := crypto.PubkeyToAddress(key.PublicKey)
+			r := env.NewEngine(t, stacktest.EngineOptions{Remote: rs.start(t, key)})
+			p := env.NewPay(t, env.FundedPayer(t, 2_000_000), 1_250_000)
+			body := p.Body(t)
+
+			out, err := r.SettleBody(ctx, t, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !out.Response.Success || out.Response.Transaction == "" || !out.Claimed {
+				t.Fatalf("settle: %+v", out)
+			}
+			if got := env.Balance(t, p.PayTo); got != 1_250_000 {
+				t.Fatalf("payee holds %d, want 1250000", got)
+			}
+			row, err := r.DB.SettlementByKey(ctx, p.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !row.State.Succeeded() || row.Signer != addr || row.TxHash.Hex() != out.Response.Transaction || !row.Delivered {
+				t.Fatalf("ledger row %+v, want mined by %s with %s", row, addr, out.Response.Transaction)
+			}
+			if rc := env.Receipt(t, row.TxHash); rc == nil || rc.Status != 1 {
+				t.Fatalf("receipt %+v", rc)
+			}
+			again, err := r.SettleBody(ctx, t, body)
+			if err != nil || again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled {
+				t.Fatalf("repeat: %+v %v", again.Response, err)
+			}
+			if got := env.Balance(t, p.PayTo); got != 1_250_000 {
+				t.Fatalf("payee holds %d after the repeat", got)
+			}
+			if n := nonceOf(t, addr, "latest"); n != 1 {
+				t.Fatalf("the key sent %d transactions, want 1", n)
+			}
+		})
+	}
+}
+
+// TestRemoteSignerNonceRecovery: the engine restart test local keys pass (five settlements
+// pending when the engine stops, the node's pool lost, a new engine resends them from the ledger
+// and settles three more), with the key behind each remote signer.
+func TestRemoteSignerNonceRecovery(t *testing.T) {
+	for _, rs := range remoteSigners {
+		t.Run(rs.name, func(t *testing.T) { testNonceRecovery(t, true, rs.start) })
+	}
+}
+
+// TestRemoteSignerDown: a signer that is down (Clef stopped) or refuses (the narrow signer's fee
+// ceiling below the chain's fees) makes /settle answer 503 signer_unavailable: no ledger row,
+// nothing in the pool, the key's nonce unused, the payee unpaid, and the answer does not name
+// the signer. Once the signer is back, the same payload settles once.
+func TestRemoteSignerDown(t *testing.T) {
+	t.Run("clef stopped", func(t *testing.T) {
+		key := env.NewSigner(t)
+		clef := stacktest.StartClef(t, env.Chain.ChainID, key)
+		r := env.NewEngine(t, stacktest.EngineOptions{Remote: clef.Signers(t, env.Chain.ChainID)})
+		clef.Stop()
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)
+		wantNothingSent(t, r, key, p, clef.URL)
+
+		clef.Start()
+		out := r.MustSettle(t, p.Body(t))
+		if !out.Response.Success {
+			t.Fatalf("after the signer is back: %+v", out.Response)
+		}
+		if got := env.Balance(t, p.PayTo); got != 400_000 {
+			t.Fatalf("payee holds %d, want 400000", got)
+		}
+	})
+	t.Run("narrow signer refuses", func(t *testing.T) {
+		key := env.NewSigner(t)
+		r := env.NewEngine(t, stacktest.EngineOptions{Remote: env.NarrowSigner(t, extsigner.Policy{MaxGas: 500_000, MaxFeeCap: big.NewInt(1)}, key)})
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)
+		wantNothingSent(t, r, key, p, "127.0.0.1")
+	})
+}
+
+func wantNothingSent(t *testing.T, r *stacktest.Engine, key *ecdsa.PrivateKey, p stacktest.Pay, where string) {
+	t.Helper()
+	ctx := context.Background()
+	addr := crypto.PubkeyToAddress(key.PublicKey)
+	out, err := r.SettleBody(ctx, t, p.Body(t))
+	var fe *facilitator.Error
+	if !errors.As(err, &fe) || fe.Code != facilitator.EUnavailable || fe.Reason != facilitator.ReasonSignerUnavailable {
+		t.Fatalf("want 503 %s, got %+v %v", facilitator.ReasonSignerUnavailable, out.Response, err)
+	}
+	if msg := facilitator.ErrorMessage(err); strings.Contains(msg, where) || msg == "" {
+		t.Fatalf("caller-facing message %q (must say what happened, never where the signer is)", msg)
+	}
+	if _, err := r.DB.SettlementByKey(ctx, p.Key()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("ledger row after a failed sign: %v, want none", err)
+	}
+	if n := nonceOf(t, addr, "pending"); n != 0 {
+		t.Fatalf("the key's pending nonce is %d: something was broadcast", n)
+	}
+	if got := env.Balance(t, p.PayTo); got != 0 {
+		t.Fatalf("payee holds %d", got)
+	}
+}
