@@ -8,8 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle"
@@ -136,5 +139,41 @@ func wantNothingSent(t *testing.T, r *stacktest.Engine, key *ecdsa.PrivateKey, p
 	}
 	if got := env.Balance(t, p.PayTo); got != 0 {
 		t.Fatalf("payee holds %d", got)
+	}
+}
+
+// lyingSigner is a remote signer that answers with a transaction other than the one asked for
+// (a compromised or buggy signer, which no real Clef plays): edit changes the request first, or
+// key signs in place of the one it claims.
+type lyingSigner struct {
+	addr common.Address
+	key  *ethrpc.Signer
+	edit func(*types.DynamicFeeTx)
+}
+
+func (l lyingSigner) Address() common.Address { return l.addr }
+func (l lyingSigner) SignTx(ctx context.Context, tx *types.DynamicFeeTx) (*types.Transaction, error) {
+	t := *tx
+	l.edit(&t)
+	return l.key.SignTx(ctx, &t)
+}
+
+// TestRemoteSignerAnswerChecked: what a remote signer answers is committed and broadcast only
+// when it is the transaction asked for, signed by the key asked for; otherwise nothing is sent.
+func TestRemoteSignerAnswerChecked(t *testing.T) {
+	key := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(key.PublicKey)
+	for _, tc := range []struct {
+		name string
+		s    lyingSigner
+	}{
+		{"higher fee", lyingSigner{addr, ethrpc.NewSigner(env.Chain.ChainID, key), func(tx *types.DynamicFeeTx) { tx.GasFeeCap = new(big.Int).Add(tx.GasFeeCap, big.NewInt(1)) }}},
+		{"another recipient", lyingSigner{addr, ethrpc.NewSigner(env.Chain.ChainID, key), func(tx *types.DynamicFeeTx) { to := common.HexToAddress("0xdead"); tx.To = &to }}},
+		{"another key", lyingSigner{addr, ethrpc.NewSigner(env.Chain.ChainID, env.NewSigner(t)), func(*types.DynamicFeeTx) {}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := env.NewEngine(t, stacktest.EngineOptions{Remote: []settle.Signer{tc.s}})
+			wantNothingSent(t, r, key, env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000), "0xdead")
+		})
 	}
 }
