@@ -56,6 +56,9 @@ func NewServer(policy Policy, keys []*ecdsa.PrivateKey, log *slog.Logger) (*Serv
 	return s, nil
 }
 
+// Accounts are the addresses of the server's keys.
+func (s *Server) Accounts() []common.Address { return slices.Clone(s.addrs) }
+
 // Handler is the JSON-RPC endpoint (POST /).
 func (s *Server) Handler() (http.Handler, error) {
 	srv := rpc.NewServer()
