@@ -5,8 +5,11 @@ import (
 	"crypto/ecdsa"
 	"errors"
 	"math/big"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
@@ -175,5 +178,91 @@ func TestRemoteSignerAnswerChecked(t *testing.T) {
 			r := env.NewEngine(t, stacktest.EngineOptions{Remote: []settle.Signer{tc.s}})
 			wantNothingSent(t, r, key, env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000), "0xdead")
 		})
+	}
+}
+
+// countingSigner counts a remote signer's answers, so a test can tell the engine tried.
+type countingSigner struct {
+	settle.Signer
+	signed, failed atomic.Int64
+}
+
+func (c *countingSigner) SignTx(ctx context.Context, tx *types.DynamicFeeTx) (*types.Transaction, error) {
+	s, err := c.Signer.SignTx(ctx, tx)
+	if err != nil {
+		c.failed.Add(1)
+	} else {
+		c.signed.Add(1)
+	}
+	return s, err
+}
+
+// TestRemoteSignerDownDuringBump: a fee bump the signer cannot sign (Clef stopped) is not a
+// failure: the settlement stays open with its one transaction, still in the pool; once the signer
+// is back the bump is signed and committed, and the payment settles once.
+func TestRemoteSignerDownDuringBump(t *testing.T) {
+	ctx := context.Background()
+	key := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(key.PublicKey)
+	clef := stacktest.StartClef(t, env.Chain.ChainID, key)
+	cs := &countingSigner{Signer: clef.Signers(t, env.Chain.ChainID)[0]}
+	p := env.NewPay(t, env.FundedPayer(t, 100_000), 100_000)
+	body := p.Body(t)
+	env.ManualMining(t)
+	r := env.NewEngine(t, stacktest.EngineOptions{Remote: []settle.Signer{cs}, Deadline: 1500 * time.Millisecond,
+		Config: func(c *settle.Config) { c.BumpAfter = 300 * time.Millisecond }})
+	answered := r.SettlePending(t, body)
+
+	open := func() []facilitator.TxRecord {
+		t.Helper()
+		rows, err := r.DB.OpenSettlements(ctx, env.Network().ID, addr)
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("open settlements %+v %v, want one", rows, err)
+		}
+		return rows[0].Txs
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 15 s for %s", what)
+			}
+		}
+	}
+	if !slices.ContainsFunc(open(), func(tx facilitator.TxRecord) bool { return tx.Hash == answered }) {
+		t.Fatalf("the pending answer's %s is none of the settlement's transactions", answered)
+	}
+	clef.Stop()
+	before := open() // bumps signed while the signer was up
+	failed := cs.failed.Load()
+	waitFor("two bump attempts with the signer down", func() bool { return cs.failed.Load() >= failed+2 })
+	txs := open()
+	if len(txs) != len(before) || txs[len(txs)-1].Hash != before[len(before)-1].Hash {
+		t.Fatalf("with the signer down the settlement's variants went from %d to %d", len(before), len(txs))
+	}
+	if latest := txs[len(txs)-1].Hash; !env.InPool(t, latest) {
+		t.Fatalf("the latest variant %s left the pool", latest)
+	}
+
+	clef.Start()
+	waitFor("a bump once the signer is back", func() bool { return len(open()) > len(before) })
+	env.SetAutomine(t, true)
+	env.Mine(t)
+	var final facilitator.SettleOutcome
+	waitFor("the success", func() bool {
+		var err error
+		if final, err = r.SettleBody(ctx, t, body); err != nil {
+			t.Fatal(err)
+		}
+		return final.Response.ErrorReason != facilitator.ReasonSettlementPending
+	})
+	if !final.Response.Success {
+		t.Fatalf("after mining: %+v", final.Response)
+	}
+	if got := env.Balance(t, p.PayTo); got != 100_000 {
+		t.Fatalf("payee holds %d, want exactly 100000", got)
+	}
+	if n := nonceOf(t, addr, "latest"); n != 1 {
+		t.Fatalf("the key's nonce is %d, want 1: the variants share one", n)
 	}
 }
