@@ -324,23 +324,11 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		return nil, err
 	}
 	cfg.SignerKeys = keys
-	for _, a := range strings.Split(*remoteAddrs, ",") {
-		if a = strings.TrimSpace(a); a == "" {
-			continue
-		}
-		if !common.IsHexAddress(a) {
-			return nil, fmt.Errorf("signer-addresses: %q is not an address", a)
-		}
-		cfg.RemoteAddresses = append(cfg.RemoteAddresses, common.HexToAddress(a))
+	if cfg.RemoteAddresses, err = addressList(*remoteAddrs, "signer address"); err != nil {
+		return nil, err
 	}
-	for _, f := range strings.Split(*factories, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		if !common.IsHexAddress(f) {
-			return nil, fmt.Errorf("eip6492 factory %q is not an address", f)
-		}
-		cfg.Factories = append(cfg.Factories, common.HexToAddress(f))
+	if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
+		return nil, err
 	}
 	if cfg.RPCTimeout, err = time.ParseDuration(*rpcTimeout); err != nil {
 		return nil, fmt.Errorf("rpc-timeout: %w", err)
@@ -382,6 +370,21 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	}
 	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 	return cfg, nil
+}
+
+// addressList parses comma-separated addresses; what names them in the error.
+func addressList(list, what string) ([]common.Address, error) {
+	var out []common.Address
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if !common.IsHexAddress(a) {
+			return nil, fmt.Errorf("%s %q is not an address", what, a)
+		}
+		out = append(out, common.HexToAddress(a))
+	}
+	return out, nil
 }
 
 // readSignerKeys reads keys from FACILITATOR_SIGNER_KEYS (comma-separated) and a file (one per

@@ -8,8 +8,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -98,36 +96,7 @@ func TestNarrowSignerCommand(t *testing.T) {
 func startSigner(ctx context.Context, t *testing.T, bin string, env map[string]string, args ...string) *child {
 	t.Helper()
 	addr := freeAddr(t)
-	var list []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "FACILITATOR_") {
-			list = append(list, kv)
-		}
-	}
-	for k, v := range env {
-		list = append(list, k+"="+v)
-	}
-	c := &child{name: "signer", logs: &syncBuffer{}, exited: make(chan struct{}), base: "http://" + addr}
-	c.cmd = exec.Command(bin, append([]string{"signer", "--listen", addr}, args...)...)
-	c.cmd.Env = list
-	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("signer output:\n%s", c.logs.String())
-		}
-	})
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = c.cmd.Wait(); close(c.exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-c.exited:
-		default:
-			_ = c.cmd.Process.Kill()
-			<-c.exited
-		}
-	})
+	c := launch(t, bin, env, "signer", addr, append([]string{"signer", "--listen", addr}, args...)...)
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		select {
 		case <-c.exited:
