@@ -1,7 +1,9 @@
 package ethrpc
 
 import (
+	"context"
 	"crypto/ecdsa"
+	"fmt"
 	"math/big"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -30,8 +32,7 @@ func (s *Signer) Address() common.Address { return s.addr }
 
 // Sign builds and signs a dynamic-fee transaction; to == nil deploys data as code.
 func (s *Signer) Sign(nonce uint64, to *common.Address, data []byte, gas uint64, tipCap, feeCap *big.Int) (*types.Transaction, error) {
-	return types.SignNewTx(s.key, s.signer, &types.DynamicFeeTx{
-		ChainID:   s.chainID,
+	return s.SignTx(context.Background(), &types.DynamicFeeTx{
 		Nonce:     nonce,
 		GasTipCap: tipCap,
 		GasFeeCap: feeCap,
@@ -41,14 +42,20 @@ func (s *Signer) Sign(nonce uint64, to *common.Address, data []byte, gas uint64,
 	})
 }
 
-// SignLegacy builds and signs a type-0 transaction at gasPrice (EIP-155 replay protected), for a
-// chain whose fee policy is legacy pricing; to == nil deploys data as code.
-func (s *Signer) SignLegacy(nonce uint64, to *common.Address, data []byte, gas uint64, gasPrice *big.Int) (*types.Transaction, error) {
-	return types.SignNewTx(s.key, s.signer, &types.LegacyTx{
-		Nonce:    nonce,
-		GasPrice: gasPrice,
-		Gas:      gas,
-		To:       to,
-		Data:     data,
-	})
+// SignTx signs tx, a dynamic-fee (its ChainID is set here) or a legacy transaction (EIP-155
+// replay protected), for the signer's chain. The key is in the process, so ctx bounds nothing;
+// it is there because the settlement engine signs through an interface a remote signer also
+// implements.
+func (s *Signer) SignTx(_ context.Context, tx types.TxData) (*types.Transaction, error) {
+	switch t := tx.(type) {
+	case *types.DynamicFeeTx:
+		c := *t
+		c.ChainID = s.chainID
+		return types.SignNewTx(s.key, s.signer, &c)
+	case *types.LegacyTx:
+		c := *t
+		return types.SignNewTx(s.key, s.signer, &c)
+	default:
+		return nil, fmt.Errorf("ethrpc: cannot sign a transaction of type %T", tx)
+	}
 }

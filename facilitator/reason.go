@@ -72,6 +72,11 @@ const ReasonAlreadySettled = "already_settled"
 // Retry-After). Ours, additive.
 const ReasonSettlerBusy = "settlement_capacity_exceeded"
 
+// ReasonSignerUnavailable answers a /settle whose transaction the signer did not sign: a remote
+// signer that is down, timed out or refused it (HTTP 503 with Retry-After). Nothing was committed
+// or sent. Ours, additive.
+const ReasonSignerUnavailable = "signer_unavailable"
+
 // Limits and guards (ours, additive). Each refuses a /settle before anything is signed.
 const (
 	// ReasonWalletCapExceeded: the paying wallet reached its cap of settlements (count or amount)

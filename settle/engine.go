@@ -81,6 +81,9 @@ type NetworkConfig struct {
 	Network facilitator.Network
 	Chain   ethrpc.Chain
 	Signers []*ecdsa.PrivateKey
+	// Remote are signers whose keys live outside the process (a Clef external signer, `facilitator
+	// signer`): the engine knows only their addresses. They settle beside Signers alike.
+	Remote []Signer
 	// FinalityDepth is the number of confirmations (the mined block counts as one) at which a
 	// settlement is final.
 	FinalityDepth uint64
@@ -116,8 +119,10 @@ type Config struct {
 	// MaxInFlightPerSigner bounds the unmined transactions per signer; past it /settle answers 503.
 	MaxInFlightPerSigner int
 	RPCTimeout           time.Duration
-	Logger               *slog.Logger
-	Now                  func() time.Time
+	// SignTimeout bounds one signing (a remote signer's round trip).
+	SignTimeout time.Duration
+	Logger      *slog.Logger
+	Now         func() time.Time
 	// Fault is called at each FaultPoint; only crash tests set it.
 	Fault func(FaultPoint)
 	// Leaser, when set, leases each signer key to one process at a time, so that several
@@ -197,6 +202,7 @@ func New(cfg Config) (*Engine, error) {
 	def(&cfg.RebroadcastAfter, 30*time.Second)
 	def(&cfg.BumpAfter, 90*time.Second)
 	def(&cfg.RPCTimeout, 5*time.Second)
+	def(&cfg.SignTimeout, 5*time.Second)
 	def(&cfg.LeaseRetry, time.Second)
 	def(&cfg.BalanceInterval, 15*time.Second)
 	if cfg.MaxInFlightPerSigner == 0 {
@@ -220,7 +226,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	for _, nc := range cfg.Networks {
-		if len(nc.Signers) == 0 {
+		if len(nc.Signers)+len(nc.Remote) == 0 {
 			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
 		}
 		if err := nc.Fees.Check(); err != nil {
@@ -229,8 +235,13 @@ func New(cfg Config) (*Engine, error) {
 		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64),
 			feePolicy: nc.Fees.WithDefaults(cfg.MinTip, cfg.MaxFeeCap)}
 		seen := map[common.Address]bool{}
+		var signers []Signer
 		for _, k := range nc.Signers {
-			s := newSender(n, k)
+			signers = append(signers, ethrpc.NewSigner(nc.Network.ChainID, k))
+		}
+		signers = append(signers, nc.Remote...)
+		for _, sg := range signers {
+			s := newSender(n, sg)
 			if seen[s.addr] {
 				return nil, fmt.Errorf("settle: network %s lists signer %s twice", nc.Network.ID, s.addr)
 			}

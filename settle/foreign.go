@@ -61,15 +61,13 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			}
 			nonce = *gap
 		}
-		to := f.key.Asset
-		tx, err := s.sign(nonce, to, f.data, f.gas, fees)
+		// A signer that fails leaves the settlement as it was: the watcher decides the re-sign
+		// again next round and tries again.
+		st, err := s.sign(ctx, nonce, f.key.Asset, f.data, f.gas, fees)
 		if err != nil {
 			return err
 		}
-		raw, err := tx.MarshalBinary()
-		if err != nil {
-			return err
-		}
+		tx, raw := st.tx, st.raw
 		rec := facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas}
 		// Through the lease, before the broadcast: no row, no broadcast.
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -153,11 +154,13 @@ func TestSettleNonceRecovery(t *testing.T) {
 		{"mempool kept", false},
 		{"mempool lost", true},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testNonceRecovery(t, tc.drop) })
+		t.Run(tc.name, func(t *testing.T) { testNonceRecovery(t, tc.drop, nil) })
 	}
 }
 
-func testNonceRecovery(t *testing.T, dropPool bool) {
+// testNonceRecovery runs with the key in the engine, or, with remote, behind the remote signer it
+// returns (which outlives the engines, as a signer process outlives a facilitator's restart).
+func testNonceRecovery(t *testing.T, dropPool bool, remote func(t *testing.T, key *ecdsa.PrivateKey) []settle.Signer) {
 	ctx := context.Background()
 	const before, after, value = 5, 3, 10_000
 	const deadline = 1500 * time.Millisecond
@@ -169,7 +172,10 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	}
 	signer := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(signer.PublicKey)
-	keys := []*ecdsa.PrivateKey{signer}
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: deadline}
+	if remote != nil {
+		opts = stacktest.EngineOptions{Remote: remote(t, signer), Deadline: deadline}
+	}
 	env.ManualMining(t)
 
 	// settleAll settles bodies[from:to] concurrently through r; every answer must be pending.
@@ -235,7 +241,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	}
 
 	// Engine A: five settlements left pending, then a "restart".
-	a := env.NewEngine(t, stacktest.EngineOptions{Signers: keys, Deadline: deadline})
+	a := env.NewEngine(t, opts)
 	settleAll(a, 0, before)
 	wantNonces(rowNonces(0, before), 0, before)
 	a.Engine.Stop(context.Background())
@@ -258,7 +264,7 @@ func testNonceRecovery(t *testing.T, dropPool bool) {
 	}
 
 	// Engine B on the same key and ledger: recovery, then new payments.
-	b := env.NewEngine(t, stacktest.EngineOptions{Signers: keys, Deadline: deadline})
+	b := env.NewEngine(t, opts)
 	if dropPool {
 		// Recovery must resend the very same signed transactions from the ledger.
 		limit := time.Now().Add(5 * time.Second)

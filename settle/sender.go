@@ -2,9 +2,7 @@ package settle
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"errors"
-	"fmt"
 	"math/big"
 	"sync"
 	"sync/atomic"
@@ -12,11 +10,9 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
-	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -25,7 +21,7 @@ import (
 type sender struct {
 	net    *network
 	addr   common.Address
-	signer *ethrpc.Signer
+	signer Signer
 
 	// mu makes "take the next nonce, sign, commit the row" one step, so a nonce is used only by a
 	// committed row and given back (not incremented) when the commit fails.
@@ -47,18 +43,8 @@ type sender struct {
 	lease atomic.Pointer[leaseBox]
 }
 
-func newSender(n *network, key *ecdsa.PrivateKey) *sender {
-	signer := ethrpc.NewSigner(n.id.ChainID, key)
+func newSender(n *network, signer Signer) *sender {
 	return &sender{net: n, addr: signer.Address(), signer: signer}
-}
-
-// sign signs a call of the key at nonce with fees: a type-0 transaction at the gas price
-// fees.FeeCap on a legacy network, an EIP-1559 one elsewhere.
-func (s *sender) sign(nonce uint64, to common.Address, data []byte, gas uint64, fees Fees) (*types.Transaction, error) {
-	if s.net.feePolicy.Legacy {
-		return s.signer.SignLegacy(nonce, &to, data, gas, fees.FeeCap)
-	}
-	return s.signer.Sign(nonce, &to, data, gas, fees.TipCap, fees.FeeCap)
 }
 
 // submission is one settlement waiting for its turn at the key's next nonce.
@@ -134,20 +120,25 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			signed []*submission
 			raws   [][]byte
 		)
-		for _, sub := range subs {
+		for i, sub := range subs {
 			if sub.done {
 				continue
 			}
 			nonce := s.next + uint64(len(rows))
-			tx, err := s.sign(nonce, sub.to, sub.data, sub.gas, sub.fees)
-			var raw []byte
-			if err == nil {
-				raw, err = tx.MarshalBinary()
-			}
+			st, err := s.sign(ctx, nonce, sub.to, sub.data, sub.gas, sub.fees)
 			if err != nil {
-				sub.done, sub.err = true, fmt.Errorf("settle: signing: %w", err)
-				continue
+				// No row for it (no row, no broadcast), and its nonce goes to the next one. A
+				// signer that failed one is down or refusing: the rest of the group would only
+				// wait out the same timeout each, so they are answered alike.
+				e.log.Warn("signing failed; nothing was sent", "network", s.net.id.ID, "signer", s.addr, "err", errors.Unwrap(err))
+				for _, rest := range subs[i:] {
+					if !rest.done {
+						rest.done, rest.err = true, err
+					}
+				}
+				break
 			}
+			tx, raw := st.tx, st.raw
 			sub.row.Signer, sub.row.TxNonce = s.addr, nonce
 			sub.row.Tx = facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: sub.fees.TipCap, FeeCap: sub.fees.FeeCap, Gas: sub.gas}
 			sub.row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(sub.gas), sub.fees.FeeCap)

@@ -672,15 +672,13 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	if l == nil || f.isDropped() {
 		return errNotLeased // the key's holder bumps it
 	}
-	to := f.key.Asset
-	tx, err := s.sign(f.txNonce(), to, f.data, f.gas, fees)
+	// A signer that fails leaves the current transaction out there, resent as it is; the bump is
+	// decided again next round.
+	st, err := s.sign(ctx, f.txNonce(), f.key.Asset, f.data, f.gas, fees)
 	if err != nil {
 		return err
 	}
-	raw, err := tx.MarshalBinary()
-	if err != nil {
-		return err
-	}
+	tx, raw := st.tx, st.raw
 	// Through the lease: a process that lost the key cannot add a variant its next holder would
 	// not know of.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)

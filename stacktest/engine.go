@@ -19,7 +19,8 @@ import (
 // EngineOptions shape an engine; the zero value is one fresh funded signer, a 20 s deadline and
 // finality depth 1 over the env's chain and network and a ledger handle of its own.
 type EngineOptions struct {
-	Signers  []*ecdsa.PrivateKey  // default: one fresh funded key
+	Signers  []*ecdsa.PrivateKey  // default: one fresh funded key (none when Remote is set)
+	Remote   []settle.Signer      // signers whose keys are elsewhere (a Clef, the narrow signer)
 	Deadline time.Duration        // default: 20 s (1 s gets pending answers with mining off)
 	Depth    uint64               // finality depth; default 1
 	DB       *postgres.DB         // default: a handle of its own, as a process of its own has
@@ -49,7 +50,7 @@ type Engine struct {
 func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 	t.Helper()
 	ctx := context.Background()
-	if o.Signers == nil {
+	if o.Signers == nil && o.Remote == nil {
 		o.Signers = []*ecdsa.PrivateKey{e.NewSigner(t)}
 	}
 	if o.Deadline == 0 {
@@ -76,7 +77,7 @@ func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 		t.Fatal(err)
 	}
 	cfg := settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: o.Chain, Signers: o.Signers, FinalityDepth: max(o.Depth, 1)}},
+		Networks:     []settle.NetworkConfig{{Network: n, Chain: o.Chain, Signers: o.Signers, Remote: o.Remote, FinalityDepth: max(o.Depth, 1)}},
 		Store:        o.DB,
 		Verifier:     v,
 		Deadline:     o.Deadline,

@@ -22,16 +22,21 @@ import (
 
 // Config is everything serve needs, from flags with environment defaults.
 type Config struct {
-	Listen        string
-	DatabaseURL   string
-	Networks      []NetworkConfig
-	SignerKeys    []*ecdsa.PrivateKey
-	Factories     []common.Address
-	RPCTimeout    time.Duration
-	VerifyTimeout time.Duration
-	Migrate       bool
-	LogLevel      string
-	LogFormat     string
+	Listen      string
+	DatabaseURL string
+	Networks    []NetworkConfig
+	SignerKeys  []*ecdsa.PrivateKey
+	// RemoteSigner is a signer holding keys outside the process, "clef:<http(s) URL>" (Clef's
+	// external API, which `facilitator signer` speaks too); RemoteAddresses are its keys, or, when
+	// empty, whatever its account_list answers at start.
+	RemoteSigner    string
+	RemoteAddresses []common.Address
+	Factories       []common.Address
+	RPCTimeout      time.Duration
+	VerifyTimeout   time.Duration
+	Migrate         bool
+	LogLevel        string
+	LogFormat       string
 	// Pprof, when set, is a loopback address on which net/http/pprof is served (off by default).
 	Pprof string
 
@@ -227,8 +232,17 @@ func (c *Config) Check() error {
 	if c.RPCTimeout <= 0 || c.VerifyTimeout <= 0 || c.SettleTimeout <= 0 || c.PollInterval <= 0 || c.BumpAfter <= 0 {
 		return errors.New("timeouts and intervals must be positive")
 	}
-	if len(c.SignerKeys) == 0 && !c.IndexOnly {
-		return errors.New("no signer keys (FACILITATOR_SIGNER_KEYS or --signer-keys-file): /settle needs a funded wallet")
+	if len(c.SignerKeys) == 0 && c.RemoteSigner == "" && !c.IndexOnly {
+		return errors.New("no signer keys (FACILITATOR_SIGNER_KEYS or --signer-keys-file, or a remote signer: --signer clef:URL): /settle needs a funded wallet")
+	}
+	if c.RemoteSigner != "" {
+		if _, err := remoteSignerURL(c.RemoteSigner); err != nil {
+			return err
+		}
+		if len(c.Networks) > 1 {
+			// Clef and `facilitator signer` each sign for one chain id.
+			return errors.New("a remote signer (--signer) signs for one chain: run one facilitator per network with it")
+		}
 	}
 	if c.MaxInFlight <= 0 {
 		return errors.New("max-in-flight must be positive")
@@ -261,6 +275,8 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
 	networksJSON := fs.String("networks", env("FACILITATOR_NETWORKS", ""), "networks as JSON (FACILITATOR_NETWORKS)")
 	networksFile := fs.String("networks-file", env("FACILITATOR_NETWORKS_FILE", ""), "file holding the networks JSON (FACILITATOR_NETWORKS_FILE)")
+	fs.StringVar(&cfg.RemoteSigner, "signer", env("FACILITATOR_SIGNER", ""), "a remote signer holding the keys, clef:<http(s) URL> (FACILITATOR_SIGNER); the URL is never logged")
+	remoteAddrs := fs.String("signer-addresses", env("FACILITATOR_SIGNER_ADDRESSES", ""), "comma-separated addresses of the remote signer's keys; empty: ask it (account_list) at start (FACILITATOR_SIGNER_ADDRESSES)")
 	keysFile := fs.String("signer-keys-file", env("FACILITATOR_SIGNER_KEYS_FILE", ""), "file with one hex private key per line (FACILITATOR_SIGNER_KEYS_FILE)")
 	factories := fs.String("eip6492-factories", env("FACILITATOR_EIP6492_FACTORIES", ""), "comma-separated factory addresses allowed for counterfactual wallets (FACILITATOR_EIP6492_FACTORIES)")
 	rpcTimeout := fs.String("rpc-timeout", env("FACILITATOR_RPC_TIMEOUT", "5s"), "bound on one RPC round trip (FACILITATOR_RPC_TIMEOUT)")
@@ -348,14 +364,11 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		return nil, err
 	}
 	cfg.SignerKeys = keys
-	for _, f := range strings.Split(*factories, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		if !common.IsHexAddress(f) {
-			return nil, fmt.Errorf("eip6492 factory %q is not an address", f)
-		}
-		cfg.Factories = append(cfg.Factories, common.HexToAddress(f))
+	if cfg.RemoteAddresses, err = addressList(*remoteAddrs, "signer address"); err != nil {
+		return nil, err
+	}
+	if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
+		return nil, err
 	}
 	if cfg.RPCTimeout, err = time.ParseDuration(*rpcTimeout); err != nil {
 		return nil, fmt.Errorf("rpc-timeout: %w", err)
@@ -397,6 +410,21 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	}
 	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 	return cfg, nil
+}
+
+// addressList parses comma-separated addresses; what names them in the error.
+func addressList(list, what string) ([]common.Address, error) {
+	var out []common.Address
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if !common.IsHexAddress(a) {
+			return nil, fmt.Errorf("%s %q is not an address", what, a)
+		}
+		out = append(out, common.HexToAddress(a))
+	}
+	return out, nil
 }
 
 // readSignerKeys reads keys from FACILITATOR_SIGNER_KEYS (comma-separated) and a file (one per

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -20,18 +21,28 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestCrashRecovery kills the real binary with SIGKILL at each step of a settlement (through
 // FACILITATOR_TEST_FAULT), restarts it on the same ledger and signer key, and has the merchant
 // retry the same payload: there is never a second transfer or a second transaction, the ledger
 // reaches the chain's truth, and the retrying caller is told success exactly once.
-func TestCrashRecovery(t *testing.T) {
+func TestCrashRecovery(t *testing.T) { testCrashRecovery(t, false) }
+
+// TestCrashRecoveryRemoteSigner is TestCrashRecovery with the key in a real Clef (the binary
+// holds only the address it lists): a remote signer changes nothing of what a crash leaves.
+func TestCrashRecoveryRemoteSigner(t *testing.T) { testCrashRecovery(t, true) }
+
+func testCrashRecovery(t *testing.T, remote bool) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
 	h := newCrashHarness(ctx, t)
+	if remote {
+		h.useClef(t)
+	}
 	points := []settle.FaultPoint{settle.FaultBeforeCommit, settle.FaultAfterCommit, settle.FaultAfterBroadcast, settle.FaultAfterReceipt}
 	for _, point := range points {
 		// The subtests share the ledger and the signer: after a failure the next would only
@@ -62,11 +73,20 @@ func newCrashHarness(ctx context.Context, t *testing.T) *crashHarness {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	return &crashHarness{bin: bin, env: serveEnv(t, dbURL, chain, chain.RPCURL, signerKey), chain: chain, db: db,
+	return &crashHarness{key: signerKey, bin: bin, env: serveEnv(t, dbURL, chain, chain.RPCURL, signerKey), chain: chain, db: db,
 		signer: signer, network: facilitator.CAIP2(chain.ChainID)}
 }
 
+// useClef moves the harness's key into a Clef: the binary gets the signer's URL, no key.
+func (h *crashHarness) useClef(t *testing.T) {
+	t.Helper()
+	clef := stacktest.StartClef(t, h.chain.ChainID, h.key)
+	delete(h.env, "FACILITATOR_SIGNER_KEYS")
+	h.env["FACILITATOR_SIGNER"] = "clef:" + clef.URL
+}
+
 type crashHarness struct {
+	key     *ecdsa.PrivateKey
 	bin     string
 	env     map[string]string
 	chain   *devchain.Chain

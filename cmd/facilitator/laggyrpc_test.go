@@ -57,8 +57,9 @@ type laggyFaults struct {
 	Error       float64
 	Drop        float64
 	// Revert is the share of answers the backend rewrites to tell that a mined transaction
-	// reverted: its receipt says so and logs nothing, log queries find nothing, and a used
-	// authorization reads unused. A provider answering wrong receipts, consistently.
+	// reverted: its receipt (alone or in its block's) says so and logs nothing, log queries find
+	// nothing, and a used authorization reads unused. A provider answering wrong receipts,
+	// consistently.
 	Revert float64
 }
 
@@ -358,7 +359,7 @@ func (p *laggyRPC) answer(ctx context.Context, msgs []*rpcMsg, f *laggyFaults, l
 		if m.Method == "eth_getTransactionReceipt" && st.local == nil {
 			st.post = p.nullReceipt(f, st.post)
 		}
-		if (m.Method == "eth_getLogs" || m.Method == "eth_call") && st.local == nil && f.Revert > 0 {
+		if (m.Method == "eth_getLogs" || m.Method == "eth_call" || m.Method == "eth_getBlockReceipts") && st.local == nil && f.Revert > 0 {
 			st.post = p.unused(f, st.post)
 		}
 		steps[i] = st
@@ -451,10 +452,19 @@ func (p *laggyRPC) unused(f *laggyFaults, then func(json.RawMessage) (json.RawMe
 		if mrand.Float64() >= f.Revert {
 			return result, nil
 		}
-		var logs []any
-		if json.Unmarshal(result, &logs) == nil && len(logs) > 0 {
-			p.reverted.Add(1)
-			return json.RawMessage("[]"), nil
+		var list []map[string]any
+		if json.Unmarshal(result, &list) == nil && len(list) > 0 {
+			if _, receipts := list[0]["status"]; !receipts {
+				p.reverted.Add(1)
+				return json.RawMessage("[]"), nil // logs: none
+			}
+			for _, r := range list { // a block's receipts: every one reverted
+				r["status"], r["logs"] = "0x0", []any{}
+			}
+			if out, err := json.Marshal(list); err == nil {
+				p.reverted.Add(1)
+				return out, nil
+			}
 		}
 		used := `"0x` + strings.Repeat("0", 63) + `1"`
 		if string(result) == used {

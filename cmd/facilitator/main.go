@@ -26,6 +26,8 @@ commands:
   bench     load-test a running local stack ('make run') and the official facilitator beside it,
             print a table ('make bench-load')
   demo      the lost-response story on the local stack: pay, lose the answer, retry, look it up ('make demo')
+  signer    the narrow signer: holds keys and signs only transferWithAuthorization calls of one token
+            within gas and fee ceilings, over Clef's external API (serve --signer clef:URL uses it)
 
 Run 'facilitator <command> -h' for a command's flags.
 `
@@ -59,6 +61,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runDemo(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":
 		err = runKeys(ctx, args[1:], getenv, stdout, stderr)
+	case "signer":
+		err = runSigner(ctx, args[1:], getenv, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

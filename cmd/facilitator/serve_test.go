@@ -101,6 +101,13 @@ func startServe(ctx context.Context, t *testing.T, bin string, env map[string]st
 func launchServe(t *testing.T, bin string, env map[string]string, name string) *child {
 	t.Helper()
 	addr := freeAddr(t)
+	return launch(t, bin, env, name, addr, "serve", "--listen", addr)
+}
+
+// launch runs bin with args and env (and nothing of the test's own FACILITATOR_* or DATABASE_URL
+// settings), its base URL at addr, and returns at once.
+func launch(t *testing.T, bin string, env map[string]string, name, addr string, args ...string) *child {
+	t.Helper()
 	var list []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
@@ -110,10 +117,9 @@ func launchServe(t *testing.T, bin string, env map[string]string, name string) *
 	for k, v := range env {
 		list = append(list, k+"="+v)
 	}
-	list = append(list, "FACILITATOR_LISTEN="+addr)
 	c := &child{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), base: "http://" + addr,
 		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
-	c.cmd = exec.Command(bin, "serve")
+	c.cmd = exec.Command(bin, args...)
 	c.cmd.Env = list
 	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
 	t.Cleanup(func() {

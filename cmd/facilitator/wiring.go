@@ -22,6 +22,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
@@ -55,6 +56,7 @@ type Main struct {
 	notifier *notify.Dispatcher
 	metrics  *metrics.Metrics
 	pprof    *pprofServer
+	signer   *extsigner.Endpoint // the remote signer, when the keys are there
 }
 
 // Run starts the facilitator and returns once it is listening.
@@ -130,12 +132,24 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	var settleNets []settle.NetworkConfig
+	signerAddrs := cfg.SignerAddresses()
 	for i, n := range networks {
+		var remote []settle.Signer
+		if cfg.RemoteSigner != "" {
+			// The keys are the remote signer's; this process holds only their addresses.
+			if m.signer, remote, err = remoteSigners(startCtx, cfg, n.ChainID, cfg.RPCTimeout); err != nil {
+				return err
+			}
+			for _, r := range remote {
+				signerAddrs = append(signerAddrs, r.Address())
+			}
+			log.Info("remote signer", "network", n.ID, "signer", m.signer.String(), "keys", len(remote))
+		}
 		fees, err := cfg.Networks[i].feePolicy()
 		if err != nil {
 			return fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
 		}
-		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys,
+		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys, Remote: remote,
 			FinalityDepth: cfg.Networks[i].finality(n.ChainID), Heads: m.heads[i], Fees: fees})
 	}
 	m.engine, err = settle.New(settle.Config{
@@ -206,7 +220,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Settler:       idsvc,
 		Status:        statusSvc,
 		Notify:        m.notifier,
-		Supported:     facilitator.Supported(networks, cfg.SignerAddresses(), []string{facilitator.PaymentIdentifierKey}),
+		Supported:     facilitator.Supported(networks, signerAddrs, []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
 		Auth:          authConfig(cfg, m.db),
@@ -248,7 +262,7 @@ func (m *Main) Run(ctx context.Context) error {
 	for i, n := range networks {
 		ids[i] = n.ID
 	}
-	log.Info("facilitator listening", "addr", m.Addr, "networks", strings.Join(ids, ","), "signers", len(cfg.SignerKeys))
+	log.Info("facilitator listening", "addr", m.Addr, "networks", strings.Join(ids, ","), "signers", len(signerAddrs))
 	return nil
 }
 
@@ -388,6 +402,9 @@ func (m *Main) Close() error {
 	}
 	for _, c := range m.clients {
 		c.Close()
+	}
+	if m.signer != nil {
+		m.signer.Close()
 	}
 	if m.db != nil {
 		m.db.Close()

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"math/big"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// TestNarrowSignerCommand: `facilitator signer` holds the key and `serve --signer clef:URL`
+// holds only its address. A payment settles once through it; with the signer down the next one
+// is answered 503 signer_unavailable and nothing is written or sent; and neither process prints
+// the key or the signer URL's password.
+func TestNarrowSignerCommand(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h := newCrashHarness(ctx, t)
+	keyHex := h.env["FACILITATOR_SIGNER_KEYS"]
+	signer := startSigner(ctx, t, h.bin, map[string]string{"FACILITATOR_SIGNER_KEYS": keyHex},
+		"--chain-id", "31337", "--token", h.chain.USDC.Address.Hex(), "--max-gas", "300000", "--max-fee-gwei", "1000")
+	delete(h.env, "FACILITATOR_SIGNER_KEYS")
+	h.env["FACILITATOR_SIGNER"] = "clef:http://operator:SECRETPW@" + signer.base[len("http://"):] + "/"
+	h.env["FACILITATOR_SIGNER_ADDRESSES"] = h.signer.Hex()
+	serve := h.start(ctx, t, "serve", "")
+
+	res, err := serve.client.Get(serve.base + "/supported")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sup facilitator.SupportedResponse
+	err = json.NewDecoder(res.Body).Decode(&sup)
+	res.Body.Close()
+	if err != nil || len(sup.Signers["eip155:*"]) != 1 || sup.Signers["eip155:*"][0] != h.signer.Hex() {
+		t.Fatalf("/supported signers %v (%v), want the remote key %s", sup.Signers, err, h.signer)
+	}
+
+	pay := func() ([]byte, facilitator.AuthorizationKey) {
+		payer, payee := newAccount(t), newAccount(t).Address
+		if err := h.chain.USDC.Mint(ctx, payer.Address, big.NewInt(100_000)); err != nil {
+			t.Fatal(err)
+		}
+		var nonce [32]byte
+		_, _ = rand.Read(nonce[:])
+		key := facilitator.AuthorizationKey{Network: h.network, Asset: h.chain.USDC.Address, Payer: payer.Address, Nonce: nonce}
+		return h.payment(t, payer, payee, big.NewInt(40_000), nonce), key
+	}
+	body, key := pay()
+	out, status, err := serve.settle(body)
+	if err != nil || status != http.StatusOK || !out.Success {
+		t.Fatalf("settle through the narrow signer: %d %+v %v", status, out, err)
+	}
+	row, err := h.db.SettlementByKey(ctx, key)
+	if err != nil || !row.State.Succeeded() || row.Signer != h.signer || row.TxHash.Hex() != out.Transaction {
+		t.Fatalf("ledger row %+v %v", row, err)
+	}
+	if n := h.nonce(ctx, t, false); n != 1 {
+		t.Fatalf("the key sent %d transactions, want 1", n)
+	}
+	if !strings.Contains(signer.logs.String(), "signed") {
+		t.Fatalf("the signer did not log its signature:\n%s", signer.logs.String())
+	}
+
+	// The signer goes down: the next payment is refused with nothing written or sent.
+	signer.stop(t)
+	body, key = pay()
+	out, status, err = serve.settle(body)
+	if err != nil || status != http.StatusServiceUnavailable || out.Success || out.ErrorReason != facilitator.ReasonSignerUnavailable {
+		t.Fatalf("settle with the signer down: %d %+v %v, want 503 %s", status, out, err, facilitator.ReasonSignerUnavailable)
+	}
+	if _, err := h.db.SettlementByKey(ctx, key); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("a ledger row after a failed sign: %v", err)
+	}
+	if n := h.nonce(ctx, t, true); n != 1 {
+		t.Fatalf("the key's pending nonce is %d after a failed sign, want 1", n)
+	}
+	serve.stop(t)
+
+	bare := strings.TrimPrefix(keyHex, "0x")
+	for name, logs := range map[string]string{"serve": serve.logs.String(), "signer": signer.logs.String()} {
+		if strings.Contains(logs, "SECRETPW") || strings.Contains(logs, bare) {
+			t.Fatalf("%s printed the signer URL's password or the key:\n%s", name, logs)
+		}
+	}
+}
+
+// startSigner runs `facilitator signer` with env and args on a free port and returns once it
+// accepts connections.
+func startSigner(ctx context.Context, t *testing.T, bin string, env map[string]string, args ...string) *child {
+	t.Helper()
+	addr := freeAddr(t)
+	c := launch(t, bin, env, "signer", addr, append([]string{"signer", "--listen", addr}, args...)...)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		select {
+		case <-c.exited:
+			t.Fatalf("the signer exited at start: %v\n%s", c.cmd.ProcessState, c.logs.String())
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		default:
+		}
+		if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			conn.Close()
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the signer does not listen after 30s:\n%s", c.logs.String())
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// TestSignerConfig: the remote signer's settings are checked before anything starts, and an
+// error never repeats the URL.
+func TestSignerConfig(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://x/y", "FACILITATOR_NETWORKS": `[{"id":"eip155:31337","rpc":"http://127.0.0.1:1","tokens":[{"address":"0x244ae02008762968261615a485542a9c7512c562","name":"USD Coin","version":"2"}]}]`}
+	two := `[{"id":"eip155:31337","rpc":"http://127.0.0.1:1","tokens":[{"address":"0x244ae02008762968261615a485542a9c7512c562","name":"USD Coin","version":"2"}]},` +
+		`{"id":"eip155:31338","rpc":"http://127.0.0.1:1","tokens":[{"address":"0x244ae02008762968261615a485542a9c7512c562","name":"USD Coin","version":"2"}]}]`
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"not clef", map[string]string{"FACILITATOR_SIGNER": "web3signer:http://a:SECRETPW@h/"}, "want clef:"},
+		{"not http", map[string]string{"FACILITATOR_SIGNER": "clef:/tmp/clef.ipc"}, "want clef:"},
+		{"bad address", map[string]string{"FACILITATOR_SIGNER": "clef:http://h/", "FACILITATOR_SIGNER_ADDRESSES": "0x12"}, "not an address"},
+		{"two networks", map[string]string{"FACILITATOR_SIGNER": "clef:http://h/", "FACILITATOR_NETWORKS": two}, "one chain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{}
+			for k, v := range base {
+				env[k] = v
+			}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
+			if err == nil {
+				err = cfg.Check()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SECRETPW") {
+				t.Fatalf("want an error saying %q (and no password), got %v", tc.want, err)
+			}
+		})
+	}
+	// Only the remote signer: no local key is needed.
+	env := map[string]string{"FACILITATOR_SIGNER": "clef:http://127.0.0.1:8550/", "FACILITATOR_SIGNER_ADDRESSES": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"}
+	for k, v := range base {
+		env[k] = v
+	}
+	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Check(); err != nil || len(cfg.RemoteAddresses) != 1 || len(cfg.SignerKeys) != 0 {
+		t.Fatalf("a remote signer alone: %v %+v", err, cfg.RemoteAddresses)
+	}
+}

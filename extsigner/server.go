@@ -1,0 +1,115 @@
+package extsigner
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net/http"
+	"slices"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
+	"github.com/ethereum/go-ethereum/signer/core/apitypes"
+)
+
+// Server is the narrow signer: it holds keys and answers Clef's account_list and
+// account_signTransaction for them, signing only what its Policy allows. Its handler serves
+// JSON-RPC over HTTP; put it on loopback or a private network, next to nothing else.
+type Server struct {
+	policy Policy
+	keys   map[common.Address]*ecdsa.PrivateKey
+	addrs  []common.Address
+	log    *slog.Logger
+}
+
+// NewServer is the narrow signer of keys under policy.
+func NewServer(policy Policy, keys []*ecdsa.PrivateKey, log *slog.Logger) (*Server, error) {
+	switch {
+	case policy.ChainID == 0:
+		return nil, errors.New("signer: a chain id is required")
+	case policy.Token == (common.Address{}):
+		return nil, errors.New("signer: a token address is required")
+	case policy.MaxGas == 0:
+		return nil, errors.New("signer: a gas ceiling is required")
+	case policy.MaxFeeCap == nil || policy.MaxFeeCap.Sign() <= 0:
+		return nil, errors.New("signer: a fee ceiling is required")
+	case len(keys) == 0:
+		return nil, errors.New("signer: no keys")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{policy: policy, keys: map[common.Address]*ecdsa.PrivateKey{}, log: log}
+	for _, k := range keys {
+		a := crypto.PubkeyToAddress(k.PublicKey)
+		if _, dup := s.keys[a]; !dup {
+			s.addrs = append(s.addrs, a)
+		}
+		s.keys[a] = k
+	}
+	return s, nil
+}
+
+// Accounts are the addresses of the server's keys.
+func (s *Server) Accounts() []common.Address { return slices.Clone(s.addrs) }
+
+// Handler is the JSON-RPC endpoint (POST /).
+func (s *Server) Handler() (http.Handler, error) {
+	srv := rpc.NewServer()
+	if err := srv.RegisterName("account", &accountAPI{s}); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+// Sign signs args when the policy allows them and args.From is one of the keys; the error says
+// why not. It is account_signTransaction.
+func (s *Server) Sign(args *apitypes.SendTxArgs) (*types.Transaction, error) {
+	from := args.From.Address()
+	key, ok := s.keys[from]
+	if !ok {
+		return nil, fmt.Errorf("%w: from %s is not an account of this signer", ErrRefused, from)
+	}
+	tx, err := s.policy.Check(args)
+	if err != nil {
+		return nil, err
+	}
+	return types.SignNewTx(key, types.LatestSignerForChainID(new(big.Int).SetUint64(s.policy.ChainID)), tx)
+}
+
+// accountAPI is the "account" namespace of Clef's external API, as far as settling needs it.
+type accountAPI struct{ s *Server }
+
+// List is account_list.
+func (a *accountAPI) List() []common.Address { return slices.Clone(a.s.addrs) }
+
+// Version is account_version: the external API version this signer speaks (Clef's).
+func (a *accountAPI) Version() string { return "6.1.0" }
+
+// SignTransactionResult is account_signTransaction's answer, as Clef gives it.
+type SignTransactionResult struct {
+	Raw hexutil.Bytes      `json:"raw"`
+	Tx  *types.Transaction `json:"tx"`
+}
+
+// SignTransaction is account_signTransaction. methodSelector (Clef's hint for its UI) is
+// ignored: the calldata itself is checked.
+func (a *accountAPI) SignTransaction(_ context.Context, args apitypes.SendTxArgs, _ *string) (*SignTransactionResult, error) {
+	tx, err := a.s.Sign(&args)
+	if err != nil {
+		a.s.log.Warn("signing refused", "from", args.From.Address(), "err", err)
+		return nil, err
+	}
+	raw, err := tx.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	a.s.log.Info("signed", "from", args.From.Address(), "tx", tx.Hash(), "tx_nonce", tx.Nonce())
+	return &SignTransactionResult{Raw: raw, Tx: tx}, nil
+}
