@@ -77,9 +77,6 @@ type NetworkConfig struct {
 	Network facilitator.Network
 	Chain   ethrpc.Chain
 	Signers []*ecdsa.PrivateKey
-	// FinalityDepth is the number of confirmations (the mined block counts as one) at which a
-	// settlement is final.
-	FinalityDepth uint64
 	// Heads, when set, wakes the receipt watcher on every block the network's head subscription
 	// announces (PollInterval polling goes on regardless).
 	Heads Heads
@@ -215,7 +212,10 @@ func New(cfg Config) (*Engine, error) {
 		if len(nc.Signers) == 0 {
 			return nil, fmt.Errorf("settle: network %s has no signer keys", nc.Network.ID)
 		}
-		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64)}
+		if err := nc.Network.Finality.Validate(); err != nil {
+			return nil, fmt.Errorf("settle: network %s: %w", nc.Network.ID, err)
+		}
+		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64)}
 		seen := map[common.Address]bool{}
 		for _, k := range nc.Signers {
 			s := newSender(n, k)

@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -67,8 +68,11 @@ func (pr *pinnedRead) apply(t *track, o *observation) bool {
 	return true
 }
 
-// readPinned makes the pinned reads of every settlement in prs, in one batch.
-func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, prs []*pinnedRead) error {
+// readPinned makes the pinned reads of every settlement in prs, in one batch. With a finality tag
+// (the network's rule names one), each settlement's reads carry the node's answer for it, so
+// that the evidence and the block it is final below come from the same node; the tag's read
+// failing fails nothing (finality then counts by depth).
+func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, tag string, prs []*pinnedRead) error {
 	type slots struct {
 		header *struct {
 			Hash common.Hash    `json:"hash"`
@@ -80,6 +84,8 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		logs  []types.Log
 		rcpts []*types.Receipt
 		first int
+		tag   int // the tag's element (-1: none)
+		rcpt  int // the first receipt's element
 	}
 	var elems []rpc.BatchElem
 	all := make([]*slots, len(prs))
@@ -105,6 +111,12 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			rpc.BatchElem{Method: "eth_call", Args: []any{call, at}, Result: &s.state},
 			rpc.BatchElem{Method: "eth_getLogs", Args: []any{filter}, Result: &s.logs},
 			rpc.BatchElem{Method: "eth_blockNumber", Result: &s.head})
+		s.tag = -1
+		if tag != "" {
+			s.tag = len(elems)
+			elems = append(elems, ethrpc.TagElem(tag))
+		}
+		s.rcpt = len(elems)
 		for j, v := range pr.t.variants {
 			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{v.hash}, Result: &s.rcpts[j]})
 		}
@@ -127,6 +139,9 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		}
 		c := &chainRead{at: pr.at, atHash: s.header.Hash, time: uint64(s.header.Time), keyNonce: uint64(s.count), nodeHead: uint64(s.head),
 			used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
+		if s.tag >= 0 {
+			c.tag = ethrpc.TagAnswer(elems[s.tag])
+		}
 		for _, l := range s.logs {
 			if l.Removed || len(l.Topics) < 3 {
 				continue
@@ -140,7 +155,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		want := pr.want
 		pr.receipts = map[common.Hash]receiptRead{}
 		for j, v := range pr.t.variants {
-			el := elems[s.first+pinnedElems+j]
+			el := elems[s.rcpt+j]
 			if el.Error != nil {
 				c.receiptsComplete = false
 				pr.receipts[v.hash] = receiptRead{}
@@ -158,7 +173,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 // transaction it signed, then the pinned reads, and the whole read made twice, since one read
 // never decides. ok is false when the chain does not tell yet; a mined outcome needs no second
 // read (it is not terminal: finality is checked later).
-func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, s *facilitator.OpenSettlement, depth uint64, now time.Time) (facilitator.Resolution, bool, error) {
+func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, s *facilitator.OpenSettlement, fin facilitator.Finality, now time.Time) (facilitator.Resolution, bool, error) {
 	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore}
 	for _, x := range s.Txs {
 		var tx types.Transaction
@@ -169,10 +184,11 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
 	}
 	want := ExpectedOf(&s.Settlement)
-	p := policy{depth: depth, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
+	p := policy{finality: fin, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
 	var head hexutil.Uint64
+	var floor uint64 // the highest tagged block answered consistently in these rounds
 	for round := 0; round < 3; round++ {
-		o := observation{now: now, receipts: map[common.Hash]receiptRead{}}
+		o := observation{now: now, receipts: map[common.Hash]receiptRead{}, floor: floor}
 		var rr receiptReads
 		rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_blockNumber", Result: &head})
 		for _, v := range t.variants {
@@ -195,11 +211,14 @@ func Judge(ctx context.Context, batch func(context.Context, []rpc.BatchElem) err
 				at = o.head
 			}
 			pr := newPinnedRead(s.Key, s.Signer, want, t, at)
-			if err := readPinned(ctx, batch, []*pinnedRead{pr}); err != nil {
+			if err := readPinned(ctx, batch, fin.Tag, []*pinnedRead{pr}); err != nil {
 				return facilitator.Resolution{}, false, err
 			}
 			if !pr.apply(&t, &o) {
 				return facilitator.Resolution{}, false, nil
+			}
+			if c := o.chain; c.tag.OK && fin.At(c.nodeHead, c.tag, floor).Known {
+				floor = max(floor, c.tag.Number)
 			}
 			d = decide(t, o, p)
 		}

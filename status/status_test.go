@@ -13,6 +13,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
@@ -339,7 +340,9 @@ func TestStatusHeadUnavailable(t *testing.T) {
 	env.Mine(t)
 	env.WaitIndexed(t, env.Head(t))
 	cur, _, _ := env.DB.Cursor(ctx, env.Network().ID)
-	svc := status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: downHead{}, FinalityDepth: 2}}, nil)
+	n := env.Network()
+	n.Finality.Depth = 2
+	svc := status.New(env.DB, []status.Network{{Network: n, Reader: env.Reader(), Head: downHead{}}}, nil)
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
@@ -353,6 +356,10 @@ func TestStatusHeadUnavailable(t *testing.T) {
 type downHead struct{}
 
 func (downHead) CallContext(context.Context, any, string, ...any) error {
+	return errors.New("connection refused")
+}
+
+func (downHead) BatchCallContext(context.Context, []rpc.BatchElem) error {
 	return errors.New("connection refused")
 }
 
