@@ -394,14 +394,11 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 	return New(cfg)
 }
 
-// oasFinalBlock is the fakes' finalized block.
-var oasFinalBlock uint64 = 10
-
 func oasDefaultFakes() *oasFakes {
 	st := facilitator.AuthorizationStatus{State: facilitator.StatusSettled, Network: oasNetwork, Asset: oasAsset,
 		Authorizer: oasFrom, Nonce: oasNonce, Transaction: oasTx, BlockNumber: 10, Confirmations: 3, SettledBy: "facilitator",
 		To: oasAsset, Value: "10000", ValidBefore: "4102444800", PaymentID: oasPayID, Basis: "ledger", IndexedHead: 12, Head: 12,
-		Finality: facilitator.StatusFinality{Rule: "tag:finalized", FinalBlock: &oasFinalBlock}}
+		Finality: facilitator.StatusFinality{Rule: "tag:finalized", FinalBlock: 10}}
 	return &oasFakes{
 		verify: func(p *facilitator.Payment) (facilitator.VerifyResponse, error) {
 			return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil

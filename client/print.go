@@ -37,8 +37,8 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 	}
 	if st.Finality.Rule != "" {
 		at := "no block known final"
-		if st.Finality.FinalBlock != nil {
-			at = fmt.Sprintf("final up to block %d", *st.Finality.FinalBlock)
+		if st.Finality.FinalBlock > 0 {
+			at = fmt.Sprintf("final up to block %d", st.Finality.FinalBlock)
 		}
 		row("finality", st.Finality.Rule+", "+at)
 	}

@@ -11,7 +11,6 @@ import (
 // TestPrintStatus pins what 'facilitator status' prints for a person: only the fields the answer
 // has, the state's advice, and the note when only the chain knows the authorization.
 func TestPrintStatus(t *testing.T) {
-	finalBlock := uint64(20)
 	for _, c := range []struct {
 		name  string
 		st    facilitator.AuthorizationStatus
@@ -20,7 +19,7 @@ func TestPrintStatus(t *testing.T) {
 	}{
 		{"settled", facilitator.AuthorizationStatus{State: "settled", SettledBy: "facilitator", Network: "eip155:31337", Asset: "0xA", Authorizer: "0xB", Nonce: "0x01",
 			Transaction: "0xT", BlockNumber: 20, Confirmations: 3, Final: true, To: "0xC", Value: "10000", PaymentID: "pay_1", Basis: "ledger", IndexedHead: 21, Head: 22,
-			Finality: facilitator.StatusFinality{Rule: "tag:finalized", FinalBlock: &finalBlock}}, true,
+			Finality: facilitator.StatusFinality{Rule: "tag:finalized", FinalBlock: 20}}, true,
 			`state         settled (by facilitator)
 meaning       the payment happened
 authorization eip155:31337 0xA from 0xB nonce 0x01

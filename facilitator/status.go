@@ -42,9 +42,11 @@ type StatusFinality struct {
 	// the tag), or "depth:<n>" (final n confirmations deep): a tag rule whose tag could not be
 	// read says the depth it fell back to.
 	Rule string `json:"rule"`
-	// FinalBlock is the highest final block by the rule when read; absent when none is known
-	// (the node's answer could not be right, or neither the node nor the index answered).
-	FinalBlock *uint64 `json:"finalBlock,omitempty"`
+	// FinalBlock is the highest final block by the rule when read; absent (0) when none is known
+	// (the node's answer could not be right, or the chain is shorter than the depth). A value,
+	// not a pointer, so that two answers read alike compare equal; block 0, the genesis, holds
+	// no transfer to be final.
+	FinalBlock uint64 `json:"finalBlock,omitempty"`
 }
 
 // Status states.

@@ -146,8 +146,7 @@ func (s *Service) heads(ctx context.Context, n Network, st *facilitator.Authoriz
 	fp := s.floors[n.Network.ID].At(rule, st.Head, tag)
 	st.Finality = facilitator.StatusFinality{Rule: fp.Rule}
 	if fp.Known {
-		b := fp.Block
-		st.Finality.FinalBlock = &b
+		st.Finality.FinalBlock = fp.Block
 	}
 	return nil
 }
@@ -159,7 +158,7 @@ func (s *Service) confirm(n Network, st *facilitator.AuthorizationStatus, block 
 	if st.Head >= block {
 		st.Confirmations = st.Head - block + 1
 	}
-	st.Final = st.Finality.FinalBlock != nil && block <= *st.Finality.FinalBlock
+	st.Final = st.Finality.FinalBlock > 0 && block <= st.Finality.FinalBlock
 }
 
 func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.AuthorizationStatus, row *facilitator.Settlement) (facilitator.AuthorizationStatus, bool, error) {

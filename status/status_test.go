@@ -68,8 +68,8 @@ func TestStatusPending(t *testing.T) {
 	}
 	if st.State != facilitator.StatusPending || st.Basis != "ledger" || st.Transaction != hash.Hex() || st.BlockNumber != 0 ||
 		st.Confirmations != 0 || st.Final || st.SettledBy != "" || st.To != p.PayTo.Hex() || st.Value != "42000" ||
-		st.ValidBefore != p.ValidBefore.String() {
-		t.Fatalf("status: %+v, want pending from the ledger with %s", st, hash)
+		st.ValidBefore != p.ValidBefore.String() || st.Finality.Rule != "depth:2" || st.Finality.FinalBlock != st.Head-1 {
+		t.Fatalf("status: %+v, want pending from the ledger with %s, finality by depth 2", st, hash)
 	}
 	bySettlement, err := svc.Settlement(ctx, hash)
 	if err != nil || bySettlement != st {
