@@ -64,6 +64,7 @@ var oasMirrors = []struct {
 	{"SupportedResponse", reflect.TypeFor[facilitator.SupportedResponse](), true},
 	{"SupportedKind", reflect.TypeFor[facilitator.SupportedKind](), true},
 	{"AuthorizationStatus", reflect.TypeFor[facilitator.AuthorizationStatus](), true},
+	{"StatusFinality", reflect.TypeFor[facilitator.StatusFinality](), true},
 	{"Webhook", reflect.TypeFor[webhookJSON](), true},
 	{"WebhookEvent", reflect.TypeFor[notify.Message](), true},
 }
@@ -399,7 +400,8 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 func oasDefaultFakes() *oasFakes {
 	st := facilitator.AuthorizationStatus{State: facilitator.StatusSettled, Network: oasNetwork, Asset: oasAsset,
 		Authorizer: oasFrom, Nonce: oasNonce, Transaction: oasTx, BlockNumber: 10, Confirmations: 3, SettledBy: "facilitator",
-		To: oasAsset, Value: "10000", ValidBefore: "4102444800", PaymentID: oasPayID, Basis: "ledger", IndexedHead: 12, Head: 12}
+		To: oasAsset, Value: "10000", ValidBefore: "4102444800", PaymentID: oasPayID, Basis: "ledger", IndexedHead: 12, Head: 12,
+		Finality: facilitator.StatusFinality{Rule: "tag:finalized", FinalBlock: 10}}
 	return &oasFakes{
 		verify: func(p *facilitator.Payment) (facilitator.VerifyResponse, error) {
 			return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil
@@ -533,7 +535,7 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "authorization unseen", method: "GET", url: authURL, route: authRoute, status: 404, setup: func(f *oasFakes) {
 			f.found = false
 			f.status = facilitator.AuthorizationStatus{State: facilitator.StatusUnused, Network: oasNetwork, Asset: oasAsset,
-				Authorizer: oasFrom, Nonce: oasNonce, Basis: "chain", IndexedHead: 12, Head: 12}
+				Authorizer: oasFrom, Nonce: oasNonce, Basis: "chain", IndexedHead: 12, Head: 12, Finality: facilitator.StatusFinality{Rule: "depth:12"}}
 		}},
 		{name: "authorization bad network", method: "GET", url: "/v1/authorizations/base/" + oasAsset + "/" + oasFrom + "/" + oasNonce, route: authRoute, status: 400},
 		{name: "authorization bad asset", method: "GET", url: "/v1/authorizations/" + oasNetwork + "/0x12/" + oasFrom + "/" + oasNonce, route: authRoute, status: 400},
@@ -1513,4 +1515,27 @@ func oasShort(v any) string {
 		return string(b[:80]) + "…"
 	}
 	return string(b)
+}
+
+// TestOpenAPIFinalityRule: the document's pattern for a status answer's rule matches every rule
+// the domain names, and nothing else.
+func TestOpenAPIFinalityRule(t *testing.T) {
+	doc := oasLoad(t)
+	s, _ := oasGet(doc, "components", "schemas", "StatusFinality", "properties", "rule", "pattern").(string)
+	re, err := regexp.Compile(s)
+	if err != nil {
+		t.Fatalf("StatusFinality.rule pattern %q: %v", s, err)
+	}
+	for _, f := range []facilitator.Finality{{Tag: facilitator.TagFinalized, Depth: 12}, {Tag: facilitator.TagSafe}, {Depth: 12}, {}} {
+		for _, rule := range []string{f.String(), f.DepthRule()} {
+			if !re.MatchString(rule) {
+				t.Errorf("rule %q (of %+v) does not match the document's pattern %q", rule, f, s)
+			}
+		}
+	}
+	for _, bad := range []string{"tag:latest", "depth:", "finalized", ""} {
+		if re.MatchString(bad) {
+			t.Errorf("the document's pattern accepts %q", bad)
+		}
+	}
 }

@@ -35,6 +35,13 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 		}
 		row("block", fmt.Sprintf("%d (%d confirmations, %s)", st.BlockNumber, st.Confirmations, final))
 	}
+	if st.Finality.Rule != "" {
+		at := "no block known final"
+		if st.Finality.FinalBlock > 0 {
+			at = fmt.Sprintf("final up to block %d", st.Finality.FinalBlock)
+		}
+		row("finality", st.Finality.Rule+", "+at)
+	}
 	if st.To != "" {
 		row("paid", fmt.Sprintf("%s to %s", st.Value, st.To))
 	}

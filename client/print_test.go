@@ -18,13 +18,15 @@ func TestPrintStatus(t *testing.T) {
 		want  string
 	}{
 		{"settled", facilitator.AuthorizationStatus{State: "settled", SettledBy: "facilitator", Network: "eip155:31337", Asset: "0xA", Authorizer: "0xB", Nonce: "0x01",
-			Transaction: "0xT", BlockNumber: 20, Confirmations: 3, Final: true, To: "0xC", Value: "10000", PaymentID: "pay_1", Basis: "ledger", IndexedHead: 21, Head: 22}, true,
+			Transaction: "0xT", BlockNumber: 20, Confirmations: 3, Final: true, To: "0xC", Value: "10000", PaymentID: "pay_1", Basis: "ledger", IndexedHead: 21, Head: 22,
+			Finality: facilitator.StatusFinality{Rule: "tag:finalized", FinalBlock: 20}}, true,
 			`state         settled (by facilitator)
 meaning       the payment happened
 authorization eip155:31337 0xA from 0xB nonce 0x01
 payment id    pay_1
 transaction   0xT
 block         20 (3 confirmations, final)
+finality      tag:finalized, final up to block 20
 paid          10000 to 0xC
 read from     ledger, indexed head 21, chain head 22
 `},
@@ -36,11 +38,12 @@ authorization eip155:1 0xA from 0xB nonce 0x02
 read from     chain, indexed head 0, chain head 5
 `},
 		{"failed", facilitator.AuthorizationStatus{State: "failed", Network: "eip155:1", Asset: "0xA", Authorizer: "0xB", Nonce: "0x02", BlockNumber: 7, Confirmations: 1,
-			Reason: "invalid_exact_evm_transaction_failed", Basis: "ledger"}, true,
+			Reason: "invalid_exact_evm_transaction_failed", Basis: "ledger", Finality: facilitator.StatusFinality{Rule: "depth:12"}}, true,
 			`state         failed
 meaning       our transaction reverted; nothing moved
 authorization eip155:1 0xA from 0xB nonce 0x02
 block         7 (1 confirmations, not final yet)
+finality      depth:12, no block known final
 reason        invalid_exact_evm_transaction_failed
 read from     ledger, indexed head 0, chain head 0
 `},

@@ -18,6 +18,8 @@ type AuthorizationStatus struct {
 	BlockNumber   uint64 `json:"blockNumber,omitempty"`
 	Confirmations uint64 `json:"confirmations,omitempty"`
 	Final         bool   `json:"final"`
+	// Finality is the rule Final was decided by, and where finality stood when read.
+	Finality StatusFinality `json:"finality"`
 	// SettledBy is "facilitator" when the transfer is ours, "other" when another party settled it.
 	SettledBy   string `json:"settledBy,omitempty"`
 	To          string `json:"to,omitempty"`
@@ -32,6 +34,19 @@ type AuthorizationStatus struct {
 	IndexedHead uint64 `json:"indexedHead"`
 	// Head is the chain's head at the time of reading.
 	Head uint64 `json:"head"`
+}
+
+// StatusFinality is the finality rule a status answer applied.
+type StatusFinality struct {
+	// Rule is "tag:finalized" or "tag:safe" (final at or below the block the node reports under
+	// the tag), or "depth:<n>" (final n confirmations deep): a tag rule whose tag could not be
+	// read says the depth it fell back to.
+	Rule string `json:"rule"`
+	// FinalBlock is the highest final block by the rule when read; absent (0) when none is known
+	// (the node's answer could not be right, or the chain is shorter than the depth). A value,
+	// not a pointer, so that two answers read alike compare equal; block 0, the genesis, holds
+	// no transfer to be final.
+	FinalBlock uint64 `json:"finalBlock,omitempty"`
 }
 
 // Status states.

@@ -47,9 +47,10 @@ type Config struct {
 	Store Store
 	// StartBlock is where indexing begins on an empty database.
 	StartBlock uint64
-	// FinalityDepth: blocks at least this deep (the head counts as one) are final; above them the
-	// indexer keeps block hashes to detect reorgs.
-	FinalityDepth uint64
+	// Finality is the network's rule (facilitator.Network.Finality): blocks at or below the
+	// node's tagged block, or at least Depth deep (the head counts as one), are final; above them,
+	// and for a window below, the indexer keeps block hashes to detect reorgs.
+	Finality facilitator.Finality
 	// InitialRange and MaxRange size eth_getLogs block ranges during backfill.
 	InitialRange, MaxRange uint64
 	PollInterval           time.Duration
@@ -75,6 +76,12 @@ type Indexer struct {
 	stopped       atomic.Bool   // the loop gave up (ErrDeepReorg): an operator must step in
 	rangeSize     atomic.Uint64 // the sizer's size, for Health (the sizer is the leader's alone)
 	checkedCursor bool          // the resumed cursor was found canonical (leader's alone)
+	// final is the highest block known final (finalKnown: one is), and finalFloor the highest
+	// tagged block a node answered consistently: kept blocks are pruned only below final
+	// (leader's alone).
+	final      uint64
+	finalKnown bool
+	finalFloor facilitator.FinalityFloor
 
 	// The loop's lifetime: Stop cancels it with facilitator.ErrClosed as the cause and awaits it.
 	mu      sync.Mutex
@@ -98,8 +105,8 @@ func New(cfg Config) *Indexer {
 	if cfg.RPCTimeout == 0 {
 		cfg.RPCTimeout = 10 * time.Second
 	}
-	if cfg.FinalityDepth == 0 {
-		cfg.FinalityDepth = 1
+	if cfg.Finality.Depth == 0 {
+		cfg.Finality.Depth = 1
 	}
 	if cfg.InitialRange == 0 {
 		cfg.InitialRange = 1000
@@ -114,7 +121,7 @@ func New(cfg Config) *Indexer {
 		cfg:    cfg,
 		log:    cfg.Logger.With("network", cfg.Network, "component", "indexer"),
 		sizer:  newRangeSizer(cfg.InitialRange, cfg.MaxRange),
-		window: max(2*cfg.FinalityDepth, 128),
+		window: max(2*cfg.Finality.Depth, 128),
 		done:   make(chan struct{}),
 	}
 	ix.rangeSize.Store(ix.sizer.size)
@@ -297,8 +304,8 @@ func (ix *Indexer) lead(ctx context.Context) error {
 
 // step indexes the next piece of chain and reports whether the index has reached the head.
 func (ix *Indexer) step(ctx context.Context) (bool, error) {
-	var head hexutil.Uint64
-	if err := ix.call(ctx, &head, "eth_blockNumber"); err != nil {
+	head, fp, err := ix.finality(ctx)
+	if err != nil {
 		return false, err
 	}
 	ix.head.Store(uint64(head))
@@ -314,10 +321,11 @@ func (ix *Indexer) step(ctx context.Context) (bool, error) {
 	if next > uint64(head) {
 		return true, nil
 	}
-	// Blocks at or below safe are final: no hashes needed to index them.
+	// Blocks at or below safe are final: no hashes needed to index them (none while no block is
+	// known final).
 	var safe uint64
-	if uint64(head)+1 > ix.cfg.FinalityDepth {
-		safe = uint64(head) + 1 - ix.cfg.FinalityDepth
+	if fp.Known {
+		safe = fp.Block
 	}
 	if next+ix.window <= safe {
 		if ok && cur.Hash != (common.Hash{}) && !ix.checkedCursor {
@@ -426,8 +434,10 @@ func (ix *Indexer) live(ctx context.Context, cur facilitator.Block, haveCursor b
 	}
 	ix.cursor.Store(last.Number)
 	ix.eventsIndexed.Add(int64(ev.Len()))
-	if last.Number > ix.window {
-		if err := ix.cfg.Store.PruneBlocks(ctx, ix.cfg.Network, last.Number-ix.window); err != nil {
+	if last.Number > ix.window && ix.finalKnown {
+		// Only final blocks leave the window: a reorg can reach every block above the final one,
+		// however far back the chain's finalized tag lags.
+		if err := ix.cfg.Store.PruneBlocks(ctx, ix.cfg.Network, min(last.Number-ix.window, ix.final)); err != nil {
 			ix.log.Warn("pruning old window blocks", "err", err)
 		}
 	}
@@ -472,6 +482,9 @@ func (ix *Indexer) reorg(ctx context.Context, cur facilitator.Block, head uint64
 	from := uint64(0)
 	if cur.Number > ix.window {
 		from = cur.Number - ix.window
+	}
+	if ix.finalKnown {
+		from = min(from, ix.final) // every unfinal block kept is a candidate ancestor
 	}
 	kept, err := ix.cfg.Store.WindowBlocks(ctx, ix.cfg.Network, from)
 	if err != nil {
@@ -580,6 +593,36 @@ func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]facilitator.
 		out[i] = facilitator.Block{Number: uint64(h.Number), Hash: h.Hash, ParentHash: h.ParentHash}
 	}
 	return out, nil
+}
+
+// finality reads the head and, when the network's rule names a tag, the node's block under it, in
+// one request (so both come from one node), and says where finality stands there.
+func (ix *Indexer) finality(ctx context.Context) (hexutil.Uint64, facilitator.FinalPoint, error) {
+	var head hexutil.Uint64
+	rule := ix.cfg.Finality
+	elems := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}
+	if rule.Tag != "" {
+		elems = append(elems, ethrpc.TagElem(rule.Tag))
+	}
+	ctx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
+	defer cancel()
+	if err := ix.cfg.Chain.BatchCallContext(ctx, elems); err != nil {
+		return 0, facilitator.FinalPoint{}, err
+	}
+	if elems[0].Error != nil {
+		return 0, facilitator.FinalPoint{}, elems[0].Error
+	}
+	var tag facilitator.TagRead
+	if rule.Tag != "" {
+		tag = ethrpc.TagAnswer(elems[1])
+	}
+	fp := ix.finalFloor.At(rule, uint64(head), tag)
+	if fp.Known {
+		// A depth fallback's final block may be below a tagged one seen before: finality
+		// only moves forward.
+		ix.final, ix.finalKnown = max(ix.final, fp.Block), true
+	}
+	return head, fp, nil
 }
 
 func (ix *Indexer) call(ctx context.Context, result any, method string, args ...any) error {

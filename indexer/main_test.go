@@ -75,13 +75,13 @@ type running struct {
 // config is the tests' default indexer configuration: USDC, a small finality depth, fast polling.
 func config(network string) indexer.Config {
 	return indexer.Config{
-		Network:       network,
-		Tokens:        []common.Address{chain.USDC.Address},
-		Chain:         chain.RPC,
-		Heads:         ethrpc.NewHeads(0, nil, chain.WSURL),
-		Store:         store,
-		FinalityDepth: 2,
-		PollInterval:  50 * time.Millisecond,
+		Network:      network,
+		Tokens:       []common.Address{chain.USDC.Address},
+		Chain:        chain.RPC,
+		Heads:        ethrpc.NewHeads(0, nil, chain.WSURL),
+		Store:        store,
+		Finality:     facilitator.Finality{Depth: 2},
+		PollInterval: 50 * time.Millisecond,
 	}
 }
 

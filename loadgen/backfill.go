@@ -16,6 +16,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
@@ -247,7 +248,7 @@ func TimeBackfill(ctx context.Context, rc *rpc.Client, timeout time.Duration, db
 		return r, err
 	}
 	ix := indexer.New(indexer.Config{Network: network, Tokens: []common.Address{e.Contract}, Chain: rc, Store: db,
-		StartBlock: e.DeployBlock, FinalityDepth: backfillFinality, PollInterval: 50 * time.Millisecond,
+		StartBlock: e.DeployBlock, Finality: facilitator.Finality{Depth: backfillFinality}, PollInterval: 50 * time.Millisecond,
 		RPCTimeout: timeout, Logger: log})
 	begin := time.Now()
 	if err := ix.Start(ctx); err != nil {

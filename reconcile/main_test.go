@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
@@ -27,11 +28,18 @@ func jobs(t testing.TB, depth uint64, now func() time.Time) *reconcile.Jobs {
 	t.Helper()
 	return reconcile.New(reconcile.Config{
 		Store:      env.DB,
-		Networks:   []reconcile.Network{{Network: env.Network(), Chain: env.Chain.RPC, FinalityDepth: depth}},
+		Networks:   []reconcile.Network{{Network: network(facilitator.Finality{Depth: depth}), Chain: env.Chain.RPC}},
 		StaleAfter: time.Minute,
 		Now:        now,
 		Logger:     stacktest.Logger(t),
 	})
+}
+
+// network is the env's network with the finality rule rule.
+func network(rule facilitator.Finality) facilitator.Network {
+	n := env.Network()
+	n.Finality = rule
+	return n
 }
 
 // runSettlements runs the Settlements job once and fails the test on an error.

@@ -37,11 +37,10 @@ type Store interface {
 	TryLead(ctx context.Context, network string) (release func(), ok bool, err error)
 }
 
-// Network is one chain the jobs watch.
+// Network is one chain the jobs watch; its finality rule is Network.Finality.
 type Network struct {
-	Network       facilitator.Network
-	Chain         ethrpc.Chain
-	FinalityDepth uint64
+	Network facilitator.Network
+	Chain   ethrpc.Chain
 }
 
 // Config configures the jobs.
@@ -62,6 +61,9 @@ type Config struct {
 type Jobs struct {
 	cfg Config
 	log *slog.Logger
+	// floors is each network's highest tagged final block answered consistently: a lower answer
+	// is a node gone backwards, and says nothing.
+	floors map[string]*facilitator.FinalityFloor
 }
 
 // New builds the jobs.
@@ -81,7 +83,11 @@ func New(cfg Config) *Jobs {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile")}
+	j := &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile"), floors: map[string]*facilitator.FinalityFloor{}}
+	for _, n := range cfg.Networks {
+		j.floors[n.Network.ID] = new(facilitator.FinalityFloor)
+	}
+	return j
 }
 
 // Changes counts what a run changed.
@@ -143,8 +149,10 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 	if err != nil {
 		return ch, err
 	}
-	// A terminal answer from the index rests on a block the index holds at the network's depth.
-	final := func(block uint64) bool { return cursor.Number+1 >= block+max(n.FinalityDepth, 1) }
+	// A terminal answer from the index rests on a block the index holds and the network's rule
+	// calls final.
+	fp := j.finalPoint(ctx, n, cursor.Number)
+	final := func(block uint64) bool { return block <= cursor.Number && fp.Covers(block) }
 	var resolutions []facilitator.Resolution
 	var finals, looked []int64
 	unlanded := map[int64]*facilitator.OpenSettlement{} // resolved without a receipt of ours
@@ -172,7 +180,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 					BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
 				ch.Reopened++
 				ch.Mined++
-			case use != nil && ours[use.TxHash] && cursor.Number+1 >= use.BlockNumber+max(n.FinalityDepth, 1):
+			case use != nil && ours[use.TxHash] && final(use.BlockNumber):
 				finals = append(finals, row.ID)
 				ch.Final++
 			case use != nil && !ours[use.TxHash] && final(use.BlockNumber):
@@ -266,7 +274,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 // by the engine's own rules (settle.Judge): our transactions' receipts, and the authorization's
 // state and use log read pinned at a block the answering node has, twice.
 func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.OpenSettlement) (facilitator.Resolution, bool, error) {
-	return settle.Judge(ctx, n.Chain, j.batchOn, s, n.FinalityDepth, j.cfg.Now())
+	return settle.Judge(ctx, n.Chain, j.batchOn, s, n.Network.Finality, j.cfg.Now())
 }
 
 // reopen moves a mined row back to broadcast; a row no longer mined (the engine moved it first)
@@ -305,6 +313,34 @@ func (j *Jobs) resend(ctx context.Context, n Network, s facilitator.OpenSettleme
 		return false
 	}
 	return true
+}
+
+// finalPoint is where finality stands for the index's answers, whose head is indexed. By a tag,
+// the tag is read twice, each time with the answering node's head, and the lower answer counts
+// (one read never decides; a read whose answer cannot be right makes nothing final); a read of
+// the tag that fails falls back to depth, counted from the index's head, as with no tag.
+func (j *Jobs) finalPoint(ctx context.Context, n Network, indexed uint64) facilitator.FinalPoint {
+	rule := n.Network.Finality
+	floor := j.floors[n.Network.ID]
+	read := func() facilitator.FinalPoint {
+		var head hexutil.Uint64
+		elems := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}, ethrpc.TagElem(rule.Tag)}
+		if err := j.batch(ctx, n, elems); err != nil || elems[0].Error != nil || !ethrpc.TagAnswer(elems[1]).OK {
+			return rule.At(indexed, facilitator.TagRead{}, 0)
+		}
+		return floor.At(rule, uint64(head), ethrpc.TagAnswer(elems[1]))
+	}
+	if rule.Tag == "" {
+		return rule.At(indexed, facilitator.TagRead{}, 0)
+	}
+	a, b := read(), read()
+	if !a.Known || !b.Known {
+		return facilitator.FinalPoint{Rule: a.Rule}
+	}
+	if b.Block < a.Block {
+		return b
+	}
+	return a
 }
 
 func (j *Jobs) batch(ctx context.Context, n Network, elems []rpc.BatchElem) error {

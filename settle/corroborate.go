@@ -24,14 +24,14 @@ type pairer interface {
 // has them, keeping a read only where they agree, and calling disagreed for each that they did
 // not. batchOn makes a batch function over one endpoint.
 func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
-	prs []*pinnedRead, disagreed func()) error {
+	tag string, prs []*pinnedRead, disagreed func()) error {
 	p, ok := chain.(pairer)
 	if !ok {
-		return readPinned(ctx, batchOn(chain), prs)
+		return readPinned(ctx, batchOn(chain), tag, prs)
 	}
 	a, b, ok := p.Pair()
 	if !ok {
-		return readPinned(ctx, batchOn(chain), prs)
+		return readPinned(ctx, batchOn(chain), tag, prs)
 	}
 	second := make([]*pinnedRead, len(prs))
 	for i, pr := range prs {
@@ -42,8 +42,8 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 	var errA, errB error
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); errA = readPinned(ctx, batchOn(a), prs) }()
-	go func() { defer wg.Done(); errB = readPinned(ctx, batchOn(b), second) }()
+	go func() { defer wg.Done(); errA = readPinned(ctx, batchOn(a), tag, prs) }()
+	go func() { defer wg.Done(); errB = readPinned(ctx, batchOn(b), tag, second) }()
 	wg.Wait()
 	if errA != nil {
 		return errA
@@ -63,8 +63,14 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 			pr.read, pr.receipts = nil, nil
 			disagreed()
 		default:
-			// Finality counts from the lower of the two heads: the block must be final for both.
+			// Finality counts from the lower of the two heads and tagged blocks: the block must be
+			// final for both (a tag one of them could not read leaves finality to the depth rule).
 			pr.read.nodeHead = min(pr.read.nodeHead, other.read.nodeHead)
+			if !other.read.tag.OK {
+				pr.read.tag = other.read.tag
+			} else if pr.read.tag.OK {
+				pr.read.tag.Number = min(pr.read.tag.Number, other.read.tag.Number)
+			}
 			pr.read.receiptsComplete = pr.read.receiptsComplete && other.read.receiptsComplete
 			for h, r := range other.receipts {
 				if !pr.receipts[h].ok {

@@ -124,7 +124,7 @@ func TestCorroboratedReads(t *testing.T) {
 			c.b(b)
 			pr := pinned(10)
 			n := 0
-			if err := readCorroborated(ctx, pair{Chain: a, a: a, b: b}, direct, []*pinnedRead{pr}, func() { n++ }); err != nil {
+			if err := readCorroborated(ctx, pair{Chain: a, a: a, b: b}, direct, "", []*pinnedRead{pr}, func() { n++ }); err != nil {
 				t.Fatal(err)
 			}
 			if (pr.read != nil) != c.known || n != c.disagreed {
@@ -142,7 +142,7 @@ func TestCorroboratedReads(t *testing.T) {
 		a := honest()
 		a.used, a.useTx = true, common.Hash{0xee}
 		pr := pinned(10)
-		if err := readCorroborated(ctx, a, direct, []*pinnedRead{pr}, func() { t.Fatal("a disagreement with one endpoint") }); err != nil {
+		if err := readCorroborated(ctx, a, direct, "", []*pinnedRead{pr}, func() { t.Fatal("a disagreement with one endpoint") }); err != nil {
 			t.Fatal(err)
 		}
 		if pr.read == nil || !pr.read.used {

@@ -84,9 +84,6 @@ type NetworkConfig struct {
 	// Remote are signers whose keys live outside the process (a Clef external signer, `facilitator
 	// signer`): the engine knows only their addresses. They settle beside Signers alike.
 	Remote []Signer
-	// FinalityDepth is the number of confirmations (the mined block counts as one) at which a
-	// settlement is final.
-	FinalityDepth uint64
 	// Heads, when set, wakes the receipt watcher on every block the network's head subscription
 	// announces (PollInterval polling goes on regardless).
 	Heads Heads
@@ -232,7 +229,10 @@ func New(cfg Config) (*Engine, error) {
 		if err := nc.Fees.Check(); err != nil {
 			return nil, fmt.Errorf("settle: network %s fees: %w", nc.Network.ID, err)
 		}
-		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, depth: max(nc.FinalityDepth, 1), bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64),
+		if err := nc.Network.Finality.Validate(); err != nil {
+			return nil, fmt.Errorf("settle: network %s: %w", nc.Network.ID, err)
+		}
+		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64),
 			feePolicy: nc.Fees.WithDefaults(cfg.MinTip, cfg.MaxFeeCap)}
 		seen := map[common.Address]bool{}
 		var signers []Signer

@@ -68,8 +68,11 @@ func (pr *pinnedRead) apply(t *track, o *observation) bool {
 	return true
 }
 
-// readPinned makes the pinned reads of every settlement in prs, in one batch.
-func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, prs []*pinnedRead) error {
+// readPinned makes the pinned reads of every settlement in prs, in one batch. With a finality tag
+// (the network's rule names one), each settlement's reads carry the node's answer for it, so
+// that the evidence and the block it is final below come from the same node; the tag's read
+// failing fails nothing (finality then counts by depth).
+func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, tag string, prs []*pinnedRead) error {
 	type slots struct {
 		header *struct {
 			Hash common.Hash    `json:"hash"`
@@ -81,6 +84,8 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		logs  []types.Log
 		rcpts []*types.Receipt
 		first int
+		tag   int // the tag's element (-1: none)
+		rcpt  int // the first receipt's element
 	}
 	var elems []rpc.BatchElem
 	all := make([]*slots, len(prs))
@@ -106,6 +111,12 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			rpc.BatchElem{Method: "eth_call", Args: []any{call, at}, Result: &s.state},
 			rpc.BatchElem{Method: "eth_getLogs", Args: []any{filter}, Result: &s.logs},
 			rpc.BatchElem{Method: "eth_blockNumber", Result: &s.head})
+		s.tag = -1
+		if tag != "" {
+			s.tag = len(elems)
+			elems = append(elems, ethrpc.TagElem(tag))
+		}
+		s.rcpt = len(elems)
 		for j, v := range pr.t.variants {
 			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{v.hash}, Result: &s.rcpts[j]})
 		}
@@ -128,6 +139,9 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		}
 		c := &chainRead{at: pr.at, atHash: s.header.Hash, time: uint64(s.header.Time), keyNonce: uint64(s.count), nodeHead: uint64(s.head),
 			used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
+		if s.tag >= 0 {
+			c.tag = ethrpc.TagAnswer(elems[s.tag])
+		}
 		for _, l := range s.logs {
 			if l.Removed || len(l.Topics) < 3 {
 				continue
@@ -141,7 +155,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		want := pr.want
 		pr.receipts = map[common.Hash]receiptRead{}
 		for j, v := range pr.t.variants {
-			el := elems[s.first+pinnedElems+j]
+			el := elems[s.rcpt+j]
 			if el.Error != nil {
 				c.receiptsComplete = false
 				pr.receipts[v.hash] = receiptRead{}
@@ -162,7 +176,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 // With several endpoints (ethrpc.Pool), its pinned reads are corroborated by two of them, as the
 // watcher's are; batchOn makes the batch function over one chain.
 func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
-	s *facilitator.OpenSettlement, depth uint64, now time.Time) (facilitator.Resolution, bool, error) {
+	s *facilitator.OpenSettlement, fin facilitator.Finality, now time.Time) (facilitator.Resolution, bool, error) {
 	batch := batchOn(chain)
 	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore}
 	for _, x := range s.Txs {
@@ -174,10 +188,11 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
 	}
 	want := ExpectedOf(&s.Settlement)
-	p := policy{depth: depth, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
+	p := policy{finality: fin, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
 	var head hexutil.Uint64
+	var floor uint64 // the highest tagged block answered consistently in these rounds
 	for round := 0; round < 3; round++ {
-		o := observation{now: now, receipts: map[common.Hash]receiptRead{}}
+		o := observation{now: now, receipts: map[common.Hash]receiptRead{}, floor: floor}
 		var rr receiptReads
 		rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_blockNumber", Result: &head})
 		for _, v := range t.variants {
@@ -200,11 +215,14 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 				at = o.head
 			}
 			pr := newPinnedRead(s.Key, s.Signer, want, t, at)
-			if err := readCorroborated(ctx, chain, batchOn, []*pinnedRead{pr}, func() {}); err != nil {
+			if err := readCorroborated(ctx, chain, batchOn, fin.Tag, []*pinnedRead{pr}, func() {}); err != nil {
 				return facilitator.Resolution{}, false, err
 			}
 			if !pr.apply(&t, &o) {
 				return facilitator.Resolution{}, false, nil
+			}
+			if c := o.chain; c.tag.OK && fin.At(c.nodeHead, c.tag, floor).Known {
+				floor = max(floor, c.tag.Number)
 			}
 			d = decide(t, o, p)
 		}

@@ -22,7 +22,6 @@ type network struct {
 	chain   ethrpc.Chain
 	heads   Heads // nil: polls only
 	senders []*sender
-	depth   uint64 // confirmations at which a mined settlement is final
 
 	feeMu   sync.Mutex
 	feeAt   time.Time
@@ -53,6 +52,12 @@ type network struct {
 
 	// headHint is the highest head the newHeads subscription announced (0: none yet).
 	headHint atomic.Uint64
+
+	// finalFloor is the highest tagged final block a node answered consistently (at or below its
+	// own head): a lower answer later is a node gone backwards, whose word is not known. tagOK:
+	// the latest round's read of the tag was answered (else finality is due by depth).
+	finalFloor facilitator.FinalityFloor
+	tagOK      atomic.Bool
 
 	// maxSeen is the highest head any answer told of (pinHead can fall back below it): a nonce
 	// is loaded, and a replacement made, only on reads at least that fresh.
@@ -245,6 +250,11 @@ func (n *network) recordBroadcasts(ctx context.Context, ids []int64) {
 		// Only bookkeeping: recovery treats signed and broadcast alike.
 		e.log.Warn("recording broadcasts", "network", n.id.ID, "err", err)
 	}
+}
+
+// sawFinal records a node's answer for the finality tag, read with its head.
+func (n *network) sawFinal(head uint64, tag facilitator.TagRead) {
+	n.finalFloor.At(n.id.Finality, head, tag)
 }
 
 // saw records that an answer told of head h.

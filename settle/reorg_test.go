@@ -15,7 +15,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
-	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // The tests below reorganise the chain (anvil_reorg) inside the finality window, after the
@@ -178,7 +177,7 @@ func (d *reorged) afterFirstMined(t *testing.T, evs []stacktest.Event) int {
 // statusNow is the status service's answer for the authorization, once the index has the head.
 func (d *reorged) statusNow(t *testing.T) facilitator.AuthorizationStatus {
 	t.Helper()
-	svc := status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC, FinalityDepth: reorgFinality}}, nil)
+	svc := env.Status(env.DB, reorgFinality)
 	env.StartIndexer(t)
 	env.WaitIndexed(t, env.Head(t))
 	st, found, err := svc.Authorization(context.Background(), d.p.Key())

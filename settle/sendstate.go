@@ -88,16 +88,21 @@ type observation struct {
 	chain *chainRead
 	// highest is the highest head the engine has ever seen: a replacement rests on reads at it.
 	highest uint64
+	// floor is the highest tagged final block the network's nodes answered consistently: a
+	// lower answer is a node gone backwards (facilitator.Finality.At).
+	floor uint64
 	// gap: the signer's nonce at the pinned block (chain.keyNonce) is below the settlement's and
 	// no settlement holds it: a transaction that held it (a foreign one, reorganised away) is
 	// gone, and every later transaction of the key waits behind it.
 	gap bool
 }
 
-// canonRead is a block at a height, with the head of the node that answered.
+// canonRead is a block at a height, with the head of the node that answered and its answer for
+// the network's finality tag (read in the same request).
 type canonRead struct {
 	head uint64
 	hash common.Hash // zero: the node has no block at that height
+	tag  facilitator.TagRead
 }
 
 // chainRead is a set of reads made in one request and pinned at one block, which the answering
@@ -112,6 +117,9 @@ type chainRead struct {
 	// nodeHead is the answering node's head: finality of the block counts from it (a node still on
 	// a branch a reorganisation replaced has a head too short to call that branch's blocks final).
 	nodeHead uint64
+	// tag is the answering node's block under the network's finality tag, read in the same
+	// request (not OK: not read, or not served; finality then counts by depth from nodeHead).
+	tag facilitator.TagRead
 	// used is the token's authorizationState for the authorization at the block.
 	used bool
 	// use is the AuthorizationUsed or AuthorizationCanceled log of the authorization up to the
@@ -128,9 +136,9 @@ type authLog struct {
 	blockHash common.Hash
 }
 
-// policy is the engine's timing and depth.
+// policy is the engine's timing and finality rule.
 type policy struct {
-	depth            uint64 // confirmations (the mined block counts as one) at which a settlement is final
+	finality         facilitator.Finality // when a block is final (by the chain's tag, or by depth)
 	retryInterval    time.Duration
 	rebroadcastAfter time.Duration
 	bumpAfter        time.Duration
@@ -213,15 +221,16 @@ func decideMined(t track, o observation, p policy) decision {
 	}
 	if r := rr.r; r != nil {
 		if r.block == t.mined.block && (t.mined.blockHash == (common.Hash{}) || r.blockHash == t.mined.blockHash) && r.success {
-			// Still where it was recorded: final once deep enough, by the head of the node that
-			// answered the receipt (a node cannot show a receipt in a block it does not have).
+			// Still where it was recorded: final once the answering node's finality rule covers
+			// its block (by its tag, or its head's depth; a node cannot show a receipt in a block
+			// it does not have).
 			if o.canon == nil || o.canon.hash != r.blockHash {
 				return keep(t, "the block at the recorded height was not read with the receipt")
 			}
-			if o.canon.head+1 >= r.block+max(p.depth, 1) {
-				return twice(t, decision{act: actFinalize, why: "deep enough"}, r.block, r.blockHash)
+			if fp := p.finality.At(o.canon.head, o.canon.tag, o.floor); fp.Covers(r.block) {
+				return twice(t, decision{act: actFinalize, why: "final by " + fp.Rule}, r.block, r.blockHash)
 			}
-			return decision{act: actWait, why: "not deep enough yet"}
+			return decision{act: actWait, why: "not final yet"}
 		}
 		if r.success {
 			res := facilitator.Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
@@ -352,24 +361,31 @@ func decideOpen(t track, o observation, p policy) decision {
 }
 
 // terminal is a failure outcome, resting on the block at (with hash atHash): carried out only
-// once that block is final by the network's depth (a reorg above it could take the evidence away
+// once that block is final by the network's rule, as the node that answered the evidence says
+// (a reorg above it could take the evidence away
 // and let ours land), and on the second read there. Until then the verdict says where to read.
 func (t track) terminal(o observation, p policy, at uint64, atHash common.Hash, res facilitator.Resolution, why string) decision {
-	if !final(at, o.chain.nodeHead, p) {
-		return notFinal(o.chain, p, why)
+	if !final(at, o, p) {
+		return notFinal(o, p, why)
 	}
 	return twice(t, decision{act: actResolve, res: res, why: why}, at, atHash)
 }
 
-// final reports whether block at is final by depth under head (the mined block counts as one).
-func final(at, head uint64, p policy) bool { return head+1 >= at+max(p.depth, 1) }
+// finalPoint is where finality stands on the node that answered the pinned reads: by its
+// answer for the tag, read in the same request, or by depth under its head.
+func finalPoint(o observation, p policy) facilitator.FinalPoint {
+	return p.finality.At(o.chain.nodeHead, o.chain.tag, o.floor)
+}
+
+// final reports whether block at is final on the node that answered the pinned reads.
+func final(at uint64, o observation, p policy) bool { return finalPoint(o, p).Covers(at) }
 
 // notFinal waits for evidence read in a block not final yet, and says to read again at the
 // answering node's latest final block: once the evidence is there, it is final.
-func notFinal(c *chainRead, p policy, why string) decision {
+func notFinal(o observation, p policy, why string) decision {
 	d := decision{act: actWait, why: why + ", in a block not final yet"}
-	if c.nodeHead+1 >= max(p.depth, 1) {
-		d.verdict = &verdict{act: actReadAt, at: c.nodeHead + 1 - max(p.depth, 1)}
+	if fp := finalPoint(o, p); fp.Known {
+		d.verdict = &verdict{act: actReadAt, at: fp.Block}
 	}
 	return d
 }
@@ -385,8 +401,8 @@ func decideClosing(t track, o observation, p policy) decision {
 	}
 	if c.keyNonce > t.txNonce {
 		// Used in a block that must stay: a reorg above it could hand the nonce back.
-		if !final(c.at, c.nodeHead, p) {
-			return notFinal(c, p, "the nonce is used")
+		if !final(c.at, o, p) {
+			return notFinal(o, p, "the nonce is used")
 		}
 		return twice(t, decision{act: actRelease, why: "the nonce is used"}, c.at, c.atHash)
 	}
@@ -407,8 +423,8 @@ func fillGap(t track, o observation, p policy, stuck bool) (decision, bool) {
 	if !o.gap || !stuck || c == nil || c.keyNonce >= t.txNonce {
 		return decision{}, false
 	}
-	if !final(c.at, c.nodeHead, p) {
-		return notFinal(c, p, "a nonce gap below ours"), true
+	if !final(c.at, o, p) {
+		return notFinal(o, p, "a nonce gap below ours"), true
 	}
 	return twice(t, decision{act: actResign, why: "a nonce gap below ours: no transaction holds it"}, c.at, c.atHash), true
 }

@@ -17,7 +17,7 @@ func TestDecide(t *testing.T) {
 	h := func(b byte) common.Hash { return common.Hash{b} }
 	ours, bumped, resigned, theirs, cancel := h(1), h(2), h(3), h(9), h(8)
 	blockA, blockB := h(0xa), h(0xb)
-	pol := policy{depth: 4, retryInterval: time.Second, rebroadcastAfter: 30 * time.Second, bumpAfter: 90 * time.Second, resignMargin: 30 * time.Second}
+	pol := policy{finality: facilitator.Finality{Depth: 4}, retryInterval: time.Second, rebroadcastAfter: 30 * time.Second, bumpAfter: 90 * time.Second, resignMargin: 30 * time.Second}
 	vb := big.NewInt(t0.Unix() + 600)
 	sent := func(hash common.Hash, nonce uint64) variant {
 		return variant{hash: hash, nonce: nonce, signedAt: t0, sentAt: t0, tried: t0}
@@ -240,5 +240,82 @@ func TestDecide(t *testing.T) {
 				t.Fatalf("a verdict read at another block confirmed it: %s", d.act)
 			}
 		})
+	}
+}
+
+// The finality rule by the chain's tag: a mined settlement is final, and a failure's evidence
+// decides, only once the answering node's finalized block (read in the same request) reaches
+// it, however deep it is; a tag the node does not answer falls back to depth; a tag answer
+// above the node's head, or below one already seen, is "not known", whatever the depth says.
+func TestDecideFinalityTag(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	h := func(b byte) common.Hash { return common.Hash{b} }
+	ours, theirs, blockA := h(1), h(9), h(0xa)
+	pol := policy{finality: facilitator.Finality{Tag: facilitator.TagFinalized, Depth: 4}, retryInterval: time.Second,
+		rebroadcastAfter: 30 * time.Second, bumpAfter: 90 * time.Second, resignMargin: 30 * time.Second}
+	vb := big.NewInt(t0.Unix() + 600)
+	sent := variant{hash: ours, nonce: 5, signedAt: t0, sentAt: t0, tried: t0}
+	mined := track{state: facilitator.StateMined, txNonce: 5, validBefore: vb, variants: []variant{sent}, mined: minedAt{tx: ours, block: 100, blockHash: blockA}}
+	open := track{state: facilitator.StateBroadcast, txNonce: 5, validBefore: vb, variants: []variant{sent}}
+	tag := func(n uint64) facilitator.TagRead { return facilitator.TagRead{Number: n, OK: true} }
+
+	minedObs := func(head uint64, tr facilitator.TagRead, floor uint64) observation {
+		return observation{now: t0, head: head, floor: floor,
+			receipts: map[common.Hash]receiptRead{ours: {ok: true, r: &receipt{tx: ours, success: true, transfer: true, block: 100, blockHash: blockA}}},
+			canon:    &canonRead{head: head, hash: blockA, tag: tr}}
+	}
+	// Settled elsewhere, the log at block 99, read pinned at 100.
+	elsewhereObs := func(nodeHead uint64, tr facilitator.TagRead, floor uint64) observation {
+		return observation{now: t0, head: nodeHead, floor: floor,
+			receipts: map[common.Hash]receiptRead{ours: {ok: true, r: &receipt{tx: ours, block: 100, blockHash: blockA}}},
+			chain: &chainRead{at: 100, atHash: blockA, time: uint64(t0.Unix()), keyNonce: 6, nodeHead: nodeHead, used: true, tag: tr, receiptsComplete: true,
+				use: &authLog{tx: theirs, block: 99, blockHash: h(0x99)}}}
+	}
+	twiceAct := func(tr track, o observation) (decision, decision) {
+		first := decide(tr, o, pol)
+		tr.verdict = first.verdict
+		return first, decide(tr, o, pol)
+	}
+	cases := []struct {
+		name  string
+		t     track
+		o     observation
+		final bool // the second read carries the terminal step out
+	}{
+		{"mined, 101 deep, finalized below it: not final", mined, minedObs(200, tag(99), 0), false},
+		{"mined, finalized at its block: final", mined, minedObs(200, tag(100), 0), true},
+		{"mined, 2 deep (under depth 4), finalized at its block: final", mined, minedObs(101, tag(100), 0), true},
+		{"mined, the node does not answer the tag: by depth", mined, minedObs(103, facilitator.TagRead{}, 0), true},
+		{"mined, the node does not answer the tag, not deep enough: not final", mined, minedObs(102, facilitator.TagRead{}, 0), false},
+		{"mined, the node's finalized is above its own head: not known", mined, minedObs(150, tag(151), 0), false},
+		{"mined, the node's finalized went backwards: not known", mined, minedObs(200, tag(120), 121), false},
+		{"settled elsewhere, finalized below the evidence: wait", open, elsewhereObs(300, tag(99), 0), false},
+		{"settled elsewhere, finalized at the evidence: decided", open, elsewhereObs(101, tag(100), 0), true},
+		{"settled elsewhere, finalized gone backwards: wait", open, elsewhereObs(300, tag(150), 160), false},
+		{"settled elsewhere, no tag answer: by depth from the node's head", open, elsewhereObs(103, facilitator.TagRead{}, 0), true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			first, second := twiceAct(tc.t, tc.o)
+			if first.act != actWait {
+				t.Fatalf("first read acted: %s (%s)", first.act, first.why)
+			}
+			acted := second.act == actFinalize || second.act == actResolve
+			if acted != tc.final {
+				t.Fatalf("second read: %s (%s), want final=%v", second.act, second.why, tc.final)
+			}
+		})
+	}
+
+	// Evidence in a block not final by the tag: the verdict says to read again at the node's
+	// finalized block, never at a depth below its head.
+	o := elsewhereObs(300, tag(99), 0)
+	d := decide(open, o, pol)
+	if d.verdict == nil || d.verdict.act != actReadAt || d.verdict.at != 99 {
+		t.Fatalf("not final by the tag: %+v, want a read at the finalized block 99", d.verdict)
+	}
+	o = elsewhereObs(300, tag(301), 0)
+	if d := decide(open, o, pol); d.act != actWait || d.verdict != nil {
+		t.Fatalf("a tag above the node's head: %s %+v, want a wait with nothing to read at", d.act, d.verdict)
 	}
 }

@@ -183,7 +183,17 @@ type simWorld struct {
 func newSimWorld(seed uint64) *simWorld {
 	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), ctx: context.Background()}
 	w.clock = settlesim.NewClock(time.Unix(1_800_000_000, 0))
-	w.chain = settlesim.NewChain(settlesim.ChainConfig{ChainID: 1337, FixedBaseFee: w.r.IntN(2) == 0}, w.clock)
+	// Half the worlds decide finality by the chain's "finalized" tag, which the simulated chain
+	// serves finalizedDepth blocks below its head (and never reorganises below). Drawn from a
+	// stream of its own, so that the main stream, and every regression seed, stays as it was.
+	fr := rand.New(rand.NewPCG(seed, 0xf1a7))
+	byTag := fr.IntN(2) == 0
+	finalizedDepth := uint64(1 + fr.IntN(6))
+	cc := settlesim.ChainConfig{ChainID: 1337, FixedBaseFee: w.r.IntN(2) == 0}
+	if byTag {
+		cc.FinalizedDepth = finalizedDepth
+	}
+	w.chain = settlesim.NewChain(cc, w.clock)
 	w.network = facilitator.Network{ID: "eip155:1337", ChainID: 1337, Tokens: []facilitator.Token{{Address: w.chain.Token(), Name: "USDC", Version: "2"}}}
 	for i := range 1 + w.r.IntN(3) {
 		w.backends = append(w.backends, settlesim.NewBackend(w.chain, fmt.Sprintf("node%d", i), settlesim.Profile{}, w.r))
@@ -216,10 +226,14 @@ func newSimWorld(seed uint64) *simWorld {
 	// Reorgs stay inside the finality window (depth − 1 blocks at most): past it no facilitator
 	// can be right, and the network's depth is the operator's promise that it does not happen.
 	w.depth = uint64(2 + w.r.IntN(3))
+	w.network.Finality = facilitator.Finality{Depth: w.depth}
+	if byTag {
+		w.network.Finality.Tag = facilitator.TagFinalized
+	}
 	lb := settlesim.NewBalancer(w.r, w.backends...)
 	w.spy = &sendSpy{Chain: lb, w: w, variants: map[spyKey][]common.Hash{}}
 	e, err := settle.New(settle.Config{
-		Networks: []settle.NetworkConfig{{Network: w.network, Chain: w.spy, Signers: w.signers, FinalityDepth: w.depth}},
+		Networks: []settle.NetworkConfig{{Network: w.network, Chain: w.spy, Signers: w.signers}},
 		Store:    w.ledger, Verifier: &simVerifier{w: w},
 		Deadline: time.Minute, RetryInterval: 2 * time.Second, RebroadcastAfter: 10 * time.Second,
 		BumpAfter: time.Duration(20+w.r.IntN(40)) * time.Second, RPCTimeout: time.Second,

@@ -105,7 +105,13 @@ func (n *network) watch(ctx context.Context) {
 		want Expected
 	}
 	var works []*work
-	var reads receiptReads
+	reads := receiptReads{tag: n.id.Finality.Tag}
+	fin := n.id.Finality
+	// By a tag, a mined settlement is due for its finality read once the tag has reached its block
+	// (as last read); by depth (or while the tag goes unanswered), once that deep.
+	byTag := fin.Tag != "" && n.tagOK.Load()
+	finalFloor := n.finalFloor.Load()
+	var tagRead *finalityRead // the round's own read of the tag, while settlements wait for it
 	for _, f := range flights {
 		if f.view().resolving {
 			continue // the previous round's outcome is being written
@@ -126,7 +132,14 @@ func (n *network) watch(ctx context.Context) {
 		case w.t.state.Succeeded():
 			// Mined: read again when due for finality (its block is checked to be still the
 			// recorded one), when a verdict waits for its second read, and on full sweeps.
-			if candidates == nil || uint64(head)+1 >= w.t.mined.block+n.depth || w.t.verdict != nil {
+			due := uint64(head)+1 >= w.t.mined.block+max(fin.Depth, 1)
+			if byTag {
+				due = finalFloor >= w.t.mined.block
+			}
+			if fin.Tag != "" && tagRead == nil {
+				tagRead = reads.finality()
+			}
+			if candidates == nil || due || w.t.verdict != nil {
 				if _, ok := w.o.receipts[w.t.mined.tx]; !ok {
 					reads.receipt(&w.o, w.t.mined.tx, want)
 				}
@@ -149,6 +162,17 @@ func (n *network) watch(ctx context.Context) {
 		return
 	}
 	n.lastBlock = uint64(head)
+	if tagRead != nil {
+		if tagRead.ok {
+			n.sawFinal(tagRead.head, tagRead.tag)
+		}
+		n.tagOK.Store(tagRead.ok && tagRead.tag.OK)
+	}
+	for _, w := range works {
+		if w.o.canon != nil {
+			n.sawFinal(w.o.canon.head, w.o.canon.tag)
+		}
+	}
 
 	// Decide; a decision that needs the pinned reads gets them (all such settlements in one
 	// request) and decides again.
@@ -172,6 +196,7 @@ func (n *network) watch(ctx context.Context) {
 	for i, w := range works {
 		w.o.head = n.pinHead // finality of evidence counts from the highest head seen
 		w.o.highest = n.maxSeen.Load()
+		w.o.floor = n.finalFloor.Load()
 		decisions[i] = decide(w.t, w.o, n.policy())
 		if d := decisions[i]; d.act == actReadAt {
 			at := d.at
@@ -185,7 +210,7 @@ func (n *network) watch(ctx context.Context) {
 	gaps := map[gapKey]bool{}
 	if len(pinned) > 0 {
 		disagreed := func() { e.cfg.Observer.Disagreement(n.id.ID) }
-		if err := readCorroborated(ctx, n.chain, n.batchOn, pinned, disagreed); err != nil {
+		if err := readCorroborated(ctx, n.chain, n.batchOn, fin.Tag, pinned, disagreed); err != nil {
 			e.log.Warn("pinned chain reads failed; deciding next round", "network", n.id.ID, "err", err)
 			for _, pr := range pinned {
 				pr.read = nil
@@ -195,6 +220,7 @@ func (n *network) watch(ctx context.Context) {
 		for _, pr := range pinned {
 			if pr.read != nil {
 				n.saw(pr.read.nodeHead)
+				n.sawFinal(pr.read.nodeHead, pr.read.tag)
 			}
 			if pr.read == nil && !pr.voided && pr.at == n.pinHead {
 				failed++
@@ -213,6 +239,7 @@ func (n *network) watch(ctx context.Context) {
 				continue
 			}
 			w.o.highest = n.maxSeen.Load() // the pinned reads (other requests too) may have told of more
+			w.o.floor = n.finalFloor.Load()
 			if pr.read.keyNonce < w.t.txNonce {
 				w.o.gap = n.gapAt(ctx, gaps, w.f.sender, pr.read.keyNonce)
 			}
@@ -299,15 +326,39 @@ func (n *network) gapAt(ctx context.Context, gaps map[gapKey]bool, s *sender, no
 // policy is the network's decision policy (sendstate.go).
 func (n *network) policy() policy {
 	c := n.engine.cfg
-	return policy{depth: n.depth, retryInterval: c.RetryInterval, rebroadcastAfter: c.RebroadcastAfter, bumpAfter: c.BumpAfter, resignMargin: resignMargin}
+	return policy{finality: n.id.Finality, retryInterval: c.RetryInterval, rebroadcastAfter: c.RebroadcastAfter, bumpAfter: c.BumpAfter, resignMargin: resignMargin}
 }
 
 // receiptReads gathers a round's reads into one batch: receipts, and a mined settlement's block at
 // its recorded height with the answering node's head.
 type receiptReads struct {
+	tag   string // the network's finality tag, read beside each block at a height ("": none)
 	elems []rpc.BatchElem
 	after []func()
 	hs    []*hexutil.Uint64 // the eth_blockNumber answers
+}
+
+// finalityRead is a node's head and its answer for the finality tag, read in one request.
+type finalityRead struct {
+	ok   bool // the head was read
+	head uint64
+	tag  facilitator.TagRead
+}
+
+// finality reads the head and the finality tag, for the round to know where the tag stands.
+func (rr *receiptReads) finality() *finalityRead {
+	fr := &finalityRead{}
+	head := new(hexutil.Uint64)
+	rr.hs = append(rr.hs, head)
+	i := len(rr.elems)
+	rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_blockNumber", Result: head}, ethrpc.TagElem(rr.tag))
+	rr.after = append(rr.after, func() {
+		if rr.elems[i].Error != nil {
+			return
+		}
+		fr.ok, fr.head, fr.tag = true, uint64(*head), ethrpc.TagAnswer(rr.elems[i+1])
+	})
+	return fr
 }
 
 // heads is the highest head the answered elements told of (0: none).
@@ -342,11 +393,17 @@ func (rr *receiptReads) canon(o *observation, number uint64) {
 	rr.elems = append(rr.elems,
 		rpc.BatchElem{Method: "eth_blockNumber", Result: head},
 		rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b})
+	if rr.tag != "" {
+		rr.elems = append(rr.elems, ethrpc.TagElem(rr.tag))
+	}
 	rr.after = append(rr.after, func() {
 		if rr.elems[i].Error != nil || rr.elems[i+1].Error != nil {
 			return
 		}
 		c := &canonRead{head: uint64(*head)}
+		if rr.tag != "" {
+			c.tag = ethrpc.TagAnswer(rr.elems[i+2])
+		}
 		if b != nil {
 			c.hash = b.Hash
 		}

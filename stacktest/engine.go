@@ -23,6 +23,7 @@ type EngineOptions struct {
 	Remote   []settle.Signer      // signers whose keys are elsewhere (a Clef, the narrow signer)
 	Deadline time.Duration        // default: 20 s (1 s gets pending answers with mining off)
 	Depth    uint64               // finality depth; default 1
+	Tag      string               // finality tag ("finalized", "safe"); default none (by depth)
 	DB       *postgres.DB         // default: a handle of its own, as a process of its own has
 	Logger   *slog.Logger         // default: the test's log
 	Config   func(*settle.Config) // edits the configuration before the engine is built
@@ -69,6 +70,12 @@ func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 	if o.Network != nil {
 		n = *o.Network
 	}
+	if o.Depth != 0 || n.Finality.Depth == 0 {
+		n.Finality.Depth = max(o.Depth, 1)
+	}
+	if o.Tag != "" {
+		n.Finality.Tag = o.Tag
+	}
 	if o.Reader == nil {
 		o.Reader = &ethrpc.Reader{Chain: o.Chain, Timeout: 5 * time.Second}
 	}
@@ -77,7 +84,7 @@ func (e *Env) NewEngine(t testing.TB, o EngineOptions) *Engine {
 		t.Fatal(err)
 	}
 	cfg := settle.Config{
-		Networks:     []settle.NetworkConfig{{Network: n, Chain: o.Chain, Signers: o.Signers, Remote: o.Remote, FinalityDepth: max(o.Depth, 1)}},
+		Networks:     []settle.NetworkConfig{{Network: n, Chain: o.Chain, Signers: o.Signers, Remote: o.Remote}},
 		Store:        o.DB,
 		Verifier:     v,
 		Deadline:     o.Deadline,

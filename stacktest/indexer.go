@@ -29,7 +29,7 @@ func (e *Env) StartIndexer(t testing.TB) *Indexer {
 	t.Helper()
 	log, quiet := QuietableLogger(t)
 	ix := indexer.New(indexer.Config{Network: e.Network().ID, Tokens: []common.Address{e.Chain.USDC.Address}, Chain: e.Chain.RPC,
-		Store: e.DB, FinalityDepth: 2, PollInterval: 50 * time.Millisecond, Logger: log.With("component", "indexer")})
+		Store: e.DB, Finality: facilitator.Finality{Depth: 2}, PollInterval: 50 * time.Millisecond, Logger: log.With("component", "indexer")})
 	if err := ix.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,10 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -27,34 +29,38 @@ type Store interface {
 	Cursor(ctx context.Context, network string) (facilitator.Block, bool, error)
 }
 
-// Head reads a chain's head.
+// Head reads the chain: its head and finality tag (in one request), recent logs.
 type Head interface {
 	CallContext(ctx context.Context, result any, method string, args ...any) error
+	BatchCallContext(ctx context.Context, b []rpc.BatchElem) error
 }
 
-// Network is one chain status answers for.
+// Network is one chain status answers for; its finality rule is Network.Finality.
 type Network struct {
-	Network       facilitator.Network
-	Reader        verify.Reader
-	Head          Head
-	FinalityDepth uint64
+	Network facilitator.Network
+	Reader  verify.Reader
+	Head    Head
 }
 
 // Service answers status queries.
 type Service struct {
 	store    Store
 	networks map[string]Network
-	now      func() time.Time
+	// floors is each network's highest tagged final block answered consistently: a lower answer
+	// is a node gone backwards, and says nothing.
+	floors map[string]*facilitator.FinalityFloor
+	now    func() time.Time
 }
 
 // New builds the service.
 func New(store Store, networks []Network, now func() time.Time) *Service {
-	s := &Service{store: store, networks: map[string]Network{}, now: now}
+	s := &Service{store: store, networks: map[string]Network{}, floors: map[string]*facilitator.FinalityFloor{}, now: now}
 	if s.now == nil {
 		s.now = time.Now
 	}
 	for _, n := range networks {
 		s.networks[n.Network.ID] = n
+		s.floors[n.Network.ID] = new(facilitator.FinalityFloor)
 	}
 	return s
 }
@@ -110,6 +116,8 @@ func (s *Service) Settlement(ctx context.Context, tx common.Hash) (facilitator.A
 	return st, err
 }
 
+// heads reads the index's head, and the chain's head with its finality tag in one request (so
+// both come from one node), and records in st where finality stands by the network's rule.
 func (s *Service) heads(ctx context.Context, n Network, st *facilitator.AuthorizationStatus) error {
 	cur, ok, err := s.store.Cursor(ctx, n.Network.ID)
 	if err != nil {
@@ -118,22 +126,39 @@ func (s *Service) heads(ctx context.Context, n Network, st *facilitator.Authoriz
 	if ok {
 		st.IndexedHead = cur.Number
 	}
+	rule := n.Network.Finality
 	var head hexutil.Uint64
-	if err := n.Head.CallContext(ctx, &head, "eth_blockNumber"); err != nil {
-		// Ledger and index still answer; confirmations then count from the index.
-		st.Head = st.IndexedHead
-		return nil
+	elems := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}
+	if rule.Tag != "" {
+		elems = append(elems, ethrpc.TagElem(rule.Tag))
 	}
-	st.Head = uint64(head)
+	var tag facilitator.TagRead
+	if err := n.Head.BatchCallContext(ctx, elems); err != nil || elems[0].Error != nil {
+		// Ledger and index still answer; confirmations, and finality by depth, then count from
+		// the index.
+		st.Head = st.IndexedHead
+	} else {
+		st.Head = uint64(head)
+		if rule.Tag != "" {
+			tag = ethrpc.TagAnswer(elems[1])
+		}
+	}
+	fp := s.floors[n.Network.ID].At(rule, st.Head, tag)
+	st.Finality = facilitator.StatusFinality{Rule: fp.Rule}
+	if fp.Known {
+		st.Finality.FinalBlock = fp.Block
+	}
 	return nil
 }
 
+// confirm records the block an answer rests on: its confirmations, and whether it is final by
+// the rule heads applied.
 func (s *Service) confirm(n Network, st *facilitator.AuthorizationStatus, block uint64) {
 	st.BlockNumber = block
 	if st.Head >= block {
 		st.Confirmations = st.Head - block + 1
 	}
-	st.Final = st.Confirmations >= max(n.FinalityDepth, 1)
+	st.Final = st.Finality.FinalBlock > 0 && block <= st.Finality.FinalBlock
 }
 
 func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.AuthorizationStatus, row *facilitator.Settlement) (facilitator.AuthorizationStatus, bool, error) {

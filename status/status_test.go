@@ -13,6 +13,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
@@ -67,8 +68,8 @@ func TestStatusPending(t *testing.T) {
 	}
 	if st.State != facilitator.StatusPending || st.Basis != "ledger" || st.Transaction != hash.Hex() || st.BlockNumber != 0 ||
 		st.Confirmations != 0 || st.Final || st.SettledBy != "" || st.To != p.PayTo.Hex() || st.Value != "42000" ||
-		st.ValidBefore != p.ValidBefore.String() {
-		t.Fatalf("status: %+v, want pending from the ledger with %s", st, hash)
+		st.ValidBefore != p.ValidBefore.String() || st.Finality.Rule != "depth:2" || st.Finality.FinalBlock != st.Head-1 {
+		t.Fatalf("status: %+v, want pending from the ledger with %s, finality by depth 2", st, hash)
 	}
 	bySettlement, err := svc.Settlement(ctx, hash)
 	if err != nil || bySettlement != st {
@@ -339,7 +340,9 @@ func TestStatusHeadUnavailable(t *testing.T) {
 	env.Mine(t)
 	env.WaitIndexed(t, env.Head(t))
 	cur, _, _ := env.DB.Cursor(ctx, env.Network().ID)
-	svc := status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: downHead{}, FinalityDepth: 2}}, nil)
+	n := env.Network()
+	n.Finality.Depth = 2
+	svc := status.New(env.DB, []status.Network{{Network: n, Reader: env.Reader(), Head: downHead{}}}, nil)
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)
@@ -353,6 +356,10 @@ func TestStatusHeadUnavailable(t *testing.T) {
 type downHead struct{}
 
 func (downHead) CallContext(context.Context, any, string, ...any) error {
+	return errors.New("connection refused")
+}
+
+func (downHead) BatchCallContext(context.Context, []rpc.BatchElem) error {
 	return errors.New("connection refused")
 }
 

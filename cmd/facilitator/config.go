@@ -114,8 +114,12 @@ type NetworkConfig struct {
 	V1Name   *string       `json:"v1Name,omitempty"`
 	Tokens   []TokenConfig `json:"tokens"`
 	// Finality is the confirmations (the mined block counts as one) at which a settlement is
-	// final; 0 takes the default: 1 on local dev chains (31337, 1337), 12 elsewhere.
+	// final; 0 takes the default: 1 on local dev chains (31337, 1337), 12 elsewhere. With a
+	// FinalityTag it is the fallback while the node does not answer the tag.
 	Finality uint64 `json:"finality,omitempty"`
+	// FinalityTag, "finalized" or "safe", makes a block final once it is at or below the block
+	// the node reports under that tag (the chain's own word), instead of by depth.
+	FinalityTag string `json:"finalityTag,omitempty"`
 	// StartBlock is where the block indexer starts on an empty database (default 0; set it to the
 	// token's deployment block, or a recent one, on a real chain).
 	StartBlock uint64 `json:"startBlock,omitempty"`
@@ -189,7 +193,10 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		if _, err := nc.feePolicy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, nc.ID, err)
 		}
-		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: facilitator.Finality{Depth: nc.finality(chainID)}}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: facilitator.Finality{Tag: nc.FinalityTag, Depth: nc.finality(chainID)}}
+		if err := n.Finality.Validate(); err != nil {
+			return nil, fmt.Errorf("networks[%d] (%s): %w", i, nc.ID, err)
+		}
 		if nc.V1Name != nil {
 			n.V1Name = *nc.V1Name
 		} else {

@@ -150,7 +150,7 @@ func (m *Main) Run(ctx context.Context) error {
 			return fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
 		}
 		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys, Remote: remote,
-			FinalityDepth: cfg.Networks[i].finality(n.ChainID), Heads: m.heads[i], Fees: fees})
+			Heads: m.heads[i], Fees: fees})
 	}
 	m.engine, err = settle.New(settle.Config{
 		Networks:             settleNets,
@@ -190,15 +190,13 @@ func (m *Main) Run(ctx context.Context) error {
 	m.metrics.WatchPaymentIDs(idsvc.Counts)
 	var recNets []reconcile.Network
 	for i, n := range networks {
-		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.rpcs[i],
-			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
+		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.rpcs[i]})
 	}
 	rec := reconcile.New(reconcile.Config{Store: m.db, Networks: recNets, StaleAfter: cfg.ReconcileStale,
 		RPCTimeout: cfg.RPCTimeout, Logger: log})
 	var statusNets []status.Network
 	for i, n := range networks {
-		statusNets = append(statusNets, status.Network{Network: n, Reader: readers[n.ID], Head: m.rpcs[i],
-			FinalityDepth: cfg.Networks[i].finality(n.ChainID)})
+		statusNets = append(statusNets, status.Network{Network: n, Reader: readers[n.ID], Head: m.rpcs[i]})
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
 	m.notifier = notify.New(notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
@@ -281,7 +279,7 @@ func (m *Main) startIndexers(ctx context.Context, networks []facilitator.Network
 		}
 		ix := indexer.New(indexer.Config{
 			Network: n.ID, Tokens: tokens, Chain: m.rpcs[i], Heads: m.heads[i], Store: m.db,
-			StartBlock: nc.StartBlock, FinalityDepth: nc.finality(n.ChainID), MaxRange: logRange,
+			StartBlock: nc.StartBlock, Finality: n.Finality, MaxRange: logRange,
 			PollInterval: m.Config.PollInterval, RPCTimeout: m.Config.RPCTimeout, Logger: m.Logger,
 			Observer: m.metrics,
 		})
