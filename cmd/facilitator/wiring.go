@@ -292,7 +292,8 @@ func (m *Main) readyChecks(rpcs map[string]*ethrpc.Reader) map[string]api.ReadyC
 }
 
 // signerSource reads the engine's signer keys at scrape time: in-flight counts, and balances once
-// the balance guard has read them (absent before, rather than a misleading zero).
+// the balance guard has read them (absent before, rather than a misleading zero) while this
+// process holds the key.
 func signerSource(e *settle.Engine, minBalance *big.Int) metrics.SignerSource {
 	var minWei float64
 	if minBalance != nil {
@@ -303,7 +304,9 @@ func signerSource(e *settle.Engine, minBalance *big.Int) metrics.SignerSource {
 		for _, st := range e.Signers() {
 			sig := metrics.Signer{Network: st.Network, Address: st.Address.Hex(), InFlight: st.InFlight, BalanceLow: st.BalanceLow,
 				MinBalanceWei: minWei}
-			if st.Balance != nil {
+			// A key another replica holds is that replica's to report: the balance this process
+			// read before losing it only ages.
+			if st.Balance != nil && st.Leased {
 				sig.BalanceKnown = true
 				sig.BalanceWei, _ = new(big.Float).SetInt(st.Balance).Float64()
 				sig.BalanceReadAt = st.BalanceReadAt
