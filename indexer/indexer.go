@@ -34,7 +34,13 @@ var ErrDeepReorg = errors.New("indexer: reorg deeper than the unfinalized window
 type Observer interface {
 	// Reorg: the indexer rolled depth blocks back to a common ancestor and indexed the new branch.
 	Reorg(network string, depth uint64)
+	// Beat: loop (LoopIndexer) finished a step on network at at, as the network's leader. A
+	// stuck indexer stops beating; its lag, a reading it would have to update, could not say so.
+	Beat(loop, network string, at time.Time)
 }
+
+// LoopIndexer is the indexer's loop, as it beats.
+const LoopIndexer = "indexer"
 
 // Config configures one network's indexer.
 type Config struct {
@@ -57,7 +63,7 @@ type Config struct {
 	RPCTimeout             time.Duration
 	Logger                 *slog.Logger
 	Now                    func() time.Time
-	// Observer hears reorgs; nil: nobody.
+	// Observer hears reorgs and the leader's steps; nil: nobody.
 	Observer Observer
 }
 
@@ -291,6 +297,9 @@ func (ix *Indexer) lead(ctx context.Context) error {
 			continue
 		}
 		failures = 0
+		if ix.cfg.Observer != nil {
+			ix.cfg.Observer.Beat(LoopIndexer, ix.cfg.Network, ix.cfg.Now())
+		}
 		if !caughtUp {
 			continue
 		}

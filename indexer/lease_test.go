@@ -14,12 +14,17 @@ import (
 
 // TestLeaseFailover runs two indexers for one network, as two replicas would (each with its own
 // database handle): one leads, the other waits; when the leader stops, the other takes over from
-// the cursor, and the index stays exactly eth_getLogs.
+// the cursor, and the index stays exactly eth_getLogs. Only the leader beats (on its clock): a
+// waiting replica's silence is not a stall, and a stuck leader's is.
 func TestLeaseFailover(t *testing.T) {
 	network := bindNetwork(t)
 	cfg := config(network)
 	cfg.StartBlock = head(t) + 1
 	sender := gasAccount(t)
+	skew := 48 * time.Hour
+	cfg.Now = func() time.Time { return time.Now().Add(skew) }
+	obsA, obsB := &reorgObserver{}, &reorgObserver{}
+	cfg.Observer = obsA
 
 	otherDB, err := postgres.Open(context.Background(), dbURL, nil)
 	if err != nil {
@@ -31,6 +36,7 @@ func TestLeaseFailover(t *testing.T) {
 	a.waitFor(t, "a to lead", 5*time.Second, func(s indexer.Health) bool { return s.Leader })
 	cfgB := cfg
 	cfgB.Store = otherDB
+	cfgB.Observer = obsB
 	b := start(t, cfgB)
 
 	p := payOnce(t, chain.Accounts[9], sender, 1)
@@ -39,12 +45,29 @@ func TestLeaseFailover(t *testing.T) {
 	if st := b.ix.Health(); st.Leader || st.Events != 0 {
 		t.Fatalf("the replica leads or indexes while the leader runs: %+v", st)
 	}
+	if got := obsB.beaten(); len(got) != 0 {
+		t.Fatalf("the waiting replica beat: %+v", got)
+	}
+	beats := obsA.beaten()
+	if len(beats) == 0 {
+		t.Fatal("the leader never beat")
+	}
+	for _, bt := range beats {
+		if bt.loop != indexer.LoopIndexer || bt.network != network || bt.at.Before(time.Now().Add(skew-time.Minute)) {
+			t.Fatalf("leader's beat %+v, want loop %s on %s at the indexer's clock", bt, indexer.LoopIndexer, network)
+		}
+	}
 
 	if err := a.stop(); err != nil {
 		t.Fatal(err)
 	}
 	stoppedAt := time.Now()
 	b.waitFor(t, "b to take over", 5*time.Second, func(s indexer.Health) bool { return s.Leader })
+	for deadline := time.Now().Add(5 * time.Second); len(obsB.beaten()) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the new leader does not beat")
+		}
+	}
 	t.Logf("the replica took over %s after the leader stopped", time.Since(stoppedAt).Round(time.Millisecond))
 	p = payOnce(t, chain.Accounts[9], sender, 2)
 	b.waitCursor(t, p.block, 5*time.Second)

@@ -235,10 +235,28 @@ func mustUint(t testing.TB, v any) uint64 {
 	return n
 }
 
-// reorgObserver records the reorgs an indexer reports, as "<network> <depth>".
+// reorgObserver records the reorgs an indexer reports, as "<network> <depth>", and its beats.
 type reorgObserver struct {
-	mu   sync.Mutex
-	seen []string
+	mu    sync.Mutex
+	seen  []string
+	beats []beat
+}
+
+type beat struct {
+	loop, network string
+	at            time.Time
+}
+
+func (o *reorgObserver) Beat(loop, network string, at time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.beats = append(o.beats, beat{loop, network, at})
+}
+
+func (o *reorgObserver) beaten() []beat {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.beats)
 }
 
 func (o *reorgObserver) Reorg(network string, depth uint64) {

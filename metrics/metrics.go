@@ -36,10 +36,14 @@ type Metrics struct {
 	reorgDepth *prometheus.HistogramVec
 
 	webhooks *prometheus.CounterVec
+
+	// loops holds each loop's last beat, in Unix seconds: a gauge a stuck loop stops moving.
+	loops *prometheus.GaugeVec
 }
 
 // New builds the registry with the event collectors and the Go runtime and process collectors.
-// The scrape-time sources are added with WatchSigners, WatchIndexers and WatchPaymentIDs once
+// The scrape-time sources are added with WatchSigners, WatchIndexers, WatchEndpoints,
+// WatchSettlements and WatchPaymentIDs once
 // what they read exists.
 func New() *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
@@ -97,7 +101,12 @@ func New() *Metrics {
 	for _, r := range []string{"delivered", "failed_retrying", "gave_up"} {
 		m.webhooks.WithLabelValues(r)
 	}
-	m.reg.MustRegister(m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps, m.disagreements, m.endpoints,
+	m.loops = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "loop_last_run_timestamp_seconds",
+		Help: "When the loop last finished an iteration (Unix seconds); alert on its age, which grows when the loop is stuck. " +
+			"network is empty for loops that are not per network (webhooks, jobs).",
+	}, []string{"loop", "network"})
+	m.reg.MustRegister(m.loops, m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps, m.disagreements, m.endpoints,
 		m.reorgs, m.reorgDepth, m.webhooks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -149,6 +158,14 @@ func (m *Metrics) Reorg(network string, depth uint64) {
 // WebhookAttempt records a webhook delivery attempt's result (notify.Observer).
 func (m *Metrics) WebhookAttempt(result string) { m.webhooks.WithLabelValues(result).Inc() }
 
+// Beat records that loop finished an iteration at at (settle.Observer, indexer.Observer,
+// notify.Observer, and the jobs).
+func (m *Metrics) Beat(loop, network string, at time.Time) {
+	m.loops.WithLabelValues(loop, network).Set(unixSeconds(at))
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
 // Signer is one signer key's state at scrape time.
 type Signer struct {
 	Network string
@@ -160,6 +177,11 @@ type Signer struct {
 	BalanceKnown bool
 	BalanceWei   float64
 	BalanceLow   bool
+	// BalanceReadAt is when the balance was read: a reading that stops moving is stale.
+	BalanceReadAt time.Time
+	// MinBalanceWei is the balance below which the key takes no new settlement (0: none), so
+	// that an alert can tell how soon a draining key reaches it.
+	MinBalanceWei float64
 }
 
 // SignerSource lists the signer keys; it is called on every scrape, so it must be cheap.
@@ -174,26 +196,34 @@ func (m *Metrics) WatchSigners(src SignerSource) {
 			[]string{"network", "signer"}, nil),
 		low: prometheus.NewDesc(namespace+"_signer_balance_low", "1 when the signer key's balance is below its alert threshold (absent when unknown).",
 			[]string{"network", "signer"}, nil),
+		readAt: prometheus.NewDesc(namespace+"_signer_balance_read_timestamp_seconds", "When the signer key's balance was last read (Unix seconds; absent before the first read).",
+			[]string{"network", "signer"}, nil),
+		min: prometheus.NewDesc(namespace+"_signer_balance_min_wei", "The balance below which the signer key takes no new settlement, in wei (0: no minimum).",
+			[]string{"network", "signer"}, nil),
 	})
 }
 
 type signerCollector struct {
-	src                    SignerSource
-	inFlight, balance, low *prometheus.Desc
+	src                                 SignerSource
+	inFlight, balance, low, readAt, min *prometheus.Desc
 }
 
 func (c *signerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.inFlight
 	ch <- c.balance
 	ch <- c.low
+	ch <- c.readAt
+	ch <- c.min
 }
 
 func (c *signerCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.src() {
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight), s.Network, s.Address)
+		ch <- prometheus.MustNewConstMetric(c.min, prometheus.GaugeValue, s.MinBalanceWei, s.Network, s.Address)
 		if s.BalanceKnown {
 			ch <- prometheus.MustNewConstMetric(c.balance, prometheus.GaugeValue, s.BalanceWei, s.Network, s.Address)
 			ch <- prometheus.MustNewConstMetric(c.low, prometheus.GaugeValue, boolValue(s.BalanceLow), s.Network, s.Address)
+			ch <- prometheus.MustNewConstMetric(c.readAt, prometheus.GaugeValue, unixSeconds(s.BalanceReadAt), s.Network, s.Address)
 		}
 	}
 }
@@ -281,6 +311,48 @@ func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, boolValue(e.Up), e.Network, e.Name)
 		if e.Head > 0 {
 			ch <- prometheus.MustNewConstMetric(c.head, prometheus.GaugeValue, float64(e.Head), e.Network, e.Name)
+		}
+	}
+}
+
+// Open is the settlements this process works on in one network and state at scrape time.
+type Open struct {
+	Network, State string
+	Count          int
+	// Oldest is the age of the oldest one's first signature (not exported when Count is 0).
+	Oldest time.Duration
+}
+
+// OpenSource lists the open settlements by network and state, empty states included; called on
+// every scrape.
+type OpenSource func() []Open
+
+// WatchSettlements exports how many settlements are open in each state and the oldest one's age,
+// so that one pending too long is seen however the engine is stuck.
+func (m *Metrics) WatchSettlements(src OpenSource) {
+	m.reg.MustRegister(&openCollector{src: src,
+		count: prometheus.NewDesc(namespace+"_settlements_open", "Settlements this process works on, by state: signed, broadcast (no receipt yet), mined (waiting for finality).",
+			[]string{"network", "state"}, nil),
+		oldest: prometheus.NewDesc(namespace+"_settlement_oldest_open_seconds", "Age of the oldest open settlement in the state, from its first signature (absent when none).",
+			[]string{"network", "state"}, nil),
+	})
+}
+
+type openCollector struct {
+	src           OpenSource
+	count, oldest *prometheus.Desc
+}
+
+func (c *openCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.count
+	ch <- c.oldest
+}
+
+func (c *openCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, o := range c.src() {
+		ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(o.Count), o.Network, o.State)
+		if o.Count > 0 {
+			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, o.Oldest.Seconds(), o.Network, o.State)
 		}
 	}
 }

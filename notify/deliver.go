@@ -51,6 +51,9 @@ func (d *Dispatcher) run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		d.poll(ctx)
+		if d.cfg.Observer != nil {
+			d.cfg.Observer.Beat(LoopWebhooks, "", d.cfg.Now())
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -53,6 +53,10 @@ func TestWebhookRetriesThenDeliversOnce(t *testing.T) {
 	if got := obs.snapshot(); got[notify.DeliveryDelivered] != 3 || got[notify.DeliveryRetrying] != 6 || got[notify.DeliveryGaveUp] != 0 {
 		t.Errorf("observed attempts %v, want 3 delivered and 6 failed_retrying", got)
 	}
+	// The loop beat on every round it made, on the dispatcher's clock.
+	if n, at := obs.beaten(); n < 2 || time.Since(at) > time.Minute {
+		t.Errorf("the delivery loop beat %d times, last at %v", n, at)
+	}
 	requests, processed, badSig := rec.counts()
 	if badSig != 0 {
 		t.Fatalf("%d requests whose signature did not verify", badSig)
@@ -329,10 +333,27 @@ func TestWebhookGivesUp(t *testing.T) {
 	}
 }
 
-// attemptObserver counts the attempt results the dispatcher reports.
+// attemptObserver counts the attempt results the dispatcher reports, and its loop's beats.
 type attemptObserver struct {
 	mu     sync.Mutex
 	counts map[string]int
+	beats  int
+	last   time.Time
+}
+
+func (o *attemptObserver) Beat(loop, network string, at time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if loop == notify.LoopWebhooks && network == "" {
+		o.beats++
+		o.last = at
+	}
+}
+
+func (o *attemptObserver) beaten() (int, time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.beats, o.last
 }
 
 func (o *attemptObserver) WebhookAttempt(result string) {

@@ -120,7 +120,7 @@ type Config struct {
 
 	Now    func() time.Time
 	Logger *slog.Logger
-	// Observer hears each delivery attempt's result; nil: nobody.
+	// Observer hears each delivery attempt's result and each round of the loop; nil: nobody.
 	Observer Observer
 }
 
@@ -129,7 +129,13 @@ type Observer interface {
 	// WebhookAttempt: one attempt ended with result DeliveryDelivered, DeliveryRetrying or
 	// DeliveryGaveUp.
 	WebhookAttempt(result string)
+	// Beat: loop (LoopWebhooks) finished a round at at (network is "": deliveries are not per
+	// network). A stuck dispatcher stops beating.
+	Beat(loop, network string, at time.Time)
 }
+
+// LoopWebhooks is the delivery loop, as it beats.
+const LoopWebhooks = "webhooks"
 
 // Delivery attempt results.
 const (

@@ -19,6 +19,9 @@ type SignerHealth struct {
 	InFlight int
 	// Balance is the key's native balance at the last read; nil until it was read once.
 	Balance *big.Int
+	// BalanceReadAt is when Balance was read (zero until then): a reading that stops moving is
+	// stale, whatever it says.
+	BalanceReadAt time.Time
 	// BalanceLow: the balance is below Config.SignerMinBalance, so the key takes no new settlement.
 	BalanceLow bool
 	// Leased: this process holds the key (always, without a Leaser). A key held elsewhere has no
@@ -41,6 +44,9 @@ func (e *Engine) Signers() []SignerHealth {
 			if b := s.balance.Load(); b != nil {
 				st.Balance = new(big.Int).Set(b)
 			}
+			if at := s.balanceAt.Load(); at != 0 {
+				st.BalanceReadAt = time.Unix(0, at)
+			}
 			out = append(out, st)
 		}
 	}
@@ -58,6 +64,7 @@ func (n *network) balanceLoop(ctx context.Context) {
 		case <-t.C:
 			n.readBalances(ctx)
 		}
+		n.beat(LoopBalance)
 	}
 }
 
@@ -93,6 +100,7 @@ func (n *network) readBalances(ctx context.Context) {
 		}
 		bal := new(big.Int).Set((*big.Int)(elems[i].Result.(*hexutil.Big)))
 		s.balance.Store(bal)
+		s.balanceAt.Store(e.now().UnixNano())
 		low := threshold != nil && threshold.Sign() > 0 && bal.Cmp(threshold) < 0
 		switch was := s.low.Swap(low); {
 		case low && !was:

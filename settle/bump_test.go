@@ -109,10 +109,27 @@ func TestSettleFeeBump(t *testing.T) {
 	}
 }
 
-// recordingObserver counts what the engine reports.
+// recordingObserver counts what the engine reports, and keeps each loop's last beat.
 type recordingObserver struct {
 	mu     sync.Mutex
 	events map[string]int
+	beats  map[string]time.Time // "loop network" -> the beat's time
+}
+
+func (o *recordingObserver) Beat(loop, network string, at time.Time) {
+	o.add("beat " + loop + " " + network)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.beats == nil {
+		o.beats = map[string]time.Time{}
+	}
+	o.beats[loop+" "+network] = at
+}
+
+func (o *recordingObserver) lastBeat(loop, network string) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.beats[loop+" "+network]
 }
 
 func (o *recordingObserver) FeeBumped(network string) { o.add("bump " + network) }

@@ -49,7 +49,18 @@ type Observer interface {
 	// Disagreement: two RPC endpoints of the network answered a corroborated read differently;
 	// nothing was decided from it.
 	Disagreement(network string)
+	// Beat: loop (LoopWatch, LoopBroadcast, LoopBalance) finished an iteration on network at at.
+	// A loop that is stuck stops beating, which an alert on the beat's age sees; a flag the
+	// stuck loop would have to clear itself could not say so.
+	Beat(loop, network string, at time.Time)
 }
+
+// The loops that beat.
+const (
+	LoopWatch     = "settle_watch"
+	LoopBroadcast = "settle_broadcast"
+	LoopBalance   = "settle_balance"
+)
 
 // NonceGap kinds.
 const (
@@ -64,6 +75,7 @@ type noObserver struct{}
 func (noObserver) FeeBumped(string)                {}
 func (noObserver) NonceGap(string, string, string) {}
 func (noObserver) Disagreement(string)             {}
+func (noObserver) Beat(string, string, time.Time)  {}
 
 // FaultPoint names a step of a settlement at which a crash test kills the process.
 type FaultPoint string
@@ -141,6 +153,9 @@ type Config struct {
 	// BalanceInterval is how often the signers' native balances are read.
 	BalanceInterval time.Duration
 }
+
+// beat reports that loop finished an iteration on n.
+func (n *network) beat(loop string) { n.engine.cfg.Observer.Beat(loop, n.id.ID, n.engine.now()) }
 
 // Engine settles payments. Start it before use and Stop it at shutdown.
 type Engine struct {

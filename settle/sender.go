@@ -37,6 +37,8 @@ type sender struct {
 	// so the key takes no new settlement (balance.go).
 	balance atomic.Pointer[big.Int]
 	low     atomic.Bool
+	// balanceAt is when balance was read, in Unix nanoseconds of the engine's clock (0 before).
+	balanceAt atomic.Int64
 
 	// lease is this process's hold on the key; nil while another process holds it. Set and
 	// cleared under mu, so a commit never straddles a change of holder.
@@ -355,6 +357,7 @@ func (n *network) drainQueue(ctx context.Context) {
 			return
 		}
 		n.send(ctx, batch)
+		n.beat(LoopBroadcast)
 	}
 }
 
@@ -363,11 +366,18 @@ func (n *network) drainQueue(ctx context.Context) {
 // node that mines on arrival (anvil) packs them in fewer, fuller blocks.
 func (n *network) broadcastLoop(ctx context.Context) {
 	const maxBatch = 200
+	// The loop waits for work, so it beats on a tick too: an idle broadcaster is alive, a stuck
+	// send is not.
+	tick := time.NewTicker(n.engine.cfg.PollInterval)
+	defer tick.Stop()
 	for {
 		var batch []*flight
 		select {
 		case f := <-n.queue:
 			batch = append(batch, f)
+		case <-tick.C:
+			n.beat(LoopBroadcast)
+			continue
 		case <-ctx.Done():
 			return
 		}

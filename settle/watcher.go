@@ -30,6 +30,7 @@ func (n *network) watchLoop(ctx context.Context) {
 		case <-n.kick:
 			n.watch(ctx)
 		}
+		n.beat(LoopWatch)
 	}
 }
 

@@ -13,9 +13,22 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 )
 
+// The jobs' names, as they beat (facilitator_loop_last_run_timestamp_seconds{loop}).
+const (
+	jobReconcile   = "reconcile_settlements"
+	jobIndexHealth = "reconcile_index_health"
+	jobRetention   = "retention"
+)
+
+// beater hears that a job ran to the end without an error (metrics): a job that keeps failing,
+// or hangs, stops beating.
+type beater interface {
+	Beat(loop, network string, at time.Time)
+}
+
 // startJobs schedules the background jobs. Each only calls a service method, bounded in time, and
 // logs what it changed.
-func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *reconcile.Jobs, hooks *notify.Dispatcher) (*cron.Cron, error) {
+func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *reconcile.Jobs, hooks *notify.Dispatcher, obs beater) (*cron.Cron, error) {
 	// SkipIfStillRunning: a slow run is never stacked under the next one.
 	c := cron.New(cron.WithChain(cron.SkipIfStillRunning(cron.DiscardLogger)))
 	bounded := func(name string, run func(context.Context) (reconcile.Changes, error)) func() {
@@ -24,13 +37,15 @@ func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *recon
 			defer cancel()
 			if _, err := run(ctx); err != nil {
 				log.Warn("reconcile job", "job", name, "err", err)
+				return
 			}
+			obs.Beat(name, "", time.Now())
 		}
 	}
-	if _, err := c.AddFunc(cfg.ReconcileSchedule, bounded("settlements", rec.Settlements)); err != nil {
+	if _, err := c.AddFunc(cfg.ReconcileSchedule, bounded(jobReconcile, rec.Settlements)); err != nil {
 		return nil, fmt.Errorf("reconcile-schedule: %w", err)
 	}
-	if _, err := c.AddFunc(cfg.IndexHealthSchedule, bounded("index-health", rec.IndexHealth)); err != nil {
+	if _, err := c.AddFunc(cfg.IndexHealthSchedule, bounded(jobIndexHealth, rec.IndexHealth)); err != nil {
 		return nil, fmt.Errorf("index-health-schedule: %w", err)
 	}
 	_, err := c.AddFunc(cfg.RetentionSchedule, func() {
@@ -43,12 +58,15 @@ func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *recon
 		if n > 0 {
 			log.Info("payment-identifier retention: compacted stored answers past their window", "count", n)
 		}
-		pruned, err := hooks.Prune(ctx)
-		if err != nil {
-			log.Warn("webhook delivery retention job", "err", err)
+		pruned, perr := hooks.Prune(ctx)
+		if perr != nil {
+			log.Warn("webhook delivery retention job", "err", perr)
 		}
 		if pruned > 0 {
 			log.Info("webhook delivery retention: deleted finished deliveries past their retention", "count", pruned)
+		}
+		if err == nil && perr == nil {
+			obs.Beat(jobRetention, "", time.Now())
 		}
 	})
 	if err != nil {

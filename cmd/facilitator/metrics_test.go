@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,48 @@ func TestServeMetricsAndReadiness(t *testing.T) {
 	}
 	if g := find(t, families, "facilitator_signer_balance_low", signerLabels).GetGauge(); g.GetValue() != 0 {
 		t.Errorf("signer balance low = %v for a funded key", g.GetValue())
+	}
+	if g := find(t, families, "facilitator_signer_balance_read_timestamp_seconds", signerLabels).GetGauge(); time.Since(time.Unix(int64(g.GetValue()), 0)) > time.Minute {
+		t.Errorf("signer balance read at %v, want within the last minute", g.GetValue())
+	}
+	find(t, families, "facilitator_signer_balance_min_wei", signerLabels)
+	// Every loop of the process has beaten, lately: the engine's, the leader's indexer, the
+	// webhook dispatcher.
+	for _, l := range []map[string]string{
+		{"loop": "settle_watch", "network": network}, {"loop": "settle_broadcast", "network": network},
+		{"loop": "settle_balance", "network": network}, {"loop": "indexer", "network": network},
+		{"loop": "webhooks", "network": ""},
+	} {
+		// The balance loop beats every --balance-interval: wait for its first.
+		var age time.Duration
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			const beat = "facilitator_loop_last_run_timestamp_seconds"
+			if fs := scrape(t, base); fs[beat] != nil && hasSeries(fs[beat], l) {
+				age = time.Since(time.Unix(0, int64(find(t, fs, beat, l).GetGauge().GetValue()*1e9)))
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("loop %v never beat", l)
+			}
+		}
+		if age > time.Minute || age < -time.Second {
+			t.Errorf("loop %v last beat %v ago", l, age)
+		}
+	}
+	// Once the settlement is final (depth 1, read twice) nothing is open, and no age is exported.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		fs := scrape(t, base)
+		open := 0.0
+		for _, st := range []string{"signed", "broadcast", "mined"} {
+			open += find(t, fs, "facilitator_settlements_open", map[string]string{"network": network, "state": st}).GetGauge().GetValue()
+		}
+		_, aged := fs["facilitator_settlement_oldest_open_seconds"]
+		if open == 0 && !aged {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the settlement is still open %v (an age exported: %v)", open, aged)
+		}
 	}
 	find(t, families, "facilitator_indexer_leader", map[string]string{"network": network})
 	find(t, families, "facilitator_indexer_stopped", map[string]string{"network": network})
@@ -194,21 +237,32 @@ func find(t *testing.T, families map[string]*dto.MetricFamily, name string, labe
 	if !ok {
 		t.Fatalf("%s is not exported", name)
 	}
-next:
 	for _, m := range f.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
+		if labelled(m, labels) {
+			return m
 		}
-		for k, v := range labels {
-			if have[k] != v {
-				continue next
-			}
-		}
-		return m
 	}
 	t.Fatalf("%s has no series with labels %v", name, labels)
 	return nil
+}
+
+// hasSeries reports whether f has a series whose labels include labels.
+func hasSeries(f *dto.MetricFamily, labels map[string]string) bool {
+	return slices.ContainsFunc(f.GetMetric(), func(m *dto.Metric) bool { return labelled(m, labels) })
+}
+
+// labelled reports whether m's labels include labels (an absent label reads as "").
+func labelled(m *dto.Metric, labels map[string]string) bool {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	for k, v := range labels {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 func counter(t *testing.T, families map[string]*dto.MetricFamily, name string, labels map[string]string) float64 {

@@ -179,7 +179,8 @@ func (m *Main) Run(ctx context.Context) error {
 		m.engine = nil
 		return err
 	}
-	m.metrics.WatchSigners(signerSource(m.engine))
+	m.metrics.WatchSigners(signerSource(m.engine, cfg.SignerMinBalance))
+	m.metrics.WatchSettlements(openSource(m.engine))
 	idsvc := paymentid.New(paymentid.Config{
 		Store:    m.db,
 		Settler:  m.engine,
@@ -205,7 +206,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := m.notifier.Start(startCtx); err != nil {
 		return err
 	}
-	if m.jobs, err = startJobs(log, cfg, idsvc, rec, m.notifier); err != nil {
+	if m.jobs, err = startJobs(log, cfg, idsvc, rec, m.notifier, m.metrics); err != nil {
 		return err
 	}
 	if cfg.Index {
@@ -307,17 +308,37 @@ func (m *Main) readyChecks(rpcs map[string]*ethrpc.Reader) map[string]api.ReadyC
 }
 
 // signerSource reads the engine's signer keys at scrape time: in-flight counts, and balances once
-// the balance guard has read them (absent before, rather than a misleading zero).
-func signerSource(e *settle.Engine) metrics.SignerSource {
+// the balance guard has read them (absent before, rather than a misleading zero) while this
+// process holds the key.
+func signerSource(e *settle.Engine, minBalance *big.Int) metrics.SignerSource {
+	var minWei float64
+	if minBalance != nil {
+		minWei, _ = new(big.Float).SetInt(minBalance).Float64()
+	}
 	return func() []metrics.Signer {
 		var out []metrics.Signer
 		for _, st := range e.Signers() {
-			sig := metrics.Signer{Network: st.Network, Address: st.Address.Hex(), InFlight: st.InFlight, BalanceLow: st.BalanceLow}
-			if st.Balance != nil {
+			sig := metrics.Signer{Network: st.Network, Address: st.Address.Hex(), InFlight: st.InFlight, BalanceLow: st.BalanceLow,
+				MinBalanceWei: minWei}
+			// A key another replica holds is that replica's to report: the balance this process
+			// read before losing it only ages.
+			if st.Balance != nil && st.Leased {
 				sig.BalanceKnown = true
 				sig.BalanceWei, _ = new(big.Float).SetInt(st.Balance).Float64()
+				sig.BalanceReadAt = st.BalanceReadAt
 			}
 			out = append(out, sig)
+		}
+		return out
+	}
+}
+
+// openSource reads the engine's open settlements at scrape time.
+func openSource(e *settle.Engine) metrics.OpenSource {
+	return func() []metrics.Open {
+		var out []metrics.Open
+		for _, o := range e.Open() {
+			out = append(out, metrics.Open{Network: o.Network, State: string(o.State), Count: o.Count, Oldest: o.Oldest})
 		}
 		return out
 	}
