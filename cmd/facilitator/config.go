@@ -16,6 +16,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -92,6 +93,9 @@ type Config struct {
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
 type NetworkConfig struct {
+	// Preset names a known chain (`facilitator networks` lists them): it fills id, v1Name, tokens
+	// and finality; whatever of those the entry gives itself wins over the preset's.
+	Preset string        `json:"preset,omitempty"`
 	ID     string        `json:"id"`
 	RPC    string        `json:"rpc"`
 	WS     string        `json:"ws,omitempty"`
@@ -105,17 +109,81 @@ type NetworkConfig struct {
 	StartBlock uint64 `json:"startBlock,omitempty"`
 	// LogRange caps eth_getLogs block ranges during backfill (default 2000).
 	LogRange uint64 `json:"logRange,omitempty"`
+
+	// presetFinality is the preset's finality rule, set by resolve when the entry names a preset
+	// and gives no finality of its own.
+	presetFinality *facilitator.Finality
 }
 
-// finality returns the network's finality depth.
-func (nc NetworkConfig) finality(chainID uint64) uint64 {
-	if nc.Finality > 0 {
-		return nc.Finality
+// finality returns the network's finality depth: the rule's depth (finalityRule).
+func (nc NetworkConfig) finality(chainID uint64) uint64 { return nc.finalityRule(chainID).Depth }
+
+// finalityRule returns when the network's blocks are final: a configured finality is a depth;
+// without one, the preset's rule (a tag with a depth to fall back on), or else a depth of 1 on
+// local dev chains (31337, 1337) and 12 elsewhere.
+func (nc NetworkConfig) finalityRule(chainID uint64) facilitator.Finality {
+	switch {
+	case nc.Finality > 0:
+		return facilitator.Finality{Depth: nc.Finality}
+	case nc.presetFinality != nil:
+		return *nc.presetFinality
+	case chainID == 31337 || chainID == 1337:
+		return facilitator.Finality{Depth: 1}
+	default:
+		return facilitator.Finality{Depth: 12}
 	}
-	if chainID == 31337 || chainID == 1337 {
-		return 1
+}
+
+// resolve fills what the entry's preset provides and the entry does not give: the id, the v1
+// name, the tokens (a token without an address is the preset's USDC; the preset's USDC without a
+// name or version takes the preset's) and the finality rule. An id naming another chain than the
+// preset's is refused rather than merged: nothing else in the preset would fit it. Without a
+// preset the entry is returned as it is; resolving twice changes nothing.
+func (nc NetworkConfig) resolve() (NetworkConfig, error) {
+	if nc.Preset == "" {
+		return nc, nil
 	}
-	return 12
+	p, err := chains.Lookup(nc.Preset)
+	if err != nil {
+		return nc, err
+	}
+	switch {
+	case nc.ID == "":
+		nc.ID = p.CAIP2()
+	case nc.ID != p.CAIP2():
+		return nc, fmt.Errorf("id %s is not preset %s's network (%s): drop the id, or the preset", nc.ID, p.Name, p.CAIP2())
+	}
+	if nc.V1Name == nil {
+		v1 := p.V1Name
+		nc.V1Name = &v1
+	}
+	usdc := TokenConfig{Address: p.USDC.Address.Hex(), Name: p.USDC.Name, Version: p.USDC.Version}
+	if len(nc.Tokens) == 0 {
+		nc.Tokens = []TokenConfig{usdc}
+	} else {
+		// A copy: the caller's entry keeps its own slice.
+		tokens := make([]TokenConfig, len(nc.Tokens))
+		for i, tc := range nc.Tokens {
+			if tc.Address == "" {
+				tc.Address = usdc.Address
+			}
+			if common.IsHexAddress(tc.Address) && common.HexToAddress(tc.Address) == p.USDC.Address {
+				if tc.Name == "" {
+					tc.Name = usdc.Name
+				}
+				if tc.Version == "" {
+					tc.Version = usdc.Version
+				}
+			}
+			tokens[i] = tc
+		}
+		nc.Tokens = tokens
+	}
+	if nc.Finality == 0 {
+		rule := p.Finality
+		nc.presetFinality = &rule
+	}
+	return nc, nil
 }
 
 // TokenConfig is one accepted EIP-3009 token.
@@ -130,6 +198,13 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 	var out []facilitator.Network
 	seen := map[string]bool{}
 	for i, nc := range c.Networks {
+		nc, err := nc.resolve()
+		if err != nil {
+			return nil, fmt.Errorf("networks[%d]: %w", i, err)
+		}
+		if nc.ID == "" {
+			return nil, fmt.Errorf("networks[%d]: id (or preset) is required", i)
+		}
 		chainID, err := facilitator.ParseCAIP2(nc.ID)
 		if err != nil {
 			return nil, fmt.Errorf("networks[%d]: %w", i, err)
@@ -144,7 +219,7 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		if len(nc.Tokens) == 0 {
 			return nil, fmt.Errorf("networks[%d] (%s): at least one token is required", i, nc.ID)
 		}
-		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: facilitator.Finality{Depth: nc.finality(chainID)}}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID)}
 		if nc.V1Name != nil {
 			n.V1Name = *nc.V1Name
 		} else {
@@ -300,6 +375,14 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		dec.DisallowUnknownFields() // a typo in an operator's file should fail loudly
 		if err := dec.Decode(&cfg.Networks); err != nil {
 			return nil, fmt.Errorf("networks JSON: %w", err)
+		}
+		// Presets are filled in here, once, so that everything after reads one complete entry.
+		for i, nc := range cfg.Networks {
+			resolved, err := nc.resolve()
+			if err != nil {
+				return nil, fmt.Errorf("networks[%d]: %w", i, err)
+			}
+			cfg.Networks[i] = resolved
 		}
 	}
 
