@@ -33,31 +33,33 @@ func TestNetworksCommand(t *testing.T) {
 		t.Fatalf("header %q, want %q", header, want)
 	}
 	presets := chains.Presets()
+	rows := map[string][]string{}
 	for i, p := range presets {
 		f := cols.Split(strings.TrimSpace(lines[1+i]), -1)
 		if len(f) != len(want) {
 			t.Fatalf("line %q: %d columns", lines[1+i], len(f))
 		}
-		v1 := p.V1Name
-		if v1 == "" {
-			v1 = "-"
-		}
-		name := strconv.Quote(p.USDC.Name)
-		if !p.DomainConfirmed {
-			name += "*"
-		}
-		got := []string{f[0], f[1], f[2], f[3], f[4], f[5], f[6]}
-		exp := []string{p.Name, p.CAIP2(), strconv.FormatUint(p.ChainID, 10), v1, p.USDC.Address.Hex(), name, strconv.Quote(p.USDC.Version)}
+		got := []string{f[0], f[1], f[2], f[4], f[6], f[8]}
+		exp := []string{p.Name, p.CAIP2(), strconv.FormatUint(p.ChainID, 10), p.USDC.Address.Hex(), strconv.Quote(p.USDC.Version), p.Title}
 		if strings.Join(got, "|") != strings.Join(exp, "|") {
 			t.Errorf("line %q\n got %q\nwant %q", lines[1+i], got, exp)
 		}
-		rule := "depth " + strconv.FormatUint(p.Finality.Depth, 10)
-		if p.Finality.Tag != "" {
-			rule = p.Finality.Tag + " tag, else " + rule
+		rows[p.Name] = f
+	}
+	// The v1 name, EIP-712 name and finality cells, as an operator reads them.
+	for name, exp := range map[string][3]string{
+		"base-sepolia":     {"base-sepolia", `"USDC"`, "finalized tag, else depth 600 blocks"},
+		"ethereum":         {"ethereum", `"USD Coin"`, "finalized tag, else depth 64 blocks"},
+		"arbitrum":         {"-", `"USD Coin"`, "finalized tag, else depth 4800 blocks"},
+		"ethereum-sepolia": {"sepolia", `"USDC"*`, "finalized tag, else depth 64 blocks"}, // unconfirmed: marked
+		"anvil":            {"-", `"USD Coin"`, "depth 1 block"},
+	} {
+		if f := rows[name]; len(f) == 0 || f[3] != exp[0] || f[5] != exp[1] || f[7] != exp[2] {
+			t.Errorf("%s: v1 name, EIP-712 name and finality %q, want %q", name, f, exp)
 		}
-		if !strings.HasPrefix(f[7], rule+" block") || f[8] != p.Title {
-			t.Errorf("line %q: finality %q and chain %q, want %q… and %q", lines[1+i], f[7], f[8], rule, p.Title)
-		}
+	}
+	if !strings.Contains(out.String(), "\n* EIP-712 domain stated by none of the sources") {
+		t.Error("no footnote for the marked domains")
 	}
 	if strings.TrimSpace(lines[1+len(presets)]) != "" || !strings.Contains(out.String(), `"preset"`) {
 		t.Errorf("after the table, want a blank line and how to use a preset:\n%s", out.String())
