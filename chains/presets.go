@@ -62,9 +62,11 @@ type entry struct {
 // marked confirmed is read from one of them, and the three domains no source states say so:
 //   - x402v2: @x402/evm 2.27.0, dist/cjs/index.js, DEFAULT_ASSETS (src/defaultAssets.ts):
 //     address, EIP-712 name and version.
-//   - x402v1: x402 1.2.0, dist/cjs/types/index.js, config (src/types/shared/evm/config.ts):
-//     address and EIP-712 name; version "2" for every chain in getDefaultAsset
-//     (dist/cjs/shared/index.js, src/shared/middleware.ts).
+//   - x402v1: x402 1.2.0 (the v1 package, pinned through x402-express), dist/cjs/types/index.js,
+//     config (src/types/shared/evm/config.ts): address and EIP-712 name; version "2" for every
+//     chain in getDefaultAsset (dist/cjs/shared/index.js, src/shared/middleware.ts).
+//   - Finality rules: the chains' consensus as described beside each rule below (no local source
+//     states them; the anvil one was observed on anvil 1.7.1).
 //   - viem: viem 2.57.20, tokens/definitions/usdc.ts (Circle's canonical USDC addresses):
 //     address only.
 //   - v1 names: facilitator.V1NetworkName (@x402/evm 2.27's table); chain ids of Ethereum and
