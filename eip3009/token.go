@@ -25,6 +25,7 @@ const (
 	MethodName                      = "name"
 	MethodVersion                   = "version"
 	MethodDecimals                  = "decimals"
+	MethodDomainSeparator           = "DOMAIN_SEPARATOR"
 )
 
 // tokenABI is the part of FiatToken V2.2's ABI the facilitator and its simulator use. Parsed once,
@@ -49,7 +50,8 @@ var tokenABI = mustABI(`[
 	{"type":"function","name":"transfer","stateMutability":"nonpayable","inputs":[{"name":"to","type":"address"},{"name":"value","type":"uint256"}],"outputs":[{"name":"","type":"bool"}]},
 	{"type":"function","name":"name","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"string"}]},
 	{"type":"function","name":"version","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"string"}]},
-	{"type":"function","name":"decimals","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"uint8"}]}
+	{"type":"function","name":"decimals","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"uint8"}]},
+	{"type":"function","name":"DOMAIN_SEPARATOR","stateMutability":"view","inputs":[],"outputs":[{"name":"","type":"bytes32"}]}
 	]`)
 
 // GasLimit is the gas limit a settlement transaction is signed with, for an estimate: the
@@ -87,6 +89,20 @@ func NameCalldata() []byte { return pack(MethodName) }
 
 // VersionCalldata encodes version(), the EIP-712 domain's version.
 func VersionCalldata() []byte { return pack(MethodVersion) }
+
+// DomainSeparatorCalldata encodes DOMAIN_SEPARATOR(), the EIP-712 domain hash the token checks
+// signatures against (FiatToken computes it from its name, version, the chain id and its address).
+func DomainSeparatorCalldata() []byte { return pack(MethodDomainSeparator) }
+
+// DecodeDomainSeparator decodes DOMAIN_SEPARATOR's answer.
+func DecodeDomainSeparator(out []byte) (common.Hash, bool) {
+	vals, err := tokenABI.Unpack(MethodDomainSeparator, out)
+	if err != nil || len(vals) != 1 {
+		return common.Hash{}, false
+	}
+	h, ok := vals[0].([32]byte)
+	return h, ok
+}
 
 // DecodeAuthorizationState decodes authorizationState's answer: whether the authorization is used
 // or canceled. ok is false when the answer is not a bool.

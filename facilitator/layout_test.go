@@ -36,6 +36,8 @@ func TestLayout(t *testing.T) {
 		"eip3009":              {"facilitator"},
 		"ethrpc":               {"eip3009", "facilitator"},
 		"extsigner":            {"eip3009"},
+		// The presets and the start-up check of a network against its chain.
+		"chains": {"eip3009", "ethrpc", "facilitator"},
 	}
 	// Packages nothing may import but the binary's wiring and the test bench (which stands at the
 	// top beside it, building the same stacks for tests), and the binary itself.

@@ -17,6 +17,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -98,8 +99,11 @@ type Config struct {
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
 type NetworkConfig struct {
-	ID  string `json:"id"`
-	RPC string `json:"rpc"`
+	// Preset names a known chain (`facilitator networks` lists them): it fills id, v1Name, tokens
+	// and finality; whatever of those the entry gives itself wins over the preset's.
+	Preset string `json:"preset,omitempty"`
+	ID     string `json:"id"`
+	RPC    string `json:"rpc"`
 	// RPCs are more endpoints of the network, from other providers (rpc, when set, is the first).
 	// Reads fail over among them, sends go to all, and a terminal decision needs two to agree.
 	RPCs []string `json:"rpcs,omitempty"`
@@ -127,6 +131,10 @@ type NetworkConfig struct {
 	LogRange uint64 `json:"logRange,omitempty"`
 	// Fees prices the network's transactions (fees.go); absent: the defaults.
 	Fees *FeesConfig `json:"fees,omitempty"`
+
+	// presetFinality is the preset's finality rule, set by resolve when the entry names a preset
+	// and gives no finality of its own.
+	presetFinality *facilitator.Finality
 }
 
 // feePolicy is the network's fee policy: the defaults with the configured fields set.
@@ -150,15 +158,75 @@ func endpoints(first string, more []string) []string {
 	return out
 }
 
-// finality returns the network's finality depth.
-func (nc NetworkConfig) finality(chainID uint64) uint64 {
-	if nc.Finality > 0 {
-		return nc.Finality
+// finality returns the network's finality depth: the rule's depth (finalityRule).
+func (nc NetworkConfig) finality(chainID uint64) uint64 { return nc.finalityRule(chainID).Depth }
+
+// finalityRule returns when the network's blocks are final: a configured finality is a depth;
+// without one, the preset's rule (a tag with a depth to fall back on), or else a depth of 1 on
+// local dev chains (31337, 1337) and 12 elsewhere.
+func (nc NetworkConfig) finalityRule(chainID uint64) facilitator.Finality {
+	switch {
+	case nc.Finality > 0:
+		return facilitator.Finality{Depth: nc.Finality}
+	case nc.presetFinality != nil:
+		return *nc.presetFinality
+	case chainID == 31337 || chainID == 1337:
+		return facilitator.Finality{Depth: 1}
+	default:
+		return facilitator.Finality{Depth: 12}
 	}
-	if chainID == 31337 || chainID == 1337 {
-		return 1
+}
+
+// resolve fills what the entry's preset provides and the entry does not give: the id, the v1
+// name, the tokens (a token without an address is the preset's USDC; the preset's USDC without a
+// name or version takes the preset's) and the finality rule. An id naming another chain than the
+// preset's is refused rather than merged: nothing else in the preset would fit it. Without a
+// preset the entry is returned as it is; resolving twice changes nothing.
+func (nc NetworkConfig) resolve() (NetworkConfig, error) {
+	if nc.Preset == "" {
+		return nc, nil
 	}
-	return 12
+	p, err := chains.Lookup(nc.Preset)
+	if err != nil {
+		return nc, err
+	}
+	switch {
+	case nc.ID == "":
+		nc.ID = p.CAIP2()
+	case nc.ID != p.CAIP2():
+		return nc, fmt.Errorf("id %s is not preset %s's network (%s): drop the id, or the preset", nc.ID, p.Name, p.CAIP2())
+	}
+	if nc.V1Name == nil {
+		v1 := p.V1Name
+		nc.V1Name = &v1
+	}
+	usdc := TokenConfig{Address: p.USDC.Address.Hex(), Name: p.USDC.Name, Version: p.USDC.Version}
+	if len(nc.Tokens) == 0 {
+		nc.Tokens = []TokenConfig{usdc}
+	} else {
+		// A copy: the caller's entry keeps its own slice.
+		tokens := make([]TokenConfig, len(nc.Tokens))
+		for i, tc := range nc.Tokens {
+			if tc.Address == "" {
+				tc.Address = usdc.Address
+			}
+			if common.IsHexAddress(tc.Address) && common.HexToAddress(tc.Address) == p.USDC.Address {
+				if tc.Name == "" {
+					tc.Name = usdc.Name
+				}
+				if tc.Version == "" {
+					tc.Version = usdc.Version
+				}
+			}
+			tokens[i] = tc
+		}
+		nc.Tokens = tokens
+	}
+	if nc.Finality == 0 {
+		rule := p.Finality
+		nc.presetFinality = &rule
+	}
+	return nc, nil
 }
 
 // TokenConfig is one accepted EIP-3009 token.
@@ -173,6 +241,13 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 	var out []facilitator.Network
 	seen := map[string]bool{}
 	for i, nc := range c.Networks {
+		nc, err := nc.resolve()
+		if err != nil {
+			return nil, fmt.Errorf("networks[%d]: %w", i, err)
+		}
+		if nc.ID == "" {
+			return nil, fmt.Errorf("networks[%d]: id (or preset) is required", i)
+		}
 		chainID, err := facilitator.ParseCAIP2(nc.ID)
 		if err != nil {
 			return nil, fmt.Errorf("networks[%d]: %w", i, err)
@@ -193,7 +268,10 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		if _, err := nc.feePolicy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, nc.ID, err)
 		}
-		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: facilitator.Finality{Tag: nc.FinalityTag, Depth: nc.finality(chainID)}}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID)}
+		if nc.FinalityTag != "" {
+			n.Finality.Tag = nc.FinalityTag
+		}
 		if err := n.Finality.Validate(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): %w", i, nc.ID, err)
 		}
@@ -363,6 +441,14 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		dec.DisallowUnknownFields() // a typo in an operator's file should fail loudly
 		if err := dec.Decode(&cfg.Networks); err != nil {
 			return nil, fmt.Errorf("networks JSON: %w", err)
+		}
+		// Presets are filled in here, once, so that everything after reads one complete entry.
+		for i, nc := range cfg.Networks {
+			resolved, err := nc.resolve()
+			if err != nil {
+				return nil, fmt.Errorf("networks[%d]: %w", i, err)
+			}
+			cfg.Networks[i] = resolved
 		}
 	}
 

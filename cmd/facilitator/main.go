@@ -18,6 +18,8 @@ const usage = `usage: facilitator <command> [flags]
 commands:
   serve     run the facilitator HTTP API (applies pending migrations first unless --migrate=false)
   migrate   apply pending database migrations and exit
+  networks  list the network presets (chain id, CAIP-2 id, v1 name, USDC and its EIP-712 domain,
+            finality) a FACILITATOR_NETWORKS entry can name with "preset"
   index     run only the block indexer (same configuration as serve), logging its progress
   keys      create, list and revoke merchant API keys (keys create --name N --scopes verify,settle,...)
   status    look up an authorization, a payment id or a transaction through the status API
@@ -63,6 +65,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runKeys(ctx, args[1:], getenv, stdout, stderr)
 	case "signer":
 		err = runSigner(ctx, args[1:], getenv, stderr)
+	case "networks":
+		err = runNetworks(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -21,6 +21,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -103,7 +104,9 @@ func (m *Main) Run(ctx context.Context) error {
 		rpcReaders[n.ID] = &ethrpc.Reader{Chain: pool, Timeout: cfg.RPCTimeout}
 		readers[n.ID] = rpcReaders[n.ID]
 		for _, t := range n.Tokens {
-			m.checkToken(startCtx, readers[n.ID], n, t)
+			if err := chains.CheckToken(startCtx, rpcReaders[n.ID], n, t); err != nil {
+				return err
+			}
 		}
 	}
 	m.metrics.WatchEndpoints(func() []metrics.Endpoint {
@@ -359,33 +362,11 @@ func indexerSource(networks []facilitator.Network, ixs []*indexer.Indexer) metri
 // checkChain refuses an RPC that serves another chain than configured, and binds the database's
 // ledger to this chain's genesis.
 func (m *Main) checkChain(ctx context.Context, client ethrpc.Chain, n facilitator.Network) error {
-	var chainID hexutil.Uint64
-	if err := client.CallContext(ctx, &chainID, "eth_chainId"); err != nil {
-		return fmt.Errorf("%s: reading the chain id: %w", n.ID, err)
+	genesis, err := chains.CheckChain(ctx, client, n)
+	if err != nil {
+		return err
 	}
-	if uint64(chainID) != n.ChainID {
-		return fmt.Errorf("%s: the RPC serves chain %d", n.ID, uint64(chainID))
-	}
-	var genesis struct {
-		Hash common.Hash `json:"hash"`
-	}
-	if err := client.CallContext(ctx, &genesis, "eth_getBlockByNumber", "0x0", false); err != nil {
-		return fmt.Errorf("%s: reading the genesis block: %w", n.ID, err)
-	}
-	return m.db.BindNetwork(ctx, n.ID, n.ChainID, genesis.Hash)
-}
-
-// checkToken warns when a configured token's EIP-712 domain differs from what the contract says:
-// payments signed with the configured domain would then all fail simulation.
-func (m *Main) checkToken(ctx context.Context, r verify.Reader, n facilitator.Network, t facilitator.Token) {
-	name, version, err := verify.TokenDomain(ctx, r, t.Address)
-	switch {
-	case err != nil:
-		m.Logger.Warn("could not read a token's EIP-712 domain", "network", n.ID, "token", t.Address.Hex(), "err", err)
-	case name != t.Name || version != t.Version:
-		m.Logger.Warn("configured token domain differs from the contract's", "network", n.ID, "token", t.Address.Hex(),
-			"configured_name", t.Name, "configured_version", t.Version, "contract_name", name, "contract_version", version)
-	}
+	return m.db.BindNetwork(ctx, n.ID, n.ChainID, genesis)
 }
 
 // Close stops serving (letting requests in flight finish) and closes everything Run opened.
