@@ -38,6 +38,9 @@ type Config struct {
 	Migrate         bool
 	LogLevel        string
 	LogFormat       string
+	// CheckConfig makes serve check the configuration against its dependencies and exit instead
+	// of serving (checkconfig.go).
+	CheckConfig bool
 	// Pprof, when set, is a loopback address on which net/http/pprof is served (off by default).
 	Pprof string
 
@@ -358,6 +361,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	cfg := &Config{}
 	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
+	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (networks, presets, every RPC endpoint, token domains, signer keys and their balances, Postgres) and exit: 0 when everything passed")
 	networksJSON := fs.String("networks", env("FACILITATOR_NETWORKS", ""), "networks as JSON (FACILITATOR_NETWORKS)")
 	networksFile := fs.String("networks-file", env("FACILITATOR_NETWORKS_FILE", ""), "file holding the networks JSON (FACILITATOR_NETWORKS_FILE)")
 	fs.StringVar(&cfg.RemoteSigner, "signer", env("FACILITATOR_SIGNER", ""), "a remote signer holding the keys, clef:<http(s) URL> (FACILITATOR_SIGNER); the URL is never logged")

@@ -48,7 +48,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var err error
 	switch args[0] {
 	case "serve":
-		err = runServe(ctx, args[1:], getenv, stderr)
+		err = runServe(ctx, args[1:], getenv, stdout, stderr)
 	case "status":
 		err = runStatus(ctx, args[1:], getenv, stdout, stderr)
 	case "index":
@@ -85,10 +85,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 }
 
-func runServe(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := parseServeFlags(args, getenv)
 	if err != nil {
 		return err
+	}
+	if cfg.CheckConfig {
+		return checkConfig(ctx, cfg, stdout)
 	}
 	return runUntilDone(ctx, cfg, stderr)
 }

@@ -468,7 +468,11 @@ type endpointObserver struct {
 	network string
 }
 
-func (o endpointObserver) EndpointDown(endpoint string) { o.m.EndpointFailed(o.network, endpoint) }
+func (o endpointObserver) EndpointDown(endpoint string) {
+	if o.m != nil { // nil: a configuration check, which exports nothing
+		o.m.EndpointFailed(o.network, endpoint)
+	}
+}
 func (o endpointObserver) EndpointUp(string)            {}
 
 func dialRPC(ctx context.Context, url string) (*rpc.Client, error) {

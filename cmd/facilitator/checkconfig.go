@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+
+	"github.com/x402-facilitator/x402-facilitator/chains"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+)
+
+// checkConfig is `serve --check-config`: the start-up checks serve makes, and a few it cannot
+// make without failing to start, run against the real dependencies and reported one line each,
+// without writing anything (no migration, no network binding, no lease). It returns an error when
+// any check failed, so a deploy pipeline can stop on it.
+func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	failed := 0
+	report := func(what string, err error) {
+		if err != nil {
+			failed++
+			fmt.Fprintf(out, "FAIL  %s: %v\n", what, err)
+			return
+		}
+		fmt.Fprintf(out, "ok    %s\n", what)
+	}
+	if err := cfg.Check(); err != nil {
+		report("configuration", err)
+		return fmt.Errorf("the configuration check failed: %w", err)
+	}
+	report("configuration", nil)
+	networks, err := cfg.Domain()
+	if err != nil {
+		report("networks", err)
+		return err
+	}
+
+	m := &Main{Config: cfg, Logger: slog.New(slog.DiscardHandler)}
+	defer func() {
+		for _, c := range m.clients {
+			c.Close()
+		}
+	}()
+	db, err := openDB(ctx, cfg.DatabaseURL, m.Logger)
+	if err == nil {
+		err = db.Ping(ctx)
+		defer db.Close()
+	}
+	report("postgres", err)
+
+	signers := cfg.SignerAddresses()
+	for i, n := range networks {
+		nc := cfg.Networks[i]
+		pool, err := m.dialNetwork(ctx, n, nc)
+		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d", n.ID, len(nc.urls()), n.ChainID), err)
+		if err != nil {
+			continue
+		}
+		reader := &ethrpc.Reader{Chain: pool, Timeout: cfg.RPCTimeout}
+		for _, t := range n.Tokens {
+			report(fmt.Sprintf("%s: token %s signs under %q version %q", n.ID, t.Address.Hex(), t.Name, t.Version),
+				chains.CheckToken(ctx, reader, n, t))
+		}
+		report(fmt.Sprintf("%s: finality %s", n.ID, finalityText(n.Finality.Tag, n.Finality.Depth)), checkTag(ctx, pool, n.Finality.Tag))
+		keys := signers
+		if cfg.RemoteSigner != "" {
+			ep, remote, err := remoteSigners(ctx, cfg, n.ChainID, cfg.RPCTimeout)
+			report(fmt.Sprintf("%s: remote signer answers for %d key(s)", n.ID, len(remote)), err)
+			if err == nil {
+				report(fmt.Sprintf("%s: remote signer at %s", n.ID, ep.String()), nil)
+			}
+			for _, r := range remote {
+				keys = append(keys, r.Address())
+			}
+		}
+		for _, k := range keys {
+			report(fmt.Sprintf("%s: signer %s funded for gas", n.ID, k.Hex()), checkBalance(ctx, pool, k, cfg.SignerMinBalance))
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("the configuration check failed: %d problem(s)", failed)
+	}
+	fmt.Fprintln(out, "the configuration is ready to serve")
+	return nil
+}
+
+func finalityText(tag string, depth uint64) string {
+	if tag != "" {
+		return fmt.Sprintf("by tag %q (depth %d when it cannot be read)", tag, depth)
+	}
+	return fmt.Sprintf("by depth %d", depth)
+}
+
+// checkTag reads the network's finality tag, when it has one: a node that does not serve it is
+// judged by depth at run time, which an operator should know before serving.
+func checkTag(ctx context.Context, c ethrpc.Chain, tag string) error {
+	if tag == "" {
+		return nil
+	}
+	var b *struct {
+		Number hexutil.Uint64 `json:"number"`
+	}
+	if err := c.CallContext(ctx, &b, "eth_getBlockByNumber", tag, false); err != nil {
+		return fmt.Errorf("the node does not answer the %q block (finality would count by depth): %w", tag, err)
+	}
+	if b == nil {
+		return fmt.Errorf("the node answers no %q block (finality would count by depth)", tag)
+	}
+	return nil
+}
+
+// checkBalance refuses a signer key whose native balance is below the minimum that lets it take
+// settlements (or is zero, without a minimum).
+func checkBalance(ctx context.Context, c ethrpc.Chain, addr common.Address, min *big.Int) error {
+	var bal hexutil.Big
+	if err := c.CallContext(ctx, &bal, "eth_getBalance", addr, "latest"); err != nil {
+		return fmt.Errorf("reading its balance: %w", err)
+	}
+	have := (*big.Int)(&bal)
+	switch {
+	case min != nil && have.Cmp(min) < 0:
+		return fmt.Errorf("it holds %s wei, below the minimum of %s: it would take no settlement", have, min)
+	case have.Sign() == 0:
+		return errors.New("it holds no native token to pay gas with")
+	}
+	return nil
+}
