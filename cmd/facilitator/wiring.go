@@ -473,7 +473,7 @@ func (o endpointObserver) EndpointDown(endpoint string) {
 		o.m.EndpointFailed(o.network, endpoint)
 	}
 }
-func (o endpointObserver) EndpointUp(string)            {}
+func (o endpointObserver) EndpointUp(string) {}
 
 func dialRPC(ctx context.Context, url string) (*rpc.Client, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
