@@ -71,11 +71,13 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		}
 		report(fmt.Sprintf("%s: finality %s", n.ID, finalityText(n.Finality.Tag, n.Finality.Depth)), checkTag(ctx, pool, n.Finality.Tag))
 		keys := signers
-		if cfg.RemoteSigner != "" {
-			ep, remote, err := remoteSigners(ctx, cfg, n.ChainID, cfg.RPCTimeout)
-			report(fmt.Sprintf("%s: remote signer answers for %d key(s)", n.ID, len(remote)), err)
+		if spec, addrs, _ := cfg.remoteSignerOf(nc); spec != "" {
+			ep, remote, err := remoteSigners(ctx, spec, addrs, n.ChainID, cfg.RPCTimeout)
 			if err == nil {
-				report(fmt.Sprintf("%s: remote signer at %s", n.ID, ep.String()), nil)
+				report(fmt.Sprintf("%s: remote signer at %s answers for %d key(s)", n.ID, ep.String(), len(remote)), nil)
+				ep.Close()
+			} else {
+				report(fmt.Sprintf("%s: remote signer", n.ID), err)
 			}
 			for _, r := range remote {
 				keys = append(keys, r.Address())

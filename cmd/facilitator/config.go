@@ -134,6 +134,11 @@ type NetworkConfig struct {
 	LogRange uint64 `json:"logRange,omitempty"`
 	// Fees prices the network's transactions (fees.go); absent: the defaults.
 	Fees *FeesConfig `json:"fees,omitempty"`
+	// Signer is the network's own remote signer, "clef:<http(s) URL>", with its keys'
+	// SignerAddresses (empty: its account_list): a remote signer signs for one chain, so with
+	// several networks each names its own (--signer then serves one network only).
+	Signer          string   `json:"signer,omitempty"`
+	SignerAddresses []string `json:"signerAddresses,omitempty"`
 
 	// presetFinality is the preset's finality rule, set by resolve when the entry names a preset
 	// and gives no finality of its own.
@@ -260,7 +265,7 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		}
 		seen[nc.ID] = true
 		if len(nc.urls()) == 0 {
-			return nil, fmt.Errorf("networks[%d] (%s): rpc (or rpcs) is required", i, nc.ID)
+			return nil, fmt.Errorf("networks[%d] (%s): rpc is required (or rpcs, a list of endpoints)", i, nc.ID)
 		}
 		if nc.RPCRate < 0 || nc.RPCBurst < 0 {
 			return nil, fmt.Errorf("networks[%d] (%s): rpcRate and rpcBurst must not be negative", i, nc.ID)
@@ -300,6 +305,19 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 	return out, nil
 }
 
+// remoteSignerOf is the network's remote signer and its keys' addresses: its own entry's, else
+// --signer's; "" when it signs with local keys only.
+func (c *Config) remoteSignerOf(nc NetworkConfig) (spec string, addrs []common.Address, err error) {
+	if nc.Signer == "" {
+		return c.RemoteSigner, c.RemoteAddresses, nil
+	}
+	if _, err := remoteSignerURL(nc.Signer); err != nil {
+		return "", nil, err
+	}
+	addrs, err = addressList(strings.Join(nc.SignerAddresses, ","), "signer address")
+	return nc.Signer, addrs, err
+}
+
 // SignerAddresses are the addresses of the configured keys.
 func (c *Config) SignerAddresses() []common.Address {
 	out := make([]common.Address, len(c.SignerKeys))
@@ -320,16 +338,22 @@ func (c *Config) Check() error {
 	if c.RPCTimeout <= 0 || c.VerifyTimeout <= 0 || c.SettleTimeout <= 0 || c.PollInterval <= 0 || c.BumpAfter <= 0 {
 		return errors.New("timeouts and intervals must be positive")
 	}
-	if len(c.SignerKeys) == 0 && c.RemoteSigner == "" && !c.IndexOnly {
-		return errors.New("no signer keys (FACILITATOR_SIGNER_KEYS or --signer-keys-file, or a remote signer: --signer clef:URL): /settle needs a funded wallet")
-	}
 	if c.RemoteSigner != "" {
 		if _, err := remoteSignerURL(c.RemoteSigner); err != nil {
 			return err
 		}
 		if len(c.Networks) > 1 {
 			// Clef and `facilitator signer` each sign for one chain id.
-			return errors.New("a remote signer (--signer) signs for one chain: run one facilitator per network with it")
+			return errors.New("a remote signer (--signer) signs for one chain: with several networks, give each its own (\"signer\" in its entry)")
+		}
+	}
+	for i, nc := range c.Networks {
+		spec, _, err := c.remoteSignerOf(nc)
+		if err != nil {
+			return fmt.Errorf("networks[%d] (%s): %w", i, nc.ID, err)
+		}
+		if len(c.SignerKeys) == 0 && spec == "" && !c.IndexOnly {
+			return fmt.Errorf("networks[%d] (%s): no signer keys (FACILITATOR_SIGNER_KEYS or --signer-keys-file, or a remote signer: --signer clef:URL, or the entry's \"signer\"): /settle needs a funded wallet", i, nc.ID)
 		}
 	}
 	if c.MaxInFlight <= 0 {

@@ -28,11 +28,11 @@ func remoteSignerURL(spec string) (string, error) {
 	return u, nil
 }
 
-// remoteSigners connects to the configured remote signer for chainID and returns its keys as the
-// engine signs with them. Without configured addresses it asks the signer (account_list), within
-// timeout.
-func remoteSigners(ctx context.Context, cfg *Config, chainID uint64, timeout time.Duration) (*extsigner.Endpoint, []settle.Signer, error) {
-	u, err := remoteSignerURL(cfg.RemoteSigner)
+// remoteSigners connects to the remote signer spec ("clef:<URL>") for chainID and returns its keys
+// as the engine signs with them. Without configured addresses it asks the signer (account_list),
+// within timeout.
+func remoteSigners(ctx context.Context, spec string, addrs []common.Address, chainID uint64, timeout time.Duration) (*extsigner.Endpoint, []settle.Signer, error) {
+	u, err := remoteSignerURL(spec)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -40,7 +40,6 @@ func remoteSigners(ctx context.Context, cfg *Config, chainID uint64, timeout tim
 	if err != nil {
 		return nil, nil, err
 	}
-	addrs := cfg.RemoteAddresses
 	if len(addrs) == 0 {
 		lctx, cancel := context.WithTimeout(ctx, timeout)
 		addrs, err = ep.Accounts(lctx)

@@ -149,6 +149,37 @@ func TestSignerConfig(t *testing.T) {
 			}
 		})
 	}
+	// Several networks, each with a remote signer of its own; a bad one is refused by network.
+	perNet := `[{"id":"eip155:31337","rpc":"http://127.0.0.1:1","signer":"clef:http://127.0.0.1:8550/","signerAddresses":["0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"],"tokens":[{"address":"0x244ae02008762968261615a485542a9c7512c562","name":"USD Coin","version":"2"}]},` +
+		`{"id":"eip155:31338","rpc":"http://127.0.0.1:1","signer":"clef:http://127.0.0.1:8551/","tokens":[{"address":"0x244ae02008762968261615a485542a9c7512c562","name":"USD Coin","version":"2"}]}]`
+	for _, tc := range []struct {
+		name, networks, want string
+	}{
+		{"a signer per network", perNet, ""},
+		{"one network's signer is not clef", strings.Replace(perNet, `"clef:http://127.0.0.1:8551/"`, `"web3signer:http://a:SECRETPW@h/"`, 1), "networks[1] (eip155:31338)"},
+		{"one network without any signer", strings.Replace(perNet, `"signer":"clef:http://127.0.0.1:8551/",`, "", 1), "networks[1] (eip155:31338): no signer keys"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"DATABASE_URL": "postgres://x/y", "FACILITATOR_NETWORKS": tc.networks}
+			cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
+			if err == nil {
+				err = cfg.Check()
+			}
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("a signer per network: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SECRETPW")):
+				t.Fatalf("want an error saying %q (and no password), got %v", tc.want, err)
+			}
+			if tc.want == "" {
+				spec, addrs, _ := cfg.remoteSignerOf(cfg.Networks[0])
+				spec2, addrs2, _ := cfg.remoteSignerOf(cfg.Networks[1])
+				if spec == spec2 || len(addrs) != 1 || len(addrs2) != 0 {
+					t.Fatalf("each network's signer: %q %v, %q %v", spec, addrs, spec2, addrs2)
+				}
+			}
+		})
+	}
 	// Only the remote signer: no local key is needed.
 	env := map[string]string{"FACILITATOR_SIGNER": "clef:http://127.0.0.1:8550/", "FACILITATOR_SIGNER_ADDRESSES": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"}
 	for k, v := range base {

@@ -57,7 +57,7 @@ type Main struct {
 	notifier *notify.Dispatcher
 	metrics  *metrics.Metrics
 	pprof    *pprofServer
-	signer   *extsigner.Endpoint // the remote signer, when the keys are there
+	signers  []*extsigner.Endpoint // the remote signers, where the keys are there
 }
 
 // Run starts the facilitator and returns once it is listening.
@@ -138,15 +138,17 @@ func (m *Main) Run(ctx context.Context) error {
 	signerAddrs := cfg.SignerAddresses()
 	for i, n := range networks {
 		var remote []settle.Signer
-		if cfg.RemoteSigner != "" {
+		if spec, addrs, _ := cfg.remoteSignerOf(cfg.Networks[i]); spec != "" {
 			// The keys are the remote signer's; this process holds only their addresses.
-			if m.signer, remote, err = remoteSigners(startCtx, cfg, n.ChainID, cfg.RPCTimeout); err != nil {
-				return err
+			ep, keys, err := remoteSigners(startCtx, spec, addrs, n.ChainID, cfg.RPCTimeout)
+			if err != nil {
+				return fmt.Errorf("%s: %w", n.ID, err)
 			}
+			m.signers, remote = append(m.signers, ep), keys
 			for _, r := range remote {
 				signerAddrs = append(signerAddrs, r.Address())
 			}
-			log.Info("remote signer", "network", n.ID, "signer", m.signer.String(), "keys", len(remote))
+			log.Info("remote signer", "network", n.ID, "signer", ep.String(), "keys", len(remote))
 		}
 		fees, err := cfg.Networks[i].feePolicy()
 		if err != nil {
@@ -403,8 +405,8 @@ func (m *Main) Close() error {
 	for _, c := range m.clients {
 		c.Close()
 	}
-	if m.signer != nil {
-		m.signer.Close()
+	for _, s := range m.signers {
+		s.Close()
 	}
 	if m.db != nil {
 		m.db.Close()
