@@ -506,17 +506,9 @@ func (ix *Indexer) reorg(ctx context.Context, cur facilitator.Block, head uint64
 	if top < kept[0].Number {
 		return fmt.Errorf("%w: the chain is now shorter (%d) than the kept window (from %d)", ErrDeepReorg, head, kept[0].Number)
 	}
-	canonical, err := ix.headers(ctx, kept[0].Number, top)
+	ancestor, err := commonAncestor(ctx, kept, top, ix.headers)
 	if err != nil {
 		return err
-	}
-	var ancestor *facilitator.Block
-	for i := len(kept) - 1; i >= 0; i-- {
-		k := kept[i]
-		if k.Number <= top && canonical[k.Number-kept[0].Number].Hash == k.Hash {
-			ancestor = &kept[i]
-			break
-		}
 	}
 	if ancestor == nil {
 		return fmt.Errorf("%w: no block from %d to %d is still canonical", ErrDeepReorg, kept[0].Number, cur.Number)
@@ -551,6 +543,41 @@ func (ix *Indexer) reorg(ctx context.Context, cur facilitator.Block, head uint64
 	ix.log.Warn("reorg: rolled back to the common ancestor and indexed the new branch",
 		"ancestor", ancestor.Number, "depth", depth, "old_head", cur.Number, "new_cursor", batch.Cursor.Number, "reorgs_total", ix.reorgs.Load())
 	return nil
+}
+
+// ancestorChunk is how many headers one request of the ancestor search reads: the kept window can
+// be thousands of blocks where the finality tag lags far behind the head (an L2 following L1
+// finality), more than providers take in one batch, and the ancestor is nearly always near the top.
+const ancestorChunk = 100
+
+// commonAncestor is the highest kept block (kept ascending) at or below top that is still on the
+// canonical chain, read top down ancestorChunk headers a request; nil when none is.
+func commonAncestor(ctx context.Context, kept []facilitator.Block, top uint64,
+	headers func(ctx context.Context, from, to uint64) ([]facilitator.Block, error)) (*facilitator.Block, error) {
+	i := len(kept) - 1
+	for i >= 0 && kept[i].Number > top {
+		i--
+	}
+	for hi := top; i >= 0; {
+		lo := kept[0].Number
+		if hi+1-lo > ancestorChunk {
+			lo = hi + 1 - ancestorChunk
+		}
+		canonical, err := headers(ctx, lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		for ; i >= 0 && kept[i].Number >= lo; i-- {
+			if canonical[kept[i].Number-lo].Hash == kept[i].Hash {
+				return &kept[i], nil
+			}
+		}
+		if lo == kept[0].Number {
+			break
+		}
+		hi = lo - 1
+	}
+	return nil, nil
 }
 
 func (ix *Indexer) getLogs(ctx context.Context, from, to uint64) ([]types.Log, error) {

@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"context"
 	"errors"
 	"math/big"
 	"testing"
@@ -233,4 +234,54 @@ func equal(a, b []uint64) bool {
 		}
 	}
 	return true
+}
+
+// TestCommonAncestor: the ancestor search reads the kept window top down, at most ancestorChunk
+// headers a request (a window thousands of blocks long under a lagging finality tag is more than
+// a provider takes in one batch), and stops at the first kept block still canonical.
+func TestCommonAncestor(t *testing.T) {
+	hash := func(n uint64, branch byte) common.Hash { return common.Hash{branch, byte(n >> 8), byte(n)} }
+	var kept []facilitator.Block
+	for n := uint64(1000); n <= 1450; n++ {
+		kept = append(kept, facilitator.Block{Number: n, Hash: hash(n, 'a')})
+	}
+	for _, c := range []struct {
+		name     string
+		forkAt   uint64 // canonical blocks from forkAt on are on branch b
+		want     uint64 // 0: none
+		requests int
+	}{
+		{"a shallow reorg", 1448, 1447, 1},
+		{"past one chunk", 1300, 1299, 2},
+		{"the whole window", 900, 0, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var reqs []uint64
+			headers := func(_ context.Context, from, to uint64) ([]facilitator.Block, error) {
+				if to+1-from > ancestorChunk {
+					t.Fatalf("a request for %d headers", to+1-from)
+				}
+				reqs = append(reqs, from)
+				var out []facilitator.Block
+				for n := from; n <= to; n++ {
+					b := byte('a')
+					if n >= c.forkAt {
+						b = 'b'
+					}
+					out = append(out, facilitator.Block{Number: n, Hash: hash(n, b)})
+				}
+				return out, nil
+			}
+			got, err := commonAncestor(context.Background(), kept, 1460, headers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case c.want == 0 && got != nil, c.want != 0 && (got == nil || got.Number != c.want):
+				t.Fatalf("ancestor %+v, want %d", got, c.want)
+			case len(reqs) != c.requests:
+				t.Fatalf("%d requests (from %v), want %d", len(reqs), reqs, c.requests)
+			}
+		})
+	}
 }
