@@ -191,3 +191,48 @@ func TestClientErrorsHideCredentials(t *testing.T) {
 		t.Fatalf("a non-http URL: %v", err)
 	}
 }
+
+// TestServerPassword: with a password, the narrow signer answers only requests carrying it (HTTP
+// basic auth, as a client URL with user:password sends it); without or with a wrong one it signs
+// nothing, and the client's error does not repeat the password.
+func TestServerPassword(t *testing.T) {
+	key, _ := crypto.GenerateKey()
+	addr := crypto.PubkeyToAddress(key.PublicKey)
+	srv, err := extsigner.NewServer(policy, []*ecdsa.PrivateKey{key}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := srv.Handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(extsigner.RequirePassword(h, "s3cret-PW"))
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	withPassword := func(pw string) string {
+		if pw == "" {
+			return hs.URL
+		}
+		return strings.Replace(hs.URL, "http://", "http://facilitator:"+pw+"@", 1)
+	}
+	for _, pw := range []string{"", "wrong-PW"} {
+		ep, err := extsigner.Dial(ctx, withPassword(pw), policy.ChainID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ep.Signer(addr).SignTx(ctx, settlement())
+		ep.Close()
+		if err == nil || (pw != "" && strings.Contains(err.Error(), pw)) {
+			t.Fatalf("password %q: %v; want a refusal that does not repeat it", pw, err)
+		}
+	}
+	ep, err := extsigner.Dial(ctx, withPassword("s3cret-PW"), policy.ChainID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	if _, err := ep.Signer(addr).SignTx(ctx, settlement()); err != nil {
+		t.Fatalf("with the password: %v", err)
+	}
+}

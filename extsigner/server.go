@@ -3,6 +3,8 @@ package extsigner
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,6 +68,23 @@ func (s *Server) Handler() (http.Handler, error) {
 		return nil, err
 	}
 	return srv, nil
+}
+
+// RequirePassword lets only requests carrying password (HTTP basic auth, any user name: what a
+// client URL http://user:password@host/ sends) reach h: the narrow signer's own authentication,
+// so that reaching its port is not enough to have it sign. The comparison takes constant time.
+func RequirePassword(h http.Handler, password string) http.Handler {
+	want := sha256.Sum256([]byte(password))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, got, ok := r.BasicAuth()
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Basic realm="facilitator signer"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Sign signs args when the policy allows them and args.From is one of the keys; the error says

@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -77,6 +78,7 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	maxFeeGwei := fs.String("max-fee-gwei", "", "the highest fee per gas signed (maxFeePerGas or gasPrice), in gwei (required)")
 	keysFile := fs.String("signer-keys-file", env("FACILITATOR_SIGNER_KEYS_FILE", ""), "file with one hex private key per line (FACILITATOR_SIGNER_KEYS_FILE; or FACILITATOR_SIGNER_KEYS)")
 	logLevel := fs.String("log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error")
+	passwordFile := fs.String("password-file", env("FACILITATOR_SIGNER_PASSWORD_FILE", ""), "a file holding the password every request must carry (HTTP basic auth; serve's --signer URL gives it as clef:http://user:password@host:port/); none: no authentication (FACILITATOR_SIGNER_PASSWORD_FILE)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -100,6 +102,19 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	h, err := srv.Handler()
 	if err != nil {
 		return err
+	}
+	if *passwordFile != "" {
+		b, err := os.ReadFile(*passwordFile)
+		if err != nil {
+			return fmt.Errorf("signer: --password-file: %w", err)
+		}
+		password := strings.TrimSpace(string(b))
+		if password == "" {
+			return errors.New("signer: --password-file is empty")
+		}
+		h = extsigner.RequirePassword(h, password)
+	} else {
+		log.Warn("the narrow signer has no password (--password-file): anything that reaches its port can ask it to sign settlements")
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
