@@ -157,6 +157,9 @@ func (p *Pool) Pair() (a, b Chain, ok bool) {
 	return nil, nil, false
 }
 
+// Endpoints is how many endpoints the pool has, healthy or not.
+func (p *Pool) Endpoints() int { return len(p.endpoints) }
+
 // one is a Chain of a single endpoint that still keeps the pool's health and rate accounting.
 func (p *Pool) one(e *endpoint) Chain { return single{p: p, e: e} }
 

@@ -13,11 +13,15 @@ import (
 // terminal outcome: the pinned reads such a decision rests on are made on two endpoints at once,
 // and a settlement's read counts only where both say the same about the block. Where they
 // disagree the read is "not known": the engine waits, and the disagreement is counted. With one
-// endpoint (or one healthy), the reads made at different times are the rule, as with one node.
+// endpoint configured, the reads made at different times are the rule, as with one node; with
+// several of which only one is healthy now, nothing terminal is decided until a second is back
+// (the one left could be the one that lies).
 
 // pairer is a chain of several endpoints that can name two healthy ones (ethrpc.Pool).
 type pairer interface {
 	Pair() (a, b ethrpc.Chain, ok bool)
+	// Endpoints is how many endpoints the chain has, healthy or not.
+	Endpoints() int
 }
 
 // readCorroborated makes the pinned reads of prs through chain: on two of its endpoints when it
@@ -30,7 +34,13 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		return readPinned(ctx, batchOn(chain), tag, prs)
 	}
 	a, b, ok := p.Pair()
-	if !ok {
+	switch {
+	case !ok && p.Endpoints() > 1:
+		for _, pr := range prs {
+			pr.read, pr.receipts = nil, nil // one endpoint's word alone: not known yet
+		}
+		return nil
+	case !ok:
 		return readPinned(ctx, batchOn(chain), tag, prs)
 	}
 	second := make([]*pinnedRead, len(prs))

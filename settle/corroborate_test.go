@@ -78,7 +78,8 @@ type pair struct {
 	a, b ethrpc.Chain
 }
 
-func (p pair) Pair() (ethrpc.Chain, ethrpc.Chain, bool) { return p.a, p.b, true }
+func (p pair) Pair() (ethrpc.Chain, ethrpc.Chain, bool) { return p.a, p.b, p.b != nil }
+func (p pair) Endpoints() int                           { return 2 }
 
 var (
 	token = common.HexToAddress("0x00000000000000000000000000000000000000aa")
@@ -138,6 +139,16 @@ func TestCorroboratedReads(t *testing.T) {
 			}
 		})
 	}
+	t.Run("two endpoints, one healthy: not known", func(t *testing.T) {
+		a := honest()
+		pr := pinned(10)
+		if err := readCorroborated(ctx, pair{Chain: a, a: a}, direct, "", []*pinnedRead{pr}, func() { t.Fatal("a disagreement with one endpoint up") }); err != nil {
+			t.Fatal(err)
+		}
+		if pr.read != nil || a.callCount != 0 {
+			t.Fatalf("with the second endpoint down, a read was kept (%+v) or made (%d)", pr.read, a.callCount)
+		}
+	})
 	t.Run("one endpoint: the read is the node's", func(t *testing.T) {
 		a := honest()
 		a.used, a.useTx = true, common.Hash{0xee}
