@@ -105,7 +105,7 @@ func TestBrowserLookup(t *testing.T) {
 		t.Fatalf("final shows %q at %s confirmations of %d", final, want, finalityDepth)
 	}
 	shots := stacktest.ArtifactDir(t, "console")
-	screenshot(t, b, filepath.Join(shots, "lookup-desktop.png"))
+	screenshot(t, b, filepath.Join(shots, "lookup-desktop.png"), true)
 
 	// Deep enough, the same page says final, still without a reload.
 	for range finalityDepth {
@@ -130,7 +130,7 @@ func TestBrowserLookup(t *testing.T) {
 	if err := chromedp.Do(b, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Reload()); err != nil {
 		t.Fatal(err)
 	}
-	screenshot(t, b, filepath.Join(shots, "lookup-phone.png"))
+	screenshot(t, b, filepath.Join(shots, "lookup-phone.png"), true)
 
 	// An authorization nobody has used: the not-found state, in words.
 	unknown := env.NewPay(t, env.FundedPayer(t, 1), 1)
@@ -143,21 +143,22 @@ func TestBrowserLookup(t *testing.T) {
 	if state != "unused" || !strings.Contains(msg, "Never seen by this facilitator") {
 		t.Fatalf("unknown nonce shows %q / %q", state, msg)
 	}
-	screenshot(t, b, filepath.Join(shots, "lookup-unknown.png"))
+	screenshot(t, b, filepath.Join(shots, "lookup-unknown.png"), false)
 	t.Logf("screenshots in %s", shots)
 }
 
-func screenshot(t *testing.T, b context.Context, path string) {
+// screenshot saves the page as a PNG; readme: also the README's copy, when refreshing them.
+func screenshot(t *testing.T, b context.Context, path string, readme bool) {
 	t.Helper()
-	png, err := chromedp.Run(b, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(b, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, png, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// UPDATE_SCREENSHOTS=1 refreshes the README's copies.
-	if os.Getenv("UPDATE_SCREENSHOTS") == "1" {
+	// Quality 100 is PNG (below, JPEG). UPDATE_SCREENSHOTS=1 refreshes the README's copies.
+	if readme && os.Getenv("UPDATE_SCREENSHOTS") == "1" {
 		if err := os.WriteFile(filepath.Join("..", "docs", "screenshots", filepath.Base(path)), png, 0o644); err != nil {
 			t.Fatal(err)
 		}
