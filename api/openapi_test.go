@@ -380,7 +380,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 		},
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f,
 		Console: oasConsole{}, Logger: slog.New(slog.DiscardHandler),
-		Auth:   &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
+		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		Supported: facilitator.SupportedResponse{
 			Kinds: []facilitator.SupportedKind{
 				{X402Version: 2, Scheme: "exact", Network: oasNetwork},
