@@ -27,8 +27,9 @@ const (
 //
 // In keys mode a key is sent as "Authorization: Bearer x402_<id>_<secret>" (what the official
 // clients' per-endpoint auth headers carry) or as "X-API-Key: <key>". /verify needs the verify
-// scope, /settle settle, /v1/authorizations, /v1/payments and /v1/settlements status, /v1/webhooks
-// and /v1/events webhooks; /supported, /healthz, /readyz, /metrics and /openapi.json need no key.
+// scope, /settle settle, /v1/authorizations, /v1/payments, /v1/settlements and the console's pages
+// (/console) status, /v1/webhooks and /v1/events webhooks; /console/static/, /supported,
+// /healthz, /readyz, /metrics and /openapi.json need no key.
 // A key with a payTo allow-list is refused (403) for payments to any other address.
 // Payment-identifier ids are scoped to the key that sent them, and webhooks to the key that
 // registered them; a webhook registered with a key must name its payTo addresses (within the
@@ -69,6 +70,9 @@ func scopeOf(path string) facilitator.Scope {
 	case path == "/settle":
 		return facilitator.ScopeSettle
 	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"):
+		return facilitator.ScopeStatus
+	case path == "/console", path == "/console/*":
+		// The console's pages answer what the status routes answer.
 		return facilitator.ScopeStatus
 	case path == "/v1/webhooks", strings.HasPrefix(path, "/v1/webhooks/"), strings.HasPrefix(path, "/v1/events/"):
 		return facilitator.ScopeWebhooks

@@ -123,3 +123,12 @@ func (s *Server) handleHTTPError(err error, c echo.Context) {
 	}
 	_ = s.writeError(c, nil, he)
 }
+
+// HTTPStatus is the HTTP status an error answers with, by the same table as the API's answers:
+// the console's pages use it too.
+func HTTPStatus(err error) int {
+	if errors.Is(err, facilitator.ErrNotFound) {
+		return http.StatusNotFound
+	}
+	return statusOf[facilitator.ErrorCode(err)]
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // Notify serves webhook registration and event streams (notify.Dispatcher). A webhook's owner is
@@ -98,8 +99,8 @@ func (s *Server) authorizationEvents(c echo.Context) error {
 
 func (s *Server) paymentEvents(c echo.Context) error {
 	id := pathParam(c, "id")
-	if !idParam.MatchString(id) {
-		return s.writeError(c, nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidPaymentIdentifier, "a payment id is 16 to 128 characters of A-Z, a-z, 0-9, _ and -"))
+	if err := status.CheckPaymentID(id); err != nil {
+		return s.writeError(c, nil, err)
 	}
 	return s.stream(c, notify.Target{PaymentID: id, IDScope: idScope(c)})
 }

@@ -45,9 +45,18 @@ type Config struct {
 	ReadyEndpoints func() map[string]string
 	// ReadyTimeout bounds one /readyz, all checks at once (default 2s).
 	ReadyTimeout time.Duration
+	// Console serves the web console under /console (its assets under /console/static/, open
+	// like /healthz; its pages need the status scope); nil leaves it out.
+	Console Console
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
+}
+
+// Console serves the web console (console.Console); idScope is the request's payment-identifier
+// scope (its API key's id, "" without one).
+type Console interface {
+	ServeConsole(w http.ResponseWriter, r *http.Request, idScope string)
 }
 
 // Limits is the read-only limit check /verify makes.
@@ -129,6 +138,15 @@ func New(cfg Config) *Server {
 		e.DELETE("/v1/webhooks/:id", s.deleteWebhook)
 		e.GET("/v1/events/authorizations/:network/:asset/:from/:nonce", s.authorizationEvents)
 		e.GET("/v1/events/payments/:id", s.paymentEvents)
+	}
+	if cfg.Console != nil {
+		serve := func(c echo.Context) error {
+			cfg.Console.ServeConsole(c.Response(), c.Request(), idScope(c))
+			return nil
+		}
+		e.GET("/console", serve)
+		e.GET("/console/*", serve)
+		e.GET("/console/static/*", serve)
 	}
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)

@@ -21,7 +21,7 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 		}
 	}
 	row("state", state)
-	row("meaning", advice(st.State))
+	row("meaning", facilitator.StatusAdvice(st.State))
 	if !found {
 		row("note", "never seen by this facilitator's ledger or index: this is the chain's own answer")
 	}
@@ -47,23 +47,4 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 	}
 	row("reason", st.Reason)
 	row("read from", fmt.Sprintf("%s, indexed head %d, chain head %d", st.Basis, st.IndexedHead, st.Head))
-}
-
-// advice says what a merchant or agent should do in each state (README, "Status").
-func advice(state string) string {
-	switch state {
-	case facilitator.StatusUnused:
-		return "nothing has moved; it can still be settled until validBefore"
-	case facilitator.StatusPending:
-		return "broadcast, not mined yet: wait and ask again; never sign a new authorization"
-	case facilitator.StatusSettled:
-		return "the payment happened"
-	case facilitator.StatusCanceled:
-		return "canceled by the payer: no payment"
-	case facilitator.StatusExpired:
-		return "expired unused: the payer may safely sign a new authorization"
-	case facilitator.StatusFailed:
-		return "our transaction reverted; nothing moved"
-	}
-	return ""
 }

@@ -38,6 +38,8 @@ func TestLayout(t *testing.T) {
 		"extsigner":            {"eip3009"},
 		// The presets and the start-up check of a network against its chain.
 		"chains": {"eip3009", "ethrpc", "facilitator"},
+		// The web console's pages: the domain's status answers and the forms status parses.
+		"console": {"facilitator", "status"},
 	}
 	// Packages nothing may import but the binary's wiring and the test bench (which stands at the
 	// top beside it, building the same stacks for tests), and the binary itself.

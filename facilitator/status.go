@@ -58,3 +58,23 @@ const (
 	StatusExpired  = "expired"
 	StatusFailed   = "failed"
 )
+
+// StatusAdvice says what a merchant or agent should do in each state (README, "Status"): the CLI
+// and the console both say it.
+func StatusAdvice(state string) string {
+	switch state {
+	case StatusUnused:
+		return "nothing has moved; it can still be settled until validBefore"
+	case StatusPending:
+		return "broadcast, not mined yet: wait and ask again; never sign a new authorization"
+	case StatusSettled:
+		return "the payment happened"
+	case StatusCanceled:
+		return "canceled by the payer: no payment"
+	case StatusExpired:
+		return "expired unused: the payer may safely sign a new authorization"
+	case StatusFailed:
+		return "our transaction reverted; nothing moved"
+	}
+	return ""
+}

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/npm.sh
 scripts/promtool.sh
+scripts/chromium.sh
 TEST_DATABASE_URL="$(scripts/postgres.sh x402_test --fresh)"
 export TEST_DATABASE_URL
 echo "test.sh: Postgres at ${TEST_DATABASE_URL%%\?*}" >&2

@@ -27,6 +27,8 @@ type Store interface {
 	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
 	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error)
 	Cursor(ctx context.Context, network string) (facilitator.Block, bool, error)
+	// SettlementEvents lists a settlement's events after the id after with one of states, oldest first.
+	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error)
 }
 
 // Head reads the chain: its head and finality tag (in one request), recent logs.
@@ -114,6 +116,38 @@ func (s *Service) Settlement(ctx context.Context, tx common.Hash) (facilitator.A
 	}
 	st, _, err := s.Authorization(ctx, row.Key)
 	return st, err
+}
+
+// TimelineLimit bounds a timeline: a settlement has a handful of events (signed, broadcast, a few
+// fee bumps, mined, final, a reorg's way back), so more than this is a bumping loop worth no more rows.
+const TimelineLimit = 100
+
+// timelineStates are every state a settlement event records, fee bumps included: the timeline
+// shows a settlement's whole life, not only what webhooks announce.
+var timelineStates = []string{
+	string(facilitator.StateSigned), string(facilitator.StateBroadcast), "bumped",
+	string(facilitator.StateMined), string(facilitator.StateFinal), string(facilitator.StateReverted),
+	string(facilitator.StateExpired), string(facilitator.StateSettledElsewhere), string(facilitator.StateCanceled),
+}
+
+// Timeline lists our settlement's events for the authorization, oldest first (at most
+// TimelineLimit); none when we never settled it (the index or the chain may still know it).
+func (s *Service) Timeline(ctx context.Context, key facilitator.AuthorizationKey) ([]facilitator.SettlementEvent, error) {
+	if _, ok := s.networks[key.Network]; !ok {
+		return nil, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network %q is not served here", key.Network)
+	}
+	row, err := s.store.SettlementByKey(ctx, key)
+	if errors.Is(err, facilitator.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	evs, err := s.store.SettlementEvents(ctx, row.ID, 0, timelineStates, TimelineLimit)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return evs, nil
 }
 
 // heads reads the index's head, and the chain's head with its finality tag in one request (so

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"math/big"
+	"slices"
 	"testing"
 	"time"
 
@@ -432,4 +433,39 @@ func mustKey(t testing.TB) *ecdsa.PrivateKey {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// The timeline is our settlement's life from the ledger, oldest first, with times; an
+// authorization we never settled has none, and a network not served is refused.
+func TestStatusTimeline(t *testing.T) {
+	ctx := context.Background()
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 7_000)
+	e := env.NewEngine(t, stacktest.EngineOptions{})
+	e.MustSettle(t, p.Body(t))
+	svc := env.Status(env.DB, 2)
+	evs, err := svc.Timeline(ctx, p.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []facilitator.State
+	for i, ev := range evs {
+		states = append(states, ev.State)
+		if ev.At.IsZero() || (i > 0 && (ev.ID <= evs[i-1].ID || ev.At.Before(evs[i-1].At))) {
+			t.Fatalf("events out of order or without times: %+v", evs)
+		}
+	}
+	want := []facilitator.State{facilitator.StateSigned, facilitator.StateBroadcast, facilitator.StateMined}
+	if len(states) < len(want) || !slices.Equal(states[:len(want)], want) {
+		t.Fatalf("timeline %v, want it to start %v", states, want)
+	}
+
+	other := env.NewPay(t, env.FundedPayer(t, 1), 1)
+	if evs, err := svc.Timeline(ctx, other.Key()); err != nil || len(evs) != 0 {
+		t.Fatalf("never settled: %v %v, want no events", evs, err)
+	}
+	k := p.Key()
+	k.Network = "eip155:1"
+	if _, err := svc.Timeline(ctx, k); facilitator.ErrorCode(err) != facilitator.EInvalid {
+		t.Fatalf("unknown network: %v, want invalid", err)
+	}
 }

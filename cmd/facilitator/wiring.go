@@ -22,6 +22,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/chains"
+	"github.com/x402-facilitator/x402-facilitator/console"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -219,7 +220,13 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout,
+		Logger: log.With("component", "console")})
+	if err != nil {
+		return err
+	}
 	srv := api.New(api.Config{
+		Console:       con,
 		Verifier:      idsvc,
 		Settler:       idsvc,
 		Status:        statusSvc,

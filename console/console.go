@@ -1,0 +1,304 @@
+// Package console serves the facilitator's web console: server-rendered pages (html/template) and
+// their embedded assets, so that the binary needs nothing else at run time and the pages work
+// without JavaScript. JavaScript only makes the numbers that move (confirmations) live.
+package console
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/status"
+)
+
+// Status answers the lookups: the status API's service, with a settlement's timeline.
+type Status interface {
+	Authorization(ctx context.Context, key facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error)
+	Payment(ctx context.Context, scope, id string) (facilitator.AuthorizationStatus, error)
+	Settlement(ctx context.Context, tx common.Hash) (facilitator.AuthorizationStatus, error)
+	Timeline(ctx context.Context, key facilitator.AuthorizationKey) ([]facilitator.SettlementEvent, error)
+}
+
+// Config configures the console.
+type Config struct {
+	Status Status
+	// HTTPStatus is the HTTP status of an error, by the API's one table (api.HTTPStatus).
+	HTTPStatus func(error) int
+	Logger     *slog.Logger
+	// QueryTimeout bounds one status read (default 10s).
+	QueryTimeout time.Duration
+	// Poll is how often a live page's stream reads the status again (default 2s).
+	Poll time.Duration
+	// StreamFor bounds one live stream (default 5m); the browser's EventSource reconnects.
+	StreamFor time.Duration
+}
+
+// CSP is the console's Content-Security-Policy: its own script and styles only, no inline code, no
+// other origin, never framed.
+const CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; " +
+	"frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Console serves /console.
+type Console struct {
+	cfg    Config
+	log    *slog.Logger
+	pages  *template.Template
+	mux    *http.ServeMux
+	static http.Handler
+}
+
+// New builds the console.
+func New(cfg Config) (*Console, error) {
+	if cfg.Status == nil || cfg.HTTPStatus == nil {
+		return nil, errors.New("console: Status and HTTPStatus are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.QueryTimeout == 0 {
+		cfg.QueryTimeout = 10 * time.Second
+	}
+	if cfg.Poll == 0 {
+		cfg.Poll = 2 * time.Second
+	}
+	if cfg.StreamFor == 0 {
+		cfg.StreamFor = 5 * time.Minute
+	}
+	pages, err := template.New("").Funcs(template.FuncMap{"utc": func(t time.Time) string {
+		return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
+	}}).ParseFS(templateFS, "templates/*.html")
+	if err != nil {
+		return nil, err
+	}
+	sub, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, log: cfg.Logger, pages: pages, mux: http.NewServeMux(),
+		static: http.StripPrefix("/console/static/", http.FileServerFS(sub))}
+	c.mux.HandleFunc("GET /console", c.search)
+	c.mux.HandleFunc("GET /console/{$}", c.search)
+	c.mux.HandleFunc("GET /console/authorizations/{network}/{asset}/{from}/{nonce}", c.authorization)
+	c.mux.HandleFunc("GET /console/authorizations/{network}/{asset}/{from}/{nonce}/events", c.events)
+	c.mux.HandleFunc("GET /console/settlements/{tx}", c.settlement)
+	c.mux.HandleFunc("GET /console/payments/{id}", c.payment)
+	c.mux.HandleFunc("GET /console/static/", c.serveStatic)
+	c.mux.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
+		c.errorPage(w, r, "", facilitator.ErrNotFound)
+	})
+	return c, nil
+}
+
+type scopeKey struct{}
+
+// ServeConsole serves one request; idScope is the payment-identifier scope of the request's API
+// key ("" without one), which a payment id is looked up under.
+func (c *Console) ServeConsole(w http.ResponseWriter, r *http.Request, idScope string) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", CSP)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	c.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), scopeKey{}, idScope)))
+}
+
+func (c *Console) serveStatic(w http.ResponseWriter, r *http.Request) {
+	// The assets change only with the binary; an hour keeps a page's reloads cheap.
+	w.Header().Set("Cache-Control", "public, max-age=3600")
+	c.static.ServeHTTP(w, r)
+}
+
+// search is the search box; with a query, it sends the browser to the answer's stable URL.
+func (c *Console) search(w http.ResponseWriter, r *http.Request) {
+	q := strings.TrimSpace(r.URL.Query().Get("q"))
+	if q == "" {
+		c.render(w, http.StatusOK, "search", page{Title: "Lookup"})
+		return
+	}
+	to, err := resolve(q)
+	if err != nil {
+		c.errorPage(w, r, q, err)
+		return
+	}
+	http.Redirect(w, r, to, http.StatusSeeOther)
+}
+
+// resolve reads a search: "network asset payer nonce" (spaces or slashes between), a transaction
+// hash, or a payment id; it returns the answer's path.
+func resolve(q string) (string, error) {
+	f := strings.FieldsFunc(q, func(r rune) bool { return r == ' ' || r == '/' || r == '\t' || r == ',' })
+	switch {
+	case len(f) == 4:
+		k, err := status.ParseKey(f[0], f[1], f[2], f[3])
+		if err != nil {
+			return "", err
+		}
+		return authorizationPath(k.Network, k.Asset.Hex(), k.Payer.Hex(), "0x"+common.Bytes2Hex(k.Nonce[:])), nil
+	case len(f) == 1 && len(f[0]) == 66 && strings.HasPrefix(strings.ToLower(f[0]), "0x"):
+		tx, err := status.ParseTx(f[0])
+		if err != nil {
+			return "", err
+		}
+		return "/console/settlements/" + tx.Hex(), nil
+	case len(f) == 1:
+		if err := status.CheckPaymentID(f[0]); err != nil {
+			return "", facilitator.Errorf(facilitator.EInvalid, "invalid_parameter",
+				"search for a transaction hash, a payment id, or an authorization as: network asset payer nonce")
+		}
+		return "/console/payments/" + f[0], nil
+	}
+	return "", facilitator.Errorf(facilitator.EInvalid, "invalid_parameter",
+		"search for a transaction hash, a payment id, or an authorization as: network asset payer nonce")
+}
+
+func authorizationPath(network, asset, from, nonce string) string {
+	return "/console/authorizations/" + url.PathEscape(network) + "/" + asset + "/" + from + "/" + nonce
+}
+
+func (c *Console) authorization(w http.ResponseWriter, r *http.Request) {
+	key, err := keyOf(r)
+	if err != nil {
+		c.errorPage(w, r, "", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
+	defer cancel()
+	st, found, err := c.cfg.Status.Authorization(ctx, key)
+	c.answer(w, r, ctx, st, found, err)
+}
+
+func (c *Console) settlement(w http.ResponseWriter, r *http.Request) {
+	tx, err := status.ParseTx(r.PathValue("tx"))
+	if err != nil {
+		c.errorPage(w, r, "", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
+	defer cancel()
+	st, err := c.cfg.Status.Settlement(ctx, tx)
+	c.answer(w, r, ctx, st, true, err)
+}
+
+func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := status.CheckPaymentID(id); err != nil {
+		c.errorPage(w, r, "", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
+	defer cancel()
+	scope, _ := r.Context().Value(scopeKey{}).(string)
+	st, err := c.cfg.Status.Payment(ctx, scope, id)
+	c.answer(w, r, ctx, st, true, err)
+}
+
+func keyOf(r *http.Request) (facilitator.AuthorizationKey, error) {
+	return status.ParseKey(r.PathValue("network"), r.PathValue("asset"), r.PathValue("from"), r.PathValue("nonce"))
+}
+
+// answer renders a status answer with its timeline; an authorization neither the ledger nor the
+// index has seen is a 404 that still says what the chain says.
+func (c *Console) answer(w http.ResponseWriter, r *http.Request, ctx context.Context, st facilitator.AuthorizationStatus, found bool, err error) {
+	if err != nil {
+		c.errorPage(w, r, "", err)
+		return
+	}
+	key, err := status.ParseKey(st.Network, st.Asset, st.Authorizer, st.Nonce)
+	if err != nil {
+		c.errorPage(w, r, "", err)
+		return
+	}
+	var evs []facilitator.SettlementEvent
+	if found {
+		if evs, err = c.cfg.Status.Timeline(ctx, key); err != nil {
+			c.errorPage(w, r, "", err)
+			return
+		}
+	}
+	self := authorizationPath(st.Network, st.Asset, st.Authorizer, st.Nonce)
+	p := page{Title: "Authorization " + shortHex(st.Nonce), Query: strings.Join([]string{st.Network, st.Asset, st.Authorizer, st.Nonce}, " "),
+		Answer: &answerView{Status: st, Live: liveOf(st), Found: found, Self: self, Events: self + "/events", Timeline: evs}}
+	code := http.StatusOK
+	if !found {
+		code = http.StatusNotFound
+	}
+	c.render(w, code, "answer", p)
+}
+
+// errorPage renders an error in words with the search box, under the API's status for it. The
+// message is the one the API would answer with: it never carries a cause's text (a URL, a DSN).
+func (c *Console) errorPage(w http.ResponseWriter, r *http.Request, q string, err error) {
+	code := c.cfg.HTTPStatus(err)
+	if code == 0 {
+		code = http.StatusInternalServerError
+	}
+	if code >= 500 {
+		c.log.ErrorContext(r.Context(), "console", "path", r.URL.Path, "status", code, "err", err)
+		w.Header().Set("Retry-After", "5")
+	}
+	msg := facilitator.ErrorMessage(err)
+	title := "Invalid search"
+	switch {
+	case code == http.StatusNotFound:
+		title, msg = "Not found", "Nothing is known here under this name: check the transaction hash or payment id, or search for the authorization itself."
+	case code == http.StatusServiceUnavailable:
+		title, msg = "Temporarily unavailable", "The facilitator cannot read its ledger or the chain right now. Nothing has changed; try again in a few seconds."
+	case code >= 500:
+		title, msg = "Something went wrong", "The facilitator could not answer. Try again; if it persists, tell the operator."
+	}
+	c.render(w, code, "error", page{Title: title, Query: q, Error: &errorView{Status: code, Title: title, Message: msg}})
+}
+
+type page struct {
+	Title  string
+	Query  string
+	Answer *answerView
+	Error  *errorView
+}
+
+type answerView struct {
+	Status   facilitator.AuthorizationStatus
+	Live     Live
+	Found    bool
+	Self     string
+	Events   string
+	Timeline []facilitator.SettlementEvent
+}
+
+type errorView struct {
+	Status  int
+	Title   string
+	Message string
+}
+
+func (c *Console) render(w http.ResponseWriter, code int, name string, p page) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	if err := c.pages.ExecuteTemplate(w, name, p); err != nil {
+		c.log.Error("console: rendering", "page", name, "err", err)
+	}
+}
+
+func shortHex(s string) string {
+	if len(s) > 14 {
+		return s[:8] + "…" + s[len(s)-4:]
+	}
+	return s
+}

@@ -1,0 +1,14 @@
+package console_test
+
+import (
+	"testing"
+
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// The package's tests share one anvil with real USDC and one database of their own.
+var env *stacktest.Env
+
+func TestMain(m *testing.M) {
+	stacktest.Main(m, "console", func(e *stacktest.Env) int { env = e; return m.Run() })
+}
