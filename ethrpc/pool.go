@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -106,16 +107,6 @@ func (p *Pool) Health() []EndpointHealth {
 	return out
 }
 
-// Healthy reports whether any endpoint is healthy.
-func (p *Pool) Healthy() bool {
-	for _, h := range p.Health() {
-		if h.Healthy {
-			return true
-		}
-	}
-	return false
-}
-
 // order is the endpoints to try: the healthy ones from the rotating start, then those left alone,
 // soonest back first (when every endpoint failed lately, trying beats refusing).
 func (p *Pool) order() []*endpoint {
@@ -133,11 +124,7 @@ func (p *Pool) order() []*endpoint {
 			down = append(down, e)
 		}
 	}
-	for i := 1; i < len(down); i++ {
-		for j := i; j > 0 && down[j].until().Before(down[j-1].until()); j-- {
-			down[j], down[j-1] = down[j-1], down[j]
-		}
-	}
+	slices.SortStableFunc(down, func(a, b *endpoint) int { return a.until().Compare(b.until()) })
 	return append(healthy, down...)
 }
 
@@ -188,7 +175,7 @@ func (p *Pool) CallContext(ctx context.Context, result any, method string, args 
 	}
 	var err error
 	for _, e := range p.order() {
-		err = p.attempt(ctx, e, func(ctx context.Context) error { return e.Chain.CallContext(ctx, result, method, args...) }, method, result)
+		err = single{p, e}.CallContext(ctx, result, method, args...)
 		if !retryable(err) || ctx.Err() != nil {
 			return err
 		}

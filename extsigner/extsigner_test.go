@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/big"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -107,10 +108,9 @@ func TestPolicyRefuses(t *testing.T) {
 	}
 }
 
-// TestServerOverHTTP: the client and the narrow signer over JSON-RPC: account_list names the
-// key, a settlement comes back signed by it exactly as asked, and refusals (policy, unknown
-// account) come back as errors that say why.
-func TestServerOverHTTP(t *testing.T) {
+// newServer is a narrow signer of one new key under the tests' policy, and its JSON-RPC handler.
+func newServer(t *testing.T) (common.Address, http.Handler) {
+	t.Helper()
 	key, _ := crypto.GenerateKey()
 	addr := crypto.PubkeyToAddress(key.PublicKey)
 	srv, err := extsigner.NewServer(policy, []*ecdsa.PrivateKey{key}, nil)
@@ -121,6 +121,14 @@ func TestServerOverHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return addr, h
+}
+
+// TestServerOverHTTP: the client and the narrow signer over JSON-RPC: account_list names the
+// key, a settlement comes back signed by it exactly as asked, and refusals (policy, unknown
+// account) come back as errors that say why.
+func TestServerOverHTTP(t *testing.T) {
+	addr, h := newServer(t)
 	hs := httptest.NewServer(h)
 	defer hs.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -196,16 +204,7 @@ func TestClientErrorsHideCredentials(t *testing.T) {
 // basic auth, as a client URL with user:password sends it); without or with a wrong one it signs
 // nothing, and the client's error does not repeat the password.
 func TestServerPassword(t *testing.T) {
-	key, _ := crypto.GenerateKey()
-	addr := crypto.PubkeyToAddress(key.PublicKey)
-	srv, err := extsigner.NewServer(policy, []*ecdsa.PrivateKey{key}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := srv.Handler()
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr, h := newServer(t)
 	hs := httptest.NewServer(extsigner.RequirePassword(h, "s3cret-PW"))
 	defer hs.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

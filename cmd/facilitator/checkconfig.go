@@ -11,6 +11,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
@@ -59,7 +60,7 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	signers := cfg.SignerAddresses()
 	for i, n := range networks {
 		nc := cfg.Networks[i]
-		pool, err := m.dialNetwork(ctx, n, nc)
+		pool, _, err := m.dialNetwork(ctx, n, nc)
 		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d", n.ID, len(nc.urls()), n.ChainID), err)
 		if err != nil {
 			continue
@@ -107,13 +108,14 @@ func checkTag(ctx context.Context, c ethrpc.Chain, tag string) error {
 	if tag == "" {
 		return nil
 	}
-	var b *struct {
-		Number hexutil.Uint64 `json:"number"`
-	}
-	if err := c.CallContext(ctx, &b, "eth_getBlockByNumber", tag, false); err != nil {
+	b := []rpc.BatchElem{ethrpc.TagElem(tag)}
+	if err := c.BatchCallContext(ctx, b); err != nil {
 		return fmt.Errorf("the node does not answer the %q block (finality would count by depth): %w", tag, err)
 	}
-	if b == nil {
+	if b[0].Error != nil {
+		return fmt.Errorf("the node does not answer the %q block (finality would count by depth): %w", tag, b[0].Error)
+	}
+	if !ethrpc.TagAnswer(b[0]).OK {
 		return fmt.Errorf("the node answers no %q block (finality would count by depth)", tag)
 	}
 	return nil

@@ -49,7 +49,7 @@ func TestCheckConfig(t *testing.T) {
 		name, want string
 		edit       func(env map[string]string)
 	}{
-		{"an endpoint on another chain", "rpc1 serves chain 4242", func(env map[string]string) {
+		{"an endpoint on another chain", "RPC endpoint rpc1: eip155:31337: the RPC serves chain 4242", func(env map[string]string) {
 			editNetwork(env, func(n map[string]any) { n["rpcs"] = []string{other.RPCURL} })
 		}},
 		{"a token domain the contract does not have", `name "USD Coin!" is configured`, func(env map[string]string) {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/robfig/cron/v3"
 
@@ -93,13 +92,14 @@ func (m *Main) Run(ctx context.Context) error {
 	readers := map[string]verify.Reader{}
 	rpcReaders := map[string]*ethrpc.Reader{}
 	for i, n := range networks {
-		pool, err := m.dialNetwork(startCtx, n, cfg.Networks[i])
+		pool, genesis, err := m.dialNetwork(startCtx, n, cfg.Networks[i])
 		if err != nil {
 			return err
 		}
 		m.rpcs = append(m.rpcs, pool)
 		m.heads = append(m.heads, ethrpc.NewHeads(cfg.RPCTimeout, log.With("network", n.ID), cfg.Networks[i].wsURLs()...))
-		if err := m.checkChain(startCtx, pool, n); err != nil {
+		// A ledger written against one chain is never read against another.
+		if err := m.db.BindNetwork(startCtx, n.ID, n.ChainID, genesis); err != nil {
 			return err
 		}
 		rpcReaders[n.ID] = &ethrpc.Reader{Chain: pool, Timeout: cfg.RPCTimeout}
@@ -368,16 +368,6 @@ func indexerSource(networks []facilitator.Network, ixs []*indexer.Indexer) metri
 	}
 }
 
-// checkChain refuses an RPC that serves another chain than configured, and binds the database's
-// ledger to this chain's genesis.
-func (m *Main) checkChain(ctx context.Context, client ethrpc.Chain, n facilitator.Network) error {
-	genesis, err := chains.CheckChain(ctx, client, n)
-	if err != nil {
-		return err
-	}
-	return m.db.BindNetwork(ctx, n.ID, n.ChainID, genesis)
-}
-
 // Close stops serving (letting requests in flight finish) and closes everything Run opened.
 func (m *Main) Close() error {
 	var errs []error
@@ -424,51 +414,32 @@ func (m *Main) Close() error {
 	return errors.Join(errs...)
 }
 
-// dialRPC dials a node. Over HTTP, the client keeps as many idle connections as the busiest
-// moment used: go-ethereum's default HTTP client keeps 2 per host, so under load (dozens of
-// concurrent simulations, broadcasts and receipt reads) every other request opened a fresh TCP
-// connection and closed it, which cost this process and the node more CPU than the requests.
 // dialNetwork dials every RPC endpoint of a network into one pool, after checking that each
 // serves the network's chain: an endpoint of another chain (a copy-pasted URL) must never answer
-// for this one. Endpoints are named rpc0, rpc1… in configured order, never by URL.
-func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc NetworkConfig) (*ethrpc.Pool, error) {
+// for this one. Endpoints are named rpc0, rpc1… in configured order, never by URL. It returns the
+// chain's genesis hash, which the ledger is bound to.
+func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc NetworkConfig) (*ethrpc.Pool, common.Hash, error) {
 	var eps []ethrpc.Endpoint
 	var genesis common.Hash
 	for j, u := range nc.urls() {
 		name := fmt.Sprintf("rpc%d", j)
 		client, err := dialRPC(ctx, u)
 		if err != nil {
-			return nil, fmt.Errorf("%s: dialing RPC endpoint %s: %w", n.ID, name, err)
+			return nil, common.Hash{}, fmt.Errorf("%s: dialing RPC endpoint %s: %w", n.ID, name, err)
 		}
 		m.clients = append(m.clients, client)
-		var chainID hexutil.Uint64
-		var g struct {
-			Hash common.Hash `json:"hash"`
-		}
-		if err := client.CallContext(ctx, &chainID, "eth_chainId"); err != nil {
-			return nil, fmt.Errorf("%s: RPC endpoint %s: reading the chain id: %w", n.ID, name, redactURL(err, u))
-		}
-		if err := client.CallContext(ctx, &g, "eth_getBlockByNumber", "0x0", false); err != nil {
-			return nil, fmt.Errorf("%s: RPC endpoint %s: reading the genesis block: %w", n.ID, name, redactURL(err, u))
-		}
+		g, err := chains.CheckChain(ctx, client, n)
 		switch {
-		case uint64(chainID) != n.ChainID:
-			return nil, fmt.Errorf("%s: RPC endpoint %s serves chain %d", n.ID, name, uint64(chainID))
-		case j > 0 && g.Hash != genesis:
-			return nil, fmt.Errorf("%s: RPC endpoint %s serves another chain than rpc0 (genesis %s, not %s)", n.ID, name, g.Hash, genesis)
+		case err != nil:
+			return nil, common.Hash{}, fmt.Errorf("RPC endpoint %s: %w", name, err)
+		case j > 0 && g != genesis:
+			return nil, common.Hash{}, fmt.Errorf("%s: RPC endpoint %s serves another chain than rpc0 (genesis %s, not %s)", n.ID, name, g, genesis)
 		}
-		genesis = g.Hash
+		genesis = g
 		eps = append(eps, ethrpc.Endpoint{Name: name, Chain: client, Rate: nc.RPCRate, Burst: nc.RPCBurst})
 	}
-	return ethrpc.NewPool(eps, endpointObserver{m.metrics, n.ID}, nil)
-}
-
-// redactURL keeps an endpoint's URL (often with an API key in it) out of an error.
-func redactURL(err error, u string) error {
-	if u == "" || !strings.Contains(err.Error(), u) {
-		return err
-	}
-	return errors.New(strings.ReplaceAll(err.Error(), u, "<url>"))
+	pool, err := ethrpc.NewPool(eps, endpointObserver{m.metrics, n.ID}, nil)
+	return pool, genesis, err
 }
 
 // endpointObserver counts a network's endpoint failures in metrics.
@@ -484,6 +455,10 @@ func (o endpointObserver) EndpointDown(endpoint string) {
 }
 func (o endpointObserver) EndpointUp(string) {}
 
+// dialRPC dials a node. Over HTTP, the client keeps as many idle connections as the busiest
+// moment used: go-ethereum's default HTTP client keeps 2 per host, so under load (dozens of
+// concurrent simulations, broadcasts and receipt reads) every other request opened a fresh TCP
+// connection and closed it, which cost this process and the node more CPU than the requests.
 func dialRPC(ctx context.Context, url string) (*rpc.Client, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 256
