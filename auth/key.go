@@ -89,14 +89,14 @@ func ParseScopes(s string) ([]facilitator.Scope, error) {
 		}
 		sc := facilitator.Scope(part)
 		if !slices.Contains(facilitator.AllScopes, sc) {
-			return nil, fmt.Errorf("unknown scope %q (want verify, settle, status or webhooks)", part)
+			return nil, fmt.Errorf("unknown scope %q (want verify, settle, status, webhooks or operator)", part)
 		}
 		if !slices.Contains(out, sc) {
 			out = append(out, sc)
 		}
 	}
 	if len(out) == 0 {
-		return nil, errors.New("at least one scope is required (verify, settle, status, webhooks)")
+		return nil, errors.New("at least one scope is required (verify, settle, status, webhooks, operator)")
 	}
 	return out, nil
 }

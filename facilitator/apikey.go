@@ -18,10 +18,13 @@ const (
 	ScopeSettle   Scope = "settle"
 	ScopeStatus   Scope = "status"
 	ScopeWebhooks Scope = "webhooks"
+	// ScopeOperator reads the operations overview and every merchant's settlements and webhooks;
+	// without it a key sees only what it settled and registered.
+	ScopeOperator Scope = "operator"
 )
 
 // AllScopes lists every scope, in a stable order.
-var AllScopes = []Scope{ScopeVerify, ScopeSettle, ScopeStatus, ScopeWebhooks}
+var AllScopes = []Scope{ScopeVerify, ScopeSettle, ScopeStatus, ScopeWebhooks, ScopeOperator}
 
 // APIKey is a stored API key. It never holds the secret, only its hash.
 type APIKey struct {

@@ -16,7 +16,7 @@ import (
 
 const keysUsage = `usage: facilitator keys <create|list|revoke|budget> [flags]
 
-  create --name N --scopes verify,settle,status,webhooks [--pay-to 0x..,0x..] [--gas-budget-wei N]
+  create --name N --scopes verify,settle,status,webhooks,operator [--pay-to 0x..,0x..] [--gas-budget-wei N]
          make a key and print it, once: only its hash is stored
   list   list keys (id, name, scopes, pay-to allow-list, gas budget, created, revoked)
   revoke <id>
@@ -43,7 +43,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	switch sub {
 	case "create":
 		name = fs.String("name", "", "what the key is for (shown in list)")
-		scopes = fs.String("scopes", "", "comma-separated: verify, settle, status, webhooks")
+		scopes = fs.String("scopes", "", "comma-separated: verify, settle, status, webhooks, operator")
 		payTo = fs.String("pay-to", "", "comma-separated payTo addresses the key may be used for (empty: any)")
 		budget = fs.String("gas-budget-wei", "default", "gas budget in wei per rolling 24 hours; 0: unlimited; default: serve's --key-gas-budget-wei")
 	case "budget":
