@@ -52,16 +52,19 @@ func CheckChain(ctx context.Context, c Caller, n facilitator.Network) (genesis c
 type Domain struct {
 	Name, Version *string
 	Separator     *common.Hash
+	// Decimals is decimals(): not part of the domain, but what amounts are shown in.
+	Decimals *uint8
 }
 
-// ReadDomain reads a token's name(), version() and DOMAIN_SEPARATOR() in one round trip. A call
+// ReadDomain reads a token's name(), version(), DOMAIN_SEPARATOR() and decimals() in one round trip. A call
 // the contract rejects (or answers with something that does not decode) leaves its field nil;
 // an error means the node could not be asked.
 func ReadDomain(ctx context.Context, r Reader, token common.Address) (Domain, error) {
 	name := &ethrpc.Read{To: token, Data: eip3009.NameCalldata()}
 	version := &ethrpc.Read{To: token, Data: eip3009.VersionCalldata()}
 	sep := &ethrpc.Read{To: token, Data: eip3009.DomainSeparatorCalldata()}
-	if err := r.Read(ctx, name, version, sep); err != nil {
+	decimals := &ethrpc.Read{To: token, Data: eip3009.DecimalsCalldata()}
+	if err := r.Read(ctx, name, version, sep, decimals); err != nil {
 		return Domain{}, withoutURL(err)
 	}
 	var d Domain
@@ -74,17 +77,35 @@ func ReadDomain(ctx context.Context, r Reader, token common.Address) (Domain, er
 	if h, ok := eip3009.DecodeDomainSeparator(sep.Out); ok && !sep.Reverted {
 		d.Separator = &h
 	}
+	if n, ok := eip3009.DecodeDecimals(decimals.Out); ok && !decimals.Reverted {
+		d.Decimals = &n
+	}
 	return d, nil
 }
 
 // CheckToken reads t's EIP-712 domain from the chain and refuses it unless payments signed under
-// the configured name and version would verify there (CompareDomain).
+// the configured name and version would verify there (CompareDomain), and unless the configured
+// decimals are the contract's (CompareDecimals).
 func CheckToken(ctx context.Context, r Reader, n facilitator.Network, t facilitator.Token) error {
 	d, err := ReadDomain(ctx, r, t.Address)
 	if err != nil {
 		return fmt.Errorf("%s: token %s: could not read its EIP-712 domain: %w", n.ID, t.Address.Hex(), err)
 	}
-	return CompareDomain(n, t, d)
+	if err := CompareDomain(n, t, d); err != nil {
+		return err
+	}
+	return CompareDecimals(n, t, d)
+}
+
+// CompareDecimals refuses configured decimals the contract contradicts: every amount people read
+// (the console, a CSV export) would be off by powers of ten. A contract without decimals() is not
+// contradicting anything.
+func CompareDecimals(n facilitator.Network, t facilitator.Token, d Domain) error {
+	if d.Decimals != nil && *d.Decimals != t.Decimals {
+		return fmt.Errorf("%s: token %s: decimals %d is configured, the contract's decimals() is %d: set \"decimals\": %d on the token",
+			n.ID, t.Address.Hex(), t.Decimals, *d.Decimals, *d.Decimals)
+	}
+	return nil
 }
 
 // CompareDomain decides whether the configured token matches what its contract says. The

@@ -42,7 +42,7 @@ func TestAnvilPresetDomain(t *testing.T) {
 	}
 	d, err := chains.ReadDomain(ctx, r, p.USDC.Address)
 	if err != nil || d.Name == nil || *d.Name != "USD Coin" || d.Version == nil || *d.Version != "2" || d.Separator == nil ||
-		*d.Separator != eip3009.DomainSeparator("USD Coin", "2", p.ChainID, p.USDC.Address) {
+		*d.Separator != eip3009.DomainSeparator("USD Coin", "2", p.ChainID, p.USDC.Address) || d.Decimals == nil || *d.Decimals != 6 {
 		t.Fatalf("the token's domain as read: %+v, %v", d, err)
 	}
 	if err := chains.CheckToken(ctx, r, n, p.USDC); err != nil {
@@ -61,6 +61,8 @@ func TestAnvilPresetDomain(t *testing.T) {
 		"version": {n, facilitator.Token{Address: p.USDC.Address, Name: "USD Coin", Version: "1"}, []string{"eip155:31337", addr, `version "1" is configured, the contract's is "2"`}},
 		// The domain hashes the chain id in: the same name and version on another chain id differ.
 		"chain id": {wrongChain, p.USDC, []string{addr, "DOMAIN_SEPARATOR", "chain 8453"}},
+		// Decimals are not in the domain, but amounts shown in them would be off a thousandfold.
+		"decimals": {n, facilitator.Token{Address: p.USDC.Address, Name: "USD Coin", Version: "2", Decimals: 9}, []string{addr, "decimals 9 is configured, the contract's decimals() is 6"}},
 		// An address without a contract (a dev account) answers nothing.
 		"address": {n, facilitator.Token{Address: chain.Accounts[3].Address, Name: "USD Coin", Version: "2"}, []string{chain.Accounts[3].Address.Hex(), "neither DOMAIN_SEPARATOR() nor name() and version()"}},
 	} {

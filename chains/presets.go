@@ -145,7 +145,7 @@ func Presets() []Preset {
 	out := make([]Preset, len(rows))
 	for i, e := range rows {
 		out[i] = Preset{Name: e.name, Title: e.title, ChainID: e.chainID, V1Name: e.v1Name,
-			USDC:     facilitator.Token{Address: common.HexToAddress(e.usdc), Name: e.usdcName, Version: e.usdcVersion},
+			USDC:     facilitator.Token{Address: common.HexToAddress(e.usdc), Name: e.usdcName, Version: e.usdcVersion, Decimals: 6},
 			Finality: e.finality, DomainConfirmed: e.domainConfirmed}
 	}
 	return out

@@ -30,7 +30,8 @@ const finalityDepth = 50
 func serve(t *testing.T, svc console.Status) (*stacktest.Server, *stacktest.Engine) {
 	t.Helper()
 	e := env.NewEngine(t, stacktest.EngineOptions{Depth: finalityDepth})
-	con, err := console.New(console.Config{Status: svc, HTTPStatus: api.HTTPStatus, Poll: 100 * time.Millisecond})
+	con, err := console.New(console.Config{Status: svc, HTTPStatus: api.HTTPStatus, Poll: 100 * time.Millisecond,
+		Networks: []facilitator.Network{env.Network()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func TestBrowserLookup(t *testing.T) {
 	page := authorizationURL(s.URL, p.Key())
 
 	b := stacktest.Browser(t)
-	var state, txText, confText string
+	var state, txText, confText, amount string
 	if err := chromedp.Do(b, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(page)); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +71,11 @@ func TestBrowserLookup(t *testing.T) {
 	run(chromedp.Text("#state"), &state)
 	run(chromedp.Text("#transaction"), &txText)
 	run(chromedp.Text("#confirmations"), &confText)
+	run(chromedp.Text("#amount"), &amount)
+	// 250,000 base units of a 6-decimals token.
+	if amount != "0.25 USD Coin (250000 base units)" {
+		t.Errorf("the amount reads %q", amount)
+	}
 	if !strings.HasPrefix(state, "settled") || !strings.EqualFold(txText, tx) {
 		t.Fatalf("page shows state %q, transaction %q; want settled with %s", state, txText, tx)
 	}

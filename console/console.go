@@ -34,7 +34,10 @@ type Config struct {
 	Status Status
 	// HTTPStatus is the HTTP status of an error, by the API's one table (api.HTTPStatus).
 	HTTPStatus func(error) int
-	Logger     *slog.Logger
+	// Networks are the networks served: their tokens' decimals and names are what amounts are
+	// shown in. An amount of a token not among them is shown in base units.
+	Networks []facilitator.Network
+	Logger   *slog.Logger
 	// QueryTimeout bounds one status read (default 10s).
 	QueryTimeout time.Duration
 	// Poll is how often a live page's stream reads the status again (default 2s).
@@ -80,9 +83,12 @@ func New(cfg Config) (*Console, error) {
 	if cfg.StreamFor == 0 {
 		cfg.StreamFor = 5 * time.Minute
 	}
-	pages, err := template.New("").Funcs(template.FuncMap{"utc": func(t time.Time) string {
-		return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
-	}}).ParseFS(templateFS, "templates/*.html")
+	pages, err := template.New("").Funcs(template.FuncMap{
+		"utc": func(t time.Time) string {
+			return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
+		},
+		"amount": amountOf(cfg.Networks),
+	}).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, err
 	}
@@ -293,6 +299,25 @@ func (c *Console) render(w http.ResponseWriter, code int, name string, p page) {
 	w.WriteHeader(code)
 	if err := c.pages.ExecuteTemplate(w, name, p); err != nil {
 		c.log.Error("console: rendering", "page", name, "err", err)
+	}
+}
+
+// amountOf returns the template function that shows an amount of a network's token in whole tokens
+// with the token's name ("0.25 USD Coin"), or in base units when the token is not one served.
+func amountOf(networks []facilitator.Network) func(network, asset, value string) string {
+	return func(network, asset, value string) string {
+		if value == "" {
+			return "—"
+		}
+		for _, n := range networks {
+			if n.ID != network || !common.IsHexAddress(asset) {
+				continue
+			}
+			if t, ok := n.Token(common.HexToAddress(asset)); ok {
+				return facilitator.FormatUnits(value, t.Decimals) + " " + t.Name
+			}
+		}
+		return value + " base units"
 	}
 }
 

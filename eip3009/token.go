@@ -94,6 +94,19 @@ func VersionCalldata() []byte { return pack(MethodVersion) }
 // signatures against (FiatToken computes it from its name, version, the chain id and its address).
 func DomainSeparatorCalldata() []byte { return pack(MethodDomainSeparator) }
 
+// DecimalsCalldata encodes decimals().
+func DecimalsCalldata() []byte { return pack(MethodDecimals) }
+
+// DecodeDecimals decodes decimals()'s answer.
+func DecodeDecimals(out []byte) (uint8, bool) {
+	vals, err := tokenABI.Unpack(MethodDecimals, out)
+	if err != nil || len(vals) != 1 {
+		return 0, false
+	}
+	d, ok := vals[0].(uint8)
+	return d, ok
+}
+
 // DecodeDomainSeparator decodes DOMAIN_SEPARATOR's answer.
 func DecodeDomainSeparator(out []byte) (common.Hash, bool) {
 	vals, err := tokenABI.Unpack(MethodDomainSeparator, out)

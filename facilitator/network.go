@@ -38,6 +38,27 @@ type Token struct {
 	Address common.Address
 	Name    string
 	Version string
+	// Decimals is how many of the token's base units make one whole token (USDC: 6). Amounts on
+	// the wire stay in base units; this is only how they are shown to people.
+	Decimals uint8
+}
+
+// FormatUnits writes an amount in base units (a decimal string) as whole tokens: 250000 with 6
+// decimals is "0.25". Anything that is not a non-negative decimal integer is returned as it is.
+func FormatUnits(value string, decimals uint8) string {
+	if value == "" || strings.TrimLeft(value, "0123456789") != "" {
+		return value
+	}
+	value = strings.TrimLeft(value, "0")
+	d := int(decimals)
+	if len(value) <= d {
+		value = strings.Repeat("0", d-len(value)+1) + value
+	}
+	whole, frac := value[:len(value)-d], strings.TrimRight(value[len(value)-d:], "0")
+	if frac == "" {
+		return whole
+	}
+	return whole + "." + frac
 }
 
 // Token returns the accepted token at addr.

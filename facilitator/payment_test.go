@@ -132,3 +132,28 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestFormatUnits(t *testing.T) {
+	for _, c := range []struct {
+		value    string
+		decimals uint8
+		want     string
+	}{
+		{"250000", 6, "0.25"},
+		{"1000000", 6, "1"},
+		{"1", 6, "0.000001"},
+		{"0", 6, "0"},
+		{"000120", 6, "0.00012"},
+		{"123456789", 6, "123.456789"},
+		{"115792089237316195423570985008687907853269984665640564039457584007913129639935", 18,
+			"115792089237316195423570985008687907853269984665640564039457.584007913129639935"},
+		{"42", 0, "42"},
+		{"", 6, ""},
+		{"-5", 6, "-5"},
+		{"1e6", 6, "1e6"},
+	} {
+		if got := facilitator.FormatUnits(c.value, c.decimals); got != c.want {
+			t.Errorf("FormatUnits(%q, %d) = %q, want %q", c.value, c.decimals, got, c.want)
+		}
+	}
+}

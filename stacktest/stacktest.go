@@ -158,7 +158,7 @@ func (e *Env) setUpLedger(name string) (string, error) {
 func (e *Env) Network() facilitator.Network {
 	c := e.Chain
 	return facilitator.Network{ID: facilitator.CAIP2(c.ChainID), ChainID: c.ChainID, V1Name: e.v1Name,
-		Tokens: []facilitator.Token{{Address: c.USDC.Address, Name: c.USDC.Name, Version: c.USDC.Version}}}
+		Tokens: []facilitator.Token{{Address: c.USDC.Address, Name: c.USDC.Name, Version: c.USDC.Version, Decimals: 6}}}
 }
 
 // Reader is the verifier's view of the chain.

@@ -242,6 +242,8 @@ type TokenConfig struct {
 	Address string `json:"address"`
 	Name    string `json:"name"`
 	Version string `json:"version"`
+	// Decimals is the token's decimals() (default 6, USDC's); checked against the contract at start.
+	Decimals *uint8 `json:"decimals,omitempty"`
 }
 
 // Domain turns the configuration into domain networks.
@@ -295,7 +297,11 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 			if tc.Name == "" || tc.Version == "" {
 				return nil, fmt.Errorf("networks[%d].tokens[%d]: name and version (the token's EIP-712 domain) are required", i, j)
 			}
-			n.Tokens = append(n.Tokens, facilitator.Token{Address: common.HexToAddress(tc.Address), Name: tc.Name, Version: tc.Version})
+			decimals := uint8(6)
+			if tc.Decimals != nil {
+				decimals = *tc.Decimals
+			}
+			n.Tokens = append(n.Tokens, facilitator.Token{Address: common.HexToAddress(tc.Address), Name: tc.Name, Version: tc.Version, Decimals: decimals})
 		}
 		out = append(out, n)
 	}

@@ -112,6 +112,28 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("verify: %d %s", res.StatusCode, body)
 	}
 
+	// Settled, the payment's console page (as the binary wires it: the ledger, the chain, the
+	// token's decimals from the configuration) says so.
+	res, err = http.Post(base+"/settle", "application/json", bytes.NewReader(reqBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(settled), `"success":true`) {
+		t.Fatalf("settle: %d %s", res.StatusCode, settled)
+	}
+	res, err = http.Get(base + "/console/authorizations/eip155:31337/" + chain.USDC.Address.Hex() + "/" + a.From.Hex() + "/0x" + hex.EncodeToString(a.Nonce[:]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(res.Header.Get("Content-Security-Policy"), "script-src 'self'") ||
+		!strings.Contains(string(page), "0.01 USD Coin") || !strings.Contains(string(page), `id="state">settled`) {
+		t.Fatalf("console page: %d %v\n%s", res.StatusCode, res.Header, page)
+	}
+
 	// The signer key must appear nowhere the operator or a caller can see.
 	bare := strings.TrimPrefix(keyHex, "0x")
 	if strings.Contains(logs.String(), bare) || strings.Contains(string(body), bare) {

@@ -109,7 +109,7 @@ func TestConfigPresets(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = facilitator.Network{ID: "eip155:84532", ChainID: 84532, V1Name: "",
-		Tokens:   []facilitator.Token{{Address: usdc.Address, Name: "USDC", Version: "3"}},
+		Tokens:   []facilitator.Token{{Address: usdc.Address, Name: "USDC", Version: "3", Decimals: 6}},
 		Finality: facilitator.Finality{Depth: 5}}
 	if !sameNetwork(n, want) {
 		t.Fatalf("overridden: %+v, want %+v", n, want)
@@ -117,11 +117,11 @@ func TestConfigPresets(t *testing.T) {
 	// A second token beside the preset's USDC: the USDC entry (by address, any case) is filled,
 	// the other must say its own domain.
 	other := "0x00000000000000000000000000000000000000aa"
-	n, _, err = domain(t, `[{"preset":"base-sepolia","rpc":"http://x","tokens":[{"address":"`+strings.ToLower(usdc.Address.Hex())+`"},{"address":"`+other+`","name":"Other","version":"1"}]}]`)
+	n, _, err = domain(t, `[{"preset":"base-sepolia","rpc":"http://x","tokens":[{"address":"`+strings.ToLower(usdc.Address.Hex())+`"},{"address":"`+other+`","name":"Other","version":"1","decimals":18}]}]`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(n.Tokens) != 2 || n.Tokens[0] != usdc || n.Tokens[1] != (facilitator.Token{Address: common.HexToAddress(other), Name: "Other", Version: "1"}) {
+	if len(n.Tokens) != 2 || n.Tokens[0] != usdc || n.Tokens[1] != (facilitator.Token{Address: common.HexToAddress(other), Name: "Other", Version: "1", Decimals: 18}) {
 		t.Fatalf("two tokens: %+v", n.Tokens)
 	}
 

@@ -220,7 +220,7 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout,
+	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout, Networks: networks,
 		Logger: log.With("component", "console")})
 	if err != nil {
 		return err
