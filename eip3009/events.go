@@ -55,3 +55,32 @@ func AuthorizationTopics(authorizer common.Address, nonce [32]byte) [][]common.H
 }
 
 func addressTopic(a common.Address) common.Hash { return common.BytesToHash(a[:]) }
+
+// Transfer is a Transfer log's content.
+type Transfer struct {
+	From, To common.Address
+	Value    *big.Int
+}
+
+// UsedBy finds, in a receipt's logs, the transfer the authorization (authorizer, nonce) made on
+// token: FiatToken marks an authorization used (AuthorizationUsed) and then moves the value
+// (Transfer), one log right after the other. In a batch transaction several authorizations can
+// move the same value between the same addresses, so a Transfer alone says nothing about which
+// authorization made it; the pair does. ok is false when the authorization made no transfer here.
+func UsedBy(logs []*types.Log, token, authorizer common.Address, nonce [32]byte) (Transfer, bool) {
+	for i, l := range logs {
+		if l.Address != token || len(l.Topics) != 3 || l.Topics[0] != AuthorizationUsedTopic ||
+			common.BytesToAddress(l.Topics[1][:]) != authorizer || l.Topics[2] != nonce {
+			continue
+		}
+		if i+1 >= len(logs) || logs[i+1].Address != token {
+			return Transfer{}, false
+		}
+		from, to, value, ok := DecodeTransfer(logs[i+1])
+		if !ok || from != authorizer {
+			return Transfer{}, false
+		}
+		return Transfer{From: from, To: to, Value: value}, true
+	}
+	return Transfer{}, false
+}

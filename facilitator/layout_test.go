@@ -34,6 +34,7 @@ func TestLayout(t *testing.T) {
 		"migrations":           {},
 		"facilitator/postgres": {"facilitator", "migrations"},
 		"eip3009":              {"facilitator"},
+		"multicall3":           {},
 		"ethrpc":               {"eip3009", "facilitator"},
 		"extsigner":            {"eip3009"},
 		// The presets and the start-up check of a network against its chain.

@@ -1,0 +1,109 @@
+// Package multicall3 is the Multicall3 contract as batched settlement speaks to it: aggregate3's
+// calldata and the decoding of its answer. Multicall3 lives at one address on virtually every EVM
+// chain (a keyless deployment), and the local stack deploys it there too.
+package multicall3
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/ethereum/go-ethereum/accounts/abi"
+	"github.com/ethereum/go-ethereum/common"
+)
+
+// Address is Multicall3's canonical address.
+var Address = common.HexToAddress("0xcA11bde05977b3631167028862bE2a173976CA11")
+
+// Call is one call of a batch. With AllowFailure a call that reverts does not revert the batch:
+// its Result says so and the other calls stand.
+type Call struct {
+	Target       common.Address
+	AllowFailure bool
+	CallData     []byte
+}
+
+// Result is one call's answer, in the order of the calls.
+type Result struct {
+	Success    bool
+	ReturnData []byte
+}
+
+// The aggregate3 tuple types, as go-ethereum's ABI packer reads them (field names are matched to
+// the ABI's component names).
+type call3 struct {
+	Target       common.Address
+	AllowFailure bool
+	CallData     []byte
+}
+
+// mcABI is aggregate3 only: nothing else of Multicall3 is used. Parsed once, never written.
+var mcABI = func() abi.ABI {
+	a, err := abi.JSON(strings.NewReader(`[{"type":"function","name":"aggregate3","stateMutability":"payable",
+		"inputs":[{"name":"calls","type":"tuple[]","components":[
+			{"name":"target","type":"address"},{"name":"allowFailure","type":"bool"},{"name":"callData","type":"bytes"}]}],
+		"outputs":[{"name":"returnData","type":"tuple[]","components":[
+			{"name":"success","type":"bool"},{"name":"returnData","type":"bytes"}]}]}]`))
+	if err != nil {
+		panic(err)
+	}
+	return a
+}()
+
+// Aggregate3Calldata encodes aggregate3(calls).
+func Aggregate3Calldata(calls []Call) []byte {
+	in := make([]call3, len(calls))
+	for i, c := range calls {
+		in[i] = call3(c)
+	}
+	data, err := mcABI.Pack("aggregate3", in)
+	if err != nil {
+		panic(fmt.Sprintf("multicall3: packing aggregate3: %v", err)) // only on a programming error
+	}
+	return data
+}
+
+// DecodeAggregate3 decodes aggregate3's answer; ok is false when it is not one.
+func DecodeAggregate3(out []byte) ([]Result, bool) {
+	vals, err := mcABI.Unpack("aggregate3", out)
+	if err != nil || len(vals) != 1 {
+		return nil, false
+	}
+	rs, ok := vals[0].([]struct {
+		Success    bool   `json:"success"`
+		ReturnData []byte `json:"returnData"`
+	})
+	if !ok {
+		return nil, false
+	}
+	res := make([]Result, len(rs))
+	for i, r := range rs {
+		res[i] = Result{Success: r.Success, ReturnData: r.ReturnData}
+	}
+	return res, true
+}
+
+// DecodeAggregate3Calldata decodes aggregate3's calldata (the simulator reads what a batch asks);
+// ok is false for any other calldata.
+func DecodeAggregate3Calldata(data []byte) ([]Call, bool) {
+	m := mcABI.Methods["aggregate3"]
+	if len(data) < 4 || string(data[:4]) != string(m.ID) {
+		return nil, false
+	}
+	vals, err := m.Inputs.Unpack(data[4:])
+	if err != nil || len(vals) != 1 {
+		return nil, false
+	}
+	cs, ok := vals[0].([]struct {
+		Target       common.Address `json:"target"`
+		AllowFailure bool           `json:"allowFailure"`
+		CallData     []byte         `json:"callData"`
+	})
+	if !ok {
+		return nil, false
+	}
+	out := make([]Call, len(cs))
+	for i, c := range cs {
+		out[i] = Call{Target: c.Target, AllowFailure: c.AllowFailure, CallData: c.CallData}
+	}
+	return out, true
+}
