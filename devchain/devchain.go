@@ -213,6 +213,9 @@ func (c *Chain) Close() error {
 // Deployer pays for deployments; it is not one of Accounts, so their nonces stay untouched.
 func (c *Chain) Deployer() *Account { return c.roles.deployer }
 
+// PID is anvil's process id (for measuring what it costs).
+func (c *Chain) PID() int { return c.proc.cmd.Process.Pid }
+
 // Mine mines one block.
 func (c *Chain) Mine(ctx context.Context) error {
 	return c.RPC.CallContext(ctx, nil, "evm_mine")

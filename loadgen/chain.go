@@ -100,6 +100,17 @@ type ChainCount struct {
 	// SenderTxs and SenderReverted are the transactions the phase's senders (the facilitator's
 	// signers) got mined, and how many of them reverted: gas paid for nothing.
 	SenderTxs, SenderReverted int
+	// SenderGas is the gas the senders' mined transactions used (reverted ones too), from the
+	// receipts' gasUsed.
+	SenderGas uint64
+}
+
+// GasPerTransfer is the senders' gas per payment that arrived on chain; 0 if none did.
+func (c ChainCount) GasPerTransfer() float64 {
+	if c.Transfers == 0 {
+		return 0
+	}
+	return float64(c.SenderGas) / float64(c.Transfers)
 }
 
 // countOnChain reads the token's Transfer and AuthorizationUsed logs in [from, to] and the
@@ -161,8 +172,9 @@ func countOnChain(ctx context.Context, n *node, tok common.Address, from, to uin
 	for lo := from; lo <= to; lo += perBatch {
 		hi := min(lo+perBatch-1, to)
 		results := make([][]struct {
-			From   common.Address `json:"from"`
-			Status hexutil.Uint64 `json:"status"`
+			From    common.Address `json:"from"`
+			Status  hexutil.Uint64 `json:"status"`
+			GasUsed hexutil.Uint64 `json:"gasUsed"`
 		}, hi-lo+1)
 		elems := make([]rpc.BatchElem, len(results))
 		for i := range elems {
@@ -178,6 +190,7 @@ func countOnChain(ctx context.Context, n *node, tok common.Address, from, to uin
 			for _, r := range results[i] {
 				if isSender[r.From] {
 					c.SenderTxs++
+					c.SenderGas += uint64(r.GasUsed)
 					if r.Status == 0 {
 						c.SenderReverted++
 					}

@@ -25,6 +25,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/official"
 )
@@ -53,7 +54,12 @@ type Config struct {
 	CeilingWindow, CeilingInFlight int
 	// PID is our facilitator's process, for its memory: 0 finds the one listening on
 	// FacilitatorURL's port, -1 skips memory.
-	PID        int
+	PID int
+	// NodePID is the chain node's process (anvil), for its CPU: 0 finds the one listening on
+	// RPCURL's port, -1 skips it.
+	NodePID int
+	// Postgres lists the backends of our facilitator's database, for their CPU; nil skips it.
+	Postgres   BackendLister
 	RPCTimeout time.Duration // bound on each JSON-RPC call
 	// Backfill, when set, runs the indexer backfill phase last; nil skips it and the table prints
 	// IndexNote instead.
@@ -94,6 +100,13 @@ type Side struct {
 	Verify  *VerifyResult
 	Settle  *SettleResult
 	Memory  *Memory
+	// Chain is the RPC URL of the chain this side settled on and HeadAtStart its head before the
+	// side's first phase: each side gets a fresh chain, so that neither pays for the other's
+	// blocks.
+	Chain       string
+	HeadAtStart uint64
+	// VerifyCPU and SettleCPU are the CPU each process spent in the /verify and /settle phases.
+	VerifyCPU, SettleCPU *CPUPhase
 }
 
 // Report is everything one run measured.
@@ -154,12 +167,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 
+	rep.Ours.Chain, rep.Ours.HeadAtStart = cfg.RPCURL, rep.HeadAtStart
+
 	var ourMem *sampler
-	if pid, err := facilitatorPID(cfg); err != nil {
-		rep.Notes = append(rep.Notes, "our memory not sampled: "+err.Error())
-	} else if pid > 0 {
-		ourMem = startSampler(ctx, pid, 100*time.Millisecond)
+	facPID, facErr := facilitatorPID(cfg)
+	if facErr != nil {
+		rep.Notes = append(rep.Notes, "our memory not sampled: "+facErr.Error())
+	} else if facPID > 0 {
+		ourMem = startSampler(ctx, facPID, 100*time.Millisecond)
 	}
+	nodePID, nodeErr := chainNodePID(cfg)
+	pg := cpuSource{role: RolePostgres, err: "not measured (no --facilitator-database-url)"}
+	if cfg.Postgres != nil {
+		pg = cpuSource{role: RolePostgres, list: cfg.Postgres.BackendPIDs}
+	}
+	ourCPU := []cpuSource{fixedSource(RoleFacilitator, facPID, facErr), fixedSource(RoleNode, nodePID, nodeErr), pg,
+		fixedSource(RoleLoadgen, os.Getpid(), nil)}
 
 	log.Info("signing", "verifyPool", 256, "settle", cfg.SettleK, "ref", cfg.RefK, "ceiling", 2*cfg.CeilingN)
 	pool, err := signPayments(tok, cfg.Payers, 256, time.Hour)
@@ -167,15 +190,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	log.Info("verify load", "side", "ours", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
+	cpu := startCPU(ctx, ourCPU, cpuEvery)
 	v := runVerify(ctx, ours, pool, cfg.VerifyConcurrency, cfg.VerifyDuration)
 	rep.Ours.Verify = &v
+	rep.Ours.VerifyCPU = cpu.finish(ctx, v.Requests)
 
 	pays, err := signPayments(tok, cfg.Payers, cfg.SettleK, time.Hour)
 	if err != nil {
 		return nil, err
 	}
 	log.Info("settle load", "side", "ours", "k", cfg.SettleK, "c", cfg.SettleC)
-	if rep.Ours.Settle, err = settlePhase(ctx, n, ours, tok, pays, cfg.SettleC, signers); err != nil {
+	if rep.Ours.Settle, rep.Ours.SettleCPU, err = settlePhase(ctx, n, ours, tok, pays, cfg.SettleC, signers, ourCPU); err != nil {
 		return nil, err
 	}
 	rep.Ours.Settle.Signers = len(signers)
@@ -202,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	if cfg.Official != nil {
-		if err := runReference(ctx, cfg, n, tok, pool, rep, log); err != nil {
+		if err := runReference(ctx, cfg, tok, pool, rep, log); err != nil {
 			return nil, fmt.Errorf("reference: %w", err)
 		}
 	}
@@ -238,10 +263,30 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 // runReference starts the official facilitator and runs the same verify and settle load on it.
-func runReference(ctx context.Context, cfg Config, n *node, tok token, pool []*payment, rep *Report, log *slog.Logger) error {
-	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+func runReference(ctx context.Context, cfg Config, tok token, pool []*payment, rep *Report, log *slog.Logger) error {
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	proc, err := official.Start(startCtx, *cfg.Official, cfg.RPCURL, tok.ChainID)
+	// A fresh anvil of its own, set up as the dev stack sets up ours (the same deployments, so
+	// the same token address and head), so that the reference neither pays for our blocks nor
+	// meets a chain we grew.
+	chain, err := devchain.Start(startCtx, devchain.Options{ChainID: tok.ChainID, Logger: log})
+	if err != nil {
+		return fmt.Errorf("a fresh chain for the reference: %w", err)
+	}
+	defer chain.Close()
+	rn := &node{c: chain.RPC, timeout: cfg.RPCTimeout}
+	rtok, err := readToken(ctx, rn, tok.Address)
+	if err != nil {
+		return err
+	}
+	if rtok != tok {
+		return fmt.Errorf("the reference's chain has a different token (%+v) from ours (%+v)", rtok, tok)
+	}
+	head, err := rn.head(ctx)
+	if err != nil {
+		return err
+	}
+	proc, err := official.Start(startCtx, *cfg.Official, chain.RPCURL, tok.ChainID)
 	if err != nil {
 		return err
 	}
@@ -250,11 +295,15 @@ func runReference(ctx context.Context, cfg Config, n *node, tok token, pool []*p
 	hc := &http.Client{Timeout: 4 * time.Minute, Transport: &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512}}
 	defer hc.CloseIdleConnections()
 	ref := &poster{base: proc.URL, hc: hc}
-	rep.Ref = Side{Name: "official", URL: proc.URL, Signers: 1}
+	rep.Ref = Side{Name: "official", URL: proc.URL, Signers: 1, Chain: chain.RPCURL, HeadAtStart: head}
+	refCPU := []cpuSource{fixedSource(RoleFacilitator, proc.Pid(), nil), fixedSource(RoleNode, chain.PID(), nil),
+		{role: RolePostgres, err: "n/a (no database)"}, fixedSource(RoleLoadgen, os.Getpid(), nil)}
 
 	log.Info("verify load", "side", "official", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
+	cpu := startCPU(ctx, refCPU, cpuEvery)
 	v := runVerify(ctx, ref, pool, cfg.VerifyConcurrency, cfg.VerifyDuration)
 	rep.Ref.Verify = &v
+	rep.Ref.VerifyCPU = cpu.finish(ctx, v.Requests)
 	if cfg.RefK > 0 {
 		pays, err := signPayments(tok, cfg.Payers, cfg.RefK, time.Hour)
 		if err != nil {
@@ -262,7 +311,7 @@ func runReference(ctx context.Context, cfg Config, n *node, tok token, pool []*p
 		}
 		log.Info("settle load", "side", "official", "k", cfg.RefK, "c", cfg.SettleC)
 		signer := crypto.PubkeyToAddress(cfg.Official.Key.PublicKey)
-		if rep.Ref.Settle, err = settlePhase(ctx, n, ref, tok, pays, cfg.SettleC, []common.Address{signer}); err != nil {
+		if rep.Ref.Settle, rep.Ref.SettleCPU, err = settlePhase(ctx, rn, ref, tok, pays, cfg.SettleC, []common.Address{signer}, refCPU); err != nil {
 			return err
 		}
 		rep.Ref.Settle.Signers = 1
@@ -272,21 +321,39 @@ func runReference(ctx context.Context, cfg Config, n *node, tok token, pool []*p
 	return nil
 }
 
-// settlePhase runs the settle load and then counts, on chain, what the blocks it spanned hold.
-func settlePhase(ctx context.Context, n *node, p *poster, tok token, pays []*payment, c int, signers []common.Address) (*SettleResult, error) {
+// settlePhase runs the settle load, measuring the CPU of the sources' processes over it, and then
+// counts, on chain, what the blocks it spanned hold.
+func settlePhase(ctx context.Context, n *node, p *poster, tok token, pays []*payment, c int, signers []common.Address, sources []cpuSource) (*SettleResult, *CPUPhase, error) {
 	from, err := n.head(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	cpu := startCPU(ctx, sources, cpuEvery)
 	r := runSettle(ctx, p, n, pays, c)
+	phase := cpu.finish(ctx, r.Confirmed)
 	to, err := n.head(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if r.Chain, err = countOnChain(ctx, n, tok.Address, from+1, to, pays, signers); err != nil {
-		return nil, fmt.Errorf("counting transfers on chain: %w", err)
+		return nil, nil, fmt.Errorf("counting transfers on chain: %w", err)
 	}
-	return &r, nil
+	return &r, phase, nil
+}
+
+// cpuEvery is how often a phase's processes are sampled: only Postgres backends that a pool
+// closes mid-phase need it (the CPU since their last sample is lost).
+const cpuEvery = 100 * time.Millisecond
+
+// fixedSource is one process of a role; a negative pid or an error leaves the role unmeasured.
+func fixedSource(role string, pid int, err error) cpuSource {
+	switch {
+	case err != nil:
+		return cpuSource{role: role, err: err.Error()}
+	case pid <= 0:
+		return cpuSource{role: role, err: "skipped"}
+	}
+	return cpuSource{role: role, pid: pid}
 }
 
 func ceilingPhase(ctx context.Context, cfg Config, n *node, tok token, batch int) (CeilingResult, error) {
@@ -375,13 +442,25 @@ func facilitatorPID(cfg Config) (int, error) {
 	if cfg.PID != 0 {
 		return cfg.PID, nil
 	}
-	u, err := url.Parse(cfg.FacilitatorURL)
+	return urlPID(cfg.FacilitatorURL)
+}
+
+func chainNodePID(cfg Config) (int, error) {
+	if cfg.NodePID != 0 {
+		return cfg.NodePID, nil
+	}
+	return urlPID(cfg.RPCURL)
+}
+
+// urlPID is the local process listening on a URL's port.
+func urlPID(raw string) (int, error) {
+	u, err := url.Parse(raw)
 	if err != nil {
 		return 0, err
 	}
 	port, err := strconv.Atoi(u.Port())
 	if err != nil {
-		return 0, fmt.Errorf("no port in %s", cfg.FacilitatorURL)
+		return 0, fmt.Errorf("no port in %s", u.Redacted())
 	}
 	return listeningPID(port)
 }

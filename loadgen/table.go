@@ -63,6 +63,7 @@ func Render(w io.Writer, r *Report) error {
 			refCol(optStr(rs, func(x *SettleResult) string { return fmt.Sprintf("%d / %d", x.Chain.SenderTxs, x.Chain.SenderReverted) })), "")
 		row("  blocks", fmt.Sprint(s.Chain.Blocks), refCol(optInt(rs, func(x *SettleResult) int { return int(x.Chain.Blocks) })), "")
 	}
+	cpuRows(row, r, refCol)
 	if rp := r.Replay; rp != nil {
 		row(fmt.Sprintf("payment-identifier replay of a settled payload, %d sequential", rp.N))
 		row("  latency p50", fmtDur(rp.Latencies.Percentile(0.50)), refCol("n/a (no payment-identifier)"), "")
@@ -123,6 +124,7 @@ func Render(w io.Writer, r *Report) error {
 	if r.Replay != nil && r.Replay.FirstFailed != "" {
 		notes = append(notes, "replay first failure: "+r.Replay.FirstFailed)
 	}
+	notes = append(notes, cpuNotes(r)...)
 	for _, n := range notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
@@ -226,4 +228,100 @@ func (t *table) write(b *strings.Builder) {
 		}
 		b.WriteString(strings.TrimRight(line.String(), " ") + "\n")
 	}
+}
+
+// cpuRoles are the processes the CPU rows name, in order.
+var cpuRoles = []string{RoleFacilitator, RoleNode, RolePostgres, RoleLoadgen}
+
+// cpuRows prints the CPU each process spent per operation, and the gas per settlement. The ratio
+// is ours/official: below 1, ours costs less.
+func cpuRows(row func(...string), r *Report, refCol func(string) string) {
+	phases := []struct {
+		name      string
+		ours, ref *CPUPhase
+	}{
+		{"per valid /verify", r.Ours.VerifyCPU, r.Ref.VerifyCPU},
+		{"per confirmed settlement", r.Ours.SettleCPU, r.Ref.SettleCPU},
+	}
+	if phases[0].ours == nil && phases[1].ours == nil {
+		return
+	}
+	row("CPU ms per operation (utime+stime from /proc/<pid>/stat over the phase / its operations; ratio ours/official, below 1: ours costs less)")
+	for _, ph := range phases {
+		if ph.ours == nil {
+			continue
+		}
+		row(fmt.Sprintf("  %s (%d ops; official %s)", ph.name, ph.ours.Ops, refCol(optInt(ph.ref, func(p *CPUPhase) int { return p.Ops }))))
+		var sumOurs, sumRef float64
+		for _, role := range cpuRoles {
+			o, ook := ph.ours.MsPerOp(role)
+			f, fok := ph.ref.MsPerOp(role)
+			sumOurs += o
+			sumRef += f
+			ratio := ""
+			if ook && fok && f > 0 {
+				ratio = fmt.Sprintf("%.3fx", o/f)
+			}
+			row("    "+role, cpuCell(ph.ours, role, o, ook), refCol(cpuCell(ph.ref, role, f, fok)), ratio)
+		}
+		ratio := ""
+		if sumRef > 0 {
+			ratio = fmt.Sprintf("%.3fx", sumOurs/sumRef)
+		}
+		row("    sum of the measured", fmtMs(sumOurs), refCol(optStr(ph.ref, func(*CPUPhase) string { return fmtMs(sumRef) })), ratio)
+	}
+	if s := r.Ours.Settle; s != nil {
+		rs := r.Ref.Settle
+		ratio := ""
+		if rs != nil && rs.Chain.GasPerTransfer() > 0 {
+			ratio = fmt.Sprintf("%.3fx", s.Chain.GasPerTransfer()/rs.Chain.GasPerTransfer())
+		}
+		row("  gas per settlement (signer txs' gasUsed / on-chain transfers)", fmt.Sprintf("%.0f", s.Chain.GasPerTransfer()),
+			refCol(optStr(rs, func(x *SettleResult) string { return fmt.Sprintf("%.0f", x.Chain.GasPerTransfer()) })), ratio)
+	}
+}
+
+// cpuCell is a role's figure, or why there is none.
+func cpuCell(p *CPUPhase, role string, ms float64, ok bool) string {
+	if p == nil {
+		return "—"
+	}
+	if ok {
+		return fmtMs(ms)
+	}
+	if rc := p.Role(role); rc != nil && rc.Err != "" {
+		return rc.Err
+	}
+	return "—"
+}
+
+// fmtMs prints CPU milliseconds per operation: fractions of a millisecond to three decimals.
+func fmtMs(ms float64) string {
+	if ms < 10 {
+		return fmt.Sprintf("%.3f ms", ms)
+	}
+	return fmt.Sprintf("%.1f ms", ms)
+}
+
+// cpuNotes say which chain each side ran on and how the Postgres backends were counted.
+func cpuNotes(r *Report) []string {
+	var out []string
+	if r.Ours.VerifyCPU == nil {
+		return nil
+	}
+	chains := fmt.Sprintf("each side on a fresh anvil of its own: ours %s (head %d at start)", r.Ours.Chain, r.Ours.HeadAtStart)
+	if r.Ref.Chain != "" {
+		chains += fmt.Sprintf(", official %s (head %d at start)", r.Ref.Chain, r.Ref.HeadAtStart)
+	}
+	out = append(out, chains)
+	for _, ph := range []struct {
+		name string
+		p    *CPUPhase
+	}{{"/verify", r.Ours.VerifyCPU}, {"/settle", r.Ours.SettleCPU}} {
+		if pg := ph.p.Role(RolePostgres); pg != nil && pg.Err == "" {
+			out = append(out, fmt.Sprintf("Postgres during our %s: %d backends of our database counted, %d opened and %d closed during the phase (sampled every %s)",
+				ph.name, pg.PIDs, pg.Came, pg.Went, cpuEvery))
+		}
+	}
+	return out
 }

@@ -40,6 +40,8 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.IntVar(&cfg.CeilingWindow, "ceiling-window", 256, "unconfirmed ceiling transactions at most (anvil 1.7.1 jams near 1,000 pending)")
 	fs.IntVar(&cfg.CeilingInFlight, "ceiling-inflight", 64, "outstanding eth_sendRawTransaction requests in the one-per-request mode")
 	fs.IntVar(&cfg.PID, "pid", 0, "our facilitator's process id for its memory (0: the process listening on --url's port; -1: skip)")
+	fs.IntVar(&cfg.NodePID, "anvil-pid", 0, "the chain node's process id for its CPU (0: the process listening on --rpc's port; -1: skip)")
+	facDB := fs.String("facilitator-database-url", "", "our facilitator's database (its DATABASE_URL), whose backends' CPU is counted (empty: Postgres CPU not measured)")
 	fs.DurationVar(&cfg.RPCTimeout, "rpc-timeout", 10*time.Second, "bound on each JSON-RPC call")
 	withOfficial := fs.Bool("official", true, "also run the load against the official TypeScript facilitator (needs node and node_modules)")
 	script := fs.String("official-script", "", "official-facilitator.mjs (default: interop/js/ under the module root above the working directory)")
@@ -104,6 +106,16 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		cfg.Backfill = &loadgen.Backfill{DB: db, Key: emitter.Key, Events: *backfillEvents}
 	} else {
 		cfg.IndexNote = "skipped (--backfill=false)"
+	}
+	if *facDB != "" {
+		pgCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		pg, err := loadgen.OpenPGBackends(pgCtx, *facDB)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer pg.Close(context.Background())
+		cfg.Postgres = pg
 	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if err != nil {

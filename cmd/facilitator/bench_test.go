@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	code := run(ctx, []string{"bench", "--url", "http://" + m.Addr, "--rpc", chain.RPCURL, "--duration", "1s",
 		"--k", "8", "--k-ref", "4", "--c", "4", "--verify-c", "4", "--replays", "5",
 		"--ceiling-n", "20", "--ceiling-batch", "10", "--ceiling-window", "20", "--ceiling-inflight", "4",
-		"--backfill-events", "2000", "--database-url", dbURL},
+		"--backfill-events", "2000", "--database-url", dbURL, "--facilitator-database-url", dbURL},
 		func(string) string { return "" }, &stdout, &stderr)
 	out := stdout.String()
 	t.Log("\n" + out)
@@ -51,9 +52,34 @@ func TestBenchEndToEnd(t *testing.T) {
 		"(pid ", // memory was sampled (here: this test process, which serves the API)
 		"events stored / emitted  2000 / 2000",
 		"#bench-", // the backfill's own network id
+		"per confirmed settlement (8 ops; official 4)",
+		"gas per settlement",
+		"backends of our database counted",
 	} {
 		if !strings.Contains(squeeze(out), want) {
 			t.Errorf("output lacks %q", want)
+		}
+	}
+	// Every process was measured on both sides (the official has no database), and a settlement's
+	// gas is that of a transferWithAuthorization: more than the 21,000 base, less than its limit.
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		switch {
+		case strings.HasPrefix(strings.TrimSpace(l), "facilitator ") && len(f) >= 5,
+			strings.HasPrefix(strings.TrimSpace(l), "chain node (anvil)"),
+			strings.HasPrefix(strings.TrimSpace(l), "load generator (this process)"):
+			if strings.Count(l, " ms") != 2 {
+				t.Errorf("a process without two figures: %q", l)
+			}
+		case strings.HasPrefix(strings.TrimSpace(l), "Postgres (our database's backends)"):
+			if !strings.Contains(l, " ms") || !strings.Contains(l, "n/a (no database)") {
+				t.Errorf("Postgres: %q", l)
+			}
+		case strings.HasPrefix(strings.TrimSpace(l), "gas per settlement"):
+			var ours, ref float64
+			if _, err := fmt.Sscan(strings.Join(f[len(f)-3:], " "), &ours, &ref); err != nil || ours < 21000 || ours > 150000 || ref < 21000 || ref > 150000 {
+				t.Errorf("gas per settlement: %q (%v)", l, err)
+			}
 		}
 	}
 }
