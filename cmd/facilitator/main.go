@@ -27,6 +27,8 @@ commands:
             (needs DATABASE_URL; 'make run' provides one)
   bench     load-test a running local stack ('make run') and the official facilitator beside it,
             print a table ('make bench-load')
+  fill      grow a ledger synthetically (COPY) under a network id of its own, to measure costs at
+            millions of rows ('facilitator fill --rows 10000000')
   demo      the lost-response story on the local stack: pay, lose the answer, retry, look it up ('make demo')
   signer    the narrow signer: holds keys and signs only transferWithAuthorization calls of one token
             within gas and fee ceilings, over Clef's external API (serve --signer clef:URL uses it)
@@ -59,6 +61,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runDev(ctx, args[1:], getenv, stdout, stderr)
 	case "bench":
 		err = runBench(ctx, args[1:], getenv, stdout, stderr)
+	case "fill":
+		err = runFill(ctx, args[1:], getenv, stdout, stderr)
 	case "demo":
 		err = runDemo(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":
