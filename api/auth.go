@@ -69,7 +69,8 @@ func scopeOf(path string) facilitator.Scope {
 		return facilitator.ScopeVerify
 	case path == "/settle":
 		return facilitator.ScopeSettle
-	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"):
+	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"),
+		path == "/v1/settlements", path == "/v1/settlements.csv":
 		return facilitator.ScopeStatus
 	case path == "/console", path == "/console/*":
 		// The console's pages answer what the status routes answer.

@@ -48,6 +48,9 @@ type Config struct {
 	// Console serves the web console under /console (its assets under /console/static/, open
 	// like /healthz; its pages need the status scope); nil leaves it out.
 	Console Console
+	// Lists serves GET /v1/settlements, /v1/settlements.csv and /v1/webhooks/{id}/deliveries
+	// (lists.go); nil leaves them out.
+	Lists Lists
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
@@ -131,6 +134,11 @@ func New(cfg Config) *Server {
 		e.GET("/v1/authorizations/:network/:asset/:from/:nonce", s.authorizationStatus)
 		e.GET("/v1/payments/:id", s.paymentStatus)
 		e.GET("/v1/settlements/:tx", s.settlementStatus)
+	}
+	if cfg.Lists != nil {
+		e.GET("/v1/settlements", s.listSettlements)
+		e.GET("/v1/settlements.csv", s.settlementsCSV)
+		e.GET("/v1/webhooks/:id/deliveries", s.webhookDeliveries)
 	}
 	if cfg.Notify != nil {
 		e.POST("/v1/webhooks", s.createWebhook)

@@ -227,6 +227,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	srv := api.New(api.Config{
 		Console:       con,
+		Lists:         m.db,
 		Verifier:      idsvc,
 		Settler:       idsvc,
 		Status:        statusSvc,
