@@ -56,25 +56,13 @@ func (s *Server) listSettlements(c echo.Context) error {
 	return c.JSON(http.StatusOK, out)
 }
 
-// settlementsCSV streams the same list as CSV, up to status.MaxCSVRows rows (newest first); a
-// longer list ends there with the Truncated trailer "true". A failure after the first byte
-// aborts the response, so that a client sees a broken transfer rather than a short file.
+// settlementsCSV streams the same list as CSV (status.ServeCSV).
 func (s *Server) settlementsCSV(c echo.Context) error {
-	q := c.QueryParams()
-	if q.Has("cursor") || q.Has("limit") {
-		return s.writeError(c, nil, facilitator.Errorf(facilitator.EInvalid, "invalid_parameter", "the CSV export takes the list's filters, not limit or cursor"))
-	}
-	f, _, err := status.ParseSettlementQuery(q)
+	f, err := status.ParseCSVQuery(c.QueryParams())
 	if err != nil {
 		return s.writeError(c, nil, err)
 	}
-	res := c.Response()
-	begun := false
-	truncated, err := status.WriteCSV(c.Request().Context(), res, s.cfg.Lists, viewerOf(c), f, status.MaxCSVRows, listTimeout, func() {
-		begun = true
-		setCSVHeaders(res.Header(), time.Now())
-		res.WriteHeader(http.StatusOK)
-	})
+	begun, err := status.ServeCSV(c.Request().Context(), c.Response(), s.cfg.Lists, viewerOf(c), f, listTimeout, time.Now())
 	if err != nil {
 		if !begun {
 			return s.writeError(c, nil, listError(err))
@@ -82,18 +70,7 @@ func (s *Server) settlementsCSV(c echo.Context) error {
 		s.log.ErrorContext(c.Request().Context(), "CSV export failed midway", "err", err)
 		panic(http.ErrAbortHandler)
 	}
-	if truncated {
-		res.Header().Set(http.TrailerPrefix+"Truncated", "true")
-	}
 	return nil
-}
-
-// setCSVHeaders are the headers of a CSV export (the console's too).
-func setCSVHeaders(h http.Header, now time.Time) {
-	h.Set("Content-Type", "text/csv; charset=utf-8; header=present")
-	h.Set("Content-Disposition", `attachment; filename="`+status.CSVName(now)+`"`)
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
 }
 
 type deliveryJSON struct {

@@ -360,6 +360,10 @@ func (oasConsole) ServeConsole(w http.ResponseWriter, _ *http.Request, _ string)
 	w.WriteHeader(http.StatusOK)
 }
 
+func (oasConsole) Refused(w http.ResponseWriter, _ *http.Request, _ error) {
+	w.WriteHeader(http.StatusUnauthorized)
+}
+
 // oasServer builds the server with every optional route group on, over fakes.
 func oasServer(t *testing.T, f *oasFakes) *Server {
 	t.Helper()

@@ -60,6 +60,9 @@ type Config struct {
 // scope (its API key's id, "" without one).
 type Console interface {
 	ServeConsole(w http.ResponseWriter, r *http.Request, idScope string)
+	// Refused answers a console page the auth guard turned away (err): the login page for a
+	// missing or bad key, an error page otherwise.
+	Refused(w http.ResponseWriter, r *http.Request, err error)
 }
 
 // Limits is the read-only limit check /verify makes.
@@ -149,12 +152,18 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Console != nil {
 		serve := func(c echo.Context) error {
-			cfg.Console.ServeConsole(c.Response(), c.Request(), idScope(c))
+			// The console reads its lists as the request's key may (facilitator.ViewerOf).
+			r := c.Request()
+			cfg.Console.ServeConsole(c.Response(), r.WithContext(facilitator.WithViewer(r.Context(), viewerOf(c))), idScope(c))
 			return nil
 		}
 		e.GET("/console", serve)
 		e.GET("/console/*", serve)
 		e.GET("/console/static/*", serve)
+		// The login form and logout need no key (auth.go's scopeOf): they set and clear it.
+		e.GET("/console/login", serve)
+		e.POST("/console/login", serve)
+		e.POST("/console/logout", serve)
 	}
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)

@@ -29,6 +29,10 @@ func ViewerOf(key *APIKey) Viewer {
 	return Viewer{All: key.Has(ScopeOperator), Key: key.ID}
 }
 
+// ConsoleKeyCookie is the cookie the console's login form keeps the API key in; the API's guard
+// reads it on the console's pages only.
+const ConsoleKeyCookie = "x402_console_key"
+
 type viewerKey struct{}
 
 // WithViewer carries the request's Viewer to a handler mounted outside the API's own routes (the

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -91,6 +92,16 @@ func ParseSettlementQuery(q url.Values) (facilitator.SettlementFilter, facilitat
 		p.After = &c
 	}
 	return f, p, nil
+}
+
+// ParseCSVQuery reads a CSV export's query: the list's filters, without limit or cursor (an
+// export is the whole list, up to MaxCSVRows).
+func ParseCSVQuery(q url.Values) (facilitator.SettlementFilter, error) {
+	if q.Has("cursor") || q.Has("limit") {
+		return facilitator.SettlementFilter{}, invalid("the CSV export takes the list's filters, not limit or cursor")
+	}
+	f, _, err := ParseSettlementQuery(q)
+	return f, err
 }
 
 func addressParam(q url.Values, name string) (*common.Address, error) {
@@ -255,7 +266,24 @@ func WriteCSV(ctx context.Context, w io.Writer, l SettlementLister, v facilitato
 	}
 }
 
-// CSVName is the file name an export is offered under.
-func CSVName(now time.Time) string {
-	return fmt.Sprintf("settlements-%s.csv", now.UTC().Format("20060102T150405Z"))
+// ServeCSV answers a CSV export (WriteCSV, up to MaxCSVRows rows) as an attachment; a longer
+// list ends there with the trailer Truncated: true. begun reports whether anything was written:
+// an error before is the caller's to answer, one after means the file is unfinished, and the
+// caller must abort the response (panic http.ErrAbortHandler) so that the client sees a broken
+// transfer rather than a short file that looks whole.
+func ServeCSV(ctx context.Context, w http.ResponseWriter, l SettlementLister, v facilitator.Viewer, f facilitator.SettlementFilter,
+	timeout time.Duration, now time.Time) (begun bool, err error) {
+	truncated, err := WriteCSV(ctx, w, l, v, f, MaxCSVRows, timeout, func() {
+		begun = true
+		h := w.Header()
+		h.Set("Content-Type", "text/csv; charset=utf-8; header=present")
+		h.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="settlements-%s.csv"`, now.UTC().Format("20060102T150405Z")))
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(http.StatusOK)
+	})
+	if err == nil && truncated {
+		w.Header().Set(http.TrailerPrefix+"Truncated", "true")
+	}
+	return begun, err
 }

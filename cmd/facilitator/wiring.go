@@ -220,8 +220,9 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	authCfg := authConfig(cfg, m.db)
 	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout,
-		Logger: log.With("component", "console")})
+		Logger: log.With("component", "console"), Merchant: m.db, CheckKey: api.ConsoleKeyCheck(authCfg)})
 	if err != nil {
 		return err
 	}
@@ -235,7 +236,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Supported:     facilitator.Supported(networks, signerAddrs, []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
-		Auth:          authConfig(cfg, m.db),
+		Auth:          authCfg,
 		Observer:      m.metrics,
 		Metrics:       m.metrics.Handler(),
 		Ready:         m.readyChecks(rpcReaders),
