@@ -19,8 +19,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
-	"math/big"
 	"math"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -177,7 +177,7 @@ func (f *oasFakes) WebhookDeliveries(_ context.Context, _ facilitator.Viewer, id
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	return facilitator.DeliveryPage{Webhook: facilitator.Webhook{ID: id, URL: "https://merchant.example/hook", PayTo: []common.Address{oasPayTo}, CreatedAt: at},
 		Items: []facilitator.ListedDelivery{{Event: facilitator.SettlementEvent{ID: 41, State: facilitator.StateMined, At: at},
-			Key: facilitator.AuthorizationKey{Network: oasNetwork, Asset: common.HexToAddress(oasAsset), Payer: common.HexToAddress(oasFrom)},
+			Key:      facilitator.AuthorizationKey{Network: oasNetwork, Asset: common.HexToAddress(oasAsset), Payer: common.HexToAddress(oasFrom)},
 			Attempts: 2, LastStatus: 500, LastError: "HTTP 500", CreatedAt: at, NextAttempt: &at}},
 		Next: &facilitator.Cursor{ID: 41, At: at}}, nil
 }
