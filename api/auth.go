@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -69,7 +70,8 @@ func scopeOf(path string) facilitator.Scope {
 		return facilitator.ScopeVerify
 	case path == "/settle":
 		return facilitator.ScopeSettle
-	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"):
+	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"),
+		path == "/v1/settlements", path == "/v1/settlements.csv":
 		return facilitator.ScopeStatus
 	case path == "/console", path == "/console/*":
 		// The console's pages answer what the status routes answer.
@@ -80,8 +82,10 @@ func scopeOf(path string) facilitator.Scope {
 	return ""
 }
 
-// presentedKey returns the key sent with the request, "" if none.
-func presentedKey(r *http.Request) string {
+// presentedKey returns the key sent with the request, "" if none. The console's login cookie
+// counts only on the console's pages (console): elsewhere a browser's ambient credential must
+// not authorize an API call a third-party page could make it send.
+func presentedKey(r *http.Request, console bool) string {
 	if h := r.Header.Get("Authorization"); h != "" {
 		scheme, rest, ok := strings.Cut(strings.TrimSpace(h), " ")
 		if ok && strings.EqualFold(scheme, "Bearer") {
@@ -89,8 +93,17 @@ func presentedKey(r *http.Request) string {
 		}
 		return ""
 	}
-	return strings.TrimSpace(r.Header.Get("X-API-Key"))
+	if h := strings.TrimSpace(r.Header.Get("X-API-Key")); h != "" || !console {
+		return h
+	}
+	if ck, err := r.Cookie(facilitator.ConsoleKeyCookie); err == nil {
+		return strings.TrimSpace(ck.Value)
+	}
+	return ""
 }
+
+// isConsolePage reports whether route is one of the console's pages that need a key.
+func isConsolePage(route string) bool { return route == "/console" || route == "/console/*" }
 
 // clientAddress is the TCP peer's IP. Forwarding headers are not trusted: a client could set them.
 func clientAddress(r *http.Request) string {
@@ -117,7 +130,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if g.cfg.Mode != AuthKeys {
 			return next(c)
 		}
-		text := presentedKey(req)
+		text := presentedKey(req, isConsolePage(c.Path()))
 		if text == "" {
 			return s.refuse(c, &facilitator.Error{Code: facilitator.EUnauthenticated, Reason: facilitator.ReasonUnauthorized,
 				Message: "an API key is required (Authorization: Bearer <key>)"})
@@ -140,6 +153,25 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 		}
 		return next(c)
+	}
+}
+
+// ConsoleKeyCheck is how the console's login form checks a key before keeping it in a cookie:
+// the same lookup and scope rule as the middleware's for the console's pages. Nil in open mode
+// (no key is needed).
+func ConsoleKeyCheck(cfg *AuthConfig) func(ctx context.Context, key string) error {
+	if cfg == nil || cfg.Mode != AuthKeys {
+		return nil
+	}
+	return func(ctx context.Context, text string) error {
+		key, err := auth.Authenticate(ctx, cfg.Keys, text)
+		if err != nil {
+			return err
+		}
+		if !key.Has(facilitator.ScopeStatus) {
+			return facilitator.Errorf(facilitator.EForbidden, facilitator.ReasonForbiddenScope, "the API key lacks the %s scope", facilitator.ScopeStatus)
+		}
+		return nil
 	}
 }
 
@@ -205,6 +237,11 @@ func peekPayment(c echo.Context) *facilitator.Payment {
 // refuse answers a request the guard turned away. The body of a /verify or /settle is peeked at
 // for its payer (and network), which the route's answer carries.
 func (s *Server) refuse(c echo.Context, err error) error {
+	if isConsolePage(c.Path()) && s.cfg.Console != nil {
+		// A person at a browser: the login page, or an error page, rather than JSON.
+		s.cfg.Console.Refused(c.Response(), c.Request(), err)
+		return nil
+	}
 	var p *facilitator.Payment
 	if path := c.Path(); path == "/verify" || path == "/settle" {
 		p = peekPayment(c)

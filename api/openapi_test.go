@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -67,6 +68,10 @@ var oasMirrors = []struct {
 	{"StatusFinality", reflect.TypeFor[facilitator.StatusFinality](), true},
 	{"Webhook", reflect.TypeFor[webhookJSON](), true},
 	{"WebhookEvent", reflect.TypeFor[notify.Message](), true},
+	{"SettlementItem", reflect.TypeFor[status.SettlementItem](), true},
+	{"SettlementList", reflect.TypeFor[settlementsJSON](), true},
+	{"Delivery", reflect.TypeFor[deliveryJSON](), true},
+	{"DeliveryList", reflect.TypeFor[deliveriesJSON](), true},
 }
 
 var oasMethods = []string{"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -148,6 +153,33 @@ type oasFakes struct {
 	limitErr     error // the read-only limit check /verify makes
 	perKey       auth.Limit
 	perClient    auth.Limit
+}
+
+// The lists: one settlement and one delivery, with a next page.
+func (f *oasFakes) ListSettlements(context.Context, facilitator.Viewer, facilitator.SettlementFilter, facilitator.Page) (facilitator.SettlementPage, error) {
+	if f.statusErr != nil {
+		return facilitator.SettlementPage{}, f.statusErr
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	s := facilitator.ListedSettlement{Settlement: facilitator.Settlement{ID: 7, Key: facilitator.AuthorizationKey{Network: oasNetwork,
+		Asset: common.HexToAddress(oasAsset), Payer: common.HexToAddress(oasFrom)}, PayTo: oasPayTo, Value: big.NewInt(10000),
+		State: facilitator.StateMined, TxHash: common.HexToHash(oasTx), BlockNumber: 10, CreatedAt: at}, UpdatedAt: at}
+	return facilitator.SettlementPage{Items: []facilitator.ListedSettlement{s}, Next: &facilitator.Cursor{At: at, ID: 7}}, nil
+}
+
+func (f *oasFakes) WebhookDeliveries(_ context.Context, _ facilitator.Viewer, id string, _ facilitator.Page) (facilitator.DeliveryPage, error) {
+	if f.statusErr != nil {
+		return facilitator.DeliveryPage{}, f.statusErr
+	}
+	if id != oasWebhookID {
+		return facilitator.DeliveryPage{}, facilitator.ErrNotFound
+	}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	return facilitator.DeliveryPage{Webhook: facilitator.Webhook{ID: id, URL: "https://merchant.example/hook", PayTo: []common.Address{oasPayTo}, CreatedAt: at},
+		Items: []facilitator.ListedDelivery{{Event: facilitator.SettlementEvent{ID: 41, State: facilitator.StateMined, At: at},
+			Key:      facilitator.AuthorizationKey{Network: oasNetwork, Asset: common.HexToAddress(oasAsset), Payer: common.HexToAddress(oasFrom)},
+			Attempts: 2, LastStatus: 500, LastError: "HTTP 500", CreatedAt: at, NextAttempt: &at}},
+		Next: &facilitator.Cursor{ID: 41, At: at}}, nil
 }
 
 func (f *oasFakes) CheckLimits(context.Context, *facilitator.Payment) error { return f.limitErr }
@@ -360,6 +392,10 @@ func (oasConsole) ServeConsole(w http.ResponseWriter, _ *http.Request, _ string)
 	w.WriteHeader(http.StatusOK)
 }
 
+func (oasConsole) Refused(w http.ResponseWriter, _ *http.Request, _ error) {
+	w.WriteHeader(http.StatusUnauthorized)
+}
+
 // oasServer builds the server with every optional route group on, over fakes.
 func oasServer(t *testing.T, f *oasFakes) *Server {
 	t.Helper()
@@ -378,7 +414,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 		ReadyEndpoints: func() map[string]string {
 			return map[string]string{"eip155:84532/rpc0": "ok, head 12", "eip155:84532/rpc1": "down: rate limited"}
 		},
-		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f,
+		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f,
 		Console: oasConsole{}, Logger: slog.New(slog.DiscardHandler),
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		Supported: facilitator.SupportedResponse{
@@ -579,6 +615,18 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "delete webhook unknown", method: "DELETE", url: "/v1/webhooks/wh_nope", route: "/v1/webhooks/{id}", status: 404},
 		{name: "delete webhook unavailable", method: "DELETE", url: "/v1/webhooks/" + oasWebhookID, route: "/v1/webhooks/{id}", status: 503, setup: unavailable("webhooks_unavailable")},
 		{name: "delete webhook internal", method: "DELETE", url: "/v1/webhooks/" + oasWebhookID, route: "/v1/webhooks/{id}", status: 500, setup: internal},
+
+		{name: "list settlements", method: "GET", url: "/v1/settlements?state=pending,mined&payee=" + oasAsset + "&since=2026-01-01T00:00:00Z&limit=10", route: "/v1/settlements", status: 200},
+		{name: "list settlements bad state", method: "GET", url: "/v1/settlements?state=done", route: "/v1/settlements", status: 400},
+		{name: "list settlements bad network", method: "GET", url: "/v1/settlements?network=base", route: "/v1/settlements", status: 400},
+		{name: "list settlements unavailable", method: "GET", url: "/v1/settlements", route: "/v1/settlements", status: 503, setup: internal},
+		{name: "export settlements", method: "GET", url: "/v1/settlements.csv?state=settled", route: "/v1/settlements.csv", status: 200},
+		{name: "export settlements with a cursor", method: "GET", url: "/v1/settlements.csv?cursor=abc", route: "/v1/settlements.csv", status: 400},
+		{name: "export settlements unavailable", method: "GET", url: "/v1/settlements.csv", route: "/v1/settlements.csv", status: 503, setup: unavailable("status_unavailable")},
+		{name: "webhook deliveries", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries?limit=5", route: "/v1/webhooks/{id}/deliveries", status: 200},
+		{name: "webhook deliveries bad limit", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries?limit=501", route: "/v1/webhooks/{id}/deliveries", status: 400},
+		{name: "webhook deliveries unknown", method: "GET", url: "/v1/webhooks/wh_nope/deliveries", route: "/v1/webhooks/{id}/deliveries", status: 404},
+		{name: "webhook deliveries unavailable", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries", route: "/v1/webhooks/{id}/deliveries", status: 503, setup: unavailable("status_unavailable")},
 
 		{name: "authorization events", method: "GET", url: eventsURL, route: eventsRoute, status: 200},
 		{name: "authorization events bad network", method: "GET", url: "/v1/events/authorizations/base/" + oasAsset + "/" + oasFrom + "/" + oasNonce, route: eventsRoute, status: 400},
@@ -1001,6 +1049,10 @@ func TestOpenAPIResponses(t *testing.T) {
 				}
 			case "text/event-stream":
 				oasCheckStream(t, doc, key, body)
+			case "text/csv":
+				if !bytes.HasPrefix(body, []byte("network,asset,payer,payee,amount,")) || bytes.Count(body, []byte("\n")) < 2 {
+					t.Errorf("%s: not the CSV export's header and rows: %s", key, body)
+				}
 			case "text/plain":
 				if len(body) == 0 {
 					t.Errorf("%s: empty text body", key)

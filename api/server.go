@@ -48,6 +48,9 @@ type Config struct {
 	// Console serves the web console under /console (its assets under /console/static/, open
 	// like /healthz; its pages need the status scope); nil leaves it out.
 	Console Console
+	// Lists serves GET /v1/settlements, /v1/settlements.csv and /v1/webhooks/{id}/deliveries
+	// (lists.go); nil leaves them out.
+	Lists Lists
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
@@ -57,6 +60,9 @@ type Config struct {
 // scope (its API key's id, "" without one).
 type Console interface {
 	ServeConsole(w http.ResponseWriter, r *http.Request, idScope string)
+	// Refused answers a console page the auth guard turned away (err): the login page for a
+	// missing or bad key, an error page otherwise.
+	Refused(w http.ResponseWriter, r *http.Request, err error)
 }
 
 // Limits is the read-only limit check /verify makes.
@@ -132,6 +138,11 @@ func New(cfg Config) *Server {
 		e.GET("/v1/payments/:id", s.paymentStatus)
 		e.GET("/v1/settlements/:tx", s.settlementStatus)
 	}
+	if cfg.Lists != nil {
+		e.GET("/v1/settlements", s.listSettlements)
+		e.GET("/v1/settlements.csv", s.settlementsCSV)
+		e.GET("/v1/webhooks/:id/deliveries", s.webhookDeliveries)
+	}
 	if cfg.Notify != nil {
 		e.POST("/v1/webhooks", s.createWebhook)
 		e.GET("/v1/webhooks", s.listWebhooks)
@@ -141,12 +152,18 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Console != nil {
 		serve := func(c echo.Context) error {
-			cfg.Console.ServeConsole(c.Response(), c.Request(), idScope(c))
+			// The console reads its lists as the request's key may (facilitator.ViewerOf).
+			r := c.Request()
+			cfg.Console.ServeConsole(c.Response(), r.WithContext(facilitator.WithViewer(r.Context(), viewerOf(c))), idScope(c))
 			return nil
 		}
 		e.GET("/console", serve)
 		e.GET("/console/*", serve)
 		e.GET("/console/static/*", serve)
+		// The login form and logout need no key (auth.go's scopeOf): they set and clear it.
+		e.GET("/console/login", serve)
+		e.POST("/console/login", serve)
+		e.POST("/console/logout", serve)
 	}
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)

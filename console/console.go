@@ -44,6 +44,11 @@ type Config struct {
 	Poll time.Duration
 	// StreamFor bounds one live stream (default 5m); the browser's EventSource reconnects.
 	StreamFor time.Duration
+	// Merchant serves the merchant's pages (merchant.go); nil leaves them out.
+	Merchant Merchant
+	// CheckKey checks a key typed into the login form (api.ConsoleKeyCheck); nil is open mode,
+	// where the login page says no key is needed.
+	CheckKey func(ctx context.Context, key string) error
 }
 
 // CSP is the console's Content-Security-Policy: its own script and styles only, no inline code, no
@@ -87,7 +92,8 @@ func New(cfg Config) (*Console, error) {
 		"utc": func(t time.Time) string {
 			return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
 		},
-		"amount": amountOf(cfg.Networks),
+		"amount": func(network, asset, value string) string { return amount(cfg.Networks, network, asset, value) },
+		"short":  shortHex,
 	}).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, err
@@ -105,6 +111,16 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET /console/settlements/{tx}", c.settlement)
 	c.mux.HandleFunc("GET /console/payments/{id}", c.payment)
 	c.mux.HandleFunc("GET /console/static/", c.serveStatic)
+	c.mux.HandleFunc("GET /console/login", c.loginForm)
+	c.mux.HandleFunc("POST /console/login", c.login)
+	c.mux.HandleFunc("POST /console/logout", c.logout)
+	if cfg.Merchant != nil {
+		c.mux.HandleFunc("GET /console/settlements", c.settlements)
+		c.mux.HandleFunc("GET /console/settlements.csv", c.settlementsCSV)
+		c.mux.HandleFunc("GET /console/payers/{address}", c.payer)
+		c.mux.HandleFunc("GET /console/webhooks", c.webhooks)
+		c.mux.HandleFunc("GET /console/webhooks/{id}", c.webhook)
+	}
 	c.mux.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, "", facilitator.ErrNotFound)
 	})
@@ -145,7 +161,7 @@ func (c *Console) search(w http.ResponseWriter, r *http.Request) {
 }
 
 // resolve reads a search: "network asset payer nonce" (spaces or slashes between), a transaction
-// hash, or a payment id; it returns the answer's path.
+// hash, a payer's address, or a payment id; it returns the answer's path.
 func resolve(q string) (string, error) {
 	f := strings.FieldsFunc(q, func(r rune) bool { return r == ' ' || r == '/' || r == '\t' || r == ',' })
 	switch {
@@ -155,6 +171,8 @@ func resolve(q string) (string, error) {
 			return "", err
 		}
 		return authorizationPath(k.Network, k.Asset.Hex(), k.Payer.Hex(), "0x"+common.Bytes2Hex(k.Nonce[:])), nil
+	case len(f) == 1 && status.IsAddress(f[0]):
+		return "/console/payers/" + common.HexToAddress(f[0]).Hex(), nil
 	case len(f) == 1 && len(f[0]) == 66 && strings.HasPrefix(strings.ToLower(f[0]), "0x"):
 		tx, err := status.ParseTx(f[0])
 		if err != nil {
@@ -164,12 +182,12 @@ func resolve(q string) (string, error) {
 	case len(f) == 1:
 		if err := status.CheckPaymentID(f[0]); err != nil {
 			return "", facilitator.Errorf(facilitator.EInvalid, "invalid_parameter",
-				"search for a transaction hash, a payment id, or an authorization as: network asset payer nonce")
+				"search for a transaction hash, a payment id, a payer address, or an authorization as: network asset payer nonce")
 		}
 		return "/console/payments/" + f[0], nil
 	}
 	return "", facilitator.Errorf(facilitator.EInvalid, "invalid_parameter",
-		"search for a transaction hash, a payment id, or an authorization as: network asset payer nonce")
+		"search for a transaction hash, a payment id, a payer address, or an authorization as: network asset payer nonce")
 }
 
 func authorizationPath(network, asset, from, nonce string) string {
@@ -275,6 +293,13 @@ type page struct {
 	Query  string
 	Answer *answerView
 	Error  *errorView
+	// Nav names the header's current section ("settlements", "webhooks"); Keys: the console
+	// needs a key (the header offers Log out); render sets it.
+	Nav      string
+	Keys     bool
+	Login    *loginView
+	List     *listView
+	Webhooks *webhooksView
 }
 
 type answerView struct {
@@ -297,28 +322,32 @@ func (c *Console) render(w http.ResponseWriter, code int, name string, p page) {
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
+	p.Keys = c.cfg.CheckKey != nil
 	if err := c.pages.ExecuteTemplate(w, name, p); err != nil {
 		c.log.Error("console: rendering", "page", name, "err", err)
 	}
 }
 
-// amountOf returns the template function that shows an amount of a network's token in whole tokens
-// with the token's name ("0.25 USD Coin"), or in base units when the token is not one served.
-func amountOf(networks []facilitator.Network) func(network, asset, value string) string {
-	return func(network, asset, value string) string {
-		if value == "" {
-			return "—"
-		}
-		for _, n := range networks {
-			if n.ID != network || !common.IsHexAddress(asset) {
-				continue
-			}
-			if t, ok := n.Token(common.HexToAddress(asset)); ok {
-				return facilitator.FormatUnits(value, t.Decimals) + " " + t.Name
-			}
-		}
-		return value + " base units"
+// amount shows an amount of a network's token in whole tokens with the token's name ("0.25 USD
+// Coin"), or in base units when the token is not one served: the one place amounts are written
+// for people.
+func amount(networks []facilitator.Network, network, asset, value string) string {
+	if value == "" {
+		return "—"
 	}
+	for _, n := range networks {
+		if n.ID != network || !common.IsHexAddress(asset) {
+			continue
+		}
+		if t, ok := n.Token(common.HexToAddress(asset)); ok {
+			return facilitator.FormatUnits(value, t.Decimals) + " " + t.Name
+		}
+	}
+	return value + " base units"
+}
+
+func (c *Console) amount(network, asset, value string) string {
+	return amount(c.cfg.Networks, network, asset, value)
 }
 
 func shortHex(s string) string {

@@ -56,3 +56,22 @@ func ArtifactDir(t testing.TB, name string) string {
 	}
 	return dir
 }
+
+// WaitPage waits until the expression is true on the browser's page, across navigations: a
+// page being replaced answers "no such context" for a moment, which is not the expression's
+// answer, so it is asked again. It fails the test after timeout, with the page's URL and text.
+func WaitPage(t testing.TB, b context.Context, expression string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := chromedp.Run(b, chromedp.Evaluate[bool](expression))
+		if err == nil && ok {
+			return
+		}
+		last = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	page, _ := chromedp.Run(b, chromedp.Evaluate[string](`location.href + " " + document.body.innerText`))
+	t.Fatalf("the page never had %s (last error %v): %s", expression, last, page)
+}

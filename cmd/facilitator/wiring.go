@@ -220,13 +220,15 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	authCfg := authConfig(cfg, m.db)
 	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout, Networks: networks,
-		Logger: log.With("component", "console")})
+		Logger: log.With("component", "console"), Merchant: m.db, CheckKey: api.ConsoleKeyCheck(authCfg)})
 	if err != nil {
 		return err
 	}
 	srv := api.New(api.Config{
 		Console:       con,
+		Lists:         m.db,
 		Verifier:      idsvc,
 		Settler:       idsvc,
 		Status:        statusSvc,
@@ -234,7 +236,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Supported:     facilitator.Supported(networks, signerAddrs, []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
-		Auth:          authConfig(cfg, m.db),
+		Auth:          authCfg,
 		Observer:      m.metrics,
 		Metrics:       m.metrics.Handler(),
 		Ready:         m.readyChecks(rpcReaders),
