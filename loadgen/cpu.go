@@ -175,6 +175,10 @@ func startCPU(ctx context.Context, sources []cpuSource, every time.Duration) *cp
 		m.spans = append(m.spans, &cpuSpan{first: map[int]uint64{}, last: map[int]uint64{}, seen: map[int]bool{}})
 	}
 	m.poll(ctx, true)
+	// Stopping ends the loop between polls, never a poll itself: a listing query cancelled midway
+	// closes its connection (pgx does), and the next phase would list nothing. Each poll is bounded
+	// by its own timeout.
+	pollCtx := context.WithoutCancel(ctx)
 	ctx, m.stop = context.WithCancel(ctx)
 	go func() {
 		defer close(m.done)
@@ -185,7 +189,7 @@ func startCPU(ctx context.Context, sources []cpuSource, every time.Duration) *cp
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				m.poll(ctx, false)
+				m.poll(pollCtx, false)
 			}
 		}
 	}()

@@ -222,6 +222,9 @@ func TestRenderCPU(t *testing.T) {
 	r.Ours.SettleCPU = &CPUPhase{Ops: 1000, ClkTck: 100, Roles: roles(80, 90, 250, &RoleCPU{Role: RolePostgres, Ticks: 65, PIDs: 9, Came: 2, Went: 1})}
 	r.Ref.VerifyCPU = &CPUPhase{Ops: 1000, ClkTck: 100, Roles: roles(1640, 30, 20, &RoleCPU{Role: RolePostgres, Err: "n/a (no database)"})}
 	r.Ref.SettleCPU = &CPUPhase{Ops: 200, ClkTck: 100, Roles: roles(280, 108, 50, &RoleCPU{Role: RolePostgres, Err: "n/a (no database)"})}
+	r.Ours.Lookup = &LookupResult{Concurrency: 32, Elapsed: 10 * time.Second, Requests: 40000, Failed: 1, FirstFailed: "HTTP 503",
+		Latencies: Latencies{time.Millisecond, 3 * time.Millisecond}}
+	r.Ours.LookupCPU = &CPUPhase{Ops: 40000, ClkTck: 100, Roles: roles(800, 0, 400, &RoleCPU{Role: RolePostgres, Ticks: 300, PIDs: 5})}
 	r.Ours.Settle.Chain.SenderGas = 1000 * 86_000
 	r.Ref.Settle.Chain.SenderGas = 200 * 86_100
 	r.Ours.Chain, r.Ours.HeadAtStart = "http://a", 19
@@ -244,6 +247,13 @@ func TestRenderCPU(t *testing.T) {
 		"load generator (this process) 2.500 ms 2.500 ms 1.000x",
 		// ours 0.8+0.9+0.65+2.5 = 4.85; official 14+5.4+2.5 = 21.9
 		"sum of the measured 4.850 ms 21.9 ms 0.221x",
+		// 800 ticks / 40000 = 0.2 ms; the official has no status API.
+		"status lookups (GET /v1/authorizations/…), concurrency 32, 10s",
+		"answered/s 4000.0/s n/a (no status API)",
+		"per status lookup (40000 ops; official —)",
+		"facilitator 0.200 ms n/a (no status API)",
+		"Postgres (our database's backends) 0.075 ms n/a (no status API)",
+		"ours status lookups first failure: HTTP 503",
 		"gas per settlement (signer txs' gasUsed / on-chain transfers) 86000 86100 0.999x",
 		"ours http://a (head 19 at start), official http://b (head 19 at start)",
 		"9 backends of our database counted, 2 opened and 1 closed",

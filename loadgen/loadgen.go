@@ -105,8 +105,11 @@ type Side struct {
 	// blocks.
 	Chain       string
 	HeadAtStart uint64
-	// VerifyCPU and SettleCPU are the CPU each process spent in the /verify and /settle phases.
-	VerifyCPU, SettleCPU *CPUPhase
+	// Lookup is the status-lookup phase (ours only: the official facilitator has no status API).
+	Lookup *LookupResult
+	// VerifyCPU, SettleCPU and LookupCPU are the CPU each process spent in the /verify, /settle
+	// and status-lookup phases.
+	VerifyCPU, SettleCPU, LookupCPU *CPUPhase
 }
 
 // Report is everything one run measured.
@@ -204,6 +207,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep.Ours.Settle.Signers = len(signers)
+
+	// Status lookups of the payments just settled, at the verify phase's concurrency and length.
+	log.Info("status lookups", "side", "ours", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
+	cpu = startCPU(ctx, ourCPU, cpuEvery)
+	l := runLookups(ctx, ours, tok, pays, cfg.VerifyConcurrency, cfg.VerifyDuration)
+	rep.Ours.Lookup, rep.Ours.LookupCPU = &l, cpu.finish(ctx, l.Requests)
 
 	if cfg.Replays > 0 {
 		id, err := newPaymentID()

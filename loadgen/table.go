@@ -63,6 +63,13 @@ func Render(w io.Writer, r *Report) error {
 			refCol(optStr(rs, func(x *SettleResult) string { return fmt.Sprintf("%d / %d", x.Chain.SenderTxs, x.Chain.SenderReverted) })), "")
 		row("  blocks", fmt.Sprint(s.Chain.Blocks), refCol(optInt(rs, func(x *SettleResult) int { return int(x.Chain.Blocks) })), "")
 	}
+	if l := r.Ours.Lookup; l != nil {
+		row(fmt.Sprintf("status lookups (GET /v1/authorizations/…), concurrency %d, %s", l.Concurrency, l.Elapsed.Round(100*time.Millisecond)))
+		row("  answered/s", fmtRate(l.Rate()), refCol("n/a (no status API)"), "")
+		row("  latency p50", fmtDur(l.Latencies.Percentile(0.50)), refCol("n/a"), "")
+		row("  latency p99", fmtDur(l.Latencies.Percentile(0.99)), refCol("n/a"), "")
+		row("  failed", fmt.Sprint(l.Failed), "", "")
+	}
 	cpuRows(row, r, refCol)
 	if rp := r.Replay; rp != nil {
 		row(fmt.Sprintf("payment-identifier replay of a settled payload, %d sequential", rp.N))
@@ -113,6 +120,9 @@ func Render(w io.Writer, r *Report) error {
 	for _, s := range []*Side{&r.Ours, &r.Ref} {
 		if s.Verify != nil && s.Verify.FirstFailed != "" {
 			notes = append(notes, fmt.Sprintf("%s /verify first failure: %s", s.Name, s.Verify.FirstFailed))
+		}
+		if s.Lookup != nil && s.Lookup.FirstFailed != "" {
+			notes = append(notes, fmt.Sprintf("%s status lookups first failure: %s", s.Name, s.Lookup.FirstFailed))
 		}
 		if s.Settle != nil && s.Settle.FirstFailed != "" {
 			notes = append(notes, fmt.Sprintf("%s /settle first failure: %s", s.Name, s.Settle.FirstFailed))
@@ -239,9 +249,12 @@ func cpuRows(row func(...string), r *Report, refCol func(string) string) {
 	phases := []struct {
 		name      string
 		ours, ref *CPUPhase
+		// none is what the reference's column says when it has no such operation.
+		none string
 	}{
-		{"per valid /verify", r.Ours.VerifyCPU, r.Ref.VerifyCPU},
-		{"per confirmed settlement", r.Ours.SettleCPU, r.Ref.SettleCPU},
+		{"per valid /verify", r.Ours.VerifyCPU, r.Ref.VerifyCPU, ""},
+		{"per confirmed settlement", r.Ours.SettleCPU, r.Ref.SettleCPU, ""},
+		{"per status lookup", r.Ours.LookupCPU, nil, "n/a (no status API)"},
 	}
 	if phases[0].ours == nil && phases[1].ours == nil {
 		return
@@ -262,7 +275,11 @@ func cpuRows(row func(...string), r *Report, refCol func(string) string) {
 			if ook && fok && f > 0 {
 				ratio = fmt.Sprintf("%.3fx", o/f)
 			}
-			row("    "+role, cpuCell(ph.ours, role, o, ook), refCol(cpuCell(ph.ref, role, f, fok)), ratio)
+			refCell := cpuCell(ph.ref, role, f, fok)
+			if ph.none != "" {
+				refCell = ph.none
+			}
+			row("    "+role, cpuCell(ph.ours, role, o, ook), refCol(refCell), ratio)
 		}
 		ratio := ""
 		if sumRef > 0 {
