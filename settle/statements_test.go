@@ -98,6 +98,6 @@ func TestStatementsPerSettlement(t *testing.T) {
 }
 
 const (
-	maxStatementsPerSettlement = 100
-	maxRoundTripsPerSettlement = 100
+	maxStatementsPerSettlement = 6
+	maxRoundTripsPerSettlement = 5
 )
