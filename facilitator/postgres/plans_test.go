@@ -18,7 +18,7 @@ import (
 // TestSettlementByKeyPlan: the lookup by authorization key, the first statement of every
 // settlement, probes the unique index and nothing else, with a payer whose history is long, before
 // and after the table has statistics, in custom and generic plans (pgx prepares statements, so
-// the generic plan is the one a busy connection runs). Before migration 0014 the planner, without
+// the generic plan is the one a busy connection runs). Before migration 0016 the planner, without
 // statistics, took the wallet cap's (network, asset, payer, created_at) index and read the payer's
 // every row to find one nonce. The wallet cap's own query still uses that index.
 func TestSettlementByKeyPlan(t *testing.T) {

@@ -81,7 +81,7 @@ func numeric(n *big.Int) pgtype.Numeric { return pgtype.Numeric{Int: new(big.Int
 
 // settlementByKeySQL reads a settlement by authorization key: the first statement of every
 // settlement (and of every status and payment-identifier read), so it must stay one unique index
-// probe whatever the payer's history (TestSettlementByKeyPlan; migration 0014).
+// probe whatever the payer's history (TestSettlementByKeyPlan; migration 0016).
 const settlementByKeySQL = `-- SettlementByKey
 	SELECT ` + settlementColumns + ` FROM settlements
 	WHERE network = $1 AND asset = $2 AND payer = $3 AND auth_nonce = $4`
