@@ -29,7 +29,7 @@ type DB struct {
 }
 
 // Open connects to url and checks the connection within the context's bound.
-func Open(ctx context.Context, url string, log *slog.Logger) (*DB, error) {
+func Open(ctx context.Context, url string, log *slog.Logger, opts ...Option) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// The parse error can echo the URL, password included.
@@ -38,6 +38,9 @@ func Open(ctx context.Context, url string, log *slog.Logger) (*DB, error) {
 	if cfg.MaxConns < 16 {
 		// Long-held connections (the indexer's lease, one per network) must not starve requests.
 		cfg.MaxConns = 16
+	}
+	for _, o := range opts {
+		o(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

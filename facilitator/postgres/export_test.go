@@ -29,3 +29,6 @@ func (db *DB) ExplainList(ctx context.Context, v facilitator.Viewer, f facilitat
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	return strings.Join(lines, "\n"), err
 }
+
+// SettlementByKeySQL is SettlementByKey's statement, for the plan tests.
+const SettlementByKeySQL = settlementByKeySQL

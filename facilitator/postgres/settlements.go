@@ -79,10 +79,16 @@ func numericInt(n pgtype.Numeric) *big.Int {
 
 func numeric(n *big.Int) pgtype.Numeric { return pgtype.Numeric{Int: new(big.Int).Set(n), Valid: true} }
 
+// settlementByKeySQL reads a settlement by authorization key: the first statement of every
+// settlement (and of every status and payment-identifier read), so it must stay one unique index
+// probe whatever the payer's history (TestSettlementByKeyPlan; migration 0016).
+const settlementByKeySQL = `-- SettlementByKey
+	SELECT ` + settlementColumns + ` FROM settlements
+	WHERE network = $1 AND asset = $2 AND payer = $3 AND auth_nonce = $4`
+
 // SettlementByKey returns the settlement of an authorization.
 func (db *DB) SettlementByKey(ctx context.Context, k facilitator.AuthorizationKey) (*facilitator.Settlement, error) {
-	return scanSettlement(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+` FROM settlements
-		WHERE network = $1 AND asset = $2 AND payer = $3 AND auth_nonce = $4`, k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]))
+	return scanSettlement(db.pool.QueryRow(ctx, settlementByKeySQL, k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]))
 }
 
 // SettlementByID returns a settlement.

@@ -1,0 +1,103 @@
+package settle_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// TestStatementsPerSettlement settles a burst through the real engine and ledger with every
+// statement counted, until every row is final, and bounds what a settlement costs Postgres: its
+// statements and round trips, the watcher's ticks included. The table it logs is the profile's
+// (docs/profile-settle.md); the bounds catch a change that adds a statement per settlement.
+func TestStatementsPerSettlement(t *testing.T) {
+	const n, c = 48, 16
+	var counter postgres.StatementCounter
+	db, err := postgres.Open(context.Background(), env.DBURL, nil, postgres.WithTracer(&counter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	signers := []*ecdsa.PrivateKey{env.NewSigner(t), env.NewSigner(t)}
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: signers, DB: db, Config: func(c *settle.Config) {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}})
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i] = env.NewPay(t, env.FundedPayer(t, 10_000), 10_000).Body(t)
+	}
+	counter.Reset()
+	work := make(chan []byte)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []string
+	for range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for body := range work {
+				out, err := r.SettleBody(context.Background(), t, body)
+				if err != nil || !out.Response.Success {
+					mu.Lock()
+					failed = append(failed, fmt.Sprintf("%+v %v", out.Response, err))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, b := range bodies {
+		work <- b
+	}
+	close(work)
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d settlements failed; first: %s", len(failed), n, failed[0])
+	}
+	// Mine a block past the last so that the watcher moves every row to final.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := env.Chain.Mine(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var open int
+		if err := env.Pool.QueryRow(context.Background(), `SELECT count(*) FROM settlements WHERE signer = ANY($1) AND state <> 'final'`,
+			[][]byte{stacktest.AddressOf(signers[0]).Bytes(), stacktest.AddressOf(signers[1]).Bytes()}).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		if open == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d settlements not final after 30 s", open)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got := counter.Counts()
+	var table strings.Builder
+	for _, s := range got.Statements {
+		fmt.Fprintf(&table, "%7.2f calls %7.2f rows  %s\n", float64(s.Calls)/n, float64(s.Rows)/n, s.Name)
+	}
+	t.Logf("per settlement (%d settlements, %d callers): %.2f statements, %.2f round trips\n%s",
+		n, c, float64(got.Total())/n, float64(got.RoundTrips)/n, table.String())
+	// Bounds with headroom over what the run costs: the watcher's ticks vary with timing.
+	if per := float64(got.Total()) / n; per > maxStatementsPerSettlement {
+		t.Errorf("%.2f statements per settlement, want at most %v", per, maxStatementsPerSettlement)
+	}
+	if per := float64(got.RoundTrips) / n; per > maxRoundTripsPerSettlement {
+		t.Errorf("%.2f round trips per settlement, want at most %v", per, maxRoundTripsPerSettlement)
+	}
+}
+
+const (
+	maxStatementsPerSettlement = 6
+	maxRoundTripsPerSettlement = 5
+)
