@@ -71,6 +71,8 @@ func scopeOf(path string) facilitator.Scope {
 		return facilitator.ScopeSettle
 	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"):
 		return facilitator.ScopeStatus
+	case path == "/v1/ops/overview", path == "/console/ops", path == "/console/ops/*":
+		return facilitator.ScopeOperator
 	case path == "/console", path == "/console/*":
 		// The console's pages answer what the status routes answer.
 		return facilitator.ScopeStatus

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -40,6 +41,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/ops"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -67,6 +69,10 @@ var oasMirrors = []struct {
 	{"StatusFinality", reflect.TypeFor[facilitator.StatusFinality](), true},
 	{"Webhook", reflect.TypeFor[webhookJSON](), true},
 	{"WebhookEvent", reflect.TypeFor[notify.Message](), true},
+	{"OpsOverview", reflect.TypeFor[ops.Snapshot](), true},
+	{"OpsQuantiles", reflect.TypeFor[ops.Quantiles](), true},
+	{"OpsSigner", reflect.TypeFor[ops.SignerRow](), true},
+	{"OpsCheckRow", reflect.TypeFor[ops.CheckRow](), true},
 }
 
 var oasMethods = []string{"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -360,6 +366,34 @@ func (oasConsole) ServeConsole(w http.ResponseWriter, _ *http.Request, _ string)
 	w.WriteHeader(http.StatusOK)
 }
 
+// oasOverview stands in for the operations overview: the real one over an empty ledger and one signer.
+type oasOverview struct{}
+
+func (oasOverview) Overview(ctx context.Context) ops.Snapshot {
+	next := uint64(7)
+	return ops.New(ops.Config{Ledger: oasOverviewLedger{}, Signers: func() []ops.Signer {
+		return []ops.Signer{{Network: oasNetwork, Address: oasFrom, Balance: big.NewInt(1e18), BalanceReadAt: time.Now(), Leased: true, NextNonce: &next}}
+	}}).Overview(ctx)
+}
+
+type oasOverviewLedger struct{}
+
+func (oasOverviewLedger) SettlementsPerMinute(context.Context, time.Time) ([]facilitator.MinuteCount, error) {
+	return []facilitator.MinuteCount{{Minute: time.Now().Truncate(time.Minute), State: facilitator.StateFinal, Count: 2}}, nil
+}
+func (oasOverviewLedger) SettlementTimes(context.Context, time.Time) (facilitator.SettlementTimes, error) {
+	return facilitator.SettlementTimes{}, nil
+}
+func (oasOverviewLedger) WebhookDeliveries(context.Context, time.Time) (facilitator.DeliveryCounts, error) {
+	return facilitator.DeliveryCounts{ByStatusClass: map[string]int{}}, nil
+}
+func (oasOverviewLedger) ReconcileRuns(context.Context, int) ([]facilitator.ReconcileRun, error) {
+	return nil, nil
+}
+func (oasOverviewLedger) RecentSettled(context.Context, int) ([]facilitator.Settlement, error) {
+	return nil, nil
+}
+
 // oasServer builds the server with every optional route group on, over fakes.
 func oasServer(t *testing.T, f *oasFakes) *Server {
 	t.Helper()
@@ -379,7 +413,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 			return map[string]string{"eip155:84532/rpc0": "ok, head 12", "eip155:84532/rpc1": "down: rate limited"}
 		},
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f,
-		Console: oasConsole{}, Logger: slog.New(slog.DiscardHandler),
+		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler),
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		Supported: facilitator.SupportedResponse{
 			Kinds: []facilitator.SupportedKind{
@@ -579,6 +613,8 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "delete webhook unknown", method: "DELETE", url: "/v1/webhooks/wh_nope", route: "/v1/webhooks/{id}", status: 404},
 		{name: "delete webhook unavailable", method: "DELETE", url: "/v1/webhooks/" + oasWebhookID, route: "/v1/webhooks/{id}", status: 503, setup: unavailable("webhooks_unavailable")},
 		{name: "delete webhook internal", method: "DELETE", url: "/v1/webhooks/" + oasWebhookID, route: "/v1/webhooks/{id}", status: 500, setup: internal},
+
+		{name: "ops overview", method: "GET", url: "/v1/ops/overview", status: 200},
 
 		{name: "authorization events", method: "GET", url: eventsURL, route: eventsRoute, status: 200},
 		{name: "authorization events bad network", method: "GET", url: "/v1/events/authorizations/base/" + oasAsset + "/" + oasFrom + "/" + oasNonce, route: eventsRoute, status: 400},

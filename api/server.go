@@ -48,6 +48,8 @@ type Config struct {
 	// Console serves the web console under /console (its assets under /console/static/, open
 	// like /healthz; its pages need the status scope); nil leaves it out.
 	Console Console
+	// Ops serves GET /v1/ops/overview (operator scope); nil leaves it out.
+	Ops Ops
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
@@ -147,6 +149,12 @@ func New(cfg Config) *Server {
 		e.GET("/console", serve)
 		e.GET("/console/*", serve)
 		e.GET("/console/static/*", serve)
+		// The operations page has routes of its own: it needs the operator scope (auth.go).
+		e.GET("/console/ops", serve)
+		e.GET("/console/ops/*", serve)
+	}
+	if cfg.Ops != nil {
+		e.GET("/v1/ops/overview", s.opsOverview)
 	}
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)

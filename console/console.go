@@ -41,6 +41,8 @@ type Config struct {
 	Poll time.Duration
 	// StreamFor bounds one live stream (default 5m); the browser's EventSource reconnects.
 	StreamFor time.Duration
+	// Ops is the operations overview behind /console/ops (ops.go); nil leaves the page out.
+	Ops Ops
 }
 
 // CSP is the console's Content-Security-Policy: its own script and styles only, no inline code, no
@@ -80,9 +82,13 @@ func New(cfg Config) (*Console, error) {
 	if cfg.StreamFor == 0 {
 		cfg.StreamFor = 5 * time.Minute
 	}
-	pages, err := template.New("").Funcs(template.FuncMap{"utc": func(t time.Time) string {
+	funcs := template.FuncMap{"utc": func(t time.Time) string {
 		return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
-	}}).ParseFS(templateFS, "templates/*.html")
+	}}
+	for k, f := range opsFuncs {
+		funcs[k] = f
+	}
+	pages, err := template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, err
 	}
@@ -99,6 +105,10 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET /console/settlements/{tx}", c.settlement)
 	c.mux.HandleFunc("GET /console/payments/{id}", c.payment)
 	c.mux.HandleFunc("GET /console/static/", c.serveStatic)
+	if cfg.Ops != nil {
+		c.mux.HandleFunc("GET /console/ops", c.opsPage)
+		c.mux.HandleFunc("GET /console/ops/overview.json", c.opsJSON)
+	}
 	c.mux.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, "", facilitator.ErrNotFound)
 	})
@@ -269,6 +279,7 @@ type page struct {
 	Query  string
 	Answer *answerView
 	Error  *errorView
+	Ops    *opsView
 }
 
 type answerView struct {
