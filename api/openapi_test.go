@@ -42,6 +42,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
 	"github.com/x402-facilitator/x402-facilitator/ops"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -370,10 +371,13 @@ func (oasConsole) ServeConsole(w http.ResponseWriter, _ *http.Request, _ string)
 type oasOverview struct{}
 
 func (oasOverview) Overview(ctx context.Context) ops.Snapshot {
+	return ops.New(ops.Config{Ledger: oasOverviewLedger{}, Engine: oasOverviewLedger{}}).Overview(ctx)
+}
+
+func (oasOverviewLedger) Signers() []settle.SignerHealth {
 	next := uint64(7)
-	return ops.New(ops.Config{Ledger: oasOverviewLedger{}, Signers: func() []ops.Signer {
-		return []ops.Signer{{Network: oasNetwork, Address: oasFrom, Balance: big.NewInt(1e18), BalanceReadAt: time.Now(), Leased: true, NextNonce: &next}}
-	}}).Overview(ctx)
+	return []settle.SignerHealth{{Network: oasNetwork, Address: common.HexToAddress(oasFrom), Balance: big.NewInt(1e18),
+		BalanceReadAt: time.Now(), Leased: true, NextNonce: &next}}
 }
 
 type oasOverviewLedger struct{}

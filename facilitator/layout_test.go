@@ -43,8 +43,9 @@ func TestLayout(t *testing.T) {
 		"console": {"facilitator", "status", "ops"},
 		// The ledger-against-chain rule: a row, a receipt, the token's logs.
 		"ledgercheck": {"eip3009", "facilitator"},
-		// The operations overview reads through interfaces of its own: no service, no SQL.
-		"ops": {"eip3009", "facilitator", "ledgercheck"},
+		// The operations overview reads through interfaces of its own (the engine's and the
+		// indexers' health types are theirs): no SQL, no transport.
+		"ops": {"eip3009", "facilitator", "indexer", "ledgercheck", "settle"},
 	}
 	// Packages nothing may import but the binary's wiring and the test bench (which stands at the
 	// top beside it, building the same stacks for tests), and the binary itself.

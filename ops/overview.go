@@ -8,12 +8,16 @@ package ops
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"math/big"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/ledgercheck"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // Ledger is what the overview reads of the ledger (postgres.DB has it).
@@ -25,32 +29,24 @@ type Ledger interface {
 	RecentSettled(ctx context.Context, limit int) ([]facilitator.Settlement, error)
 }
 
-// Signer is one signer key as this process sees it (cmd maps settle.SignerHealth to it).
-type Signer struct {
-	Network       string
-	Address       string
-	InFlight      int
-	Balance       *big.Int // nil until read
-	BalanceReadAt time.Time
-	Low, Leased   bool
-	NextNonce     *uint64 // nil until the key's nonce stream has loaded it
+// Signers are the settlement engine's keys (settle.Engine has it).
+type Signers interface {
+	Signers() []settle.SignerHealth
 }
 
-// Indexer is one network's indexer as this process runs it (cmd maps indexer.Health to it).
-type Indexer struct {
-	Network                     string
-	Head, Cursor, Lag           uint64
-	Leader, Subscribed, Stopped bool
+// Indexer is one network's block indexer (indexer.Indexer has it).
+type Indexer interface {
+	Health() indexer.Health
 }
 
 // Config configures the overview.
 type Config struct {
 	Ledger  Ledger
 	Answers *Answers
-	// Signers and Indexers read this process's keys and indexers at the time of the request;
-	// nil: none here.
-	Signers  func() []Signer
-	Indexers func() []Indexer
+	// Engine's keys and Indexers (by network id) are this process's, read at the time of the
+	// request; nil: none here.
+	Engine   Signers
+	Indexers map[string]Indexer
 	// Chains are the networks' RPC access for the ledger check, by network id.
 	Chains map[string]Chain
 	Now    func() time.Time
@@ -118,7 +114,7 @@ type Snapshot struct {
 	Answers         AnswerCounts    `json:"answers"`
 	Latency         Latency         `json:"latency"`
 	SettlementTimes SettlementTimes `json:"settlementTimes"`
-	Signers         Signers         `json:"signers"`
+	Signers         SignerKeys      `json:"signers"`
 	Indexers        Indexers        `json:"indexers"`
 	Webhooks        Webhooks        `json:"webhooks"`
 	Reconcile       Reconcile       `json:"reconcile"`
@@ -188,8 +184,8 @@ type SignerRow struct {
 	NextNonce    *uint64    `json:"nextNonce"`
 }
 
-// Signers are this process's signer keys.
-type Signers struct {
+// SignerKeys are this process's signer keys.
+type SignerKeys struct {
 	Section
 	Rows []SignerRow `json:"rows"`
 }
@@ -389,13 +385,14 @@ func (o *Overview) checkLedger(ctx context.Context) LedgerCheck {
 	return c
 }
 
-func (o *Overview) signers() Signers {
-	s := Signers{Section: Section{Available: true}, Rows: []SignerRow{}}
-	if o.cfg.Signers == nil {
+func (o *Overview) signers() SignerKeys {
+	s := SignerKeys{Section: Section{Available: true}, Rows: []SignerRow{}}
+	if o.cfg.Engine == nil {
 		return s
 	}
-	for _, k := range o.cfg.Signers() {
-		r := SignerRow{Network: k.Network, Address: k.Address, InFlight: k.InFlight, Low: k.Low, Leased: k.Leased, NextNonce: k.NextNonce}
+	for _, k := range o.cfg.Engine.Signers() {
+		r := SignerRow{Network: k.Network, Address: k.Address.Hex(), InFlight: k.InFlight, Low: k.BalanceLow, Leased: k.Leased,
+			NextNonce: k.NextNonce}
 		if k.Balance != nil {
 			r.BalanceWei, r.BalanceEther = k.Balance.String(), ether(k.Balance)
 			at := k.BalanceReadAt.UTC()
@@ -408,12 +405,10 @@ func (o *Overview) signers() Signers {
 
 func (o *Overview) indexers() Indexers {
 	s := Indexers{Section: Section{Available: true}, Rows: []IndexerRow{}}
-	if o.cfg.Indexers == nil {
-		return s
-	}
-	for _, ix := range o.cfg.Indexers() {
-		s.Rows = append(s.Rows, IndexerRow{Network: ix.Network, Head: ix.Head, Cursor: ix.Cursor, Lag: ix.Lag, Leader: ix.Leader,
-			Subscribed: ix.Subscribed, Stopped: ix.Stopped})
+	for _, id := range slices.Sorted(maps.Keys(o.cfg.Indexers)) {
+		h := o.cfg.Indexers[id].Health()
+		s.Rows = append(s.Rows, IndexerRow{Network: id, Head: h.Head, Cursor: h.Cursor, Lag: h.Lag, Leader: h.Leader,
+			Subscribed: h.Subscribed, Stopped: h.Stopped})
 	}
 	return s
 }

@@ -226,9 +226,13 @@ func (m *Main) Run(ctx context.Context) error {
 	for i, n := range networks {
 		chainsByID[n.ID] = m.rpcs[i]
 	}
-	overview := ops.New(ops.Config{Ledger: m.db, Answers: answers, Signers: opsSigners(m.engine),
-		Indexers: opsIndexers(networks, m.indexers), Chains: chainsByID, RPCTimeout: cfg.RPCTimeout,
-		Logger: log.With("component", "ops")})
+	indexers := map[string]ops.Indexer{}
+	for i, ix := range m.indexers {
+		indexers[networks[i].ID] = ix
+	}
+	overview := ops.New(ops.Config{Ledger: m.db, Answers: answers, Engine: m.engine, Indexers: indexers, Chains: chainsByID,
+		RPCTimeout: cfg.RPCTimeout,
+		Logger:     log.With("component", "ops")})
 	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout,
 		Logger: log.With("component", "console"), Ops: overview})
 	if err != nil {
@@ -327,31 +331,6 @@ func (m *Main) readyChecks(rpcs map[string]*ethrpc.Reader) map[string]api.ReadyC
 		checks["indexer:"+m.Config.Networks[i].ID] = api.ReadyFunc(func(context.Context) error { return ix.Ready(maxLag) })
 	}
 	return checks
-}
-
-// opsSigners reads the engine's signer keys for the operations overview, at request time.
-func opsSigners(e *settle.Engine) func() []ops.Signer {
-	return func() []ops.Signer {
-		var out []ops.Signer
-		for _, st := range e.Signers() {
-			out = append(out, ops.Signer{Network: st.Network, Address: st.Address.Hex(), InFlight: st.InFlight, Balance: st.Balance,
-				BalanceReadAt: st.BalanceReadAt, Low: st.BalanceLow, Leased: st.Leased, NextNonce: st.NextNonce})
-		}
-		return out
-	}
-}
-
-// opsIndexers reads this process's indexers for the operations overview.
-func opsIndexers(networks []facilitator.Network, ixs []*indexer.Indexer) func() []ops.Indexer {
-	return func() []ops.Indexer {
-		out := make([]ops.Indexer, len(ixs))
-		for i, ix := range ixs {
-			st := ix.Health()
-			out[i] = ops.Indexer{Network: networks[i].ID, Head: st.Head, Cursor: st.Cursor, Lag: st.Lag, Leader: st.Leader,
-				Subscribed: st.Subscribed, Stopped: st.Stopped}
-		}
-		return out
-	}
 }
 
 // observers hands every /verify and /settle answer to each of them (metrics, the overview's ring).
