@@ -270,6 +270,12 @@ func (o *Overview) Overview(ctx context.Context) Snapshot {
 	wg.Wait()
 	s.Settlements = lp.settlements(s.Minutes)
 	s.SettlementTimes, s.Webhooks, s.Reconcile = lp.times, lp.webhooks, lp.runs
+	// A request that ended while another read for it (the cache's single flight) has nothing.
+	for _, sec := range []*Section{&s.Settlements.Section, &s.SettlementTimes.Section, &s.Webhooks.Section, &s.Reconcile.Section, &s.LedgerCheck.Section} {
+		if !sec.Available && sec.Error == "" {
+			sec.Error = "not read in time"
+		}
+	}
 	return s
 }
 
