@@ -17,7 +17,9 @@ func (emptyOps) Overview(context.Context) ops.Snapshot { return ops.Snapshot{} }
 
 type okConsole struct{}
 
-func (okConsole) ServeConsole(w http.ResponseWriter, _ *http.Request, _ string) { w.WriteHeader(http.StatusOK) }
+func (okConsole) ServeConsole(w http.ResponseWriter, _ *http.Request, _ string) {
+	w.WriteHeader(http.StatusOK)
+}
 
 // The operations overview and the Operations page need the operator scope: a merchant's key,
 // with every other scope, is refused (403) there and still opens the lookup pages.
