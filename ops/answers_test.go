@@ -9,18 +9,12 @@ import (
 	"time"
 )
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// clock is a settable test clock, safe to read from many goroutines.
+type clock struct{ ns atomic.Int64 }
 
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+func newClock(t time.Time) *clock    { c := &clock{}; c.ns.Store(t.UnixNano()); return c }
+func (c *clock) now() time.Time      { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *clock) add(d time.Duration) { c.ns.Add(int64(d)) }
 
 // Every bin's upper bound falls in that bin, and each percentile is its sample's bin bound: at
 // or above the true value, and at most one growth step above it.
@@ -58,7 +52,7 @@ func TestHistogramQuantiles(t *testing.T) {
 // The ring keeps one bucket per minute for the last hour: a minute's answers are in the window
 // until it is an hour old, then gone, and a bucket reused for a new minute starts empty.
 func TestAnswersRing(t *testing.T) {
-	c := &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+	c := newClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	a := NewAnswers(c.now)
 	a.Verified("eip155:1", "valid", 3*time.Millisecond)
 	a.Verified("eip155:1", "invalid_exact_evm_payload_signature", time.Millisecond)
@@ -98,7 +92,7 @@ func TestAnswersRing(t *testing.T) {
 
 // A minute keeps at most maxReasons reasons per endpoint: more count as "other".
 func TestAnswersBoundedReasons(t *testing.T) {
-	c := &clock{t: time.Unix(1e9, 0)}
+	c := newClock(time.Unix(1e9, 0))
 	a := NewAnswers(c.now)
 	for i := range maxReasons + 10 {
 		a.Settled("", fmt.Sprintf("reason_%d", i), time.Millisecond)
@@ -111,7 +105,7 @@ func TestAnswersBoundedReasons(t *testing.T) {
 
 // The overview's per-minute series and hour totals come out of the ring aligned with its minutes.
 func TestAnswersOf(t *testing.T) {
-	c := &clock{t: time.Unix(1e9, 0)}
+	c := newClock(time.Unix(1e9, 0))
 	a := NewAnswers(c.now)
 	a.Settled("", "ok", 10*time.Millisecond)
 	c.add(2 * time.Minute)
@@ -134,7 +128,7 @@ func TestAnswersOf(t *testing.T) {
 
 // The cache reads once per period however many ask at once, and again once the period is over.
 func TestCacheSingleFlight(t *testing.T) {
-	c := &clock{t: time.Unix(1e9, 0)}
+	c := newClock(time.Unix(1e9, 0))
 	var reads atomic.Int32
 	release := make(chan struct{})
 	ch := newCache(3*time.Second, c.now, func(context.Context) int {
