@@ -73,6 +73,8 @@ func scopeOf(path string) facilitator.Scope {
 	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"),
 		path == "/v1/settlements", path == "/v1/settlements.csv":
 		return facilitator.ScopeStatus
+	case path == "/v1/ops/overview", path == "/console/ops", path == "/console/ops/*":
+		return facilitator.ScopeOperator
 	case path == "/console", path == "/console/*":
 		// The console's pages answer what the status routes answer.
 		return facilitator.ScopeStatus
@@ -102,8 +104,10 @@ func presentedKey(r *http.Request, console bool) string {
 	return ""
 }
 
-// isConsolePage reports whether route is one of the console's pages that need a key.
-func isConsolePage(route string) bool { return route == "/console" || route == "/console/*" }
+// isConsolePage reports whether route is one of the console's pages (the lookup pages, the
+// Operations page and its data): where the login cookie counts, and where a refusal is a page.
+// The console's open routes (assets, login) never ask for a key.
+func isConsolePage(route string) bool { return route == "/console" || strings.HasPrefix(route, "/console/") }
 
 // clientAddress is the TCP peer's IP. Forwarding headers are not trusted: a client could set them.
 func clientAddress(r *http.Request) string {

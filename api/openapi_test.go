@@ -41,6 +41,8 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/ops"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -72,6 +74,10 @@ var oasMirrors = []struct {
 	{"SettlementList", reflect.TypeFor[settlementsJSON](), true},
 	{"Delivery", reflect.TypeFor[deliveryJSON](), true},
 	{"DeliveryList", reflect.TypeFor[deliveriesJSON](), true},
+	{"OpsOverview", reflect.TypeFor[ops.Snapshot](), true},
+	{"OpsQuantiles", reflect.TypeFor[ops.Quantiles](), true},
+	{"OpsSigner", reflect.TypeFor[ops.SignerRow](), true},
+	{"OpsCheckRow", reflect.TypeFor[ops.CheckRow](), true},
 }
 
 var oasMethods = []string{"get", "put", "post", "delete", "patch", "head", "options", "trace"}
@@ -396,6 +402,37 @@ func (oasConsole) Refused(w http.ResponseWriter, _ *http.Request, _ error) {
 	w.WriteHeader(http.StatusUnauthorized)
 }
 
+// oasOverview stands in for the operations overview: the real one over an empty ledger and one signer.
+type oasOverview struct{}
+
+func (oasOverview) Overview(ctx context.Context) ops.Snapshot {
+	return ops.New(ops.Config{Ledger: oasOverviewLedger{}, Engine: oasOverviewLedger{}}).Overview(ctx)
+}
+
+func (oasOverviewLedger) Signers() []settle.SignerHealth {
+	next := uint64(7)
+	return []settle.SignerHealth{{Network: oasNetwork, Address: common.HexToAddress(oasFrom), Balance: big.NewInt(1e18),
+		BalanceReadAt: time.Now(), Leased: true, NextNonce: &next}}
+}
+
+type oasOverviewLedger struct{}
+
+func (oasOverviewLedger) SettlementsPerMinute(context.Context, time.Time) ([]facilitator.MinuteCount, error) {
+	return []facilitator.MinuteCount{{Minute: time.Now().Truncate(time.Minute), State: facilitator.StateFinal, Count: 2}}, nil
+}
+func (oasOverviewLedger) SettlementTimes(context.Context, time.Time) (facilitator.SettlementTimes, error) {
+	return facilitator.SettlementTimes{}, nil
+}
+func (oasOverviewLedger) WebhookDeliveryCounts(context.Context, time.Time) (facilitator.DeliveryCounts, error) {
+	return facilitator.DeliveryCounts{ByStatusClass: map[string]int{}}, nil
+}
+func (oasOverviewLedger) ReconcileRuns(context.Context, int) ([]facilitator.ReconcileRun, error) {
+	return nil, nil
+}
+func (oasOverviewLedger) RecentSettled(context.Context, int) ([]facilitator.Settlement, error) {
+	return nil, nil
+}
+
 // oasServer builds the server with every optional route group on, over fakes.
 func oasServer(t *testing.T, f *oasFakes) *Server {
 	t.Helper()
@@ -415,7 +452,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 			return map[string]string{"eip155:84532/rpc0": "ok, head 12", "eip155:84532/rpc1": "down: rate limited"}
 		},
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f,
-		Console: oasConsole{}, Logger: slog.New(slog.DiscardHandler),
+		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler),
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		Supported: facilitator.SupportedResponse{
 			Kinds: []facilitator.SupportedKind{
@@ -627,6 +664,7 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "webhook deliveries bad limit", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries?limit=501", route: "/v1/webhooks/{id}/deliveries", status: 400},
 		{name: "webhook deliveries unknown", method: "GET", url: "/v1/webhooks/wh_nope/deliveries", route: "/v1/webhooks/{id}/deliveries", status: 404},
 		{name: "webhook deliveries unavailable", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries", route: "/v1/webhooks/{id}/deliveries", status: 503, setup: unavailable("status_unavailable")},
+		{name: "ops overview", method: "GET", url: "/v1/ops/overview", status: 200},
 
 		{name: "authorization events", method: "GET", url: eventsURL, route: eventsRoute, status: 200},
 		{name: "authorization events bad network", method: "GET", url: "/v1/events/authorizations/base/" + oasAsset + "/" + oasFrom + "/" + oasNonce, route: eventsRoute, status: 400},

@@ -51,6 +51,8 @@ type Config struct {
 	// Lists serves GET /v1/settlements, /v1/settlements.csv and /v1/webhooks/{id}/deliveries
 	// (lists.go); nil leaves them out.
 	Lists Lists
+	// Ops serves GET /v1/ops/overview (operator scope); nil leaves it out.
+	Ops Ops
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
@@ -164,6 +166,12 @@ func New(cfg Config) *Server {
 		e.GET("/console/login", serve)
 		e.POST("/console/login", serve)
 		e.POST("/console/logout", serve)
+		// The operations page has routes of its own: it needs the operator scope (auth.go).
+		e.GET("/console/ops", serve)
+		e.GET("/console/ops/*", serve)
+	}
+	if cfg.Ops != nil {
+		e.GET("/v1/ops/overview", s.opsOverview)
 	}
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)

@@ -49,6 +49,8 @@ type Config struct {
 	// CheckKey checks a key typed into the login form (api.ConsoleKeyCheck); nil is open mode,
 	// where the login page says no key is needed.
 	CheckKey func(ctx context.Context, key string) error
+	// Ops is the operations overview behind /console/ops (ops.go); nil leaves the page out.
+	Ops Ops
 }
 
 // CSP is the console's Content-Security-Policy: its own script and styles only, no inline code, no
@@ -88,13 +90,17 @@ func New(cfg Config) (*Console, error) {
 	if cfg.StreamFor == 0 {
 		cfg.StreamFor = 5 * time.Minute
 	}
-	pages, err := template.New("").Funcs(template.FuncMap{
+	funcs := template.FuncMap{
 		"utc": func(t time.Time) string {
 			return t.UTC().Format("2006-01-02 15:04:05.000 UTC")
 		},
 		"amount": func(network, asset, value string) string { return amount(cfg.Networks, network, asset, value) },
 		"short":  shortHex,
-	}).ParseFS(templateFS, "templates/*.html")
+	}
+	for k, f := range opsFuncs {
+		funcs[k] = f
+	}
+	pages, err := template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +126,10 @@ func New(cfg Config) (*Console, error) {
 		c.mux.HandleFunc("GET /console/payers/{address}", c.payer)
 		c.mux.HandleFunc("GET /console/webhooks", c.webhooks)
 		c.mux.HandleFunc("GET /console/webhooks/{id}", c.webhook)
+	}
+	if cfg.Ops != nil {
+		c.mux.HandleFunc("GET /console/ops", c.opsPage)
+		c.mux.HandleFunc("GET /console/ops/overview.json", c.opsJSON)
 	}
 	c.mux.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		c.errorPage(w, r, "", facilitator.ErrNotFound)
@@ -300,6 +310,7 @@ type page struct {
 	Login    *loginView
 	List     *listView
 	Webhooks *webhooksView
+	Ops      *opsView
 }
 
 type answerView struct {

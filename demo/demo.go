@@ -29,6 +29,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/ledgercheck"
 )
 
 // weatherPrice is what the merchant's GET /weather costs: 0.01 USDC in atomic units.
@@ -356,11 +357,10 @@ func (d *run) story(ctx context.Context) error {
 	check(payToDelta.Cmp(price) == 0, "the merchant received %s, not exactly %s", usdc(payToDelta, false), usdc(price, false))
 	check(transfers == 1, "%d transfers from the agent to the merchant on chain, want 1", transfers)
 	check(sent == 1, "the facilitator sent %d transactions, want 1", sent)
-	check(used, "authorizationState(agent, nonce) is false on chain")
-	check(row.State.Succeeded(), "the ledger row is %s, want mined or final", row.State)
-	check(rcpt.Status == types.ReceiptStatusSuccessful, "the receipt's status is %d, want 1", rcpt.Status)
-	check(row.TxHash == rcpt.TxHash, "the ledger's transaction %s is not the receipt's %s", row.TxHash.Hex(), rcpt.TxHash.Hex())
-	check(row.BlockNumber == rcpt.BlockNumber.Uint64(), "the ledger says block %d, the chain %d", row.BlockNumber, rcpt.BlockNumber.Uint64())
+	// The row against its receipt and authorizationState: the rule the operations overview applies too.
+	if verdict, why := ledgercheck.Check(*row, ledgercheck.Evidence{Receipt: rcpt, Used: used, UsedKnown: true}); verdict != ledgercheck.Agrees {
+		problems = append(problems, why...)
+	}
 	check(row.Value != nil && row.Value.Cmp(price) == 0 && row.PayTo == payTo, "the ledger row is for %v to %s", row.Value, row.PayTo.Hex())
 	check(strings.EqualFold(receipt.Transaction, row.TxHash.Hex()), "the retry's PAYMENT-RESPONSE names %s, the ledger %s", receipt.Transaction, row.TxHash.Hex())
 	for _, s := range d.merchant.settlements() {

@@ -16,6 +16,8 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 	"golang.org/x/time/rate"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // A network's several RPC providers, as one Chain. One provider's outage, rate limit or lagging
@@ -446,20 +448,7 @@ func limited(err error) bool {
 // redact keeps a URL out of an error: go-ethereum's transport errors quote the request URL,
 // whose path or query often holds the provider's API key.
 func redact(err error) error {
-	msg := err.Error()
-	for _, scheme := range []string{"https://", "http://", "wss://", "ws://"} {
-		for {
-			i := strings.Index(msg, scheme)
-			if i < 0 {
-				break
-			}
-			j := i + len(scheme)
-			for j < len(msg) && msg[j] != ' ' && msg[j] != '"' && msg[j] != '\'' {
-				j++
-			}
-			msg = msg[:i] + "<url>" + msg[j:]
-		}
-	}
+	msg := facilitator.StripURLs(err.Error())
 	if msg == err.Error() {
 		return err
 	}

@@ -3,6 +3,7 @@ package facilitator
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -117,3 +118,23 @@ var (
 // nothing was done, and it does not start again. Its loops' context is canceled with it as the
 // cause, so a loop's log says why it ended.
 var ErrClosed = errors.New("the service is stopped")
+
+// StripURLs is msg with every URL (http, https, ws, wss) replaced by "<url>": transport errors
+// quote the request URL, whose path or query often holds a provider's API key, and a text kept
+// or shown (a log line, a recorded job error) must not carry it.
+func StripURLs(msg string) string {
+	for _, scheme := range []string{"https://", "http://", "wss://", "ws://", "postgres://", "postgresql://"} {
+		for {
+			i := strings.Index(msg, scheme)
+			if i < 0 {
+				break
+			}
+			j := i + len(scheme)
+			for j < len(msg) && msg[j] != ' ' && msg[j] != '"' && msg[j] != '\'' {
+				j++
+			}
+			msg = msg[:i] + "<url>" + msg[j:]
+		}
+	}
+	return msg
+}

@@ -39,8 +39,14 @@ func TestLayout(t *testing.T) {
 		"extsigner":            {"eip3009"},
 		// The presets and the start-up check of a network against its chain.
 		"chains": {"eip3009", "ethrpc", "facilitator"},
-		// The web console's pages: the domain's status answers and the forms status parses.
-		"console": {"facilitator", "status"},
+		// The web console's pages: the domain's status answers and the forms status parses, and
+		// the operations overview's snapshot.
+		"console": {"facilitator", "status", "ops"},
+		// The ledger-against-chain rule: a row, a receipt, the token's logs.
+		"ledgercheck": {"eip3009", "facilitator"},
+		// The operations overview reads through interfaces of its own (the engine's and the
+		// indexers' health types are theirs): no SQL, no transport.
+		"ops": {"eip3009", "facilitator", "indexer", "ledgercheck", "settle"},
 	}
 	// Packages nothing may import but the binary's wiring and the test bench (which stands at the
 	// top beside it, building the same stacks for tests), and the binary itself.

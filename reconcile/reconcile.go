@@ -35,7 +35,16 @@ type Store interface {
 	TryLock(ctx context.Context, name string) (release func(), ok bool, err error)
 	// TryLead takes a network's indexer lease when no indexer holds it.
 	TryLead(ctx context.Context, network string) (release func(), ok bool, err error)
+	// RecordReconcileRun writes one run's row and deletes rows beyond keep or older than keepFor.
+	RecordReconcileRun(ctx context.Context, r facilitator.ReconcileRun, keep int, keepFor time.Duration) error
 }
+
+// What the run rows keep: enough for an operator to see the last days' runs, bounded.
+const (
+	runsKept    = 1000
+	runsKeptFor = 7 * 24 * time.Hour
+	runTimeout  = 5 * time.Second
+)
 
 // Network is one chain the jobs watch; its finality rule is Network.Finality.
 type Network struct {
@@ -110,7 +119,9 @@ func (j *Jobs) once(ctx context.Context, name string, job func(context.Context) 
 		return Changes{}, nil // another replica is running it
 	}
 	defer release()
+	started := j.cfg.Now()
 	ch, err := job(ctx)
+	j.record(ctx, name, started, ch, err)
 	if err != nil {
 		j.log.Warn("reconcile job failed", append([]any{"job", name, "err", err}, ch.attrs()...)...)
 		return ch, err
@@ -119,6 +130,33 @@ func (j *Jobs) once(ctx context.Context, name string, job func(context.Context) 
 		j.log.Info("reconcile job changed settlements", append([]any{"job", name}, ch.attrs()...)...)
 	}
 	return ch, nil
+}
+
+// record writes the run's row for the operations overview. A failed write is logged and costs
+// the run nothing: the row is a report, not a step of the job.
+func (j *Jobs) record(ctx context.Context, name string, started time.Time, ch Changes, runErr error) {
+	r := facilitator.ReconcileRun{Job: name, Started: started, Finished: j.cfg.Now(), Examined: ch.Looked, Changed: ch.kinds()}
+	if runErr != nil {
+		r.Error = runErr.Error()
+	}
+	// A run cut short by its bound still records itself, within a bound of its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runTimeout)
+	defer cancel()
+	if err := j.cfg.Store.RecordReconcileRun(ctx, r, runsKept, runsKeptFor); err != nil {
+		j.log.Warn("recording a reconcile run", "job", name, "err", err)
+	}
+}
+
+// kinds is what the run changed, by kind; what it did not change is absent.
+func (c Changes) kinds() map[string]int {
+	out := map[string]int{}
+	attrs := c.attrs()
+	for i := 2; i+1 < len(attrs); i += 2 { // past "looked", which is not a change
+		if n := attrs[i+1].(int); n > 0 {
+			out[attrs[i].(string)] = n
+		}
+	}
+	return out
 }
 
 // Settlements resolves every settlement that has waited longer than StaleAfter, from what the

@@ -111,11 +111,21 @@ func testAfterDeath(t *testing.T, lost bool) {
 	// One more block: final at depth 2.
 	env.Mine(t)
 	env.WaitIndexed(t, env.Head(t))
-	if ch := runSettlements(t, j); ch.Final < 1 {
+	ch = runSettlements(t, j)
+	if ch.Final < 1 {
 		t.Fatalf("the job did not finalise the settlement: %+v", ch)
 	}
 	if r := env.Row(t, p.Key()); r.State != facilitator.StateFinal || r.TxHash != hash {
 		t.Fatalf("ledger at depth 2: %+v", r)
+	}
+	// The run recorded itself for the operations overview: what it examined and changed.
+	runs, err := env.DB.ReconcileRuns(ctx, 1)
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("reconcile runs: %+v %v", runs, err)
+	}
+	if run := runs[0]; run.Job != "settlements" || run.Examined != ch.Looked || run.Changed["final"] != ch.Final || run.Error != "" ||
+		run.Finished.Before(run.Started) {
+		t.Fatalf("the run's row %+v, the run changed %+v", run, ch)
 	}
 	if st, err := svc.Payment(ctx, "", p.ID); err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations < 2 {
 		t.Fatalf("status at depth 2: %+v %v", st, err)

@@ -27,6 +27,10 @@ type SignerHealth struct {
 	// Leased: this process holds the key (always, without a Leaser). A key held elsewhere has no
 	// in-flight count here, and its balance is not read.
 	Leased bool
+	// NextNonce is the transaction nonce the key's next settlement takes; nil until the key's
+	// nonce stream has loaded it (at its first settlement, and again after anything that left it
+	// in doubt).
+	NextNonce *uint64
 }
 
 // Signers lists every configured signer key of every network, by network then in configured order.
@@ -46,6 +50,9 @@ func (e *Engine) Signers() []SignerHealth {
 			}
 			if at := s.balanceAt.Load(); at != 0 {
 				st.BalanceReadAt = time.Unix(0, at)
+			}
+			if next, ok := s.nextShown(); ok {
+				st.NextNonce = &next
 			}
 			out = append(out, st)
 		}

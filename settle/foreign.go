@@ -122,7 +122,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			return err
 		}
 		if gap == nil {
-			s.next = nonce + 1
+			s.nonces.take(1) // nonce was s.next
 		} else {
 			s.nonces.reset() // the next commit derives the key's next free nonce afresh
 		}

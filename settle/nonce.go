@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
@@ -21,13 +22,28 @@ type nonces struct {
 	next   uint64 // the nonce the next committed row takes
 	loaded bool   // next is known; false: load before the next commit
 	mined  uint64 // the chain's mined nonce of the key at the last load
+	// shown is next+1 while loaded, 0 while not: what operators see (SignerHealth.NextNonce),
+	// read without mu, so that a look never waits behind a commit.
+	shown atomic.Uint64
 }
 
 // reset makes the next commit load the nonce afresh.
-func (n *nonces) reset() { n.loaded = false }
+func (n *nonces) reset() { n.loaded = false; n.shown.Store(0) }
 
 // take moves past k nonces that committed rows now hold.
-func (n *nonces) take(k int) { n.next += uint64(k) }
+func (n *nonces) take(k int) { n.next += uint64(k); n.shown.Store(n.next + 1) }
+
+// set records a load's result.
+func (n *nonces) set(next, mined uint64) {
+	n.next, n.loaded, n.mined = next, true, mined
+	n.shown.Store(next + 1)
+}
+
+// nextShown is the key's next nonce as last published; ok is false until it is loaded.
+func (n *nonces) nextShown() (next uint64, ok bool) {
+	v := n.shown.Load()
+	return v - 1, v != 0
+}
 
 // lowestFree is the lowest nonce from latest (the chain's mined nonce) on that no settlement
 // holds; held is ascending. It is past the ledger's highest normally, or a gap below it (a
@@ -90,7 +106,7 @@ func (s *sender) load(ctx context.Context) error {
 		e.log.Warn("signer nonce resynchronised", "network", s.net.id.ID, "signer", s.addr, "was", s.next, "now", next)
 		e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceResync)
 	}
-	s.nonces = nonces{next: next, loaded: true, mined: uint64(latest)}
+	s.nonces.set(next, uint64(latest))
 	return nil
 }
 

@@ -134,9 +134,35 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("console page: %d %v\n%s", res.StatusCode, res.Header, page)
 	}
 
+	// The operations overview as the binary wires it: the answer just given is counted, the
+	// signer key is listed, and the ledger sections are read.
+	res, err = http.Get(base + "/v1/ops/overview")
+	if err != nil {
+		t.Fatal(err)
+	}
+	overview, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var ov struct {
+		Answers struct {
+			VerifyTotal map[string]int `json:"verifyTotal"`
+		} `json:"answers"`
+		Signers struct {
+			Rows []struct {
+				Address string `json:"address"`
+			} `json:"rows"`
+		} `json:"signers"`
+		Settlements struct {
+			Available bool `json:"available"`
+		} `json:"settlements"`
+	}
+	if err := json.Unmarshal(overview, &ov); err != nil || res.StatusCode != 200 || ov.Answers.VerifyTotal["valid"] != 1 ||
+		len(ov.Signers.Rows) != 1 || ov.Signers.Rows[0].Address != chain.Accounts[0].Address.Hex() || !ov.Settlements.Available {
+		t.Fatalf("ops overview: %d %s (%v)", res.StatusCode, overview, err)
+	}
+
 	// The signer key must appear nowhere the operator or a caller can see.
 	bare := strings.TrimPrefix(keyHex, "0x")
-	if strings.Contains(logs.String(), bare) || strings.Contains(string(body), bare) {
+	if strings.Contains(logs.String(), bare) || strings.Contains(string(body), bare) || strings.Contains(string(overview), bare) {
 		t.Fatal("the signer key leaked into logs or a response")
 	}
 	if !strings.Contains(logs.String(), "facilitator listening") {

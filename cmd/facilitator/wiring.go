@@ -29,6 +29,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/ops"
 	"github.com/x402-facilitator/x402-facilitator/paymentid"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
 	"github.com/x402-facilitator/x402-facilitator/settle"
@@ -220,9 +221,21 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	answers := ops.NewAnswers(nil)
+	chainsByID := map[string]ops.Chain{}
+	for i, n := range networks {
+		chainsByID[n.ID] = m.rpcs[i]
+	}
+	indexers := map[string]ops.Indexer{}
+	for i, ix := range m.indexers {
+		indexers[networks[i].ID] = ix
+	}
+	overview := ops.New(ops.Config{Ledger: m.db, Answers: answers, Engine: m.engine, Indexers: indexers, Chains: chainsByID,
+		RPCTimeout: cfg.RPCTimeout,
+		Logger:     log.With("component", "ops")})
 	authCfg := authConfig(cfg, m.db)
 	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout, Networks: networks,
-		Logger: log.With("component", "console"), Merchant: m.db, CheckKey: api.ConsoleKeyCheck(authCfg)})
+		Logger: log.With("component", "console"), Merchant: m.db, CheckKey: api.ConsoleKeyCheck(authCfg), Ops: overview})
 	if err != nil {
 		return err
 	}
@@ -237,7 +250,8 @@ func (m *Main) Run(ctx context.Context) error {
 		VerifyTimeout: cfg.VerifyTimeout,
 		Logger:        log,
 		Auth:          authCfg,
-		Observer:      m.metrics,
+		Observer:      observers{m.metrics, answers},
+		Ops:           overview,
 		Metrics:       m.metrics.Handler(),
 		Ready:         m.readyChecks(rpcReaders),
 		ReadyEndpoints: func() map[string]string {
@@ -319,6 +333,21 @@ func (m *Main) readyChecks(rpcs map[string]*ethrpc.Reader) map[string]api.ReadyC
 		checks["indexer:"+m.Config.Networks[i].ID] = api.ReadyFunc(func(context.Context) error { return ix.Ready(maxLag) })
 	}
 	return checks
+}
+
+// observers hands every /verify and /settle answer to each of them (metrics, the overview's ring).
+type observers []api.Observer
+
+func (os observers) Verified(network, reason string, took time.Duration) {
+	for _, o := range os {
+		o.Verified(network, reason, took)
+	}
+}
+
+func (os observers) Settled(network, reason string, took time.Duration) {
+	for _, o := range os {
+		o.Settled(network, reason, took)
+	}
 }
 
 // signerSource reads the engine's signer keys at scrape time: in-flight counts, and balances once
