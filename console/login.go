@@ -41,15 +41,27 @@ func sameOrigin(r *http.Request) bool {
 }
 
 // nextPath is where a login sends the browser: a path of the console's own, never another site
-// (no open redirect: "//evil", "/\evil" and absolute URLs fall back to the console's start).
+// (no open redirect: "//evil", "/\evil", absolute URLs and paths that climb out with dot segments
+// fall back to the console's start).
 func nextPath(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || strings.ContainsAny(s, "\\\r\n") ||
 		strings.HasPrefix(s, "//") || (u.Path != "/console" && !strings.HasPrefix(u.Path, "/console/")) ||
-		u.Path == "/console/login" || u.Path == "/console/logout" {
+		u.Path == "/console/login" || u.Path == "/console/logout" || dotSegments(u.Path) {
 		return "/console"
 	}
 	return u.RequestURI()
+}
+
+// dotSegments reports whether a (decoded) path has a "." or ".." segment: a browser resolves
+// "/console/../x" and "/console/%2e%2e/x" to "/x", off the console.
+func dotSegments(p string) bool {
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Console) keyCookie(r *http.Request, value string, maxAge int) *http.Cookie {

@@ -221,6 +221,7 @@ func csvCell(s string) string {
 func WriteCSV(ctx context.Context, w io.Writer, l SettlementLister, v facilitator.Viewer, f facilitator.SettlementFilter,
 	limit int, timeout time.Duration, begin func()) (truncated bool, err error) {
 	cw := csv.NewWriter(w)
+	cw.UseCRLF = true // RFC 4180's line end, what spreadsheets expect
 	p := facilitator.Page{Limit: min(csvPage, limit)}
 	for n, started := 0, false; ; {
 		rctx, cancel := context.WithTimeout(ctx, timeout)

@@ -99,8 +99,10 @@ func (db *DB) WebhookDeliveries(ctx context.Context, v facilitator.Viewer, id st
 		out   facilitator.DeliveryPage
 		payTo [][]byte
 	)
+	// A viewer that does not see all reads its own key's webhooks only: its Key "" (no viewer
+	// at all, facilitator.ViewerFrom) matches none, not open mode's unowned ones.
 	err := db.pool.QueryRow(ctx, `SELECT id, url, pay_to, created_at, COALESCE(api_key, '') FROM webhooks
-		WHERE id = $1 AND ($2 OR api_key IS NOT DISTINCT FROM NULLIF($3, ''))`, id, v.All, v.Key).
+		WHERE id = $1 AND ($2 OR api_key = $3)`, id, v.All, v.Key).
 		Scan(&out.Webhook.ID, &out.Webhook.URL, &payTo, &out.Webhook.CreatedAt, &out.Webhook.Owner)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return out, facilitator.ErrNotFound
