@@ -107,7 +107,9 @@ func presentedKey(r *http.Request, console bool) string {
 // isConsolePage reports whether route is one of the console's pages (the lookup pages, the
 // Operations page and its data): where the login cookie counts, and where a refusal is a page.
 // The console's open routes (assets, login) never ask for a key.
-func isConsolePage(route string) bool { return route == "/console" || strings.HasPrefix(route, "/console/") }
+func isConsolePage(route string) bool {
+	return route == "/console" || strings.HasPrefix(route, "/console/")
+}
 
 // clientAddress is the TCP peer's IP. Forwarding headers are not trusted: a client could set them.
 func clientAddress(r *http.Request) string {

@@ -317,7 +317,10 @@ func (o *Overview) readLedger(ctx context.Context) ledgerPart {
 	})
 	wg.Go(func() {
 		var d facilitator.DeliveryCounts
-		if read("webhook deliveries", func(ctx context.Context) (err error) { d, err = o.cfg.Ledger.WebhookDeliveryCounts(ctx, since); return err }) {
+		if read("webhook deliveries", func(ctx context.Context) (err error) {
+			d, err = o.cfg.Ledger.WebhookDeliveryCounts(ctx, since)
+			return err
+		}) {
 			p.webhooks = Webhooks{Section: Section{Available: true}, Delivered: d.Delivered, Retrying: d.Retrying, GaveUp: d.GaveUp,
 				ByStatusClass: d.ByStatusClass}
 		} else {
