@@ -14,7 +14,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // rpcCost is what a run of settlements cost the node, by component and method, per settlement.
@@ -64,7 +66,8 @@ func (c rpcCost) String() string {
 // verify, the indexer, status and the jobs made from /metrics, per settlement. The bounds it
 // asserts are the cuts (each fails with the call it removed back in); the table is the report.
 func TestRPCCallsPerSettlement(t *testing.T) {
-	dbURL, chain := requireStack(t)
+	// Blocks every 250 ms, as on a chain with a block time: several settlements share a block.
+	dbURL, chain := stacktest.NewDB(t, "cmd"), stacktest.NewChain(t, devchain.Options{BlockTime: 250 * time.Millisecond})
 	env := serveEnv(t, dbURL, chain, chain.RPCURL, chain.Accounts[0].Key)
 	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
 	env["FACILITATOR_LOG_LEVEL"] = "warn"
@@ -154,6 +157,16 @@ func TestRPCCallsPerSettlement(t *testing.T) {
 		}
 	}
 	t.Logf("JSON-RPC calls per settlement (%d settlements, %d clients), by component and method:\n%s", n, clients, cost)
+	// A mined settlement's first finality read rests on the block at its height, whose hash
+	// commits to the receipt; only the confirming read reads the receipt beside it again (2 per
+	// settlement before: one each round).
+	if got := cost[[2]string{"engine", "eth_getTransactionReceipt"}]; got > 1.5 {
+		t.Errorf("engine eth_getTransactionReceipt per settlement %.2f, want at most 1.5: the watcher reads a mined receipt every round", got)
+	}
+	// Settlements mined in one block share its read at their height (and the head beside it).
+	if got := cost[[2]string{"engine", "eth_getBlockByNumber"}]; got > 1 {
+		t.Errorf("engine eth_getBlockByNumber per settlement %.2f, want at most 1: each settlement reads its block alone", got)
+	}
 	if cost[[2]string{"engine", "eth_sendRawTransaction"}] < 1 {
 		t.Errorf("engine eth_sendRawTransaction per settlement %.2f: the count misses the broadcasts", cost[[2]string{"engine", "eth_sendRawTransaction"}])
 	}
