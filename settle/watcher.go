@@ -25,9 +25,9 @@ func (n *network) watchLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			n.watch(ctx)
+			n.watch(ctx, true)
 		case <-n.kick:
-			n.watch(ctx)
+			n.watch(ctx, false)
 		}
 		n.beat(LoopWatch)
 	}
@@ -40,8 +40,8 @@ func (n *network) watchLoop(ctx context.Context) {
 // of more than maxBlockGap blocks, and every fullSweepEvery, in case a block was missed.
 //
 // What the round read goes to decide (sendstate.go), one settlement at a time; the round carries
-// out what it answers.
-func (n *network) watch(ctx context.Context) {
+// out what it answers. polled is a round of the ticker's (not one woken by a broadcast or a head).
+func (n *network) watch(ctx context.Context, polled bool) {
 	e := n.engine
 	n.checkUnknown(ctx)
 	e.retryReleases(ctx)
@@ -51,7 +51,15 @@ func (n *network) watch(ctx context.Context) {
 	// A head the subscription announced past the last round's saves asking the node for one
 	// (reading up to a head that is already behind is harmless: the next round reads on).
 	head := hexutil.Uint64(n.headHint.Load())
-	if uint64(head) <= n.lastBlock {
+	switch {
+	case uint64(head) > n.lastBlock:
+	case !polled && n.lastBlock > 0 && n.subscribed():
+		// Woken (by a broadcast) while the subscription is up and has announced nothing past the
+		// last block read: asking the node would tell of a block the announcement of which wakes
+		// the next round anyway. The ticker's rounds still ask, so a subscription gone silent
+		// costs latency, never progress.
+		head = hexutil.Uint64(n.lastBlock)
+	default:
 		if err := n.call(ctx, &head, "eth_blockNumber"); err != nil {
 			e.log.Warn("reading the head", "network", n.id.ID, "err", err)
 			return

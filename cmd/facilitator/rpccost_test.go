@@ -71,6 +71,9 @@ func TestRPCCallsPerSettlement(t *testing.T) {
 	env := serveEnv(t, dbURL, chain, chain.RPCURL, chain.Accounts[0].Key)
 	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
 	env["FACILITATOR_LOG_LEVEL"] = "warn"
+	// No polling: the engine and the indexer move on the heads the WebSocket announces and on
+	// broadcasts alone, so the counts are the calls those cost, not the ticks of a clock.
+	env["FACILITATOR_POLL_INTERVAL"] = "1h"
 	env["FACILITATOR_NETWORKS"] = strings.Replace(env["FACILITATOR_NETWORKS"], `"rpc":`, `"ws":"`+chain.WSURL+`","rpc":`, 1)
 	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
 	if err != nil {
@@ -166,6 +169,11 @@ func TestRPCCallsPerSettlement(t *testing.T) {
 	// Settlements mined in one block share its read at their height (and the head beside it).
 	if got := cost[[2]string{"engine", "eth_getBlockByNumber"}]; got > 1 {
 		t.Errorf("engine eth_getBlockByNumber per settlement %.2f, want at most 1: each settlement reads its block alone", got)
+	}
+	// The watcher asks the node for its head only beside a block read: a round woken by a
+	// broadcast while the subscription is up takes the head the subscription announced.
+	if got, beside := cost[[2]string{"engine", "eth_blockNumber"}], cost[[2]string{"engine", "eth_getBlockByNumber"}]; got > beside+0.1 {
+		t.Errorf("engine eth_blockNumber per settlement %.2f, %.2f beside block reads: rounds woken by broadcasts ask the node for a head the subscription tells", got, beside)
 	}
 	if cost[[2]string{"engine", "eth_sendRawTransaction"}] < 1 {
 		t.Errorf("engine eth_sendRawTransaction per settlement %.2f: the count misses the broadcasts", cost[[2]string{"engine", "eth_sendRawTransaction"}])
