@@ -31,6 +31,9 @@ type Metrics struct {
 	// disagreements counts corroborated reads two RPC endpoints answered differently.
 	disagreements *prometheus.CounterVec
 	endpoints     *prometheus.CounterVec
+	// rpcCalls counts JSON-RPC method calls by the component that made them (a batch element
+	// counts as one call of its method): what a settlement costs the node, and who spends it.
+	rpcCalls *prometheus.CounterVec
 
 	reorgs     *prometheus.CounterVec
 	reorgDepth *prometheus.HistogramVec
@@ -84,6 +87,10 @@ func New() *Metrics {
 		Namespace: namespace, Name: "rpc_endpoint_failures_total",
 		Help: "Times an RPC endpoint failed (transport, timeout, rate limit) and was left alone for its back-off.",
 	}, []string{"network", "endpoint"})
+	m.rpcCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "rpc_calls_total",
+		Help: "JSON-RPC method calls made, by network, the component that made them (engine, verify, indexer, status, reconcile) and method; a batch element counts as one call.",
+	}, []string{"network", "component", "method"})
 	m.reorgs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "indexer_reorgs_total",
 		Help: "Reorgs the block indexer rolled back and re-indexed.",
@@ -106,7 +113,7 @@ func New() *Metrics {
 		Help: "When the loop last finished an iteration (Unix seconds); alert on its age, which grows when the loop is stuck. " +
 			"network is empty for loops that are not per network (webhooks, jobs).",
 	}, []string{"loop", "network"})
-	m.reg.MustRegister(m.loops, m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps, m.disagreements, m.endpoints,
+	m.reg.MustRegister(m.loops, m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps, m.disagreements, m.endpoints, m.rpcCalls,
 		m.reorgs, m.reorgDepth, m.webhooks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -147,6 +154,11 @@ func (m *Metrics) Disagreement(network string) { m.disagreements.WithLabelValues
 // EndpointFailed records an RPC endpoint's failure; endpoint is its name, never its URL.
 func (m *Metrics) EndpointFailed(network, endpoint string) {
 	m.endpoints.WithLabelValues(network, endpoint).Inc()
+}
+
+// RPCCall records one JSON-RPC method call a component made (ethrpc.CallObserver).
+func (m *Metrics) RPCCall(network, component, method string) {
+	m.rpcCalls.WithLabelValues(network, component, method).Inc()
 }
 
 // Reorg records a reorg the indexer handled (indexer.Observer).

@@ -196,7 +196,7 @@ func (e *Engine) step(ctx context.Context) {
 	for _, id := range ids {
 		n := e.networks[id]
 		n.drainQueue(ctx)
-		n.watch(ctx)
+		n.watch(ctx, true)
 		n.drainQueue(ctx)
 	}
 }

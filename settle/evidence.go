@@ -82,7 +82,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		head  hexutil.Uint64
 		state hexutil.Bytes
 		logs  []types.Log
-		rcpts []*types.Receipt
+		rcpts []*ethrpc.Receipt
 		first int
 		tag   int // the tag's element (-1: none)
 		rcpt  int // the first receipt's element
@@ -90,7 +90,7 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 	var elems []rpc.BatchElem
 	all := make([]*slots, len(prs))
 	for i, pr := range prs {
-		s := &slots{first: len(elems), rcpts: make([]*types.Receipt, len(pr.t.variants))}
+		s := &slots{first: len(elems), rcpts: make([]*ethrpc.Receipt, len(pr.t.variants))}
 		all[i] = s
 		at := hexutil.EncodeUint64(pr.at)
 		key := pr.key

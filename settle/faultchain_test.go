@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
@@ -65,9 +64,9 @@ func (c *faultChain) BatchCallContext(ctx context.Context, b []rpc.BatchElem) er
 		if el.Method != "eth_getTransactionReceipt" || el.Error != nil {
 			continue
 		}
-		r := el.Result.(**types.Receipt)
+		r := el.Result.(**ethrpc.Receipt)
 		switch {
-		case *r != nil && lag > 0 && (*r).BlockNumber.Uint64() > head:
+		case *r != nil && lag > 0 && uint64(*(*r).BlockNumber) > head:
 			*r = nil
 		case *r != nil && c.badReceipts.Load():
 			if c.calls.Add(1)%2 == 0 {

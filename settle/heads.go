@@ -6,6 +6,9 @@ import "context"
 // indexer, is one. fn(0) says the announcements restarted and some may have been missed.
 type Heads interface {
 	Follow(ctx context.Context, fn func(head uint64))
+	// Subscribed reports whether the subscription is up now: while it is, a head it has not
+	// announced is a head not mined yet (as far as any read could tell a moment later).
+	Subscribed() bool
 }
 
 // followHeads wakes the watcher on every new head the network's subscription announces, so
@@ -25,3 +28,6 @@ func (n *network) followHeads(ctx context.Context) {
 // sawHead records the highest head number the subscription announced, so the watcher's next
 // round need not ask the node for it.
 func (n *network) sawHead(number uint64) { raise(&n.headHint, number) }
+
+// subscribed reports whether the network's heads subscription is up.
+func (n *network) subscribed() bool { return n.heads != nil && n.heads.Subscribed() }

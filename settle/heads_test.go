@@ -8,6 +8,8 @@ import (
 // announced is a Heads that announces its heads in order, then returns.
 type announced []uint64
 
+func (a announced) Subscribed() bool { return true }
+
 func (a announced) Follow(_ context.Context, fn func(head uint64)) {
 	for _, h := range a {
 		fn(h)

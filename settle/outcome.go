@@ -5,9 +5,9 @@ import (
 	"math/big"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -28,7 +28,7 @@ func ExpectedOf(s *facilitator.Settlement) Expected {
 
 // transferLogged reports whether rcpt holds the Transfer log want expects: a receipt with status
 // 1 without it is mined with ReasonTransferEventMismatch (sendstate.go).
-func transferLogged(rcpt *types.Receipt, want Expected) bool {
+func transferLogged(rcpt *ethrpc.Receipt, want Expected) bool {
 	for _, l := range rcpt.Logs {
 		if l.Address == want.Key.Asset && len(l.Topics) == 3 && l.Topics[0] == eip3009.TransferTopic &&
 			common.BytesToAddress(l.Topics[1][:]) == want.Key.Payer && common.BytesToAddress(l.Topics[2][:]) == want.PayTo &&

@@ -216,6 +216,14 @@ func waitFor(why string) decision { return decision{act: actWait, why: why} }
 
 func decideMined(t track, o observation, p policy) decision {
 	rr, read := o.receipts[t.mined.tx]
+	if !read && o.canon != nil && t.mined.blockHash != (common.Hash{}) && o.canon.hash == t.mined.blockHash {
+		// Not read this round, and the block at the recorded height is still the recorded one: a
+		// block's hash commits to its transactions and their receipts, so the receipt is the one
+		// recorded (successful, in that block). The watcher reads it beside the block for the
+		// confirming read of a verdict, so a final settlement still rests on a receipt read then;
+		// a read that failed or answered null says "not known", as before.
+		rr, read = receiptRead{ok: true, r: &receipt{tx: t.mined.tx, success: true, block: t.mined.block, blockHash: t.mined.blockHash}}, true
+	}
 	if !read || !rr.ok {
 		return keep(t, "receipt not read")
 	}

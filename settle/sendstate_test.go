@@ -142,6 +142,17 @@ func TestDecide(t *testing.T) {
 			return o
 		}(), want{act: actWait}},
 		{"mined, receipt read failed: wait (no reopen)", mined, obs(map[common.Hash]receiptRead{ours: {}}), want{act: actWait}},
+		{"mined, receipt not read, another block at its height: wait (where it went needs its receipt)", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{})
+			o.canon = &canonRead{head: 110, hash: blockB}
+			return o
+		}(), want{act: actWait}},
+		{"mined, receipt not read, its block hash unrecorded: wait", track{state: facilitator.StateMined, txNonce: 5, validBefore: vb, variants: []variant{sent(ours, 5)},
+			mined: minedAt{tx: ours, block: 100}}, func() observation {
+			o := obs(map[common.Hash]receiptRead{})
+			o.canon = &canonRead{head: 110, hash: blockA}
+			return o
+		}(), want{act: actWait}},
 		{"mined, the block at its height is another: a reopen verdict", mined, func() observation {
 			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
 			o.canon = &canonRead{head: 110, hash: blockB}
@@ -205,6 +216,11 @@ func TestDecide(t *testing.T) {
 		}(), want{act: actResign}},
 		{"mined and deep enough: final", mined, func() observation {
 			o := obs(map[common.Hash]receiptRead{ours: ok(success(ours, 100, blockA))})
+			o.canon = &canonRead{head: 103, hash: blockA}
+			return o
+		}(), want{act: actFinalize}},
+		{"mined, deep enough, the recorded block still at its height, receipt not read: final (the block's hash commits to the receipt)", mined, func() observation {
+			o := obs(map[common.Hash]receiptRead{})
 			o.canon = &canonRead{head: 103, hash: blockA}
 			return o
 		}(), want{act: actFinalize}},

@@ -8,7 +8,6 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
@@ -26,9 +25,9 @@ func (n *network) watchLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			n.watch(ctx)
+			n.watch(ctx, true)
 		case <-n.kick:
-			n.watch(ctx)
+			n.watch(ctx, false)
 		}
 		n.beat(LoopWatch)
 	}
@@ -41,8 +40,8 @@ func (n *network) watchLoop(ctx context.Context) {
 // of more than maxBlockGap blocks, and every fullSweepEvery, in case a block was missed.
 //
 // What the round read goes to decide (sendstate.go), one settlement at a time; the round carries
-// out what it answers.
-func (n *network) watch(ctx context.Context) {
+// out what it answers. polled is a round of the ticker's (not one woken by a broadcast or a head).
+func (n *network) watch(ctx context.Context, polled bool) {
 	e := n.engine
 	n.checkUnknown(ctx)
 	e.retryReleases(ctx)
@@ -52,7 +51,15 @@ func (n *network) watch(ctx context.Context) {
 	// A head the subscription announced past the last round's saves asking the node for one
 	// (reading up to a head that is already behind is harmless: the next round reads on).
 	head := hexutil.Uint64(n.headHint.Load())
-	if uint64(head) <= n.lastBlock {
+	switch {
+	case uint64(head) > n.lastBlock:
+	case !polled && n.lastBlock > 0 && n.subscribed():
+		// Woken (by a broadcast) while the subscription is up and has announced nothing past the
+		// last block read: asking the node would tell of a block the announcement of which wakes
+		// the next round anyway. The ticker's rounds still ask, so a subscription gone silent
+		// costs latency, never progress.
+		head = hexutil.Uint64(n.lastBlock)
+	default:
 		if err := n.call(ctx, &head, "eth_blockNumber"); err != nil {
 			e.log.Warn("reading the head", "network", n.id.ID, "err", err)
 			return
@@ -66,7 +73,7 @@ func (n *network) watch(ctx context.Context) {
 	flights := e.flightsOf(n)
 	now := e.now()
 	var candidates map[common.Hash]bool // nil: every transaction is a candidate
-	var blockRcpts map[common.Hash]*types.Receipt
+	var blockRcpts map[common.Hash]*ethrpc.Receipt
 	switch {
 	case n.lastBlock == 0, uint64(head) > n.lastBlock+maxBlockGap, now.Sub(n.lastSweep) >= fullSweepEvery, n.resweep.Swap(false):
 		n.lastSweep = now
@@ -141,7 +148,12 @@ func (n *network) watch(ctx context.Context) {
 				tagRead = reads.finality()
 			}
 			if candidates == nil || due || w.t.verdict != nil {
-				if _, ok := w.o.receipts[w.t.mined.tx]; !ok {
+				// The block at the recorded height says whether the receipt is still the recorded
+				// one (decideMined): the receipt itself is read again for a verdict's confirming
+				// read (a final settlement rests on a receipt read beside its block), on full
+				// sweeps, where the block was not recorded, or after that block was seen replaced
+				// (a resweep): once per settlement, not every round.
+				if _, ok := w.o.receipts[w.t.mined.tx]; !ok && (candidates == nil || w.t.verdict != nil || w.t.mined.blockHash == (common.Hash{})) {
 					reads.receipt(&w.o, w.t.mined.tx, want)
 				}
 				reads.canon(&w.o, w.t.mined.block)
@@ -172,6 +184,11 @@ func (n *network) watch(ctx context.Context) {
 	for _, w := range works {
 		if w.o.canon != nil {
 			n.sawFinal(w.o.canon.head, w.o.canon.tag)
+			if _, ok := w.o.receipts[w.t.mined.tx]; !ok && w.o.canon.hash != w.t.mined.blockHash {
+				// Another block (or none) at a mined settlement's height, and its receipt not read
+				// this round: the next round reads every receipt, to see where it went.
+				n.resweep.Store(true)
+			}
 		}
 	}
 
@@ -337,6 +354,9 @@ type receiptReads struct {
 	elems []rpc.BatchElem
 	after []func()
 	hs    []*hexutil.Uint64 // the eth_blockNumber answers
+	// canons is each height's block read of this round: settlements mined in one block share
+	// it (one request, so one node's head and block for all of them).
+	canons map[uint64]func() *canonRead
 }
 
 // finalityRead is a node's head and its answer for the finality tag, read in one request.
@@ -372,7 +392,7 @@ func (rr *receiptReads) heads() uint64 {
 }
 
 func (rr *receiptReads) receipt(o *observation, h common.Hash, want Expected) {
-	r := new(*types.Receipt)
+	r := new(*ethrpc.Receipt)
 	i := len(rr.elems)
 	rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: r})
 	rr.after = append(rr.after, func() {
@@ -385,6 +405,10 @@ func (rr *receiptReads) receipt(o *observation, h common.Hash, want Expected) {
 }
 
 func (rr *receiptReads) canon(o *observation, number uint64) {
+	if read, ok := rr.canons[number]; ok {
+		rr.after = append(rr.after, func() { o.canon = read() })
+		return
+	}
 	head := new(hexutil.Uint64)
 	rr.hs = append(rr.hs, head)
 	var b *struct {
@@ -397,9 +421,9 @@ func (rr *receiptReads) canon(o *observation, number uint64) {
 	if rr.tag != "" {
 		rr.elems = append(rr.elems, ethrpc.TagElem(rr.tag))
 	}
-	rr.after = append(rr.after, func() {
+	read := func() *canonRead {
 		if rr.elems[i].Error != nil || rr.elems[i+1].Error != nil {
-			return
+			return nil
 		}
 		c := &canonRead{head: uint64(*head)}
 		if rr.tag != "" {
@@ -408,8 +432,13 @@ func (rr *receiptReads) canon(o *observation, number uint64) {
 		if b != nil {
 			c.hash = b.Hash
 		}
-		o.canon = c
-	})
+		return c
+	}
+	if rr.canons == nil {
+		rr.canons = map[uint64]func() *canonRead{}
+	}
+	rr.canons[number] = read
+	rr.after = append(rr.after, func() { o.canon = read() })
 }
 
 func (rr *receiptReads) run(ctx context.Context, n *network) error {
@@ -426,12 +455,12 @@ func (rr *receiptReads) run(ctx context.Context, n *network) error {
 }
 
 // summarize reduces a receipt to what decisions need; nil stays nil.
-func summarize(r *types.Receipt, want Expected) *receipt {
+func summarize(r *ethrpc.Receipt, want Expected) *receipt {
 	if r == nil || r.BlockNumber == nil {
 		return nil
 	}
-	return &receipt{tx: r.TxHash, success: r.Status == types.ReceiptStatusSuccessful, transfer: transferLogged(r, want),
-		block: r.BlockNumber.Uint64(), blockHash: r.BlockHash}
+	return &receipt{tx: r.TxHash, success: r.Succeeded(), transfer: transferLogged(r, want),
+		block: uint64(*r.BlockNumber), blockHash: r.BlockHash}
 }
 
 type outcome struct {
@@ -632,8 +661,8 @@ const (
 var errNoBlockReceipts = errors.New("eth_getBlockReceipts refused")
 
 // blockReceipts returns the receipts of every transaction in blocks from..to, by hash.
-func (n *network) blockReceipts(ctx context.Context, from, to uint64) (map[common.Hash]*types.Receipt, error) {
-	blocks := make([][]*types.Receipt, to-from+1)
+func (n *network) blockReceipts(ctx context.Context, from, to uint64) (map[common.Hash]*ethrpc.Receipt, error) {
+	blocks := make([][]*ethrpc.Receipt, to-from+1)
 	elems := make([]rpc.BatchElem, len(blocks))
 	for i := range blocks {
 		elems[i] = rpc.BatchElem{Method: "eth_getBlockReceipts", Args: []any{hexutil.EncodeUint64(from + uint64(i))}, Result: &blocks[i]}
@@ -641,7 +670,7 @@ func (n *network) blockReceipts(ctx context.Context, from, to uint64) (map[commo
 	if err := n.batch(ctx, elems); err != nil {
 		return nil, err
 	}
-	out := map[common.Hash]*types.Receipt{}
+	out := map[common.Hash]*ethrpc.Receipt{}
 	for i, rs := range blocks {
 		if elems[i].Error != nil {
 			return nil, fmt.Errorf("%w: %w", errNoBlockReceipts, elems[i].Error)

@@ -92,6 +92,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.metrics = metrics.New()
 	readers := map[string]verify.Reader{}
 	rpcReaders := map[string]*ethrpc.Reader{}
+	statusReaders := map[string]verify.Reader{}
 	for i, n := range networks {
 		pool, genesis, err := m.dialNetwork(startCtx, n, cfg.Networks[i])
 		if err != nil {
@@ -103,8 +104,11 @@ func (m *Main) Run(ctx context.Context) error {
 		if err := m.db.BindNetwork(startCtx, n.ID, n.ChainID, genesis); err != nil {
 			return err
 		}
-		rpcReaders[n.ID] = &ethrpc.Reader{Chain: pool, Timeout: cfg.RPCTimeout}
-		readers[n.ID] = rpcReaders[n.ID]
+		// Each component reads through its own counted view of the pool: the calls metric says
+		// who spends the node's requests.
+		rpcReaders[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "ready"), Timeout: cfg.RPCTimeout}
+		readers[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "verify"), Timeout: cfg.RPCTimeout}
+		statusReaders[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "status"), Timeout: cfg.RPCTimeout}
 		for _, t := range n.Tokens {
 			if err := chains.CheckToken(startCtx, rpcReaders[n.ID], n, t); err != nil {
 				return err
@@ -156,7 +160,7 @@ func (m *Main) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
 		}
-		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.rpcs[i], Signers: cfg.SignerKeys, Remote: remote,
+		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "engine"), Signers: cfg.SignerKeys, Remote: remote,
 			Heads: m.heads[i], Fees: fees})
 	}
 	m.engine, err = settle.New(settle.Config{
@@ -198,13 +202,13 @@ func (m *Main) Run(ctx context.Context) error {
 	m.metrics.WatchPaymentIDs(idsvc.Counts)
 	var recNets []reconcile.Network
 	for i, n := range networks {
-		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.rpcs[i]})
+		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "reconcile")})
 	}
 	rec := reconcile.New(reconcile.Config{Store: m.db, Networks: recNets, StaleAfter: cfg.ReconcileStale,
 		RPCTimeout: cfg.RPCTimeout, Logger: log})
 	var statusNets []status.Network
 	for i, n := range networks {
-		statusNets = append(statusNets, status.Network{Network: n, Reader: readers[n.ID], Head: m.rpcs[i]})
+		statusNets = append(statusNets, status.Network{Network: n, Reader: statusReaders[n.ID], Head: m.counted(m.rpcs[i], n.ID, "status")})
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
 	m.notifier = notify.New(notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
@@ -307,7 +311,7 @@ func (m *Main) startIndexers(ctx context.Context, networks []facilitator.Network
 			tokens[j] = t.Address
 		}
 		ix := indexer.New(indexer.Config{
-			Network: n.ID, Tokens: tokens, Chain: m.rpcs[i], Heads: m.heads[i], Store: m.db,
+			Network: n.ID, Tokens: tokens, Chain: m.counted(m.rpcs[i], n.ID, "indexer"), Heads: m.heads[i], Store: m.db,
 			StartBlock: nc.StartBlock, Finality: n.Finality, MaxRange: logRange,
 			PollInterval: m.Config.PollInterval, RPCTimeout: m.Config.RPCTimeout, Logger: m.Logger,
 			Observer: m.metrics,
@@ -471,6 +475,14 @@ func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc Networ
 	}
 	pool, err := ethrpc.NewPool(eps, endpointObserver{m.metrics, n.ID}, nil)
 	return pool, genesis, err
+}
+
+// counted is the network's pool as one component sees it: its calls counted under its name.
+func (m *Main) counted(pool *ethrpc.Pool, network, component string) ethrpc.Chain {
+	if m.metrics == nil {
+		return pool
+	}
+	return ethrpc.Counted(pool, network, component, m.metrics)
 }
 
 // endpointObserver counts a network's endpoint failures in metrics.
