@@ -76,8 +76,33 @@ func (r VerifyResult) Rate() float64 { return rate(r.Requests, r.Elapsed) }
 // runVerify posts the pool's bodies in turn from c workers until d has passed (a request started
 // before then is waited for and counted).
 func runVerify(ctx context.Context, p *poster, pool []*payment, c int, d time.Duration) VerifyResult {
+	l := runFor(ctx, c, d, func(i int) string {
+		var res facilitator.VerifyResponse
+		status, _, err := p.post(ctx, "/verify", pool[i%len(pool)].Body, &res)
+		switch {
+		case err != nil:
+			return err.Error()
+		case status != http.StatusOK || !res.IsValid:
+			return fmt.Sprintf("HTTP %d isValid=%v %s %s", status, res.IsValid, res.InvalidReason, res.InvalidMessage)
+		}
+		return ""
+	})
+	return VerifyResult{Concurrency: c, Elapsed: l.elapsed, Requests: len(l.lats), Failed: l.bad.n, FirstFailed: l.bad.first, Latencies: l.lats}
+}
+
+// timedLoad is what a load of one kind of request measured: the latencies of those that
+// succeeded, and the failures.
+type timedLoad struct {
+	elapsed time.Duration // first request to the last answer
+	lats    Latencies
+	bad     *problems
+}
+
+// runFor calls one with consecutive request numbers from c workers until d has passed (a request
+// started before then is waited for and counted); one answers "" for a success, else what failed.
+func runFor(ctx context.Context, c int, d time.Duration, one func(i int) string) timedLoad {
 	var next atomic.Int64
-	var bad problems
+	bad := &problems{}
 	lats := make([]Latencies, c)
 	begin := time.Now()
 	deadline := begin.Add(d)
@@ -87,28 +112,22 @@ func runVerify(ctx context.Context, p *poster, pool []*payment, c int, d time.Du
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(deadline) && ctx.Err() == nil {
-				body := pool[int(next.Add(1))%len(pool)].Body
-				var res facilitator.VerifyResponse
 				t0 := time.Now()
-				status, _, err := p.post(ctx, "/verify", body, &res)
+				problem := one(int(next.Add(1)))
 				took := time.Since(t0)
-				switch {
-				case err != nil:
-					bad.add("%v", err)
-				case status != http.StatusOK || !res.IsValid:
-					bad.add("HTTP %d isValid=%v %s %s", status, res.IsValid, res.InvalidReason, res.InvalidMessage)
-				default:
-					lats[w] = append(lats[w], took)
+				if problem != "" {
+					bad.add("%s", problem)
+					continue
 				}
+				lats[w] = append(lats[w], took)
 			}
 		}()
 	}
 	wg.Wait()
-	r := VerifyResult{Concurrency: c, Elapsed: time.Since(begin), Failed: bad.n, FirstFailed: bad.first}
+	r := timedLoad{elapsed: time.Since(begin), bad: bad}
 	for _, l := range lats {
-		r.Latencies = append(r.Latencies, l...)
+		r.lats = append(r.lats, l...)
 	}
-	r.Requests = len(r.Latencies)
 	return r
 }
 

@@ -3,10 +3,9 @@ package loadgen
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -36,39 +35,18 @@ func statusPath(t token, p *payment) string {
 // support desk or an agent resolving an unknown outcome would; a lookup counts when it answers 200
 // with a transaction (each of pays was settled before).
 func runLookups(ctx context.Context, p *poster, t token, pays []*payment, c int, d time.Duration) LookupResult {
-	var next atomic.Int64
-	var bad problems
-	lats := make([]Latencies, c)
-	begin := time.Now()
-	deadline := begin.Add(d)
-	var wg sync.WaitGroup
-	for w := range c {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(deadline) && ctx.Err() == nil {
-				path := statusPath(t, pays[int(next.Add(1))%len(pays)])
-				t0 := time.Now()
-				st, code, err := p.status(ctx, path)
-				took := time.Since(t0)
-				switch {
-				case err != nil:
-					bad.add("%v", err)
-				case code != http.StatusOK || st.Transaction == "":
-					bad.add("HTTP %d state %q for %s", code, st.State, path)
-				default:
-					lats[w] = append(lats[w], took)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	r := LookupResult{Concurrency: c, Elapsed: time.Since(begin), Failed: bad.n, FirstFailed: bad.first}
-	for _, l := range lats {
-		r.Latencies = append(r.Latencies, l...)
-	}
-	r.Requests = len(r.Latencies)
-	return r
+	l := runFor(ctx, c, d, func(i int) string {
+		path := statusPath(t, pays[i%len(pays)])
+		st, code, err := p.status(ctx, path)
+		switch {
+		case err != nil:
+			return err.Error()
+		case code != http.StatusOK || st.Transaction == "":
+			return fmt.Sprintf("HTTP %d state %q for %s", code, st.State, path)
+		}
+		return ""
+	})
+	return LookupResult{Concurrency: c, Elapsed: l.elapsed, Requests: len(l.lats), Failed: l.bad.n, FirstFailed: l.bad.first, Latencies: l.lats}
 }
 
 // status GETs a status path and decodes its answer.
