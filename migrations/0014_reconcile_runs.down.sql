@@ -1,3 +1,2 @@
 DROP INDEX webhook_deliveries_created;
-DROP INDEX settlements_created;
 DROP TABLE reconcile_runs;
