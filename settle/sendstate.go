@@ -59,14 +59,14 @@ type minedAt struct {
 
 // receipt is what a receipt says, reduced to what decisions need.
 type receipt struct {
-	tx        common.Hash
-	success   bool
-	transfer  bool // the expected Transfer log is in it
+	tx       common.Hash
+	success  bool
+	transfer bool // the expected Transfer log is in it
 	// batchFailed: a batch's receipt that succeeded without this member's transfer (its call
 	// reverted inside the batch); success is false.
 	batchFailed bool
-	block     uint64
-	blockHash common.Hash
+	block       uint64
+	blockHash   common.Hash
 }
 
 // receiptRead is one receipt read: ok false when the read failed (it says nothing); r nil when the

@@ -374,7 +374,7 @@ func (db *DB) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) erro
 	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 	var added int
 	err := db.pool.QueryRow(ctx, `
-		WITH o AS (SELECT id, ` + familyID + ` AS family FROM settlements WHERE id = $2 AND state NOT IN ('mined', 'final')),
+		WITH o AS (SELECT id, `+familyID+` AS family FROM settlements WHERE id = $2 AND state NOT IN ('mined', 'final')),
 		-- A batch's variants are recorded under its slot 0, whichever member's bump it is.
 		t AS (
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
