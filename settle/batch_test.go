@@ -165,3 +165,92 @@ func TestBatchMemberUsedElsewhere(t *testing.T) {
 		t.Fatalf("the batch: %+v, %v; want mined without reverting", rc, err)
 	}
 }
+
+// TestBatchFeeBump: a batch left unmined past BumpAfter is replaced as a whole, once per round
+// however many members decide the bump: every variant in the ledger is recorded once (under slot
+// 0), each replaces the previous at the same nonce with higher fees, every member reads the same
+// variants; once mined, every member is paid exactly once.
+func TestBatchFeeBump(t *testing.T) {
+	const n = 3
+	obs := &recordingObserver{}
+	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+		c.BumpAfter = 300 * time.Millisecond
+		c.Observer = obs
+	}})
+	ctx := context.Background()
+	var pays []stacktest.Pay
+	var bodies [][]byte
+	for range n {
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+		pays, bodies = append(pays, p), append(bodies, p.Body(t))
+	}
+	env.ManualMining(t)
+	settleAll(t, r, bodies)
+	signer := stacktest.AddressOf(r.Signers[0])
+	var open []facilitator.OpenSettlement
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var err error
+		if open, err = r.DB.OpenSettlements(ctx, env.Network().ID, signer); err != nil {
+			t.Fatal(err)
+		}
+		if len(open) == n && len(open[0].Txs) >= 2 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(open) != n || len(open[0].Txs) < 2 {
+		t.Fatal("no replacement of the batch was committed")
+	}
+	for i, o := range open {
+		if len(o.Txs) < len(open[0].Txs) || o.Txs[0].Hash != open[0].Txs[0].Hash || o.Txs[1].Hash != open[0].Txs[1].Hash {
+			t.Fatalf("member %d reads variants %+v, slot 0 %+v", i, o.Txs, open[0].Txs)
+		}
+	}
+	first, second := decodeTx(t, open[0].Txs[0].Raw), decodeTx(t, open[0].Txs[1].Raw)
+	if first.Nonce() != second.Nonce() || *second.To() != multicall3.Address || string(second.Data()) != string(first.Data()) ||
+		second.GasFeeCap().Cmp(pct(first.GasFeeCap(), 110)) < 0 {
+		t.Fatalf("the replacement is not the same batch at the same nonce with higher fees")
+	}
+	// One replacement per bump round, not one per member: every member decides the bump each
+	// round, and only the first to carry it out (slot 0, the lowest id) replaces the batch; the
+	// others find the variant they decided on replaced. Members bumping alone would record bumps
+	// on every row, n per round.
+	bumped := 0
+	for i, o := range open {
+		evs, err := r.DB.SettlementEvents(ctx, o.ID, 0, []string{"bumped"}, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && len(evs) > 0 {
+			t.Fatalf("member %d (slot %d) bumped the batch %d times too", i, o.BatchSlot, len(evs))
+		}
+		bumped += len(evs)
+	}
+	if bumped == 0 || obs.count("bump "+env.Network().ID) < bumped {
+		t.Fatalf("%d bumps recorded, %d observed", bumped, obs.count("bump "+env.Network().ID))
+	}
+	env.SetAutomine(t, true)
+	env.Mine(t)
+	for time.Now().Before(deadline.Add(20 * time.Second)) {
+		settled := 0
+		for _, p := range pays {
+			if s, err := r.DB.SettlementByKey(ctx, p.Key()); err == nil && s.State.Succeeded() {
+				settled++
+			}
+		}
+		if settled == n {
+			break
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, p := range pays {
+		if got := env.Balance(t, p.PayTo); got != 300_000 {
+			t.Fatalf("payee %d holds %d, want exactly 300000", i, got)
+		}
+	}
+	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
+		t.Fatalf("signer used %d nonces (%v), want 1", nonce, err)
+	}
+}
