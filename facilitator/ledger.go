@@ -30,7 +30,11 @@ type NewSettlement struct {
 	Request     []byte // JSON: {"paymentPayload":…,"paymentRequirements":…}
 	Signer      common.Address
 	TxNonce     uint64
-	Tx          TxRecord
+	// BatchSlot is the settlement's place in a batch transaction (0: a lone settlement, or the
+	// batch's first). Tx is the batch's transaction in every member; the ledger records it under
+	// slot 0 only, and the others find it by (network, signer, tx nonce).
+	BatchSlot int
+	Tx        TxRecord
 	// PaymentID, when set, is bound to this settlement in the same statement; an id already bound
 	// makes the insert fail with ErrPaymentIDTaken and nothing is written.
 	PaymentID *PaymentIDBinding

@@ -20,6 +20,8 @@ type Network struct {
 	Tokens  []Token
 	// Finality is when the network's blocks are final.
 	Finality Finality
+	// Batch batches the network's settlements through Multicall3 (batch.go); zero: off.
+	Batch BatchPolicy
 }
 
 // Finality is how a network's blocks become final: by the chain's own word where its nodes serve

@@ -6,17 +6,20 @@ package facilitator
 // protocol codes and our own additions (marked).
 const (
 	// @x402/evm exact facilitator, EIP-3009 path.
-	ReasonInvalidScheme            = "invalid_exact_evm_scheme"
-	ReasonNetworkMismatch          = "invalid_exact_evm_network_mismatch"
-	ReasonMissingEIP712Domain      = "invalid_exact_evm_missing_eip712_domain"
-	ReasonRecipientMismatch        = "invalid_exact_evm_recipient_mismatch"
-	ReasonInvalidSignature         = "invalid_exact_evm_signature"
-	ReasonValidBefore              = "invalid_exact_evm_payload_authorization_valid_before"
-	ReasonValidAfter               = "invalid_exact_evm_payload_authorization_valid_after"
-	ReasonAuthorizationValue       = "invalid_exact_evm_authorization_value" // v1 amount check
-	ReasonValueMismatch            = "invalid_exact_evm_payload_authorization_value_mismatch"
-	ReasonTransactionFailed        = "invalid_exact_evm_transaction_failed"
-	ReasonTransferEventMismatch    = "invalid_exact_evm_transfer_event_mismatch"
+	ReasonInvalidScheme         = "invalid_exact_evm_scheme"
+	ReasonNetworkMismatch       = "invalid_exact_evm_network_mismatch"
+	ReasonMissingEIP712Domain   = "invalid_exact_evm_missing_eip712_domain"
+	ReasonRecipientMismatch     = "invalid_exact_evm_recipient_mismatch"
+	ReasonInvalidSignature      = "invalid_exact_evm_signature"
+	ReasonValidBefore           = "invalid_exact_evm_payload_authorization_valid_before"
+	ReasonValidAfter            = "invalid_exact_evm_payload_authorization_valid_after"
+	ReasonAuthorizationValue    = "invalid_exact_evm_authorization_value" // v1 amount check
+	ReasonValueMismatch         = "invalid_exact_evm_payload_authorization_value_mismatch"
+	ReasonTransactionFailed     = "invalid_exact_evm_transaction_failed"
+	ReasonTransferEventMismatch = "invalid_exact_evm_transfer_event_mismatch"
+	// ReasonBatchCallFailed: the settlement's call reverted inside a batch transaction that was
+	// mined (the batch's other settlements stand), with the authorization unused and unexpired.
+	ReasonBatchCallFailed          = "batch_call_failed"
 	ReasonTokenNameMismatch        = "invalid_exact_evm_token_name_mismatch"
 	ReasonTokenVersionMismatch     = "invalid_exact_evm_token_version_mismatch"
 	ReasonEIP3009NotSupported      = "invalid_exact_evm_eip3009_not_supported"

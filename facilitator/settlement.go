@@ -55,6 +55,7 @@ type Settlement struct {
 	ValidBefore  *big.Int
 	Signer       common.Address
 	TxNonce      uint64
+	BatchSlot    int // the place in a batch transaction (0: lone, or the batch's first)
 	State        State
 	TxHash       common.Hash // the mined variant once known, else the latest sent
 	BlockNumber  uint64

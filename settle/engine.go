@@ -369,6 +369,7 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 	if err != nil {
 		return fmt.Errorf("settle: loading open settlements: %w", err)
 	}
+	var flights []*flight
 	for _, o := range open {
 		if len(o.Txs) == 0 {
 			continue
@@ -380,8 +381,18 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 		if o.State.Succeeded() {
 			f.minedHash, f.block, f.blockHash = o.TxHash, o.BlockNumber, o.BlockHash
 		}
+		flights = append(flights, f)
+	}
+	closed, err := e.closedFlights(ctx, s)
+	if err != nil {
+		return err
+	}
+	// A batch's members are one family again before any of them is worked (the ledger's
+	// members of one batch share the signer's tx nonce).
+	linkFamilies(append(append([]*flight(nil), flights...), closed...))
+	for _, f := range flights {
 		e.track(f)
-		if o.State.Open() {
+		if st := f.view().state; st.Open() {
 			f.count(true)
 			s.enqueue(f) // the chain may never have seen it: resending is harmless if it has
 		}
@@ -389,7 +400,32 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 	if len(open) > 0 {
 		e.log.Info("resumed open settlements", "network", s.net.id.ID, "signer", s.addr, "count", len(open), "next_nonce", s.next)
 	}
-	return e.recoverClosed(ctx, s)
+	for _, f := range closed {
+		e.track(f)
+		s.enqueue(f)
+	}
+	if len(closed) > 0 {
+		e.log.Warn("resending failed settlements whose tx nonces are unused, to fill the gaps", "network", s.net.id.ID, "signer", s.addr, "count", len(closed), "from_nonce", s.mined)
+	}
+	return nil
+}
+
+// linkFamilies makes the batched flights at each tx nonce one family.
+func linkFamilies(flights []*flight) {
+	byNonce := map[uint64][]*flight{}
+	var nonces []uint64
+	for _, f := range flights {
+		if !f.batched {
+			continue
+		}
+		if _, ok := byNonce[f.nonce]; !ok {
+			nonces = append(nonces, f.nonce)
+		}
+		byNonce[f.nonce] = append(byNonce[f.nonce], f)
+	}
+	for _, n := range nonces {
+		linkFamily(byNonce[n])
+	}
 }
 
 // recovered is the flight of a ledger row of s's, with every transaction it signed.
@@ -407,32 +443,29 @@ func recovered(s *sender, o *facilitator.OpenSettlement) (*flight, error) {
 	return f, nil
 }
 
-// recoverClosed resumes filling the nonces of failed settlements that the chain has not used yet
+// closedFlights are the flights that resume filling the nonces of failed settlements that the chain has not used yet
 // (the process that resolved them stopped, or a job resolved them while their transaction was
 // lost): their transactions, which can only revert now, are resent until the nonce is used, or
 // every later transaction of the key waits behind the gap. Caller holds s.mu, after s.load (which
 // read the key's mined nonce).
-func (e *Engine) recoverClosed(ctx context.Context, s *sender) error {
+func (e *Engine) closedFlights(ctx context.Context, s *sender) ([]*flight, error) {
 	closed, err := e.store.ClosedFrom(ctx, s.net.id.ID, s.addr, s.mined)
 	if err != nil {
-		return fmt.Errorf("settle: loading closed settlements: %w", err)
+		return nil, fmt.Errorf("settle: loading closed settlements: %w", err)
 	}
+	var out []*flight
 	for _, o := range closed {
 		if len(o.Txs) == 0 || e.flight(o.ID) != nil {
 			continue
 		}
 		f, err := recovered(s, &o)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		f.closing, f.reason, f.message = true, o.ErrorReason, o.ErrorMessage
-		e.track(f)
-		s.enqueue(f)
+		out = append(out, f)
 	}
-	if len(closed) > 0 {
-		e.log.Warn("resending failed settlements whose tx nonces are unused, to fill the gaps", "network", s.net.id.ID, "signer", s.addr, "count", len(closed), "from_nonce", s.mined)
-	}
-	return nil
+	return out, nil
 }
 
 func (e *Engine) track(f *flight) {

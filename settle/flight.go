@@ -11,6 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // flight is a settlement this process is working: its transactions, and everyone waiting for
@@ -26,6 +27,12 @@ type flight struct {
 	nonce       uint64
 	gas         uint64
 	data        []byte
+	// to is what the transaction calls: the token, or Multicall3 for a batch's (batched).
+	to      common.Address
+	batched bool
+	// family is the batch the flight's transaction is shared with (nil: a lone settlement): its
+	// family-level steps (a fee bump) are taken once for every member.
+	family *family
 	// paymentID is the payment-identifier id the settlement came with, for logs ("" when none, or
 	// when the flight was recovered from the ledger).
 	paymentID string
@@ -174,7 +181,7 @@ func (f *flight) setVerdict(v *verdict) {
 
 // want is what the settlement's transactions must do.
 func (f *flight) want() Expected {
-	return Expected{ID: f.id, Key: f.key, PayTo: f.payTo, Value: f.value, ValidBefore: f.validBefore}
+	return Expected{ID: f.id, Key: f.key, PayTo: f.payTo, Value: f.value, ValidBefore: f.validBefore, Batched: f.batched}
 }
 
 // takeNonceLow reports, and clears, whether a node called the flight's nonce too low.
@@ -207,7 +214,7 @@ func (f *flight) latest() *sentTx {
 func (f *flight) track() track {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing,
+	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing, batched: f.batched,
 		mined: minedAt{tx: f.minedHash, block: f.block, blockHash: f.blockHash}}
 	for _, x := range f.txs {
 		t.variants = append(t.variants, variant{hash: x.hash, nonce: x.nonce, signedAt: x.signedAt, sentAt: x.sentAt, tried: x.tried})
@@ -244,6 +251,37 @@ func (f *flight) restoreTemplate() error {
 		}
 		t.nonce = tx.Nonce()
 		f.gas, f.data = tx.Gas(), tx.Data()
+		if tx.To() != nil {
+			f.to = *tx.To()
+		}
 	}
+	f.batched = f.to == multicall3.Address
 	return nil
+}
+
+// target is what the flight's transaction calls: the token, or Multicall3 for a batch (a flight
+// built before to was known calls the token).
+func (f *flight) target() common.Address {
+	if f.to == (common.Address{}) {
+		return f.key.Asset
+	}
+	return f.to
+}
+
+// family is the flights of one batch transaction: sibling settlements sharing its variants, its
+// nonce, gas and calldata. mu makes a family-level step (a fee bump) one step for all of them.
+type family struct {
+	mu      sync.Mutex
+	members []*flight
+}
+
+// linkFamily makes flights, which share one batch transaction, one family.
+func linkFamily(flights []*flight) {
+	if len(flights) < 2 {
+		return
+	}
+	fam := &family{members: flights}
+	for _, f := range flights {
+		f.family = fam
+	}
 }

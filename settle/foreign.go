@@ -63,7 +63,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		}
 		// A signer that fails leaves the settlement as it was: the watcher decides the re-sign
 		// again next round and tries again.
-		st, err := s.sign(ctx, nonce, f.key.Asset, f.data, f.gas, fees)
+		st, err := s.sign(ctx, nonce, f.target(), f.data, f.gas, fees)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"math/big"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
@@ -19,6 +20,10 @@ type Expected struct {
 	PayTo       common.Address
 	Value       *big.Int
 	ValidBefore *big.Int
+	// Batched: the settlement's call is one of a Multicall3 batch's, whose receipt succeeds even
+	// when this call reverted: only the authorization's own AuthorizationUsed+Transfer pair says
+	// it transferred (memberTransfer).
+	Batched bool
 }
 
 // ExpectedOf is what the ledger row s expects of its transactions.
@@ -37,4 +42,19 @@ func transferLogged(rcpt *ethrpc.Receipt, want Expected) bool {
 		}
 	}
 	return false
+}
+
+// memberTransfer reports whether a batch's receipt holds want's own AuthorizationUsed+Transfer
+// pair (eip3009.UsedBy), and whether that transfer paid what want expects. Several members can
+// move the same value between the same addresses, so a Transfer log alone proves nothing.
+func memberTransfer(rcpt *ethrpc.Receipt, want Expected) (used, paid bool) {
+	logs := make([]*types.Log, len(rcpt.Logs))
+	for i, l := range rcpt.Logs {
+		logs[i] = &types.Log{Address: l.Address, Topics: l.Topics, Data: l.Data}
+	}
+	tr, ok := eip3009.UsedBy(logs, want.Key.Asset, want.Key.Payer, want.Key.Nonce)
+	if !ok {
+		return false, false
+	}
+	return true, tr.To == want.PayTo && want.Value != nil && tr.Value != nil && tr.Value.Cmp(want.Value) == 0
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // sender owns one signer key on one network: it is the only allocator of that key's nonces
@@ -31,6 +32,9 @@ type sender struct {
 	// pending are the submissions waiting for mu; whoever takes mu commits them all at once.
 	pmu     sync.Mutex
 	pending []*submission
+	// moved is closed (and replaced) under pmu when a batch fills or one is committed: the
+	// submissions waiting for their batch to close look again (submitBatched).
+	moved chan struct{}
 
 	inFlight atomic.Int64 // flights not yet mined or failed
 	// balance is the native balance at the last read (nil before); low: it is below the minimum,
@@ -57,6 +61,10 @@ type submission struct {
 	gas  uint64
 	fees Fees
 
+	// at is when the submission arrived (the engine's clock): a batch closes once its first has
+	// waited the batch policy's Wait.
+	at time.Time
+
 	done bool // set under the sender's mu
 	f    *flight
 	err  error
@@ -75,6 +83,9 @@ func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to 
 		return nil, err
 	}
 	sub := &submission{row: row, to: to, data: data, gas: eip3009.GasLimit(gas), fees: fees}
+	if p := s.net.id.Batch; p.On() {
+		return s.submitBatched(ctx, sub, p)
+	}
 	s.pmu.Lock()
 	s.pending = append(s.pending, sub)
 	s.pmu.Unlock()
@@ -85,15 +96,93 @@ func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to 
 		batch := s.pending
 		s.pending = nil
 		s.pmu.Unlock()
-		s.commitLocked(context.WithoutCancel(ctx), batch)
+		s.commitLocked(context.WithoutCancel(ctx), batch, false)
 	}
 	return sub.f, sub.err
+}
+
+// submitBatched is submit on a network with a batch policy: the submission waits for its batch
+// to close (p.CloseBatch: full, or its first has waited p.Wait), and whoever finds it closed
+// signs it as one Multicall3 transaction at one nonce and commits every member's row with it, in
+// one transaction, before anything is broadcast (commitLocked).
+func (s *sender) submitBatched(ctx context.Context, sub *submission, p facilitator.BatchPolicy) (*flight, error) {
+	e := s.net.engine
+	sub.at = e.now()
+	s.pmu.Lock()
+	s.pending = append(s.pending, sub)
+	if len(s.pending) >= p.Max {
+		s.movedLocked()
+	}
+	s.pmu.Unlock()
+	for {
+		s.mu.Lock()
+		if sub.done {
+			s.mu.Unlock()
+			return sub.f, sub.err
+		}
+		// Not done under mu: sub is still pending (a batch leaves pending and is answered under mu).
+		s.pmu.Lock()
+		closed, wait := p.CloseBatch(len(s.pending), s.pending[0].at, e.now())
+		var batch []*submission
+		if closed {
+			k := min(len(s.pending), p.Max)
+			batch, s.pending = s.pending[:k:k], append([]*submission(nil), s.pending[k:]...)
+		}
+		moved := s.movedCh()
+		s.pmu.Unlock()
+		if batch != nil {
+			s.commitLocked(context.WithoutCancel(ctx), batch, true)
+			s.pmu.Lock()
+			s.movedLocked()
+			s.pmu.Unlock()
+			s.mu.Unlock()
+			continue
+		}
+		s.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-moved:
+		}
+		t.Stop()
+	}
+}
+
+// movedCh is the channel closed at the next change of the pending batch. Caller holds pmu.
+func (s *sender) movedCh() chan struct{} {
+	if s.moved == nil {
+		s.moved = make(chan struct{})
+	}
+	return s.moved
+}
+
+// movedLocked wakes the submissions waiting for their batch. Caller holds pmu.
+func (s *sender) movedLocked() {
+	if s.moved != nil {
+		close(s.moved)
+		s.moved = nil
+	}
+}
+
+// batchCallGas is what Multicall3 spends on each call of a batch beyond the call itself (the
+// loop, the call's frame, copying calldata and result): measured on anvil with Circle's USDC, a
+// call's share of a batch of ten stays under its lone estimate minus the 21000 every lone
+// transaction pays and a batch pays once (multicall3_test.go), so this is a margin on a margin.
+const batchCallGas = 10_000
+
+// template is the transaction a submission's row records: its own, or its batch's.
+type template struct {
+	to   common.Address
+	data []byte
+	gas  uint64
+	fees Fees
+	raw  []byte
 }
 
 // commitLocked signs and commits subs, in order, with the key's next nonces, and hands what was
 // committed to the broadcaster; it sets every submission's outcome. Caller holds mu. ctx carries no
 // cancellation: the submissions are several callers'.
-func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
+func (s *sender) commitLocked(ctx context.Context, subs []*submission, batched bool) {
 	e := s.net.engine
 	finish := func(err error) {
 		for _, sub := range subs {
@@ -120,10 +209,13 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 		var (
 			rows   []*facilitator.NewSettlement
 			signed []*submission
-			raws   [][]byte
+			raws   []template
 		)
+		if open := undone(subs); batched && len(open) > 1 {
+			rows, signed, raws = s.signBatch(ctx, open)
+		}
 		for i, sub := range subs {
-			if sub.done {
+			if sub.done || batched && len(undone(subs)) > 1 {
 				continue
 			}
 			nonce := s.next + uint64(len(rows))
@@ -141,10 +233,11 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 				break
 			}
 			tx, raw := st.tx, st.raw
-			sub.row.Signer, sub.row.TxNonce = s.addr, nonce
+			sub.row.Signer, sub.row.TxNonce, sub.row.BatchSlot = s.addr, nonce, 0
 			sub.row.Tx = facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: sub.fees.TipCap, FeeCap: sub.fees.FeeCap, Gas: sub.gas}
 			sub.row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(sub.gas), sub.fees.FeeCap)
-			rows, signed, raws = append(rows, sub.row), append(signed, sub), append(raws, raw)
+			rows, signed = append(rows, sub.row), append(signed, sub)
+			raws = append(raws, template{to: sub.to, data: sub.data, gas: sub.gas, fees: sub.fees, raw: raw})
 		}
 		if len(rows) == 0 {
 			return
@@ -176,7 +269,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 			// written. Commit them one by one, so that only that one fails, and the others take
 			// consecutive nonces (a refused row takes none).
 			for _, sub := range signed {
-				s.commitLocked(ctx, []*submission{sub})
+				s.commitLocked(ctx, []*submission{sub}, false) // a batch falls back to lone settlements
 			}
 			return
 		}
@@ -210,6 +303,9 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 					flights[i] = s.newFlight(0, sub, raws[i])
 					sub.done, sub.f = true, flights[i]
 				}
+				if len(rows) > 1 && rows[1].BatchSlot > 0 {
+					linkFamily(flights)
+				}
 				s.resolveUnknown(rows, flights)
 				return
 			}
@@ -221,8 +317,15 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 		s.nonces.take(len(rows))
 		e.fault(FaultAfterCommit)
 
+		flights := make([]*flight, len(signed))
 		for i, sub := range signed {
-			f := s.newFlight(ids[i], sub, raws[i])
+			flights[i] = s.newFlight(ids[i], sub, raws[i])
+		}
+		if len(rows) > 1 && rows[1].BatchSlot > 0 {
+			linkFamily(flights)
+		}
+		for i, sub := range signed {
+			f := flights[i]
 			f.count(true)
 			e.track(f)
 			s.enqueue(f)
@@ -233,16 +336,63 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission) {
 }
 
 // newFlight is the flight of a submission whose row was committed (or may have been) as id.
-func (s *sender) newFlight(id int64, sub *submission, raw []byte) *flight {
+func (s *sender) newFlight(id int64, sub *submission, tx template) *flight {
 	row := sub.row
 	f := newFlight(id, facilitator.StateSigned)
 	f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
-	f.sender, f.nonce, f.gas, f.data = s, row.TxNonce, sub.gas, sub.data
+	f.sender, f.nonce, f.gas, f.data, f.to = s, row.TxNonce, tx.gas, tx.data, tx.to
+	f.batched = tx.to == multicall3.Address
 	if row.PaymentID != nil {
 		f.paymentID = row.PaymentID.ID
 	}
-	f.txs = []*sentTx{{hash: row.Tx.Hash, nonce: row.TxNonce, raw: raw, fees: sub.fees, signedAt: s.net.engine.now()}}
+	f.txs = []*sentTx{{hash: row.Tx.Hash, nonce: row.TxNonce, raw: tx.raw, fees: tx.fees, signedAt: s.net.engine.now()}}
 	return f
+}
+
+func undone(subs []*submission) []*submission {
+	var out []*submission
+	for _, sub := range subs {
+		if !sub.done {
+			out = append(out, sub)
+		}
+	}
+	return out
+}
+
+// signBatch signs subs as one Multicall3 aggregate3 transaction at the key's next nonce, every
+// call allowed to fail on its own, and makes their rows its members, slots 0..n-1. Its gas is
+// the members' own (each with the usual margin) plus Multicall3's per-call cost; its fees are the
+// latest submission's. A signing that fails answers every member: nothing is committed or sent.
+// Caller holds mu, with the nonces loaded.
+func (s *sender) signBatch(ctx context.Context, subs []*submission) ([]*facilitator.NewSettlement, []*submission, []template) {
+	calls := make([]multicall3.Call, len(subs))
+	gas := uint64(0)
+	for i, sub := range subs {
+		calls[i] = multicall3.Call{Target: sub.to, AllowFailure: true, CallData: sub.data}
+		gas += sub.gas + batchCallGas
+	}
+	data := multicall3.Aggregate3Calldata(calls)
+	fees := subs[len(subs)-1].fees
+	nonce := s.next
+	st, err := s.sign(ctx, nonce, multicall3.Address, data, gas, fees)
+	if err != nil {
+		s.net.engine.log.Warn("signing a batch failed; nothing was sent", "network", s.net.id.ID, "signer", s.addr, "count", len(subs), "err", errors.Unwrap(err))
+		for _, sub := range subs {
+			sub.done, sub.err = true, err
+		}
+		return nil, nil, nil
+	}
+	tx := template{to: multicall3.Address, data: data, gas: gas, fees: fees, raw: st.raw}
+	rows := make([]*facilitator.NewSettlement, len(subs))
+	txs := make([]template, len(subs))
+	for i, sub := range subs {
+		sub.row.Signer, sub.row.TxNonce, sub.row.BatchSlot = s.addr, nonce, i
+		sub.row.Tx = facilitator.TxRecord{Hash: st.tx.Hash(), Raw: st.raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: gas}
+		// Each member reserves its own share of the batch's gas against its key's budget.
+		sub.row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(sub.gas+batchCallGas), fees.FeeCap)
+		rows[i], txs[i] = sub.row, tx
+	}
+	return rows, subs, txs
 }
 
 // unknownCommit is a write whose outcome is unknown: its rows and the flights their callers wait on.
@@ -401,6 +551,9 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 	elems := make([]rpc.BatchElem, 0, len(flights))
 	txs := make([]*sentTx, 0, len(flights))
 	var sendable []*flight
+	// A batch's members share their transaction: it goes out once, and its answer is each one's.
+	var elemOf []int
+	sent := map[common.Hash]int{}
 	for _, f := range flights {
 		if f.sender.held() == nil {
 			continue // the key's holder sends it
@@ -411,7 +564,13 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 		}
 		sendable = append(sendable, f)
 		txs = append(txs, t)
-		elems = append(elems, rpc.BatchElem{Method: "eth_sendRawTransaction", Args: []any{hexutil.Bytes(t.raw)}, Result: new(common.Hash)})
+		i, ok := sent[t.hash]
+		if !ok {
+			i = len(elems)
+			sent[t.hash] = i
+			elems = append(elems, rpc.BatchElem{Method: "eth_sendRawTransaction", Args: []any{hexutil.Bytes(t.raw)}, Result: new(common.Hash)})
+		}
+		elemOf = append(elemOf, i)
 	}
 	if len(elems) == 0 {
 		return
@@ -432,7 +591,8 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 	}
 	var accepted []int64
 	for i, f := range sendable {
-		res := classifySend(elems[i].Error)
+		elemErr := elems[elemOf[i]].Error
+		res := classifySend(elemErr)
 		f.mu.Lock()
 		txs[i].tried = now
 		if res == sentOK {
@@ -454,9 +614,9 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 			e.log.Info("node says nonce used; watching receipts", f.logAttrs("tx_nonce", nonce, "signer", f.sender.addr, "tx", txs[i].hash)...)
 			e.cfg.Observer.NonceGap(n.id.ID, f.sender.addr.Hex(), NonceUsed)
 		case sendNoFunds:
-			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", n.id.ID, "signer", f.sender.addr, "tx", txs[i].hash, "err", elems[i].Error)...)
+			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", n.id.ID, "signer", f.sender.addr, "tx", txs[i].hash, "err", elemErr)...)
 		default:
-			e.log.Warn("node refused transaction; will resend", f.logAttrs("tx", txs[i].hash, "err", elems[i].Error)...)
+			e.log.Warn("node refused transaction; will resend", f.logAttrs("tx", txs[i].hash, "err", elemErr)...)
 		}
 	}
 	if len(accepted) == 0 {

@@ -37,6 +37,9 @@ type track struct {
 	// chain. Its last variant is resent until the nonce is used (it can only revert now), or the
 	// signer's later transactions would wait behind the gap forever.
 	closing bool
+	// batched: the settlement's transaction is a batch's (Multicall3), shared with other
+	// settlements: it is never re-signed at another nonce (that would take every member along).
+	batched bool
 }
 
 // variant is one signed transaction of a settlement.
@@ -56,11 +59,14 @@ type minedAt struct {
 
 // receipt is what a receipt says, reduced to what decisions need.
 type receipt struct {
-	tx        common.Hash
-	success   bool
-	transfer  bool // the expected Transfer log is in it
-	block     uint64
-	blockHash common.Hash
+	tx       common.Hash
+	success  bool
+	transfer bool // the expected Transfer log is in it
+	// batchFailed: a batch's receipt that succeeded without this member's transfer (its call
+	// reverted inside the batch); success is false.
+	batchFailed bool
+	block       uint64
+	blockHash   common.Hash
 }
 
 // receiptRead is one receipt read: ok false when the read failed (it says nothing); r nil when the
@@ -337,8 +343,12 @@ func decideOpen(t track, o observation, p policy) decision {
 		if !t.allNoncesUsed(c.keyNonce) {
 			return waitFor("a variant reverted; another nonce of ours may still land")
 		}
-		return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
-			ErrorReason: facilitator.ReasonTransactionFailed, ErrorMessage: "the transaction reverted"}, "reverted")
+		res := facilitator.Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
+			ErrorReason: facilitator.ReasonTransactionFailed, ErrorMessage: "the transaction reverted"}
+		if reverted.batchFailed {
+			res.ErrorReason, res.ErrorMessage = facilitator.ReasonBatchCallFailed, "the settlement's call reverted inside the batch transaction (the batch's other settlements stand)"
+		}
+		return t.terminal(o, p, c.at, c.atHash, res, "reverted")
 	}
 	if c.keyNonce > t.txNonce {
 		// Something holds the settlement's nonce, mined. If it is ours its receipt is there.
@@ -348,6 +358,11 @@ func decideOpen(t track, o observation, p policy) decision {
 		// None of ours: a foreign transaction took the nonce, and the authorization is unused.
 		if t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0 {
 			return waitFor("a foreign transaction took the nonce; too close to validBefore to re-sign")
+		}
+		if t.batched {
+			// A batch is not re-signed (one transaction family per authorization, and the family
+			// is the batch's): its members expire unused at validBefore.
+			return waitFor("a foreign transaction took the batch's nonce; a batch is not re-signed")
 		}
 		return twice(t, decision{act: actResign, why: "a foreign transaction took the nonce"}, c.at, c.atHash)
 	}
@@ -428,7 +443,7 @@ func decideClosing(t track, o observation, p policy) decision {
 // free nonce), once the gap is there in a final block and read twice.
 func fillGap(t track, o observation, p policy, stuck bool) (decision, bool) {
 	c := o.chain
-	if !o.gap || !stuck || c == nil || c.keyNonce >= t.txNonce {
+	if !o.gap || !stuck || c == nil || c.keyNonce >= t.txNonce || t.batched {
 		return decision{}, false
 	}
 	if !final(c.at, o, p) {

@@ -287,7 +287,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 				resend = append(resend, f)
 				continue
 			}
-			if err := n.bump(ctx, f); err != nil {
+			if err := n.bump(ctx, f, w.t.variants[len(w.t.variants)-1].hash); err != nil {
 				e.log.Warn("fee bump failed; resending the current transaction", f.logAttrs("err", err)...)
 			}
 			resend = append(resend, f)
@@ -459,8 +459,16 @@ func summarize(r *ethrpc.Receipt, want Expected) *receipt {
 	if r == nil || r.BlockNumber == nil {
 		return nil
 	}
-	return &receipt{tx: r.TxHash, success: r.Succeeded(), transfer: transferLogged(r, want),
-		block: uint64(*r.BlockNumber), blockHash: r.BlockHash}
+	out := &receipt{tx: r.TxHash, success: r.Succeeded(), block: uint64(*r.BlockNumber), blockHash: r.BlockHash}
+	if !want.Batched {
+		out.transfer = transferLogged(r, want)
+		return out
+	}
+	// A batch mined without this member's pair: its call reverted inside the batch, which for the
+	// member is a reverted transaction (decided as one: who used the authorization, if anyone).
+	used, paid := memberTransfer(r, want)
+	out.success, out.transfer, out.batchFailed = out.success && used, paid, out.success && !used
+	return out
 }
 
 type outcome struct {
@@ -741,8 +749,18 @@ func (n *network) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem)
 }
 
 // bump signs a replacement with the same nonce and higher fees, and commits it before it is sent.
-func (n *network) bump(ctx context.Context, f *flight) error {
+// basedOn is the variant the decision saw as the newest: the bump is a compare-and-swap on it,
+// so a batch, whose members each decide the bump in the same round, is replaced once (the first
+// member's bump gives every member the new variant; the others find basedOn replaced).
+func (n *network) bump(ctx context.Context, f *flight, basedOn common.Hash) error {
 	e := n.engine
+	if fam := f.family; fam != nil {
+		fam.mu.Lock()
+		defer fam.mu.Unlock()
+	}
+	if f.latest().hash != basedOn {
+		return nil // replaced since the decision
+	}
 	suggested, err := n.fees(ctx)
 	if err != nil && !errors.Is(err, errFeesAboveCap) {
 		return err
@@ -761,7 +779,7 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	}
 	// A signer that fails leaves the current transaction out there, resent as it is; the bump is
 	// decided again next round.
-	st, err := s.sign(ctx, f.txNonce(), f.key.Asset, f.data, f.gas, fees)
+	st, err := s.sign(ctx, f.txNonce(), f.target(), f.data, f.gas, fees)
 	if err != nil {
 		return err
 	}
@@ -783,9 +801,16 @@ func (n *network) bump(ctx context.Context, f *flight) error {
 	if err != nil {
 		return err
 	}
-	f.update(func(f *flight) {
-		f.txs = append(f.txs, &sentTx{hash: tx.Hash(), nonce: f.nonce, raw: raw, fees: fees, signedAt: e.now()})
-	})
+	members := []*flight{f}
+	if f.family != nil {
+		members = f.family.members
+	}
+	now := e.now()
+	for _, m := range members {
+		m.update(func(m *flight) {
+			m.txs = append(m.txs, &sentTx{hash: tx.Hash(), nonce: m.nonce, raw: raw, fees: fees, signedAt: now})
+		})
+	}
 	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
 	e.cfg.Observer.FeeBumped(n.id.ID)
 	return nil

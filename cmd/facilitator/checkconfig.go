@@ -15,6 +15,8 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // checkConfig is `serve --check-config`: the start-up checks serve makes, and a few it cannot
@@ -71,6 +73,7 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 				chains.CheckToken(ctx, reader, n, t))
 		}
 		report(fmt.Sprintf("%s: finality %s", n.ID, finalityText(n.Finality.Tag, n.Finality.Depth)), checkTag(ctx, pool, n.Finality.Tag))
+		report(fmt.Sprintf("%s: batched settlement %s", n.ID, batchText(n.Batch)), checkMulticall(ctx, pool, n.Batch))
 		keys := signers
 		if spec, addrs, _ := cfg.remoteSignerOf(nc); spec != "" {
 			ep, remote, err := remoteSigners(ctx, spec, addrs, n.ChainID, cfg.RPCTimeout)
@@ -134,6 +137,22 @@ func checkBalance(ctx context.Context, c ethrpc.Chain, addr common.Address, min 
 		return fmt.Errorf("it holds %s wei, below the minimum of %s: it would take no settlement", have, min)
 	case have.Sign() == 0:
 		return errors.New("it holds no native token to pay gas with")
+	}
+	return nil
+}
+
+// checkMulticall refuses batching on a chain without Multicall3 at its canonical address: every
+// batch would be a call to an empty account, succeeding without transferring anything.
+func checkMulticall(ctx context.Context, c ethrpc.Chain, p facilitator.BatchPolicy) error {
+	if !p.On() {
+		return nil
+	}
+	var code hexutil.Bytes
+	if err := c.CallContext(ctx, &code, "eth_getCode", multicall3.Address, "latest"); err != nil {
+		return fmt.Errorf("reading Multicall3's code: %w", err)
+	}
+	if len(code) == 0 {
+		return fmt.Errorf("no Multicall3 at %s on this chain", multicall3.Address)
 	}
 	return nil
 }

@@ -134,6 +134,9 @@ type NetworkConfig struct {
 	LogRange uint64 `json:"logRange,omitempty"`
 	// Fees prices the network's transactions (fees.go); absent: the defaults.
 	Fees *FeesConfig `json:"fees,omitempty"`
+	// Batch batches the network's settlements through Multicall3 (one transaction for up to max
+	// settlements, closed when full or when its first has waited wait); absent: off.
+	Batch *BatchConfig `json:"batch,omitempty"`
 	// Signer is the network's own remote signer, "clef:<http(s) URL>", with its keys'
 	// SignerAddresses (empty: its account_list): a remote signer signs for one chain, so with
 	// several networks each names its own (--signer then serves one network only).
@@ -279,6 +282,9 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 			return nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, nc.ID, err)
 		}
 		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID)}
+		if n.Batch, err = nc.Batch.policy(); err != nil {
+			return nil, fmt.Errorf("networks[%d] (%s): batch: %w", i, nc.ID, err)
+		}
 		if nc.FinalityTag != "" {
 			n.Finality.Tag = nc.FinalityTag
 		}

@@ -22,9 +22,16 @@ import (
 // mined, so an open settlement still answers with the hash it may land under.
 const settlementColumns = `id, network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_before,
 	signer, tx_nonce, state,
-	COALESCE(tx_hash, (SELECT t.tx_hash FROM settlement_txs t WHERE t.settlement_id = settlements.id
+	COALESCE(tx_hash, (SELECT t.tx_hash FROM settlement_txs t WHERE t.settlement_id = ` + familyID + `
 		ORDER BY t.created_at DESC, t.tx_hash DESC LIMIT 1)),
-	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at, block_hash`
+	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at, block_hash, batch_slot`
+
+// familyID is the settlement whose settlement_txs rows hold a settlements row's transactions: its
+// own, or for a batch's member past slot 0, the slot-0 member's at the same (network, signer,
+// tx_nonce) (migration 0017).
+const familyID = `(CASE WHEN settlements.batch_slot = 0 THEN settlements.id ELSE (SELECT z.id FROM settlements z
+		WHERE z.network = settlements.network AND z.signer = settlements.signer AND z.tx_nonce = settlements.tx_nonce
+			AND z.batch_slot = 0) END)`
 
 func scanSettlement(row pgx.Row) (*facilitator.Settlement, error) { return scanSettlementWith(row) }
 
@@ -39,9 +46,10 @@ func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, err
 		reason, message                       *string
 		state                                 string
 		txNonce                               int64
+		slot                                  int16
 	)
 	err := row.Scan(append([]any{&s.ID, &s.Key.Network, &asset, &payer, &nonce, &fp, &payTo, &value, &validBefore,
-		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt, &blockHash}, extra...)...)
+		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt, &blockHash, &slot}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, facilitator.ErrNotFound
 	}
@@ -52,7 +60,7 @@ func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, err
 	copy(s.Key.Nonce[:], nonce)
 	copy(s.Fingerprint[:], fp)
 	s.Value, s.ValidBefore = numericInt(value), numericInt(validBefore)
-	s.TxNonce, s.State = uint64(txNonce), facilitator.State(state)
+	s.TxNonce, s.State, s.BatchSlot = uint64(txNonce), facilitator.State(state), int(slot)
 	s.TxHash, s.BlockHash = common.BytesToHash(txHash), common.BytesToHash(blockHash)
 	if block != nil {
 		s.BlockNumber = uint64(*block)
@@ -288,12 +296,20 @@ func insertSettlementArgs(s *facilitator.NewSettlement) ([]any, error) {
 		numeric(s.Value), numeric(s.ValidAfter), numeric(s.ValidBefore), s.X402Version, s.Request,
 		s.Signer[:], int64(s.TxNonce),
 		s.Tx.Hash[:], s.Tx.Raw, numeric(s.Tx.TipCap), numeric(s.Tx.FeeCap),
-		fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce),
+		signedDetail(s),
 		scope, pid, summary,
 		g.WalletCapped(), g.WalletWindow.Seconds(), int64(g.WalletCapCount), numeric(orZero(g.WalletCapAmount)),
 		s.KeyID, numeric(orZero(g.KeyGasBudget)), numeric(orZero(s.GasReserved)),
-		idFingerprint,
+		idFingerprint, int16(s.BatchSlot),
 	}, nil
+}
+
+// signedDetail is the "signed" event's detail: the transaction, its nonce, and the slot in a batch.
+func signedDetail(s *facilitator.NewSettlement) string {
+	if s.BatchSlot > 0 {
+		return fmt.Sprintf("tx %s nonce %d slot %d", s.Tx.Hash.Hex(), s.TxNonce, s.BatchSlot)
+	}
+	return fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce)
 }
 
 // insertError translates the unique violations of a settlement insert.
@@ -332,14 +348,15 @@ const insertSettlementSQL = `
 		FROM w, budget, used),
 	s AS (
 		INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
-			valid_before, x402_version, request, signer, tx_nonce, state, api_key, gas_reserved)
+			valid_before, x402_version, request, signer, tx_nonce, state, api_key, gas_reserved, batch_slot)
 		SELECT $1::text, $2::bytea, $3::bytea, $4::bytea, $5::bytea, $6::bytea, $7::numeric, $8::numeric,
-			$9::numeric, $10::smallint, $11::bytea, $12::bytea, $13::bigint, 'signed', NULLIF($26::text, ''), $28::numeric
+			$9::numeric, $10::smallint, $11::bytea, $12::bytea, $13::bigint, 'signed', NULLIF($26::text, ''), $28::numeric, $30::smallint
 		FROM ok WHERE wallet_ok AND gas_ok
 		RETURNING id),
+	-- A batch's transaction is recorded once, under slot 0 (the same statement batch writes it).
 	t AS (
 		INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-		SELECT $14::bytea, id, $15::bytea, $16::numeric, $17::numeric FROM s),
+		SELECT $14::bytea, id, $15::bytea, $16::numeric, $17::numeric FROM s WHERE $30::smallint = 0),
 	e AS (
 		INSERT INTO settlement_events (settlement_id, state, detail)
 		SELECT id, 'signed', $18::text FROM s),
@@ -357,10 +374,11 @@ func (db *DB) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) erro
 	reserved := new(big.Int).Mul(new(big.Int).SetUint64(tx.Gas), tx.FeeCap)
 	var added int
 	err := db.pool.QueryRow(ctx, `
-		WITH o AS (SELECT id FROM settlements WHERE id = $2 AND state NOT IN ('mined', 'final')),
+		WITH o AS (SELECT id, `+familyID+` AS family FROM settlements WHERE id = $2 AND state NOT IN ('mined', 'final')),
+		-- A batch's variants are recorded under its slot 0, whichever member's bump it is.
 		t AS (
 			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-			SELECT $1, id, $3, $4, $5 FROM o),
+			SELECT $1, family, $3, $4, $5 FROM o),
 		r AS (
 			UPDATE settlements SET gas_reserved = $7::numeric FROM o
 			WHERE settlements.id = o.id AND $7::numeric > 0 AND gas_reserved < $7::numeric),
@@ -521,7 +539,7 @@ func (db *DB) ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
 // OpenSettlements lists a signer's unfinished settlements with their transactions.
 func (db *DB) OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error) {
 	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
-		WHERE network = $1 AND signer = $2 AND state IN ('signed', 'broadcast', 'mined') ORDER BY tx_nonce`, network, signer[:])
+		WHERE network = $1 AND signer = $2 AND state IN ('signed', 'broadcast', 'mined') ORDER BY tx_nonce, batch_slot`, network, signer[:])
 	if err != nil {
 		return nil, err
 	}
@@ -532,7 +550,7 @@ func (db *DB) OpenSettlements(ctx context.Context, network string, signer common
 func (db *DB) ClosedFrom(ctx context.Context, network string, signer common.Address, from uint64) ([]facilitator.OpenSettlement, error) {
 	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE network = $1 AND signer = $2 AND tx_nonce >= $3
-			AND state IN ('reverted', 'expired', 'settled_elsewhere', 'canceled') ORDER BY tx_nonce`, network, signer[:], int64(from))
+			AND state IN ('reverted', 'expired', 'settled_elsewhere', 'canceled') ORDER BY tx_nonce, batch_slot`, network, signer[:], int64(from))
 	if err != nil {
 		return nil, err
 	}
@@ -563,8 +581,10 @@ func (db *DB) withTxs(ctx context.Context, rows pgx.Rows) ([]facilitator.OpenSet
 	for _, o := range out {
 		ids = append(ids, o.ID)
 	}
-	txRows, err := db.pool.Query(ctx, `SELECT settlement_id, tx_hash, raw, gas_tip_cap, gas_fee_cap FROM settlement_txs
-		WHERE settlement_id = ANY($1) ORDER BY created_at, tx_hash`, ids)
+	// A batch member's transactions are its family's, recorded under slot 0 (familyID).
+	txRows, err := db.pool.Query(ctx, `SELECT settlements.id, t.tx_hash, t.raw, t.gas_tip_cap, t.gas_fee_cap
+		FROM settlements JOIN settlement_txs t ON t.settlement_id = `+familyID+`
+		WHERE settlements.id = ANY($1) ORDER BY t.created_at, t.tx_hash`, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -614,6 +634,26 @@ func (db *DB) MaxTxNonce(ctx context.Context, network string, signer common.Addr
 func (db *DB) SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error) {
 	return scanSettlement(db.pool.QueryRow(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE id = (SELECT settlement_id FROM settlement_txs WHERE tx_hash = $1)`, tx[:]))
+}
+
+// BatchMembers lists the settlements sharing the transaction at (network, signer, txNonce), in
+// slot order: one for a lone settlement, every member for a batch.
+func (db *DB) BatchMembers(ctx context.Context, network string, signer common.Address, txNonce uint64) ([]facilitator.Settlement, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
+		WHERE network = $1 AND signer = $2 AND tx_nonce = $3 ORDER BY batch_slot LIMIT 100`, network, signer[:], int64(txNonce))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []facilitator.Settlement
+	for rows.Next() {
+		s, err := scanSettlement(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *s)
+	}
+	return out, rows.Err()
 }
 
 // StaleSettlements lists a network's settlements still owed an outcome (signed, broadcast, or mined

@@ -1,0 +1,256 @@
+package settle_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// batchEngine is an engine on the env's network with batches of up to max, closed after wait.
+func batchEngine(t *testing.T, max int, wait time.Duration, o stacktest.EngineOptions) *stacktest.Engine {
+	n := env.Network()
+	n.Batch = facilitator.BatchPolicy{Max: max, Wait: wait}
+	o.Network = &n
+	return env.NewEngine(t, o)
+}
+
+// settleAll settles bodies concurrently and returns the outcomes in order.
+func settleAll(t *testing.T, r *stacktest.Engine, bodies [][]byte) []facilitator.SettleOutcome {
+	t.Helper()
+	outs := make([]facilitator.SettleOutcome, len(bodies))
+	errs := make([]error, len(bodies))
+	var wg sync.WaitGroup
+	for i, b := range bodies {
+		wg.Add(1)
+		go func() { defer wg.Done(); outs[i], errs[i] = r.SettleBody(context.Background(), t, b) }()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("settlement %d: %v", i, err)
+		}
+	}
+	return outs
+}
+
+// TestBatchSettle: five concurrent settlements on a network batching up to five go out as ONE
+// transaction to Multicall3 at one nonce; every member is told success with the batch's hash,
+// every payee is paid exactly once, the ledger holds slots 0..4 at that nonce, and each member's
+// status by key names the batch's transaction.
+func TestBatchSettle(t *testing.T) {
+	const n = 5
+	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{})
+	ctx := context.Background()
+	var pays []stacktest.Pay
+	var bodies [][]byte
+	for i := range n {
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), int64(100_000+i))
+		pays, bodies = append(pays, p), append(bodies, p.Body(t))
+	}
+	outs := settleAll(t, r, bodies)
+	tx := outs[0].Response.Transaction
+	slots := map[int]bool{}
+	for i, out := range outs {
+		if !out.Response.Success || !out.Claimed || out.Response.Transaction != tx {
+			t.Fatalf("member %d: %+v, want success with the batch's transaction %s", i, out.Response, tx)
+		}
+		if got := env.Balance(t, pays[i].PayTo); got != int64(100_000+i) {
+			t.Fatalf("payee %d holds %d, want %d", i, got, 100_000+i)
+		}
+		s, err := r.DB.SettlementByKey(ctx, pays[i].Key())
+		if err != nil || s.TxHash.Hex() != tx || s.TxNonce != 0 || !s.State.Succeeded() {
+			t.Fatalf("member %d's row: %+v, %v", i, s, err)
+		}
+		slots[s.BatchSlot] = true
+	}
+	if len(slots) != n {
+		t.Fatalf("slots %v, want 0..%d", slots, n-1)
+	}
+	signer := stacktest.AddressOf(r.Signers[0])
+	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
+		t.Fatalf("signer sent %d transactions (%v), want exactly 1", nonce, err)
+	}
+	mined, _, err := env.Chain.Client.TransactionByHash(ctx, common.HexToHash(tx))
+	if err != nil || mined.To() == nil || *mined.To() != multicall3.Address {
+		t.Fatalf("the batch's transaction %v (%v) does not call Multicall3", mined, err)
+	}
+	if calls, ok := multicall3.DecodeAggregate3Calldata(mined.Data()); !ok || len(calls) != n {
+		t.Fatalf("the batch holds %d calls (%v), want %d", len(calls), ok, n)
+	}
+	members, err := r.DB.BatchMembers(ctx, env.Network().ID, signer, 0)
+	if err != nil || len(members) != n {
+		t.Fatalf("batch members %d, %v", len(members), err)
+	}
+	// A repeat is no second success.
+	again, err := r.SettleBody(ctx, t, bodies[2])
+	if err != nil || again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled {
+		t.Fatalf("repeat: %+v, %v", again.Response, err)
+	}
+}
+
+// TestBatchMemberUsedElsewhere: a batch member's authorization is used by a third party's
+// transaction mined before the batch: the batch mines without reverting, that member is
+// settled_elsewhere (decided from its own logs: no pair of its in the batch's receipt), the
+// others are mined and paid once each.
+func TestBatchMemberUsedElsewhere(t *testing.T) {
+	const n = 3
+	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
+	}})
+	ctx := context.Background()
+	var pays []stacktest.Pay
+	var bodies [][]byte
+	for range n {
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000)
+		pays, bodies = append(pays, p), append(bodies, p.Body(t))
+	}
+	env.ManualMining(t)
+	outs := settleAll(t, r, bodies)
+	batchTx := common.HexToHash(outs[0].Response.Transaction)
+	for i, out := range outs {
+		if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction != batchTx.Hex() {
+			t.Fatalf("member %d with no blocks: %+v", i, out.Response)
+		}
+	}
+	// The batch leaves the pool; the third party's use of member 1's authorization is mined first,
+	// then the engine's resend of the batch.
+	if err := env.Chain.RPC.CallContext(ctx, nil, "anvil_dropTransaction", batchTx); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := pays[1].SendElsewhere(t)
+	env.Mine(t)
+	if rc, err := env.Chain.Client.TransactionReceipt(ctx, elsewhere); err != nil || rc.Status != 1 {
+		t.Fatalf("the third party's transfer: %+v, %v", rc, err)
+	}
+	env.SetAutomine(t, true)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		done := 0
+		for i := range pays {
+			s, err := r.DB.SettlementByKey(ctx, pays[i].Key())
+			if err == nil && !s.State.Open() && (i != 1 || s.State == facilitator.StateSettledElsewhere) {
+				done++
+			}
+		}
+		if done == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch's members were not all decided")
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, p := range pays {
+		s, _ := r.DB.SettlementByKey(ctx, p.Key())
+		switch {
+		case i == 1 && (s.State != facilitator.StateSettledElsewhere || s.ErrorReason != facilitator.ReasonNonceAlreadyUsed):
+			t.Fatalf("member used elsewhere: %+v", s)
+		case i != 1 && (!s.State.Succeeded() || s.TxHash != batchTx || s.ErrorReason != ""):
+			t.Fatalf("member %d: %+v, want mined by the batch %s", i, s, batchTx)
+		}
+		if got := env.Balance(t, p.PayTo); got != 200_000 {
+			t.Fatalf("payee %d holds %d, want exactly 200000", i, got)
+		}
+	}
+	if rc, err := env.Chain.Client.TransactionReceipt(ctx, batchTx); err != nil || rc.Status != 1 {
+		t.Fatalf("the batch: %+v, %v; want mined without reverting", rc, err)
+	}
+}
+
+// TestBatchFeeBump: a batch left unmined past BumpAfter is replaced as a whole, once per round
+// however many members decide the bump: every variant in the ledger is recorded once (under slot
+// 0), each replaces the previous at the same nonce with higher fees, every member reads the same
+// variants; once mined, every member is paid exactly once.
+func TestBatchFeeBump(t *testing.T) {
+	const n = 3
+	obs := &recordingObserver{}
+	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+		c.BumpAfter = 300 * time.Millisecond
+		c.Observer = obs
+	}})
+	ctx := context.Background()
+	var pays []stacktest.Pay
+	var bodies [][]byte
+	for range n {
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+		pays, bodies = append(pays, p), append(bodies, p.Body(t))
+	}
+	env.ManualMining(t)
+	settleAll(t, r, bodies)
+	signer := stacktest.AddressOf(r.Signers[0])
+	var open []facilitator.OpenSettlement
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var err error
+		if open, err = r.DB.OpenSettlements(ctx, env.Network().ID, signer); err != nil {
+			t.Fatal(err)
+		}
+		if len(open) == n && len(open[0].Txs) >= 2 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(open) != n || len(open[0].Txs) < 2 {
+		t.Fatal("no replacement of the batch was committed")
+	}
+	for i, o := range open {
+		if len(o.Txs) < len(open[0].Txs) || o.Txs[0].Hash != open[0].Txs[0].Hash || o.Txs[1].Hash != open[0].Txs[1].Hash {
+			t.Fatalf("member %d reads variants %+v, slot 0 %+v", i, o.Txs, open[0].Txs)
+		}
+	}
+	first, second := decodeTx(t, open[0].Txs[0].Raw), decodeTx(t, open[0].Txs[1].Raw)
+	if first.Nonce() != second.Nonce() || *second.To() != multicall3.Address || string(second.Data()) != string(first.Data()) ||
+		second.GasFeeCap().Cmp(pct(first.GasFeeCap(), 110)) < 0 {
+		t.Fatalf("the replacement is not the same batch at the same nonce with higher fees")
+	}
+	// One replacement per bump round, not one per member: every member decides the bump each
+	// round, and only the first to carry it out (slot 0, the lowest id) replaces the batch; the
+	// others find the variant they decided on replaced. Members bumping alone would record bumps
+	// on every row, n per round.
+	bumped := 0
+	for i, o := range open {
+		evs, err := r.DB.SettlementEvents(ctx, o.ID, 0, []string{"bumped"}, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && len(evs) > 0 {
+			t.Fatalf("member %d (slot %d) bumped the batch %d times too", i, o.BatchSlot, len(evs))
+		}
+		bumped += len(evs)
+	}
+	if bumped == 0 || obs.count("bump "+env.Network().ID) < bumped {
+		t.Fatalf("%d bumps recorded, %d observed", bumped, obs.count("bump "+env.Network().ID))
+	}
+	env.SetAutomine(t, true)
+	env.Mine(t)
+	for time.Now().Before(deadline.Add(20 * time.Second)) {
+		settled := 0
+		for _, p := range pays {
+			if s, err := r.DB.SettlementByKey(ctx, p.Key()); err == nil && s.State.Succeeded() {
+				settled++
+			}
+		}
+		if settled == n {
+			break
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, p := range pays {
+		if got := env.Balance(t, p.PayTo); got != 300_000 {
+			t.Fatalf("payee %d holds %d, want exactly 300000", i, got)
+		}
+	}
+	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
+		t.Fatalf("signer used %d nonces (%v), want 1", nonce, err)
+	}
+}
