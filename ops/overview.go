@@ -126,6 +126,11 @@ type Settlements struct {
 	Section
 	Total   int              `json:"total"`
 	ByState map[string][]int `json:"byState"`
+	// LastMinutePerSecond is the rate over the last whole minute (the current one is still
+	// filling); PeakPerSecond the busiest minute's of the hour. Settlements per second, by the
+	// minute they were created in.
+	LastMinutePerSecond float64 `json:"lastMinutePerSecond"`
+	PeakPerSecond       float64 `json:"peakPerSecond"`
 }
 
 // AnswerCounts are this replica's /verify and /settle answers per minute, by reason.
@@ -365,6 +370,18 @@ func (p ledgerPart) settlements(minutes []int64) Settlements {
 		}
 		row[i] += c.Count
 		s.Total += c.Count
+	}
+	perMinute := make([]int, len(minutes))
+	for _, row := range s.ByState {
+		for i, n := range row {
+			perMinute[i] += n
+		}
+	}
+	for i, n := range perMinute {
+		s.PeakPerSecond = max(s.PeakPerSecond, float64(n)/60)
+		if i == len(perMinute)-2 {
+			s.LastMinutePerSecond = float64(n) / 60
+		}
 	}
 	return s
 }

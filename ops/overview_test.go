@@ -75,11 +75,12 @@ func TestLedgerAggregates(t *testing.T) {
 	row(t, pool, tenAgo.Add(20*time.Second), facilitator.StateFinal, 2*time.Second, 20*time.Second)
 	row(t, pool, tenAgo.Add(40*time.Second), facilitator.StateMined, 3*time.Second, 0)
 	row(t, pool, fiveAgo, facilitator.StateReverted, 0, 0)
+	row(t, pool, now.Add(-time.Minute).Truncate(time.Minute).Add(30*time.Second), facilitator.StateMined, 0, 0) // the last whole minute
 	row(t, pool, now.Add(-2*time.Hour), facilitator.StateFinal, time.Second, time.Minute) // outside the hour
 
 	o := ops.New(ops.Config{Ledger: db, Now: func() time.Time { return now }, CacheFor: time.Nanosecond})
 	s := o.Overview(t.Context())
-	if !s.Settlements.Available || s.Settlements.Total != 4 {
+	if !s.Settlements.Available || s.Settlements.Total != 5 {
 		t.Fatalf("settlements %+v", s.Settlements)
 	}
 	at := func(m time.Time) int {
@@ -99,6 +100,10 @@ func TestLedgerAggregates(t *testing.T) {
 	}
 	if got := s.Settlements.ByState["reverted"][at(fiveAgo)]; got != 1 {
 		t.Errorf("reverted at -5m: %d, want 1", got)
+	}
+	// Per second: the busiest minute held 3, the last whole minute 1.
+	if s.Settlements.PeakPerSecond != 3.0/60 || s.Settlements.LastMinutePerSecond != 1.0/60 {
+		t.Errorf("per second: peak %v, last minute %v; want 0.05 and 0.0167", s.Settlements.PeakPerSecond, s.Settlements.LastMinutePerSecond)
 	}
 	// Mined after 1, 2 and 3 s: percentile_cont interpolates, p50 2 s, p90 2.8 s, p99 2.98 s.
 	near := func(what string, got, want float64) {
