@@ -2,16 +2,19 @@ package settle_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
+	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
 // batchEngine is an engine on the env's network with batches of up to max, closed after wait.
@@ -88,6 +91,31 @@ func TestBatchSettle(t *testing.T) {
 	members, err := r.DB.BatchMembers(ctx, env.Network().ID, signer, 0)
 	if err != nil || len(members) != n {
 		t.Fatalf("batch members %d, %v", len(members), err)
+	}
+	// Status: by the batch's transaction, every member listed with its own status path; by a
+	// member's nonce, its own status with the batch's transaction.
+	svc := env.Status(r.DB, 2)
+	byTx, err := svc.Settlement(ctx, common.HexToHash(tx))
+	if err != nil || byTx.Transaction != tx || len(byTx.Batch) != n {
+		t.Fatalf("status by the batch's transaction: %+v, %v; want its %d settlements listed", byTx, err, n)
+	}
+	listed := map[string]facilitator.BatchSettlement{}
+	for _, m := range byTx.Batch {
+		listed[m.Nonce] = m
+	}
+	for i, p := range pays {
+		k := p.Key()
+		nonce := hexutil.Encode(k.Nonce[:])
+		m, ok := listed[nonce]
+		want := status.AuthorizationPath(k.Network, k.Asset.Hex(), k.Payer.Hex(), nonce)
+		if !ok || m.State != facilitator.StatusSettled || m.Authorizer != k.Payer.Hex() || m.Asset != k.Asset.Hex() || m.Network != k.Network || m.Status != want {
+			t.Fatalf("member %d in the batch's status: %+v (listed %v), want settled at %s", i, m, ok, want)
+		}
+		own, found, err := svc.Authorization(ctx, k)
+		if err != nil || !found || own.State != facilitator.StatusSettled || own.Transaction != tx || own.Nonce != nonce ||
+			own.To != p.PayTo.Hex() || own.Value != fmt.Sprint(100_000+i) || own.Batch != nil {
+			t.Fatalf("member %d by nonce: %+v, %v, %v; want its own settled status with the batch's transaction", i, own, found, err)
+		}
 	}
 	// A repeat is no second success.
 	again, err := r.SettleBody(ctx, t, bodies[2])
@@ -252,5 +280,40 @@ func TestBatchFeeBump(t *testing.T) {
 	}
 	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
 		t.Fatalf("signer used %d nonces (%v), want 1", nonce, err)
+	}
+}
+
+// TestBatchesInARow: a key's second batch takes the nonce after its first (a batch holds ONE
+// nonce, however many members it has): both are mined, the key sent exactly two transactions,
+// and every payee is paid once. (A batch once moved the key's next nonce by its member count: the
+// second batch sat at a nonce past a gap, never mined, and the key filled up with it.)
+func TestBatchesInARow(t *testing.T) {
+	const n = 3
+	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{})
+	ctx := context.Background()
+	signer := stacktest.AddressOf(r.Signers[0])
+	for round := range 2 {
+		var pays []stacktest.Pay
+		var bodies [][]byte
+		for range n {
+			p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+			pays, bodies = append(pays, p), append(bodies, p.Body(t))
+		}
+		outs := settleAll(t, r, bodies)
+		for i, out := range outs {
+			if !out.Response.Success || out.Response.Transaction != outs[0].Response.Transaction {
+				t.Fatalf("round %d member %d: %+v, want success with the batch's transaction", round, i, out.Response)
+			}
+			s, err := r.DB.SettlementByKey(ctx, pays[i].Key())
+			if err != nil || s.TxNonce != uint64(round) {
+				t.Fatalf("round %d member %d's row: %+v, %v; want tx nonce %d", round, i, s, err, round)
+			}
+			if got := env.Balance(t, pays[i].PayTo); got != 300_000 {
+				t.Fatalf("round %d payee %d holds %d, want 300000", round, i, got)
+			}
+		}
+	}
+	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 2 {
+		t.Fatalf("signer sent %d transactions (%v), want exactly 2", nonce, err)
 	}
 }

@@ -311,7 +311,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission, batched b
 			finish(err)
 			return
 		}
-		s.nonces.take(len(rows))
+		s.nonces.take(noncesHeld(rows))
 		e.fault(FaultAfterCommit)
 
 		flights := make([]*flight, len(signed))
@@ -344,6 +344,12 @@ func (s *sender) newFlight(id int64, sub *submission, tx template) *flight {
 	}
 	f.txs = []*sentTx{{hash: row.Tx.Hash, nonce: row.TxNonce, raw: tx.raw, fees: tx.fees, signedAt: s.net.engine.now()}}
 	return f
+}
+
+// noncesHeld is how many of the key's nonces committed rows hold: one per lone settlement, one
+// for a whole batch (its members share its nonce). Rows hold consecutive nonces, in order.
+func noncesHeld(rows []*facilitator.NewSettlement) int {
+	return int(rows[len(rows)-1].TxNonce-rows[0].TxNonce) + 1
 }
 
 func undone(subs []*submission) []*submission {
