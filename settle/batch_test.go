@@ -3,6 +3,7 @@ package settle_test
 import (
 	"context"
 	"fmt"
+	"math/big"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
@@ -315,5 +317,171 @@ func TestBatchesInARow(t *testing.T) {
 	}
 	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 2 {
 		t.Fatalf("signer sent %d transactions (%v), want exactly 2", nonce, err)
+	}
+}
+
+// TestBatchCrashAfterCommit: the process holding a key dies after a batch's commit and before its
+// broadcast (its committing goroutine stops at FaultAfterCommit and its lease session ends):
+// nothing reached the chain, every member's row is in the ledger at one nonce, and the engine
+// that takes the key over sends the batch once: every member mined by the one transaction, every
+// payee paid once, the key's nonce moved by one.
+func TestBatchCrashAfterCommit(t *testing.T) {
+	const n = 3
+	ctx := context.Background()
+	key := env.NewSigner(t)
+	addr := stacktest.AddressOf(key)
+	conn := sqlConn(t)
+	committed, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	crashing := leased(500*time.Millisecond, key)
+	crashing.Config = func(c *settle.Config) {
+		c.Leaser = c.Store.(*postgres.DB)
+		c.Fault = func(p settle.FaultPoint) {
+			if p == settle.FaultAfterCommit {
+				once.Do(func() { close(committed) })
+				<-release // the process is dead from here on: nothing it holds moves again
+			}
+		}
+	}
+	n0 := env.Network()
+	n0.Batch = facilitator.BatchPolicy{Max: n, Wait: 2 * time.Second}
+	crashing.Network = &n0
+	a := env.NewEngine(t, crashing)
+	// At the end the dead process's goroutines go on (then its callers return), before a stops:
+	// cleanups run last first.
+	var callers sync.WaitGroup
+	t.Cleanup(callers.Wait)
+	t.Cleanup(func() { close(release) })
+
+	var pays []stacktest.Pay
+	for range n {
+		pays = append(pays, env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000))
+	}
+	for _, p := range pays {
+		callers.Add(1)
+		go func() {
+			defer callers.Done()
+			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			_, _ = a.SettleBody(cctx, t, p.Body(t)) // answered by no one: the process died
+		}()
+	}
+	select {
+	case <-committed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the batch was not committed")
+	}
+	for i, p := range pays {
+		s, err := a.DB.SettlementByKey(ctx, p.Key())
+		if err != nil || s.TxNonce != 0 || s.Signer != addr || !s.State.Open() {
+			t.Fatalf("member %d's row after the crash: %+v, %v; want open at tx nonce 0", i, s, err)
+		}
+	}
+	if got := nonceOf(t, addr, "pending"); got != 0 || poolSize(t) != 0 {
+		t.Fatalf("something left the crashed process: pending nonce %d, pool %d", got, poolSize(t))
+	}
+	pid, _ := leaseRow(t, conn, key)
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+
+	recovering := leased(20*time.Second, key)
+	recovering.Network = &n0
+	b := env.NewEngine(t, recovering)
+	waitFor(t, 10*time.Second, "the second engine takes the key over", func() bool { return holds(b, key) })
+	var tx string
+	for i, p := range pays {
+		waitFor(t, 20*time.Second, "the member settles", func() bool {
+			out, err := b.SettleBody(ctx, t, p.Body(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tx == "" {
+				tx = out.Response.Transaction
+			}
+			if out.Response.Transaction != tx {
+				t.Fatalf("member %d: transaction %s, want the batch's %s", i, out.Response.Transaction, tx)
+			}
+			return out.Response.Success
+		})
+		if got := env.Balance(t, p.PayTo); got != 400_000 {
+			t.Fatalf("payee %d holds %d, want 400000 exactly once", i, got)
+		}
+	}
+	if got := nonceOf(t, addr, "latest"); got != 1 {
+		t.Fatalf("the key sent %d transactions, want the one batch", got)
+	}
+	mined, _, err := env.Chain.Client.TransactionByHash(ctx, common.HexToHash(tx))
+	if err != nil || mined.To() == nil || *mined.To() != multicall3.Address {
+		t.Fatalf("the recovered transaction %v (%v) is not the batch", mined, err)
+	}
+}
+
+// TestBatchMemberExpired: a batch is mined in a block at one member's validBefore: that member's
+// call reverts inside the batch (the token refuses an expired authorization) and it ends expired
+// (the valid_before reason, nothing moved for it), while the batch's other members are mined by
+// the same transaction and paid once each.
+func TestBatchMemberExpired(t *testing.T) {
+	const n = 3
+	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
+	}})
+	ctx := context.Background()
+	var pays []stacktest.Pay
+	var bodies [][]byte
+	for i := range n {
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 250_000)
+		if i == 1 {
+			p.ValidBefore = big.NewInt(env.TimeBase(t) + 120)
+		}
+		pays, bodies = append(pays, p), append(bodies, p.Body(t))
+	}
+	payerBefore := env.Balance(t, pays[1].From())
+	env.ManualMining(t)
+	outs := settleAll(t, r, bodies)
+	batchTx := common.HexToHash(outs[0].Response.Transaction)
+	for i, out := range outs {
+		if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction != batchTx.Hex() {
+			t.Fatalf("member %d with no blocks: %+v", i, out.Response)
+		}
+	}
+	// The batch is mined in a block at member 1's validBefore.
+	if err := env.Chain.SetNextBlockTimestamp(ctx, pays[1].ValidBefore.Uint64()); err != nil {
+		t.Fatal(err)
+	}
+	env.Mine(t)
+	if rc, err := env.Chain.Client.TransactionReceipt(ctx, batchTx); err != nil || rc.Status != 1 {
+		t.Fatalf("the batch: %+v, %v; want mined without reverting", rc, err)
+	}
+	waitFor(t, 30*time.Second, "the batch's members are decided", func() bool {
+		env.Mine(t)
+		for _, p := range pays {
+			if env.Row(t, p.Key()).State.Open() {
+				return false
+			}
+		}
+		return true
+	})
+	for i, p := range pays {
+		s := env.Row(t, p.Key())
+		switch {
+		case i == 1 && (s.State != facilitator.StateExpired || s.ErrorReason != facilitator.ReasonValidBefore):
+			t.Fatalf("the expired member: %+v, want expired / %s", s, facilitator.ReasonValidBefore)
+		case i != 1 && (!s.State.Succeeded() || s.TxHash != batchTx):
+			t.Fatalf("member %d: %+v, want mined by the batch %s", i, s, batchTx)
+		}
+		want := int64(250_000)
+		if i == 1 {
+			want = 0
+		}
+		if got := env.Balance(t, p.PayTo); got != want {
+			t.Fatalf("payee %d holds %d, want %d", i, got, want)
+		}
+	}
+	if got := env.Balance(t, pays[1].From()); got != payerBefore {
+		t.Fatalf("the expired member's payer holds %d, want %d untouched", got, payerBefore)
+	}
+	if out := r.MustSettle(t, bodies[1]); out.Response.Success || out.Response.ErrorReason != facilitator.ReasonValidBefore {
+		t.Fatalf("the expired member's answer after: %+v", out.Response)
 	}
 }
