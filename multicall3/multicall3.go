@@ -136,3 +136,20 @@ func NeededGas(estimates []uint64) uint64 {
 	}
 	return gas + largest/63 + 1
 }
+
+// Aggregate3Answer encodes aggregate3's answer (the simulated chain answers as Multicall3 does).
+func Aggregate3Answer(results []Result) []byte {
+	type result struct {
+		Success    bool
+		ReturnData []byte
+	}
+	out := make([]result, len(results))
+	for i, r := range results {
+		out[i] = result(r)
+	}
+	data, err := mcABI.Methods["aggregate3"].Outputs.Pack(out)
+	if err != nil {
+		panic(fmt.Sprintf("multicall3: packing aggregate3's answer: %v", err)) // only on a programming error
+	}
+	return data
+}

@@ -37,6 +37,11 @@ func TestCalldataRoundTrip(t *testing.T) {
 	if _, ok := multicall3.DecodeAggregate3Calldata(data[:10]); ok {
 		t.Fatal("a truncated call decoded")
 	}
+	answer := []multicall3.Result{{Success: true, ReturnData: []byte{}}, {Success: false, ReturnData: []byte{0xde, 0xad}}}
+	if got, ok := multicall3.DecodeAggregate3(multicall3.Aggregate3Answer(answer)); !ok || len(got) != 2 || !got[0].Success || got[1].Success ||
+		!bytes.Equal(got[1].ReturnData, answer[1].ReturnData) {
+		t.Fatalf("answer round trip: %+v %v", got, ok)
+	}
 	if _, ok := multicall3.DecodeAggregate3([]byte{1, 2, 3}); ok {
 		t.Fatal("garbage decoded as an answer")
 	}
