@@ -125,29 +125,68 @@ func (s *sender) submitBatched(ctx context.Context, sub *submission, p facilitat
 		}
 		// Not done under mu: sub is still pending (a batch leaves pending and is answered under mu).
 		s.pmu.Lock()
-		closed, wait := p.CloseBatch(len(s.pending), s.pending[0].at, e.now())
-		var batch []*submission
-		if closed {
-			k := min(len(s.pending), p.Max)
-			batch, s.pending = s.pending[:k:k], append([]*submission(nil), s.pending[k:]...)
-		}
+		batch, wait := s.takeClosedLocked(p)
 		moved := s.movedCh()
 		s.pmu.Unlock()
 		if batch != nil {
-			s.commitLocked(context.WithoutCancel(ctx), batch, true)
-			s.pmu.Lock()
-			s.movedLocked()
-			s.pmu.Unlock()
+			s.commitBatchLocked(ctx, batch)
 			s.mu.Unlock()
 			continue
 		}
 		s.mu.Unlock()
+		if e.stepped {
+			// The simulator's clock does not move while a submission waits: its batch closes when
+			// it fills, or in a step once the clock has moved past its wait (closeDue).
+			<-moved
+			continue
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-moved:
 		}
 		t.Stop()
+	}
+}
+
+// takeClosedLocked takes the pending batch off the key if the closing rule closes it now (by the
+// engine's clock); otherwise wait is how long until it does. Caller holds mu and pmu.
+func (s *sender) takeClosedLocked(p facilitator.BatchPolicy) (batch []*submission, wait time.Duration) {
+	if len(s.pending) == 0 {
+		return nil, p.Wait
+	}
+	closed, wait := p.CloseBatch(len(s.pending), s.pending[0].at, s.net.engine.now())
+	if !closed {
+		return nil, wait
+	}
+	k := min(len(s.pending), p.Max)
+	batch, s.pending = s.pending[:k:k], append([]*submission(nil), s.pending[k:]...)
+	return batch, 0
+}
+
+// commitBatchLocked commits a closed batch and wakes the submissions waiting for theirs. Caller
+// holds mu.
+func (s *sender) commitBatchLocked(ctx context.Context, batch []*submission) {
+	s.commitLocked(context.WithoutCancel(ctx), batch, true)
+	s.pmu.Lock()
+	s.movedLocked()
+	s.pmu.Unlock()
+}
+
+// closeDue commits the key's pending batch if the closing rule closes it now: the stepped
+// engine's stand-in for the timers of the submissions waiting for it.
+func (s *sender) closeDue(ctx context.Context) {
+	p := s.net.id.Batch
+	if !p.On() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pmu.Lock()
+	batch, _ := s.takeClosedLocked(p)
+	s.pmu.Unlock()
+	if batch != nil {
+		s.commitBatchLocked(ctx, batch)
 	}
 }
 

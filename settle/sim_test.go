@@ -180,7 +180,11 @@ type simWorld struct {
 	conflictReorgs int
 }
 
-func newSimWorld(seed uint64) *simWorld {
+func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
+
+// newSimWorldWith is newSimWorld on a network with the batch policy given (which draws nothing
+// from the seed's streams: a seed's world is the same with batching on or off).
+func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), ctx: context.Background()}
 	w.clock = settlesim.NewClock(time.Unix(1_800_000_000, 0))
 	// Half the worlds decide finality by the chain's "finalized" tag, which the simulated chain
@@ -230,6 +234,7 @@ func newSimWorld(seed uint64) *simWorld {
 	if byTag {
 		w.network.Finality.Tag = facilitator.TagFinalized
 	}
+	w.network.Batch = batch
 	lb := settlesim.NewBalancer(w.r, w.backends...)
 	w.spy = &sendSpy{Chain: lb, w: w, variants: map[spyKey][]common.Hash{}}
 	e, err := settle.New(settle.Config{
