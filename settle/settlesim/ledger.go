@@ -81,7 +81,7 @@ type ledgerRow struct {
 	// family is the batch's slot-0 row, for a member past slot 0: a batch's transactions are
 	// recorded once, under slot 0, and read by every member (as settlement_txs is in Postgres).
 	family *ledgerRow
-	events      []LedgerEvent
+	events []LedgerEvent
 }
 
 // LedgerTx is one row of settlement_txs.
