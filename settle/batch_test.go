@@ -10,7 +10,9 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
@@ -483,5 +485,66 @@ func TestBatchMemberExpired(t *testing.T) {
 	}
 	if out := r.MustSettle(t, bodies[1]); out.Response.Success || out.Response.ErrorReason != facilitator.ReasonValidBefore {
 		t.Fatalf("the expired member's answer after: %+v", out.Response)
+	}
+}
+
+// receiptCounter is the engine's chain, counting in each JSON-RPC batch the reads of each
+// transaction's receipt.
+type receiptCounter struct {
+	ethrpc.Chain
+	mu       sync.Mutex
+	reads    map[common.Hash]int // in all
+	perBatch int                 // the most reads of one receipt in one request
+}
+
+func (c *receiptCounter) BatchCallContext(ctx context.Context, b []rpc.BatchElem) error {
+	in := map[common.Hash]int{}
+	for _, el := range b {
+		if el.Method == "eth_getTransactionReceipt" && len(el.Args) == 1 {
+			if h, ok := el.Args[0].(common.Hash); ok {
+				in[h]++
+			}
+		}
+	}
+	c.mu.Lock()
+	for h, k := range in {
+		c.reads[h] += k
+		c.perBatch = max(c.perBatch, k)
+	}
+	c.mu.Unlock()
+	return c.Chain.BatchCallContext(ctx, b)
+}
+
+// TestBatchReceiptReadOnce: the members of a batch share its transaction, and a round's read of
+// its receipt serves all of them: the watcher never asks one request for the same receipt twice
+// (it once asked once per member, n reads of one receipt, on the way to finality).
+func TestBatchReceiptReadOnce(t *testing.T) {
+	const n = 5
+	counter := &receiptCounter{Chain: env.Chain.RPC, reads: map[common.Hash]int{}}
+	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Chain: counter, Depth: 2})
+	var pays []stacktest.Pay
+	var bodies [][]byte
+	for range n {
+		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 50_000)
+		pays, bodies = append(pays, p), append(bodies, p.Body(t))
+	}
+	outs := settleAll(t, r, bodies)
+	batchTx := common.HexToHash(outs[0].Response.Transaction)
+	waitFor(t, 20*time.Second, "the batch's members are final", func() bool {
+		env.Mine(t)
+		for _, p := range pays {
+			if env.Row(t, p.Key()).State != facilitator.StateFinal {
+				return false
+			}
+		}
+		return true
+	})
+	counter.mu.Lock()
+	defer counter.mu.Unlock()
+	if counter.reads[batchTx] == 0 {
+		t.Fatal("the batch's receipt was never read by hash: the test saw nothing")
+	}
+	if counter.perBatch > 1 {
+		t.Fatalf("one request read a receipt %d times, want once (reads of the batch's: %d)", counter.perBatch, counter.reads[batchTx])
 	}
 }
