@@ -29,6 +29,29 @@ func batchEngine(t *testing.T, max int, wait time.Duration, o stacktest.EngineOp
 	return env.NewEngine(t, o)
 }
 
+// quickBatchEngine is batchEngine (batches of up to max, closed after 2 s) answering pending
+// after 1.5 s, and resending and retrying fast: for batches that wait for blocks.
+func quickBatchEngine(t *testing.T, max int) *stacktest.Engine {
+	return batchEngine(t, max, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
+	}})
+}
+
+// batchPays are n payments, each by a freshly funded payer, of value(i), edited by edit (nil:
+// none) before they are signed, and their bodies.
+func batchPays(t *testing.T, n int, value func(int) int64, edit func(int, *stacktest.Pay)) ([]stacktest.Pay, [][]byte) {
+	pays := make([]stacktest.Pay, n)
+	bodies := make([][]byte, n)
+	for i := range n {
+		pays[i] = env.NewPay(t, env.FundedPayer(t, 1_000_000), value(i))
+		if edit != nil {
+			edit(i, &pays[i])
+		}
+		bodies[i] = pays[i].Body(t)
+	}
+	return pays, bodies
+}
+
 // settleAll settles bodies concurrently and returns the outcomes in order.
 func settleAll(t *testing.T, r *stacktest.Engine, bodies [][]byte) []facilitator.SettleOutcome {
 	t.Helper()
@@ -56,12 +79,7 @@ func TestBatchSettle(t *testing.T) {
 	const n = 5
 	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{})
 	ctx := context.Background()
-	var pays []stacktest.Pay
-	var bodies [][]byte
-	for i := range n {
-		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), int64(100_000+i))
-		pays, bodies = append(pays, p), append(bodies, p.Body(t))
-	}
+	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(100_000 + i) }, nil)
 	outs := settleAll(t, r, bodies)
 	tx := outs[0].Response.Transaction
 	slots := map[int]bool{}
@@ -134,16 +152,9 @@ func TestBatchSettle(t *testing.T) {
 // others are mined and paid once each.
 func TestBatchMemberUsedElsewhere(t *testing.T) {
 	const n = 3
-	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
-		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
-	}})
+	r := quickBatchEngine(t, n)
 	ctx := context.Background()
-	var pays []stacktest.Pay
-	var bodies [][]byte
-	for range n {
-		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000)
-		pays, bodies = append(pays, p), append(bodies, p.Body(t))
-	}
+	pays, bodies := batchPays(t, n, func(int) int64 { return 200_000 }, nil)
 	env.ManualMining(t)
 	outs := settleAll(t, r, bodies)
 	batchTx := common.HexToHash(outs[0].Response.Transaction)
@@ -297,12 +308,7 @@ func TestBatchesInARow(t *testing.T) {
 	ctx := context.Background()
 	signer := stacktest.AddressOf(r.Signers[0])
 	for round := range 2 {
-		var pays []stacktest.Pay
-		var bodies [][]byte
-		for range n {
-			p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
-			pays, bodies = append(pays, p), append(bodies, p.Body(t))
-		}
+		pays, bodies := batchPays(t, n, func(int) int64 { return 300_000 }, nil)
 		outs := settleAll(t, r, bodies)
 		for i, out := range outs {
 			if !out.Response.Success || out.Response.Transaction != outs[0].Response.Transaction {
@@ -425,19 +431,13 @@ func TestBatchCrashAfterCommit(t *testing.T) {
 // the same transaction and paid once each.
 func TestBatchMemberExpired(t *testing.T) {
 	const n = 3
-	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
-		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
-	}})
+	r := quickBatchEngine(t, n)
 	ctx := context.Background()
-	var pays []stacktest.Pay
-	var bodies [][]byte
-	for i := range n {
-		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 250_000)
+	pays, bodies := batchPays(t, n, func(int) int64 { return 250_000 }, func(i int, p *stacktest.Pay) {
 		if i == 1 {
 			p.ValidBefore = big.NewInt(env.TimeBase(t) + 120)
 		}
-		pays, bodies = append(pays, p), append(bodies, p.Body(t))
-	}
+	})
 	payerBefore := env.Balance(t, pays[1].From())
 	env.ManualMining(t)
 	outs := settleAll(t, r, bodies)
@@ -522,12 +522,7 @@ func TestBatchReceiptReadOnce(t *testing.T) {
 	const n = 5
 	counter := &receiptCounter{Chain: env.Chain.RPC, reads: map[common.Hash]int{}}
 	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Chain: counter, Depth: 2})
-	var pays []stacktest.Pay
-	var bodies [][]byte
-	for range n {
-		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 50_000)
-		pays, bodies = append(pays, p), append(bodies, p.Body(t))
-	}
+	pays, bodies := batchPays(t, n, func(int) int64 { return 50_000 }, nil)
 	outs := settleAll(t, r, bodies)
 	batchTx := common.HexToHash(outs[0].Response.Transaction)
 	waitFor(t, 20*time.Second, "the batch's members are final", func() bool {

@@ -156,21 +156,8 @@ func (w *simWorld) runBatched() error {
 		}
 	}
 	// The end: time past every validBefore, until nothing is left to do; the merchants retry.
-	last := int64(0)
-	for _, p := range w.payments {
-		last = max(last, p.p.Authorization.ValidBefore.Int64())
-	}
-	for i := 0; ; i++ {
-		w.clock.Advance(3 * time.Second)
-		w.chain.Mine()
-		w.stats.mines++
-		w.engine.Step(w.ctx)
-		if w.quiet() && w.clock.Now().Unix() > last {
-			break
-		}
-		if i == 600 {
-			return fmt.Errorf("not settled down 30 simulated minutes after the last round: %s", w.openRows())
-		}
+	if err := w.settleDown(); err != nil {
+		return err
 	}
 	for _, p := range w.payments {
 		calls.settle(p) // the honest final retry: an unanswered success is owed to it
