@@ -52,6 +52,21 @@ func batchPays(t *testing.T, n int, value func(int) int64, edit func(int, *stack
 	return pays, bodies
 }
 
+// settlePendingBatch turns mining off and settles bodies as one batch, which every member is
+// answered pending with; it returns the batch's transaction.
+func settlePendingBatch(t *testing.T, r *stacktest.Engine, bodies [][]byte) common.Hash {
+	t.Helper()
+	env.ManualMining(t)
+	outs := settleAll(t, r, bodies)
+	batchTx := common.HexToHash(outs[0].Response.Transaction)
+	for i, out := range outs {
+		if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction != batchTx.Hex() {
+			t.Fatalf("member %d with no blocks: %+v", i, out.Response)
+		}
+	}
+	return batchTx
+}
+
 // settleAll settles bodies concurrently and returns the outcomes in order.
 func settleAll(t *testing.T, r *stacktest.Engine, bodies [][]byte) []facilitator.SettleOutcome {
 	t.Helper()
@@ -155,14 +170,7 @@ func TestBatchMemberUsedElsewhere(t *testing.T) {
 	r := quickBatchEngine(t, n)
 	ctx := context.Background()
 	pays, bodies := batchPays(t, n, func(int) int64 { return 200_000 }, nil)
-	env.ManualMining(t)
-	outs := settleAll(t, r, bodies)
-	batchTx := common.HexToHash(outs[0].Response.Transaction)
-	for i, out := range outs {
-		if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction != batchTx.Hex() {
-			t.Fatalf("member %d with no blocks: %+v", i, out.Response)
-		}
-	}
+	batchTx := settlePendingBatch(t, r, bodies)
 	// The batch leaves the pool; the third party's use of member 1's authorization is mined first,
 	// then the engine's resend of the batch.
 	if err := env.Chain.RPC.CallContext(ctx, nil, "anvil_dropTransaction", batchTx); err != nil {
@@ -439,14 +447,7 @@ func TestBatchMemberExpired(t *testing.T) {
 		}
 	})
 	payerBefore := env.Balance(t, pays[1].From())
-	env.ManualMining(t)
-	outs := settleAll(t, r, bodies)
-	batchTx := common.HexToHash(outs[0].Response.Transaction)
-	for i, out := range outs {
-		if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction != batchTx.Hex() {
-			t.Fatalf("member %d with no blocks: %+v", i, out.Response)
-		}
-	}
+	batchTx := settlePendingBatch(t, r, bodies)
 	// The batch is mined in a block at member 1's validBefore.
 	if err := env.Chain.SetNextBlockTimestamp(ctx, pays[1].ValidBefore.Uint64()); err != nil {
 		t.Fatal(err)
