@@ -271,8 +271,17 @@ func (f *oasFakes) Payment(context.Context, string, string) (facilitator.Authori
 	return f.status, f.statusErr
 }
 
+// Settlement answers as for a batch's transaction: the status with the batch's settlements listed.
 func (f *oasFakes) Settlement(ctx context.Context, _ common.Hash) (facilitator.AuthorizationStatus, error) {
-	return f.Payment(ctx, "", "")
+	st, err := f.Payment(ctx, "", "")
+	if err == nil {
+		for _, state := range []string{facilitator.StatusSettled, facilitator.StatusExpired} {
+			st.Batch = append(st.Batch, facilitator.BatchSettlement{Network: st.Network, Asset: st.Asset, Authorizer: st.Authorizer, Nonce: st.Nonce,
+				State: state, Status: status.AuthorizationPath(st.Network, st.Asset, st.Authorizer, st.Nonce)})
+		}
+		st.Batch[1].Reason = facilitator.ReasonValidBefore
+	}
+	return st, err
 }
 
 // oasNotify is the real notify.Dispatcher over oasStore, with errors injected in front of it.

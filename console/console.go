@@ -267,6 +267,9 @@ func (c *Console) answer(w http.ResponseWriter, r *http.Request, ctx context.Con
 	self := authorizationPath(st.Network, st.Asset, st.Authorizer, st.Nonce)
 	p := page{Title: "Authorization " + shortHex(st.Nonce), Query: strings.Join([]string{st.Network, st.Asset, st.Authorizer, st.Nonce}, " "),
 		Answer: &answerView{Status: st, Live: liveOf(st), Found: found, Self: self, Events: self + "/events", Timeline: evs}}
+	for _, m := range st.Batch {
+		p.Answer.Batch = append(p.Answer.Batch, batchRow{BatchSettlement: m, Link: authorizationPath(m.Network, m.Asset, m.Authorizer, m.Nonce)})
+	}
 	code := http.StatusOK
 	if !found {
 		code = http.StatusNotFound
@@ -320,6 +323,14 @@ type answerView struct {
 	Self     string
 	Events   string
 	Timeline []facilitator.SettlementEvent
+	// Batch is every settlement of a batch's transaction, on a page by transaction.
+	Batch []batchRow
+}
+
+// batchRow is a batch's settlement with the link to its own page.
+type batchRow struct {
+	facilitator.BatchSettlement
+	Link string
 }
 
 type errorView struct {

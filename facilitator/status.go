@@ -34,6 +34,39 @@ type AuthorizationStatus struct {
 	IndexedHead uint64 `json:"indexedHead"`
 	// Head is the chain's head at the time of reading.
 	Head uint64 `json:"head"`
+	// Batch lists every settlement of a batch's transaction, in the batch's order, when the answer
+	// is by transaction and the transaction is a batch's (the answer's own fields are then its
+	// first settlement's). Absent otherwise.
+	Batch []BatchSettlement `json:"batch,omitempty"`
+}
+
+// BatchSettlement is one settlement of a batch's transaction, as the status by transaction lists it.
+type BatchSettlement struct {
+	Network    string `json:"network"`
+	Asset      string `json:"asset"`
+	Authorizer string `json:"authorizer"`
+	Nonce      string `json:"nonce"`
+	// State is the settlement's ledger state as a status state; its own status (Status) answers
+	// in full, with what the index knows.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	// Status is the path of the settlement's own status answer.
+	Status string `json:"status"`
+}
+
+// LedgerStatus is the status state of a settlement's ledger state.
+func LedgerStatus(s State) string {
+	switch s {
+	case StateMined, StateFinal, StateSettledElsewhere:
+		return StatusSettled
+	case StateReverted:
+		return StatusFailed
+	case StateExpired:
+		return StatusExpired
+	case StateCanceled:
+		return StatusCanceled
+	}
+	return StatusPending
 }
 
 // StatusFinality is the finality rule a status answer applied.

@@ -107,3 +107,49 @@ func DecodeAggregate3Calldata(data []byte) ([]Call, bool) {
 	}
 	return out, true
 }
+
+// The gas aggregate3 costs beyond its calls, measured on anvil with Circle's USDC
+// (TestBatchGas, the figures in BENCHMARKS.md, "Batched settlement (issue #16, point 3)"). A lone call's
+// eth_estimateGas includes the 21,000 every transaction pays, which a batch pays once; inside a
+// batch a call pays instead Multicall3's loop, its ABI framing and, for the first call to a
+// target, the cold access to it (the lone transaction's target is warm): 6,189 gas for a batch
+// of one, the worst case (later calls to the same token find its code and slots warm and cost
+// 17,000 less than their estimate minus 21,000).
+const (
+	// IntrinsicGas is what every transaction pays before it runs (EIP-2028 calldata aside).
+	IntrinsicGas = 21_000
+	// CallGas is what a call of a batch may cost beyond its lone estimate less IntrinsicGas:
+	// the measured worst case (6,189, a call whose target is cold), rounded up.
+	CallGas = 8_000
+)
+
+// NeededGas is the gas a batch of calls needs when each call's lone estimate (an eth_estimateGas of
+// the call sent on its own) is right: one intrinsic cost, each call's estimate less its own
+// intrinsic cost plus CallGas, and the 1/64 of the largest call that EIP-150 keeps back from a
+// call (a call that gets too little fails alone, allowFailure, while the batch succeeds, so a
+// short limit fails members silently rather than reverting). The caller adds its margin.
+func NeededGas(estimates []uint64) uint64 {
+	gas, largest := uint64(IntrinsicGas), uint64(0)
+	for _, e := range estimates {
+		gas += max(e, IntrinsicGas) - IntrinsicGas + CallGas
+		largest = max(largest, e)
+	}
+	return gas + largest/63 + 1
+}
+
+// Aggregate3Answer encodes aggregate3's answer (the simulated chain answers as Multicall3 does).
+func Aggregate3Answer(results []Result) []byte {
+	type result struct {
+		Success    bool
+		ReturnData []byte
+	}
+	out := make([]result, len(results))
+	for i, r := range results {
+		out[i] = result(r)
+	}
+	data, err := mcABI.Methods["aggregate3"].Outputs.Pack(out)
+	if err != nil {
+		panic(fmt.Sprintf("multicall3: packing aggregate3's answer: %v", err)) // only on a programming error
+	}
+	return data
+}

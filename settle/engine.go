@@ -185,8 +185,8 @@ type Engine struct {
 	stepped bool
 }
 
-// step does one round of every loop's work in line, in a fixed order: broadcast what is queued,
-// watch, and broadcast what the round queued. Only the simulator calls it (stepped engines).
+// step does one round of every loop's work in line, in a fixed order: close the batches the
+// clock closes, broadcast what is queued, watch, and broadcast what the round queued. Only the simulator calls it (stepped engines).
 func (e *Engine) step(ctx context.Context) {
 	ids := make([]string, 0, len(e.networks))
 	for id := range e.networks {
@@ -195,6 +195,9 @@ func (e *Engine) step(ctx context.Context) {
 	slices.Sort(ids)
 	for _, id := range ids {
 		n := e.networks[id]
+		for _, s := range n.senders {
+			s.closeDue(ctx)
+		}
 		n.drainQueue(ctx)
 		n.watch(ctx, true)
 		n.drainQueue(ctx)

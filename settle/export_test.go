@@ -13,6 +13,19 @@ func (e *Engine) SetStepped() { e.stepped = true }
 // Step is one round of every loop's work, in line.
 func (e *Engine) Step(ctx context.Context) { e.step(ctx) }
 
+// Parked is how many submissions wait for their batch to close, on every key.
+func (e *Engine) Parked() int {
+	k := 0
+	for _, n := range e.networks {
+		for _, s := range n.senders {
+			s.pmu.Lock()
+			k += len(s.pending)
+			s.pmu.Unlock()
+		}
+	}
+	return k
+}
+
 // Busy lists what the engine still works on: watched settlements and unknown commits.
 func (e *Engine) Busy() []string {
 	var out []string

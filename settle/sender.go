@@ -59,7 +59,10 @@ type submission struct {
 	to   common.Address
 	data []byte
 	gas  uint64
-	fees Fees
+	// estimate is the lone transaction's gas estimate, before the margin gas has: a batch's limit
+	// is computed from its members' (multicall3.NeededGas).
+	estimate uint64
+	fees     Fees
 
 	// at is when the submission arrived (the engine's clock): a batch closes once its first has
 	// waited the batch policy's Wait.
@@ -82,7 +85,7 @@ func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to 
 	if err != nil {
 		return nil, err
 	}
-	sub := &submission{row: row, to: to, data: data, gas: eip3009.GasLimit(gas), fees: fees}
+	sub := &submission{row: row, to: to, data: data, gas: eip3009.GasLimit(gas), estimate: gas, fees: fees}
 	if p := s.net.id.Batch; p.On() {
 		return s.submitBatched(ctx, sub, p)
 	}
@@ -122,29 +125,68 @@ func (s *sender) submitBatched(ctx context.Context, sub *submission, p facilitat
 		}
 		// Not done under mu: sub is still pending (a batch leaves pending and is answered under mu).
 		s.pmu.Lock()
-		closed, wait := p.CloseBatch(len(s.pending), s.pending[0].at, e.now())
-		var batch []*submission
-		if closed {
-			k := min(len(s.pending), p.Max)
-			batch, s.pending = s.pending[:k:k], append([]*submission(nil), s.pending[k:]...)
-		}
+		batch, wait := s.takeClosedLocked(p)
 		moved := s.movedCh()
 		s.pmu.Unlock()
 		if batch != nil {
-			s.commitLocked(context.WithoutCancel(ctx), batch, true)
-			s.pmu.Lock()
-			s.movedLocked()
-			s.pmu.Unlock()
+			s.commitBatchLocked(ctx, batch)
 			s.mu.Unlock()
 			continue
 		}
 		s.mu.Unlock()
+		if e.stepped {
+			// The simulator's clock does not move while a submission waits: its batch closes when
+			// it fills, or in a step once the clock has moved past its wait (closeDue).
+			<-moved
+			continue
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 		case <-moved:
 		}
 		t.Stop()
+	}
+}
+
+// takeClosedLocked takes the pending batch off the key if the closing rule closes it now (by the
+// engine's clock); otherwise wait is how long until it does. Caller holds mu and pmu.
+func (s *sender) takeClosedLocked(p facilitator.BatchPolicy) (batch []*submission, wait time.Duration) {
+	if len(s.pending) == 0 {
+		return nil, p.Wait
+	}
+	closed, wait := p.CloseBatch(len(s.pending), s.pending[0].at, s.net.engine.now())
+	if !closed {
+		return nil, wait
+	}
+	k := min(len(s.pending), p.Max)
+	batch, s.pending = s.pending[:k:k], append([]*submission(nil), s.pending[k:]...)
+	return batch, 0
+}
+
+// commitBatchLocked commits a closed batch and wakes the submissions waiting for theirs. Caller
+// holds mu.
+func (s *sender) commitBatchLocked(ctx context.Context, batch []*submission) {
+	s.commitLocked(context.WithoutCancel(ctx), batch, true)
+	s.pmu.Lock()
+	s.movedLocked()
+	s.pmu.Unlock()
+}
+
+// closeDue commits the key's pending batch if the closing rule closes it now: the stepped
+// engine's stand-in for the timers of the submissions waiting for it.
+func (s *sender) closeDue(ctx context.Context) {
+	p := s.net.id.Batch
+	if !p.On() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pmu.Lock()
+	batch, _ := s.takeClosedLocked(p)
+	s.pmu.Unlock()
+	if batch != nil {
+		s.commitBatchLocked(ctx, batch)
 	}
 }
 
@@ -163,12 +205,6 @@ func (s *sender) movedLocked() {
 		s.moved = nil
 	}
 }
-
-// batchCallGas is what Multicall3 spends on each call of a batch beyond the call itself (the
-// loop, the call's frame, copying calldata and result): measured on anvil with Circle's USDC, a
-// call's share of a batch of ten stays under its lone estimate minus the 21000 every lone
-// transaction pays and a batch pays once (multicall3_test.go), so this is a margin on a margin.
-const batchCallGas = 10_000
 
 // template is the transaction a submission's row records: its own, or its batch's.
 type template struct {
@@ -314,7 +350,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission, batched b
 			finish(err)
 			return
 		}
-		s.nonces.take(len(rows))
+		s.nonces.take(noncesHeld(rows))
 		e.fault(FaultAfterCommit)
 
 		flights := make([]*flight, len(signed))
@@ -349,6 +385,12 @@ func (s *sender) newFlight(id int64, sub *submission, tx template) *flight {
 	return f
 }
 
+// noncesHeld is how many of the key's nonces committed rows hold: one per lone settlement, one
+// for a whole batch (its members share its nonce). Rows hold consecutive nonces, in order.
+func noncesHeld(rows []*facilitator.NewSettlement) int {
+	return int(rows[len(rows)-1].TxNonce-rows[0].TxNonce) + 1
+}
+
 func undone(subs []*submission) []*submission {
 	var out []*submission
 	for _, sub := range subs {
@@ -361,16 +403,18 @@ func undone(subs []*submission) []*submission {
 
 // signBatch signs subs as one Multicall3 aggregate3 transaction at the key's next nonce, every
 // call allowed to fail on its own, and makes their rows its members, slots 0..n-1. Its gas is
-// the members' own (each with the usual margin) plus Multicall3's per-call cost; its fees are the
-// latest submission's. A signing that fails answers every member: nothing is committed or sent.
+// what the members need by their own estimates, with Multicall3's measured cost per call
+// (multicall3.NeededGas), plus the usual margin; its fees are the latest submission's. A signing that fails answers every member: nothing is committed or sent.
 // Caller holds mu, with the nonces loaded.
 func (s *sender) signBatch(ctx context.Context, subs []*submission) ([]*facilitator.NewSettlement, []*submission, []template) {
 	calls := make([]multicall3.Call, len(subs))
-	gas := uint64(0)
+	estimates := make([]uint64, len(subs))
 	for i, sub := range subs {
 		calls[i] = multicall3.Call{Target: sub.to, AllowFailure: true, CallData: sub.data}
-		gas += sub.gas + batchCallGas
+		estimates[i] = sub.estimate
 	}
+	gas := eip3009.GasLimit(multicall3.NeededGas(estimates))
+	share := (gas + uint64(len(subs)) - 1) / uint64(len(subs))
 	data := multicall3.Aggregate3Calldata(calls)
 	fees := subs[len(subs)-1].fees
 	nonce := s.next
@@ -388,8 +432,8 @@ func (s *sender) signBatch(ctx context.Context, subs []*submission) ([]*facilita
 	for i, sub := range subs {
 		sub.row.Signer, sub.row.TxNonce, sub.row.BatchSlot = s.addr, nonce, i
 		sub.row.Tx = facilitator.TxRecord{Hash: st.tx.Hash(), Raw: st.raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: gas}
-		// Each member reserves its own share of the batch's gas against its key's budget.
-		sub.row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(sub.gas+batchCallGas), fees.FeeCap)
+		// Each member reserves its share of the batch's gas against its key's budget.
+		sub.row.GasReserved = new(big.Int).Mul(new(big.Int).SetUint64(share), fees.FeeCap)
 		rows[i], txs[i] = sub.row, tx
 	}
 	return rows, subs, txs

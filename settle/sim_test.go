@@ -180,7 +180,11 @@ type simWorld struct {
 	conflictReorgs int
 }
 
-func newSimWorld(seed uint64) *simWorld {
+func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
+
+// newSimWorldWith is newSimWorld on a network with the batch policy given (which draws nothing
+// from the seed's streams: a seed's world is the same with batching on or off).
+func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), ctx: context.Background()}
 	w.clock = settlesim.NewClock(time.Unix(1_800_000_000, 0))
 	// Half the worlds decide finality by the chain's "finalized" tag, which the simulated chain
@@ -230,6 +234,7 @@ func newSimWorld(seed uint64) *simWorld {
 	if byTag {
 		w.network.Finality.Tag = facilitator.TagFinalized
 	}
+	w.network.Batch = batch
 	lb := settlesim.NewBalancer(w.r, w.backends...)
 	w.spy = &sendSpy{Chain: lb, w: w, variants: map[spyKey][]common.Hash{}}
 	e, err := settle.New(settle.Config{
@@ -280,6 +285,18 @@ func (w *simWorld) run() error {
 	for _, p := range w.payments {
 		w.settle(p) // the merchants retry what they have no answer for
 	}
+	if err := w.settleDown(); err != nil {
+		return err
+	}
+	for _, p := range w.payments {
+		w.settle(p) // the honest final retry: an unanswered success is owed to it
+	}
+	return w.checkInvariants()
+}
+
+// settleDown mines and steps, 3 s of the clock at a time, until the clock is past every
+// payment's validBefore and the engine has nothing left to do.
+func (w *simWorld) settleDown() error {
 	last := int64(0)
 	for _, p := range w.payments {
 		last = max(last, p.p.Authorization.ValidBefore.Int64())
@@ -290,16 +307,12 @@ func (w *simWorld) run() error {
 		w.stats.mines++
 		w.engine.Step(w.ctx)
 		if w.quiet() && w.clock.Now().Unix() > last {
-			break
+			return nil
 		}
 		if i == 600 {
-			return fmt.Errorf("not settled down 30 simulated minutes after the faults stopped: %s", w.openRows())
+			return fmt.Errorf("not settled down 30 simulated minutes after the end of the schedule: %s", w.openRows())
 		}
 	}
-	for _, p := range w.payments {
-		w.settle(p) // the honest final retry: an unanswered success is owed to it
-	}
-	return w.checkInvariants()
 }
 
 func (w *simWorld) ledgerFaults() settlesim.LedgerFaults {

@@ -357,6 +357,9 @@ type receiptReads struct {
 	// canons is each height's block read of this round: settlements mined in one block share
 	// it (one request, so one node's head and block for all of them).
 	canons map[uint64]func() *canonRead
+	// receiptAt is where each transaction's receipt read of this round is: a batch's members
+	// share their transaction, so one read (one node's answer) serves every one of them.
+	receiptAt map[common.Hash]int
 }
 
 // finalityRead is a node's head and its answer for the finality tag, read in one request.
@@ -392,9 +395,16 @@ func (rr *receiptReads) heads() uint64 {
 }
 
 func (rr *receiptReads) receipt(o *observation, h common.Hash, want Expected) {
-	r := new(*ethrpc.Receipt)
-	i := len(rr.elems)
-	rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: r})
+	i, ok := rr.receiptAt[h]
+	if !ok {
+		if rr.receiptAt == nil {
+			rr.receiptAt = map[common.Hash]int{}
+		}
+		i = len(rr.elems)
+		rr.receiptAt[h] = i
+		rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: new(*ethrpc.Receipt)})
+	}
+	r := rr.elems[i].Result.(**ethrpc.Receipt)
 	rr.after = append(rr.after, func() {
 		if rr.elems[i].Error != nil {
 			o.receipts[h] = receiptRead{}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -24,6 +25,9 @@ import (
 type Store interface {
 	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
 	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
+	// BatchMembers lists the settlements sharing the transaction at a signer's tx nonce, in the
+	// batch's order (one for a lone settlement).
+	BatchMembers(ctx context.Context, network string, signer common.Address, txNonce uint64) ([]facilitator.Settlement, error)
 	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
 	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error)
 	Cursor(ctx context.Context, network string) (facilitator.Block, bool, error)
@@ -105,7 +109,9 @@ func (s *Service) Payment(ctx context.Context, scope, id string) (facilitator.Au
 	return st, err
 }
 
-// Settlement answers for one of our transactions (any fee-bump variant).
+// Settlement answers for one of our transactions (any fee-bump variant). A batch's transaction
+// is answered with its first settlement's status and the list of all of its settlements, each
+// with its own status path.
 func (s *Service) Settlement(ctx context.Context, tx common.Hash) (facilitator.AuthorizationStatus, error) {
 	row, err := s.store.SettlementByTx(ctx, tx)
 	if errors.Is(err, facilitator.ErrNotFound) {
@@ -115,7 +121,27 @@ func (s *Service) Settlement(ctx context.Context, tx common.Hash) (facilitator.A
 		return facilitator.AuthorizationStatus{}, unavailable(err)
 	}
 	st, _, err := s.Authorization(ctx, row.Key)
-	return st, err
+	if err != nil {
+		return st, err
+	}
+	members, err := s.store.BatchMembers(ctx, row.Key.Network, row.Signer, row.TxNonce)
+	if err != nil {
+		return st, unavailable(err)
+	}
+	if len(members) > 1 {
+		for _, m := range members {
+			nonce := hexutil.Encode(m.Key.Nonce[:])
+			st.Batch = append(st.Batch, facilitator.BatchSettlement{Network: m.Key.Network, Asset: m.Key.Asset.Hex(), Authorizer: m.Key.Payer.Hex(),
+				Nonce: nonce, State: facilitator.LedgerStatus(m.State), Reason: m.ErrorReason,
+				Status: AuthorizationPath(m.Key.Network, m.Key.Asset.Hex(), m.Key.Payer.Hex(), nonce)})
+		}
+	}
+	return st, nil
+}
+
+// AuthorizationPath is the path of an authorization's status answer.
+func AuthorizationPath(network, asset, authorizer, nonce string) string {
+	return "/v1/authorizations/" + url.PathEscape(network) + "/" + asset + "/" + authorizer + "/" + nonce
 }
 
 // TimelineLimit bounds a timeline: a settlement has a handful of events (signed, broadcast, a few

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"math/big"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -73,13 +74,13 @@ func TestStatusPending(t *testing.T) {
 		t.Fatalf("status: %+v, want pending from the ledger with %s, finality by depth 2", st, hash)
 	}
 	bySettlement, err := svc.Settlement(ctx, hash)
-	if err != nil || bySettlement != st {
+	if err != nil || !reflect.DeepEqual(bySettlement, st) {
 		t.Fatalf("by transaction: %+v %v, want %+v", bySettlement, err, st)
 	}
 	byPayment, err := svc.Payment(ctx, "", p.ID)
 	want := st
 	want.PaymentID = p.ID
-	if err != nil || byPayment != want {
+	if err != nil || !reflect.DeepEqual(byPayment, want) {
 		t.Fatalf("by payment id: %+v %v, want %+v", byPayment, err, want)
 	}
 }
@@ -308,7 +309,7 @@ func TestStatusLookups(t *testing.T) {
 
 	for _, h := range []common.Hash{first, bumped} {
 		st, err := svc.Settlement(ctx, h)
-		if err != nil || st != want {
+		if err != nil || !reflect.DeepEqual(st, want) {
 			t.Fatalf("Settlement(%s): %+v %v, want %+v", h, st, err, want)
 		}
 	}

@@ -30,11 +30,17 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	logLevel := fs.String("log-level", "info", "log level")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback address, e.g. 127.0.0.1:6060 (empty: off)")
 	nSigners := fs.Int("signers", 1, "facilitator signer keys: dev account #0, then deterministic extra keys funded with ETH")
+	batchMax := fs.Int("batch-max", 0, "batch up to this many settlements per Multicall3 transaction (0: off; the network's \"batch\" entry)")
+	batchWait := fs.Duration("batch-wait", 150*time.Millisecond, "with --batch-max: the longest a batch's first settlement waits for others")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *nSigners < 1 {
 		return fmt.Errorf("--signers must be at least 1, got %d", *nSigners)
+	}
+	batch, err := devBatch(*batchMax, *batchWait)
+	if err != nil {
+		return err
 	}
 	log := newLogger(stderr, *logLevel, "text")
 
@@ -52,6 +58,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 
 	cfg := devStackConfig(chain, *listen, *dbURL, *logLevel, signers)
 	cfg.Pprof = *pprofAddr
+	cfg.Networks[0].Batch = batch
 	m := &Main{Config: cfg, Logger: log}
 	if err := m.Run(ctx); err != nil {
 		m.Close()
@@ -61,6 +68,19 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "\nstopping the facilitator and anvil")
 	return m.Close()
+}
+
+// devBatch is the dev network's batch entry from --batch-max and --batch-wait (nil: off), checked
+// as a configured entry is, before anvil starts.
+func devBatch(max int, wait time.Duration) (*BatchConfig, error) {
+	if max == 0 {
+		return nil, nil
+	}
+	bc := &BatchConfig{Max: max, Wait: wait.String()}
+	if _, err := bc.policy(); err != nil {
+		return nil, fmt.Errorf("--batch-max/--batch-wait: %w", err)
+	}
+	return bc, nil
 }
 
 // devSigners is dev account #0 and n-1 extra keys. One key sends one transaction at a time in

@@ -10,6 +10,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // FiatToken's revert strings: verify and the engine read them only through "execution
@@ -151,6 +152,9 @@ func intrinsicGas(data []byte) uint64 {
 // the effects come back as commit, so eth_call and a mined transaction share one code path.
 func run(env execEnv, st *state, sender common.Address, to *common.Address, value *big.Int, data []byte) callResult {
 	base := intrinsicGas(data)
+	if to != nil && *to == multicall3.Address {
+		return aggregate3(env, st, sender, value, data)
+	}
 	if to == nil || *to != env.token {
 		// A plain transfer (the dummy transactions a foreign sender puts on our key).
 		res := callResult{gas: base}
@@ -240,6 +244,66 @@ func run(env execEnv, st *state, sender common.Address, to *common.Address, valu
 		return callResult{ret: tokenAnswer(c.Method, uint8(6)), gas: base + viewExecGas}
 	}
 	return revert(revertUnknown)
+}
+
+// Multicall3's gas beyond its calls' own: the loop and framing per call, and a batch's own
+// (anvil with Circle's USDC: a batch of n transfers uses about 21,000 + n × 65,000).
+const (
+	aggregateCallGas = 2_000
+	aggregateExecGas = 8_000
+)
+
+// aggregate3 executes Multicall3's aggregate3(calls) as the contract does: the calls one after
+// the other from Multicall3, each seeing the effects of those before it; a call that reverts with
+// allowFailure is answered failed and changes nothing, one without it reverts the whole batch.
+// Only a batch calldata decodes as runs; anything else reverts, as Multicall3's dispatcher does.
+func aggregate3(env execEnv, st *state, sender common.Address, value *big.Int, data []byte) callResult {
+	base := intrinsicGas(data) + aggregateExecGas
+	calls, ok := multicall3.DecodeAggregate3Calldata(data)
+	if !ok || value != nil && value.Sign() > 0 {
+		return callResult{reverted: true, gas: base}
+	}
+	work := st.copy()
+	var (
+		logs    []*types.Log
+		commits []func(*state, common.Hash)
+		results = make([]multicall3.Result, len(calls))
+		gas     = base
+	)
+	for i, c := range calls {
+		to := c.Target
+		r := run(env, work, multicall3.Address, &to, nil, c.CallData)
+		// The call's intrinsic cost is the lone transaction's, which the batch pays once.
+		gas += r.gas - intrinsicGas(c.CallData) + aggregateCallGas
+		if r.reverted {
+			if !c.AllowFailure {
+				return callResult{reverted: true, reason: "Multicall3: call failed", gas: gas}
+			}
+			results[i] = multicall3.Result{Success: false, ReturnData: revertData(r.reason)}
+			continue
+		}
+		if r.commit != nil {
+			r.commit(work, common.Hash{}) // the next calls see it; the batch's commit replays it
+			commits = append(commits, r.commit)
+		}
+		logs = append(logs, r.logs...)
+		results[i] = multicall3.Result{Success: true, ReturnData: r.ret}
+	}
+	return callResult{ret: multicall3.Aggregate3Answer(results), logs: logs, gas: gas, commit: func(st *state, tx common.Hash) {
+		for _, c := range commits {
+			c(st, tx)
+		}
+		// The calls' sender is Multicall3; a use's Sender is the transaction's.
+		for _, l := range logs {
+			if len(l.Topics) == 3 && (l.Topics[0] == eip3009.AuthorizationUsedTopic || l.Topics[0] == eip3009.AuthorizationCanceledTopic) {
+				k := authKey{common.BytesToAddress(l.Topics[1][:]), l.Topics[2]}
+				if u, ok := st.auths[k]; ok && u.TxHash == tx {
+					u.Sender = sender
+					st.auths[k] = u
+				}
+			}
+		}
+	}}
 }
 
 func tokenAnswer(method string, vals ...any) []byte {

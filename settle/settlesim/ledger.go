@@ -59,6 +59,7 @@ type nonceKey struct {
 	network string
 	signer  common.Address
 	nonce   uint64
+	slot    int // the place in a batch (migration 0017: unique with the nonce)
 }
 
 type pidKey struct{ scope, id string }
@@ -77,7 +78,10 @@ type ledgerRow struct {
 	claim       []byte // success_claim
 	updatedAt   time.Time
 	txs         []LedgerTx
-	events      []LedgerEvent
+	// family is the batch's slot-0 row, for a member past slot 0: a batch's transactions are
+	// recorded once, under slot 0, and read by every member (as settlement_txs is in Postgres).
+	family *ledgerRow
+	events []LedgerEvent
 }
 
 // LedgerTx is one row of settlement_txs.
@@ -180,11 +184,19 @@ func (l *Ledger) event(r *ledgerRow, state, detail string) {
 func (r *ledgerRow) settlement() *facilitator.Settlement {
 	s := r.s
 	s.Value, s.ValidBefore = cloneBig(s.Value), cloneBig(s.ValidBefore)
-	if s.TxHash == (common.Hash{}) && len(r.txs) > 0 {
-		s.TxHash = r.txs[len(r.txs)-1].Hash
+	if txs := r.familyTxs(); s.TxHash == (common.Hash{}) && len(txs) > 0 {
+		s.TxHash = txs[len(txs)-1].Hash
 	}
 	s.Delivered, s.BlockHash = r.delivered, r.blockHash
 	return &s
+}
+
+// familyTxs are the row's transactions: its own, or its batch's.
+func (r *ledgerRow) familyTxs() []LedgerTx {
+	if r.family != nil {
+		return r.family.txs
+	}
+	return r.txs
 }
 
 func cloneBig(b *big.Int) *big.Int {
@@ -290,11 +302,14 @@ func (l *Ledger) insertLocked(news []*facilitator.NewSettlement) ([]int64, error
 		case l.byKey[s.Key] != nil || keys[s.Key]:
 			return nil, facilitator.ErrDuplicate
 		}
-		nk := nonceKey{s.Key.Network, s.Signer, s.TxNonce}
+		nk := nonceKey{s.Key.Network, s.Signer, s.TxNonce, s.BatchSlot}
 		if l.byNonce[nk] != nil || nonces[nk] {
 			return nil, facilitator.ErrNonceTaken
 		}
-		if l.byTx[s.Tx.Hash] != nil || hashes[s.Tx.Hash] {
+		if slot0 := (nonceKey{s.Key.Network, s.Signer, s.TxNonce, 0}); s.BatchSlot > 0 && l.byNonce[slot0] == nil && !nonces[slot0] {
+			return nil, errors.New("settlesim: a batch member past slot 0 with no slot 0 at its tx nonce")
+		}
+		if s.BatchSlot == 0 && (l.byTx[s.Tx.Hash] != nil || hashes[s.Tx.Hash]) {
 			return nil, facilitator.ErrDuplicate // settlement_txs_pkey, translated as any other key
 		}
 		if s.PaymentID != nil {
@@ -310,7 +325,7 @@ func (l *Ledger) insertLocked(news []*facilitator.NewSettlement) ([]int64, error
 	for i, s := range news {
 		r := &ledgerRow{
 			s: facilitator.Settlement{ID: ids[i], Key: s.Key, Fingerprint: s.Fingerprint, PayTo: s.PayTo, Value: cloneBig(s.Value),
-				ValidBefore: cloneBig(s.ValidBefore), Signer: s.Signer, TxNonce: s.TxNonce, State: facilitator.StateSigned, CreatedAt: now},
+				ValidBefore: cloneBig(s.ValidBefore), Signer: s.Signer, TxNonce: s.TxNonce, BatchSlot: s.BatchSlot, State: facilitator.StateSigned, CreatedAt: now},
 			validAfter: cloneBig(s.ValidAfter), x402Version: s.X402Version, request: slices.Clone(s.Request), keyID: s.KeyID,
 			gasReserved: new(big.Int), updatedAt: now,
 		}
@@ -319,8 +334,13 @@ func (l *Ledger) insertLocked(news []*facilitator.NewSettlement) ([]int64, error
 		}
 		tx := cloneTx(s.Tx)
 		tx.Gas = 0 // the ledger keeps no gas limit: records read back leave it 0
-		r.txs = []LedgerTx{{TxRecord: tx, CreatedAt: now}}
-		l.event(r, string(facilitator.StateSigned), fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce))
+		if s.BatchSlot == 0 {
+			r.txs = []LedgerTx{{TxRecord: tx, CreatedAt: now}}
+			l.event(r, string(facilitator.StateSigned), fmt.Sprintf("tx %s nonce %d", s.Tx.Hash.Hex(), s.TxNonce))
+		} else {
+			r.family = l.byNonce[nonceKey{s.Key.Network, s.Signer, s.TxNonce, 0}] // checked above
+			l.event(r, string(facilitator.StateSigned), fmt.Sprintf("tx %s nonce %d slot %d", s.Tx.Hash.Hex(), s.TxNonce, s.BatchSlot))
+		}
 		if s.PaymentID != nil {
 			p := *s.PaymentID
 			p.Summary = cloneSummary(p.Summary)
@@ -329,8 +349,10 @@ func (l *Ledger) insertLocked(news []*facilitator.NewSettlement) ([]int64, error
 		}
 		l.rows[r.s.ID] = r
 		l.byKey[s.Key] = r
-		l.byNonce[nonceKey{s.Key.Network, s.Signer, s.TxNonce}] = r
-		l.byTx[s.Tx.Hash] = r
+		l.byNonce[nonceKey{s.Key.Network, s.Signer, s.TxNonce, s.BatchSlot}] = r
+		if s.BatchSlot == 0 {
+			l.byTx[s.Tx.Hash] = r
+		}
 	}
 	return ids, nil
 }
@@ -354,7 +376,7 @@ func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx fac
 		if r == nil || r.s.State.Succeeded() {
 			return facilitator.ErrNotFound
 		}
-		nk := nonceKey{r.s.Key.Network, r.s.Signer, txNonce}
+		nk := nonceKey{r.s.Key.Network, r.s.Signer, txNonce, 0}
 		if other := l.byNonce[nk]; other != nil && other != r {
 			return facilitator.ErrNonceTaken
 		}
@@ -362,7 +384,7 @@ func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx fac
 			return facilitator.ErrDuplicate
 		}
 		was := r.s.TxNonce
-		delete(l.byNonce, nonceKey{r.s.Key.Network, r.s.Signer, was})
+		delete(l.byNonce, nonceKey{r.s.Key.Network, r.s.Signer, was, 0})
 		r.s.TxNonce = txNonce
 		l.byNonce[nk] = r
 		if reserved := reservedGas(tx); reserved.Sign() > 0 && reserved.Cmp(r.gasReserved) > 0 {
@@ -385,6 +407,10 @@ func reservedGas(tx facilitator.TxRecord) *big.Int {
 func (l *Ledger) addTxLocked(r *ledgerRow, tx facilitator.TxRecord) {
 	rec := cloneTx(tx)
 	rec.Gas = 0
+	// A batch's variants are recorded under its slot 0, whichever member's bump it is.
+	if r.family != nil {
+		r = r.family
+	}
 	r.txs = append(r.txs, LedgerTx{TxRecord: rec, CreatedAt: l.now()})
 	l.byTx[tx.Hash] = r
 }
@@ -424,7 +450,7 @@ func (l *Ledger) OpenSettlements(ctx context.Context, network string, signer com
 				continue
 			}
 			o := facilitator.OpenSettlement{Settlement: *r.settlement()}
-			for _, t := range r.txs {
+			for _, t := range r.familyTxs() {
 				o.Txs = append(o.Txs, cloneTx(t.TxRecord))
 			}
 			out = append(out, o)
@@ -537,7 +563,7 @@ func (l *Ledger) rowLocked(r *ledgerRow) LedgerRow {
 		p.Summary = cloneSummary(p.Summary)
 		out.PaymentID = &p
 	}
-	for _, t := range r.txs {
+	for _, t := range r.familyTxs() {
 		out.Txs = append(out.Txs, LedgerTx{TxRecord: cloneTx(t.TxRecord), CreatedAt: t.CreatedAt})
 	}
 	return out

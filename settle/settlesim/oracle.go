@@ -7,6 +7,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // The oracle's view of the chain: what is true on the canonical chain now, and everything the
@@ -21,6 +23,8 @@ type TxInfo struct {
 	Tx     *types.Transaction
 	// Call is the decoded authorization call, when the transaction is one to the token.
 	Call *TokenCall
+	// Batch are the decoded authorization calls of a Multicall3 aggregate3 transaction.
+	Batch []TokenCall
 	// Pooled: in the pool now. Mined: in a canonical block now, with Status.
 	Pooled      bool
 	Mined       bool
@@ -38,6 +42,13 @@ func (c *Chain) infoLocked(h common.Hash) TxInfo {
 	if to := r.tx.To(); to != nil && *to == c.cfg.Token {
 		if call, ok := DecodeTokenCall(r.tx.Data()); ok {
 			info.Call = &call
+		}
+	} else if to != nil && *to == multicall3.Address {
+		calls, _ := multicall3.DecodeAggregate3Calldata(r.tx.Data())
+		for _, mc := range calls {
+			if call, ok := DecodeTokenCall(mc.CallData); ok && mc.Target == c.cfg.Token {
+				info.Batch = append(info.Batch, call)
+			}
 		}
 	}
 	if p := c.pool[r.from][r.tx.Nonce()]; p != nil && p.tx.Hash() == h {
@@ -98,6 +109,14 @@ func (c *Chain) TxsAt(sender common.Address, nonce uint64) []TxInfo {
 	return out
 }
 
+// calls are the token calls the transaction makes: its own, or its batch's.
+func (t TxInfo) calls() []TokenCall {
+	if t.Call != nil {
+		return []TokenCall{*t.Call}
+	}
+	return t.Batch
+}
+
 // AuthorizationTxs lists every transaction the chain has seen that calls transferWithAuthorization
 // or cancelAuthorization for (payer, nonce), by anyone, in the order seen.
 func (c *Chain) AuthorizationTxs(payer common.Address, nonce [32]byte) []TxInfo {
@@ -106,8 +125,11 @@ func (c *Chain) AuthorizationTxs(payer common.Address, nonce [32]byte) []TxInfo 
 	var out []TxInfo
 	for _, h := range c.order {
 		info := c.infoLocked(h)
-		if info.Call != nil && info.Call.Authorization.From == payer && info.Call.Authorization.Nonce == nonce {
-			out = append(out, info)
+		for _, call := range info.calls() {
+			if call.Authorization.From == payer && call.Authorization.Nonce == nonce {
+				out = append(out, info)
+				break
+			}
 		}
 	}
 	return out
