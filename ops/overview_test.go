@@ -76,7 +76,7 @@ func TestLedgerAggregates(t *testing.T) {
 	row(t, pool, tenAgo.Add(40*time.Second), facilitator.StateMined, 3*time.Second, 0)
 	row(t, pool, fiveAgo, facilitator.StateReverted, 0, 0)
 	row(t, pool, now.Add(-time.Minute).Truncate(time.Minute).Add(30*time.Second), facilitator.StateMined, 0, 0) // the last whole minute
-	row(t, pool, now.Add(-2*time.Hour), facilitator.StateFinal, time.Second, time.Minute) // outside the hour
+	row(t, pool, now.Add(-2*time.Hour), facilitator.StateFinal, time.Second, time.Minute)                       // outside the hour
 
 	o := ops.New(ops.Config{Ledger: db, Now: func() time.Time { return now }, CacheFor: time.Nanosecond})
 	s := o.Overview(t.Context())
