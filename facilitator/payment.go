@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math/big"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ethereum/go-ethereum/common"
 )
@@ -97,6 +98,21 @@ func ParseRequest(req Request) (*Payment, error) {
 	if isNull(req.PaymentRequirements) {
 		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements is missing")
 	}
+	// One decode of the payload usually serves both the version dispatch and the version's own
+	// fields (each json.Unmarshal scans its whole input first). The union has every field of both
+	// generations, and a key matches the same field in it as in the generation's own struct, so
+	// when it decodes without error its fields are what the separate decodes give. A value of the
+	// wrong type in the other generation's field fails it: then the separate decodes run, as before,
+	// and say what is wrong in the same words.
+	var u payloadUnion
+	if err := json.Unmarshal(req.PaymentPayload, &u); err == nil && u.X402Version != nil {
+		switch *u.X402Version {
+		case 2:
+			return parseV2(req, &PaymentPayload{X402Version: 2, Resource: u.Resource, Accepted: u.Accepted, Payload: u.Payload, Extensions: u.Extensions})
+		case 1:
+			return parseV1(req, &PaymentPayloadV1{X402Version: 1, Scheme: u.Scheme, Network: u.Network, Payload: u.Payload})
+		}
+	}
 	var head struct {
 		X402Version *int `json:"x402Version"`
 	}
@@ -108,18 +124,32 @@ func ParseRequest(req Request) (*Payment, error) {
 	}
 	switch *head.X402Version {
 	case 2:
-		return parseV2(req)
+		return parseV2(req, nil)
 	case 1:
-		return parseV1(req)
+		return parseV1(req, nil)
 	default:
 		return nil, Errorf(EInvalid, ReasonInvalidX402Version, "paymentPayload.x402Version %d is not supported (1 or 2)", *head.X402Version)
 	}
 }
 
-func parseV2(req Request) (*Payment, error) {
-	var pp PaymentPayload
-	if err := json.Unmarshal(req.PaymentPayload, &pp); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+// payloadUnion is PaymentPayload and PaymentPayloadV1 in one (ParseRequest).
+type payloadUnion struct {
+	X402Version *int                       `json:"x402Version"`
+	Resource    *ResourceInfo              `json:"resource,omitempty"`
+	Accepted    PaymentRequirements        `json:"accepted"`
+	Payload     json.RawMessage            `json:"payload"`
+	Extensions  map[string]json.RawMessage `json:"extensions,omitempty"`
+	Scheme      string                     `json:"scheme"`
+	Network     string                     `json:"network"`
+}
+
+// parseV2 types a v2 request; pp is its payload when already decoded, else nil.
+func parseV2(req Request, pp *PaymentPayload) (*Payment, error) {
+	if pp == nil {
+		pp = new(PaymentPayload)
+		if err := json.Unmarshal(req.PaymentPayload, pp); err != nil {
+			return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+		}
 	}
 	var pr PaymentRequirements
 	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
@@ -148,10 +178,13 @@ func parseV2(req Request) (*Payment, error) {
 	return p, nil
 }
 
-func parseV1(req Request) (*Payment, error) {
-	var pp PaymentPayloadV1
-	if err := json.Unmarshal(req.PaymentPayload, &pp); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+// parseV1 types a v1 request; pp is its payload when already decoded, else nil.
+func parseV1(req Request, pp *PaymentPayloadV1) (*Payment, error) {
+	if pp == nil {
+		pp = new(PaymentPayloadV1)
+		if err := json.Unmarshal(req.PaymentPayload, pp); err != nil {
+			return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+		}
 	}
 	var pr PaymentRequirementsV1
 	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
@@ -197,6 +230,10 @@ func parseRequirements(scheme, network, amount, amountField, asset, payTo string
 		for key, dst := range map[string]*string{"name": &r.Name, "version": &r.Version} {
 			raw, present := domain[key]
 			if !present || isNull(raw) {
+				continue
+			}
+			if s, ok := plainString(raw); ok {
+				*dst = s
 				continue
 			}
 			if err := json.Unmarshal(raw, dst); err != nil {
@@ -303,6 +340,22 @@ func parseHex(s string) ([]byte, bool) {
 	}
 	b, err := hex.DecodeString(h)
 	return b, err == nil
+}
+
+// plainString reads a JSON string with nothing to unescape ("USD Coin") without another pass
+// of the decoder; raw comes from a decode that already checked it is valid JSON. Anything else
+// (escapes, bytes that are not UTF-8, which the decoder replaces) is left to json.Unmarshal.
+func plainString(raw json.RawMessage) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	in := raw[1 : len(raw)-1]
+	for _, c := range in {
+		if c == '\\' || c == '"' || c < 0x20 || c >= utf8.RuneSelf {
+			return "", false
+		}
+	}
+	return string(in), true
 }
 
 func isNull(raw json.RawMessage) bool {
