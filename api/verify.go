@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/labstack/echo/v4"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -28,8 +27,8 @@ func (s *Server) verify(c echo.Context) error {
 	if err != nil {
 		return s.writeError(c, p, err)
 	}
-	c.Set(reasonKey, res.InvalidReason)
-	c.Set(payerKey, res.Payer)
+	tags := tagsOf(c)
+	tags.reason, tags.payer = res.InvalidReason, res.Payer
 	markReplay(c, res.Extensions)
 	// Every verdict, valid or not, is 200: v1 clients accept nothing else.
 	return c.JSON(http.StatusOK, res)
@@ -55,10 +54,9 @@ func tagPayment(c echo.Context, p *facilitator.Payment) {
 	if p == nil {
 		return
 	}
-	c.Set(networkKey, p.Network)
-	c.Set(payerKey, p.Payer)
-	c.Set(nonceKey, hexutil.Encode(p.Authorization.Nonce[:]))
-	c.Set(paymentIDKey, p.PaymentID)
+	tags := tagsOf(c)
+	tags.network, tags.payer, tags.paymentID = p.Network, p.Payer, p.PaymentID
+	tags.nonce, tags.hasNonce = p.Authorization.Nonce, true
 }
 
 // markReplay sets the replay header, and the official packages' EXTENSION-RESPONSES header (base64
