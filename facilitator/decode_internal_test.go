@@ -3,6 +3,7 @@ package facilitator
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -28,9 +29,9 @@ func decodeSeparately(body []byte) (*Payment, error) {
 	var p *Payment
 	var err error
 	if *head.X402Version == 2 {
-		p, err = parseV2(req, nil)
+		p, err = parseV2(req, nil, nil, nil)
 	} else {
-		p, err = parseV1(req, nil)
+		p, err = parseV1(req, nil, nil, nil)
 	}
 	if err == nil {
 		p.Body = body
@@ -57,6 +58,26 @@ func FuzzDecodeOnePass(f *testing.F) {
 		`{"paymentPayload":{"x402Version":2.5},"paymentRequirements":{}}`,
 		`{"paymentPayload":null,"paymentRequirements":{}}`,
 		`{"paymentPayload":{"x402Version":2},"paymentRequirements":{"extra":{"NAME":"x","name":"USD \u0043oin","version":"\u00e9"}}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	// Where one decode would merge what the level-by-level decode replaces: a key that comes
+	// twice (as written, in another case, or escaped), with the valid payment split across both.
+	v2 := decodeSeedV2
+	payload := v2[strings.Index(v2, `"payload":`):strings.Index(v2, `,"resource"`)]
+	reqs := v2[strings.Index(v2, `"paymentRequirements":`) : len(v2)-1]
+	for _, s := range []string{
+		strings.Replace(v2, `{"x402Version":2,"paymentPayload"`, `{"paymentRequirements":{"scheme":"exact"},"paymentPayload"`, 1),
+		v2[:len(v2)-1] + `,"paymentPayload":{"x402Version":2}}`,
+		v2[:len(v2)-1] + `,"PAYMENTPAYLOAD":{"x402Version":1}}`,
+		v2[:len(v2)-1] + `,"payment\u0050ayload":{"x402Version":1}}`,
+		v2[:len(v2)-1] + "," + strings.Replace(reqs, `"paymentRequirements"`, `"PaymentRequirements"`, 1) + `}`,
+		strings.Replace(v2, payload, `"payload":{"signature":"0xabab1b"},`+strings.Replace(payload, `"signature":"0xabab1b"`, `"signature":null`, 1), 1),
+		strings.Replace(v2, payload, payload+`,"Payload":{"signature":"0x01"}`, 1),
+		strings.Replace(v2, `"USD Coin"`, `"USD Co\u0069n"`, 1),
+		strings.Replace(v2, `"USD Coin"`, `"USD Coïn"`, 1),
+		strings.Replace(v2, `"extensions":{`, `"extensions":{"x":"payload",`, 1),
+		strings.Replace(v2, `"payload":`, `"payloaſ":{},"payload":`, 1),
 	} {
 		f.Add([]byte(s))
 	}

@@ -78,6 +78,9 @@ func DecodeRequest(body []byte) (*Payment, error) {
 	if len(body) > MaxBodyBytes {
 		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body is larger than %d bytes", MaxBodyBytes)
 	}
+	if p := decodeOnePass(body); p != nil {
+		return p, nil
+	}
 	var req Request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body: %s", jsonProblem(err))
@@ -88,6 +91,99 @@ func DecodeRequest(body []byte) (*Payment, error) {
 	}
 	p.Body = body
 	return p, nil
+}
+
+// oneRequest is the whole body in one decode: each json.Unmarshal scans its input before it
+// decodes, so decoding level by level (the body, then the payload, then its payload and the
+// requirements) scanned the same bytes four times.
+type oneRequest struct {
+	PaymentPayload *struct {
+		payloadUnion
+		Payload *ExactEVMPayload `json:"payload"`
+	} `json:"paymentPayload"`
+	PaymentRequirements *requirementsUnion `json:"paymentRequirements"`
+}
+
+// requirementsUnion is PaymentRequirements and PaymentRequirementsV1 in one (see payloadUnion).
+type requirementsUnion struct {
+	Scheme            string          `json:"scheme"`
+	Network           string          `json:"network"`
+	Amount            string          `json:"amount"`
+	MaxAmountRequired string          `json:"maxAmountRequired"`
+	Resource          string          `json:"resource"`
+	Description       string          `json:"description"`
+	MimeType          string          `json:"mimeType"`
+	OutputSchema      json.RawMessage `json:"outputSchema,omitempty"`
+	PayTo             string          `json:"payTo"`
+	MaxTimeoutSeconds int64           `json:"maxTimeoutSeconds"`
+	Asset             string          `json:"asset"`
+	Extra             json.RawMessage `json:"extra,omitempty"`
+}
+
+// decodeOnePass is DecodeRequest's common case, a valid body, in one decode; nil leaves the body
+// to the level-by-level decode, which also says what is wrong with a bad one. The two agree
+// (FuzzDecodeOnePass) because they differ only where a level kept raw bytes (the body's two
+// objects, the payload's payload), and there only when its key comes twice: raw bytes take the
+// last, a struct merges both. oneKeyEach makes sure no such key can come twice.
+func decodeOnePass(body []byte) *Payment {
+	if !oneKeyEach(body) {
+		return nil
+	}
+	var one oneRequest
+	if err := json.Unmarshal(body, &one); err != nil {
+		return nil
+	}
+	pp, pr := one.PaymentPayload, one.PaymentRequirements
+	if pp == nil || pr == nil || pp.Payload == nil || pp.X402Version == nil {
+		return nil
+	}
+	var p *Payment
+	var err error
+	switch *pp.X402Version {
+	case 2:
+		p, err = parseV2(Request{},
+			&PaymentPayload{X402Version: 2, Resource: pp.Resource, Accepted: pp.Accepted, Extensions: pp.Extensions},
+			&PaymentRequirements{Scheme: pr.Scheme, Network: pr.Network, Amount: pr.Amount, Asset: pr.Asset, PayTo: pr.PayTo, MaxTimeoutSeconds: pr.MaxTimeoutSeconds, Extra: pr.Extra},
+			pp.Payload)
+	case 1:
+		p, err = parseV1(Request{},
+			&PaymentPayloadV1{X402Version: 1, Scheme: pp.Scheme, Network: pp.Network},
+			&PaymentRequirementsV1{Scheme: pr.Scheme, Network: pr.Network, MaxAmountRequired: pr.MaxAmountRequired, Resource: pr.Resource,
+				Description: pr.Description, MimeType: pr.MimeType, OutputSchema: pr.OutputSchema, PayTo: pr.PayTo,
+				MaxTimeoutSeconds: pr.MaxTimeoutSeconds, Asset: pr.Asset, Extra: pr.Extra},
+			pp.Payload)
+	default:
+		return nil
+	}
+	if err != nil {
+		return nil
+	}
+	p.Body = body
+	return p
+}
+
+// oneKeyEach reports whether body is ASCII without a backslash (so that a key is its bytes: no
+// escapes, and no Unicode case folding, which encoding/json applies when it matches a key to a
+// field) and names each of "paymentPayload", "paymentRequirements" and "payload", in any case,
+// at most once as a quoted string anywhere.
+func oneKeyEach(body []byte) bool {
+	var counts [3]int
+	for i, c := range body {
+		if c >= utf8.RuneSelf || c == '\\' {
+			return false
+		}
+		if c != '"' {
+			continue
+		}
+		for k, key := range [...]string{`"paymentPayload"`, `"paymentRequirements"`, `"payload"`} {
+			if len(body)-i >= len(key) && bytes.EqualFold(body[i:i+len(key)], []byte(key)) {
+				if counts[k]++; counts[k] > 1 {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 // ParseRequest types a decoded request, dispatching on paymentPayload.x402Version.
@@ -108,9 +204,9 @@ func ParseRequest(req Request) (*Payment, error) {
 	if err := json.Unmarshal(req.PaymentPayload, &u); err == nil && u.X402Version != nil {
 		switch *u.X402Version {
 		case 2:
-			return parseV2(req, &PaymentPayload{X402Version: 2, Resource: u.Resource, Accepted: u.Accepted, Payload: u.Payload, Extensions: u.Extensions})
+			return parseV2(req, &PaymentPayload{X402Version: 2, Resource: u.Resource, Accepted: u.Accepted, Payload: u.Payload, Extensions: u.Extensions}, nil, nil)
 		case 1:
-			return parseV1(req, &PaymentPayloadV1{X402Version: 1, Scheme: u.Scheme, Network: u.Network, Payload: u.Payload})
+			return parseV1(req, &PaymentPayloadV1{X402Version: 1, Scheme: u.Scheme, Network: u.Network, Payload: u.Payload}, nil, nil)
 		}
 	}
 	var head struct {
@@ -124,9 +220,9 @@ func ParseRequest(req Request) (*Payment, error) {
 	}
 	switch *head.X402Version {
 	case 2:
-		return parseV2(req, nil)
+		return parseV2(req, nil, nil, nil)
 	case 1:
-		return parseV1(req, nil)
+		return parseV1(req, nil, nil, nil)
 	default:
 		return nil, Errorf(EInvalid, ReasonInvalidX402Version, "paymentPayload.x402Version %d is not supported (1 or 2)", *head.X402Version)
 	}
@@ -143,17 +239,20 @@ type payloadUnion struct {
 	Network     string                     `json:"network"`
 }
 
-// parseV2 types a v2 request; pp is its payload when already decoded, else nil.
-func parseV2(req Request, pp *PaymentPayload) (*Payment, error) {
+// parseV2 types a v2 request. pp, pr and ep are its payload, requirements and the payload's
+// payload when already decoded (decodeOnePass), else nil: decoded from req.
+func parseV2(req Request, pp *PaymentPayload, pr *PaymentRequirements, ep *ExactEVMPayload) (*Payment, error) {
 	if pp == nil {
 		pp = new(PaymentPayload)
 		if err := json.Unmarshal(req.PaymentPayload, pp); err != nil {
 			return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
 		}
 	}
-	var pr PaymentRequirements
-	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+	if pr == nil {
+		pr = new(PaymentRequirements)
+		if err := json.Unmarshal(req.PaymentRequirements, pr); err != nil {
+			return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+		}
 	}
 	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.Amount, "amount", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
 	if err != nil {
@@ -169,7 +268,7 @@ func parseV2(req Request, pp *PaymentPayload) (*Payment, error) {
 	if pp.Resource != nil {
 		p.Resource = pp.Resource.URL
 	}
-	if err := parseExactPayload(p, pp.Payload); err != nil {
+	if err := parseExactPayload(p, pp.Payload, ep); err != nil {
 		return nil, err
 	}
 	if err := parsePaymentID(p); err != nil {
@@ -178,24 +277,26 @@ func parseV2(req Request, pp *PaymentPayload) (*Payment, error) {
 	return p, nil
 }
 
-// parseV1 types a v1 request; pp is its payload when already decoded, else nil.
-func parseV1(req Request, pp *PaymentPayloadV1) (*Payment, error) {
+// parseV1 types a v1 request, like parseV2.
+func parseV1(req Request, pp *PaymentPayloadV1, pr *PaymentRequirementsV1, ep *ExactEVMPayload) (*Payment, error) {
 	if pp == nil {
 		pp = new(PaymentPayloadV1)
 		if err := json.Unmarshal(req.PaymentPayload, pp); err != nil {
 			return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
 		}
 	}
-	var pr PaymentRequirementsV1
-	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+	if pr == nil {
+		pr = new(PaymentRequirementsV1)
+		if err := json.Unmarshal(req.PaymentRequirements, pr); err != nil {
+			return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+		}
 	}
 	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.MaxAmountRequired, "maxAmountRequired", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
 	if err != nil {
 		return nil, err
 	}
 	p := &Payment{X402Version: 1, Scheme: clip(pp.Scheme), Network: clip(pp.Network), Requirements: reqs, Resource: pr.Resource}
-	if err := parseExactPayload(p, pp.Payload); err != nil {
+	if err := parseExactPayload(p, pp.Payload, ep); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -244,16 +345,19 @@ func parseRequirements(scheme, network, amount, amountField, asset, payTo string
 	return r, nil
 }
 
-func parseExactPayload(p *Payment, raw json.RawMessage) error {
+// parseExactPayload types the payload's payload: ep when already decoded, else raw.
+func parseExactPayload(p *Payment, raw json.RawMessage, ep *ExactEVMPayload) error {
 	bad := func(format string, args ...any) error {
 		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload."+format, args...)
 	}
-	if isNull(raw) {
-		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload is missing")
-	}
-	var ep ExactEVMPayload
-	if err := json.Unmarshal(raw, &ep); err != nil {
-		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload: %s", jsonProblem(err))
+	if ep == nil {
+		if isNull(raw) {
+			return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload is missing")
+		}
+		ep = new(ExactEVMPayload)
+		if err := json.Unmarshal(raw, ep); err != nil {
+			return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload: %s", jsonProblem(err))
+		}
 	}
 	// The official facilitator picks Permit2 by the key's presence alone.
 	if ep.Permit2Authorization != nil {
