@@ -167,12 +167,22 @@ func decodeOnePass(body []byte) *Payment {
 // field) and names each of "paymentPayload", "paymentRequirements" and "payload", in any case,
 // at most once as a quoted string anywhere.
 func oneKeyEach(body []byte) bool {
-	var counts [3]int
-	for i, c := range body {
-		if c >= utf8.RuneSelf || c == '\\' {
+	if bytes.IndexByte(body, '\\') >= 0 {
+		return false
+	}
+	for _, c := range body {
+		if c >= utf8.RuneSelf {
 			return false
 		}
-		if c != '"' {
+	}
+	var counts [3]int
+	for i := 0; ; i++ {
+		j := bytes.IndexByte(body[i:], '"')
+		if j < 0 {
+			return true
+		}
+		i += j
+		if i+1 >= len(body) || body[i+1]|0x20 != 'p' { // all three start with p
 			continue
 		}
 		for k, key := range [...]string{`"paymentPayload"`, `"paymentRequirements"`, `"payload"`} {
@@ -183,7 +193,6 @@ func oneKeyEach(body []byte) bool {
 			}
 		}
 	}
-	return true
 }
 
 // ParseRequest types a decoded request, dispatching on paymentPayload.x402Version.
