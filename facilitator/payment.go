@@ -104,20 +104,11 @@ type oneRequest struct {
 	PaymentRequirements *requirementsUnion `json:"paymentRequirements"`
 }
 
-// requirementsUnion is PaymentRequirements and PaymentRequirementsV1 in one (see payloadUnion).
+// requirementsUnion is PaymentRequirements and PaymentRequirementsV1 in one (see payloadUnion):
+// v1's fields and v2's amount.
 type requirementsUnion struct {
-	Scheme            string          `json:"scheme"`
-	Network           string          `json:"network"`
-	Amount            string          `json:"amount"`
-	MaxAmountRequired string          `json:"maxAmountRequired"`
-	Resource          string          `json:"resource"`
-	Description       string          `json:"description"`
-	MimeType          string          `json:"mimeType"`
-	OutputSchema      json.RawMessage `json:"outputSchema,omitempty"`
-	PayTo             string          `json:"payTo"`
-	MaxTimeoutSeconds int64           `json:"maxTimeoutSeconds"`
-	Asset             string          `json:"asset"`
-	Extra             json.RawMessage `json:"extra,omitempty"`
+	PaymentRequirementsV1
+	Amount string `json:"amount"`
 }
 
 // decodeOnePass is DecodeRequest's common case, a valid body, in one decode; nil leaves the body
@@ -148,9 +139,7 @@ func decodeOnePass(body []byte) *Payment {
 	case 1:
 		p, err = parseV1(Request{},
 			&PaymentPayloadV1{X402Version: 1, Scheme: pp.Scheme, Network: pp.Network},
-			&PaymentRequirementsV1{Scheme: pr.Scheme, Network: pr.Network, MaxAmountRequired: pr.MaxAmountRequired, Resource: pr.Resource,
-				Description: pr.Description, MimeType: pr.MimeType, OutputSchema: pr.OutputSchema, PayTo: pr.PayTo,
-				MaxTimeoutSeconds: pr.MaxTimeoutSeconds, Asset: pr.Asset, Extra: pr.Extra},
+			&pr.PaymentRequirementsV1,
 			pp.Payload)
 	default:
 		return nil
@@ -251,17 +240,9 @@ type payloadUnion struct {
 // parseV2 types a v2 request. pp, pr and ep are its payload, requirements and the payload's
 // payload when already decoded (decodeOnePass), else nil: decoded from req.
 func parseV2(req Request, pp *PaymentPayload, pr *PaymentRequirements, ep *ExactEVMPayload) (*Payment, error) {
-	if pp == nil {
-		pp = new(PaymentPayload)
-		if err := json.Unmarshal(req.PaymentPayload, pp); err != nil {
-			return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
-		}
-	}
-	if pr == nil {
-		pr = new(PaymentRequirements)
-		if err := json.Unmarshal(req.PaymentRequirements, pr); err != nil {
-			return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
-		}
+	pp, pr, err := decodeLevels(req, pp, pr)
+	if err != nil {
+		return nil, err
 	}
 	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.Amount, "amount", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
 	if err != nil {
@@ -286,19 +267,29 @@ func parseV2(req Request, pp *PaymentPayload, pr *PaymentRequirements, ep *Exact
 	return p, nil
 }
 
-// parseV1 types a v1 request, like parseV2.
-func parseV1(req Request, pp *PaymentPayloadV1, pr *PaymentRequirementsV1, ep *ExactEVMPayload) (*Payment, error) {
+// decodeLevels decodes a generation's payload and requirements from req, each unless already
+// decoded (non-nil).
+func decodeLevels[P, R any](req Request, pp *P, pr *R) (*P, *R, error) {
 	if pp == nil {
-		pp = new(PaymentPayloadV1)
+		pp = new(P)
 		if err := json.Unmarshal(req.PaymentPayload, pp); err != nil {
-			return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+			return nil, nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
 		}
 	}
 	if pr == nil {
-		pr = new(PaymentRequirementsV1)
+		pr = new(R)
 		if err := json.Unmarshal(req.PaymentRequirements, pr); err != nil {
-			return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+			return nil, nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
 		}
+	}
+	return pp, pr, nil
+}
+
+// parseV1 types a v1 request, like parseV2.
+func parseV1(req Request, pp *PaymentPayloadV1, pr *PaymentRequirementsV1, ep *ExactEVMPayload) (*Payment, error) {
+	pp, pr, err := decodeLevels(req, pp, pr)
+	if err != nil {
+		return nil, err
 	}
 	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.MaxAmountRequired, "maxAmountRequired", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
 	if err != nil {
