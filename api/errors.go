@@ -76,7 +76,7 @@ func (s *Server) writeError(c echo.Context, p *facilitator.Payment, err error) e
 		if p != nil {
 			res.Payer = p.Payer
 		}
-		c.Set(reasonKey, res.InvalidReason)
+		tagsOf(c).reason = res.InvalidReason
 		return c.JSON(status, res)
 	case "/settle":
 		// transaction and network are always present, as the official client's schema requires.
@@ -89,7 +89,7 @@ func (s *Server) writeError(c echo.Context, p *facilitator.Payment, err error) e
 		if p != nil {
 			res.Payer, res.Network = p.Payer, p.Network
 		}
-		c.Set(reasonKey, res.ErrorReason)
+		tagsOf(c).reason = res.ErrorReason
 		return c.JSON(status, res)
 	}
 	fallback := "internal_error"
@@ -97,7 +97,7 @@ func (s *Server) writeError(c echo.Context, p *facilitator.Payment, err error) e
 		fallback = "unavailable"
 	}
 	reason := facilitator.ErrorReason(err, fallback)
-	c.Set(reasonKey, reason)
+	tagsOf(c).reason = reason
 	return c.JSON(status, map[string]string{"error": reason, "message": msg})
 }
 

@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
@@ -197,26 +197,38 @@ func (s *Server) healthz(c echo.Context) error {
 func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
+		tags := &requestTags{}
+		c.Set(tagsKey, tags)
 		err := next(c)
 		if err != nil {
 			c.Error(err)
 		}
+		took := time.Since(start)
+		s.observe(c, tags, took)
 		req := c.Request()
-		attrs := []any{"method", req.Method, "path", req.URL.Path, "status", c.Response().Status,
-			"duration_ms", float64(time.Since(start).Microseconds()) / 1000}
-		if reason, ok := c.Get(reasonKey).(string); ok && reason != "" {
-			attrs = append(attrs, "reason", reason)
-		}
-		for _, k := range []string{payerKey, nonceKey, paymentIDKey, txKey} {
-			if v, ok := c.Get(k).(string); ok && v != "" {
-				attrs = append(attrs, strings.TrimPrefix(k, "x402."), v)
-			}
-		}
-		s.observe(c, time.Since(start))
 		level := slog.LevelInfo
 		switch c.Path() {
 		case "/healthz", "/readyz", "/metrics":
 			level = slog.LevelDebug // polled by probes and scrapers every few seconds
+		}
+		// The line's attributes are built only when it is written: at warn, under load, that is
+		// every /verify's cost saved.
+		if !s.log.Enabled(req.Context(), level) {
+			return nil
+		}
+		attrs := []any{"method", req.Method, "path", req.URL.Path, "status", c.Response().Status,
+			"duration_ms", float64(took.Microseconds()) / 1000}
+		if tags.reason != "" {
+			attrs = append(attrs, "reason", tags.reason)
+		}
+		var nonce string
+		if tags.hasNonce {
+			nonce = hexutil.Encode(tags.nonce[:])
+		}
+		for _, kv := range [...][2]string{{"payer", tags.payer}, {"nonce", nonce}, {"payment_id", tags.paymentID}, {"tx", tags.tx}} {
+			if kv[1] != "" {
+				attrs = append(attrs, kv[0], kv[1])
+			}
 		}
 		s.log.Log(req.Context(), level, "http", attrs...)
 		return nil
@@ -224,7 +236,7 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 // observe tells the Observer about a /verify or /settle answer.
-func (s *Server) observe(c echo.Context, took time.Duration) {
+func (s *Server) observe(c echo.Context, tags *requestTags, took time.Duration) {
 	if s.cfg.Observer == nil {
 		return
 	}
@@ -232,11 +244,11 @@ func (s *Server) observe(c echo.Context, took time.Duration) {
 	if path != "/verify" && path != "/settle" {
 		return
 	}
-	network, _ := c.Get(networkKey).(string)
+	network := tags.network
 	if !s.networks[network] {
 		network = "unknown"
 	}
-	reason, _ := c.Get(reasonKey).(string)
+	reason := tags.reason
 	if status := c.Response().Status; reason == "" && status != http.StatusOK {
 		reason = "http_" + strconv.Itoa(status) // an answer no handler gave a reason (a panic)
 	}
@@ -254,12 +266,27 @@ func orDefault(s, d string) string {
 	return s
 }
 
-// Keys under which handlers leave what the access log and the Observer should carry.
-const (
-	reasonKey    = "x402.reason"
-	payerKey     = "x402.payer"
-	nonceKey     = "x402.nonce"      // the authorization's nonce
-	paymentIDKey = "x402.payment_id" // the payment-identifier id, when sent
-	txKey        = "x402.tx"         // the settlement transaction's hash
-	networkKey   = "x402.network"
-)
+// requestTags is what handlers leave for the access log and the Observer, one value per request
+// under tagsKey (a c.Set per field boxed each value, and the nonce was hex-encoded for a log line
+// that, at warn, is never written).
+type requestTags struct {
+	reason    string
+	payer     string
+	nonce     [32]byte // the authorization's nonce, when hasNonce
+	hasNonce  bool
+	paymentID string // the payment-identifier id, when sent
+	tx        string // the settlement transaction's hash
+	network   string
+}
+
+const tagsKey = "x402.tags"
+
+// tagsOf is the request's tags; a handler served without the access log gets a fresh, unread set.
+func tagsOf(c echo.Context) *requestTags {
+	if t, ok := c.Get(tagsKey).(*requestTags); ok {
+		return t
+	}
+	t := &requestTags{}
+	c.Set(tagsKey, t)
+	return t
+}

@@ -34,9 +34,8 @@ func (s *Server) settle(c echo.Context) error {
 		return s.writeError(c, p, err)
 	}
 	res := out.Response
-	c.Set(reasonKey, res.ErrorReason)
-	c.Set(payerKey, res.Payer)
-	c.Set(txKey, res.Transaction)
+	tags := tagsOf(c)
+	tags.reason, tags.payer, tags.tx = res.ErrorReason, res.Payer, res.Transaction
 	if res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
 		setRetryAfter(c, 0)
 	}

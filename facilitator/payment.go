@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math/big"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ethereum/go-ethereum/common"
 )
@@ -77,6 +78,9 @@ func DecodeRequest(body []byte) (*Payment, error) {
 	if len(body) > MaxBodyBytes {
 		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body is larger than %d bytes", MaxBodyBytes)
 	}
+	if p := decodeOnePass(body); p != nil {
+		return p, nil
+	}
 	var req Request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, Errorf(EInvalid, ReasonInvalidPayload, "request body: %s", jsonProblem(err))
@@ -89,6 +93,97 @@ func DecodeRequest(body []byte) (*Payment, error) {
 	return p, nil
 }
 
+// oneRequest is the whole body in one decode: each json.Unmarshal scans its input before it
+// decodes, so decoding level by level (the body, then the payload, then its payload and the
+// requirements) scanned the same bytes four times.
+type oneRequest struct {
+	PaymentPayload *struct {
+		payloadUnion
+		Payload *ExactEVMPayload `json:"payload"`
+	} `json:"paymentPayload"`
+	PaymentRequirements *requirementsUnion `json:"paymentRequirements"`
+}
+
+// requirementsUnion is PaymentRequirements and PaymentRequirementsV1 in one (see payloadUnion):
+// v1's fields and v2's amount.
+type requirementsUnion struct {
+	PaymentRequirementsV1
+	Amount string `json:"amount"`
+}
+
+// decodeOnePass is DecodeRequest's common case, a valid body, in one decode; nil leaves the body
+// to the level-by-level decode, which also says what is wrong with a bad one. The two agree
+// (FuzzDecodeOnePass) because they differ only where a level kept raw bytes (the body's two
+// objects, the payload's payload), and there only when its key comes twice: raw bytes take the
+// last, a struct merges both. oneKeyEach makes sure no such key can come twice.
+func decodeOnePass(body []byte) *Payment {
+	if !oneKeyEach(body) {
+		return nil
+	}
+	var one oneRequest
+	if err := json.Unmarshal(body, &one); err != nil {
+		return nil
+	}
+	pp, pr := one.PaymentPayload, one.PaymentRequirements
+	if pp == nil || pr == nil || pp.Payload == nil || pp.X402Version == nil {
+		return nil
+	}
+	var p *Payment
+	var err error
+	switch *pp.X402Version {
+	case 2:
+		p, err = parseV2(Request{},
+			&PaymentPayload{X402Version: 2, Resource: pp.Resource, Accepted: pp.Accepted, Extensions: pp.Extensions},
+			&PaymentRequirements{Scheme: pr.Scheme, Network: pr.Network, Amount: pr.Amount, Asset: pr.Asset, PayTo: pr.PayTo, MaxTimeoutSeconds: pr.MaxTimeoutSeconds, Extra: pr.Extra},
+			pp.Payload)
+	case 1:
+		p, err = parseV1(Request{},
+			&PaymentPayloadV1{X402Version: 1, Scheme: pp.Scheme, Network: pp.Network},
+			&pr.PaymentRequirementsV1,
+			pp.Payload)
+	default:
+		return nil
+	}
+	if err != nil {
+		return nil
+	}
+	p.Body = body
+	return p
+}
+
+// oneKeyEach reports whether body is ASCII without a backslash (so that a key is its bytes: no
+// escapes, and no Unicode case folding, which encoding/json applies when it matches a key to a
+// field) and names each of "paymentPayload", "paymentRequirements" and "payload", in any case,
+// at most once as a quoted string anywhere.
+func oneKeyEach(body []byte) bool {
+	if bytes.IndexByte(body, '\\') >= 0 {
+		return false
+	}
+	for _, c := range body {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	var counts [3]int
+	for i := 0; ; i++ {
+		j := bytes.IndexByte(body[i:], '"')
+		if j < 0 {
+			return true
+		}
+		i += j
+		if i+1 >= len(body) || body[i+1]|0x20 != 'p' { // all three start with p
+			continue
+		}
+		for k, key := range [...]string{`"paymentPayload"`, `"paymentRequirements"`, `"payload"`} {
+			if len(body)-i >= len(key) && bytes.EqualFold(body[i:i+len(key)], []byte(key)) {
+				if counts[k]++; counts[k] > 1 {
+					return false
+				}
+			}
+		}
+	}
+}
+
 // ParseRequest types a decoded request, dispatching on paymentPayload.x402Version.
 func ParseRequest(req Request) (*Payment, error) {
 	if isNull(req.PaymentPayload) {
@@ -96,6 +191,21 @@ func ParseRequest(req Request) (*Payment, error) {
 	}
 	if isNull(req.PaymentRequirements) {
 		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements is missing")
+	}
+	// One decode of the payload usually serves both the version dispatch and the version's own
+	// fields (each json.Unmarshal scans its whole input first). The union has every field of both
+	// generations, and a key matches the same field in it as in the generation's own struct, so
+	// when it decodes without error its fields are what the separate decodes give. A value of the
+	// wrong type in the other generation's field fails it: then the separate decodes run, as before,
+	// and say what is wrong in the same words.
+	var u payloadUnion
+	if err := json.Unmarshal(req.PaymentPayload, &u); err == nil && u.X402Version != nil {
+		switch *u.X402Version {
+		case 2:
+			return parseV2(req, &PaymentPayload{X402Version: 2, Resource: u.Resource, Accepted: u.Accepted, Payload: u.Payload, Extensions: u.Extensions}, nil, nil)
+		case 1:
+			return parseV1(req, &PaymentPayloadV1{X402Version: 1, Scheme: u.Scheme, Network: u.Network, Payload: u.Payload}, nil, nil)
+		}
 	}
 	var head struct {
 		X402Version *int `json:"x402Version"`
@@ -108,22 +218,31 @@ func ParseRequest(req Request) (*Payment, error) {
 	}
 	switch *head.X402Version {
 	case 2:
-		return parseV2(req)
+		return parseV2(req, nil, nil, nil)
 	case 1:
-		return parseV1(req)
+		return parseV1(req, nil, nil, nil)
 	default:
 		return nil, Errorf(EInvalid, ReasonInvalidX402Version, "paymentPayload.x402Version %d is not supported (1 or 2)", *head.X402Version)
 	}
 }
 
-func parseV2(req Request) (*Payment, error) {
-	var pp PaymentPayload
-	if err := json.Unmarshal(req.PaymentPayload, &pp); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
-	}
-	var pr PaymentRequirements
-	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+// payloadUnion is PaymentPayload and PaymentPayloadV1 in one (ParseRequest).
+type payloadUnion struct {
+	X402Version *int                       `json:"x402Version"`
+	Resource    *ResourceInfo              `json:"resource,omitempty"`
+	Accepted    PaymentRequirements        `json:"accepted"`
+	Payload     json.RawMessage            `json:"payload"`
+	Extensions  map[string]json.RawMessage `json:"extensions,omitempty"`
+	Scheme      string                     `json:"scheme"`
+	Network     string                     `json:"network"`
+}
+
+// parseV2 types a v2 request. pp, pr and ep are its payload, requirements and the payload's
+// payload when already decoded (decodeOnePass), else nil: decoded from req.
+func parseV2(req Request, pp *PaymentPayload, pr *PaymentRequirements, ep *ExactEVMPayload) (*Payment, error) {
+	pp, pr, err := decodeLevels(req, pp, pr)
+	if err != nil {
+		return nil, err
 	}
 	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.Amount, "amount", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
 	if err != nil {
@@ -139,7 +258,7 @@ func parseV2(req Request) (*Payment, error) {
 	if pp.Resource != nil {
 		p.Resource = pp.Resource.URL
 	}
-	if err := parseExactPayload(p, pp.Payload); err != nil {
+	if err := parseExactPayload(p, pp.Payload, ep); err != nil {
 		return nil, err
 	}
 	if err := parsePaymentID(p); err != nil {
@@ -148,21 +267,36 @@ func parseV2(req Request) (*Payment, error) {
 	return p, nil
 }
 
-func parseV1(req Request) (*Payment, error) {
-	var pp PaymentPayloadV1
-	if err := json.Unmarshal(req.PaymentPayload, &pp); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+// decodeLevels decodes a generation's payload and requirements from req, each unless already
+// decoded (non-nil).
+func decodeLevels[P, R any](req Request, pp *P, pr *R) (*P, *R, error) {
+	if pp == nil {
+		pp = new(P)
+		if err := json.Unmarshal(req.PaymentPayload, pp); err != nil {
+			return nil, nil, Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload: %s", jsonProblem(err))
+		}
 	}
-	var pr PaymentRequirementsV1
-	if err := json.Unmarshal(req.PaymentRequirements, &pr); err != nil {
-		return nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+	if pr == nil {
+		pr = new(R)
+		if err := json.Unmarshal(req.PaymentRequirements, pr); err != nil {
+			return nil, nil, Errorf(EInvalid, ReasonInvalidPaymentRequirements, "paymentRequirements: %s", jsonProblem(err))
+		}
+	}
+	return pp, pr, nil
+}
+
+// parseV1 types a v1 request, like parseV2.
+func parseV1(req Request, pp *PaymentPayloadV1, pr *PaymentRequirementsV1, ep *ExactEVMPayload) (*Payment, error) {
+	pp, pr, err := decodeLevels(req, pp, pr)
+	if err != nil {
+		return nil, err
 	}
 	reqs, err := parseRequirements(pr.Scheme, pr.Network, pr.MaxAmountRequired, "maxAmountRequired", pr.Asset, pr.PayTo, pr.MaxTimeoutSeconds, pr.Extra)
 	if err != nil {
 		return nil, err
 	}
 	p := &Payment{X402Version: 1, Scheme: clip(pp.Scheme), Network: clip(pp.Network), Requirements: reqs, Resource: pr.Resource}
-	if err := parseExactPayload(p, pp.Payload); err != nil {
+	if err := parseExactPayload(p, pp.Payload, ep); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -199,6 +333,10 @@ func parseRequirements(scheme, network, amount, amountField, asset, payTo string
 			if !present || isNull(raw) {
 				continue
 			}
+			if s, ok := plainString(raw); ok {
+				*dst = s
+				continue
+			}
 			if err := json.Unmarshal(raw, dst); err != nil {
 				return bad("extra.%s must be a string", key)
 			}
@@ -207,16 +345,19 @@ func parseRequirements(scheme, network, amount, amountField, asset, payTo string
 	return r, nil
 }
 
-func parseExactPayload(p *Payment, raw json.RawMessage) error {
+// parseExactPayload types the payload's payload: ep when already decoded, else raw.
+func parseExactPayload(p *Payment, raw json.RawMessage, ep *ExactEVMPayload) error {
 	bad := func(format string, args ...any) error {
 		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload."+format, args...)
 	}
-	if isNull(raw) {
-		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload is missing")
-	}
-	var ep ExactEVMPayload
-	if err := json.Unmarshal(raw, &ep); err != nil {
-		return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload: %s", jsonProblem(err))
+	if ep == nil {
+		if isNull(raw) {
+			return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload is missing")
+		}
+		ep = new(ExactEVMPayload)
+		if err := json.Unmarshal(raw, ep); err != nil {
+			return Errorf(EInvalid, ReasonInvalidPayload, "paymentPayload.payload: %s", jsonProblem(err))
+		}
 	}
 	// The official facilitator picks Permit2 by the key's presence alone.
 	if ep.Permit2Authorization != nil {
@@ -303,6 +444,22 @@ func parseHex(s string) ([]byte, bool) {
 	}
 	b, err := hex.DecodeString(h)
 	return b, err == nil
+}
+
+// plainString reads a JSON string with nothing to unescape ("USD Coin") without another pass
+// of the decoder; raw comes from a decode that already checked it is valid JSON. Anything else
+// (escapes, bytes that are not UTF-8, which the decoder replaces) is left to json.Unmarshal.
+func plainString(raw json.RawMessage) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	in := raw[1 : len(raw)-1]
+	for _, c := range in {
+		if c == '\\' || c == '"' || c < 0x20 || c >= utf8.RuneSelf {
+			return "", false
+		}
+	}
+	return string(in), true
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -25,9 +25,12 @@ func recoverEOA(digest common.Hash, sig []byte, want common.Address) bool {
 	rsv := make([]byte, 65)
 	copy(rsv, sig[:64])
 	rsv[64] = v
-	pub, err := crypto.SigToPub(digest[:], rsv)
-	if err != nil {
+	// The recovered key's bytes are hashed directly: crypto.SigToPub would also parse them into a
+	// curve point (big.Int arithmetic to check it is on the curve, which secp256k1's recovery
+	// already guarantees) only for PubkeyToAddress to serialise it back.
+	pub, err := crypto.Ecrecover(digest[:], rsv)
+	if err != nil || len(pub) != 65 {
 		return false
 	}
-	return crypto.PubkeyToAddress(*pub) == want
+	return common.BytesToAddress(crypto.Keccak256(pub[1:])[12:]) == want
 }
