@@ -244,6 +244,12 @@ func signature(secret string, ts int64, body []byte) string {
 	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
 }
 
+// ValidSignature reports whether header (an X402-Signature value) signs ts and body with secret:
+// what a receiver checks, in constant time, before trusting a delivery.
+func ValidSignature(secret string, ts int64, body []byte, header string) bool {
+	return hmac.Equal([]byte(signature(secret, ts, body)), []byte(header))
+}
+
 // backoff is the wait after the attempt-th failed attempt: base, 2·base, 4·base, … up to max.
 func backoff(base, max time.Duration, attempt int) time.Duration {
 	d := base
