@@ -143,6 +143,7 @@ type SettleResult struct {
 	FirstFailed    string
 	Latencies      Latencies // request to confirmation, confirmed payments only
 	Chain          ChainCount
+	ok             []bool // by payment: confirmed
 }
 
 // Rate is confirmed settlements per second.
@@ -158,22 +159,24 @@ func runSettle(ctx context.Context, p *poster, n *node, pays []*payment, c int) 
 	var bad, nonceBad problems
 	var followed atomic.Int64
 	lats := make([]Latencies, c)
-	work := make(chan *payment)
+	confirmed := make([]bool, len(pays))
+	work := make(chan int)
 	begin := time.Now()
 	var wg sync.WaitGroup
 	for w := range c {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for pay := range work {
+			for i := range work {
 				t0 := time.Now()
-				ok, pending, reason := settleOne(ctx, p, n, pay.Body)
+				ok, pending, reason := settleOne(ctx, p, n, pays[i].Body)
 				if pending {
 					followed.Add(1)
 				}
 				switch {
 				case ok:
 					lats[w] = append(lats[w], time.Since(t0))
+					confirmed[i] = true
 				case mentionsNonce(reason):
 					nonceBad.add("%s", reason)
 					bad.add("%s", reason)
@@ -183,13 +186,13 @@ func runSettle(ctx context.Context, p *poster, n *node, pays []*payment, c int) 
 			}
 		}()
 	}
-	for _, pay := range pays {
-		work <- pay
+	for i := range pays {
+		work <- i
 	}
 	close(work)
 	wg.Wait()
 	r := SettleResult{K: len(pays), Concurrency: c, Elapsed: time.Since(begin), Followed: int(followed.Load()),
-		Failed: bad.n, NonceErrors: nonceBad.n, FirstFailed: bad.first}
+		Failed: bad.n, NonceErrors: nonceBad.n, FirstFailed: bad.first, ok: confirmed}
 	for _, l := range lats {
 		r.Latencies = append(r.Latencies, l...)
 	}

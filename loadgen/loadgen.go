@@ -47,8 +47,11 @@ type Config struct {
 	SettleK, SettleC  int
 	RefK              int // payments the reference settles (at SettleC)
 	Replays           int
-	CeilingN          int // transactions per ceiling mode
-	CeilingBatch      int // transactions per JSON-RPC batch in the batched mode
+	// WebhookK is how many payments the webhook-dispatch phase settles with a webhook registered
+	// (at SettleC); 0 skips it.
+	WebhookK     int
+	CeilingN     int // transactions per ceiling mode
+	CeilingBatch int // transactions per JSON-RPC batch in the batched mode
 	// CeilingWindow bounds unconfirmed ceiling transactions (anvil 1.7.1 jams near 1,000 pending);
 	// CeilingInFlight is how many send requests are outstanding at once.
 	CeilingWindow, CeilingInFlight int
@@ -77,7 +80,7 @@ func (c *Config) Check() error {
 	if len(c.Payers) == 0 || c.CeilingKey == nil {
 		errs = append(errs, errors.New("payer keys and a ceiling sender key are required"))
 	}
-	if c.VerifyConcurrency < 1 || c.SettleC < 1 || c.SettleK < 1 || c.VerifyDuration <= 0 {
+	if c.VerifyConcurrency < 1 || c.SettleC < 1 || c.SettleK < 1 || c.VerifyDuration <= 0 || c.WebhookK < 0 {
 		errs = append(errs, errors.New("concurrencies, K and the verify duration must be positive"))
 	}
 	if c.CeilingN > 0 && (c.CeilingBatch < 1 || c.CeilingInFlight < 1 || c.CeilingWindow < c.CeilingBatch) {
@@ -110,6 +113,10 @@ type Side struct {
 	// VerifyCPU, SettleCPU and LookupCPU are the CPU each process spent in the /verify, /settle
 	// and status-lookup phases.
 	VerifyCPU, SettleCPU, LookupCPU *CPUPhase
+	// Webhook is the webhook-dispatch phase (ours only) and WebhookCPU its CPU, for its
+	// delivered events.
+	Webhook    *WebhookResult
+	WebhookCPU *CPUPhase
 }
 
 // Report is everything one run measured.
@@ -213,6 +220,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cpu = startCPU(ctx, ourCPU, cpuEvery)
 	l := runLookups(ctx, ours, tok, pays, cfg.VerifyConcurrency, cfg.VerifyDuration)
 	rep.Ours.Lookup, rep.Ours.LookupCPU = &l, cpu.finish(ctx, l.Requests)
+
+	if cfg.WebhookK > 0 {
+		hookPays, err := signPayments(tok, cfg.Payers, cfg.WebhookK, time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("webhook dispatch", "side", "ours", "k", cfg.WebhookK, "c", cfg.SettleC)
+		if rep.Ours.Webhook, rep.Ours.WebhookCPU, err = runWebhookPhase(ctx, ours, n, hookPays, cfg.SettleC, ourCPU); err != nil {
+			return nil, fmt.Errorf("webhook dispatch: %w", err)
+		}
+	}
 
 	if cfg.Replays > 0 {
 		id, err := newPaymentID()

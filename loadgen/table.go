@@ -70,6 +70,15 @@ func Render(w io.Writer, r *Report) error {
 		row("  latency p99", fmtDur(l.Latencies.Percentile(0.99)), refCol("n/a"), "")
 		row("  failed", fmt.Sprint(l.Failed), "", "")
 	}
+	if h := r.Ours.Webhook; h != nil {
+		row(fmt.Sprintf("webhook dispatch: %d payments settled with one webhook registered (a loopback receiver here), until every event is delivered", h.K))
+		row("  events delivered / expected", fmt.Sprintf("%d / %d", h.Delivered, h.Expected), refCol("n/a (no webhooks)"),
+			fmt.Sprintf("(%d confirmed payments x %d types)", h.Confirmed, len(hookStates)))
+		row("  missing / duplicate deliveries / bad signatures", fmt.Sprintf("%d / %d / %d", h.Missing, h.Duplicates, h.BadSignature), "", "")
+		row("  event to delivery p50", fmtDur(h.Latencies.Percentile(0.50)), "", "")
+		row("  event to delivery p99", fmtDur(h.Latencies.Percentile(0.99)), "", "")
+		row("  first /settle to last delivery", fmtDur(h.Elapsed), "", fmt.Sprintf("(%d earlier events also delivered, %d evm_mine nudges)", h.Others, h.Nudges))
+	}
 	cpuRows(row, r, refCol)
 	if rp := r.Replay; rp != nil {
 		row(fmt.Sprintf("payment-identifier replay of a settled payload, %d sequential", rp.N))
@@ -130,6 +139,9 @@ func Render(w io.Writer, r *Report) error {
 		if s.Memory != nil && s.Memory.Err != "" {
 			notes = append(notes, fmt.Sprintf("%s memory: %s", s.Name, s.Memory.Err))
 		}
+	}
+	if h := r.Ours.Webhook; h != nil && h.FirstFailed != "" {
+		notes = append(notes, "webhook phase first failure: "+h.FirstFailed)
 	}
 	if r.Replay != nil && r.Replay.FirstFailed != "" {
 		notes = append(notes, "replay first failure: "+r.Replay.FirstFailed)
@@ -287,6 +299,7 @@ func cpuRows(row func(...string), r *Report, refCol func(string) string) {
 		}
 		row("    sum of the measured", fmtMs(sumOurs), refCol(optStr(ph.ref, func(*CPUPhase) string { return fmtMs(sumRef) })), ratio)
 	}
+	hookCPURows(row, r)
 	if s := r.Ours.Settle; s != nil {
 		rs := r.Ref.Settle
 		ratio := ""
@@ -341,4 +354,28 @@ func cpuNotes(r *Report) []string {
 		}
 	}
 	return out
+}
+
+// hookCPURows prints the webhook phase's CPU per delivered event: over the whole phase (its
+// settlements included), and beyond its settlements at the settle phase's rate, which is the
+// dispatch's own cost.
+func hookCPURows(row func(...string), r *Report) {
+	ph, h := r.Ours.WebhookCPU, r.Ours.Webhook
+	if ph == nil || h == nil {
+		return
+	}
+	row(fmt.Sprintf("  per delivered webhook event (%d ops): the whole phase / beyond its %d settlements at the settle phase's rate", ph.Ops, h.Confirmed))
+	var sumAll, sumExtra float64
+	for _, role := range cpuRoles {
+		all, ok := ph.MsPerOp(role)
+		extra, eok := extraMsPerOp(ph, r.Ours.SettleCPU, h.Confirmed, role)
+		sumAll += all
+		sumExtra += extra
+		extraCell := "—"
+		if eok {
+			extraCell = fmtMs(extra)
+		}
+		row("    "+role, cpuCell(ph, role, all, ok), extraCell, "")
+	}
+	row("    sum of the measured", fmtMs(sumAll), fmtMs(sumExtra), "")
 }

@@ -58,6 +58,7 @@ func (d *Dispatcher) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-d.wake:
 		}
 	}
 }
@@ -81,19 +82,24 @@ func (d *Dispatcher) poll(ctx context.Context) {
 	for range maxRounds {
 		free := d.cfg.Concurrency - int(d.sending.Load())
 		if free <= 0 {
+			// Every slot is busy and more may be due: the next attempt to end wakes the loop.
+			d.backlog.Store(true)
 			return
 		}
 		n, err := d.startDue(ctx, free)
 		if err != nil {
+			d.backlog.Store(false)
 			if ctx.Err() == nil {
 				d.log.WarnContext(ctx, "webhooks: claiming due deliveries failed; retrying next tick", "err", err)
 			}
 			return
 		}
 		if n < free {
+			d.backlog.Store(false)
 			return
 		}
 	}
+	d.backlog.Store(true)
 }
 
 // lease is how long a claimed attempt stays hidden from other replicas: longer than the attempt
@@ -129,6 +135,15 @@ func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 			if err := d.store.RecordWebhookAttempt(rctx, a); err != nil {
 				d.log.WarnContext(ctx, "webhooks: recording an attempt failed; it is retried once its claim lapses",
 					"webhook", del.WebhookID, "event", del.Event.ID, "err", err)
+			}
+			// A slot is free: with a backlog, claim the next delivery now rather than at the next
+			// tick, or a full claim would cap delivery at Concurrency per PollInterval (16/s by
+			// default, below what one signer settles).
+			if d.backlog.Load() {
+				select {
+				case d.wake <- struct{}{}:
+				default:
+				}
 			}
 		}()
 	}
@@ -242,6 +257,12 @@ func signature(secret string, ts int64, body []byte) string {
 	mac.Write([]byte("."))
 	mac.Write(body)
 	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// ValidSignature reports whether header (an X402-Signature value) signs ts and body with secret:
+// what a receiver checks, in constant time, before trusting a delivery.
+func ValidSignature(secret string, ts int64, body []byte, header string) bool {
+	return hmac.Equal([]byte(signature(secret, ts, body)), []byte(header))
 }
 
 // backoff is the wait after the attempt-th failed attempt: base, 2·base, 4·base, … up to max.

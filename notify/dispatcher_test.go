@@ -448,3 +448,39 @@ func TestPruneKeepsWhatIsOwed(t *testing.T) {
 		t.Fatalf("deliveries still owed were pruned: %d left of 3", len(got))
 	}
 }
+
+// TestFreedSlotClaimsAtOnce: when a claim fills every delivery slot, an attempt that ends claims
+// the next due delivery at once instead of at the next poll. With one slot and 10 s between
+// polls, three settlements' nine events all arrive within the wait; before, each full claim
+// waited for the next tick (delivery capped at Concurrency per PollInterval: 16/s by default,
+// below what the engine settles), and four would have.
+func TestFreedSlotClaimsAtOnce(t *testing.T) {
+	r := newRig(t)
+	payTo := stacktest.NewAddress(t)
+	rec := newReceiver(t, 0)
+	// Registered through a dispatcher that never runs: the events below wait for the one under
+	// test, which starts when all of them are in the ledger.
+	idle := notify.New(notify.Config{Store: r.db, Status: r.status, AllowPrivateTargets: true})
+	register(t, idle, rec, payTo)
+	want := map[int64][]string{}
+	for range 3 {
+		want[r.settle(t, newPayment(t, payTo)).SettlementID] = settlementTypes
+	}
+	eventually(t, "the settlements final", func() bool {
+		for id := range want {
+			ev, err := r.db.SettlementEvents(context.Background(), id, 0, []string{"final"}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ev) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	r.dispatcher(t, r.db, func(c *notify.Config) { c.Concurrency, c.PollInterval = 1, 10*time.Second })
+	rec.awaitAll(t, want)
+	if requests, processed, bad := rec.counts(); processed != 9 || bad != 0 || len(requests) != 9 {
+		t.Fatalf("processed %d events in %d ids, %d bad signatures; want 9, 9, 0", processed, len(requests), bad)
+	}
+}

@@ -158,6 +158,10 @@ type Dispatcher struct {
 
 	inflight sync.WaitGroup // deliveries being sent
 	sending  atomic.Int64   // how many
+	// backlog is set when the loop's last claim filled every free slot (more may be due); wake
+	// is how an ending attempt then calls the loop back before its next tick.
+	backlog atomic.Bool
+	wake    chan struct{}
 
 	mu      sync.Mutex
 	streams int
@@ -201,7 +205,7 @@ func New(cfg Config) *Dispatcher {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Dispatcher{cfg: cfg, store: cfg.Store, status: cfg.Status, log: cfg.Logger, closed: make(chan struct{}),
-		client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets)}
+		wake: make(chan struct{}, 1), client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets)}
 }
 
 // Start runs the delivery loop until Stop.

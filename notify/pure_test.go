@@ -36,6 +36,27 @@ func TestSignature(t *testing.T) {
 	}
 }
 
+// TestValidSignature: a receiver accepts the vector above and refuses any change to the
+// timestamp, the body, the secret or the header.
+func TestValidSignature(t *testing.T) {
+	const sig = "sha256=086f6aff7bd084c98679825129c5a64dbad88c760016d6d2c0fb123f27951d54"
+	body := []byte(`{"id":"1"}`)
+	if !ValidSignature("secret", 1700000000, body, sig) {
+		t.Fatal("the vector's signature refused")
+	}
+	for name, ok := range map[string]bool{
+		"timestamp": ValidSignature("secret", 1700000001, body, sig),
+		"body":      ValidSignature("secret", 1700000000, []byte(`{"id":"2"}`), sig),
+		"secret":    ValidSignature("secret2", 1700000000, body, sig),
+		"header":    ValidSignature("secret", 1700000000, body, sig[:len(sig)-1]+"5"),
+		"empty":     ValidSignature("secret", 1700000000, body, ""),
+	} {
+		if ok {
+			t.Errorf("a changed %s was accepted", name)
+		}
+	}
+}
+
 func TestCheckURL(t *testing.T) {
 	strict, lax := New(Config{}), New(Config{AllowPrivateTargets: true})
 	for _, c := range []struct {

@@ -34,6 +34,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.IntVar(&cfg.SettleK, "k", 1000, "distinct payments settled by our facilitator")
 	fs.IntVar(&cfg.SettleC, "c", 64, "concurrent /settle callers (both facilitators)")
 	fs.IntVar(&cfg.RefK, "k-ref", 200, "distinct payments settled by the official facilitator")
+	fs.IntVar(&cfg.WebhookK, "webhook-k", 1000, "payments settled with a webhook registered at a loopback receiver, for the dispatch phase (0 skips it)")
 	fs.IntVar(&cfg.Replays, "replays", 1000, "payment-identifier replays of one settled payload (0 skips)")
 	fs.IntVar(&cfg.CeilingN, "ceiling-n", 1000, "pre-signed transactions per chain-ceiling mode (0 skips the ceiling)")
 	fs.IntVar(&cfg.CeilingBatch, "ceiling-batch", 100, "transactions per JSON-RPC batch in the batched ceiling mode")

@@ -22,6 +22,8 @@ func TestBenchEndToEnd(t *testing.T) {
 	cfg.LogLevel = "warn"
 	// As 'facilitator dev' does: no per-client rate limit, or the load would measure the limiter.
 	cfg.ClientRate, cfg.ClientBurst = 0, 0
+	// As 'facilitator dev' does: the bench's webhook receiver is on loopback.
+	cfg.WebhookAllowPrivate = true
 	m := &Main{Config: cfg, Logger: newLogger(t.Output(), "warn", "text")}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -32,7 +34,7 @@ func TestBenchEndToEnd(t *testing.T) {
 
 	var stdout, stderr syncBuffer
 	code := run(ctx, []string{"bench", "--url", "http://" + m.Addr, "--rpc", chain.RPCURL, "--duration", "1s",
-		"--k", "8", "--k-ref", "4", "--c", "4", "--verify-c", "4", "--replays", "5",
+		"--k", "8", "--webhook-k", "6", "--k-ref", "4", "--c", "4", "--verify-c", "4", "--replays", "5",
 		"--ceiling-n", "20", "--ceiling-batch", "10", "--ceiling-window", "20", "--ceiling-inflight", "4",
 		"--backfill-events", "2000", "--database-url", dbURL, "--facilitator-database-url", dbURL},
 		func(string) string { return "" }, &stdout, &stderr)
@@ -56,6 +58,10 @@ func TestBenchEndToEnd(t *testing.T) {
 		"per status lookup (",
 		"gas per settlement",
 		"backends of our database counted",
+		// Every event of the webhook phase's 6 payments, exactly once and signed.
+		"events delivered / expected  18 / 18",
+		"missing / duplicate deliveries / bad signatures  0 / 0 / 0",
+		"per delivered webhook event (", // 18 and the earlier phases' late ones
 	} {
 		if !strings.Contains(squeeze(out), want) {
 			t.Errorf("output lacks %q", want)
@@ -63,9 +69,22 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 	// Every process was measured on both sides (the official has no database), and a settlement's
 	// gas is that of a transferWithAuthorization: more than the 21,000 base, less than its limit.
+	hooks := false // within the webhook phase's CPU rows: ours only, Postgres included
 	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
+		if strings.Contains(l, "per delivered webhook event") {
+			hooks = true
+			continue
+		}
+		if hooks && !strings.HasPrefix(l, "    ") {
+			hooks = false
+		}
 		switch {
+		case hooks && !strings.Contains(l, "sum of the measured"):
+			// The whole phase's figure and the one beyond its settlements.
+			if strings.Count(l, " ms") != 2 {
+				t.Errorf("a process without two webhook figures: %q", l)
+			}
 		case strings.Contains(l, "n/a (no status API)"):
 			// Status lookups are ours only.
 		case strings.HasPrefix(strings.TrimSpace(l), "facilitator ") && len(f) >= 5,
