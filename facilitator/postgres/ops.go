@@ -94,21 +94,8 @@ func (db *DB) WebhookDeliveryCounts(ctx context.Context, since time.Time) (facil
 
 // RecentSettled lists the newest mined or final settlements, at most limit, newest first.
 func (db *DB) RecentSettled(ctx context.Context, limit int) ([]facilitator.Settlement, error) {
-	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
+	return db.settlements(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE state IN ('mined', 'final') ORDER BY id DESC LIMIT $1`, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []facilitator.Settlement
-	for rows.Next() {
-		s, err := scanSettlement(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, *s)
-	}
-	return out, rows.Err()
 }
 
 // RecordReconcileRun writes a run's row and, in the same statement, deletes the rows beyond the

@@ -639,8 +639,13 @@ func (db *DB) SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.
 // BatchMembers lists the settlements sharing the transaction at (network, signer, txNonce), in
 // slot order: one for a lone settlement, every member for a batch.
 func (db *DB) BatchMembers(ctx context.Context, network string, signer common.Address, txNonce uint64) ([]facilitator.Settlement, error) {
-	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+` FROM settlements
+	return db.settlements(ctx, `SELECT `+settlementColumns+` FROM settlements
 		WHERE network = $1 AND signer = $2 AND tx_nonce = $3 ORDER BY batch_slot LIMIT 100`, network, signer[:], int64(txNonce))
+}
+
+// settlements runs a query of settlementColumns and scans every row.
+func (db *DB) settlements(ctx context.Context, sql string, args ...any) ([]facilitator.Settlement, error) {
+	rows, err := db.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
