@@ -25,6 +25,9 @@ type Read struct {
 	// GasCap, on an eth_call, runs it with this gas limit: running out of gas then counts as a
 	// revert (whatever the node calls it), not as a node that could not answer.
 	GasCap uint64
+	// Simulate marks an eth_call that simulates a transaction (a transfer /verify or /settle
+	// judges): the Reader may run it together with other callers' simulations (simulate.go).
+	Simulate bool
 
 	Out          []byte
 	Gas          uint64 // eth_estimateGas's answer
@@ -45,6 +48,7 @@ type Reader struct {
 	Timeout time.Duration
 
 	head atomic.Uint64 // the highest head an answer came from
+	sims simulations
 }
 
 // laggingTries is how many requests a read makes while the answering nodes lag.
@@ -59,41 +63,97 @@ type callArgs struct {
 
 // Read performs reads against the latest block, in one round trip where the transport allows.
 // A call the node executed and rejected sets Read.Reverted; any other failure is returned,
-// because then nothing is known about the call.
+// because then nothing is known about the call. Reads with Simulate set may share one
+// eth_simulateV1 with other callers' (simulate.go).
 func (r *Reader) Read(ctx context.Context, reads ...*Read) error {
 	if len(reads) == 0 {
 		return nil
 	}
-	if r.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.Timeout)
-		defer cancel()
+	for _, rd := range reads {
+		if rd.Simulate && !rd.Code && !rd.Estimate {
+			return r.sims.read(ctx, r, reads)
+		}
 	}
-	out := make([]hexutil.Bytes, len(reads))
-	gas := make([]hexutil.Uint64, len(reads))
+	return r.read(ctx, reads)
+}
+
+// read performs reads in one batch, each its own JSON-RPC call.
+func (r *Reader) read(ctx context.Context, reads []*Read) error {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	batch, results := readElems(reads)
+	if err := r.batch(ctx, batch); err != nil {
+		return err
+	}
+	return applyReads(reads, batch, results)
+}
+
+func (r *Reader) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if r.Timeout > 0 {
+		return context.WithTimeout(ctx, r.Timeout)
+	}
+	return ctx, func() {}
+}
+
+// readResult is where one read's answer is decoded.
+type readResult struct {
+	out hexutil.Bytes
+	gas hexutil.Uint64
+}
+
+func readElems(reads []*Read) ([]rpc.BatchElem, []readResult) {
+	results := make([]readResult, len(reads))
 	batch := make([]rpc.BatchElem, len(reads))
 	for i, rd := range reads {
 		switch {
 		case rd.Code:
-			batch[i] = rpc.BatchElem{Method: "eth_getCode", Args: []any{rd.To, "latest"}, Result: &out[i]}
+			batch[i] = rpc.BatchElem{Method: "eth_getCode", Args: []any{rd.To, "latest"}, Result: &results[i].out}
 		case rd.Estimate:
 			from := rd.From
-			batch[i] = rpc.BatchElem{Method: "eth_estimateGas", Args: []any{callArgs{From: &from, To: rd.To, Input: rd.Data}}, Result: &gas[i]}
+			batch[i] = rpc.BatchElem{Method: "eth_estimateGas", Args: []any{callArgs{From: &from, To: rd.To, Input: rd.Data}}, Result: &results[i].gas}
 		default:
-			args := callArgs{To: rd.To, Input: rd.Data}
-			if rd.From != (common.Address{}) {
-				from := rd.From
-				args.From = &from
-			}
-			if rd.GasCap > 0 {
-				g := hexutil.Uint64(rd.GasCap)
-				args.Gas = &g
-			}
-			batch[i] = rpc.BatchElem{Method: "eth_call", Args: []any{args, "latest"}, Result: &out[i]}
+			batch[i] = rpc.BatchElem{Method: "eth_call", Args: []any{rd.callArgs(), "latest"}, Result: &results[i].out}
 		}
 	}
+	return batch, results
+}
+
+func (rd *Read) callArgs() callArgs {
+	args := callArgs{To: rd.To, Input: rd.Data}
+	if rd.From != (common.Address{}) {
+		from := rd.From
+		args.From = &from
+	}
+	if rd.GasCap > 0 {
+		g := hexutil.Uint64(rd.GasCap)
+		args.Gas = &g
+	}
+	return args
+}
+
+// applyReads sets each read's answer from its element of a batch that r.batch answered.
+func applyReads(reads []*Read, batch []rpc.BatchElem, results []readResult) error {
+	for i, rd := range reads {
+		if e := batch[i].Error; e != nil {
+			outOfGas := rd.GasCap > 0 && strings.Contains(strings.ToLower(e.Error()), "gas")
+			if rd.Code || !(isExecutionError(e) || outOfGas) {
+				return fmt.Errorf("%s %s: %w", batch[i].Method, rd.To, e)
+			}
+			rd.Reverted = true
+			rd.RevertReason = revertText(e)
+			continue
+		}
+		rd.Out, rd.Gas = results[i].out, uint64(results[i].gas)
+	}
+	return nil
+}
+
+// batch sends elems in one request with the answering node's head, made again while that head is
+// behind the highest this reader has seen (see Reader). The elements' answers are in place when it
+// returns nil; an element's own error is left for the caller to judge.
+func (r *Reader) batch(ctx context.Context, elems []rpc.BatchElem) error {
 	var head hexutil.Uint64
-	batch = append([]rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}, batch...)
+	batch := append([]rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}, elems...)
 	seen := r.head.Load()
 	highest := uint64(0)
 	for try := 1; ; try++ {
@@ -123,19 +183,7 @@ func (r *Reader) Read(ctx context.Context, reads ...*Read) error {
 			break
 		}
 	}
-	batch = batch[1:]
-	for i, rd := range reads {
-		if e := batch[i].Error; e != nil {
-			outOfGas := rd.GasCap > 0 && strings.Contains(strings.ToLower(e.Error()), "gas")
-			if rd.Code || !(isExecutionError(e) || outOfGas) {
-				return fmt.Errorf("%s %s: %w", batch[i].Method, rd.To, e)
-			}
-			rd.Reverted = true
-			rd.RevertReason = revertText(e)
-			continue
-		}
-		rd.Out, rd.Gas = out[i], uint64(gas[i])
-	}
+	copy(elems, batch[1:])
 	return nil
 }
 

@@ -151,14 +151,14 @@ func ethereumCall(from, to common.Address, data []byte) ethereum.CallMsg {
 
 // gasBench sends transactions from one key on a chain of its own and signs authorizations.
 type gasBench struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	chain  *devchain.Chain
 	sender *ethrpc.Signer
 	nonce  uint64
 }
 
-func newGasBench(t *testing.T) *gasBench {
+func newGasBench(t testing.TB) *gasBench {
 	chain := stacktest.NewChain(t, devchain.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)

@@ -231,6 +231,9 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 	var sim *ethrpc.Read
 	if how.mode != simNone && accepted && !wrapped {
 		sim = call(r.Asset, eip3009.TransferCalldata(a, inner))
+		// Shared with concurrent requests' simulations where the node allows (ethrpc's
+		// simulations): a failure is always judged alone.
+		sim.Simulate = true
 		switch {
 		case how.mode == simEstimate && how.hint > 0:
 			sim.From, sim.GasCap = how.from, eip3009.GasLimit(how.hint)

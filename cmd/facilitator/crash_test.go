@@ -16,6 +16,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -95,6 +96,39 @@ type crashHarness struct {
 	network string
 }
 
+// waitKeyFree waits until no process holds the signer key. A process killed at the previous fault
+// point holds it through its lease session, a Postgres backend that ends a moment after the
+// process does; and the process restarted after it may answer from the chain without ever taking
+// the key. A process started while the backend lives finds the key held and answers 503 (seen on a
+// loaded machine): that is the engine working, not the fault under test.
+func (h *crashHarness) waitKeyFree(ctx context.Context, t *testing.T) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, h.env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var migrated bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('signer_leases') IS NOT NULL`).Scan(&migrated); err != nil || !migrated {
+		return // no process has run on this ledger yet
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var held int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM signer_leases l JOIN pg_stat_activity a ON a.pid = l.session_pid
+			WHERE l.network = $1 AND l.signer = $2 AND l.released_at IS NULL`, h.network, h.signer.Bytes()).Scan(&held)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the signer key is still held 30 s after its holder stopped")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // run crashes one settlement at point, restarts, retries, and checks the outcome.
 func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.FaultPoint) {
 	began := time.Now()
@@ -120,6 +154,7 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 	}
 
 	// 1. The first process dies at the fault point while it handles /settle.
+	h.waitKeyFree(ctx, t)
 	first := h.start(ctx, t, "crashing process", string(point))
 	res, status, err := first.settle(body)
 	if err == nil {
