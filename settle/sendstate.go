@@ -362,9 +362,10 @@ func decideOpen(t track, o observation, p policy) decision {
 		}
 		if t.batched {
 			// The batch can never mine: its members still valid are signed again as a new batch
-			// at a new nonce (a new family for each of them, foreign.go's resignBatch). Its old
-			// variants are not watched on after that, so the evidence must stay: the nonce used
-			// in a final block, the authorization unused there, read twice.
+			// at a new nonce (a new family for each of them, foreign.go's resignBatch). The
+			// ledger hands the old batch's variants to the members left behind, so the evidence
+			// must be final: the nonce used in a final block, the authorization unused there,
+			// read twice.
 			if !final(c.at, o, p) {
 				return notFinal(o, p, "a foreign transaction took the batch's nonce")
 			}
