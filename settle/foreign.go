@@ -46,13 +46,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		if f.txNonce() != old {
 			return nil // already moved
 		}
-		// The key's next nonce is stale too (the foreign transaction used one): read it again
-		// from the chain and the ledger.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
-		err := s.load(lctx)
-		cancel()
-		if err != nil {
-			s.nonces.reset()
+		if err := s.reload(ctx); err != nil {
 			return err
 		}
 		nonce := s.next
@@ -214,11 +208,7 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 		if l == nil {
 			return errNotLeased // the key's holder works it
 		}
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
-		err := s.load(lctx)
-		cancel()
-		if err != nil {
-			s.nonces.reset()
+		if err := s.reload(ctx); err != nil {
 			return err
 		}
 		nonce := s.next
@@ -333,4 +323,16 @@ func regroup(moving []*flight) {
 		f.family = nil
 	}
 	linkFamily(moving)
+}
+
+// reload reads the key's next nonce again from the chain and the ledger: it is stale once a
+// foreign transaction used one. Caller holds s.mu.
+func (s *sender) reload(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.net.engine.cfg.RPCTimeout)
+	defer cancel()
+	if err := s.load(lctx); err != nil {
+		s.nonces.reset()
+		return err
+	}
+	return nil
 }
