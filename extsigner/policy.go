@@ -1,6 +1,7 @@
 package extsigner
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/big"
@@ -10,17 +11,20 @@ import (
 	"github.com/ethereum/go-ethereum/signer/core/apitypes"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
-// Policy is what the narrow signer signs: nothing but a settlement, that is a call of the token's
-// transferWithAuthorization, sending no value, on one chain, within gas and fee ceilings. A
-// facilitator that is compromised can then spend the key's gas only on transfers the payers
-// themselves authorized, at bounded fees: not on arbitrary calls, deployments or transfers of the
-// key's native balance.
+// Policy is what the narrow signer signs: nothing but settlements, that is a call of the token's
+// transferWithAuthorization, or a batch of them (Multicall3's aggregate3 at its canonical address,
+// every inner call such a call allowed to fail on its own), sending no value, on one chain, within
+// gas and fee ceilings. A facilitator that is compromised can then spend the key's gas only on
+// transfers the payers themselves authorized, at bounded fees: not on arbitrary calls, deployments
+// or transfers of the key's native balance.
 type Policy struct {
 	ChainID uint64
 	Token   common.Address
-	// MaxGas is the highest gas limit signed.
+	// MaxGas is the highest gas limit signed per settlement: a lone one's, and a batch's divided
+	// by its calls (a batch of n may use n times MaxGas).
 	MaxGas uint64
 	// MaxFeeCap is the highest fee per gas signed (maxFeePerGas, or gasPrice of a legacy
 	// transaction), in wei.
@@ -29,6 +33,10 @@ type Policy struct {
 
 // ErrRefused is the narrow signer's "no": the transaction is outside its policy.
 var ErrRefused = errors.New("refused by the signer's policy")
+
+// MaxBatchCalls is the most calls a batch signed may hold: a network's batch policy allows no
+// more (facilitator.BatchPolicy).
+const MaxBatchCalls = 100
 
 // Check returns the unsigned transaction args describe when the policy allows it, and otherwise
 // an error (wrapping ErrRefused) saying what is outside the policy. It is a pure function of args.
@@ -44,12 +52,12 @@ func (p Policy) Check(args *apitypes.SendTxArgs) (types.TxData, error) {
 		return refuse("chainId %s is not this signer's chain %d", args.ChainID.ToInt(), p.ChainID)
 	case args.To == nil:
 		return refuse("a contract deployment (no to address)")
-	case args.To.Address() != p.Token:
-		return refuse("to %s is not the token %s", args.To.Address(), p.Token)
+	case args.To.Address() != p.Token && args.To.Address() != multicall3.Address:
+		return refuse("to %s is not the token %s (nor Multicall3 %s)", args.To.Address(), p.Token, multicall3.Address)
 	case args.Value.ToInt().Sign() != 0:
 		return refuse("value %s wei is not zero", args.Value.ToInt())
-	case args.Gas == 0 || uint64(args.Gas) > p.MaxGas:
-		return refuse("gas %d is not within 1..%d", uint64(args.Gas), p.MaxGas)
+	case args.Gas == 0:
+		return refuse("gas 0")
 	case args.AccessList != nil && len(*args.AccessList) > 0, args.BlobFeeCap != nil, len(args.BlobHashes) > 0, len(args.Blobs) > 0:
 		return refuse("only dynamic-fee (type 2) or legacy transactions are signed")
 	case args.Data != nil && args.Input != nil && string(*args.Data) != string(*args.Input):
@@ -62,10 +70,20 @@ func (p Policy) Check(args *apitypes.SendTxArgs) (types.TxData, error) {
 	if data == nil {
 		return refuse("no calldata: only transferWithAuthorization is signed")
 	}
-	if c, ok := eip3009.DecodeCall(*data); !ok || c.Method != eip3009.MethodTransferWithAuthorization {
+	to := args.To.Address()
+	calls := uint64(1)
+	if to == multicall3.Address {
+		n, err := p.checkBatch(*data)
+		if err != nil {
+			return nil, err
+		}
+		calls = n
+	} else if !isTransfer(*data) {
 		return refuse("the calldata is not a transferWithAuthorization call")
 	}
-	to := p.Token
+	if uint64(args.Gas) > p.MaxGas*calls {
+		return refuse("gas %d is not within 1..%d (%d per settlement, %d settlements)", uint64(args.Gas), p.MaxGas*calls, p.MaxGas, calls)
+	}
 	switch {
 	case args.MaxFeePerGas != nil && args.GasPrice == nil:
 		if args.MaxPriorityFeePerGas == nil {
@@ -89,4 +107,41 @@ func (p Policy) Check(args *apitypes.SendTxArgs) (types.TxData, error) {
 	default:
 		return refuse("give either maxFeePerGas and maxPriorityFeePerGas, or gasPrice")
 	}
+}
+
+func isTransfer(data []byte) bool {
+	c, ok := eip3009.DecodeCall(data)
+	return ok && c.Method == eip3009.MethodTransferWithAuthorization
+}
+
+// checkBatch returns how many settlements Multicall3 calldata holds when it is a batch the policy
+// signs: aggregate3 in its canonical encoding (what Aggregate3Calldata of its decoded calls
+// gives, byte for byte: no trailing bytes, no aliased or out-of-order offsets a lenient decoder
+// might read differently from the contract), of 1..MaxBatchCalls calls, each one allowFailure
+// (a reverting call must not take the others along) and a transferWithAuthorization call to the
+// token. A call to anything else, Multicall3 itself included (a nested batch), is refused.
+func (p Policy) checkBatch(data []byte) (uint64, error) {
+	refuse := func(format string, a ...any) (uint64, error) {
+		return 0, fmt.Errorf("%w: %s", ErrRefused, fmt.Sprintf(format, a...))
+	}
+	calls, ok := multicall3.DecodeAggregate3Calldata(data)
+	switch {
+	case !ok:
+		return refuse("the calldata to Multicall3 is not an aggregate3 call")
+	case len(calls) == 0 || len(calls) > MaxBatchCalls:
+		return refuse("a batch of %d calls (1..%d are signed)", len(calls), MaxBatchCalls)
+	case !bytes.Equal(multicall3.Aggregate3Calldata(calls), data):
+		return refuse("the aggregate3 calldata is not in its canonical encoding")
+	}
+	for i, c := range calls {
+		switch {
+		case !c.AllowFailure:
+			return refuse("call %d of the batch does not allow failure", i)
+		case c.Target != p.Token:
+			return refuse("call %d of the batch targets %s, not the token %s", i, c.Target, p.Token)
+		case !isTransfer(c.CallData):
+			return refuse("call %d of the batch is not a transferWithAuthorization call", i)
+		}
+	}
+	return uint64(len(calls)), nil
 }

@@ -36,7 +36,8 @@ func TestLayout(t *testing.T) {
 		"eip3009":              {"facilitator"},
 		"multicall3":           {},
 		"ethrpc":               {"eip3009", "facilitator"},
-		"extsigner":            {"eip3009"},
+		// The narrow signer reads a settlement's call and a batch's (Multicall3).
+		"extsigner": {"eip3009", "multicall3"},
 		// The presets and the start-up check of a network against its chain.
 		"chains": {"eip3009", "ethrpc", "facilitator"},
 		// The web console's pages: the domain's status answers and the forms status parses, and

@@ -129,6 +129,9 @@ type SignerLease interface {
 	InsertSettlements(ctx context.Context, rows []*NewSettlement) ([]int64, error)
 	AddTx(ctx context.Context, settlementID int64, tx TxRecord) error
 	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx TxRecord) error
+	// MoveBatch re-signs members of one batch as a new batch at txNonce (slots in the order of
+	// ids), recording tx before it is sent.
+	MoveBatch(ctx context.Context, settlementIDs []int64, txNonce uint64, tx TxRecord) error
 	// Release gives the lease up. It is safe to call more than once.
 	Release()
 }

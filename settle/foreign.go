@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"math/big"
+	"slices"
 	"time"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // A transaction from one of our signer keys that this engine did not sign (an operator using the
@@ -43,13 +46,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 		if f.txNonce() != old {
 			return nil // already moved
 		}
-		// The key's next nonce is stale too (the foreign transaction used one): read it again
-		// from the chain and the ledger.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
-		err := s.load(lctx)
-		cancel()
-		if err != nil {
-			s.nonces.reset()
+		if err := s.reload(ctx); err != nil {
 			return err
 		}
 		nonce := s.next
@@ -141,6 +138,8 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 type pendingMove struct {
 	nonce uint64
 	tx    *sentTx
+	// data is the new batch's calldata, for a batch's member (nil: a lone settlement's is the same).
+	data []byte
 }
 
 // settleMove finds out, from the ledger row, whether f's re-sign of unknown outcome committed, and
@@ -167,6 +166,9 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 		if moved {
 			f.nonce = m.nonce
 			f.txs = append(f.txs, m.tx)
+			if m.data != nil {
+				f.data = m.data
+			}
 		}
 	})
 	if moved {
@@ -174,4 +176,163 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 		f.sender.enqueue(f)
 	}
 	return true
+}
+
+// resignBatch is resign for members of a batch whose nonce a foreign transaction took (decided on
+// final evidence, sendstate.go): the members, each of whose authorization was read unused at that
+// block, are signed again as ONE new batch (their own calls, in their old order, the old batch's
+// gas limit, which is more than a subset of its calls needs) at the key's next nonce, and the
+// ledger moves them there, slots 0..n-1, with the new transaction, before it is sent. They are a
+// new family; the members left behind (used elsewhere, expired) keep the old one and resolve
+// as before. members share one sender and the tx nonce old.
+func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64, why string) error {
+	e := n.engine
+	s := members[0].sender
+	fees, err := n.fees(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	moving, calls := batchCallsOf(members, old)
+	if len(moving) == 0 {
+		return nil // moved already, or the calls are not the flights' (nothing to sign)
+	}
+	ids := make([]int64, len(moving))
+	for i, f := range moving {
+		ids[i] = f.id
+	}
+	data, gas := multicall3.Aggregate3Calldata(calls), moving[0].gas
+	for attempt := 0; ; attempt++ {
+		l := s.held()
+		if l == nil {
+			return errNotLeased // the key's holder works it
+		}
+		if err := s.reload(ctx); err != nil {
+			return err
+		}
+		nonce := s.next
+		// A signer that fails leaves the batch as it was: decided again next round.
+		st, err := s.sign(ctx, nonce, multicall3.Address, data, gas, fees)
+		if err != nil {
+			return err
+		}
+		rec := facilitator.TxRecord{Hash: st.tx.Hash(), Raw: st.raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: gas}
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+		err = l.MoveBatch(wctx, ids, nonce, rec)
+		cancel()
+		committed := func() (bool, error) {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+			defer cancel()
+			got, err := e.store.SettlementByID(rctx, ids[0])
+			return err == nil && got.TxNonce == nonce, err
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3:
+			e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
+			s.nonces.reset()
+			continue
+		case errors.Is(err, facilitator.ErrDuplicate):
+			// These very bytes are recorded: an earlier move committed and its answer was lost,
+			// or (another nonce) new bytes are needed: one wei more of tip and cap.
+			ok, rerr := committed()
+			if rerr != nil {
+				s.nonces.reset()
+				return rerr
+			}
+			if !ok && attempt < 3 {
+				fees = Fees{TipCap: new(big.Int).Add(fees.TipCap, big.NewInt(1)), FeeCap: new(big.Int).Add(fees.FeeCap, big.NewInt(1))}
+				continue
+			}
+			if ok {
+				err = nil
+			}
+		case !errors.Is(err, facilitator.ErrNotFound) && !errors.Is(err, facilitator.ErrNonceTaken):
+			// A write whose answer was lost may have committed: then the batch is the ledger's and
+			// must go out, or its nonce is a gap holding back the key.
+			ok, rerr := committed()
+			if ok {
+				err = nil
+			} else if rerr != nil {
+				// Not known either way: each member finds out from its row (the move is one
+				// transaction) before anything more is decided about it (settleMove).
+				tx := &sentTx{hash: rec.Hash, nonce: nonce, raw: st.raw, fees: fees, signedAt: e.now()}
+				for _, f := range moving {
+					f.update(func(f *flight) { f.move = &pendingMove{nonce: nonce, tx: tx, data: data} })
+				}
+				regroup(moving)
+			}
+		}
+		if err != nil {
+			s.nonces.reset()
+			return err
+		}
+		s.nonces.take(1) // nonce was s.next
+		now := e.now()
+		for _, f := range moving {
+			f.update(func(f *flight) {
+				f.nonce, f.data, f.to = nonce, data, multicall3.Address
+				f.txs = append(f.txs, &sentTx{hash: rec.Hash, nonce: nonce, raw: st.raw, fees: fees, signedAt: now})
+			})
+		}
+		regroup(moving)
+		for _, f := range moving {
+			e.log.Warn("re-signing a batch's settlement in a new batch with a new nonce", f.logAttrs("why", why, "signer", s.addr,
+				"old_tx_nonce", old, "new_tx_nonce", nonce, "tx", rec.Hash, "members", len(moving))...)
+			s.enqueue(f)
+		}
+		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceForeign)
+		return nil
+	}
+}
+
+// batchCallsOf is, of members, those still at tx nonce old and worked by this process, with their
+// own calls, in the order of the batch's calldata (its slots).
+func batchCallsOf(members []*flight, old uint64) ([]*flight, []multicall3.Call) {
+	all, ok := multicall3.DecodeAggregate3Calldata(members[0].data)
+	if !ok {
+		return nil, nil
+	}
+	var moving []*flight
+	var calls []multicall3.Call
+	for _, c := range all {
+		tc, ok := eip3009.DecodeCall(c.CallData)
+		if !ok || tc.Method != eip3009.MethodTransferWithAuthorization {
+			continue
+		}
+		for _, f := range members {
+			if f.txNonce() == old && !f.isDropped() && c.Target == f.key.Asset && tc.Authorization.From == f.key.Payer && tc.Authorization.Nonce == f.key.Nonce {
+				moving, calls = append(moving, f), append(calls, c)
+				break
+			}
+		}
+	}
+	return moving, calls
+}
+
+// regroup makes moving, members of one batch re-signed as a new one, a family of their own: the
+// old family keeps the members left behind (a bump of theirs never touches the new batch).
+func regroup(moving []*flight) {
+	if old := moving[0].family; old != nil {
+		old.mu.Lock()
+		old.members = slices.DeleteFunc(old.members, func(f *flight) bool { return slices.Contains(moving, f) })
+		old.mu.Unlock()
+	}
+	for _, f := range moving {
+		f.family = nil
+	}
+	linkFamily(moving)
+}
+
+// reload reads the key's next nonce again from the chain and the ledger: it is stale once a
+// foreign transaction used one. Caller holds s.mu.
+func (s *sender) reload(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.net.engine.cfg.RPCTimeout)
+	defer cancel()
+	if err := s.load(lctx); err != nil {
+		s.nonces.reset()
+		return err
+	}
+	return nil
 }

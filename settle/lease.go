@@ -39,6 +39,9 @@ func (o ownLease) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) 
 func (o ownLease) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx facilitator.TxRecord) error {
 	return o.store.MoveNonce(ctx, id, txNonce, tx)
 }
+func (o ownLease) MoveBatch(ctx context.Context, ids []int64, txNonce uint64, tx facilitator.TxRecord) error {
+	return o.store.MoveBatch(ctx, ids, txNonce, tx)
+}
 
 // leaseBox holds a facilitator.SignerLease in an atomic.Pointer.
 type leaseBox struct{ l facilitator.SignerLease }

@@ -38,7 +38,8 @@ type track struct {
 	// signer's later transactions would wait behind the gap forever.
 	closing bool
 	// batched: the settlement's transaction is a batch's (Multicall3), shared with other
-	// settlements: it is never re-signed at another nonce (that would take every member along).
+	// settlements: it is re-signed at another nonce only on final evidence, as a new batch of the
+	// members still valid, and never moved into a nonce gap.
 	batched bool
 }
 
@@ -360,9 +361,15 @@ func decideOpen(t track, o observation, p policy) decision {
 			return waitFor("a foreign transaction took the nonce; too close to validBefore to re-sign")
 		}
 		if t.batched {
-			// A batch is not re-signed (one transaction family per authorization, and the family
-			// is the batch's): its members expire unused at validBefore.
-			return waitFor("a foreign transaction took the batch's nonce; a batch is not re-signed")
+			// The batch can never mine: its members still valid are signed again as a new batch
+			// at a new nonce (a new family for each of them, foreign.go's resignBatch). The
+			// ledger hands the old batch's variants to the members left behind, so the evidence
+			// must be final: the nonce used in a final block, the authorization unused there,
+			// read twice.
+			if !final(c.at, o, p) {
+				return notFinal(o, p, "a foreign transaction took the batch's nonce")
+			}
+			return twice(t, decision{act: actResign, why: "a foreign transaction took the batch's nonce"}, c.at, c.atHash)
 		}
 		return twice(t, decision{act: actResign, why: "a foreign transaction took the nonce"}, c.at, c.atHash)
 	}

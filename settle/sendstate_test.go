@@ -25,6 +25,8 @@ func TestDecide(t *testing.T) {
 	open := track{state: facilitator.StateBroadcast, txNonce: 5, validBefore: vb, variants: []variant{sent(ours, 5)}}
 	twoVariants := open
 	twoVariants.variants = []variant{sent(ours, 5), sent(bumped, 5)}
+	batchedOpen := open
+	batchedOpen.batched = true
 	resignedTrack := open
 	resignedTrack.txNonce = 6
 	resignedTrack.variants = []variant{sent(ours, 5), sent(resigned, 6)}
@@ -75,6 +77,12 @@ func TestDecide(t *testing.T) {
 			want{actResolve, facilitator.StateMined, resigned}},
 		{"a revert first asks who used the authorization", open, obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}),
 			want{act: actReadAt}},
+		{"a foreign transaction took a batch's nonce in a block not final yet: wait, reading at the final block", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 6}), want{act: actWait}},
+		{"a foreign transaction took a batch's nonce, the authorization used: not a re-sign", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 105, time: uint64(t0.Unix()), keyNonce: 6, used: true}), want{act: actWait}},
+		{"a foreign transaction took a batch's nonce, too close to validBefore: no re-sign", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 105, time: vb.Uint64() - 10, keyNonce: 6}), want{act: actWait}},
 		{"null receipts and no flags: wait", open, obs(map[common.Hash]receiptRead{ours: ok(nil)}), want{act: actWait}},
 		{"a failed read says nothing", open, obs(map[common.Hash]receiptRead{ours: {}}), want{act: actWait}},
 		{"revert, the log names a foreign transaction: a verdict, not yet an outcome", open,
@@ -214,6 +222,9 @@ func TestDecide(t *testing.T) {
 			o.nonceLow = true
 			return o
 		}(), want{act: actResign}},
+		{"a foreign transaction took a batch's nonce in a final block: re-sign as a new batch", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 105, time: uint64(t0.Unix()), keyNonce: 6}),
+			want{act: actResign}},
 		{"mined and deep enough: final", mined, func() observation {
 			o := obs(map[common.Hash]receiptRead{ours: ok(success(ours, 100, blockA))})
 			o.canon = &canonRead{head: 103, hash: blockA}

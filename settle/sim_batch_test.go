@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/crypto"
+
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/settle/settlesim"
@@ -17,8 +19,9 @@ import (
 // TestSimulationBatched runs seeds on a network that batches (up to 2..8 settlements per
 // Multicall3 transaction, closed by the engine's clock): rounds of concurrent settlements whose
 // batches close full or once the clock passes their wait, with a third party using a member's
-// authorization first, members expiring before their batch is mined, reorganisations and dropped
-// pools between them; then every invariant is checked per seed, as TestSimulation does (one
+// authorization first, members expiring before their batch is mined, a transaction of one of our
+// keys that the engine did not sign taking a batch's nonce (its members still valid re-signed as a
+// new batch), reorganisations and dropped pools between them; then every invariant is checked per seed, as TestSimulation does (one
 // transfer per authorization, exactly one success for a transfer of ours, a ledger row for each,
 // every outcome the chain's, no nonce gap). The nodes and the ledger answer without faults: the
 // callers of a closed batch go on concurrently, and faults drawn from the seed's stream in their
@@ -48,6 +51,9 @@ func TestSimulationBatched(t *testing.T) {
 		}
 	}
 	t.Logf("%d batched seeds: %s", seeds, total)
+	if *simSeed == 0 && (total.foreign == 0 || total.resigned == 0) {
+		t.Fatalf("no seed had a foreign transaction take a batch's nonce and the batch re-signed (%d foreign, %d re-signed)", total.foreign, total.resigned)
+	}
 }
 
 // batchCalls are the world's /settle calls in flight: a batched settlement's call waits for its
@@ -144,6 +150,16 @@ func (w *simWorld) runBatched() error {
 			}
 		}
 		calls.closeAll()
+		if w.r.IntN(4) == 0 {
+			// The key used elsewhere: a transaction of one of our keys that the engine did not
+			// sign, at the key's next mined nonce, takes the slot of the batch just signed there
+			// (or of a lone settlement, or nothing of ours) in the pool.
+			k := w.signers[w.r.IntN(len(w.signers))]
+			nonce := w.chain.Nonce(crypto.PubkeyToAddress(k.PublicKey))
+			if _, err := w.chain.SubmitForeign(settlesim.ForeignTx{Key: k, Nonce: &nonce, Force: true}); err == nil {
+				w.stats.foreign++
+			}
+		}
 		for range 1 + w.r.IntN(3) {
 			w.clock.Advance(time.Duration(1+w.r.IntN(5)) * time.Second)
 			if w.r.IntN(8) == 0 {

@@ -37,6 +37,13 @@ type Store interface {
 	// still moves, to fill a nonce gap below the key's other transactions), facilitator.ErrDuplicate
 	// (the transaction is recorded already: an earlier move of it committed and its answer was lost).
 	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx facilitator.TxRecord) error
+	// MoveBatch re-signs members of one batch whose tx nonce a transaction that is not ours took:
+	// it moves the settlements (in the order of their slots) to txNonce in slots 0..n-1 and
+	// records tx, the new batch's transaction, under the new slot 0, at once, before it is sent.
+	// Errors: facilitator.ErrNonceTaken (txNonce has a row), facilitator.ErrNotFound (a member is
+	// no longer signed or broadcast, or not of the others' batch; nothing written),
+	// facilitator.ErrDuplicate (tx is recorded already).
+	MoveBatch(ctx context.Context, settlementIDs []int64, txNonce uint64, tx facilitator.TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
 	// Resolve moves open settlements to their outcomes, at once, and returns the ids it moved; it
 	// leaves alone any that is no longer open (someone else resolved it: read it again).

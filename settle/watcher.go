@@ -271,6 +271,13 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	var resend []*flight
 	var outcomes []outcome
 	var finals []*flight
+	// A batch's members re-signed this round go as one new batch per old one.
+	type batchKey struct {
+		s     *sender
+		nonce uint64
+	}
+	resignBatches := map[batchKey][]*flight{}
+	var resignOrder []batchKey
 	for i, w := range works {
 		f, d := w.f, decisions[i]
 		f.setVerdict(d.verdict)
@@ -292,6 +299,14 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			}
 			resend = append(resend, f)
 		case actResign:
+			if w.t.batched {
+				k := batchKey{f.sender, w.t.txNonce}
+				if _, ok := resignBatches[k]; !ok {
+					resignOrder = append(resignOrder, k)
+				}
+				resignBatches[k] = append(resignBatches[k], f)
+				continue
+			}
 			var gap *uint64
 			if w.o.gap && w.o.chain != nil && w.o.chain.keyNonce < w.t.txNonce {
 				g := w.o.chain.keyNonce
@@ -313,6 +328,12 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		case actRelease:
 			e.log.Info("closed settlement's nonce is used; no longer watched", f.logAttrs("tx_nonce", w.t.txNonce)...)
 			e.untrack(f)
+		}
+	}
+	for _, k := range resignOrder {
+		if err := n.resignBatch(ctx, resignBatches[k], k.nonce, "a foreign transaction took the batch's nonce"); err != nil {
+			e.log.Warn("re-signing a batch's settlements at a new nonce; will retry", "network", n.id.ID, "signer", k.s.addr,
+				"tx_nonce", k.nonce, "members", len(resignBatches[k]), "err", err)
 		}
 	}
 	n.recordAsync(ctx, outcomes)

@@ -74,7 +74,7 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	listen := fs.String("listen", env("FACILITATOR_SIGNER_LISTEN", "127.0.0.1:8550"), "address to serve the signing API on (FACILITATOR_SIGNER_LISTEN); keep it private")
 	chainID := fs.Uint64("chain-id", 0, "the only chain id signed for (required)")
 	token := fs.String("token", "", "the only contract signed for: the USDC address (required)")
-	maxGas := fs.Uint64("max-gas", 300_000, "the highest gas limit signed")
+	maxGas := fs.Uint64("max-gas", 300_000, "the highest gas limit signed per settlement (a batch of n: n times it)")
 	maxFeeGwei := fs.String("max-fee-gwei", "", "the highest fee per gas signed (maxFeePerGas or gasPrice), in gwei (required)")
 	keysFile := fs.String("signer-keys-file", env("FACILITATOR_SIGNER_KEYS_FILE", ""), "file with one hex private key per line (FACILITATOR_SIGNER_KEYS_FILE; or FACILITATOR_SIGNER_KEYS)")
 	logLevel := fs.String("log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error")

@@ -397,6 +397,89 @@ func (l *Ledger) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx fac
 	})
 }
 
+// MoveBatch implements settle.Store: members of one batch, still signed or broadcast, move to
+// txNonce in slots 0..n-1 (in the order of ids) with the new batch's transaction under the new
+// slot 0, at once; the members left at the old nonce keep its transactions under their lowest
+// slot, made slot 0 (facilitator/postgres's MoveBatch).
+func (l *Ledger) MoveBatch(ctx context.Context, ids []int64, txNonce uint64, tx facilitator.TxRecord) error {
+	return l.call(ctx, fmt.Sprintf("move-batch %v to %d", ids, txNonce), true, func() error {
+		if len(ids) == 0 || len(ids) > 100 {
+			return fmt.Errorf("settlesim: a batch moves 1..100 settlements, not %d", len(ids))
+		}
+		rows := make([]*ledgerRow, len(ids))
+		for i, id := range ids {
+			r := l.rows[id]
+			if r == nil || (r.s.State != facilitator.StateSigned && r.s.State != facilitator.StateBroadcast) ||
+				r.s.Key.Network != l.rows[ids[0]].s.Key.Network || r.s.Signer != l.rows[ids[0]].s.Signer || r.s.TxNonce != l.rows[ids[0]].s.TxNonce {
+				return facilitator.ErrNotFound
+			}
+			rows[i] = r
+		}
+		network, signer, old := rows[0].s.Key.Network, rows[0].s.Signer, rows[0].s.TxNonce
+		if old == txNonce {
+			return facilitator.ErrNonceTaken
+		}
+		for i := range rows {
+			if l.byNonce[nonceKey{network, signer, txNonce, i}] != nil {
+				return facilitator.ErrNonceTaken
+			}
+		}
+		if l.byTx[tx.Hash] != nil {
+			return facilitator.ErrDuplicate
+		}
+		slot0 := l.byNonce[nonceKey{network, signer, old, 0}]
+		moving := map[*ledgerRow]bool{}
+		for _, r := range rows {
+			moving[r] = true
+		}
+		// The members left behind, in slot order.
+		var left []*ledgerRow
+		for slot := range 100 {
+			if r := l.byNonce[nonceKey{network, signer, old, slot}]; r != nil && !moving[r] {
+				left = append(left, r)
+			}
+		}
+		share := new(big.Int).SetUint64((tx.Gas + uint64(len(ids)) - 1) / uint64(len(ids)))
+		if tx.FeeCap != nil {
+			share.Mul(share, tx.FeeCap)
+		} else {
+			share.SetInt64(0)
+		}
+		now := l.now()
+		for _, r := range rows {
+			delete(l.byNonce, nonceKey{network, signer, old, r.s.BatchSlot})
+		}
+		if moving[slot0] && len(left) > 0 {
+			heir := left[0]
+			delete(l.byNonce, nonceKey{network, signer, old, heir.s.BatchSlot})
+			heir.s.BatchSlot, heir.family, heir.txs = 0, nil, slot0.txs
+			l.byNonce[nonceKey{network, signer, old, 0}] = heir
+			for _, t := range heir.txs {
+				l.byTx[t.Hash] = heir
+			}
+			for _, r := range left[1:] {
+				r.family = heir
+			}
+			slot0.txs = nil
+		}
+		for i, r := range rows {
+			r.s.TxNonce, r.s.BatchSlot, r.family, r.updatedAt = txNonce, i, nil, now
+			if i > 0 {
+				r.family = rows[0]
+			}
+			if share.Cmp(r.gasReserved) > 0 {
+				r.gasReserved = new(big.Int).Set(share)
+			}
+			l.byNonce[nonceKey{network, signer, txNonce, i}] = r
+		}
+		l.addTxLocked(rows[0], tx)
+		for i, r := range rows {
+			l.event(r, "renonced", fmt.Sprintf("tx nonce %d left for batch tx %s nonce %d slot %d", old, tx.Hash.Hex(), txNonce, i))
+		}
+		return nil
+	})
+}
+
 func reservedGas(tx facilitator.TxRecord) *big.Int {
 	if tx.FeeCap == nil {
 		return new(big.Int)
