@@ -47,4 +47,16 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 	}
 	row("reason", st.Reason)
 	row("read from", fmt.Sprintf("%s, indexed head %d, chain head %d", st.Basis, st.IndexedHead, st.Head))
+	if len(st.Batch) > 0 {
+		// The answer's own fields are the batch's first settlement's: the others are only named
+		// here, each with the path of its own full answer.
+		fmt.Fprintf(w, "batch         %d settlements in this transaction, in the batch's order:\n", len(st.Batch))
+		for i, b := range st.Batch {
+			state := b.State
+			if b.Reason != "" {
+				state += " (" + b.Reason + ")"
+			}
+			fmt.Fprintf(w, "  %3d  %s from %s nonce %s: %s\n       %s\n", i+1, b.Asset, b.Authorizer, b.Nonce, state, b.Status)
+		}
+	}
 }

@@ -47,6 +47,22 @@ finality      depth:12, no block known final
 reason        invalid_exact_evm_transaction_failed
 read from     ledger, indexed head 0, chain head 0
 `},
+		{"batch", facilitator.AuthorizationStatus{State: "settled", SettledBy: "facilitator", Network: "eip155:1", Asset: "0xA", Authorizer: "0xB", Nonce: "0x01",
+			Transaction: "0xT", Basis: "ledger", Batch: []facilitator.BatchSettlement{
+				{Network: "eip155:1", Asset: "0xA", Authorizer: "0xB", Nonce: "0x01", State: "settled", Status: "/v1/authorizations/eip155:1/0xA/0xB/0x01"},
+				{Network: "eip155:1", Asset: "0xA", Authorizer: "0xD", Nonce: "0x02", State: "failed", Reason: "batch_call_failed", Status: "/v1/authorizations/eip155:1/0xA/0xD/0x02"},
+			}}, true,
+			`state         settled (by facilitator)
+meaning       the payment happened
+authorization eip155:1 0xA from 0xB nonce 0x01
+transaction   0xT
+read from     ledger, indexed head 0, chain head 0
+batch         2 settlements in this transaction, in the batch's order:
+    1  0xA from 0xB nonce 0x01: settled
+       /v1/authorizations/eip155:1/0xA/0xB/0x01
+    2  0xA from 0xD nonce 0x02: failed (batch_call_failed)
+       /v1/authorizations/eip155:1/0xA/0xD/0x02
+`},
 		{"unknown state", facilitator.AuthorizationStatus{State: "weird", Basis: "index"}, true,
 			`state         weird
 authorization   from  nonce 
