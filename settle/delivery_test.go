@@ -28,6 +28,17 @@ func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string, 
 	return false, ctx.Err()
 }
 
+// Resolve records the outcomes without their claims, as for a caller that came after the outcome
+// was written: the caller then claims with a statement of its own, the one that hangs.
+func (h *hungClaims) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error) {
+	stripped := make([]facilitator.Resolution, len(rs))
+	for i, r := range rs {
+		r.Claim = nil
+		stripped[i] = r
+	}
+	return h.Store.Resolve(ctx, stripped)
+}
+
 // TestClaimBounded: a success claim the ledger does not answer is given up within a few seconds
 // and the caller is answered pending with the hash (asked again, it gets the outcome), instead of
 // a request that hangs for as long as the ledger does.
