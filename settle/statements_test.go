@@ -100,7 +100,7 @@ func TestStatementsPerSettlement(t *testing.T) {
 	if c := got.Calls("ClaimDelivery"); c > n/8 {
 		t.Errorf("%d ClaimDelivery statements for %d settlements, want at most %d: the waiting callers' claims go with the outcome", c, n, n/8)
 	}
-	// A settlement mined within broadcastMarkDelay of its broadcast has its broadcast step written
+	// A settlement mined within broadcastMarkDelay (250 ms) of its broadcast has its broadcast step written
 	// with its outcome: no row update of its own for the step (every row had one before).
 	if rows := got.Rows("MarkBroadcast"); rows > n/4 {
 		t.Errorf("MarkBroadcast moved %d of %d rows, want at most %d: a settlement mined at once gets its broadcast step from Resolve", rows, n, n/4)
