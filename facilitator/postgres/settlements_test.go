@@ -71,6 +71,16 @@ func (l *ledgerFixture) insertFor(t *testing.T, txNonce uint64, keyID string) (i
 	return id, tx
 }
 
+// delivered reports whether a settlement's success is claimed.
+func (l *ledgerFixture) delivered(t *testing.T, id int64) bool {
+	t.Helper()
+	s, err := l.db.SettlementByID(l.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Delivered
+}
+
 // states lists a settlement's events of the given states, oldest first.
 func (l *ledgerFixture) states(t *testing.T, id int64, states ...string) []facilitator.State {
 	t.Helper()
@@ -300,14 +310,7 @@ func TestClaimDeliveryKey(t *testing.T) {
 			t.Fatalf("ClaimDelivery(%d, %q) = %v, %v; want %v", id, key, got, err, want)
 		}
 	}
-	delivered := func(id int64) bool {
-		t.Helper()
-		s, err := db.SettlementByID(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Delivered
-	}
+	delivered := func(id int64) bool { t.Helper(); return l.delivered(t, id) }
 
 	claim(keyed, "key_b", false)
 	claim(keyed, "", false)
@@ -355,14 +358,7 @@ func TestResolveClaims(t *testing.T) {
 	if got, want := fmt.Sprint(sortedIDs(claimed)), fmt.Sprint(sortedIDs([]int64{open, keyed})); got != want {
 		t.Fatalf("claimed %s, want %s (the open-mode and own-key claims of clean mined outcomes)", got, want)
 	}
-	delivered := func(id int64) bool {
-		t.Helper()
-		s, err := db.SettlementByID(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Delivered
-	}
+	delivered := func(id int64) bool { t.Helper(); return l.delivered(t, id) }
 	for name, id := range map[string]int64{"another key's claim": wrongKey, "an outcome with an error reason": mismatch,
 		"a reverted outcome": reverted, "no claim": unclaimed} {
 		if delivered(id) {
