@@ -363,9 +363,9 @@ func (b *brokenLedger) MarkBroadcast(ctx context.Context, ids []int64) error {
 	return b.Store.MarkBroadcast(ctx, ids)
 }
 
-func (b *brokenLedger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error) {
+func (b *brokenLedger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error) {
 	if err := b.fail(false); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	return b.Store.Resolve(ctx, rs)
 }

@@ -95,6 +95,18 @@ type Resolution struct {
 	BlockHash    common.Hash
 	ErrorReason  string
 	ErrorMessage string
+	// Claim, when set, is the success claimed in the same write for the caller waiting for this
+	// outcome (invariant 4): recorded only under ClaimDelivery's rules (a mined outcome without an
+	// error reason, no success delivered yet, the settlement's own API key), so that the waiting
+	// caller's success costs no statement of its own.
+	Claim *SuccessClaim
+}
+
+// SuccessClaim is a caller's claim of a settlement's one success: the caller's API key ("" in
+// open mode) and the claim's own token, which releases exactly this claim and no other.
+type SuccessClaim struct {
+	KeyID string
+	Token []byte
 }
 
 // OpenSettlement is a settlement the engine still watches, with every transaction it signed.

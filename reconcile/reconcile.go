@@ -24,7 +24,7 @@ import (
 // Store is what the jobs read and write.
 type Store interface {
 	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]facilitator.OpenSettlement, error)
-	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error)
+	Resolve(ctx context.Context, rs []facilitator.Resolution) (moved, claimed []int64, err error)
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	Touch(ctx context.Context, ids []int64) error
@@ -285,7 +285,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 		}
 	}
 	if len(resolutions) > 0 {
-		if _, err := j.cfg.Store.Resolve(ctx, resolutions); err != nil {
+		if _, _, err := j.cfg.Store.Resolve(ctx, resolutions); err != nil {
 			return ch, err
 		}
 		// A resolved settlement none of whose transactions landed still holds its signer's tx

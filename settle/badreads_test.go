@@ -123,7 +123,7 @@ func TestClosedSettlementNonceIsFilled(t *testing.T) {
 	theirs := p.SendElsewhere(t)
 	env.Mine(t)
 	row := env.Row(t, p.Key())
-	if _, err := first.DB.Resolve(ctx, []facilitator.Resolution{{ID: row.ID, State: facilitator.StateSettledElsewhere, TxHash: theirs,
+	if _, _, err := first.DB.Resolve(ctx, []facilitator.Resolution{{ID: row.ID, State: facilitator.StateSettledElsewhere, TxHash: theirs,
 		ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "resolved from the index"}}); err != nil {
 		t.Fatal(err)
 	}

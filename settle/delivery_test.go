@@ -28,6 +28,17 @@ func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string, 
 	return false, ctx.Err()
 }
 
+// Resolve records the outcomes without their claims, as for a caller that came after the outcome
+// was written: the caller then claims with a statement of its own, the one that hangs.
+func (h *hungClaims) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error) {
+	stripped := make([]facilitator.Resolution, len(rs))
+	for i, r := range rs {
+		r.Claim = nil
+		stripped[i] = r
+	}
+	return h.Store.Resolve(ctx, stripped)
+}
+
 // TestClaimBounded: a success claim the ledger does not answer is given up within a few seconds
 // and the caller is answered pending with the hash (asked again, it gets the outcome), instead of
 // a request that hangs for as long as the ledger does.
@@ -119,5 +130,57 @@ func TestSuccessBelongsToKey(t *testing.T) {
 	alreadySettled("key A, an open-mode settlement", settleAs(open, "key_a"), openFirst.Response.Transaction)
 	if got := settleAs(open, ""); !got.Response.Success || !got.Claimed {
 		t.Fatalf("the open-mode retry: want its success, got %+v", got.Response)
+	}
+}
+
+// slowResolve is the ledger with an outcome write that takes longer than the caller waits.
+type slowResolve struct {
+	settle.Store
+	delay time.Duration
+}
+
+func (s *slowResolve) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	return s.Store.Resolve(ctx, rs)
+}
+
+// TestCarriedClaimOfGoneCaller: a waiting caller's claim rides on the watcher's outcome write; a
+// caller whose wait ends while that write runs is answered pending, and the claim the write then
+// records is given back, so that the success goes to the caller's retry rather than to nobody
+// (invariant 4).
+func TestCarriedClaimOfGoneCaller(t *testing.T) {
+	ctx := context.Background()
+	slow := &slowResolve{delay: 2500 * time.Millisecond}
+	r := env.NewEngine(t, stacktest.EngineOptions{Deadline: time.Second, Config: func(c *settle.Config) {
+		slow.Store = c.Store
+		c.Store = slow
+	}})
+	body := env.NewPay(t, env.FundedPayer(t, 100_000), 100_000).Body(t)
+	first, err := r.Settle(ctx, stacktest.Decode(t, body))
+	if err != nil || first.Claimed || first.Response.ErrorReason != facilitator.ReasonSettlementPending {
+		t.Fatalf("first answer: want settlement_pending, got %+v %v", first, err)
+	}
+	// The write lands after the caller left: mined, and the success not delivered to anyone.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := r.DB.SettlementByID(ctx, first.SettlementID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.State.Succeeded() && !s.Delivered {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("settlement %+v: want mined with its success still owed (the gone caller's claim released)", s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	retry, err := r.Settle(ctx, stacktest.Decode(t, body))
+	if err != nil || !retry.Claimed || !retry.Response.Success {
+		t.Fatalf("the retry: want the success, got %+v %v", retry, err)
 	}
 }

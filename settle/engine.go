@@ -670,9 +670,20 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 		// its callers ask again.
 		return e.answer(ctx, p, f.view())
 	}
+	// The first caller to wait offers its claim of the success, so that the watcher writes it
+	// with the mined outcome (one row update for both) instead of a statement of the caller's.
+	token := e.claimToken(f.id)
+	offered := ctx.Err() == nil && f.offerClaim(p.KeyID, token)
 	v := f.wait(waitCtx, func(v view) bool { return settled(v) || v.dropped })
+	var claimed []byte
+	if offered && f.takeClaim(token) {
+		claimed = token
+	}
 	if !v.dropped || settled(v) {
-		return e.answer(ctx, p, v)
+		return e.answerClaimed(ctx, p, v, claimed)
+	}
+	if claimed != nil {
+		e.release(ctx, f.id, claimed) // not answered from this view: the poll below claims afresh
 	}
 	s, err := e.store.SettlementByID(waitCtx, f.id)
 	if err != nil {
@@ -691,6 +702,21 @@ const claimTimeout = 5 * time.Second
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
 // the first with the settlement's own API key to claim it while still connected.
 func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) facilitator.SettleOutcome {
+	return e.answerClaimed(ctx, p, v, nil)
+}
+
+// answerClaimed is answer for a caller whose claim the ledger already recorded (with the mined
+// outcome; token claimed, nil when none): it is answered with it, or, when the answer is not the
+// success (the caller left, the settlement was reorganised meanwhile), gives it back.
+func (e *Engine) answerClaimed(ctx context.Context, p *facilitator.Payment, v view, claimed []byte) facilitator.SettleOutcome {
+	out := e.answerWith(ctx, p, v, claimed)
+	if claimed != nil && !out.Claimed {
+		e.release(ctx, v.id, claimed)
+	}
+	return out
+}
+
+func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view, claimed []byte) facilitator.SettleOutcome {
 	out := facilitator.SettleOutcome{SettlementID: v.id}
 	switch {
 	case v.state.Open():
@@ -699,7 +725,9 @@ func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) fac
 	case v.state.Succeeded() && v.reason != "":
 		out.Response = fail(p, v.reason, v.message, v.hash).Response
 	case v.state.Succeeded():
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && claimed != nil {
+			out.Claimed, out.Claim = true, claimed
+		} else if ctx.Err() == nil {
 			// Not the caller's context: a claim the ledger made must come back to be released if
 			// the caller leaves meanwhile. Bounded all the same, so a ledger that does not answer
 			// turns into a pending answer instead of a hung request.

@@ -1,6 +1,7 @@
 package settle
 
 import (
+	"bytes"
 	"context"
 	"math/big"
 	"sync"
@@ -61,6 +62,77 @@ type flight struct {
 	closing bool
 	// move: a re-sign at a new nonce whose ledger write's outcome is unknown (foreign.go).
 	move *pendingMove
+	// claim: the success claim of the first caller waiting here, written with a mined outcome
+	// (facilitator.Resolution.Claim) so that the caller's success costs no statement of its own.
+	claim *waitClaim
+}
+
+// waitClaim is a waiting caller's claim of a flight's success, from offer to answer.
+type waitClaim struct {
+	keyID string
+	token []byte
+	// sent: an outcome write carries it, its result not known yet; recorded: the ledger has it,
+	// and it is the caller's to answer with; gone: the caller left while it was sent, so the
+	// writer releases it if it was recorded.
+	sent, recorded, gone bool
+}
+
+// offerClaim registers a waiting caller's claim (with API key keyID and a token no other claim
+// has) to be written with the flight's mined outcome. Only one caller's is carried, and only
+// while the outcome is not known: false when it is not registered (the caller claims itself).
+func (f *flight) offerClaim(keyID string, token []byte) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claim != nil || !f.state.Open() || f.resolving || f.dropped {
+		return false
+	}
+	f.claim = &waitClaim{keyID: keyID, token: token}
+	return true
+}
+
+// attachClaimLocked puts the waiting caller's claim on a success about to be written, under the same
+// lock that marks the flight resolving: a caller leaving after it knows the write carries it.
+func (f *flight) attachClaimLocked(res *facilitator.Resolution) {
+	c := f.claim
+	if c == nil || c.sent || c.recorded || !res.State.Succeeded() || res.ErrorReason != "" {
+		return
+	}
+	c.sent = true
+	res.Claim = &facilitator.SuccessClaim{KeyID: c.keyID, Token: c.token}
+}
+
+// claimWrittenLocked settles the carried claim once its write returned (recorded: the ledger has
+// it); it reports whether the claim must be released (its caller is gone). A claim whose write
+// failed or was not recorded is dropped, and its token is never carried again: a write whose
+// outcome is unknown may still commit it, and its release must not undo a later claim.
+func (f *flight) claimWrittenLocked(token []byte, recorded bool) (release bool) {
+	c := f.claim
+	if c == nil || !c.sent || !bytes.Equal(c.token, token) {
+		return false
+	}
+	if recorded && !c.gone {
+		c.sent, c.recorded = false, true
+		return false
+	}
+	f.claim = nil
+	return recorded
+}
+
+// takeClaim ends a caller's wait: true when its claim was recorded (its success is claimed). A
+// caller that leaves while a write carries its claim leaves it to the writer to release.
+func (f *flight) takeClaim(token []byte) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.claim
+	if c == nil || !bytes.Equal(c.token, token) {
+		return false
+	}
+	if c.sent {
+		c.gone = true
+		return false
+	}
+	f.claim = nil
+	return c.recorded
 }
 
 // logAttrs are the fields every log line about f starts with: the settlement, its payer and

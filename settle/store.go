@@ -46,8 +46,11 @@ type Store interface {
 	MoveBatch(ctx context.Context, settlementIDs []int64, txNonce uint64, tx facilitator.TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
 	// Resolve moves open settlements to their outcomes, at once, and returns the ids it moved; it
-	// leaves alone any that is no longer open (someone else resolved it: read it again).
-	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error)
+	// leaves alone any that is no longer open (someone else resolved it: read it again). A
+	// resolution's Claim is recorded in the same write under ClaimDelivery's rules; claimed lists
+	// the moved ids whose claim was recorded. An error says nothing of what was written (a claim
+	// may have committed: it is released by its token).
+	Resolve(ctx context.Context, rs []facilitator.Resolution) (moved, claimed []int64, err error)
 	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain;
 	// facilitator.ErrNotFound when it is not mined (any more).
 	Reopen(ctx context.Context, id int64, detail string) error

@@ -515,8 +515,12 @@ func (n *network) recordAsync(ctx context.Context, outcomes []outcome) {
 	if len(outcomes) == 0 {
 		return
 	}
-	for _, o := range outcomes {
-		o.f.setResolving(true)
+	for i := range outcomes {
+		f := outcomes[i].f
+		f.mu.Lock()
+		f.resolving = true
+		f.attachClaimLocked(&outcomes[i].res)
+		f.mu.Unlock()
 	}
 	n.recording.Wait()
 	if n.engine.stepped {
@@ -544,19 +548,39 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 	for i, o := range outcomes {
 		res[i] = o.res
 	}
-	moved, err := e.store.Resolve(ctx, res)
+	moved, claimed, err := e.store.Resolve(ctx, res)
 	if err != nil {
 		e.log.Warn("recording outcomes; will retry", "network", n.id.ID, "count", len(res), "err", err)
 		for _, o := range outcomes {
-			o.f.setResolving(false)
+			o.f.mu.Lock()
+			o.f.resolving = false
+			if o.res.Claim != nil {
+				o.f.claimWrittenLocked(o.res.Claim.Token, false)
+			}
+			o.f.mu.Unlock()
+			if o.res.Claim != nil {
+				// The write may have committed the claim: released by its token, which is never
+				// carried again (its caller claims afresh when it is answered).
+				e.release(ctx, o.f.id, o.res.Claim.Token)
+			}
 		}
 		// The receipts' blocks are behind the watcher now: sweep them all again next round.
 		n.resweep.Store(true)
 		return
 	}
-	done := idSet(moved)
+	done, got := idSet(moved), idSet(claimed)
 	for _, o := range outcomes {
 		f, r := o.f, o.res
+		release := false
+		if r.Claim != nil {
+			f.mu.Lock()
+			release = f.claimWrittenLocked(r.Claim.Token, got[f.id])
+			f.mu.Unlock()
+		}
+		if release {
+			// Its caller left while the write carried its claim: the success goes to the next.
+			e.release(ctx, f.id, r.Claim.Token)
+		}
 		if !done[f.id] {
 			// Someone else (a reconcile job, the key's previous holder) moved the row first: the
 			// ledger is the truth.

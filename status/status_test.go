@@ -269,7 +269,7 @@ func TestStatusLedgerOutcomes(t *testing.T) {
 			k, hash := insertRow(t, nil)
 			if tc.res.State != facilitator.StateSigned {
 				tc.res.ID = env.Row(t, k).ID
-				if _, err := env.DB.Resolve(ctx, []facilitator.Resolution{tc.res}); err != nil {
+				if _, _, err := env.DB.Resolve(ctx, []facilitator.Resolution{tc.res}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -233,7 +233,7 @@ func TestHotPathPlans(t *testing.T) {
 	rec.as("MarkBroadcast")
 	must(db.MarkBroadcast(ctx, []int64{id}))
 	rec.as("Resolve (mined)")
-	_, err = db.Resolve(ctx, []facilitator.Resolution{{ID: id, State: facilitator.StateMined, TxHash: tx.Hash, BlockNumber: 5, BlockHash: common.HexToHash("0x05")}})
+	_, _, err = db.Resolve(ctx, []facilitator.Resolution{{ID: id, State: facilitator.StateMined, TxHash: tx.Hash, BlockNumber: 5, BlockHash: common.HexToHash("0x05")}})
 	must(err)
 	rec.as("ClaimDelivery")
 	_, err = db.ClaimDelivery(ctx, id, "", []byte("claim"))

@@ -330,7 +330,7 @@ func insertError(err error) error {
 // insertSettlementSQL is InsertSettlement's statement. The guard's sums are computed first (each
 // off, and free, when its switch is off); the row is inserted only when both fit. Every parameter
 // is cast: an INSERT ... SELECT does not take the types of its target columns.
-const insertSettlementSQL = `
+const insertSettlementSQL = `-- InsertSettlement
 	WITH w AS (
 		SELECT count(*) AS n, COALESCE(sum(value), 0) AS total FROM settlements
 		WHERE $22::boolean AND network = $1::text AND asset = $2::bytea AND payer = $3::bytea
@@ -426,7 +426,7 @@ func (db *DB) MoveNonce(ctx context.Context, id int64, txNonce uint64, tx facili
 
 // MarkBroadcast records that nodes accepted these settlements' transactions.
 func (db *DB) MarkBroadcast(ctx context.Context, ids []int64) error {
-	_, err := db.pool.Exec(ctx, `
+	_, err := db.pool.Exec(ctx, `-- MarkBroadcast
 		WITH u AS (
 			UPDATE settlements SET state = 'broadcast', updated_at = now()
 			WHERE id = ANY($1) AND state = 'signed' RETURNING id)
@@ -435,11 +435,15 @@ func (db *DB) MarkBroadcast(ctx context.Context, ids []int64) error {
 }
 
 // Resolve records open settlements' outcomes in one statement and returns the ids it moved: a
-// settlement no longer open (another process or a job resolved it first) is left alone.
-func (db *DB) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error) {
+// settlement no longer open (another process or a job resolved it first) is left alone. A
+// resolution's claim of the success is recorded in the same row update, under ClaimDelivery's
+// rules (claimed: the moved ids whose claim was recorded), so a caller waiting for a mined
+// outcome costs no statement, commit or row version of its own.
+func (db *DB) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error) {
 	n := len(rs)
 	ids, states, reasons, messages := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes, blockHashes, blocks := make([][]byte, n), make([][]byte, n), make([]int64, n)
+	claimKeys, claims := make([]string, n), make([][]byte, n)
 	for i, r := range rs {
 		ids[i], states[i], reasons[i], messages[i] = r.ID, string(r.State), r.ErrorReason, r.ErrorMessage
 		blocks[i] = int64(r.BlockNumber)
@@ -450,38 +454,65 @@ func (db *DB) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64
 		if r.BlockHash != (common.Hash{}) {
 			blockHashes[i] = r.BlockHash.Bytes()
 		}
+		if r.Claim != nil && len(r.Claim.Token) > 0 {
+			claimKeys[i], claims[i] = r.Claim.KeyID, r.Claim.Token
+		}
 	}
-	rows, err := db.pool.Query(ctx, `
-		WITH r AS (
-			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[])
-				AS r(id, state, tx_hash, block_number, block_hash, reason, message)),
-		-- FOR UPDATE waits for a concurrent MarkBroadcast and reads the state it left, so the step
-		-- below is added only when nothing recorded it.
-		o AS (SELECT id, state AS was FROM settlements WHERE id = ANY($1) FOR UPDATE),
-		u AS (
-			UPDATE settlements s SET state = r.state, tx_hash = r.tx_hash, block_number = NULLIF(r.block_number, 0),
-				block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),
-				updated_at = now()
-			FROM r, o WHERE s.id = r.id AND o.id = s.id AND s.state IN ('signed', 'broadcast')
-			RETURNING s.id, s.state, o.was, s.tx_hash, s.block_number, s.error_reason),
-		ev AS (
-		INSERT INTO settlement_events (settlement_id, state, detail)
-		SELECT id, state, detail FROM (
-			-- A receipt can arrive before the broadcast is recorded (a node that mines on arrival):
-			-- the transaction was broadcast all the same, so its life keeps every step.
-			SELECT id, 'broadcast' AS state, NULL AS detail, 0 AS step FROM u
-				WHERE was = 'signed' AND state IN ('mined', 'reverted')
-			UNION ALL
-			SELECT id, state, COALESCE('tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number, 'no transaction of ours landed')
-				|| COALESCE(' ' || error_reason, ''), 1 FROM u) e
-		ORDER BY id, step)
-		SELECT id FROM u`,
-		ids, states, hashes, blocks, blockHashes, reasons, messages)
+	rows, err := db.pool.Query(ctx, resolveSQL, ids, states, hashes, blocks, blockHashes, reasons, messages, claimKeys, claims)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	var moved, claimed []int64
+	var id int64
+	var got bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &got}, func() error {
+		moved = append(moved, id)
+		if got {
+			claimed = append(claimed, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return moved, claimed, nil
 }
+
+// resolveSQL is Resolve's statement. The claim condition is ClaimDelivery's, on the outcome being
+// written: mined without an error reason, no success delivered yet (a reorganised settlement
+// keeps the one it had), and the caller's key the settlement's.
+const resolveSQL = `-- Resolve
+	WITH r AS (
+		SELECT *, claim IS NOT NULL AND state IN ('mined', 'final') AND reason = '' AS claimable
+		FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[], $8::text[], $9::bytea[])
+			AS r(id, state, tx_hash, block_number, block_hash, reason, message, claim_key, claim)),
+	-- FOR UPDATE waits for a concurrent MarkBroadcast and reads the state it left, so the step
+	-- below is added only when nothing recorded it.
+	-- It also reads the row's claim and key as they are now, for the claim's rule.
+	o AS (
+		SELECT o.id, o.state AS was, r.claimable AND o.success_delivered_at IS NULL
+			AND o.api_key IS NOT DISTINCT FROM NULLIF(r.claim_key, '') AS take
+		FROM settlements o JOIN r ON r.id = o.id WHERE o.id = ANY($1) FOR UPDATE OF o),
+	u AS (
+		UPDATE settlements s SET state = r.state, tx_hash = r.tx_hash, block_number = NULLIF(r.block_number, 0),
+			block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),
+			success_delivered_at = CASE WHEN o.take THEN now() ELSE s.success_delivered_at END,
+			success_claim = CASE WHEN o.take THEN r.claim ELSE s.success_claim END,
+			updated_at = now()
+		FROM r, o WHERE s.id = r.id AND o.id = s.id AND s.state IN ('signed', 'broadcast')
+		RETURNING s.id, s.state, o.was, s.tx_hash, s.block_number, s.error_reason, o.take),
+	ev AS (
+	INSERT INTO settlement_events (settlement_id, state, detail)
+	SELECT id, state, detail FROM (
+		-- A receipt can arrive before the broadcast is recorded (a node that mines on arrival):
+		-- the transaction was broadcast all the same, so its life keeps every step.
+		SELECT id, 'broadcast' AS state, NULL AS detail, 0 AS step FROM u
+			WHERE was = 'signed' AND state IN ('mined', 'reverted')
+		UNION ALL
+		SELECT id, state, COALESCE('tx 0x' || encode(tx_hash, 'hex') || ' block ' || block_number, 'no transaction of ours landed')
+			|| COALESCE(' ' || error_reason, ''), 1 FROM u) e
+	ORDER BY id, step)
+	SELECT id, take FROM u`
 
 // Reopen moves a mined settlement back to broadcast after a reorg; facilitator.ErrNotFound when
 // the settlement is not mined (any more).
@@ -505,7 +536,7 @@ func (db *DB) Reopen(ctx context.Context, id int64, detail string) error {
 
 // MarkFinal moves mined settlements to final and returns the ids it moved.
 func (db *DB) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
-	rows, err := db.pool.Query(ctx, `
+	rows, err := db.pool.Query(ctx, `-- MarkFinal
 		WITH u AS (
 			UPDATE settlements SET state = 'final', updated_at = now() WHERE id = ANY($1) AND state = 'mined' RETURNING id),
 		e AS (INSERT INTO settlement_events (settlement_id, state) SELECT id, 'final' FROM u)
@@ -520,7 +551,8 @@ func (db *DB) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
 // with the key the settlement was made with: the fingerprint can be rebuilt from public calldata,
 // so without that rule any caller allowed to /settle could race the merchant's retry for it.
 func (db *DB) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
-	tag, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = now(), success_claim = $3
+	tag, err := db.pool.Exec(ctx, `-- ClaimDelivery
+		UPDATE settlements SET success_delivered_at = now(), success_claim = $3
 		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL
 			AND api_key IS NOT DISTINCT FROM NULLIF($2::text, '')`, id, keyID, claim)
 	if err != nil {

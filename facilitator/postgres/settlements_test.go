@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,6 +71,16 @@ func (l *ledgerFixture) insertFor(t *testing.T, txNonce uint64, keyID string) (i
 	return id, tx
 }
 
+// delivered reports whether a settlement's success is claimed.
+func (l *ledgerFixture) delivered(t *testing.T, id int64) bool {
+	t.Helper()
+	s, err := l.db.SettlementByID(l.ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Delivered
+}
+
 // states lists a settlement's events of the given states, oldest first.
 func (l *ledgerFixture) states(t *testing.T, id int64, states ...string) []facilitator.State {
 	t.Helper()
@@ -102,7 +113,7 @@ func TestResolveKeepsEveryStep(t *testing.T) {
 	}
 	r1, r2 := mined, mined
 	r1.ID, r2.ID = early, normal
-	if _, err := db.Resolve(ctx, []facilitator.Resolution{r1, r2, {ID: expired, State: facilitator.StateExpired}}); err != nil {
+	if _, _, err := db.Resolve(ctx, []facilitator.Resolution{r1, r2, {ID: expired, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.MarkBroadcast(ctx, []int64{early}); err != nil {
@@ -147,7 +158,7 @@ func TestResolveRacingMarkBroadcast(t *testing.T) {
 	go func() {
 		for _, id := range ids {
 			r := facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
-			if _, err := db.Resolve(ctx, []facilitator.Resolution{r}); err != nil {
+			if _, _, err := db.Resolve(ctx, []facilitator.Resolution{r}); err != nil {
 				errs <- err
 				return
 			}
@@ -215,14 +226,14 @@ func TestMoveNonce(t *testing.T) {
 
 	// A failed settlement still moves (its nonce may be a gap below the key's others: filling it
 	// moves the settlement down); a mined one does not.
-	if _, err := db.Resolve(ctx, []facilitator.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
+	if _, _, err := db.Resolve(ctx, []facilitator.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.MoveNonce(ctx, other, 3, record()); err != nil {
 		t.Fatalf("moving a failed settlement: %v", err)
 	}
 	minedID, _ := insert(4)
-	if _, err := db.Resolve(ctx, []facilitator.Resolution{{ID: minedID, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 5,
+	if _, _, err := db.Resolve(ctx, []facilitator.Resolution{{ID: minedID, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 5,
 		BlockHash: common.HexToHash("0x2")}}); err != nil {
 		t.Fatal(err)
 	}
@@ -245,11 +256,11 @@ func TestWritesThatMatchNoRow(t *testing.T) {
 	done, _ := l.insert(t, 1)
 	mined := facilitator.Resolution{State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
 	mined.ID = done
-	if moved, err := db.Resolve(ctx, []facilitator.Resolution{mined}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
+	if moved, _, err := db.Resolve(ctx, []facilitator.Resolution{mined}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
 		t.Fatalf("first Resolve moved %v, %v; want [%d]", moved, err, done)
 	}
 	expired := facilitator.Resolution{ID: done, State: facilitator.StateExpired}
-	if moved, err := db.Resolve(ctx, []facilitator.Resolution{expired}); err != nil || len(moved) != 0 {
+	if moved, _, err := db.Resolve(ctx, []facilitator.Resolution{expired}); err != nil || len(moved) != 0 {
 		t.Fatalf("Resolve of a mined row moved %v, %v; want nothing", moved, err)
 	}
 	if moved, err := db.MarkFinal(ctx, []int64{open, done}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
@@ -288,7 +299,7 @@ func TestClaimDeliveryKey(t *testing.T) {
 	for i, id := range []int64{keyed, open} {
 		r := facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.BigToHash(big.NewInt(int64(i + 1))), BlockNumber: 5,
 			BlockHash: common.HexToHash("0x2")}
-		if _, err := db.Resolve(ctx, []facilitator.Resolution{r}); err != nil {
+		if _, _, err := db.Resolve(ctx, []facilitator.Resolution{r}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -299,14 +310,7 @@ func TestClaimDeliveryKey(t *testing.T) {
 			t.Fatalf("ClaimDelivery(%d, %q) = %v, %v; want %v", id, key, got, err, want)
 		}
 	}
-	delivered := func(id int64) bool {
-		t.Helper()
-		s, err := db.SettlementByID(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Delivered
-	}
+	delivered := func(id int64) bool { t.Helper(); return l.delivered(t, id) }
 
 	claim(keyed, "key_b", false)
 	claim(keyed, "", false)
@@ -318,4 +322,83 @@ func TestClaimDeliveryKey(t *testing.T) {
 
 	claim(open, "key_a", false)
 	claim(open, "", true)
+}
+
+// TestResolveClaims: a resolution's claim is recorded with the outcome under ClaimDelivery's
+// rules (a mined outcome without an error reason, nothing delivered yet, the settlement's own
+// key), and only then: the claimed ids say which, the row says delivered with that token (which
+// ReleaseDelivery alone undoes), and nobody else can claim the success afterwards.
+func TestResolveClaims(t *testing.T) {
+	l := newLedgerFixture(t, 20*time.Second)
+	db, ctx := l.db, l.ctx
+	mined := func(id int64, key, token string) facilitator.Resolution {
+		return facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.BigToHash(big.NewInt(id)), BlockNumber: 5,
+			BlockHash: common.HexToHash("0x2"), Claim: &facilitator.SuccessClaim{KeyID: key, Token: []byte(token)}}
+	}
+	open, _ := l.insertFor(t, 1, "")
+	keyed, _ := l.insertFor(t, 2, "key_a")
+	wrongKey, _ := l.insertFor(t, 3, "key_a")
+	mismatch, _ := l.insertFor(t, 4, "")
+	reverted, _ := l.insertFor(t, 5, "")
+	unclaimed, _ := l.insertFor(t, 6, "")
+	mis := mined(mismatch, "", "t-mismatch")
+	mis.ErrorReason = facilitator.ReasonTransactionFailed
+	rev := mined(reverted, "", "t-reverted")
+	rev.State = facilitator.StateReverted
+	plain := mined(unclaimed, "", "")
+	plain.Claim = nil
+	moved, claimed, err := db.Resolve(ctx, []facilitator.Resolution{
+		mined(open, "", "t-open"), mined(keyed, "key_a", "t-keyed"), mined(wrongKey, "key_b", "t-wrong"), mis, rev, plain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(moved) != 6 {
+		t.Fatalf("moved %v, want all 6", moved)
+	}
+	if got, want := fmt.Sprint(sortedIDs(claimed)), fmt.Sprint(sortedIDs([]int64{open, keyed})); got != want {
+		t.Fatalf("claimed %s, want %s (the open-mode and own-key claims of clean mined outcomes)", got, want)
+	}
+	delivered := func(id int64) bool { t.Helper(); return l.delivered(t, id) }
+	for name, id := range map[string]int64{"another key's claim": wrongKey, "an outcome with an error reason": mismatch,
+		"a reverted outcome": reverted, "no claim": unclaimed} {
+		if delivered(id) {
+			t.Errorf("%s marked the success delivered", name)
+		}
+	}
+	// The recorded claims are the successes: nobody claims them again, until their own token
+	// releases them.
+	for id, key := range map[int64]string{open: "", keyed: "key_a"} {
+		if ok, err := db.ClaimDelivery(ctx, id, key, []byte("second")); err != nil || ok {
+			t.Fatalf("ClaimDelivery after a recorded claim = %v, %v; want false", ok, err)
+		}
+	}
+	if err := db.ReleaseDelivery(ctx, keyed, []byte("t-wrong")); err != nil || !delivered(keyed) {
+		t.Fatalf("another token released the claim: %v", err)
+	}
+	if err := db.ReleaseDelivery(ctx, keyed, []byte("t-keyed")); err != nil || delivered(keyed) {
+		t.Fatalf("its own token did not release the claim: %v", err)
+	}
+	if ok, err := db.ClaimDelivery(ctx, keyed, "key_a", []byte("next")); err != nil || !ok {
+		t.Fatalf("ClaimDelivery after the release = %v, %v; want true", ok, err)
+	}
+	// The wrong key's settlement is still its own key's to claim.
+	if ok, err := db.ClaimDelivery(ctx, wrongKey, "key_a", []byte("own")); err != nil || !ok {
+		t.Fatalf("ClaimDelivery by the settlement's key = %v, %v; want true", ok, err)
+	}
+	// A reorganised settlement keeps the success it delivered: mined again, no claim is taken.
+	if err := db.Reopen(ctx, open, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, claimed, err := db.Resolve(ctx, []facilitator.Resolution{mined(open, "", "t-again")}); err != nil || len(claimed) != 0 {
+		t.Fatalf("re-mined settlement claimed %v, %v; want nothing (its success was delivered)", claimed, err)
+	}
+	if err := db.ReleaseDelivery(ctx, open, []byte("t-again")); err != nil || !delivered(open) {
+		t.Fatalf("the second claim's token released the first: %v", err)
+	}
+}
+
+func sortedIDs(ids []int64) []int64 {
+	out := slices.Clone(ids)
+	slices.Sort(out)
+	return out
 }

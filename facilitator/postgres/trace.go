@@ -61,6 +61,16 @@ func (c StatementCounts) Calls(name string) int64 {
 	return 0
 }
 
+// Rows is how many rows the statement named name answered or affected, summed over its calls.
+func (c StatementCounts) Rows(name string) int64 {
+	for _, s := range c.Statements {
+		if s.Name == name {
+			return s.Rows
+		}
+	}
+	return 0
+}
+
 // Counts returns what was counted so far.
 func (sc *StatementCounter) Counts() StatementCounts {
 	sc.mu.Lock()

@@ -126,7 +126,7 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 				rs = append(rs, facilitator.Resolution{ID: all[i].id, State: st, TxHash: rc.TxHash, BlockNumber: rc.BlockNumber.Uint64(), BlockHash: rc.BlockHash})
 			}
 			if len(rs) > 0 {
-				moved, err := ledger.Resolve(ctx, rs)
+				moved, _, err := ledger.Resolve(ctx, rs)
 				trace.Record("resolved %v %v", moved, err)
 			}
 		case 4, 5:

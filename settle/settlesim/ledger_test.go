@@ -25,7 +25,7 @@ type newStore interface {
 	AddTx(ctx context.Context, settlementID int64, tx facilitator.TxRecord) error
 	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx facilitator.TxRecord) error
 	MarkBroadcast(ctx context.Context, ids []int64) error
-	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error)
+	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
 	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error)
@@ -163,11 +163,11 @@ func TestLedgerTransitions(t *testing.T) {
 	mined := func(id int64) facilitator.Resolution {
 		return facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
 	}
-	moved, err := l.Resolve(ctx, []facilitator.Resolution{mined(normal), mined(early), {ID: expired, State: facilitator.StateExpired, ErrorReason: "invalid_exact_evm_payload_authorization_valid_before"}})
+	moved, _, err := l.Resolve(ctx, []facilitator.Resolution{mined(normal), mined(early), {ID: expired, State: facilitator.StateExpired, ErrorReason: "invalid_exact_evm_payload_authorization_valid_before"}})
 	if err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{normal, early, expired}) {
 		t.Fatalf("resolve moved %v %v", moved, err)
 	}
-	if moved, _ := l.Resolve(ctx, []facilitator.Resolution{mined(normal)}); len(moved) != 0 {
+	if moved, _, _ := l.Resolve(ctx, []facilitator.Resolution{mined(normal)}); len(moved) != 0 {
 		t.Fatalf("a second resolve moved %v", moved)
 	}
 	if err := l.MarkBroadcast(ctx, []int64{early}); err != nil {
@@ -249,14 +249,14 @@ func TestLedgerMoveNonce(t *testing.T) {
 		t.Fatalf("the old nonce is free again: %v", err)
 	}
 	// A failed settlement still moves (its nonce may be a gap to fill); a mined one does not.
-	if _, err := l.Resolve(ctx, []facilitator.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
+	if _, _, err := l.Resolve(ctx, []facilitator.Resolution{{ID: other, State: facilitator.StateExpired}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.MoveNonce(ctx, other, 9, txRec("y")); err != nil {
 		t.Fatalf("a failed settlement: %v", err)
 	}
 	minedRow := mustInsert(t, l, row(4, signerA, 10))
-	if _, err := l.Resolve(ctx, []facilitator.Resolution{{ID: minedRow, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 1}}); err != nil {
+	if _, _, err := l.Resolve(ctx, []facilitator.Resolution{{ID: minedRow, State: facilitator.StateMined, TxHash: common.HexToHash("0x9"), BlockNumber: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.MoveNonce(ctx, minedRow, 11, txRec("z")); !errors.Is(err, facilitator.ErrNotFound) {
@@ -275,7 +275,7 @@ func TestLedgerClaimDelivery(t *testing.T) {
 	keyed := row(1, signerA, 0)
 	keyed.KeyID = "0123456789ab"
 	id, open, mismatch := mustInsert(t, l, keyed), mustInsert(t, l, row(2, signerA, 1)), mustInsert(t, l, row(3, signerA, 2))
-	if _, err := l.Resolve(ctx, []facilitator.Resolution{
+	if _, _, err := l.Resolve(ctx, []facilitator.Resolution{
 		{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 1},
 		{ID: mismatch, State: facilitator.StateMined, TxHash: common.HexToHash("0x2"), BlockNumber: 1, ErrorReason: facilitator.ReasonTransferEventMismatch},
 	}); err != nil {

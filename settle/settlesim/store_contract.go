@@ -15,7 +15,7 @@ import (
 // The settle.Store methods whose contract is changing in parallel with this package, kept
 // together so that they are easy to adjust. They implement the new signatures:
 //
-//	Resolve(ctx, rs) ([]int64, error)       the ids that moved: only open rows move
+//	Resolve(ctx, rs) (moved, claimed []int64, error)   only open rows move; claims as ClaimDelivery's
 //	MarkFinal(ctx, ids) ([]int64, error)    the ids that moved: only mined rows move
 //	Reopen(ctx, id, detail) error           facilitator.ErrNotFound when no mined row matched
 //	AddTx(ctx, id, tx) error                facilitator.ErrNotFound unless signed or broadcast
@@ -50,11 +50,12 @@ func (l *Ledger) ClosedFrom(ctx context.Context, network string, signer common.A
 // Resolve moves open settlements to their outcomes, at once, and returns the ids that moved (in
 // the order given; a row no longer open is left alone and not returned). Each moved row gets its
 // outcome's event, preceded by a broadcast event when a receipt arrived before the broadcast was
-// recorded, as the Postgres ledger writes them.
-func (l *Ledger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, error) {
-	var moved []int64
+// recorded, as the Postgres ledger writes them. A resolution's claim is recorded with it under
+// ClaimDelivery's rules; claimed lists the moved ids whose claim was.
+func (l *Ledger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error) {
+	var moved, claimed []int64
 	err := l.call(ctx, fmt.Sprintf("resolve %s", resolutions(rs)), true, func() error {
-		moved = nil
+		moved, claimed = nil, nil
 		seen := map[int64]bool{}
 		type step struct {
 			r   *ledgerRow
@@ -75,6 +76,10 @@ func (l *Ledger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]in
 			r.s.ErrorReason, r.s.ErrorMessage = res.ErrorReason, res.ErrorMessage
 			r.updatedAt = l.now()
 			moved = append(moved, res.ID)
+			if c := res.Claim; c != nil && len(c.Token) > 0 && !r.delivered && res.State.Succeeded() && res.ErrorReason == "" && r.keyID == c.KeyID {
+				r.delivered, r.deliveredAt, r.claim = true, l.now(), slices.Clone(c.Token)
+				claimed = append(claimed, res.ID)
+			}
 		}
 		// The events go in id order, as the statement's ORDER BY id, step writes them.
 		slices.SortStableFunc(steps, func(a, b step) int { return cmp.Compare(a.r.s.ID, b.r.s.ID) })
@@ -95,9 +100,9 @@ func (l *Ledger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]in
 		return nil
 	})
 	if err != nil {
-		return nil, err // a lost answer says nothing of what moved
+		return nil, nil, err // a lost answer says nothing of what moved
 	}
-	return moved, nil
+	return moved, claimed, nil
 }
 
 func resolutions(rs []facilitator.Resolution) string {
@@ -107,6 +112,9 @@ func resolutions(rs []facilitator.Resolution) string {
 			out += ","
 		}
 		out += fmt.Sprintf("%d:%s:%s:%d", r.ID, r.State, r.TxHash.Hex(), r.BlockNumber)
+		if r.Claim != nil {
+			out += fmt.Sprintf(":claim%q", r.Claim.KeyID) // not the token: it is random
+		}
 	}
 	return out
 }
