@@ -52,8 +52,14 @@ func tooLarge(err error) bool {
 		return false
 	}
 	msg := strings.ToLower(err.Error())
-	// Rate limits are not about the range: shrinking would only slow the backfill down.
-	for _, s := range []string{"429", "rate limit", "too many requests", "compute units", "capacity", "throughput"} {
+	// Rate limits are not about the range: shrinking would only slow the backfill down. The
+	// status 429 counts only as a number of its own, and never inside a hinted range: a hint
+	// ending at block 0x429 (or 429) is a range refusal, and reading it as a rate limit retried
+	// the same range for ever.
+	if httpTooMany.MatchString(hintPattern.ReplaceAllString(msg, "[]")) {
+		return false
+	}
+	for _, s := range []string{"rate limit", "too many requests", "compute units", "capacity", "throughput"} {
 		if strings.Contains(msg, s) {
 			return false
 		}
@@ -65,6 +71,8 @@ func tooLarge(err error) bool {
 	}
 	return false
 }
+
+var httpTooMany = regexp.MustCompile(`\b429\b`)
 
 var hintPattern = regexp.MustCompile(`\[(0x[0-9a-fA-F]+|\d+),\s*(0x[0-9a-fA-F]+|\d+)\]`)
 

@@ -127,6 +127,11 @@ func TestTooLarge(t *testing.T) {
 		"request timed out: timeout",
 		"context deadline exceeded", // a range too heavy to serve in time
 		"too many logs",
+		// A hinted range ending at block 0x429 (1065): not HTTP 429. Read as a rate limit, the
+		// indexer retried the refused range for ever (TestLiveRangeRespectsProviderLimits, when
+		// the chain's head put the hint there).
+		"Log response size exceeded. You can make eth_getLogs requests with up to a 20 block range. Based on your parameters, this block range should work: [0x416, 0x429]",
+		"this block range should work: [1, 429]x",
 	} {
 		if !tooLarge(errors.New(msg)) {
 			t.Errorf("tooLarge(%q) = false", msg)
@@ -138,6 +143,11 @@ func TestTooLarge(t *testing.T) {
 		"header not found",
 		"unknown block",
 		"invalid argument 0: hex string without 0x prefix",
+		"429 Too Many Requests",
+		"HTTP 429: slow down",
+		"status code 429",
+		"rate limit exceeded for range queries",
+		"exceeded compute units per second capacity",
 	} {
 		if tooLarge(errors.New(msg)) {
 			t.Errorf("tooLarge(%q) = true", msg)
