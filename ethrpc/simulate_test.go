@@ -157,23 +157,14 @@ func TestSimulationsTogether(t *testing.T) {
 			together := &ethrpc.Reader{Chain: node, Timeout: 5 * time.Second}
 			got := make([]*ethrpc.Read, len(cases))
 			errs := make([]error, len(cases))
-			var wg sync.WaitGroup
-			for i, c := range cases {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if i > 0 {
-						time.Sleep(50 * time.Millisecond) // behind the first, which the node holds
-					}
-					code, sim := c.reads(true)
-					errs[i] = together.Read(ctx, code, sim)
-					if len(code.Out) != 0 {
-						errs[i] = errNonEmptyCode
-					}
-					got[i] = sim
-				}()
-			}
-			wg.Wait()
+			behindFirst(cases, func(i int, c simCase) {
+				code, sim := c.reads(true)
+				errs[i] = together.Read(ctx, code, sim)
+				if len(code.Out) != 0 {
+					errs[i] = errNonEmptyCode
+				}
+				got[i] = sim
+			})
 			for i, c := range cases {
 				if errs[i] != nil {
 					t.Fatalf("%s: %v", c.name, errs[i])
@@ -210,6 +201,23 @@ func TestSimulationsTogether(t *testing.T) {
 			}
 		})
 	}
+}
+
+// behindFirst runs read for every case at once, but for the first, which starts 50 ms ahead (the
+// node holds its request): the others queue behind it as one group.
+func behindFirst(cases []simCase, read func(i int, c simCase)) {
+	var wg sync.WaitGroup
+	for i, c := range cases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i > 0 {
+				time.Sleep(50 * time.Millisecond)
+			}
+			read(i, c)
+		}()
+	}
+	wg.Wait()
 }
 
 var errNonEmptyCode = errorString("the payer's code read in the group is not empty")
@@ -255,24 +263,14 @@ func TestSimulationsNodeRejectsThem(t *testing.T) {
 	r := &ethrpc.Reader{Chain: node, Timeout: 5 * time.Second}
 	for round := 0; round < 5; round++ {
 		node.first.Store(false)
-		cases := simCases(t)[:6]
-		var wg sync.WaitGroup
-		for i, c := range cases {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if i > 0 {
-					time.Sleep(50 * time.Millisecond)
-				}
-				_, sim := c.reads(true)
-				if err := r.Read(ctx, sim); err != nil {
-					t.Errorf("round %d, %s: %v", round, c.name, err)
-				} else if sim.Reverted != (c.name != "valid") {
-					t.Errorf("round %d, %s: reverted=%v", round, c.name, sim.Reverted)
-				}
-			}()
-		}
-		wg.Wait()
+		behindFirst(simCases(t)[:6], func(_ int, c simCase) {
+			_, sim := c.reads(true)
+			if err := r.Read(ctx, sim); err != nil {
+				t.Errorf("round %d, %s: %v", round, c.name, err)
+			} else if sim.Reverted != (c.name != "valid") {
+				t.Errorf("round %d, %s: reverted=%v", round, c.name, sim.Reverted)
+			}
+		})
 	}
 	if n := node.count("eth_simulateV1"); n != 3 {
 		t.Fatalf("eth_simulateV1 asked %d times of a node that rejects it, want 3", n)
