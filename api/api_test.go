@@ -818,10 +818,10 @@ func TestRoutes(t *testing.T) {
 
 // TestVerifyRPCBudget: a valid verify is one round trip, batching the payer's code with the
 // simulation and the answering node's head (a lagging node's answer is not used); the token's code
-// is read once and then cached.
+// and its EIP-712 name and version are read once, in that round trip, and then cached.
 func TestVerifyRPCBudget(t *testing.T) {
 	s := newStack(t, stackOptions{})
-	for i, want := range []int64{4, 3, 3} {
+	for i, want := range []int64{6, 3, 3} {
 		s.RPC.reset()
 		r := s.verify(t, newPayment(t, 1+i).body(t))
 		if res, _ := verdict(t, r); r.Status != http.StatusOK || !res.IsValid {

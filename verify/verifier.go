@@ -48,6 +48,16 @@ type Verifier struct {
 
 	gasMu sync.Mutex
 	gas   map[assetKey]uint64 // the largest transfer estimate seen for an EOA payer, by token
+
+	domainMu sync.Mutex
+	domains  map[assetKey]tokenDomain // an accepted token's own EIP-712 name and version, as read
+}
+
+// tokenDomain is a token's EIP-712 name and version as the token answers them, and until when
+// that answer is reused.
+type tokenDomain struct {
+	name, version string
+	until         time.Time
 }
 
 type assetKey struct {
@@ -67,6 +77,7 @@ func New(cfg Config) (*Verifier, error) {
 		codeTTL:   cfg.AssetCodeTTL,
 		codeCache: map[assetKey]time.Time{},
 		gas:       map[assetKey]uint64{},
+		domains:   map[assetKey]tokenDomain{},
 	}
 	if v.now == nil {
 		v.now = time.Now
@@ -242,8 +253,25 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 		}
 		reads = append(reads, sim)
 	}
+	// The token's own domain, read with the rest until it is known (then reused like the asset's
+	// code): when the payment's domain is the token's, a simulation that succeeds has had the
+	// token check the signature over the very digest ecrecover would check here.
+	dom, domKnown := v.tokenDomain(n.ID, r.Asset)
+	var nameRead, versionRead *ethrpc.Read
+	if sim != nil && !domKnown {
+		nameRead, versionRead = call(r.Asset, eip3009.NameCalldata()), call(r.Asset, eip3009.VersionCalldata())
+		reads = append(reads, nameRead, versionRead)
+	}
 	if err := reader.Read(ctx, reads...); err != nil {
 		return "", "", 0, v.unavailable(n, "reading payer and token state", err)
+	}
+	if nameRead != nil {
+		name, ok1 := eip3009.DecodeString(nameRead.Out)
+		version, ok2 := eip3009.DecodeString(versionRead.Out)
+		if !nameRead.Reverted && !versionRead.Reverted && ok1 && ok2 {
+			dom, domKnown = tokenDomain{name: name, version: version}, true
+			v.rememberDomain(n.ID, r.Asset, dom)
+		}
 	}
 
 	// Steps 5-7: ERC-6492 classification, factory allow-list, signature.
@@ -253,7 +281,26 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 		return facilitator.ReasonEIP6492FactoryNotAllowed, fmt.Sprintf("factory %s is not on this facilitator's allow-list", wrapper.Factory.Hex()), 0, nil
 	}
 	digest := eip3009.AuthorizationDigest(eip3009.DomainSeparator(r.Name, r.Version, n.ChainID, r.Asset), a)
-	if !counterfactual {
+	// An EOA's signature, when the token will check it in the simulation under the same digest, is
+	// recovered here only if the payment fails on the way (ecrecover was a quarter of a verify's
+	// CPU): every failing answer below first asks badSignature, so the reasons keep the official
+	// order (the signature before recipient, window, amount, asset and simulation), and a valid
+	// answer rests on the token's own check.
+	deferred := !deployed && !wrapped && sim != nil && domKnown && dom.name == r.Name && dom.version == r.Version
+	checked, bad := false, false
+	badSignature := func() bool {
+		if deferred && !checked {
+			checked, bad = true, !recoverEOA(digest, inner, a.From)
+		}
+		return bad
+	}
+	fail := func(reason, msg string) (string, string, uint64, error) {
+		if badSignature() {
+			return facilitator.ReasonInvalidSignature, "", 0, nil
+		}
+		return reason, msg, 0, nil
+	}
+	if !counterfactual && !deferred {
 		ok := false
 		if !deployed {
 			ok = recoverEOA(digest, inner, a.From)
@@ -271,38 +318,41 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 
 	// Steps 8-11: recipient, validity window (6 s of margin for the settle to land), amount.
 	if a.To != r.PayTo {
-		return facilitator.ReasonRecipientMismatch, "", 0, nil
+		return fail(facilitator.ReasonRecipientMismatch, "")
 	}
 	now := big.NewInt(v.now().Unix())
 	if a.ValidBefore.Cmp(new(big.Int).Add(now, big.NewInt(6))) < 0 {
-		return facilitator.ReasonValidBefore, "", 0, nil
+		return fail(facilitator.ReasonValidBefore, "")
 	}
 	if a.ValidAfter.Cmp(now) > 0 {
-		return facilitator.ReasonValidAfter, "", 0, nil
+		return fail(facilitator.ReasonValidAfter, "")
 	}
 	if a.Value.Cmp(r.Amount) != 0 {
 		if p.X402Version == 1 {
-			return facilitator.ReasonAuthorizationValue, "", 0, nil
+			return fail(facilitator.ReasonAuthorizationValue, "")
 		}
-		return facilitator.ReasonValueMismatch, "", 0, nil
+		return fail(facilitator.ReasonValueMismatch, "")
 	}
 
 	// Step 11b (v2 only upstream; we check it for v1 too, it costs nothing once cached).
 	if assetCode != nil {
 		if len(assetCode.Out) == 0 {
-			return facilitator.ReasonAssetNotDeployed, "", 0, nil
+			return fail(facilitator.ReasonAssetNotDeployed, "")
 		}
 		v.rememberAsset(n.ID, r.Asset)
 	}
 	if !accepted {
 		// Settling an arbitrary contract would let anyone spend our gas on it.
-		return facilitator.ReasonEIP3009NotSupported, fmt.Sprintf("asset %s is not an accepted EIP-3009 token on %s (see the facilitator's configuration)", r.Asset.Hex(), n.ID), 0, nil
+		return fail(facilitator.ReasonEIP3009NotSupported, fmt.Sprintf("asset %s is not an accepted EIP-3009 token on %s (see the facilitator's configuration)", r.Asset.Hex(), n.ID))
 	}
 	if how.mode == simNone {
 		return "", "", 0, nil
 	}
 
 	// Step 12: simulation, and the diagnosis of a failed one.
+	if sim != nil && sim.Reverted && badSignature() {
+		return facilitator.ReasonInvalidSignature, "", 0, nil
+	}
 	if sim != nil && sim.GasCap > 0 {
 		if sim.Reverted || deployed {
 			// The call at the hinted limit proves an EOA payer's transfer fits it. It failed (the
@@ -340,6 +390,9 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 			v.learnGas(n.ID, r.Asset, sim.Gas)
 		}
 		return "", "", sim.Gas, nil
+	}
+	if badSignature() {
+		return facilitator.ReasonInvalidSignature, "", 0, nil
 	}
 	return v.diagnose(ctx, reader, r, a), sim.RevertReason, 0, nil
 }
@@ -433,6 +486,23 @@ func (v *Verifier) rememberAsset(network string, asset common.Address) {
 		}
 	}
 	v.codeCache[assetKey{network, asset}] = v.now().Add(v.codeTTL)
+}
+
+func (v *Verifier) tokenDomain(network string, asset common.Address) (tokenDomain, bool) {
+	v.domainMu.Lock()
+	defer v.domainMu.Unlock()
+	d, ok := v.domains[assetKey{network, asset}]
+	return d, ok && v.now().Before(d.until)
+}
+
+// rememberDomain keeps an accepted token's domain for the asset code's time: a token behind a
+// proxy can be upgraded to another name, and then answers under it within that time. Only
+// accepted tokens are simulated, so the map is as small as the configuration.
+func (v *Verifier) rememberDomain(network string, asset common.Address, d tokenDomain) {
+	v.domainMu.Lock()
+	defer v.domainMu.Unlock()
+	d.until = v.now().Add(v.codeTTL)
+	v.domains[assetKey{network, asset}] = d
 }
 
 func clip(s string) string {

@@ -195,6 +195,24 @@ func TestVerifyReasons(t *testing.T) {
 		{"signed by someone else", func(p *payment) { p.key = newKey(t) }, facilitator.ReasonInvalidSignature},
 		{"signature too short", func(p *payment) { p.sig = make([]byte, 64) }, facilitator.ReasonInvalidSignature},
 		{"signed for another chain", func(p *payment) { d := usdcDomain(); d.ChainID = 1; p.signAs = &d }, facilitator.ReasonInvalidSignature},
+		// The signature is checked before everything after it, although a valid payment's is left
+		// to the token's own check in the simulation: a bad one still comes first.
+		{"signed by someone else, to another recipient", func(p *payment) { p.key = newKey(t); p.payTo = randomAddress(t).Hex() }, facilitator.ReasonInvalidSignature},
+		{"signed by someone else, expired", func(p *payment) { p.key = newKey(t); p.auth.ValidBefore = big.NewInt(now - 60) }, facilitator.ReasonInvalidSignature},
+		{"signed by someone else, value differs", func(p *payment) { p.key = newKey(t); p.auth.Value = big.NewInt(5) }, facilitator.ReasonInvalidSignature},
+		{"signed by someone else, an asset we do not accept", func(p *payment) {
+			d := usdcDomain()
+			d.Contract = chain.Multicall3
+			p.key, p.asset, p.signAs = newKey(t), chain.Multicall3.Hex(), &d
+		}, facilitator.ReasonInvalidSignature},
+		// Signed under the token's real domain, while the requirements name another: the token
+		// would accept the signature, the requirements' digest does not (as upstream answers).
+		{"signed under the token's domain, requirements name another", func(p *payment) {
+			p.extra = map[string]any{"name": "USDC", "version": chain.USDC.Version}
+		}, facilitator.ReasonInvalidSignature},
+		{"signed under the token's domain, requirements another version", func(p *payment) {
+			p.extra = map[string]any{"name": chain.USDC.Name, "version": "1"}
+		}, facilitator.ReasonInvalidSignature},
 		{"v of 0/1 accepted", func(p *payment) { s := sign(t, p.key, usdcDomain(), p.auth); s[64] -= 27; p.sig = s }, ""},
 		{"recipient is not payTo", func(p *payment) { p.payTo = randomAddress(t).Hex() }, facilitator.ReasonRecipientMismatch},
 		{"expires within 6 s", func(p *payment) { p.auth.ValidBefore = big.NewInt(now + 3) }, facilitator.ReasonValidBefore},
