@@ -20,6 +20,7 @@ import (
 // runDev runs the local stack: a fresh anvil with Circle's USDC, and serve pointed at it. The
 // facilitator signs with dev account #0, the one anvil prints first; accounts #1-#9 are payers.
 func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	tuneGC(getenv)
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:4021", "address the facilitator listens on")
 	chainID := fs.Uint64("chain-id", devchain.DefaultChainID, "anvil's chain id")

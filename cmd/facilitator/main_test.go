@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/big"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -264,3 +265,21 @@ func TestRunUsage(t *testing.T) {
 }
 
 func bigInt(n int64) *big.Int { return big.NewInt(n) }
+
+// TestTuneGC: the service raises the collector's target only when the operator has not set GOGC.
+func TestTuneGC(t *testing.T) {
+	before := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(before)
+	if got := tuneGC(func(string) string { return "" }); got != serviceGCPercent {
+		t.Fatalf("without GOGC: applied %d, want %d", got, serviceGCPercent)
+	}
+	if now := debug.SetGCPercent(100); now != serviceGCPercent {
+		t.Fatalf("without GOGC the target is %d, want %d", now, serviceGCPercent)
+	}
+	if got := tuneGC(func(k string) string { return map[string]string{"GOGC": "50"}[k] }); got != -1 {
+		t.Fatalf("with GOGC set: applied %d, want GOGC's own (-1)", got)
+	}
+	if now := debug.SetGCPercent(100); now != 100 {
+		t.Fatalf("with GOGC set the target moved to %d", now)
+	}
+}
