@@ -167,8 +167,10 @@ func TestListPagination(t *testing.T) {
 		written []int64
 		werr    error
 	)
-	wg.Add(1)
-	go func() {
+	// The writer starts once the first page is read: a row it wrote before that would be on the
+	// first page, rightly, and the reader's view would not be the rows that were there.
+	var startWriter sync.Once
+	writer := func() {
 		defer wg.Done()
 		for n := 0; ; n++ {
 			select {
@@ -189,8 +191,9 @@ func TestListPagination(t *testing.T) {
 			}
 			written = append(written, id)
 		}
-	}()
+	}
 	between := func() {
+		startWriter.Do(func() { wg.Add(1); go writer() })
 		// And at least one row between any two page reads, whatever the scheduler does.
 		l.add(t, []listRow{{key: key, payer: common.HexToAddress("0xb"), payTo: common.HexToAddress("0xc"), at: time.Now()}})
 	}
