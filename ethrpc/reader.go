@@ -70,7 +70,7 @@ func (r *Reader) Read(ctx context.Context, reads ...*Read) error {
 		return nil
 	}
 	for _, rd := range reads {
-		if rd.Simulate && !rd.Code && !rd.Estimate {
+		if rd.simulated() {
 			return r.sims.read(ctx, r, reads)
 		}
 	}

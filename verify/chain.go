@@ -25,16 +25,27 @@ func call(to common.Address, data []byte) *ethrpc.Read { return &ethrpc.Read{To:
 
 // TokenDomain reads a token's EIP-712 name and version.
 func TokenDomain(ctx context.Context, r Reader, token common.Address) (name, version string, err error) {
-	n, v := call(token, eip3009.NameCalldata()), call(token, eip3009.VersionCalldata())
+	n, v := domainReads(token)
 	if err := r.Read(ctx, n, v); err != nil {
 		return "", "", err
 	}
-	name, ok1 := eip3009.DecodeString(n.Out)
-	version, ok2 := eip3009.DecodeString(v.Out)
-	if n.Reverted || v.Reverted || !ok1 || !ok2 {
+	name, version, ok := decodeDomain(n, v)
+	if !ok {
 		return "", "", fmt.Errorf("token %s does not answer name() and version()", token.Hex())
 	}
 	return name, version, nil
+}
+
+// domainReads are the reads of a token's EIP-712 name and version, for one batch.
+func domainReads(token common.Address) (name, version *ethrpc.Read) {
+	return call(token, eip3009.NameCalldata()), call(token, eip3009.VersionCalldata())
+}
+
+// decodeDomain reads domainReads' answers: ok is false when either reverted or is not a string.
+func decodeDomain(n, v *ethrpc.Read) (name, version string, ok bool) {
+	name, ok1 := eip3009.DecodeString(n.Out)
+	version, ok2 := eip3009.DecodeString(v.Out)
+	return name, version, !n.Reverted && !v.Reverted && ok1 && ok2
 }
 
 // AuthorizationUsed reads authorizationState(authorizer, nonce): whether the authorization is

@@ -259,16 +259,14 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 	dom, domKnown := v.tokenDomain(n.ID, r.Asset)
 	var nameRead, versionRead *ethrpc.Read
 	if sim != nil && !domKnown {
-		nameRead, versionRead = call(r.Asset, eip3009.NameCalldata()), call(r.Asset, eip3009.VersionCalldata())
+		nameRead, versionRead = domainReads(r.Asset)
 		reads = append(reads, nameRead, versionRead)
 	}
 	if err := reader.Read(ctx, reads...); err != nil {
 		return "", "", 0, v.unavailable(n, "reading payer and token state", err)
 	}
 	if nameRead != nil {
-		name, ok1 := eip3009.DecodeString(nameRead.Out)
-		version, ok2 := eip3009.DecodeString(versionRead.Out)
-		if !nameRead.Reverted && !versionRead.Reverted && ok1 && ok2 {
+		if name, version, ok := decodeDomain(nameRead, versionRead); ok {
 			dom, domKnown = tokenDomain{name: name, version: version}, true
 			v.rememberDomain(n.ID, r.Asset, dom)
 		}
@@ -349,7 +347,9 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 		return "", "", 0, nil
 	}
 
-	// Step 12: simulation, and the diagnosis of a failed one.
+	// Step 12: simulation, and the diagnosis of a failed one. A deferred signature is checked
+	// here, before any estimate or diagnosis: a simulation that reverts in the end reverted here
+	// (a deferred payer is an EOA, so only a failed hinted call is estimated again).
 	if sim != nil && sim.Reverted && badSignature() {
 		return facilitator.ReasonInvalidSignature, "", 0, nil
 	}
@@ -391,9 +391,6 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 		}
 		return "", "", sim.Gas, nil
 	}
-	if badSignature() {
-		return facilitator.ReasonInvalidSignature, "", 0, nil
-	}
 	return v.diagnose(ctx, reader, r, a), sim.RevertReason, 0, nil
 }
 
@@ -432,8 +429,7 @@ func (v *Verifier) simulateWrapped(ctx context.Context, reader Reader, n *facili
 // cannot be read, the simulation's failure still stands.
 func (v *Verifier) diagnose(ctx context.Context, reader Reader, r facilitator.Requirements, a facilitator.Authorization) string {
 	balance := call(r.Asset, eip3009.BalanceOfCalldata(a.From))
-	name := call(r.Asset, eip3009.NameCalldata())
-	version := call(r.Asset, eip3009.VersionCalldata())
+	name, version := domainReads(r.Asset)
 	state := call(r.Asset, eip3009.AuthorizationStateCalldata(a.From, a.Nonce))
 	if err := reader.Read(ctx, balance, name, version, state); err != nil {
 		v.log.WarnContext(ctx, "diagnosing a failed simulation", "err", err)
