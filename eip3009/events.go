@@ -6,6 +6,8 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // The token's event topics, as FiatToken emits them.
@@ -83,4 +85,37 @@ func UsedBy(logs []*types.Log, token, authorizer common.Address, nonce [32]byte)
 		return Transfer{From: from, To: to, Value: value}, true
 	}
 	return Transfer{}, false
+}
+
+// Effect is what one mined transaction did to one authorization, read from its receipt alone.
+type Effect int
+
+const (
+	// NotUsed: the transaction reverted, or it succeeded without the authorization's own
+	// AuthorizationUsed+Transfer pair (its call reverted inside a batch, which still succeeds, or
+	// it never made that call). Either way this transaction moved nothing for the authorization.
+	NotUsed Effect = iota
+	// Paid: the pair is there and moved the expected value from the payer to the expected payee.
+	Paid
+	// PaidOther: the pair is there, but it moved another value or paid another address.
+	PaidOther
+)
+
+// EffectOf is THE reading of a receipt for one authorization, lone settlement or batch member
+// alike: the engine's watcher, the reconcile job (through settle.Judge) and the ledger check all
+// decide by it, so that they cannot disagree about what a receipt means. Only the pair proves a
+// transfer: in a batch several members can move the same value between the same addresses, and
+// a receipt's status says only that the batch as a whole did not revert.
+func EffectOf(succeeded bool, logs []*types.Log, key facilitator.AuthorizationKey, payTo common.Address, value *big.Int) (Effect, Transfer) {
+	if !succeeded {
+		return NotUsed, Transfer{}
+	}
+	tr, ok := UsedBy(logs, key.Asset, key.Payer, key.Nonce)
+	switch {
+	case !ok:
+		return NotUsed, Transfer{}
+	case tr.To == payTo && value != nil && tr.Value != nil && tr.Value.Cmp(value) == 0:
+		return Paid, tr
+	}
+	return PaidOther, tr
 }

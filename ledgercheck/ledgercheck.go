@@ -54,11 +54,12 @@ func Check(row facilitator.Settlement, ev Evidence) (Verdict, []string) {
 	r := ev.Receipt
 	check(r.TxHash == row.TxHash, "the ledger's transaction %s is not the receipt's %s", row.TxHash.Hex(), r.TxHash.Hex())
 	check(r.Status == types.ReceiptStatusSuccessful, "the receipt's status is %d, want 1", r.Status)
-	tr, used := eip3009.UsedBy(r.Logs, row.Key.Asset, row.Key.Payer, row.Key.Nonce)
-	check(used, "the receipt carries no AuthorizationUsed(%s, %x) log of the token with its Transfer", row.Key.Payer.Hex(), row.Key.Nonce)
-	if used {
-		check(tr.To == row.PayTo && row.Value != nil && tr.Value.Cmp(row.Value) == 0,
-			"the authorization moved %s to %s; the ledger says %s to %s", tr.Value, tr.To.Hex(), row.Value, row.PayTo.Hex())
+	// The one reading of a receipt for an authorization, the engine's and reconcile's too.
+	switch e, tr := eip3009.EffectOf(r.Status == types.ReceiptStatusSuccessful, r.Logs, row.Key, row.PayTo, row.Value); e {
+	case eip3009.NotUsed:
+		check(r.Status != types.ReceiptStatusSuccessful, "the receipt carries no AuthorizationUsed(%s, %x) log of the token with its Transfer", row.Key.Payer.Hex(), row.Key.Nonce)
+	case eip3009.PaidOther:
+		check(false, "the authorization moved %s to %s; the ledger says %s to %s", tr.Value, tr.To.Hex(), row.Value, row.PayTo.Hex())
 	}
 	check(ev.Used, "authorizationState(payer, nonce) is false on chain")
 	if r.BlockNumber != nil {

@@ -187,7 +187,10 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 		// Past every timer: the job resends nothing, it only reads.
 		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
 	}
-	want := ExpectedOf(&s.Settlement)
+	want, err := ExpectedOf(s)
+	if err != nil {
+		return facilitator.Resolution{}, false, err
+	}
 	p := policy{finality: fin, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
 	var head hexutil.Uint64
 	var floor uint64 // the highest tagged block answered consistently in these rounds

@@ -1,7 +1,6 @@
 package settle
 
 import (
-	"bytes"
 	"math/big"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -10,6 +9,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // Expected is what a settlement's transaction must do: move value from the payer to payTo under
@@ -26,35 +26,28 @@ type Expected struct {
 	Batched bool
 }
 
-// ExpectedOf is what the ledger row s expects of its transactions.
-func ExpectedOf(s *facilitator.Settlement) Expected {
-	return Expected{ID: s.ID, Key: s.Key, PayTo: s.PayTo, Value: s.Value, ValidBefore: s.ValidBefore}
-}
-
-// transferLogged reports whether rcpt holds the Transfer log want expects: a receipt with status
-// 1 without it is mined with ReasonTransferEventMismatch (sendstate.go).
-func transferLogged(rcpt *ethrpc.Receipt, want Expected) bool {
-	for _, l := range rcpt.Logs {
-		if l.Address == want.Key.Asset && len(l.Topics) == 3 && l.Topics[0] == eip3009.TransferTopic &&
-			common.BytesToAddress(l.Topics[1][:]) == want.Key.Payer && common.BytesToAddress(l.Topics[2][:]) == want.PayTo &&
-			want.Value != nil && bytes.Equal(l.Data, common.LeftPadBytes(want.Value.Bytes(), 32)) {
-			return true
+// ExpectedOf is what the open ledger row s expects of its transactions. It is a batch member when
+// its transactions call Multicall3, as the engine's own flights are (flight.go): the receipt is
+// then read for the member's call alone, never as a lone settlement's.
+func ExpectedOf(s *facilitator.OpenSettlement) (Expected, error) {
+	want := Expected{ID: s.ID, Key: s.Key, PayTo: s.PayTo, Value: s.Value, ValidBefore: s.ValidBefore}
+	for _, x := range s.Txs {
+		var tx types.Transaction
+		if err := tx.UnmarshalBinary(x.Raw); err != nil {
+			return Expected{}, err
 		}
+		want.Batched = want.Batched || (tx.To() != nil && *tx.To() == multicall3.Address)
 	}
-	return false
+	return want, nil
 }
 
-// memberTransfer reports whether a batch's receipt holds want's own AuthorizationUsed+Transfer
-// pair (eip3009.UsedBy), and whether that transfer paid what want expects. Several members can
-// move the same value between the same addresses, so a Transfer log alone proves nothing.
-func memberTransfer(rcpt *ethrpc.Receipt, want Expected) (used, paid bool) {
-	logs := make([]*types.Log, len(rcpt.Logs))
-	for i, l := range rcpt.Logs {
+// effect is what a receipt did to want's authorization, by the one rule every reader of a receipt
+// applies (eip3009.EffectOf).
+func effect(r *ethrpc.Receipt, want Expected) eip3009.Effect {
+	logs := make([]*types.Log, len(r.Logs))
+	for i, l := range r.Logs {
 		logs[i] = &types.Log{Address: l.Address, Topics: l.Topics, Data: l.Data}
 	}
-	tr, ok := eip3009.UsedBy(logs, want.Key.Asset, want.Key.Payer, want.Key.Nonce)
-	if !ok {
-		return false, false
-	}
-	return true, tr.To == want.PayTo && want.Value != nil && tr.Value != nil && tr.Value.Cmp(want.Value) == 0
+	e, _ := eip3009.EffectOf(r.Succeeded(), logs, want.Key, want.PayTo, want.Value)
+	return e
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -490,15 +491,13 @@ func summarize(r *ethrpc.Receipt, want Expected) *receipt {
 	if r == nil || r.BlockNumber == nil {
 		return nil
 	}
-	out := &receipt{tx: r.TxHash, success: r.Succeeded(), block: uint64(*r.BlockNumber), blockHash: r.BlockHash}
-	if !want.Batched {
-		out.transfer = transferLogged(r, want)
-		return out
-	}
-	// A batch mined without this member's pair: its call reverted inside the batch, which for the
-	// member is a reverted transaction (decided as one: who used the authorization, if anyone).
-	used, paid := memberTransfer(r, want)
-	out.success, out.transfer, out.batchFailed = out.success && used, paid, out.success && !used
+	out := &receipt{tx: r.TxHash, block: uint64(*r.BlockNumber), blockHash: r.BlockHash}
+	// Only the authorization's own AuthorizationUsed+Transfer pair says it transferred. A receipt
+	// that succeeded without it is, for this settlement, a reverted transaction (decided as one:
+	// who used the authorization, if anyone): inside a batch the member's call reverted.
+	e := effect(r, want)
+	out.success, out.transfer = e != eip3009.NotUsed, e == eip3009.Paid
+	out.batchFailed = want.Batched && r.Succeeded() && e == eip3009.NotUsed
 	return out
 }
 
