@@ -137,7 +137,9 @@ func TestOneJudgementOfAReceipt(t *testing.T) {
 	}
 }
 
-func logOf(l *types.Log) ethrpc.Log { return ethrpc.Log{Address: l.Address, Topics: l.Topics, Data: l.Data} }
+func logOf(l *types.Log) ethrpc.Log {
+	return ethrpc.Log{Address: l.Address, Topics: l.Topics, Data: l.Data}
+}
 
 func typesReceipt(r *ethrpc.Receipt) *types.Receipt {
 	out := &types.Receipt{TxHash: r.TxHash, Status: uint64(r.Status), BlockHash: r.BlockHash, BlockNumber: new(big.Int).SetUint64(uint64(*r.BlockNumber))}

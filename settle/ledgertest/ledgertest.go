@@ -1,0 +1,820 @@
+// Package ledgertest is the ledger's contract: one suite of what the engine, the reconcile jobs
+// and the status answers rely on of a ledger, run against every implementation (the Postgres
+// ledger, facilitator/postgres, and the simulator's, settle/settlesim), the way River runs one
+// driver suite against every driver. A difference between the two is a bug in one of them, and
+// the simulator proves nothing about production unless its ledger behaves as Postgres does.
+package ledgertest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
+)
+
+// Ledger is what the contract holds of a ledger: the engine's Store and the status answer's
+// lookup by transaction.
+type Ledger interface {
+	settle.Store
+	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
+}
+
+// Harness makes the ledgers under test.
+type Harness struct {
+	// New is an empty ledger for one test, on which network is a network rows may use (the
+	// Postgres ledger binds it).
+	New func(t *testing.T) (l Ledger, network string)
+	// Events lists a settlement's event states, oldest first.
+	Events func(t *testing.T, l Ledger, id int64) []string
+}
+
+// Run runs the contract against h's ledgers.
+func Run(t *testing.T, h Harness) {
+	for _, c := range []struct {
+		name string
+		f    func(t *testing.T, f *fixture)
+	}{
+		{"InsertAndRead", insertAndRead},
+		{"UniqueKeys", uniqueKeys},
+		{"GroupCommit", groupCommit},
+		{"BatchSlots", batchSlots},
+		{"Transitions", transitions},
+		{"NoMatchWrites", noMatchWrites},
+		{"AddTx", addTx},
+		{"MoveNonce", moveNonce},
+		{"MoveBatch", moveBatch},
+		{"ClosedFrom", closedFrom},
+		{"Claims", claims},
+		{"ClaimWithResolve", claimWithResolve},
+		{"EdgeCases", edgeCases},
+		{"ConcurrentInserts", concurrentInserts},
+		{"ConcurrentClaims", concurrentClaims},
+		{"ConcurrentResolves", concurrentResolves},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, network := h.New(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			t.Cleanup(cancel)
+			c.f(t, &fixture{l: l, h: h, ctx: ctx, network: network, signer: randomAddress()})
+		})
+	}
+}
+
+type fixture struct {
+	l       Ledger
+	h       Harness
+	ctx     context.Context
+	network string
+	signer  common.Address
+}
+
+func randomAddress() common.Address {
+	var a common.Address
+	rand.Read(a[:])
+	return a
+}
+
+// sameSet: the ledger's writes report the ids they moved in no particular order (callers take
+// them as a set).
+func sameSet(a, b []int64) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("pay_%x", b)
+}
+
+func randomTx() facilitator.TxRecord {
+	var h common.Hash
+	rand.Read(h[:])
+	return facilitator.TxRecord{Hash: h, Raw: h[:], TipCap: big.NewInt(1), FeeCap: big.NewInt(3), Gas: 120_000}
+}
+
+// row is a new settlement of a fresh authorization, signed by the fixture's signer at txNonce.
+func (f *fixture) row(txNonce uint64) *facilitator.NewSettlement {
+	var nonce [32]byte
+	rand.Read(nonce[:])
+	return &facilitator.NewSettlement{
+		Key:   facilitator.AuthorizationKey{Network: f.network, Asset: common.HexToAddress("0x5FbDB2315678afecb367f032d93F642f64180aa3"), Payer: randomAddress(), Nonce: nonce},
+		PayTo: randomAddress(), Value: big.NewInt(10), ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(2_000_000_000),
+		X402Version: 2, Request: []byte(`{}`), Signer: f.signer, TxNonce: txNonce, Tx: randomTx(), GasReserved: big.NewInt(360_000),
+	}
+}
+
+func (f *fixture) insert(t *testing.T, s *facilitator.NewSettlement) int64 {
+	t.Helper()
+	id, err := f.l.InsertSettlement(f.ctx, s)
+	if err != nil {
+		t.Fatalf("InsertSettlement: %v", err)
+	}
+	return id
+}
+
+func (f *fixture) get(t *testing.T, id int64) *facilitator.Settlement {
+	t.Helper()
+	s, err := f.l.SettlementByID(f.ctx, id)
+	if err != nil {
+		t.Fatalf("SettlementByID(%d): %v", id, err)
+	}
+	return s
+}
+
+func (f *fixture) events(t *testing.T, id int64) string {
+	t.Helper()
+	return fmt.Sprint(f.h.Events(t, f.l, id))
+}
+
+func (f *fixture) resolve(t *testing.T, rs ...facilitator.Resolution) (moved, claimed []int64) {
+	t.Helper()
+	moved, claimed, err := f.l.Resolve(f.ctx, rs)
+	if err != nil {
+		t.Fatalf("Resolve: %v", err)
+	}
+	return moved, claimed
+}
+
+func mined(id int64) facilitator.Resolution {
+	return facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+}
+
+func (f *fixture) openIDs(t *testing.T) []int64 {
+	t.Helper()
+	open, err := f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	if err != nil {
+		t.Fatalf("OpenSettlements: %v", err)
+	}
+	var ids []int64
+	for _, o := range open {
+		ids = append(ids, o.ID)
+	}
+	return ids
+}
+
+func insertAndRead(t *testing.T, f *fixture) {
+	s := f.row(3)
+	s.KeyID = "0123456789ab"
+	id := f.insert(t, s)
+	for name, read := range map[string]func() (*facilitator.Settlement, error){
+		"by id":  func() (*facilitator.Settlement, error) { return f.l.SettlementByID(f.ctx, id) },
+		"by key": func() (*facilitator.Settlement, error) { return f.l.SettlementByKey(f.ctx, s.Key) },
+		"by tx":  func() (*facilitator.Settlement, error) { return f.l.SettlementByTx(f.ctx, s.Tx.Hash) },
+	} {
+		got, err := read()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got.ID != id || got.Key != s.Key || got.PayTo != s.PayTo || got.Value.Cmp(s.Value) != 0 || got.ValidBefore.Cmp(s.ValidBefore) != 0 ||
+			got.Signer != s.Signer || got.TxNonce != 3 || got.BatchSlot != 0 || got.State != facilitator.StateSigned || got.TxHash != s.Tx.Hash ||
+			got.BlockNumber != 0 || got.ErrorReason != "" || got.Delivered {
+			t.Fatalf("%s: %+v, want the row as inserted, signed", name, got)
+		}
+	}
+	if _, err := f.l.SettlementByID(f.ctx, id+1000); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("an unknown id: %v, want ErrNotFound", err)
+	}
+	if _, err := f.l.SettlementByTx(f.ctx, randomTx().Hash); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("an unknown tx: %v, want ErrNotFound", err)
+	}
+	other := s.Key
+	other.Nonce[0]++
+	if _, err := f.l.SettlementByKey(f.ctx, other); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("an unknown key: %v, want ErrNotFound", err)
+	}
+	open, err := f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	if err != nil || len(open) != 1 || open[0].ID != id || len(open[0].Txs) != 1 || open[0].Txs[0].Hash != s.Tx.Hash ||
+		string(open[0].Txs[0].Raw) != string(s.Tx.Raw) {
+		t.Fatalf("OpenSettlements: %+v %v", open, err)
+	}
+	if other, err := f.l.OpenSettlements(f.ctx, f.network, randomAddress()); err != nil || len(other) != 0 {
+		t.Fatalf("another signer's open settlements: %+v %v", other, err)
+	}
+	held, err := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0)
+	if err != nil || fmt.Sprint(held) != "[3]" {
+		t.Fatalf("NoncesHeld: %v %v", held, err)
+	}
+	if held, _ := f.l.NoncesHeld(f.ctx, f.network, f.signer, 4); len(held) != 0 {
+		t.Fatalf("NoncesHeld from 4: %v", held)
+	}
+	if got := f.events(t, id); got != "[signed]" {
+		t.Fatalf("events %s", got)
+	}
+	if w, err := f.l.WalletCapWait(f.ctx, f.network, s.Key.Asset, s.Key.Payer, big.NewInt(1), facilitator.Limits{}); err != nil || w != 0 {
+		t.Fatalf("WalletCapWait without caps: %v %v", w, err)
+	}
+}
+
+func uniqueKeys(t *testing.T, f *fixture) {
+	first := f.row(0)
+	pid := randomID()
+	first.PaymentID = &facilitator.PaymentIDBinding{Scope: "key1", ID: pid}
+	f.insert(t, first)
+	for _, tc := range []struct {
+		name string
+		edit func(s *facilitator.NewSettlement)
+		want error
+	}{
+		{"same authorization", func(s *facilitator.NewSettlement) { s.Key = first.Key }, facilitator.ErrDuplicate},
+		{"same signer nonce", func(s *facilitator.NewSettlement) { s.TxNonce = 0 }, facilitator.ErrNonceTaken},
+		{"same transaction", func(s *facilitator.NewSettlement) { s.Tx = first.Tx }, facilitator.ErrDuplicate},
+		{"same payment id", func(s *facilitator.NewSettlement) {
+			s.PaymentID = &facilitator.PaymentIDBinding{Scope: "key1", ID: pid}
+		}, facilitator.ErrPaymentIDTaken},
+	} {
+		s := f.row(1)
+		tc.edit(s)
+		if _, err := f.l.InsertSettlement(f.ctx, s); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		if held, _ := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); fmt.Sprint(held) != "[0]" {
+			t.Fatalf("%s: a refused insert wrote a row (nonces held %v)", tc.name, held)
+		}
+	}
+	// What differs in one field only is another row.
+	s := f.row(0)
+	s.Signer = randomAddress()
+	f.insert(t, s)
+	s = f.row(1)
+	s.PaymentID = &facilitator.PaymentIDBinding{Scope: "key2", ID: pid}
+	f.insert(t, s)
+}
+
+func groupCommit(t *testing.T, f *fixture) {
+	rows := []*facilitator.NewSettlement{f.row(0), f.row(1), f.row(1)}
+	if _, err := f.l.InsertSettlements(f.ctx, rows); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("a group colliding with itself: %v, want ErrNonceTaken", err)
+	}
+	if held, _ := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); len(held) != 0 {
+		t.Fatalf("a refused group wrote rows (nonces held %v)", held)
+	}
+	taken := f.row(5)
+	f.insert(t, taken)
+	_ = taken
+	dup := f.row(2)
+	dup.Key = taken.Key
+	if _, err := f.l.InsertSettlements(f.ctx, []*facilitator.NewSettlement{f.row(1), dup}); !errors.Is(err, facilitator.ErrDuplicate) {
+		t.Fatalf("a group with a known authorization: %v, want ErrDuplicate", err)
+	}
+	ids, err := f.l.InsertSettlements(f.ctx, []*facilitator.NewSettlement{f.row(0), f.row(1)})
+	if err != nil || len(ids) != 2 || ids[0] >= ids[1] {
+		t.Fatalf("a group: %v %v, want two ascending ids", ids, err)
+	}
+	if got := f.openIDs(t); len(got) != 3 || got[0] != ids[0] || got[1] != ids[1] {
+		t.Fatalf("open %v, want %v then the row at nonce 5, in tx nonce order", got, ids)
+	}
+	if held, _ := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); fmt.Sprint(held) != "[0 1 5]" {
+		t.Fatalf("nonces held %v, want [0 1 5]", held)
+	}
+}
+
+// batch inserts n members of one batch at txNonce, slots 0..n-1, sharing one transaction.
+func (f *fixture) batch(t *testing.T, txNonce uint64, n int) ([]int64, facilitator.TxRecord) {
+	t.Helper()
+	tx := randomTx()
+	rows := make([]*facilitator.NewSettlement, n)
+	for i := range rows {
+		rows[i] = f.row(txNonce)
+		rows[i].BatchSlot, rows[i].Tx = i, tx
+	}
+	ids, err := f.l.InsertSettlements(f.ctx, rows)
+	if err != nil {
+		t.Fatalf("a batch's group: %v", err)
+	}
+	return ids, tx
+}
+
+func batchSlots(t *testing.T, f *fixture) {
+	ids, tx := f.batch(t, 4, 3)
+	for i, id := range ids {
+		s := f.get(t, id)
+		if s.TxNonce != 4 || s.BatchSlot != i || s.TxHash != tx.Hash {
+			t.Fatalf("member %d: %+v, want slot %d at nonce 4 with the batch's transaction", i, s, i)
+		}
+	}
+	if s, err := f.l.SettlementByTx(f.ctx, tx.Hash); err != nil || s.ID != ids[0] {
+		t.Fatalf("by the batch's transaction: %+v %v, want its first member", s, err)
+	}
+	open, err := f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	if err != nil || len(open) != 3 {
+		t.Fatalf("open %+v %v", open, err)
+	}
+	for i, o := range open {
+		if o.ID != ids[i] || len(o.Txs) != 1 || o.Txs[0].Hash != tx.Hash {
+			t.Fatalf("open member %d: %+v, want the batch's transaction", i, o)
+		}
+	}
+	// Every member holds the batch's nonce (the engine reads the set, not a count).
+	if held, _ := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); fmt.Sprint(slices.Compact(held)) != "[4]" {
+		t.Fatalf("nonces held %v", held)
+	}
+	// A second slot 0 at the nonce is another transaction's: refused.
+	s := f.row(4)
+	if _, err := f.l.InsertSettlement(f.ctx, s); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("another lone row at the batch's nonce: %v, want ErrNonceTaken", err)
+	}
+	// A bump of the batch is recorded once and every member sees it.
+	bump := randomTx()
+	if err := f.l.AddTx(f.ctx, ids[0], bump); err != nil {
+		t.Fatal(err)
+	}
+	open, _ = f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	for i, o := range open {
+		if len(o.Txs) != 2 || o.Txs[1].Hash != bump.Hash {
+			t.Fatalf("member %d after the bump: %+v", i, o.Txs)
+		}
+		if s := f.get(t, o.ID); s.TxHash != bump.Hash {
+			t.Fatalf("member %d's hash after the bump: %s", i, s.TxHash)
+		}
+	}
+}
+
+func transitions(t *testing.T, f *fixture) {
+	early, normal, expired := f.insert(t, f.row(0)), f.insert(t, f.row(1)), f.insert(t, f.row(2))
+	if err := f.l.MarkBroadcast(f.ctx, []int64{normal}); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.get(t, normal); s.State != facilitator.StateBroadcast {
+		t.Fatalf("after MarkBroadcast: %s", s.State)
+	}
+	moved, _ := f.resolve(t, mined(normal), mined(early), facilitator.Resolution{ID: expired, State: facilitator.StateExpired,
+		ErrorReason: facilitator.ReasonValidBefore, ErrorMessage: "validBefore passed"})
+	if !sameSet(moved, []int64{normal, early, expired}) {
+		t.Fatalf("Resolve moved %v, want every open row (in any order)", moved)
+	}
+	if moved, _ := f.resolve(t, mined(normal)); len(moved) != 0 {
+		t.Fatalf("a second Resolve moved %v", moved)
+	}
+	// A receipt before the broadcast was recorded: the broadcast still shows in the life.
+	if err := f.l.MarkBroadcast(f.ctx, []int64{early}); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[int64]string{early: "[signed broadcast mined]", normal: "[signed broadcast mined]", expired: "[signed expired]"} {
+		if got := f.events(t, id); got != want {
+			t.Errorf("settlement %d: events %s, want %s", id, got, want)
+		}
+	}
+	s := f.get(t, early)
+	if s.State != facilitator.StateMined || s.TxHash != common.HexToHash("0x1") || s.BlockNumber != 5 || s.BlockHash != common.HexToHash("0x2") {
+		t.Fatalf("mined row %+v", s)
+	}
+	if s := f.get(t, expired); s.State != facilitator.StateExpired || s.ErrorReason != facilitator.ReasonValidBefore || s.ErrorMessage != "validBefore passed" {
+		t.Fatalf("expired row %+v", s)
+	}
+	if got := f.openIDs(t); fmt.Sprint(got) != fmt.Sprint([]int64{early, normal}) {
+		t.Fatalf("open %v: mined rows are still watched, failed ones are not", got)
+	}
+	if err := f.l.Reopen(f.ctx, early, "reorganised away"); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.get(t, early); s.State != facilitator.StateBroadcast || s.BlockNumber != 0 {
+		t.Fatalf("reopened %+v: want broadcast, no block", s)
+	}
+	finals, err := f.l.MarkFinal(f.ctx, []int64{early, normal, expired})
+	if err != nil || !sameSet(finals, []int64{normal}) {
+		t.Fatalf("MarkFinal moved %v %v, want only the mined one", finals, err)
+	}
+	if got := f.events(t, normal); got != "[signed broadcast mined final]" {
+		t.Errorf("events %s", got)
+	}
+	if got := f.events(t, early); got != "[signed broadcast mined broadcast]" {
+		t.Errorf("events %s", got)
+	}
+	if got := f.openIDs(t); fmt.Sprint(got) != fmt.Sprint([]int64{early}) {
+		t.Fatalf("open %v", got)
+	}
+}
+
+// noMatchWrites: a write that finds no row in the state it moves from changes nothing and says
+// so by its result, never by writing anyway.
+func noMatchWrites(t *testing.T, f *fixture) {
+	open, minedRow, final, failed := f.insert(t, f.row(0)), f.insert(t, f.row(1)), f.insert(t, f.row(2)), f.insert(t, f.row(3))
+	f.resolve(t, mined(minedRow), mined(final), facilitator.Resolution{ID: failed, State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed})
+	if got, err := f.l.MarkFinal(f.ctx, []int64{final}); err != nil || len(got) != 1 {
+		t.Fatalf("MarkFinal: %v %v", got, err)
+	}
+	before := map[int64]string{}
+	for _, id := range []int64{open, minedRow, final, failed} {
+		before[id] = f.events(t, id)
+	}
+	if err := f.l.Reopen(f.ctx, open, "x"); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("Reopen of an open row: %v, want ErrNotFound", err)
+	}
+	if err := f.l.Reopen(f.ctx, failed, "x"); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("Reopen of a failed row: %v, want ErrNotFound", err)
+	}
+	if err := f.l.Reopen(f.ctx, final, "x"); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("Reopen of a final row: %v, want ErrNotFound", err)
+	}
+	if got, err := f.l.MarkFinal(f.ctx, []int64{open, failed, final, 999_999}); err != nil || len(got) != 0 {
+		t.Errorf("MarkFinal of rows that are not mined: %v %v", got, err)
+	}
+	if moved, _ := f.resolve(t, mined(minedRow), mined(final), mined(failed), mined(999_999)); len(moved) != 0 {
+		t.Errorf("Resolve of closed rows moved %v", moved)
+	}
+	if err := f.l.AddTx(f.ctx, minedRow, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("AddTx on a mined row: %v, want ErrNotFound", err)
+	}
+	if ok, err := f.l.ClaimDelivery(f.ctx, open, "", []byte("c")); err != nil || ok {
+		t.Errorf("a claim of an open row: %v %v", ok, err)
+	}
+	if ok, err := f.l.ClaimDelivery(f.ctx, failed, "", []byte("c")); err != nil || ok {
+		t.Errorf("a claim of a failed row: %v %v", ok, err)
+	}
+	if err := f.l.MarkBroadcast(f.ctx, []int64{minedRow, final, failed}); err != nil {
+		t.Fatal(err)
+	}
+	for id, was := range before {
+		if got := f.events(t, id); got != was {
+			t.Errorf("settlement %d: events %s after writes that matched nothing, were %s", id, got, was)
+		}
+	}
+	for id, want := range map[int64]facilitator.State{open: facilitator.StateSigned, minedRow: facilitator.StateMined, final: facilitator.StateFinal, failed: facilitator.StateReverted} {
+		if s := f.get(t, id); s.State != want {
+			t.Errorf("settlement %d is %s, want %s", id, s.State, want)
+		}
+	}
+}
+
+func addTx(t *testing.T, f *fixture) {
+	id := f.insert(t, f.row(0))
+	bump := randomTx()
+	bump.FeeCap = big.NewInt(1_000_000)
+	if err := f.l.AddTx(f.ctx, id, bump); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.l.AddTx(f.ctx, id, bump); !errors.Is(err, facilitator.ErrDuplicate) {
+		t.Errorf("the same variant twice: %v, want ErrDuplicate", err)
+	}
+	if s := f.get(t, id); s.TxHash != bump.Hash || s.State != facilitator.StateSigned {
+		t.Fatalf("after the bump: %+v, want the newest variant's hash", s)
+	}
+	open, _ := f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	if len(open) != 1 || len(open[0].Txs) != 2 || open[0].Txs[1].Hash != bump.Hash || open[0].Txs[1].FeeCap.Cmp(bump.FeeCap) != 0 {
+		t.Fatalf("open after the bump: %+v", open)
+	}
+	if s, err := f.l.SettlementByTx(f.ctx, bump.Hash); err != nil || s.ID != id {
+		t.Fatalf("by the bump's hash: %+v %v", s, err)
+	}
+	if got := f.events(t, id); got != "[signed bumped]" {
+		t.Errorf("events %s", got)
+	}
+	// A failed row still takes a variant: its nonce may be a gap its signed bytes must fill.
+	failed := f.insert(t, f.row(1))
+	f.resolve(t, facilitator.Resolution{ID: failed, State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore})
+	if err := f.l.AddTx(f.ctx, failed, randomTx()); err != nil {
+		t.Errorf("AddTx on a failed row: %v", err)
+	}
+	if s := f.get(t, failed); s.State != facilitator.StateExpired {
+		t.Errorf("a variant reopened a failed row: %s", s.State)
+	}
+}
+
+func moveNonce(t *testing.T, f *fixture) {
+	moved, other := f.insert(t, f.row(0)), f.insert(t, f.row(1))
+	if err := f.l.MoveNonce(f.ctx, moved, 1, randomTx()); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("onto another's nonce: %v, want ErrNonceTaken", err)
+	}
+	re := randomTx()
+	if err := f.l.MoveNonce(f.ctx, moved, 2, re); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.l.MoveNonce(f.ctx, moved, 3, re); !errors.Is(err, facilitator.ErrDuplicate) {
+		t.Fatalf("the same transaction again: %v, want ErrDuplicate", err)
+	}
+	open, _ := f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	if len(open) != 2 || open[0].ID != other || open[1].ID != moved || open[1].TxHash != re.Hash || open[1].TxNonce != 2 || len(open[1].Txs) != 2 {
+		t.Fatalf("open %+v, want the moved row last with both transactions", open)
+	}
+	if _, err := f.l.InsertSettlement(f.ctx, f.row(0)); err != nil {
+		t.Fatalf("the old nonce is free again: %v", err)
+	}
+	// A failed settlement still moves (its nonce may be a gap to fill); a mined one does not.
+	f.resolve(t, facilitator.Resolution{ID: other, State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore})
+	if err := f.l.MoveNonce(f.ctx, other, 9, randomTx()); err != nil {
+		t.Fatalf("a failed settlement: %v", err)
+	}
+	minedRow := f.insert(t, f.row(10))
+	f.resolve(t, mined(minedRow))
+	if err := f.l.MoveNonce(f.ctx, minedRow, 11, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("a mined settlement: %v, want ErrNotFound", err)
+	}
+	if got := f.events(t, moved); got != "[signed renonced]" {
+		t.Errorf("events %s", got)
+	}
+}
+
+func moveBatch(t *testing.T, f *fixture) {
+	ids, _ := f.batch(t, 0, 4)
+	f.insert(t, f.row(1))
+	// Members 0 and 2 were used elsewhere; 3 and 1 (given out of order) move as one new batch.
+	f.resolve(t, facilitator.Resolution{ID: ids[0], State: facilitator.StateSettledElsewhere, ErrorReason: facilitator.ReasonNonceAlreadyUsed},
+		facilitator.Resolution{ID: ids[2], State: facilitator.StateSettledElsewhere, ErrorReason: facilitator.ReasonNonceAlreadyUsed})
+	if err := f.l.MoveBatch(f.ctx, []int64{ids[3], ids[1]}, 1, randomTx()); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("onto a taken nonce: %v, want ErrNonceTaken", err)
+	}
+	if err := f.l.MoveBatch(f.ctx, []int64{ids[1], ids[0]}, 2, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("with a member no longer open: %v, want ErrNotFound", err)
+	}
+	if s := f.get(t, ids[1]); s.TxNonce != 0 {
+		t.Fatalf("a refused move moved a member: %+v", s)
+	}
+	stranger := f.insert(t, f.row(7))
+	if err := f.l.MoveBatch(f.ctx, []int64{ids[1], stranger}, 2, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("with a settlement of another batch: %v, want ErrNotFound", err)
+	}
+	tx := randomTx()
+	if err := f.l.MoveBatch(f.ctx, []int64{ids[1], ids[3]}, 2, tx); err != nil {
+		t.Fatal(err)
+	}
+	for slot, id := range []int64{ids[1], ids[3]} {
+		s := f.get(t, id)
+		if s.TxNonce != 2 || s.BatchSlot != slot || s.TxHash != tx.Hash || s.State.Succeeded() {
+			t.Fatalf("moved member %d: %+v, want nonce 2, slot %d, the new transaction", id, s, slot)
+		}
+	}
+	if s, err := f.l.SettlementByTx(f.ctx, tx.Hash); err != nil || s.ID != ids[1] {
+		t.Fatalf("by the new batch's transaction: %+v %v", s, err)
+	}
+	if err := f.l.MoveBatch(f.ctx, []int64{ids[1], ids[3]}, 3, tx); !errors.Is(err, facilitator.ErrDuplicate) {
+		t.Fatalf("the same transaction again: %v, want ErrDuplicate", err)
+	}
+	if _, err := f.l.InsertSettlement(f.ctx, f.row(2)); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("the new batch's nonce: %v, want ErrNonceTaken", err)
+	}
+	if held, _ := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); fmt.Sprint(slices.Compact(held)) != "[0 1 2 7]" {
+		t.Fatalf("nonces held %v, want [0 1 2 7] (the failed members keep the old one)", held)
+	}
+}
+
+func closedFrom(t *testing.T, f *fixture) {
+	a, b, c, d := f.insert(t, f.row(0)), f.insert(t, f.row(1)), f.insert(t, f.row(2)), f.insert(t, f.row(3))
+	f.resolve(t, facilitator.Resolution{ID: a, State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed},
+		facilitator.Resolution{ID: c, State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore},
+		mined(d))
+	got, err := f.l.ClosedFrom(f.ctx, f.network, f.signer, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, o := range got {
+		ids = append(ids, o.ID)
+		if len(o.Txs) != 1 {
+			t.Fatalf("closed row %d without its transaction: %+v", o.ID, o)
+		}
+	}
+	if fmt.Sprint(ids) != fmt.Sprint([]int64{a, c}) {
+		t.Fatalf("ClosedFrom(0) %v, want the failed rows %v (not %d open, not %d mined)", ids, []int64{a, c}, b, d)
+	}
+	if got, _ := f.l.ClosedFrom(f.ctx, f.network, f.signer, 1); len(got) != 1 || got[0].ID != c {
+		t.Fatalf("ClosedFrom(1) %+v", got)
+	}
+}
+
+func claims(t *testing.T, f *fixture) {
+	keyed := f.row(0)
+	keyed.KeyID = "0123456789ab"
+	id, mismatch := f.insert(t, keyed), f.insert(t, f.row(1))
+	f.resolve(t, mined(id), facilitator.Resolution{ID: mismatch, State: facilitator.StateMined, TxHash: common.HexToHash("0x2"), BlockNumber: 1,
+		ErrorReason: facilitator.ReasonTransferEventMismatch})
+	claim := func(id int64, key, token string) bool {
+		t.Helper()
+		ok, err := f.l.ClaimDelivery(f.ctx, id, key, []byte(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if claim(id, "", "a") || claim(id, "ffffffffffff", "b") {
+		t.Fatal("claimed with another key id")
+	}
+	if !claim(id, "0123456789ab", "c") || claim(id, "0123456789ab", "d") {
+		t.Fatal("want exactly one claim")
+	}
+	if !f.get(t, id).Delivered {
+		t.Fatal("claimed, and not delivered")
+	}
+	if err := f.l.ReleaseDelivery(f.ctx, id, []byte("d")); err != nil || claim(id, "0123456789ab", "e") {
+		t.Fatalf("another claim's release released it: %v", err)
+	}
+	if err := f.l.ReleaseDelivery(f.ctx, id, []byte("c")); err != nil || f.get(t, id).Delivered {
+		t.Fatalf("the claim's own release: %v", err)
+	}
+	if !claim(id, "0123456789ab", "f") {
+		t.Fatal("after the release the next caller gets it")
+	}
+	if claim(mismatch, "", "g") {
+		t.Fatal("claimed a success with a mismatch")
+	}
+	// A final row's success is still one to claim.
+	fin := f.insert(t, f.row(2))
+	f.resolve(t, mined(fin))
+	f.l.MarkFinal(f.ctx, []int64{fin})
+	if !claim(fin, "", "h") || claim(fin, "", "i") {
+		t.Fatal("a final row's success: want exactly one claim")
+	}
+}
+
+func claimWithResolve(t *testing.T, f *fixture) {
+	keyed := f.row(0)
+	keyed.KeyID = "0123456789ab"
+	a, b, c, d := f.insert(t, keyed), f.insert(t, f.row(1)), f.insert(t, f.row(2)), f.insert(t, f.row(3))
+	withClaim := func(r facilitator.Resolution, key, token string) facilitator.Resolution {
+		r.Claim = &facilitator.SuccessClaim{KeyID: key, Token: []byte(token)}
+		return r
+	}
+	mismatch := mined(c)
+	mismatch.ErrorReason = facilitator.ReasonTransferEventMismatch
+	moved, claimed := f.resolve(t,
+		withClaim(mined(a), "ffffffffffff", "x"), // another key: moved, not claimed
+		withClaim(mined(b), "", "y"),             // claimed
+		withClaim(mismatch, "", "z"),             // a mismatch is no success
+		withClaim(facilitator.Resolution{ID: d, State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed}, "", "w"))
+	if !sameSet(moved, []int64{a, b, c, d}) || !sameSet(claimed, []int64{b}) {
+		t.Fatalf("Resolve moved %v and claimed %v, want %v and [%d]", moved, claimed, []int64{a, b, c, d}, b)
+	}
+	if f.get(t, a).Delivered || !f.get(t, b).Delivered || f.get(t, c).Delivered || f.get(t, d).Delivered {
+		t.Fatal("delivered flags do not follow the claims")
+	}
+	if err := f.l.ReleaseDelivery(f.ctx, b, []byte("y")); err != nil || f.get(t, b).Delivered {
+		t.Fatalf("a claim written with its outcome is released by its token: %v", err)
+	}
+	if ok, _ := f.l.ClaimDelivery(f.ctx, a, "0123456789ab", []byte("v")); !ok {
+		t.Fatal("the row's own key claims a success another key's resolve could not")
+	}
+}
+
+func concurrentInserts(t *testing.T, f *fixture) {
+	s := f.row(0)
+	const n = 8
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := *s
+			c.TxNonce, c.Tx = uint64(i), randomTx()
+			_, errs[i] = f.l.InsertSettlement(f.ctx, &c)
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case !errors.Is(err, facilitator.ErrDuplicate):
+			t.Fatalf("a concurrent insert of the same authorization: %v, want ErrDuplicate", err)
+		}
+	}
+	if held, _ := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); ok != 1 || len(held) != 1 {
+		t.Fatalf("%d concurrent inserts of one authorization succeeded (nonces held %v), want exactly one", ok, held)
+	}
+}
+
+func concurrentClaims(t *testing.T, f *fixture) {
+	id := f.insert(t, f.row(0))
+	f.resolve(t, mined(id))
+	const n = 8
+	got := make([]bool, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, err := f.l.ClaimDelivery(f.ctx, id, "", []byte{byte(i)})
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = ok
+		}()
+	}
+	wg.Wait()
+	if k := len(slices.DeleteFunc(slices.Clone(got), func(b bool) bool { return !b })); k != 1 {
+		t.Fatalf("%d of %d concurrent claims of one success were granted, want exactly one", k, n)
+	}
+}
+
+func concurrentResolves(t *testing.T, f *fixture) {
+	id := f.insert(t, f.row(0))
+	const n = 8
+	movedBy := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := mined(id)
+			r.BlockNumber = uint64(10 + i)
+			moved, _, err := f.l.Resolve(f.ctx, []facilitator.Resolution{r})
+			if err != nil {
+				t.Error(err)
+			}
+			movedBy[i] = len(moved)
+		}()
+	}
+	wg.Wait()
+	total, winner := 0, -1
+	for i, k := range movedBy {
+		total += k
+		if k == 1 {
+			winner = i
+		}
+	}
+	if total != 1 {
+		t.Fatalf("%d concurrent resolves of one row moved it, want exactly one", total)
+	}
+	if s := f.get(t, id); s.BlockNumber != uint64(10+winner) {
+		t.Fatalf("the row holds block %d, want the winner's %d", s.BlockNumber, 10+winner)
+	}
+	if got := f.events(t, id); got != "[signed broadcast mined]" {
+		t.Fatalf("events %s, want one mined event", got)
+	}
+}
+
+// edgeCases are the answers the callers rely on at the edges: one call naming a row twice, a
+// success claimed before a reorg, ids that do not exist.
+func edgeCases(t *testing.T, f *fixture) {
+	a := f.insert(t, f.row(0))
+	moved, _ := f.resolve(t, mined(a), facilitator.Resolution{ID: a, State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed})
+	if len(moved) != 1 || moved[0] != a || f.get(t, a).State != facilitator.StateMined || f.events(t, a) != "[signed broadcast mined]" {
+		t.Fatalf("a row named twice in one Resolve: moved %v, %s, events %s; want it moved once, by the first", moved, f.get(t, a).State, f.events(t, a))
+	}
+	// A success answered before its block was reorganised away stays answered: when the
+	// transaction lands again, nobody else is told success for the same authorization.
+	b := f.insert(t, f.row(1))
+	f.resolve(t, mined(b))
+	if ok, err := f.l.ClaimDelivery(f.ctx, b, "", []byte("c")); err != nil || !ok {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
+	if err := f.l.Reopen(f.ctx, b, "reorganised away"); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.get(t, b); s.State != facilitator.StateBroadcast || !s.Delivered {
+		t.Fatalf("after the reopen: %+v, want broadcast and still delivered", s)
+	}
+	f.resolve(t, mined(b))
+	if ok, _ := f.l.ClaimDelivery(f.ctx, b, "", []byte("d")); ok {
+		t.Fatal("a second success for a re-mined settlement")
+	}
+	if got := f.events(t, b); got != "[signed broadcast mined broadcast mined]" {
+		t.Fatalf("events %s", got)
+	}
+	// An open-mode row's success is not a key's, before or after it is mined.
+	c := f.insert(t, f.row(2))
+	if ok, _ := f.l.ClaimDelivery(f.ctx, c, "abcdefabcdef", []byte("e")); ok {
+		t.Fatal("claimed an open row")
+	}
+	f.resolve(t, mined(c))
+	if ok, _ := f.l.ClaimDelivery(f.ctx, c, "abcdefabcdef", []byte("e")); ok {
+		t.Fatal("a key claimed an open-mode row's success")
+	}
+	d := f.insert(t, f.row(3))
+	if err := f.l.MarkBroadcast(f.ctx, []int64{d, d}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.l.MarkBroadcast(f.ctx, []int64{d}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.events(t, d); got != "[signed broadcast]" {
+		t.Fatalf("MarkBroadcast twice: events %s, want one broadcast", got)
+	}
+	fin := f.insert(t, f.row(9))
+	f.resolve(t, mined(fin))
+	if _, err := f.l.MarkFinal(f.ctx, []int64{fin}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.l.MoveNonce(f.ctx, fin, 20, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("MoveNonce of a final row: %v, want ErrNotFound", err)
+	}
+	const unknown = 1 << 40
+	if err := f.l.AddTx(f.ctx, unknown, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("AddTx of an unknown id: %v, want ErrNotFound", err)
+	}
+	if err := f.l.MoveNonce(f.ctx, unknown, 30, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Errorf("MoveNonce of an unknown id: %v, want ErrNotFound", err)
+	}
+	if err := f.l.ReleaseDelivery(f.ctx, unknown, []byte("x")); err != nil {
+		t.Errorf("ReleaseDelivery of an unknown id: %v, want nothing done", err)
+	}
+	if ok, err := f.l.ClaimDelivery(f.ctx, unknown, "", []byte("x")); ok || err != nil {
+		t.Errorf("ClaimDelivery of an unknown id: %v %v, want false", ok, err)
+	}
+	if err := f.l.MarkBroadcast(f.ctx, []int64{unknown}); err != nil {
+		t.Errorf("MarkBroadcast of an unknown id: %v, want nothing done", err)
+	}
+}
