@@ -117,6 +117,7 @@ type simStats struct {
 	reorgs, thirdParty, cancels, foreign, drops, mines      int
 	mined, elsewhere, canceled, expired, reverted, resigned int
 	bumps, reopened, undone                                 int
+	jobRuns, statusChecks, statusLagged                     int
 }
 
 func (s *simStats) add(o simStats) {
@@ -141,14 +142,18 @@ func (s *simStats) add(o simStats) {
 	s.bumps += o.bumps
 	s.reopened += o.reopened
 	s.undone += o.undone
+	s.jobRuns += o.jobRuns
+	s.statusChecks += o.statusChecks
+	s.statusLagged += o.statusLagged
 }
 
 func (s simStats) String() string {
 	return fmt.Sprintf("%d payments, %d settle calls (%d success, %d pending, %d errors, %d refused); chain: %d blocks, %d reorgs, "+
 		"%d third-party transfers, %d cancels, %d foreign txs on our keys, %d pool drops; outcomes: %d transferred by us, %d settled elsewhere, "+
-		"%d canceled, %d expired, %d reverted; %d re-signed, %d fee bumps, %d reopened; %d successes undone by a reorg",
+		"%d canceled, %d expired, %d reverted; %d re-signed, %d fee bumps, %d reopened; %d successes undone by a reorg; "+
+		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer)",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
-		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone)
+		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -178,6 +183,7 @@ type simWorld struct {
 	// conflictAfter: a reorg that can put another use of an authorization before ours happened
 	// (its index in steps); successes answered before it may be undone by it.
 	conflictReorgs int
+	jobsSide       simJobs
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -249,6 +255,7 @@ func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 	}
 	e.SetStepped()
 	w.engine = e
+	w.setUpJobs()
 	return w
 }
 
@@ -276,6 +283,9 @@ func (w *simWorld) run() error {
 		if err := w.act(i); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
+		if err := w.jobsStep(); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range w.backends {
@@ -291,7 +301,11 @@ func (w *simWorld) run() error {
 	for _, p := range w.payments {
 		w.settle(p) // the honest final retry: an unanswered success is owed to it
 	}
-	return w.checkInvariants()
+	if err := w.checkInvariants(); err != nil {
+		return err
+	}
+	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
+	return w.checkStatusAtEnd()
 }
 
 // settleDown mines and steps, 3 s of the clock at a time, until the clock is past every
@@ -306,6 +320,9 @@ func (w *simWorld) settleDown() error {
 		w.chain.Mine()
 		w.stats.mines++
 		w.engine.Step(w.ctx)
+		if err := w.jobsStep(); err != nil {
+			return err
+		}
 		if w.quiet() && w.clock.Now().Unix() > last {
 			return nil
 		}

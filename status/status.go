@@ -233,7 +233,18 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 	case facilitator.StateMined, facilitator.StateFinal:
 		st.State, st.SettledBy = facilitator.StatusSettled, "facilitator"
 		s.confirm(n, &st, row.BlockNumber)
-		st.Final = st.Final || row.State == facilitator.StateFinal
+		if row.State == facilitator.StateFinal {
+			st.Final = true
+		} else if st.Final {
+			// Deep enough by the ledger's block number alone; but a mined row's block may have been
+			// reorganised away before the engine noticed. Final only while the index, which
+			// follows reorgs, holds our transfer in that very block.
+			there, err := s.stillThere(ctx, n, st, row)
+			if err != nil {
+				return st, true, err
+			}
+			st.Final = there
+		}
 	case facilitator.StateReverted:
 		// Ours reverted, and the authorization stayed usable: someone may have used it since.
 		if found, err := s.fromIndex(ctx, n, &st, row.Key); err != nil || found {
@@ -255,6 +266,33 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 		st.State, st.SettledBy = facilitator.StatusSettled, "other"
 	}
 	return st, true, nil
+}
+
+// stillThere reports whether a mined row's transfer is still in the block the ledger recorded,
+// as far as one can tell without waiting: the index's word when it has the authorization's use
+// or covers the block, else the chain's block at that height read by hash. Unsure is false: the
+// answer is then settled, not final, until the engine records it final.
+func (s *Service) stillThere(ctx context.Context, n Network, st facilitator.AuthorizationStatus, row *facilitator.Settlement) (bool, error) {
+	if row.BlockHash == (common.Hash{}) {
+		return false, nil
+	}
+	use, err := s.store.AuthorizationUse(ctx, n.Network.ID, row.Key.Asset, row.Key.Payer, row.Key.Nonce)
+	if err != nil {
+		return false, unavailable(err)
+	}
+	switch {
+	case use != nil:
+		return !use.Canceled && use.TxHash == row.TxHash && use.BlockHash == row.BlockHash, nil
+	case st.IndexedHead >= row.BlockNumber:
+		return false, nil // the index holds that block and no use in it: reorganised away, or a gap
+	}
+	var b *struct {
+		Hash common.Hash `json:"hash"`
+	}
+	if err := n.Head.CallContext(ctx, &b, "eth_getBlockByNumber", hexutil.EncodeUint64(row.BlockNumber), false); err != nil {
+		return false, nil // not known: not final yet
+	}
+	return b != nil && b.Hash == row.BlockHash, nil
 }
 
 func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (bool, error) {

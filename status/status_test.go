@@ -470,3 +470,37 @@ func TestStatusTimeline(t *testing.T) {
 		t.Fatalf("unknown network: %v, want invalid", err)
 	}
 }
+
+// TestStatusMinedRowReorganisedAway: a mined row whose block a reorganisation replaced, before
+// any engine noticed (its process died), is deep enough by its block number; the answer must
+// not call it final, since the transfer is not on the chain any more. (The simulator found it:
+// status promoted any mined row to final by the depth of the number the ledger recorded.)
+func TestStatusMinedRowReorganisedAway(t *testing.T) {
+	ctx := context.Background()
+	const depth = 3
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
+	out := e.MustSettle(t, p.Body(t))
+	if !out.Response.Success {
+		t.Fatalf("settle: %+v", out.Response)
+	}
+	e.Stop(ctx) // nothing watches the row from here on
+	rc := env.Receipt(t, common.HexToHash(out.Response.Transaction))
+	env.Reorg(t, env.Head(t)-rc.BlockNumber.Uint64()+1) // our block, and any after it, replaced by empty ones
+	for range depth {
+		env.Mine(t)
+	}
+	if r := env.Receipt(t, rc.TxHash); r != nil {
+		t.Fatalf("the transaction is still mined after the reorg: %+v", r)
+	}
+	if r := env.Row(t, p.Key()); r.State != facilitator.StateMined || r.BlockNumber != rc.BlockNumber.Uint64() {
+		t.Fatalf("ledger: %+v, want the stale mined row", r)
+	}
+	st, _, err := env.Status(env.DB, depth).Authorization(ctx, p.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Final || st.Confirmations < depth {
+		t.Fatalf("status of a transfer reorganised away: %+v, want not final (and the row's confirmations by number)", st)
+	}
+}

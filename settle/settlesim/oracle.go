@@ -262,3 +262,17 @@ func (c *Chain) Reorged() []Block {
 	}
 	return slices.Clip(out)
 }
+
+// AuthorizationUseAt is the authorization's use in the canonical chain's state at block number.
+func (c *Chain) AuthorizationUseAt(number uint64, payer common.Address, nonce [32]byte) (Use, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if number >= uint64(len(c.canon)) {
+		return Use{}, false
+	}
+	u, ok := c.canon[number].state.auths[authKey{payer, nonce}]
+	if !ok {
+		return Use{}, false
+	}
+	return useCopy(u), true
+}

@@ -1,0 +1,196 @@
+package settle_test
+
+import (
+	"fmt"
+	"log/slog"
+	"math/big"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/reconcile"
+	"github.com/x402-facilitator/x402-facilitator/settle/settlesim"
+	"github.com/x402-facilitator/x402-facilitator/status"
+)
+
+// The simulator's second process: the reconcile jobs and the status answers, run against the
+// same ledger and chain as the engine, through backends of their own, with an index that lags
+// the head. They draw from a stream of their own and their ledger calls draw no fault, so a seed's
+// schedule for the engine is what it was without them; what they change (rows resolved, reopened,
+// finalised under the engine) is what a replica's jobs change.
+
+// simJobs is the jobs' and status answers' side of a world.
+type simJobs struct {
+	r        *rand.Rand
+	on       bool
+	index    *settlesim.Index
+	backends []*settlesim.Backend
+	jobs     *reconcile.Jobs
+	status   *status.Service
+	// statusChecks counts the status answers held against the chain; statusLagged those that
+	// were behind the chain without contradicting a final or terminal answer.
+	statusChecks, statusLagged, runs int
+}
+
+// jobsStore is what the jobs and status read: the ledger and the index.
+type jobsStore struct {
+	*settlesim.Ledger
+	*settlesim.Index
+}
+
+func (w *simWorld) setUpJobs() {
+	j := &w.jobsSide
+	j.r = rand.New(rand.NewPCG(w.seed, 0x70b5))
+	j.on = j.r.IntN(3) != 0
+	j.index = settlesim.NewIndex(w.chain)
+	var backends []*settlesim.Backend
+	for i := range 1 + j.r.IntN(2) {
+		backends = append(backends, settlesim.NewBackend(w.chain, fmt.Sprintf("jobs%d", i), settlesim.Profile{}, j.r))
+	}
+	j.backends = backends
+	chain := settlesim.NewBalancer(j.r, backends...)
+	store := jobsStore{w.ledger, j.index}
+	log := slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("component", "jobs")
+	j.jobs = reconcile.New(reconcile.Config{
+		Store: store, Networks: []reconcile.Network{{Network: w.network, Chain: chain}},
+		StaleAfter: time.Duration(10+j.r.IntN(50)) * time.Second, RPCTimeout: time.Second, Now: w.clock.Now, Logger: log,
+	})
+	j.status = status.New(store, []status.Network{{Network: w.network, Reader: &ethrpc.Reader{Chain: chain, Timeout: time.Second}, Head: chain}}, w.clock.Now)
+}
+
+// jobsStep is, now and then, a run of the Settlements job, and a status answer held against
+// the chain.
+func (w *simWorld) jobsStep() error {
+	j := &w.jobsSide
+	if !j.on {
+		return nil
+	}
+	if j.r.IntN(8) == 0 {
+		for _, b := range j.backends {
+			b.SetProfile(settlesim.RandomProfile(j.r))
+		}
+		j.index.SetLag(uint64(j.r.IntN(4)))
+	}
+	if j.r.IntN(6) == 0 {
+		j.runs++
+		if _, err := j.jobs.Settlements(settlesim.WithoutFaults(w.ctx)); err != nil {
+			fmt.Fprintf(&w.log, "sim: the Settlements job: %v\n", err)
+		}
+	}
+	if len(w.payments) > 0 && j.r.IntN(4) == 0 {
+		return w.checkStatus(w.payments[j.r.IntN(len(w.payments))])
+	}
+	return nil
+}
+
+// checkStatus holds one status answer against the chain as it is now. A final or terminal answer
+// must agree with it; a settled answer that is not final yet may name a block a reorganisation
+// has since replaced (it says how many confirmations it has); pending and unused promise nothing.
+func (w *simWorld) checkStatus(p *simPayment) error {
+	j := &w.jobsSide
+	a := p.p.Authorization
+	key := facilitator.AuthorizationKey{Network: w.network.ID, Asset: w.chain.Token(), Payer: a.From, Nonce: a.Nonce}
+	st, _, err := j.status.Authorization(settlesim.WithoutFaults(w.ctx), key)
+	if err != nil {
+		return nil // unavailable: an error, not an answer
+	}
+	j.statusChecks++
+	use, used := w.chain.AuthorizationUse(a.From, a.Nonce)
+	head := w.chain.Head()
+	agrees := func() bool {
+		return used && st.Transaction == use.TxHash.Hex() && st.BlockNumber == use.BlockNumber
+	}
+	wrong := func(why string) error {
+		return fmt.Errorf("status of authorization %x answered %+v; %s (the chain's use: %+v, used %v, head %d)", a.Nonce[:4], st, why, use, used, head.Number)
+	}
+	switch st.State {
+	case facilitator.StatusSettled:
+		switch {
+		case agrees() && use.Kind == settlesim.UseTransfer:
+		case st.Final:
+			return wrong("final, and the chain does not show that transfer there")
+		default:
+			j.statusLagged++
+		}
+	case facilitator.StatusCanceled:
+		if !(used && use.Kind == settlesim.UseCancel) {
+			if st.Final {
+				return wrong("canceled and final, and the chain shows no cancel")
+			}
+			j.statusLagged++
+		}
+	case facilitator.StatusExpired:
+		if (used && use.Kind == settlesim.UseTransfer) || head.Time < a.ValidBefore.Uint64() {
+			return wrong("expired, and the chain shows a transfer or a time before validBefore")
+		}
+	case facilitator.StatusFailed:
+		// Ours failed; someone may use the authorization later, and the answer then follows the
+		// index. A use the index already holds must be in the answer.
+		if cur, ok, _ := j.index.Cursor(w.ctx, w.network.ID); used && ok && use.BlockNumber <= cur.Number {
+			return wrong(fmt.Sprintf("failed, and the index (cursor %d) holds the authorization's use", cur.Number))
+		}
+		if used {
+			j.statusLagged++
+		}
+	}
+	return nil
+}
+
+// checkStatusAtEnd is every payment's status once the world has settled down, with the index at
+// the head: each must be the chain's truth.
+func (w *simWorld) checkStatusAtEnd() error {
+	j := &w.jobsSide
+	if !j.on {
+		return nil
+	}
+	j.index.SetLag(0)
+	for _, b := range j.backends {
+		b.SetProfile(settlesim.Profile{})
+	}
+	ours := map[common.Hash]bool{}
+	for _, r := range w.ledger.Rows() {
+		for _, t := range r.Txs {
+			ours[t.Hash] = true
+		}
+	}
+	for _, p := range w.payments {
+		a := p.p.Authorization
+		key := facilitator.AuthorizationKey{Network: w.network.ID, Asset: w.chain.Token(), Payer: a.From, Nonce: a.Nonce}
+		st, _, err := j.status.Authorization(settlesim.WithoutFaults(w.ctx), key)
+		if err != nil {
+			return fmt.Errorf("status of authorization %x at the end: %v", a.Nonce[:4], err)
+		}
+		use, used := w.chain.AuthorizationUse(a.From, a.Nonce)
+		row, _ := w.ledger.SettlementByKey(settlesim.WithoutFaults(w.ctx), key)
+		want := facilitator.StatusExpired
+		switch {
+		case used && use.Kind == settlesim.UseCancel:
+			want = facilitator.StatusCanceled
+		case used:
+			want = facilitator.StatusSettled
+		case row != nil && row.State == facilitator.StateReverted:
+			want = facilitator.StatusFailed
+		case row == nil:
+			want = facilitator.StatusUnused
+		}
+		// A cancel after validBefore of an authorization the ledger found expired changes
+		// nothing: no transfer could happen either way, and both answers are true.
+		lateCancel := want == facilitator.StatusCanceled && row != nil && row.State == facilitator.StateExpired && st.State == facilitator.StatusExpired
+		if !lateCancel && (st.State != want || (used && st.Transaction != use.TxHash.Hex())) {
+			return fmt.Errorf("status of authorization %x at the end: %+v, want %s (the chain's use %+v, used %v, the row %+v)", a.Nonce[:4], st, want, use, used, row)
+		}
+		if used && use.Kind == settlesim.UseTransfer {
+			by := "other"
+			if ours[use.TxHash] {
+				by = "facilitator"
+			}
+			if st.SettledBy != by || st.BlockNumber != use.BlockNumber || st.To != use.To.Hex() || st.Value != new(big.Int).Set(use.Value).String() {
+				return fmt.Errorf("status of authorization %x at the end: %+v, want settled by %s in block %d paying %s %s", a.Nonce[:4], st, by, use.BlockNumber, use.To, use.Value)
+			}
+		}
+	}
+	return nil
+}
