@@ -35,6 +35,12 @@ type Read struct {
 	// together with others only when it names what it changes, and never with one whose Changes
 	// meet its Depends or whose Depends meet its Changes (simulations.compatible).
 	Depends, Changes []common.Address
+	// GasDepends and GasSurcharge, on a Simulate call at a GasCap, are accounts whose state
+	// decides only how much gas the call needs, by at most GasSurcharge (a transfer to an account
+	// holding nothing sets a storage slot from zero). In a group, after a call that changed one
+	// of them, the call runs at GasCap less GasSurcharge: a success there is a success alone.
+	GasDepends   []common.Address
+	GasSurcharge uint64
 
 	Out          []byte
 	Gas          uint64 // eth_estimateGas's answer

@@ -31,7 +31,11 @@ import (
 // only when it names the accounts whose state decides its outcome (Read.Depends) and those it
 // changes (Read.Changes), and no member changes what another depends on (compatible); any other
 // runs alone, as its own eth_call in the same request. Then each member's outcome rests only on
-// state no other member changed: what it depends on is the latest state, as alone. Further:
+// state no other member changed: what it depends on is the latest state, as alone. A call at a
+// gas limit whose gas (not outcome) an earlier member's change can lower (Read.GasDepends: a
+// payment to a merchant another member pays, who held nothing) runs at that limit less the most
+// it can lower it: alone it has that much more gas left at every step, and needs at most that
+// much more. Further:
 //   - A simulation that failed in the group is run again alone, and that answer stands (the
 //     group's block is not the latest one but the next: its number and time are later).
 //   - A node without eth_simulateV1 (it answers "method not found", or errors three times in a
@@ -191,6 +195,10 @@ func (s *simulations) run(r *Reader, g *simGroup) {
 	calls := make([]callArgs, len(grouped))
 	for i, e := range grouped {
 		calls[i] = e.read.callArgs()
+		if rd := e.read; rd.GasCap > 0 && changedBefore(grouped[:i], rd.GasDepends) {
+			g := hexutil.Uint64(rd.GasCap - rd.GasSurcharge)
+			calls[i].Gas = &g
+		}
 	}
 	var blocks []simBlock
 	simAt := len(elems)
@@ -243,12 +251,13 @@ func (s *simulations) run(r *Reader, g *simGroup) {
 // every one that joined before it; fewer than two that join gain nothing, and run alone too.
 func together(entries []simEntry) (group, apart []simEntry) {
 	for _, e := range entries {
-		ok := len(e.read.Changes) > 0
+		rd := e.read
+		ok := len(rd.Changes) > 0 && (len(rd.GasDepends) == 0 || rd.GasSurcharge < rd.GasCap)
 		for _, g := range group {
 			if !ok {
 				break
 			}
-			ok = compatible(g.read, e.read)
+			ok = compatible(g.read, rd)
 		}
 		if ok {
 			group = append(group, e)
@@ -264,9 +273,20 @@ func together(entries []simEntry) (group, apart []simEntry) {
 
 // compatible says a and b may run in one block in either order and each answer as alone: neither
 // changes an account the other's outcome depends on. (Both changing one account, as two payments
-// to one merchant do, is fine: neither's outcome depends on it.)
+// to one merchant do, is fine: neither's outcome depends on it; a call at a gas limit whose gas
+// it decides runs at a lower limit, see Read.GasDepends.)
 func compatible(a, b *Read) bool {
 	return !meet(a.Changes, b.Depends) && !meet(b.Changes, a.Depends)
+}
+
+// changedBefore says whether one of the calls before changed one of accounts.
+func changedBefore(before []simEntry, accounts []common.Address) bool {
+	for _, e := range before {
+		if meet(e.read.Changes, accounts) {
+			return true
+		}
+	}
+	return false
 }
 
 func meet(x, y []common.Address) bool {

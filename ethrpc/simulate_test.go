@@ -159,14 +159,15 @@ func simCases(t *testing.T) []simCase {
 }
 
 // reads are c's reads as verify makes them: the simulation names the payer's state as what its
-// outcome rests on (and the payee's too at a gas limit), and both as what it changes.
+// outcome rests on, both the payer's and the payee's as what it changes, and at a gas limit the
+// payee's as what decides its gas.
 func (c simCase) reads(simulate bool) (code, sim *ethrpc.Read) {
 	code = &ethrpc.Read{Code: true, To: c.payer}
 	sim = &ethrpc.Read{To: chain.USDC.Address, Data: c.data, GasCap: c.gasCap, Simulate: simulate,
 		Depends: []common.Address{c.payer}, Changes: []common.Address{c.payer, c.payee}}
 	if c.gasCap > 0 {
 		sim.From = chain.Accounts[0].Address
-		sim.Depends = append(sim.Depends, c.payee)
+		sim.GasDepends, sim.GasSurcharge = []common.Address{c.payee}, eip3009.PayeeSetGas
 	}
 	return code, sim
 }
@@ -352,6 +353,7 @@ func TestSimulationsApart(t *testing.T) {
 		t.Fatalf("a transfer to an empty account costs %d gas, to one holding USDC %d: the case is not what it says", toEmpty, toHeld)
 	}
 	tight.gasCap = (toEmpty + toHeld) / 2
+	t.Logf("transfer gas: %d to an empty account, %d to one holding USDC; the tight limit %d", toEmpty, toHeld, tight.gasCap)
 
 	first := mk("first, in flight", fundedKey(t, 10_000), freshAddress(t), 1000, 0)
 	cases := []simCase{
@@ -361,10 +363,11 @@ func TestSimulationsApart(t *testing.T) {
 		mk("all a payer holds, again", twice, freshAddress(t), 1000, 0),
 		mk("to the empty account at a gas limit", fundedKey(t, 10_000), z, 1000, 200_000),
 		tight,
+		mk("to the empty account at a gas limit with room, after another's transfer to it", fundedKey(t, 10_000), z, 1000, 200_000),
 		mk("unrelated", fundedKey(t, 10_000), freshAddress(t), 1000, 0),
 		mk("unrelated", fundedKey(t, 10_000), freshAddress(t), 1000, 0),
 	}
-	wantReverted := []bool{false, true, false, false, false, true, false, false}
+	wantReverted := []bool{false, true, false, false, false, true, false, false, false}
 
 	alone := &ethrpc.Reader{Chain: chain.RPC, Timeout: 5 * time.Second}
 	for i, c := range cases {
@@ -405,5 +408,12 @@ func TestSimulationsApart(t *testing.T) {
 	}
 	if n := node.count("eth_simulateV1"); n != 1 {
 		t.Fatalf("%d eth_simulateV1, want the one group's", n)
+	}
+	// The payments to the empty account at a gas limit went in the group, the second at a
+	// lower limit (and then, the tight one, again alone): the gas they need did not keep them out.
+	for _, i := range []int{4, 5, 6} {
+		if !got[i].Grouped && !got[i].Reverted {
+			t.Errorf("%s: answered alone", cases[i].name)
+		}
 	}
 }

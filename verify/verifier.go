@@ -246,15 +246,15 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 		// simulations), with none that could change its outcome: a failure is always judged
 		// alone. Of the state other payments change, an accepted token's transferWithAuthorization
 		// rests on the payer's (its balance, its authorizations' state) and changes the payer's
-		// and the payee's balances. A call at a gas limit rests on the payee's too: a transfer to
-		// an account holding nothing costs more (a storage slot set from zero).
+		// and the payee's balances. The payee's decides only its gas, by at most PayeeSetGas (a
+		// transfer to an account holding nothing sets the payee's balance slot from zero).
 		sim.Simulate = true
 		sim.Depends = []common.Address{a.From}
 		sim.Changes = []common.Address{a.From, a.To}
 		switch {
 		case how.mode == simEstimate && how.hint > 0:
 			sim.From, sim.GasCap = how.from, eip3009.GasLimit(how.hint)
-			sim.Depends = append(sim.Depends, a.To)
+			sim.GasDepends, sim.GasSurcharge = []common.Address{a.To}, eip3009.PayeeSetGas
 		case how.mode == simEstimate:
 			sim.Estimate, sim.From = true, how.from
 		}
