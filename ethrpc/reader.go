@@ -27,13 +27,11 @@ type Read struct {
 	GasCap uint64
 	// Simulate marks an eth_call that simulates a transaction (a transfer /verify or /settle
 	// judges): the Reader may run it together with other callers' simulations (simulate.go).
-	// Simulate marks an eth_call that simulates a transaction (a transfer /verify or /settle
-	// judges): the Reader may run it together with other callers' simulations (simulate.go).
 	Simulate bool
 	// Depends and Changes, on a Simulate read, are the accounts whose state (at the called
 	// contract) decides the call's outcome, and those whose state it changes. A simulation is run
 	// together with others only when it names what it changes, and never with one whose Changes
-	// meet its Depends or whose Depends meet its Changes (simulations.compatible).
+	// meet its Depends or whose Depends meet its Changes (compatible, in simulate.go).
 	Depends, Changes []common.Address
 	// GasDepends and GasSurcharge, on a Simulate call at a GasCap, are accounts whose state
 	// decides only how much gas the call needs, by at most GasSurcharge (a transfer to an account

@@ -252,7 +252,7 @@ func (s *simulations) run(r *Reader, g *simGroup) {
 func together(entries []simEntry) (group, apart []simEntry) {
 	for _, e := range entries {
 		rd := e.read
-		ok := len(rd.Changes) > 0 && (len(rd.GasDepends) == 0 || rd.GasSurcharge < rd.GasCap)
+		ok := len(rd.Changes) > 0 && (rd.GasCap == 0 || len(rd.GasDepends) == 0 || rd.GasSurcharge < rd.GasCap)
 		for _, g := range group {
 			if !ok {
 				break
