@@ -29,7 +29,12 @@ type SimGroups struct {
 // NewSimGroups returns a SimGroups whose Reader reads through chain.
 func NewSimGroups(chain ethrpc.Chain) *SimGroups {
 	g := &SimGroups{chain: chain, queued: make(chan struct{}, 64)}
-	g.Reader = &ethrpc.Reader{Chain: g, Timeout: 10 * time.Second, Queued: func() { g.queued <- struct{}{} }}
+	g.Reader = &ethrpc.Reader{Chain: g, Timeout: 10 * time.Second, Queued: func() {
+		select {
+		case g.queued <- struct{}{}:
+		default: // callers queuing outside Group: nobody waits for them
+		}
+	}}
 	return g
 }
 
@@ -39,6 +44,9 @@ func NewSimGroups(chain ethrpc.Chain) *SimGroups {
 // rest then went as one group behind first, in the order given.
 func (g *SimGroups) Group(t testing.TB, first func(), rest ...func()) {
 	t.Helper()
+	for len(g.queued) > 0 {
+		<-g.queued // from callers before this group
+	}
 	g.mu.Lock()
 	g.hold, g.entered, g.release = true, make(chan struct{}), make(chan struct{})
 	entered, release := g.entered, g.release
