@@ -67,6 +67,8 @@ type settleOptions struct {
 	store func(*postgres.DB) settle.Store
 	// engine adjusts the engine's configuration.
 	engine func(*settle.Config)
+	// reader builds the verifier's reader on the stack's chain (default: an ethrpc.Reader).
+	reader func(ethrpc.Chain) *ethrpc.Reader
 }
 
 func newSettleStack(t *testing.T, o settleOptions) *settleStack {
@@ -82,6 +84,9 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 	s := &settleStack{RPC: newRPCCounter(t, chain.RPCURL), Logs: &syncBuffer{}, DB: db, Network: testNetwork(v1Name)}
 	s.Client = s.RPC.client(t)
 	s.Reader = &ethrpc.Reader{Chain: s.Client, Timeout: 5 * time.Second}
+	if o.reader != nil {
+		s.Reader = o.reader(s.Client)
+	}
 	s.Logger = slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: o.deadline, DB: db, Logger: s.Logger, Chain: s.Client,
 		Network: &s.Network, Reader: s.Reader, Config: func(c *settle.Config) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/params"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -57,6 +58,11 @@ var tokenABI = mustABI(`[
 // GasLimit is the gas limit a settlement transaction is signed with, for an estimate: the
 // estimate is exact only for the state it ran on.
 func GasLimit(estimate uint64) uint64 { return estimate + estimate/4 }
+
+// PayeeSetGas is how much more gas a transfer needs, at most, when its payee holds nothing than
+// when it holds some: the token keeps an account's balance in one storage slot, and setting a
+// slot from zero costs this much more than changing it (EIP-2200 with EIP-2929's prices).
+const PayeeSetGas = params.SstoreSetGasEIP2200 - (params.SstoreResetGasEIP2200 - params.ColdSloadCostEIP2929)
 
 // TransferCalldata encodes transferWithAuthorization for sig: the (v, r, s) overload for a 65-byte
 // signature, with v normalised to 27/28, and USDC 2.2's bytes overload for anything else

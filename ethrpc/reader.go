@@ -28,11 +28,26 @@ type Read struct {
 	// Simulate marks an eth_call that simulates a transaction (a transfer /verify or /settle
 	// judges): the Reader may run it together with other callers' simulations (simulate.go).
 	Simulate bool
+	// Depends and Changes, on a Simulate read, are the accounts whose state (at the called
+	// contract) decides the call's outcome, and those whose state it changes. A simulation is run
+	// together with others only when it names what it changes, and never with one whose Changes
+	// meet its Depends or whose Depends meet its Changes (compatible, in simulate.go).
+	Depends, Changes []common.Address
+	// GasDepends and GasSurcharge, on a Simulate call at a GasCap, are accounts whose state
+	// decides only how much gas the call needs, by at most GasSurcharge (a transfer to an account
+	// holding nothing sets a storage slot from zero). In a group, after a call that changed one
+	// of them, the call runs at GasCap less GasSurcharge: a success there is a success alone.
+	GasDepends   []common.Address
+	GasSurcharge uint64
 
 	Out          []byte
 	Gas          uint64 // eth_estimateGas's answer
 	Reverted     bool
 	RevertReason string
+	// Grouped says the answer came from a group's eth_simulateV1: the call ran after other
+	// callers' calls that changed none of its Depends. What Depends cannot name (a contract
+	// wallet's isValidSignature may read any state) the caller judges again alone.
+	Grouped bool
 }
 
 // Reader reads through a JSON-RPC node, batching the reads of one step into one request.
@@ -46,6 +61,9 @@ type Reader struct {
 	Chain Chain
 	// Timeout bounds each round trip.
 	Timeout time.Duration
+	// Queued, when set, is called each time a caller joins the group of simulations waiting
+	// behind the one in flight: a test seam, for tests that build a group in a known order.
+	Queued func()
 
 	head atomic.Uint64 // the highest head an answer came from
 	sims simulations
@@ -139,11 +157,11 @@ func applyReads(reads []*Read, batch []rpc.BatchElem, results []readResult) erro
 			if rd.Code || !(isExecutionError(e) || outOfGas) {
 				return fmt.Errorf("%s %s: %w", batch[i].Method, rd.To, e)
 			}
-			rd.Reverted = true
+			rd.Reverted, rd.Grouped = true, false
 			rd.RevertReason = revertText(e)
 			continue
 		}
-		rd.Out, rd.Gas = results[i].out, uint64(results[i].gas)
+		rd.Out, rd.Gas, rd.Grouped = results[i].out, uint64(results[i].gas), false
 	}
 	return nil
 }

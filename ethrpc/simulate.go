@@ -3,11 +3,13 @@ package ethrpc
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 )
@@ -22,13 +24,20 @@ import (
 // reads, each its own call as before, and one eth_simulateV1 of every member's simulation. A lone
 // caller goes at once, alone, as before: grouping adds no wait to an idle service.
 //
-// What a group answers is sound for the verdicts it feeds:
-//   - A simulation that succeeded in the group succeeded on the latest state, after the group's
-//     earlier simulations (eth_simulateV1 runs its calls in order, in one block built on the
-//     latest): the payment would settle in that order, as the batch it may join would settle it.
-//   - A simulation that failed in the group is run again alone, and that answer stands: a failure
-//     verdict never depends on another caller's payment (the same transfer simulated twice in one
-//     group fails the second time, and succeeds alone).
+// A member's answer from a group is the one its simulation gives alone at the same head. The
+// calls of one eth_simulateV1 run in order in one block and each sees the state the earlier ones
+// left, so one caller's transfer could fund another's (a payer holding nothing, paid by an
+// authorization that was itself refused, was answered valid). So a simulation joins the group
+// only when it names the accounts whose state decides its outcome (Read.Depends) and those it
+// changes (Read.Changes), and no member changes what another depends on (compatible); any other
+// runs alone, as its own eth_call in the same request. Then each member's outcome rests only on
+// state no other member changed: what it depends on is the latest state, as alone. A call at a
+// gas limit whose gas (not outcome) an earlier member's change can lower (Read.GasDepends: a
+// payment to a merchant another member pays, who held nothing) runs at that limit less the most
+// it can lower it: alone it has that much more gas left at every step, and needs at most that
+// much more. Further:
+//   - A simulation that failed in the group is run again alone, and that answer stands (the
+//     group's block is not the latest one but the next: its number and time are later).
 //   - A node without eth_simulateV1 (it answers "method not found", or errors three times in a
 //     row) is remembered, and every simulation after that goes alone. Any error of the group's
 //     eth_simulateV1 runs that group's simulations alone.
@@ -99,6 +108,9 @@ func (s *simulations) read(ctx context.Context, r *Reader, reads []*Read) error 
 	}
 	g.members = append(g.members, m)
 	s.mu.Unlock()
+	if r.Queued != nil {
+		r.Queued()
+	}
 	select {
 	case <-g.done:
 	case <-ctx.Done():
@@ -172,14 +184,28 @@ func (s *simulations) run(r *Reader, g *simGroup) {
 		parts = append(parts, plainPart{member: m, reads: plain, from: len(elems), results: res})
 		elems = append(elems, e...)
 	}
+	grouped, apart := together(grouped)
+	apartReads := make([]*Read, len(apart))
+	for i, e := range apart {
+		apartReads[i] = e.read
+	}
+	apartAt := len(elems)
+	e, apartResults := readElems(apartReads)
+	elems = append(elems, e...)
 	calls := make([]callArgs, len(grouped))
 	for i, e := range grouped {
 		calls[i] = e.read.callArgs()
+		if rd := e.read; rd.GasCap > 0 && changedBefore(grouped[:i], rd.GasDepends) {
+			g := hexutil.Uint64(rd.GasCap - rd.GasSurcharge)
+			calls[i].Gas = &g
+		}
 	}
 	var blocks []simBlock
 	simAt := len(elems)
-	elems = append(elems, rpc.BatchElem{Method: "eth_simulateV1", Result: &blocks,
-		Args: []any{simPayload{BlockStateCalls: []simBlockCalls{{Calls: calls}}}, "latest"}})
+	if len(grouped) > 0 {
+		elems = append(elems, rpc.BatchElem{Method: "eth_simulateV1", Result: &blocks,
+			Args: []any{simPayload{BlockStateCalls: []simBlockCalls{{Calls: calls}}}, "latest"}})
+	}
 
 	if err := r.batch(ctx, elems); err != nil {
 		for _, m := range g.members {
@@ -191,6 +217,15 @@ func (s *simulations) run(r *Reader, g *simGroup) {
 		if err := applyReads(p.reads, elems[p.from:p.from+len(p.reads)], p.results); err != nil {
 			p.member.err = err
 		}
+	}
+	for i, e := range apart {
+		at := apartAt + i
+		if err := applyReads(apartReads[i:i+1], elems[at:at+1], apartResults[i:i+1]); err != nil && e.member.err == nil {
+			e.member.err = err
+		}
+	}
+	if len(grouped) == 0 {
+		return
 	}
 	results, err := simResults(elems[simAt], blocks, len(grouped))
 	if err != nil {
@@ -205,10 +240,62 @@ func (s *simulations) run(r *Reader, g *simGroup) {
 				alone = append(alone, e)
 				continue
 			}
-			e.read.Out, e.read.Reverted, e.read.RevertReason = results[i].ReturnData, false, ""
+			e.read.Out, e.read.Reverted, e.read.RevertReason, e.read.Grouped = results[i].ReturnData, false, "", true
 		}
 	}
 	s.alone(ctx, r, alone)
+}
+
+// together splits simulations, in arrival order, into those that go as one eth_simulateV1 and
+// those that run alone. A simulation joins when it names what it changes and is compatible with
+// every one that joined before it; fewer than two that join gain nothing, and run alone too.
+func together(entries []simEntry) (group, apart []simEntry) {
+	for _, e := range entries {
+		rd := e.read
+		ok := len(rd.Changes) > 0 && (rd.GasCap == 0 || len(rd.GasDepends) == 0 || rd.GasSurcharge < rd.GasCap)
+		for _, g := range group {
+			if !ok {
+				break
+			}
+			ok = compatible(g.read, rd)
+		}
+		if ok {
+			group = append(group, e)
+		} else {
+			apart = append(apart, e)
+		}
+	}
+	if len(group) < 2 {
+		return nil, append(apart, group...)
+	}
+	return group, apart
+}
+
+// compatible says a and b may run in one block in either order and each answer as alone: neither
+// changes an account the other's outcome depends on. (Both changing one account, as two payments
+// to one merchant do, is fine: neither's outcome depends on it; a call at a gas limit whose gas
+// it decides runs at a lower limit, see Read.GasDepends.)
+func compatible(a, b *Read) bool {
+	return !meet(a.Changes, b.Depends) && !meet(b.Changes, a.Depends)
+}
+
+// changedBefore says whether one of the calls before changed one of accounts.
+func changedBefore(before []simEntry, accounts []common.Address) bool {
+	for _, e := range before {
+		if meet(e.read.Changes, accounts) {
+			return true
+		}
+	}
+	return false
+}
+
+func meet(x, y []common.Address) bool {
+	for _, a := range x {
+		if slices.Contains(y, a) {
+			return true
+		}
+	}
+	return false
 }
 
 // alone runs simulations each as its own eth_call, in one request, and gives each answer (or

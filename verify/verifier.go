@@ -243,11 +243,18 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 	if how.mode != simNone && accepted && !wrapped {
 		sim = call(r.Asset, eip3009.TransferCalldata(a, inner))
 		// Shared with concurrent requests' simulations where the node allows (ethrpc's
-		// simulations): a failure is always judged alone.
+		// simulations), with none that could change its outcome: a failure is always judged
+		// alone. Of the state other payments change, an accepted token's transferWithAuthorization
+		// rests on the payer's (its balance, its authorizations' state) and changes the payer's
+		// and the payee's balances. The payee's decides only its gas, by at most PayeeSetGas (a
+		// transfer to an account holding nothing sets the payee's balance slot from zero).
 		sim.Simulate = true
+		sim.Depends = []common.Address{a.From}
+		sim.Changes = []common.Address{a.From, a.To}
 		switch {
 		case how.mode == simEstimate && how.hint > 0:
 			sim.From, sim.GasCap = how.from, eip3009.GasLimit(how.hint)
+			sim.GasDepends, sim.GasSurcharge = []common.Address{a.To}, eip3009.PayeeSetGas
 		case how.mode == simEstimate:
 			sim.Estimate, sim.From = true, how.from
 		}
@@ -304,8 +311,20 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 			ok = recoverEOA(digest, inner, a.From)
 		} else {
 			check := call(a.From, pack("isValidSignature", [32]byte(digest), inner))
-			if err := reader.Read(ctx, check); err != nil {
+			reads := []*ethrpc.Read{check}
+			var again *ethrpc.Read
+			if sim != nil && sim.Grouped && sim.GasCap == 0 {
+				// The wallet's own isValidSignature, run in the simulation, may read any state,
+				// the group's earlier transfers included: the simulation is judged again alone,
+				// with this call. (A call at a gas limit is estimated alone below.)
+				again = &ethrpc.Read{From: sim.From, To: sim.To, Data: sim.Data}
+				reads = append(reads, again)
+			}
+			if err := reader.Read(ctx, reads...); err != nil {
 				return "", "", 0, v.unavailable(n, "calling isValidSignature on the payer's wallet", err)
+			}
+			if again != nil {
+				sim = again
 			}
 			ok = !check.Reverted && len(check.Out) >= 4 && [4]byte(check.Out[:4]) == [4]byte(erc1271Magic)
 		}
