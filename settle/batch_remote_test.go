@@ -64,8 +64,15 @@ func TestBatchNarrowSigner(t *testing.T) {
 // authorizations are used elsewhere. The last member is re-signed alone as a new batch with a gas
 // limit for its one call (the old batch's, sized for four, is more than the narrow signer signs
 // for one), which the narrow signer signs: it is mined, its payee is paid exactly once, and its
-// caller is told success once, with the new transaction.
+// caller is told success once, with the new transaction. Recovered: the engine that signed the
+// batch stops before the re-sign, and the next one, which knows the members only from the ledger
+// (no estimates of their own), sizes the new batch from the old one's limit.
 func TestBatchNarrowSignerResignsSubset(t *testing.T) {
+	t.Run("live", func(t *testing.T) { testBatchNarrowSignerResignsSubset(t, false) })
+	t.Run("recovered", func(t *testing.T) { testBatchNarrowSignerResignsSubset(t, true) })
+}
+
+func testBatchNarrowSignerResignsSubset(t *testing.T, restart bool) {
 	const n = 4
 	const moved = n - 1 // the member re-signed; the others are used elsewhere
 	const ceiling = 150_000
@@ -73,11 +80,18 @@ func TestBatchNarrowSignerResignsSubset(t *testing.T) {
 	key := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(key.PublicKey)
 	signers := env.NarrowSigner(t, extsigner.Policy{MaxGas: ceiling, MaxFeeCap: big.NewInt(1e12)}, key)
-	r := batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Remote: signers, Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
-		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
-	}})
+	engine := func() *stacktest.Engine {
+		return batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Remote: signers, Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+			c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
+		}})
+	}
+	r := engine()
 	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(500_000 + i) }, nil)
 	batchTx := settlePendingBatch(t, r, bodies)
+	if restart {
+		r.Stop(ctx)
+		r = engine()
+	}
 	old, _, err := env.Chain.Client.TransactionByHash(ctx, batchTx)
 	if err != nil {
 		t.Fatal(err)
