@@ -97,6 +97,17 @@ func TestTransferCalldata(t *testing.T) {
 	if !bytes.Equal(wallet[:4], common.FromHex("0xcf092995")) {
 		t.Fatalf("bytes selector %x", wallet[:4])
 	}
+	// The signature decodes as the token checks it: r, s, v with v normalised; the bytes as given.
+	wantVRS := append([]byte(nil), sig...)
+	wantVRS[64] = 28
+	walletSig := make([]byte, 97)
+	walletSig[96] = 5
+	wallet = eip3009.TransferCalldata(a, walletSig)
+	for data, want := range map[*[]byte][]byte{&vrs: wantVRS, &wallet: walletSig} {
+		if c, ok := eip3009.DecodeCall(*data); !ok || !bytes.Equal(c.Signature, want) {
+			t.Fatalf("the decoded signature %x, want %x", c.Signature, want)
+		}
+	}
 	for _, data := range [][]byte{vrs, wallet} {
 		c, ok := eip3009.DecodeCall(data)
 		if !ok || c.Method != eip3009.MethodTransferWithAuthorization || c.Authorization.From != a.From || c.Authorization.To != a.To ||

@@ -5,6 +5,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/accounts/abi"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
 )
 
 // eip6492Magic ends every ERC-6492 wrapped signature.
@@ -48,6 +49,33 @@ func SettlementSignature(sig []byte) []byte {
 		return w.Inner
 	}
 	return sig
+}
+
+// RecoverEOA reports whether a 65-byte (r, s, v) signature over digest recovers to want,
+// accepting v in {0, 1, 27, 28} as viem does.
+func RecoverEOA(digest common.Hash, sig []byte, want common.Address) bool {
+	if len(sig) != 65 {
+		return false
+	}
+	v := sig[64]
+	switch v {
+	case 27, 28:
+		v -= 27
+	case 0, 1:
+	default:
+		return false
+	}
+	rsv := make([]byte, 65)
+	copy(rsv, sig[:64])
+	rsv[64] = v
+	// The recovered key's bytes are hashed directly: crypto.SigToPub would also parse them into a
+	// curve point (big.Int arithmetic to check it is on the curve, which secp256k1's recovery
+	// already guarantees) only for PubkeyToAddress to serialise it back.
+	pub, err := crypto.Ecrecover(digest[:], rsv)
+	if err != nil || len(pub) != 65 {
+		return false
+	}
+	return common.BytesToAddress(crypto.Keccak256(pub[1:])[12:]) == want
 }
 
 // normalizeV returns r, s and v with v as 27/28: USDC's ecrecover rejects 0/1 on chain even though

@@ -181,6 +181,9 @@ type Call struct {
 	Account common.Address
 	// Value is the ERC-20 transfer's amount.
 	Value *big.Int
+	// Signature is transferWithAuthorization's and cancelAuthorization's signature as the token
+	// checks it: r, s and v (65 bytes) for the (v, r, s) overload, the bytes of the other.
+	Signature []byte
 }
 
 // DecodeCall decodes calldata of any of the token's methods (either overload); ok is false for
@@ -202,14 +205,27 @@ func DecodeCall(data []byte) (Call, bool) {
 	case MethodTransferWithAuthorization:
 		c.Authorization = facilitator.Authorization{From: args[0].(common.Address), To: args[1].(common.Address), Value: args[2].(*big.Int),
 			ValidAfter: args[3].(*big.Int), ValidBefore: args[4].(*big.Int), Nonce: args[5].([32]byte)}
+		c.Signature = signatureArg(args[6:])
 	case MethodCancelAuthorization, MethodAuthorizationState:
 		c.Authorization = facilitator.Authorization{From: args[0].(common.Address), Nonce: args[1].([32]byte)}
+		if m.RawName == MethodCancelAuthorization {
+			c.Signature = signatureArg(args[2:])
+		}
 	case MethodBalanceOf:
 		c.Account = args[0].(common.Address)
 	case MethodTransfer:
 		c.Account, c.Value = args[0].(common.Address), args[1].(*big.Int)
 	}
 	return c, true
+}
+
+// signatureArg is the signature of a call's trailing arguments: (v, r, s) as r‖s‖v, or bytes.
+func signatureArg(args []any) []byte {
+	if len(args) == 3 {
+		v, r, s := args[0].(uint8), args[1].([32]byte), args[2].([32]byte)
+		return append(append(append(make([]byte, 0, 65), r[:]...), s[:]...), v)
+	}
+	return args[0].([]byte)
 }
 
 // EncodeAnswer is the ABI encoding of what method returns, for a contract that answers as the

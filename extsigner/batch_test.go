@@ -16,12 +16,12 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
-// batchCalls are n allowFailure transferWithAuthorization calls to the token, as the engine
-// batches them.
+// batchCalls are n allowFailure transferWithAuthorization calls to the token, each of its own
+// signed authorization, as the engine batches them.
 func batchCalls(n int) []multicall3.Call {
 	calls := make([]multicall3.Call, n)
 	for i := range calls {
-		calls[i] = multicall3.Call{Target: token, AllowFailure: true, CallData: transferData()}
+		calls[i] = multicall3.Call{Target: token, AllowFailure: true, CallData: transferDataN(byte(i))}
 	}
 	return calls
 }
@@ -34,8 +34,8 @@ func batch(calls []multicall3.Call, gas uint64) *types.DynamicFeeTx {
 }
 
 // TestPolicyAcceptsBatch: a batch of allowFailure transferWithAuthorization calls to the token,
-// through Multicall3 at its canonical address, is signed as asked, with a gas limit of up to
-// MaxGas per call.
+// each of an authorization its payer signed, through Multicall3 at its canonical address, is
+// signed as asked, with a gas limit of up to MaxGas per call.
 func TestPolicyAcceptsBatch(t *testing.T) {
 	for _, n := range []int{1, 3, extsigner.MaxBatchCalls} {
 		want := batch(batchCalls(n), policy.MaxGas*uint64(n))
@@ -116,7 +116,8 @@ func TestPolicyRefusesBatch(t *testing.T) {
 
 // FuzzPolicyBatch: whatever calldata a facilitator sends to Multicall3, the policy never panics,
 // and what it signs is a batch of settlements: every call of it, as the contract decodes it, an
-// allowFailure transferWithAuthorization call to the token, within MaxGas per call.
+// allowFailure transferWithAuthorization call to the token of an authorization its payer signed
+// (the signature recovers to from in the token's domain), none repeated, within MaxGas per call.
 func FuzzPolicyBatch(f *testing.F) {
 	good := multicall3.Aggregate3Calldata(batchCalls(2))
 	f.Add(good, uint64(2*policy.MaxGas))
@@ -127,6 +128,9 @@ func FuzzPolicyBatch(f *testing.F) {
 	f.Add(append(append([]byte(nil), good...), 1, 2, 3), uint64(100_000))
 	f.Add(good[:len(good)/2], uint64(100_000))
 	f.Add([]byte{0x82, 0xad, 0x56, 0xcb}, uint64(1))
+	zero := batchCalls(2)
+	zero[1].CallData = withSignature(1, make([]byte, 65))
+	f.Add(multicall3.Aggregate3Calldata(zero), uint64(100_000))
 	f.Fuzz(func(t *testing.T, data []byte, gas uint64) {
 		tx := batch(nil, gas)
 		tx.Data = data
@@ -144,10 +148,17 @@ func FuzzPolicyBatch(f *testing.F) {
 			signed.Gas() == 0 || signed.Gas() > policy.MaxGas*uint64(len(calls)) {
 			t.Fatalf("signed %x with gas %d: %d calls (%v)", signed.Data(), signed.Gas(), len(calls), ok)
 		}
+		domain := eip3009.DomainSeparator(policy.TokenName, policy.TokenVersion, policy.ChainID, policy.Token)
+		seen := map[[32]byte]bool{}
 		for i, c := range calls {
-			if d, ok := eip3009.DecodeCall(c.CallData); !c.AllowFailure || c.Target != token || !ok || d.Method != eip3009.MethodTransferWithAuthorization {
+			d, ok := eip3009.DecodeCall(c.CallData)
+			if !c.AllowFailure || c.Target != token || !ok || d.Method != eip3009.MethodTransferWithAuthorization {
 				t.Fatalf("signed a batch whose call %d is %+v", i, c)
 			}
+			if !eip3009.RecoverEOA(eip3009.AuthorizationDigest(domain, d.Authorization), d.Signature, d.Authorization.From) || seen[d.Authorization.Nonce] {
+				t.Fatalf("signed a batch whose call %d's authorization is not its payer's, or repeated: %+v", i, d)
+			}
+			seen[d.Authorization.Nonce] = true
 		}
 	})
 }

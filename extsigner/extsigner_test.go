@@ -25,14 +25,35 @@ import (
 
 var (
 	token  = common.HexToAddress("0x244ae02008762968261615a485542a9c7512c562")
-	policy = extsigner.Policy{ChainID: 31337, Token: token, MaxGas: 200_000, MaxFeeCap: big.NewInt(100e9)}
+	policy = extsigner.Policy{ChainID: 31337, Token: token, TokenName: "USD Coin", TokenVersion: "2", MaxGas: 200_000, MaxFeeCap: big.NewInt(100e9)}
+	// payerKey signs the tests' authorizations.
+	payerKey, _ = crypto.HexToECDSA("4c0883a69102937d6231471b5dbb6204fe5129617082792ae468d01a3f362318")
 )
 
-func transferData() []byte {
-	a := facilitator.Authorization{From: common.HexToAddress("0x01"), To: common.HexToAddress("0x02"), Value: big.NewInt(10),
-		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(4102444800)}
-	return eip3009.TransferCalldata(a, make([]byte, 65))
+// authorization is the payer's authorization with nonce n.
+func authorization(n byte) facilitator.Authorization {
+	return facilitator.Authorization{From: crypto.PubkeyToAddress(payerKey.PublicKey), To: common.HexToAddress("0x02"), Value: big.NewInt(10),
+		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(4102444800), Nonce: [32]byte{n}}
 }
+
+// signAuthorization is key's EIP-712 signature of a in the policy's token domain (v 27 or 28).
+func signAuthorization(key *ecdsa.PrivateKey, a facilitator.Authorization) []byte {
+	digest := eip3009.AuthorizationDigest(eip3009.DomainSeparator(policy.TokenName, policy.TokenVersion, policy.ChainID, policy.Token), a)
+	sig, err := crypto.Sign(digest[:], key)
+	if err != nil {
+		panic(err) // only for a key that is not one
+	}
+	sig[64] += 27
+	return sig
+}
+
+// transferDataN is the calldata of the payer's signed authorization with nonce n.
+func transferDataN(n byte) []byte {
+	a := authorization(n)
+	return eip3009.TransferCalldata(a, signAuthorization(payerKey, a))
+}
+
+func transferData() []byte { return transferDataN(0) }
 
 // settlement is the transaction the engine asks for: a type-2 transferWithAuthorization.
 func settlement() *types.DynamicFeeTx {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/signer/core/apitypes"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
@@ -17,21 +18,35 @@ import (
 // Policy is what the narrow signer signs: nothing but settlements, that is a call of the token's
 // transferWithAuthorization, or a batch of them (Multicall3's aggregate3 at its canonical address,
 // every inner call such a call allowed to fail on its own), sending no value, on one chain, within
-// gas and fee ceilings. A facilitator that is compromised can then spend the key's gas only on
-// transfers the payers themselves authorized, at bounded fees: not on arbitrary calls, deployments
-// or transfers of the key's native balance.
+// gas and fee ceilings, each call carrying an authorization its payer signed (the EIP-712
+// signature recovers to its from, in the token's domain). A facilitator that is compromised can
+// then spend the key's gas only on calls of authorizations payers signed, at bounded fees and at
+// most Window's transactions and gas per period: not on arbitrary calls, deployments, transfers of
+// the key's native balance, or calls it made up. It can still submit a real authorization that
+// reverts (used already, expired, the payer's balance short), which only the chain can tell: the
+// window bounds those.
 type Policy struct {
 	ChainID uint64
 	Token   common.Address
+	// TokenName and TokenVersion are the token's EIP-712 domain name and version (with ChainID and
+	// Token, its domain): the authorizations' signatures are checked in it.
+	TokenName, TokenVersion string
+	// AllowContractWallets signs authorizations whose signature this signer cannot check without
+	// the chain: a contract wallet's (ERC-1271: a signature that is not 65 bytes, or one of 65 that
+	// does not recover to the payer; ERC-6492 wrappers are not 65 bytes). Off, they are refused.
+	AllowContractWallets bool
 	// MaxGas is the highest gas limit signed per settlement: a lone one's, and a batch's divided
 	// by its calls (a batch of n may use n times MaxGas).
 	MaxGas uint64
 	// MaxFeeCap is the highest fee per gas signed (maxFeePerGas, or gasPrice of a legacy
 	// transaction), in wei.
 	MaxFeeCap *big.Int
+	// Window bounds the transactions and gas signed per period, across the keys (the server's,
+	// not Check's: Check is a pure function of one transaction). Zero fields are DefaultWindow's.
+	Window Window
 }
 
-// ErrRefused is the narrow signer's "no": the transaction is outside its policy.
+// ErrRefused is the narrow signer's "no": the transaction is outside its policy, or past its window's bounds.
 var ErrRefused = errors.New("refused by the signer's policy")
 
 // MaxBatchCalls is the most calls a batch signed may hold: a network's batch policy allows no
@@ -78,8 +93,10 @@ func (p Policy) Check(args *apitypes.SendTxArgs) (types.TxData, error) {
 			return nil, err
 		}
 		calls = n
-	} else if !isTransfer(*data) {
+	} else if c, ok := transfer(*data); !ok {
 		return refuse("the calldata is not a transferWithAuthorization call")
+	} else if why := p.checkAuthorization(p.domain(), c); why != "" {
+		return refuse("%s", why)
 	}
 	if uint64(args.Gas) > p.MaxGas*calls {
 		return refuse("gas %d is not within 1..%d (%d per settlement, %d settlements)", uint64(args.Gas), p.MaxGas*calls, p.MaxGas, calls)
@@ -109,9 +126,41 @@ func (p Policy) Check(args *apitypes.SendTxArgs) (types.TxData, error) {
 	}
 }
 
-func isTransfer(data []byte) bool {
+// transfer is data decoded when it is a transferWithAuthorization call.
+func transfer(data []byte) (eip3009.Call, bool) {
 	c, ok := eip3009.DecodeCall(data)
-	return ok && c.Method == eip3009.MethodTransferWithAuthorization
+	return c, ok && c.Method == eip3009.MethodTransferWithAuthorization
+}
+
+func (p Policy) domain() common.Hash {
+	return eip3009.DomainSeparator(p.TokenName, p.TokenVersion, p.ChainID, p.Token)
+}
+
+// checkAuthorization is why the signer does not sign c, a transferWithAuthorization call, or ""
+// when it does: its signature must be its payer's, by the token's own rule for an EOA (a 65-byte
+// r, s, v with v 27 or 28 and s in the lower half, recovering to from over the EIP-712 digest in
+// the token's domain). Anything else can only be a contract wallet's, which the token asks the
+// wallet about (ERC-1271): signed only when AllowContractWallets. The refusal names the payer and
+// nothing of the signature.
+func (p Policy) checkAuthorization(domain common.Hash, c eip3009.Call) string {
+	a, sig := c.Authorization, c.Signature
+	if len(sig) != 65 {
+		if p.AllowContractWallets {
+			return ""
+		}
+		return fmt.Sprintf("the authorization of %s carries a %d-byte signature, a contract wallet's (ERC-1271 or ERC-6492), which this signer cannot check (signed only with --allow-contract-wallets)", a.From, len(sig))
+	}
+	v, r, s := sig[64], new(big.Int).SetBytes(sig[:32]), new(big.Int).SetBytes(sig[32:64])
+	// v 0 or 1, or s in the upper half, would recover here and revert on chain (the token's
+	// ecrecover refuses them).
+	if (v == 27 || v == 28) && crypto.ValidateSignatureValues(v-27, r, s, true) &&
+		eip3009.RecoverEOA(eip3009.AuthorizationDigest(domain, a), sig, a.From) {
+		return ""
+	}
+	if p.AllowContractWallets {
+		return "" // perhaps a contract wallet's 65-byte signature: only the chain can tell
+	}
+	return fmt.Sprintf("the authorization's signature does not recover to its from %s in the token's EIP-712 domain (a contract wallet's is signed only with --allow-contract-wallets)", a.From)
 }
 
 // checkBatch returns how many settlements Multicall3 calldata holds when it is a batch the policy
@@ -119,7 +168,8 @@ func isTransfer(data []byte) bool {
 // gives, byte for byte: no trailing bytes, no aliased or out-of-order offsets a lenient decoder
 // might read differently from the contract), of 1..MaxBatchCalls calls, each one allowFailure
 // (a reverting call must not take the others along) and a transferWithAuthorization call to the
-// token. A call to anything else, Multicall3 itself included (a nested batch), is refused.
+// token of an authorization its payer signed (checkAuthorization), none repeated (the repeat could
+// only revert). A call to anything else, Multicall3 itself included (a nested batch), is refused.
 func (p Policy) checkBatch(data []byte) (uint64, error) {
 	refuse := func(format string, a ...any) (uint64, error) {
 		return 0, fmt.Errorf("%w: %s", ErrRefused, fmt.Sprintf(format, a...))
@@ -133,14 +183,29 @@ func (p Policy) checkBatch(data []byte) (uint64, error) {
 	case !bytes.Equal(multicall3.Aggregate3Calldata(calls), data):
 		return refuse("the aggregate3 calldata is not in its canonical encoding")
 	}
+	domain := p.domain()
+	type authorization struct {
+		from  common.Address
+		nonce [32]byte
+	}
+	seen := make(map[authorization]int, len(calls))
 	for i, c := range calls {
+		tc, ok := transfer(c.CallData)
 		switch {
 		case !c.AllowFailure:
 			return refuse("call %d of the batch does not allow failure", i)
 		case c.Target != p.Token:
 			return refuse("call %d of the batch targets %s, not the token %s", i, c.Target, p.Token)
-		case !isTransfer(c.CallData):
+		case !ok:
 			return refuse("call %d of the batch is not a transferWithAuthorization call", i)
+		}
+		k := authorization{tc.Authorization.From, tc.Authorization.Nonce}
+		if j, dup := seen[k]; dup {
+			return refuse("call %d of the batch repeats call %d's authorization", i, j)
+		}
+		seen[k] = i
+		if why := p.checkAuthorization(domain, tc); why != "" {
+			return refuse("call %d of the batch: %s", i, why)
 		}
 	}
 	return uint64(len(calls)), nil

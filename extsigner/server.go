@@ -11,6 +11,8 @@ import (
 	"math/big"
 	"net/http"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -28,15 +30,27 @@ type Server struct {
 	keys   map[common.Address]*ecdsa.PrivateKey
 	addrs  []common.Address
 	log    *slog.Logger
+	now    func() time.Time
+
+	mu     sync.Mutex // guards window
+	window budget
 }
 
+// Option configures a Server.
+type Option func(*Server)
+
+// WithClock makes now the server's clock (the window's); the default is time.Now.
+func WithClock(now func() time.Time) Option { return func(s *Server) { s.now = now } }
+
 // NewServer is the narrow signer of keys under policy.
-func NewServer(policy Policy, keys []*ecdsa.PrivateKey, log *slog.Logger) (*Server, error) {
+func NewServer(policy Policy, keys []*ecdsa.PrivateKey, log *slog.Logger, opts ...Option) (*Server, error) {
 	switch {
 	case policy.ChainID == 0:
 		return nil, errors.New("signer: a chain id is required")
 	case policy.Token == (common.Address{}):
 		return nil, errors.New("signer: a token address is required")
+	case policy.TokenName == "" || policy.TokenVersion == "":
+		return nil, errors.New("signer: the token's EIP-712 name and version are required (the authorizations' signatures are checked in its domain)")
 	case policy.MaxGas == 0:
 		return nil, errors.New("signer: a gas ceiling is required")
 	case policy.MaxFeeCap == nil || policy.MaxFeeCap.Sign() <= 0:
@@ -47,7 +61,11 @@ func NewServer(policy Policy, keys []*ecdsa.PrivateKey, log *slog.Logger) (*Serv
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{policy: policy, keys: map[common.Address]*ecdsa.PrivateKey{}, log: log}
+	policy.Window = policy.Window.orDefault()
+	s := &Server{policy: policy, keys: map[common.Address]*ecdsa.PrivateKey{}, log: log, now: time.Now, window: budget{w: policy.Window}}
+	for _, o := range opts {
+		o(s)
+	}
 	for _, k := range keys {
 		a := crypto.PubkeyToAddress(k.PublicKey)
 		if _, dup := s.keys[a]; !dup {
@@ -87,8 +105,11 @@ func RequirePassword(h http.Handler, password string) http.Handler {
 	})
 }
 
-// Sign signs args when the policy allows them and args.From is one of the keys; the error says
-// why not. It is account_signTransaction.
+// Policy is the server's policy, its window's defaults filled in.
+func (s *Server) Policy() Policy { return s.policy }
+
+// Sign signs args when the policy allows them, the window has room for them and args.From is
+// one of the keys; the error says why not. It is account_signTransaction.
 func (s *Server) Sign(args *apitypes.SendTxArgs) (*types.Transaction, error) {
 	from := args.From.Address()
 	key, ok := s.keys[from]
@@ -96,6 +117,12 @@ func (s *Server) Sign(args *apitypes.SendTxArgs) (*types.Transaction, error) {
 		return nil, fmt.Errorf("%w: from %s is not an account of this signer", ErrRefused, from)
 	}
 	tx, err := s.policy.Check(args)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	err = s.window.admit(s.now(), from, uint64(args.Nonce), uint64(args.Gas))
+	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}

@@ -137,6 +137,25 @@ func NeededGas(estimates []uint64) uint64 {
 	return gas + largest/63 + 1
 }
 
+// CallEstimate is NeededGas's inverse for calls alike: the lone estimate e such that a batch of
+// calls calls each estimated at e needs need (at most, rounded down by less than calls). It is what a batch's calls were
+// estimated at when only the batch's need is known (the ledger keeps a transaction's limit, not
+// its calls' estimates) and its calls were sized alike, as the verifier's learned per-token
+// estimate sizes them.
+func CallEstimate(need uint64, calls int) uint64 {
+	if calls <= 0 {
+		return 0
+	}
+	n := uint64(calls)
+	// need = IntrinsicGas + 1 + n*(e - (IntrinsicGas-CallGas)) + e/63, for e >= IntrinsicGas.
+	extra := n * (IntrinsicGas - CallGas)
+	if need+extra < IntrinsicGas+1 {
+		return 0
+	}
+	x := need + extra - (IntrinsicGas + 1)
+	return x * 63 / (63*n + 1)
+}
+
 // Aggregate3Answer encodes aggregate3's answer (the simulated chain answers as Multicall3 does).
 func Aggregate3Answer(results []Result) []byte {
 	type result struct {

@@ -271,3 +271,24 @@ func TestBatchGas(t *testing.T) {
 		t.Fatalf("a batch of one without CallGas paid its call (used %d): CallGas is not needed, or the measurement changed", r.GasUsed)
 	}
 }
+
+// TestCallEstimate: CallEstimate inverts NeededGas for calls alike: a batch of n calls each
+// estimated at CallEstimate(NeededGas(those), n) needs what they did, to within n.
+func TestCallEstimate(t *testing.T) {
+	for _, e := range []uint64{21_000, 60_000, 96_537, 120_000, 1_000_000} {
+		for _, n := range []int{1, 2, 4, 100} {
+			es := make([]uint64, n)
+			for i := range es {
+				es[i] = e
+			}
+			need := multicall3.NeededGas(es)
+			got := multicall3.CallEstimate(need, n)
+			if got > e || e-got > uint64(n) {
+				t.Fatalf("CallEstimate(%d, %d) = %d, want %d (within %d below)", need, n, got, e, n)
+			}
+		}
+	}
+	if got := multicall3.CallEstimate(100, 1); got != 0 {
+		t.Fatalf("a need below one intrinsic cost: %d", got)
+	}
+}

@@ -27,7 +27,11 @@ type flight struct {
 	sender      *sender
 	nonce       uint64
 	gas         uint64
-	data        []byte
+	// estimate is the gas estimate of the flight's own call sent alone, before any margin (0 when
+	// the flight was recovered from the ledger, which keeps only transactions' limits): a batch
+	// re-signed with some of its calls is sized from its members' (resignGas).
+	estimate uint64
+	data     []byte
 	// to is what the transaction calls: the token, or Multicall3 for a batch's (batched).
 	to      common.Address
 	batched bool

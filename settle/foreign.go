@@ -138,8 +138,10 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 type pendingMove struct {
 	nonce uint64
 	tx    *sentTx
-	// data is the new batch's calldata, for a batch's member (nil: a lone settlement's is the same).
+	// data and gas are the new batch's calldata and gas limit, for a batch's member (nil and 0: a
+	// lone settlement's are the same).
 	data []byte
+	gas  uint64
 }
 
 // settleMove finds out, from the ledger row, whether f's re-sign of unknown outcome committed, and
@@ -167,7 +169,7 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 			f.nonce = m.nonce
 			f.txs = append(f.txs, m.tx)
 			if m.data != nil {
-				f.data = m.data
+				f.data, f.gas = m.data, m.gas
 			}
 		}
 	})
@@ -180,8 +182,8 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 
 // resignBatch is resign for members of a batch whose nonce a foreign transaction took (decided on
 // final evidence, sendstate.go): the members, each of whose authorization was read unused at that
-// block, are signed again as ONE new batch (their own calls, in their old order, the old batch's
-// gas limit, which is more than a subset of its calls needs) at the key's next nonce, and the
+// block, are signed again as ONE new batch (their own calls, in their old order, with a gas limit
+// for those calls: resignGas) at the key's next nonce, and the
 // ledger moves them there, slots 0..n-1, with the new transaction, before it is sent. They are a
 // new family; the members left behind (used elsewhere, expired) keep the old one and resolve
 // as before. members share one sender and the tx nonce old.
@@ -202,7 +204,7 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 	for i, f := range moving {
 		ids[i] = f.id
 	}
-	data, gas := multicall3.Aggregate3Calldata(calls), moving[0].gas
+	data, gas := multicall3.Aggregate3Calldata(calls), resignGas(moving, members[0].gas, members[0].data)
 	for attempt := 0; ; attempt++ {
 		l := s.held()
 		if l == nil {
@@ -259,7 +261,7 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 				// transaction) before anything more is decided about it (settleMove).
 				tx := &sentTx{hash: rec.Hash, nonce: nonce, raw: st.raw, fees: fees, signedAt: e.now()}
 				for _, f := range moving {
-					f.update(func(f *flight) { f.move = &pendingMove{nonce: nonce, tx: tx, data: data} })
+					f.update(func(f *flight) { f.move = &pendingMove{nonce: nonce, tx: tx, data: data, gas: gas} })
 				}
 				regroup(moving)
 			}
@@ -272,7 +274,7 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 		now := e.now()
 		for _, f := range moving {
 			f.update(func(f *flight) {
-				f.nonce, f.data, f.to = nonce, data, multicall3.Address
+				f.nonce, f.data, f.to, f.gas = nonce, data, multicall3.Address, gas
 				f.txs = append(f.txs, &sentTx{hash: rec.Hash, nonce: nonce, raw: st.raw, fees: fees, signedAt: now})
 			})
 		}
@@ -285,6 +287,26 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceForeign)
 		return nil
 	}
+}
+
+// resignGas is the gas limit of a batch re-signed with moving's calls, by the rule a new batch is
+// sized with (signBatch): their own estimates, Multicall3's cost per call, the margin. The old
+// batch's limit, oldGas for its calldata oldData, was sized for all its calls: kept, a lone
+// survivor of a batch of four would ask four calls' gas, which a narrow signer (its ceiling per
+// call) refuses every round until the payment expires. A member recovered from the ledger has no
+// estimate of its own and is given the one the old batch's calls had if they were alike (its
+// limit's inverse). Never more than oldGas: the old batch held these calls and more.
+func resignGas(moving []*flight, oldGas uint64, oldData []byte) uint64 {
+	all, _ := multicall3.DecodeAggregate3Calldata(oldData)
+	alike := multicall3.CallEstimate(oldGas-oldGas/5, len(all)) // eip3009.GasLimit's inverse, rounded down
+	estimates := make([]uint64, len(moving))
+	for i, f := range moving {
+		estimates[i] = f.estimate
+		if estimates[i] == 0 {
+			estimates[i] = alike
+		}
+	}
+	return min(eip3009.GasLimit(multicall3.NeededGas(estimates)), oldGas)
 }
 
 // batchCallsOf is, of members, those still at tx nonce old and worked by this process, with their

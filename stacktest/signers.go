@@ -250,7 +250,7 @@ func (c *Clef) Log() string {
 
 // NarrowSigner is our own narrow signer (extsigner.Server, what `facilitator signer` serves) for
 // keys on an HTTP test server, signing only settlements of the env's USDC within the ceilings of
-// policy (its ChainID and Token are the env's when zero); stopped when the test ends.
+// policy (its ChainID, Token and the token's domain are the env's when zero); stopped when the test ends.
 func (e *Env) NarrowSigner(t testing.TB, policy extsigner.Policy, keys ...*ecdsa.PrivateKey) []settle.Signer {
 	t.Helper()
 	if policy.ChainID == 0 {
@@ -258,6 +258,9 @@ func (e *Env) NarrowSigner(t testing.TB, policy extsigner.Policy, keys ...*ecdsa
 	}
 	if policy.Token == (common.Address{}) {
 		policy.Token = e.Chain.USDC.Address
+	}
+	if policy.TokenName == "" && policy.TokenVersion == "" {
+		policy.TokenName, policy.TokenVersion = e.Chain.USDC.Name, e.Chain.USDC.Version
 	}
 	srv, err := extsigner.NewServer(policy, keys, Logger(t).With("component", "narrow-signer"))
 	if err != nil {

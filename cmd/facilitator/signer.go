@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 
+	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
@@ -62,7 +64,8 @@ func remoteSigners(ctx context.Context, spec string, addrs []common.Address, cha
 }
 
 // runSigner is `facilitator signer`: the narrow signer, holding the keys and signing only
-// settlements of one token on one chain within gas and fee ceilings, over Clef's external API.
+// settlements of one token on one chain, of authorizations their payers signed, within gas and
+// fee ceilings and a window's bounds, over Clef's external API.
 func runSigner(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("signer", flag.ContinueOnError)
 	env := func(key, def string) string {
@@ -76,6 +79,12 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	token := fs.String("token", "", "the only contract signed for: the USDC address (required)")
 	maxGas := fs.Uint64("max-gas", 300_000, "the highest gas limit signed per settlement (a batch of n: n times it)")
 	maxFeeGwei := fs.String("max-fee-gwei", "", "the highest fee per gas signed (maxFeePerGas or gasPrice), in gwei (required)")
+	tokenName := fs.String("token-name", "", "the token's EIP-712 domain name, which the authorizations' signatures are checked in (default: the network preset's, for its USDC)")
+	tokenVersion := fs.String("token-version", "", "the token's EIP-712 domain version (default: the network preset's, for its USDC)")
+	allowWallets := fs.Bool("allow-contract-wallets", false, "also sign authorizations of contract wallets (ERC-1271, ERC-6492), whose signatures this signer cannot check")
+	window := fs.Duration("window", extsigner.DefaultWindow.Period, "the period the transaction and gas bounds count over")
+	maxTxs := fs.Int("max-txs-per-window", extsigner.DefaultWindow.MaxTxs, "the most transactions (a settlement or a batch; its fee bumps count once) signed per window, across the keys")
+	maxWindowGas := fs.Uint64("max-gas-per-window", extsigner.DefaultWindow.MaxGas, "the most gas (the transactions' limits) signed per window, across the keys")
 	keysFile := fs.String("signer-keys-file", env("FACILITATOR_SIGNER_KEYS_FILE", ""), "file with one hex private key per line (FACILITATOR_SIGNER_KEYS_FILE; or FACILITATOR_SIGNER_KEYS)")
 	logLevel := fs.String("log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error")
 	passwordFile := fs.String("password-file", env("FACILITATOR_SIGNER_PASSWORD_FILE", ""), "a file holding the password every request must carry (HTTP basic auth; serve's --signer URL gives it as clef:http://user:password@host:port/); none: no authentication (FACILITATOR_SIGNER_PASSWORD_FILE)")
@@ -90,12 +99,25 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 		return errors.New("signer: --max-fee-gwei must be a positive number of gwei")
 	}
 	feeCap, _ := new(big.Float).Mul(fee, big.NewFloat(1e9)).Int(nil)
+	if *chainID == 0 {
+		return errors.New("signer: --chain-id is required")
+	}
+	if *window <= 0 || *maxTxs <= 0 || *maxWindowGas == 0 {
+		return errors.New("signer: --window, --max-txs-per-window and --max-gas-per-window must be positive")
+	}
+	name, version, err := signerTokenDomain(*chainID, common.HexToAddress(*token), *tokenName, *tokenVersion)
+	if err != nil {
+		return err
+	}
 	keys, err := readSignerKeys(getenv("FACILITATOR_SIGNER_KEYS"), *keysFile)
 	if err != nil {
 		return err
 	}
 	log := newLogger(stderr, *logLevel, "text")
-	srv, err := extsigner.NewServer(extsigner.Policy{ChainID: *chainID, Token: common.HexToAddress(*token), MaxGas: *maxGas, MaxFeeCap: feeCap}, keys, log)
+	policy := extsigner.Policy{ChainID: *chainID, Token: common.HexToAddress(*token), TokenName: name, TokenVersion: version,
+		AllowContractWallets: *allowWallets, MaxGas: *maxGas, MaxFeeCap: feeCap,
+		Window: extsigner.Window{Period: *window, MaxTxs: *maxTxs, MaxGas: *maxWindowGas}}
+	srv, err := extsigner.NewServer(policy, keys, log)
 	if err != nil {
 		return err
 	}
@@ -116,6 +138,9 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	} else {
 		log.Warn("the narrow signer has no password (--password-file): anything that reaches its port can ask it to sign settlements")
 	}
+	if *allowWallets {
+		log.Warn("contract wallets allowed (--allow-contract-wallets): their authorizations' signatures are not checked, so a compromised facilitator can make the keys pay for calls that revert, up to the window's bounds")
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("signer: listening on %s: %w", *listen, err)
@@ -127,7 +152,8 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	slices.Sort(accounts)
 	log.Info("narrow signer listening", "addr", ln.Addr().String(), "chain_id", *chainID, "token", common.HexToAddress(*token),
-		"max_gas", *maxGas, "max_fee_cap", feeCap, "accounts", strings.Join(accounts, ","))
+		"token_name", name, "token_version", version, "max_gas", *maxGas, "max_fee_cap", feeCap, "allow_contract_wallets", *allowWallets,
+		"window", *window, "max_txs_per_window", *maxTxs, "max_gas_per_window", *maxWindowGas, "accounts", strings.Join(accounts, ","))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -138,4 +164,18 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return hs.Shutdown(sctx)
+}
+
+// signerTokenDomain is the token's EIP-712 name and version the narrow signer checks signatures
+// in: as given, or else the network preset's whose chain id and USDC are chainID and token.
+func signerTokenDomain(chainID uint64, token common.Address, name, version string) (string, string, error) {
+	if name != "" && version != "" {
+		return name, version, nil
+	}
+	for _, p := range chains.Presets() {
+		if p.ChainID == chainID && p.USDC.Address == token {
+			return cmp.Or(name, p.USDC.Name), cmp.Or(version, p.USDC.Version), nil
+		}
+	}
+	return "", "", fmt.Errorf("signer: --token-name and --token-version are required: %s on chain %d is no network preset's USDC (its EIP-712 domain name and version: the token's name() and version())", token, chainID)
 }

@@ -12,6 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+
+	"github.com/x402-facilitator/x402-facilitator/chains"
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -25,7 +31,8 @@ func TestNarrowSignerCommand(t *testing.T) {
 	h := newCrashHarness(ctx, t)
 	keyHex := h.env["FACILITATOR_SIGNER_KEYS"]
 	signer := startSigner(ctx, t, h.bin, map[string]string{"FACILITATOR_SIGNER_KEYS": keyHex},
-		"--chain-id", "31337", "--token", h.chain.USDC.Address.Hex(), "--max-gas", "300000", "--max-fee-gwei", "1000")
+		"--chain-id", "31337", "--token", h.chain.USDC.Address.Hex(), "--token-name", h.chain.USDC.Name, "--token-version", h.chain.USDC.Version,
+		"--max-gas", "300000", "--max-fee-gwei", "1000")
 	delete(h.env, "FACILITATOR_SIGNER_KEYS")
 	h.env["FACILITATOR_SIGNER"] = "clef:http://operator:SECRETPW@" + signer.base[len("http://"):] + "/"
 	h.env["FACILITATOR_SIGNER_ADDRESSES"] = h.signer.Hex()
@@ -66,6 +73,20 @@ func TestNarrowSignerCommand(t *testing.T) {
 	}
 	if !strings.Contains(signer.logs.String(), "signed") {
 		t.Fatalf("the signer did not log its signature:\n%s", signer.logs.String())
+	}
+	// A compromised facilitator asking for a settlement of an authorization nobody signed (the
+	// signer checks it in the token's domain, as configured) gets a refusal saying so.
+	ep, err := extsigner.Dial(ctx, signer.base, h.chain.ChainID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := eip3009.TransferCalldata(facilitator.Authorization{From: newAccount(t).Address, To: newAccount(t).Address, Value: big.NewInt(1),
+		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(4102444800)}, make([]byte, 65))
+	usdc := h.chain.USDC.Address
+	_, err = ep.Signer(h.signer).SignTx(ctx, &types.DynamicFeeTx{Nonce: 1, GasTipCap: big.NewInt(1e9), GasFeeCap: big.NewInt(2e9), Gas: 120_000, To: &usdc, Data: forged})
+	ep.Close()
+	if err == nil || !strings.Contains(err.Error(), "does not recover to its from") {
+		t.Fatalf("a forged authorization: %v, want a refusal", err)
 	}
 
 	// The signer goes down: the next payment is refused with nothing written or sent.
@@ -191,5 +212,20 @@ func TestSignerConfig(t *testing.T) {
 	}
 	if err := cfg.Check(); err != nil || len(cfg.RemoteAddresses) != 1 || len(cfg.SignerKeys) != 0 {
 		t.Fatalf("a remote signer alone: %v %+v", err, cfg.RemoteAddresses)
+	}
+}
+
+// TestSignerTokenDomain: `facilitator signer` checks signatures in the domain given, or else in
+// the network preset's whose chain and USDC it signs for; with neither it refuses to start.
+func TestSignerTokenDomain(t *testing.T) {
+	base := chains.Presets()[0]
+	if name, version, err := signerTokenDomain(base.ChainID, base.USDC.Address, "", ""); err != nil || name != base.USDC.Name || version != base.USDC.Version {
+		t.Fatalf("the preset's domain: %q %q %v, want %q %q", name, version, err, base.USDC.Name, base.USDC.Version)
+	}
+	if name, version, err := signerTokenDomain(31337, common.HexToAddress("0x01"), "USD Coin", "2"); err != nil || name != "USD Coin" || version != "2" {
+		t.Fatalf("given: %q %q %v", name, version, err)
+	}
+	if _, _, err := signerTokenDomain(31337, common.HexToAddress("0x01"), "", ""); err == nil || !strings.Contains(err.Error(), "--token-name and --token-version are required") {
+		t.Fatalf("no preset, none given: %v", err)
 	}
 }
