@@ -22,11 +22,15 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
-// Ledger is what the contract holds of a ledger: the engine's Store and the status answer's
-// lookup by transaction.
+// Ledger is what the contract holds of a ledger: the engine's Store, and the settlement reads
+// and writes of the reconcile jobs and the status answers.
 type Ledger interface {
 	settle.Store
 	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
+	BatchMembers(ctx context.Context, network string, signer common.Address, txNonce uint64) ([]facilitator.Settlement, error)
+	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error)
+	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]facilitator.OpenSettlement, error)
+	Touch(ctx context.Context, ids []int64) error
 }
 
 // Harness makes the ledgers under test.
@@ -36,6 +40,9 @@ type Harness struct {
 	New func(t *testing.T) (l Ledger, network string)
 	// Events lists a settlement's event states, oldest first.
 	Events func(t *testing.T, l Ledger, id int64) []string
+	// Now is the ledger's clock (updated_at's); Pass lets at least d of it go by.
+	Now  func(l Ledger) time.Time
+	Pass func(l Ledger, d time.Duration)
 }
 
 // Run runs the contract against h's ledgers.
@@ -57,6 +64,9 @@ func Run(t *testing.T, h Harness) {
 		{"Claims", claims},
 		{"ClaimWithResolve", claimWithResolve},
 		{"EdgeCases", edgeCases},
+		{"BatchMembers", batchMembers},
+		{"StaleAndTouch", staleAndTouch},
+		{"SettlementEvents", settlementEvents},
 		{"ConcurrentInserts", concurrentInserts},
 		{"ConcurrentClaims", concurrentClaims},
 		{"ConcurrentResolves", concurrentResolves},
@@ -816,5 +826,116 @@ func edgeCases(t *testing.T, f *fixture) {
 	}
 	if err := f.l.MarkBroadcast(f.ctx, []int64{unknown}); err != nil {
 		t.Errorf("MarkBroadcast of an unknown id: %v, want nothing done", err)
+	}
+}
+
+func batchMembers(t *testing.T, f *fixture) {
+	ids, _ := f.batch(t, 2, 3)
+	lone := f.insert(t, f.row(3))
+	got, err := f.l.BatchMembers(f.ctx, f.network, f.signer, 2)
+	if err != nil || len(got) != 3 {
+		t.Fatalf("BatchMembers: %+v %v", got, err)
+	}
+	for i, s := range got {
+		if s.ID != ids[i] || s.BatchSlot != i {
+			t.Fatalf("member %d: %+v, want %d in slot %d (the batch's order)", i, s, ids[i], i)
+		}
+	}
+	if got, _ := f.l.BatchMembers(f.ctx, f.network, f.signer, 3); len(got) != 1 || got[0].ID != lone {
+		t.Fatalf("a lone settlement's members: %+v", got)
+	}
+	if got, _ := f.l.BatchMembers(f.ctx, f.network, f.signer, 9); len(got) != 0 {
+		t.Fatalf("an empty nonce's members: %+v", got)
+	}
+	// Moved members belong to their new batch; the ones left behind to the old.
+	f.resolve(t, facilitator.Resolution{ID: ids[0], State: facilitator.StateSettledElsewhere, ErrorReason: facilitator.ReasonNonceAlreadyUsed})
+	if err := f.l.MoveBatch(f.ctx, []int64{ids[1], ids[2]}, 5, randomTx()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := f.l.BatchMembers(f.ctx, f.network, f.signer, 2); len(got) != 1 || got[0].ID != ids[0] {
+		t.Fatalf("the old batch after the move: %+v", got)
+	}
+	if got, _ := f.l.BatchMembers(f.ctx, f.network, f.signer, 5); len(got) != 2 || got[0].ID != ids[1] || got[1].ID != ids[2] || got[1].BatchSlot != 1 {
+		t.Fatalf("the new batch: %+v", got)
+	}
+}
+
+func staleAndTouch(t *testing.T, f *fixture) {
+	open, minedRow, failed := f.insert(t, f.row(0)), f.insert(t, f.row(1)), f.insert(t, f.row(2))
+	f.resolve(t, mined(minedRow), facilitator.Resolution{ID: failed, State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed})
+	fin := f.insert(t, f.row(3))
+	f.resolve(t, mined(fin))
+	f.l.MarkFinal(f.ctx, []int64{fin})
+	other := f.row(4)
+	other.Key.Network = f.network // another network's rows are never listed: the same network, another signer's are
+	other.Signer = randomAddress()
+	theirs := f.insert(t, other)
+	stale := func(before time.Time) []int64 {
+		t.Helper()
+		rows, err := f.l.StaleSettlements(f.ctx, f.network, before, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for _, r := range rows {
+			ids = append(ids, r.ID)
+			if len(r.Txs) == 0 {
+				t.Fatalf("stale row %d without its transactions", r.ID)
+			}
+		}
+		return ids
+	}
+	if got := stale(f.h.Now(f.l).Add(-time.Hour)); len(got) != 0 {
+		t.Fatalf("rows updated after the bound: %v", got)
+	}
+	if got := stale(f.h.Now(f.l).Add(time.Hour)); !sameSet(got, []int64{open, minedRow, theirs}) {
+		t.Fatalf("stale %v, want the signed, broadcast and mined rows %v (not failed, not final)", got, []int64{open, minedRow, theirs})
+	}
+	// A touched row goes to the back of the line, and nothing else about it changes.
+	f.h.Pass(f.l, 20*time.Millisecond)
+	before := f.events(t, open)
+	if err := f.l.Touch(f.ctx, []int64{open}); err != nil {
+		t.Fatal(err)
+	}
+	f.h.Pass(f.l, 20*time.Millisecond)
+	got := stale(f.h.Now(f.l).Add(time.Hour))
+	if len(got) != 3 || got[len(got)-1] != open {
+		t.Fatalf("stale after a touch %v, want %d last (oldest update first)", got, open)
+	}
+	if s := f.get(t, open); s.State != facilitator.StateSigned || f.events(t, open) != before {
+		t.Fatalf("a touch changed the row: %+v, events %s", s, f.events(t, open))
+	}
+	if rows, _ := f.l.StaleSettlements(f.ctx, f.network, f.h.Now(f.l).Add(time.Hour), 1); len(rows) != 1 || rows[0].ID == open {
+		t.Fatalf("a limit of 1: %+v, want the oldest", rows)
+	}
+	if err := f.l.Touch(f.ctx, []int64{1 << 40}); err != nil {
+		t.Fatalf("Touch of an unknown id: %v", err)
+	}
+}
+
+func settlementEvents(t *testing.T, f *fixture) {
+	id := f.insert(t, f.row(0))
+	if err := f.l.AddTx(f.ctx, id, randomTx()); err != nil {
+		t.Fatal(err)
+	}
+	f.resolve(t, mined(id))
+	f.l.MarkFinal(f.ctx, []int64{id})
+	all, err := f.l.SettlementEvents(f.ctx, id, 0, []string{"signed", "broadcast", "mined", "final", "bumped"}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []string
+	for i, ev := range all {
+		states = append(states, string(ev.State))
+		if ev.SettlementID != id || (i > 0 && ev.ID <= all[i-1].ID) {
+			t.Fatalf("event %d: %+v, want the settlement's, ids ascending", i, ev)
+		}
+	}
+	if fmt.Sprint(states) != "[signed bumped broadcast mined final]" {
+		t.Fatalf("events %v", states)
+	}
+	some, _ := f.l.SettlementEvents(f.ctx, id, all[1].ID, []string{"mined", "final", "signed"}, 1)
+	if len(some) != 1 || some[0].State != facilitator.StateMined {
+		t.Fatalf("after the second event, of mined/final/signed, limit 1: %+v", some)
 	}
 }

@@ -3,6 +3,7 @@ package settlesim
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/settle/ledgertest"
 )
@@ -11,9 +12,13 @@ import (
 // to (facilitator/postgres runs the same suite): what the simulator proves of the engine holds of
 // production only while the two ledgers agree.
 func TestLedgerContract(t *testing.T) {
+	clocks := map[ledgertest.Ledger]*Clock{}
 	ledgertest.Run(t, ledgertest.Harness{
 		New: func(t *testing.T) (ledgertest.Ledger, string) {
-			return NewLedger(NewClock(start), LedgerFaults{}, rand.New(rand.NewPCG(5, 6))), network
+			c := NewClock(start)
+			l := NewLedger(c, LedgerFaults{}, rand.New(rand.NewPCG(5, 6)))
+			clocks[l] = c
+			return l, network
 		},
 		Events: func(t *testing.T, l ledgertest.Ledger, id int64) []string {
 			r, _ := l.(*Ledger).Row(id)
@@ -23,5 +28,7 @@ func TestLedgerContract(t *testing.T) {
 			}
 			return out
 		},
+		Now:  func(l ledgertest.Ledger) time.Time { return clocks[l].Now() },
+		Pass: func(l ledgertest.Ledger, d time.Duration) { clocks[l].Advance(d) },
 	})
 }
