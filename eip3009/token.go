@@ -107,6 +107,11 @@ func AuthorizationStateCalldata(authorizer common.Address, nonce [32]byte) []byt
 // BalanceOfCalldata encodes balanceOf(account).
 func BalanceOfCalldata(account common.Address) []byte { return pack(MethodBalanceOf, account) }
 
+// ERC20TransferCalldata is transfer(to, value): a holder moving its own tokens.
+func ERC20TransferCalldata(to common.Address, value *big.Int) []byte {
+	return pack(MethodTransfer, to, value)
+}
+
 // NameCalldata encodes name(), the EIP-712 domain's name.
 func NameCalldata() []byte { return pack(MethodName) }
 

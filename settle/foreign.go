@@ -7,6 +7,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
@@ -103,7 +106,11 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 			got, rerr := e.store.SettlementByID(rctx, f.id)
 			cancel()
-			if rerr == nil && got.TxNonce == nonce && got.TxHash == rec.Hash {
+			// The row's nonce alone says (only this key's holder moves its rows): its hash is
+			// another's once the row failed meanwhile (settled elsewhere names the other party's
+			// transaction), and the moved transaction must go out all the same, or its nonce is
+			// a gap (the simulator's seed 877, with the reconcile job resolving the row first).
+			if rerr == nil && got.TxNonce == nonce {
 				err = nil
 			}
 			if rerr != nil {
@@ -357,4 +364,77 @@ func (s *sender) reload(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// nonceTaker finds, by the blocks themselves, the transaction that used signer's nonce by block
+// at: the first block whose count of the signer's transactions passes nonce (a binary search of
+// counts read pinned at blocks, over the last logLookback blocks), then that block's own
+// transactions. A re-sign rests on it, not on null receipts: a node can answer null for a
+// receipt of ours it has not indexed, and re-signing after our own transaction (one that
+// reverted, with the authorization still unused) would put a second transaction of ours on the
+// authorization and pay its gas. known is false when a read failed, a node lacked a block, or the
+// nonce was used before the window: not known yet.
+func (n *network) nonceTaker(ctx context.Context, signer common.Address, nonce, at uint64) (tx common.Hash, known bool) {
+	count := func(b uint64) (uint64, bool) {
+		var c hexutil.Uint64
+		if err := n.call(ctx, &c, "eth_getTransactionCount", signer, hexutil.EncodeUint64(b)); err != nil {
+			return 0, false
+		}
+		return uint64(c), true
+	}
+	lo, hi := uint64(0), at
+	if at > logLookback {
+		lo = at - logLookback
+	}
+	if c, ok := count(hi); !ok || c <= nonce {
+		return common.Hash{}, false
+	}
+	if c, ok := count(lo); !ok || c > nonce {
+		return common.Hash{}, false
+	}
+	for lo+1 < hi { // count(lo) <= nonce < count(hi)
+		mid := lo + (hi-lo)/2
+		c, ok := count(mid)
+		if !ok {
+			return common.Hash{}, false
+		}
+		if c > nonce {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	var b *struct {
+		Txs []struct {
+			Hash  common.Hash    `json:"hash"`
+			From  common.Address `json:"from"`
+			Nonce hexutil.Uint64 `json:"nonce"`
+		} `json:"transactions"`
+	}
+	if err := n.call(ctx, &b, "eth_getBlockByNumber", hexutil.EncodeUint64(hi), true); err != nil || b == nil {
+		return common.Hash{}, false
+	}
+	for _, t := range b.Txs {
+		if t.From == signer && uint64(t.Nonce) == nonce {
+			return t.Hash, true
+		}
+	}
+	return common.Hash{}, false
+}
+
+// takenByForeign reports whether the transaction that used the nonce by block at is known, by the
+// blocks, to be none of t's own (f's track as the decision read it).
+func (n *network) takenByForeign(ctx context.Context, f *flight, t track, nonce, at uint64) bool {
+	h, known := n.nonceTaker(ctx, f.sender.addr, nonce, at)
+	if !known {
+		n.engine.log.Info("the nonce's transaction could not be found in the blocks yet; not re-signing this round", f.logAttrs("tx_nonce", nonce)...)
+		return false
+	}
+	for _, v := range t.variants {
+		if v.hash == h {
+			n.engine.log.Info("the nonce is used by our own transaction, whose receipt the node did not answer; not re-signing", f.logAttrs("tx_nonce", nonce, "tx", h)...)
+			return false
+		}
+	}
+	return true
 }

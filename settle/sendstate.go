@@ -456,7 +456,7 @@ func fillGap(t track, o observation, p policy, stuck bool) (decision, bool) {
 	if !final(c.at, o, p) {
 		return notFinal(o, p, "a nonce gap below ours"), true
 	}
-	return twice(t, decision{act: actResign, why: "a nonce gap below ours: no transaction holds it"}, c.at, c.atHash), true
+	return twice(t, decision{act: actResign, why: whyGap}, c.at, c.atHash), true
 }
 
 // resendTiming resends a transaction no node took yet after RetryInterval, and one a node took
@@ -509,6 +509,10 @@ func (t track) allNoncesUsed(keyNonce uint64) bool {
 }
 
 // mayHaveReceipt reports whether a variant's receipt was not read, or read and present.
+// whyGap is the re-sign that fills a nonce gap below ours (no transaction holds the nonce: nothing
+// to find in the blocks).
+const whyGap = "a nonce gap below ours: no transaction holds it"
+
 func (t track) mayHaveReceipt(o observation) bool {
 	for _, v := range t.variants {
 		if rr := o.receipts[v.hash]; !rr.ok || rr.r != nil {

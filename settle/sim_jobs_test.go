@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/reconcile"
@@ -40,6 +42,9 @@ type jobsStore struct {
 	*settlesim.Ledger
 	*settlesim.Index
 }
+
+// plain is the world as it was before the second process and the adversaries: the engine alone.
+func (w *simWorld) plain() { w.jobsSide.on, w.adversaries.on = false, false }
 
 func (w *simWorld) setUpJobs() {
 	j := &w.jobsSide
@@ -193,4 +198,45 @@ func (w *simWorld) checkStatusAtEnd() error {
 		}
 	}
 	return nil
+}
+
+// The adversaries: payers who drain their balance between verify and settle, so that a payment
+// verified valid reverts on chain (the outcome the honest schedule almost never reaches). Drawn
+// from a stream of their own; off in a plain world.
+type simAdversaries struct {
+	r      *rand.Rand
+	on     bool
+	drains int
+}
+
+func (w *simWorld) setUpAdversaries() {
+	a := &w.adversaries
+	a.r = rand.New(rand.NewPCG(w.seed, 0xad5e))
+	a.on = a.r.IntN(2) == 0
+	if a.on {
+		for _, k := range w.payers {
+			w.chain.Fund(crypto.PubkeyToAddress(k.PublicKey), big.NewInt(1e18)) // gas for their own transfers
+		}
+	}
+}
+
+// adversaryStep is, now and then, a payer moving all but a little of its balance away.
+func (w *simWorld) adversaryStep() {
+	a := &w.adversaries
+	if !a.on || a.r.IntN(25) != 0 {
+		return
+	}
+	k := w.payers[a.r.IntN(len(w.payers))]
+	from := crypto.PubkeyToAddress(k.PublicKey)
+	bal := w.chain.TokenBalance(from)
+	keep := big.NewInt(int64(a.r.IntN(1000)))
+	if bal.Cmp(keep) <= 0 {
+		w.chain.Mint(from, big.NewInt(1_000_000)) // and back in funds, for later payments
+		return
+	}
+	token := w.chain.Token()
+	sink := common.BigToAddress(big.NewInt(0xdead))
+	if _, err := w.chain.SubmitForeign(settlesim.ForeignTx{Key: k, To: &token, Data: eip3009.ERC20TransferCalldata(sink, new(big.Int).Sub(bal, keep))}); err == nil {
+		a.drains++
+	}
 }

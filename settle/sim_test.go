@@ -74,7 +74,19 @@ var (
 //	     duplicate, taken for a lost answer, and the ledger kept the old nonce (a gap)
 //	17700 a re-sign whose write's answer was lost, and the read that would tell failed: the flight
 //	     kept the old nonce, the row the new one, and the new one became a gap
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700}
+//
+// and since the second process (reconcile and status) and the adversaries (draining payers):
+//
+//	177  (with the jobs) a status answer "final" for a mined row whose block a reorganisation had
+//	     replaced (final by the depth of the number the ledger recorded)
+//	789  (a draining payer) our transaction reverted, the node answered null for its receipt twice,
+//	     and the engine took its nonce for a foreign transaction's: it re-signed, and two of our
+//	     transactions carried the authorization (re-signs now find the nonce's transaction in the
+//	     blocks)
+//	877  (with the jobs) a re-sign's ledger write committed and answered an error after the job had
+//	     resolved the row settled elsewhere: the row's hash was the other party's, the engine took
+//	     the move for not made, and the moved nonce was never sent (a gap)
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)
@@ -91,8 +103,24 @@ func TestSimulation(t *testing.T) {
 	}
 	began := time.Now()
 	var total simStats
-	for _, seed := range seeds {
+	// A regression seed runs first in the world it was found in (the engine alone: no second
+	// process, no adversary), so that it replays its bug exactly whatever the world grows, and
+	// then with everything on, as every budget seed runs.
+	plain := map[uint64]bool{}
+	if *simSeed == 0 {
+		plain = map[uint64]bool{}
+		for _, s := range simRegressions {
+			plain[s] = true
+		}
+	}
+	for i := 0; i < len(seeds); i++ {
+		seed := seeds[i]
 		w := newSimWorld(seed)
+		if plain[seed] {
+			w.plain()
+			delete(plain, seed)
+			i-- // and once more, with everything on
+		}
 		err := w.run()
 		total.add(w.stats)
 		if err != nil || *simSeed != 0 {
@@ -118,6 +146,7 @@ type simStats struct {
 	mined, elsewhere, canceled, expired, reverted, resigned int
 	bumps, reopened, undone                                 int
 	jobRuns, statusChecks, statusLagged                     int
+	drains, ourReverted                                     int
 }
 
 func (s *simStats) add(o simStats) {
@@ -145,15 +174,18 @@ func (s *simStats) add(o simStats) {
 	s.jobRuns += o.jobRuns
 	s.statusChecks += o.statusChecks
 	s.statusLagged += o.statusLagged
+	s.drains += o.drains
+	s.ourReverted += o.ourReverted
 }
 
 func (s simStats) String() string {
 	return fmt.Sprintf("%d payments, %d settle calls (%d success, %d pending, %d errors, %d refused); chain: %d blocks, %d reorgs, "+
 		"%d third-party transfers, %d cancels, %d foreign txs on our keys, %d pool drops; outcomes: %d transferred by us, %d settled elsewhere, "+
 		"%d canceled, %d expired, %d reverted; %d re-signed, %d fee bumps, %d reopened; %d successes undone by a reorg; "+
-		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer)",
+		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
+		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer)",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
-		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged)
+		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -184,6 +216,7 @@ type simWorld struct {
 	// (its index in steps); successes answered before it may be undone by it.
 	conflictReorgs int
 	jobsSide       simJobs
+	adversaries    simAdversaries
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -256,6 +289,7 @@ func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 	e.SetStepped()
 	w.engine = e
 	w.setUpJobs()
+	w.setUpAdversaries()
 	return w
 }
 
@@ -286,6 +320,7 @@ func (w *simWorld) run() error {
 		if err := w.jobsStep(); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
+		w.adversaryStep()
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range w.backends {
@@ -305,6 +340,7 @@ func (w *simWorld) run() error {
 		return err
 	}
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
+	w.stats.drains = w.adversaries.drains
 	return w.checkStatusAtEnd()
 }
 
@@ -554,6 +590,11 @@ func (w *simWorld) checkInvariants() error {
 			}
 			successes++
 			if byUs && res.Transaction == use.TxHash.Hex() {
+				// The transaction named transferred exactly this authorization's value to its payee.
+				if use.To != a.To || use.Value.Cmp(a.Value) != 0 {
+					return fmt.Errorf("authorization %x: success named %s, which paid %s to %s; the authorization pays %s to %s", a.Nonce[:4],
+						res.Transaction, use.Value, use.To, a.Value, a.To)
+				}
 				continue
 			}
 			if reorged[common.HexToHash(res.Transaction)] {
@@ -561,6 +602,18 @@ func (w *simWorld) checkInvariants() error {
 				continue
 			}
 			return fmt.Errorf("authorization %x: success named %s, the chain's use is %+v (by us %v)", a.Nonce[:4], res.Transaction, use, byUs)
+		}
+		// No caller is told a terminal failure for an authorization our transaction used (an
+		// answer given before a reorganisation put a conflicting use first aside).
+		if byUs && w.conflictReorgs == 0 {
+			for _, res := range p.answers {
+				switch res.ErrorReason {
+				case facilitator.ReasonTransactionFailed, facilitator.ReasonBatchCallFailed, facilitator.ReasonNonceAlreadyUsed, facilitator.ReasonValidBefore:
+					if res.Transaction != "" {
+						return fmt.Errorf("authorization %x transferred by our %s: a caller was told %s (%+v)", a.Nonce[:4], use.TxHash, res.ErrorReason, res)
+					}
+				}
+			}
 		}
 		row, hasRow := byKey[key]
 		switch {
@@ -598,12 +651,48 @@ func (w *simWorld) checkInvariants() error {
 				return fmt.Errorf("settlement %d expired, the chain: %+v (used %v, head time %d, validBefore %s)", s.ID, use, used, head.Time, a.ValidBefore)
 			}
 		case facilitator.StateReverted:
-			if used {
+			// Ours reverted with the authorization unused; it stays usable, and a later use (a third
+			// party's transfer, the payer's cancel) is the index's to tell, not the row's.
+			if used && use.BlockNumber <= s.BlockNumber {
 				return fmt.Errorf("settlement %d reverted, but the authorization is used: %+v (by us %v)", s.ID, use, byUs)
 			}
 		default:
 			return fmt.Errorf("settlement %d still %s at the end", s.ID, s.State)
 		}
+	}
+	// The gas we spend on transactions that can only revert is bounded: at most one of ours mined
+	// reverted per tx nonce a settlement was signed at whose transaction did not transfer (its
+	// first, and one per re-sign: fee-bumped variants share a nonce). A re-sign rests on the
+	// settlement's nonce used with no receipt of ours read twice, which a node's null receipts for
+	// a reverted transaction of ours can also show: then ours reverted and the re-signed one may
+	// revert too (each re-sign is bounded by validBefore's margin).
+	signers := map[common.Address]bool{}
+	for _, k := range w.signers {
+		signers[crypto.PubkeyToAddress(k.PublicKey)] = true
+	}
+	reverted := 0
+	var which []string
+	for _, tx := range w.chain.Txs() {
+		if tx.Mined && signers[tx.From] && tx.Status == 0 {
+			reverted++
+			which = append(which, fmt.Sprintf("%s (nonce %d, block %d, settlement %d, %s)", tx.Hash, tx.Nonce, tx.BlockNumber, ours[tx.Hash], tx.Source))
+		}
+	}
+	notOurs := 0 // the tx nonces our settlements were signed at whose transaction did not transfer
+	for _, r := range rows {
+		notOurs++
+		for _, ev := range r.Events {
+			if ev.State == "renonced" {
+				notOurs++
+			}
+		}
+		if u, used := w.chain.AuthorizationUse(r.Settlement.Key.Payer, r.Settlement.Key.Nonce); used && ours[u.TxHash] != 0 {
+			notOurs--
+		}
+	}
+	w.stats.ourReverted = reverted
+	if reverted > notOurs {
+		return fmt.Errorf("%d of our transactions mined reverted, for %d nonces of settlements that did not transfer: %s", reverted, notOurs, strings.Join(which, "; "))
 	}
 	// No nonce gap: every tx nonce the ledger gave a signer is used on chain.
 	for _, k := range w.signers {

@@ -300,6 +300,9 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			}
 			resend = append(resend, f)
 		case actResign:
+			if d.why != whyGap && (w.o.chain == nil || !n.takenByForeign(ctx, f, w.t, w.t.txNonce, w.o.chain.at)) {
+				continue // a null receipt is not a foreign transaction: the blocks must say so
+			}
 			if w.t.batched {
 				k := batchKey{f.sender, w.t.txNonce}
 				if _, ok := resignBatches[k]; !ok {
