@@ -28,6 +28,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // Verifier is what the engine needs of verify.
@@ -418,8 +419,8 @@ func linkFamilies(flights []*flight) {
 	byNonce := map[uint64][]*flight{}
 	var nonces []uint64
 	for _, f := range flights {
-		if !f.batched {
-			continue
+		if f.to != multicall3.Address {
+			continue // a lone settlement (or a batch's member settled again alone)
 		}
 		if _, ok := byNonce[f.nonce]; !ok {
 			nonces = append(nonces, f.nonce)

@@ -28,9 +28,15 @@ type flight struct {
 	nonce       uint64
 	gas         uint64
 	data        []byte
-	// to is what the transaction calls: the token, or Multicall3 for a batch's (batched).
-	to      common.Address
+	// to is what the transaction calls: the token, or Multicall3 for a batch's.
+	to common.Address
+	// batched: a transaction of the settlement is (or was) a batch's, so a receipt proves its
+	// transfer only by its own pair of logs (Expected.Batched). It stays set when the member is
+	// settled again alone (resettle.go): the batch's receipt may still be read.
 	batched bool
+	// estimate is the settlement's own gas estimate, for a batch's member settled again alone (0:
+	// not known, recovered from the ledger).
+	estimate uint64
 	// family is the batch the flight's transaction is shared with (nil: a lone settlement): its
 	// family-level steps (a fee bump) are taken once for every member.
 	family *family
@@ -286,7 +292,8 @@ func (f *flight) latest() *sentTx {
 func (f *flight) track() track {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing, batched: f.batched,
+	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing,
+		batched: f.batched && f.to == multicall3.Address, value: f.value,
 		mined: minedAt{tx: f.minedHash, block: f.block, blockHash: f.blockHash}}
 	for _, x := range f.txs {
 		t.variants = append(t.variants, variant{hash: x.hash, nonce: x.nonce, signedAt: x.signedAt, sentAt: x.sentAt, tried: x.tried})
@@ -314,7 +321,9 @@ func (f *flight) unmine(now time.Time) {
 func settled(v view) bool { return !v.state.Open() }
 
 // restoreTemplate recovers each variant's nonce, and gas and calldata from the latest signed
-// transaction, so a recovered flight can be fee-bumped like a new one.
+// transaction, so a recovered flight can be fee-bumped like a new one. A flight any of whose
+// transactions is a batch's is judged as a batch's member (a member settled again alone may
+// still have the batch's transaction).
 func (f *flight) restoreTemplate() error {
 	for _, t := range f.txs {
 		var tx types.Transaction
@@ -326,8 +335,8 @@ func (f *flight) restoreTemplate() error {
 		if tx.To() != nil {
 			f.to = *tx.To()
 		}
+		f.batched = f.batched || f.to == multicall3.Address
 	}
-	f.batched = f.to == multicall3.Address
 	return nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
@@ -140,6 +142,11 @@ type pendingMove struct {
 	tx    *sentTx
 	// data is the new batch's calldata, for a batch's member (nil: a lone settlement's is the same).
 	data []byte
+	// alone: a batch's member settled again alone (resettle.go): its new transaction calls the
+	// token with data, at gas, and it leaves its batch's family.
+	alone bool
+	to    common.Address
+	gas   uint64
 }
 
 // settleMove finds out, from the ledger row, whether f's re-sign of unknown outcome committed, and
@@ -169,8 +176,14 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 			if m.data != nil {
 				f.data = m.data
 			}
+			if m.alone {
+				f.to, f.gas = m.to, m.gas
+			}
 		}
 	})
+	if moved && m.alone {
+		regroup([]*flight{f}) // out of its batch's family
+	}
 	if moved {
 		e.log.Warn("a re-sign whose write's answer was lost had committed; sending", f.logAttrs("tx_nonce", m.nonce, "tx", m.tx.hash)...)
 		f.sender.enqueue(f)
