@@ -85,7 +85,11 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		rcpts []*ethrpc.Receipt
 		first int
 		tag   int // the tag's element (-1: none)
-		rcpt  int // the first receipt's element
+		// balance is the payer's balance element, read for a batch's member (-1: none): a call
+		// of its that failed inside the batch is its own failure when the balance is short.
+		balance int
+		bal     hexutil.Bytes
+		rcpt    int // the first receipt's element
 	}
 	var elems []rpc.BatchElem
 	all := make([]*slots, len(prs))
@@ -116,6 +120,12 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			s.tag = len(elems)
 			elems = append(elems, ethrpc.TagElem(tag))
 		}
+		s.balance = -1
+		if pr.want.Batched {
+			s.balance = len(elems)
+			bal := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.BalanceOfCalldata(key.Payer))}
+			elems = append(elems, rpc.BatchElem{Method: "eth_call", Args: []any{bal, at}, Result: &s.bal})
+		}
 		s.rcpt = len(elems)
 		for j, v := range pr.t.variants {
 			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{v.hash}, Result: &s.rcpts[j]})
@@ -130,6 +140,9 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		for _, el := range elems[s.first : s.first+pinnedElems] {
 			failed = failed || el.Error != nil
 		}
+		if s.balance >= 0 && elems[s.balance].Error != nil {
+			failed = true
+		}
 		if failed || s.header == nil {
 			continue // the node lacks the block (it lags) or did not answer: not known yet
 		}
@@ -141,6 +154,13 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
 		if s.tag >= 0 {
 			c.tag = ethrpc.TagAnswer(elems[s.tag])
+		}
+		if s.balance >= 0 {
+			b, ok := eip3009.DecodeBalance(s.bal)
+			if !ok {
+				continue // not a balance: not known
+			}
+			c.balance = b
 		}
 		for _, l := range s.logs {
 			if l.Removed || len(l.Topics) < 3 {

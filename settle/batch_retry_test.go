@@ -1,0 +1,146 @@
+package settle_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// TestBatchSunkByGreedyPayer: a batch of 8 whose first call's payer has, by the time the batch
+// is mined, code whose isValidSignature burns the gas it is given (an EOA when verified, as one
+// that delegates with EIP-7702 meanwhile is): the token's check of it sinks the batch. The 7
+// honest members are not failed: each is settled again alone, paid exactly once and answered
+// success; the greedy payer's payment, settled again alone once, fails on its own, and nothing of
+// its moves.
+func TestBatchSunkByGreedyPayer(t *testing.T) {
+	const n = 8
+	r := quickBatchEngine(t, n)
+	ctx := context.Background()
+	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(300_000 + i) }, nil)
+	batchTx := settlePendingBatch(t, r, bodies)
+	// The greedy payer is the batch's first call's (slot 0): its call leaves too little gas for
+	// any call after it.
+	g := -1
+	for i, p := range pays {
+		if env.Row(t, p.Key()).BatchSlot == 0 {
+			g = i
+		}
+	}
+	greedy := pays[g].From()
+	greedyBefore := env.Balance(t, greedy)
+	if err := env.Chain.SetGreedyCode(ctx, greedy); err != nil {
+		t.Fatal(err)
+	}
+	env.SetAutomine(t, true)
+	env.Mine(t)
+	rc, err := env.Chain.Client.TransactionReceipt(ctx, batchTx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the batch: status %d, %d gas used", rc.Status, rc.GasUsed)
+	waitFor(t, 60*time.Second, "every member is decided", func() bool {
+		env.Mine(t)
+		for _, p := range pays {
+			if env.Row(t, p.Key()).State.Open() {
+				return false
+			}
+		}
+		return true
+	})
+	signer := stacktest.AddressOf(r.Signers[0])
+	lone := 0
+	for i, p := range pays {
+		s := env.Row(t, p.Key())
+		if i == g {
+			if s.State != facilitator.StateReverted || s.ErrorReason != facilitator.ReasonTransactionFailed || s.TxHash == batchTx {
+				t.Fatalf("the greedy payer's settlement: %+v, want reverted alone (%s), not by the batch", s, facilitator.ReasonTransactionFailed)
+			}
+			continue
+		}
+		if !s.State.Succeeded() || s.ErrorReason != "" {
+			t.Fatalf("honest member %d: %+v, want mined", i, s)
+		}
+		if s.TxHash != batchTx {
+			lone++
+			if tx, _, err := env.Chain.Client.TransactionByHash(ctx, s.TxHash); err != nil || tx.To() == nil || *tx.To() != p.Key().Asset {
+				t.Fatalf("honest member %d settled again by %v (%v), want a lone call of the token", i, tx, err)
+			}
+		}
+		if got := env.Balance(t, p.PayTo); got != int64(300_000+i) {
+			t.Fatalf("payee %d holds %d, want exactly %d", i, got, 300_000+i)
+		}
+		if out := r.MustSettle(t, bodies[i]); !out.Response.Success || out.Response.Transaction != s.TxHash.Hex() {
+			t.Fatalf("honest member %d answered %+v, want success with %s", i, out.Response, s.TxHash)
+		}
+	}
+	if env.Balance(t, pays[g].PayTo) != 0 || env.Balance(t, greedy) != greedyBefore {
+		t.Fatal("the greedy payer's payment moved money")
+	}
+	if out := r.MustSettle(t, bodies[g]); out.Response.Success || out.Response.ErrorReason != facilitator.ReasonTransactionFailed {
+		t.Fatalf("the greedy payer's answer: %+v", out.Response)
+	}
+	// One batch, then each member settled again at most once, alone: the greedy payer's and each
+	// honest member's the batch did not pay.
+	if lone != n-1 {
+		t.Fatalf("%d honest members settled again alone, want all %d (the batch paid none of them)", lone, n-1)
+	}
+	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != uint64(2+lone) {
+		t.Fatalf("the signer sent %d transactions (%v), want the batch and %d lone ones", nonce, err, 1+lone)
+	}
+}
+
+// TestBatchMemberShortOfFunds: a payer with funds for one of its two payments in one batch: the
+// batch pays the first; the second's call reverts inside the batch, and that is the payment's own
+// failure (its payer's balance is short at the batch's block): it is answered so, with the
+// batch's transaction, and never settled again.
+func TestBatchMemberShortOfFunds(t *testing.T) {
+	const n = 3
+	r := quickBatchEngine(t, n)
+	ctx := context.Background()
+	payer := env.FundedPayer(t, 400_000)
+	pays := []stacktest.Pay{env.NewPay(t, payer, 400_000), env.NewPay(t, payer, 400_000), env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)}
+	bodies := make([][]byte, n)
+	for i := range pays {
+		bodies[i] = pays[i].Body(t)
+	}
+	batchTx := settlePendingBatch(t, r, bodies)
+	env.SetAutomine(t, true)
+	env.Mine(t)
+	waitFor(t, 30*time.Second, "every member is decided", func() bool {
+		env.Mine(t)
+		for _, p := range pays {
+			if env.Row(t, p.Key()).State.Open() {
+				return false
+			}
+		}
+		return true
+	})
+	var short []int
+	for i, p := range pays {
+		s := env.Row(t, p.Key())
+		if s.TxHash != batchTx {
+			t.Fatalf("member %d: %+v, want decided by the batch %s alone", i, s, batchTx)
+		}
+		if !s.State.Succeeded() {
+			if s.State != facilitator.StateReverted || s.ErrorReason != facilitator.ReasonInsufficientBalance {
+				t.Fatalf("member %d: %+v, want reverted / %s", i, s, facilitator.ReasonInsufficientBalance)
+			}
+			short = append(short, i)
+		}
+	}
+	if len(short) != 1 || short[0] == 2 {
+		t.Fatalf("members short of funds %v, want one of the shared payer's two", short)
+	}
+	if out := r.MustSettle(t, bodies[short[0]]); out.Response.Success || out.Response.ErrorReason != facilitator.ReasonInsufficientBalance {
+		t.Fatalf("the short member's answer: %+v", out.Response)
+	}
+	if env.Balance(t, stacktest.AddressOf(payer)) != 0 || env.Balance(t, pays[2].PayTo) != 400_000 {
+		t.Fatal("balances moved other than once each for the payments that had funds")
+	}
+	if nonce, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || nonce != 1 {
+		t.Fatalf("the signer sent %d transactions (%v), want only the batch", nonce, err)
+	}
+}
