@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common/hexutil"
+
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -142,5 +145,61 @@ func TestBatchMemberShortOfFunds(t *testing.T) {
 	}
 	if nonce, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || nonce != 1 {
 		t.Fatalf("the signer sent %d transactions (%v), want only the batch", nonce, err)
+	}
+}
+
+// TestBatchWithoutMulticall3: a batching engine on a chain with no code at Multicall3's address
+// (serve refuses to start there; here the code is gone after start): the batch is a call to an
+// empty account, which succeeds transferring nothing. No member is answered batch_call_failed:
+// each is settled again alone, once, paid exactly once and answered success.
+func TestBatchWithoutMulticall3(t *testing.T) {
+	const n = 5
+	ctx := context.Background()
+	code, err := env.Chain.Client.CodeAt(ctx, multicall3.Address, nil)
+	if err != nil || len(code) == 0 {
+		t.Fatalf("Multicall3's code: %d bytes, %v", len(code), err)
+	}
+	setCode := func(c []byte) {
+		if err := env.Chain.RPC.CallContext(ctx, nil, "anvil_setCode", multicall3.Address, hexutil.Bytes(c)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setCode(nil)
+	t.Cleanup(func() { setCode(code) })
+	r := quickBatchEngine(t, n)
+	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(500_000 + i) }, nil)
+	outs := settleAll(t, r, bodies)
+	for i, out := range outs {
+		if out.Response.ErrorReason == facilitator.ReasonBatchCallFailed {
+			t.Fatalf("member %d answered %+v", i, out.Response)
+		}
+	}
+	waitFor(t, 30*time.Second, "every member is decided", func() bool {
+		env.Mine(t)
+		for _, p := range pays {
+			if env.Row(t, p.Key()).State.Open() {
+				return false
+			}
+		}
+		return true
+	})
+	for i, p := range pays {
+		s := env.Row(t, p.Key())
+		if !s.State.Succeeded() {
+			t.Fatalf("member %d: %+v, want mined", i, s)
+		}
+		if tx, _, err := env.Chain.Client.TransactionByHash(ctx, s.TxHash); err != nil || tx.To() == nil || *tx.To() != p.Key().Asset || tx.Nonce() == 0 {
+			t.Fatalf("member %d mined by %v (%v), want a lone call of the token after the batch", i, tx, err)
+		}
+		if got := env.Balance(t, p.PayTo); got != int64(500_000+i) {
+			t.Fatalf("payee %d holds %d, want exactly %d", i, got, 500_000+i)
+		}
+		// Its caller was told success, or (told pending) is told it now.
+		if out := r.MustSettle(t, bodies[i]); !outs[i].Response.Success && !out.Response.Success {
+			t.Fatalf("member %d answered %+v, then %+v", i, outs[i].Response, out.Response)
+		}
+	}
+	if nonce, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || nonce != 1+n {
+		t.Fatalf("the signer sent %d transactions (%v), want the batch and %d lone ones", nonce, err, n)
 	}
 }
