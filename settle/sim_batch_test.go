@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
@@ -53,6 +54,9 @@ func TestSimulationBatched(t *testing.T) {
 	t.Logf("%d batched seeds: %s", seeds, total)
 	if *simSeed == 0 && (total.foreign == 0 || total.resigned == 0) {
 		t.Fatalf("no seed had a foreign transaction take a batch's nonce and the batch re-signed (%d foreign, %d re-signed)", total.foreign, total.resigned)
+	}
+	if *simSeed == 0 && (total.greedy == 0 || total.resettled == 0) {
+		t.Fatalf("no seed had a batch sunk by a greedy payer and a member settled again alone (%d greedy, %d settled again)", total.greedy, total.resettled)
 	}
 }
 
@@ -150,6 +154,16 @@ func (w *simWorld) runBatched() error {
 			}
 		}
 		calls.closeAll()
+		var greedy *common.Address
+		if w.r.IntN(5) == 0 {
+			// A member's payer gets code whose answer to the token's signature check burns the
+			// gas (an EOA delegating with EIP-7702 after verify): its batch runs out of gas, and
+			// the others must be settled again alone, for this round's blocks.
+			a := round[w.r.IntN(len(round))].p.Authorization.From
+			w.chain.SetGreedy(a, true)
+			greedy = &a
+			w.stats.greedy++
+		}
 		if w.r.IntN(4) == 0 {
 			// The key used elsewhere: a transaction of one of our keys that the engine did not
 			// sign, at the key's next mined nonce, takes the slot of the batch just signed there
@@ -169,6 +183,9 @@ func (w *simWorld) runBatched() error {
 			w.chain.Mine()
 			w.stats.mines++
 			w.engine.Step(w.ctx)
+		}
+		if greedy != nil {
+			w.chain.SetGreedy(*greedy, false)
 		}
 	}
 	// The end: time past every validBefore, until nothing is left to do; the merchants retry.
