@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -201,5 +202,46 @@ func TestBatchWithoutMulticall3(t *testing.T) {
 	}
 	if nonce, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || nonce != 1+n {
 		t.Fatalf("the signer sent %d transactions (%v), want the batch and %d lone ones", nonce, err, n)
+	}
+}
+
+// TestBatchWalletPayerAlone: on a network that batches, a payer whose address holds code (a
+// contract wallet; here an EOA delegating to one, as with EIP-7702) is settled alone, never in a
+// batch (its code runs inside the token's call and could sink the batch), while the others of the
+// same burst share one batch; each is paid once and answered success.
+func TestBatchWalletPayerAlone(t *testing.T) {
+	const n = 3
+	// Batches of three, closed after a second: the three would fill one; the two EOA payers'
+	// closes when the first has waited.
+	r := batchEngine(t, n, time.Second, stacktest.EngineOptions{})
+	ctx := context.Background()
+	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(600_000 + i) }, nil)
+	if err := env.Chain.SetSmartWalletCode(ctx, pays[0].From()); err != nil {
+		t.Fatal(err)
+	}
+	outs := settleAll(t, r, bodies)
+	var batchTx string
+	for i, out := range outs {
+		if !out.Response.Success {
+			t.Fatalf("member %d: %+v, want success", i, out.Response)
+		}
+		tx, _, err := env.Chain.Client.TransactionByHash(ctx, common.HexToHash(out.Response.Transaction))
+		if err != nil || tx.To() == nil {
+			t.Fatalf("member %d's transaction: %v, %v", i, tx, err)
+		}
+		switch {
+		case i == 0 && *tx.To() != pays[0].Key().Asset:
+			t.Fatalf("the wallet payer's settlement calls %s, want the token alone", tx.To())
+		case i > 0 && *tx.To() != multicall3.Address:
+			t.Fatalf("member %d's settlement calls %s, want Multicall3", i, tx.To())
+		case i > 0 && batchTx != "" && out.Response.Transaction != batchTx:
+			t.Fatalf("the EOA payers' settlements are in %s and %s, want one batch", batchTx, out.Response.Transaction)
+		}
+		if i > 0 {
+			batchTx = out.Response.Transaction
+		}
+		if got := env.Balance(t, pays[i].PayTo); got != int64(600_000+i) {
+			t.Fatalf("payee %d holds %d, want exactly %d", i, got, 600_000+i)
+		}
 	}
 }

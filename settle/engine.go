@@ -34,7 +34,9 @@ import (
 // Verifier is what the engine needs of verify.
 type Verifier interface {
 	Route(p *facilitator.Payment) (*facilitator.Network, error)
-	Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, error)
+	// Settleable's wallet: the payer's address holds code (a contract wallet), whose settlement is
+	// never batched.
+	Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, wallet bool, err error)
 }
 
 // Observer hears what the engine does that operators count (metrics). Its methods are called on
@@ -564,9 +566,10 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 	data := eip3009.TransferCalldata(p.Authorization, eip3009.SettlementSignature(p.Signature))
 
 	var (
-		s   *sender
-		f   *flight
-		gas uint64
+		s      *sender
+		f      *flight
+		gas    uint64
+		wallet bool
 	)
 	// A key can be handed to another process between the pick and the commit: then nothing was
 	// signed with it, and another key of this process's takes the payment.
@@ -586,7 +589,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 			return facilitator.SettleOutcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
 		}
 		if tries == 0 {
-			res, g, err := e.verifier.Settleable(waitCtx, p, s.addr)
+			res, g, w, err := e.verifier.Settleable(waitCtx, p, s.addr)
 			if err != nil {
 				return facilitator.SettleOutcome{}, err
 			}
@@ -599,9 +602,9 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 				}
 				return fail(p, res.InvalidReason, res.InvalidMessage, common.Hash{}), nil
 			}
-			gas = g
+			gas, wallet = g, w
 		}
-		f, err = s.submit(waitCtx, row, key.Asset, data, gas)
+		f, err = s.submit(waitCtx, row, key.Asset, data, gas, wallet)
 		if !errors.Is(err, errNotLeased) || tries >= len(n.senders) {
 			break
 		}

@@ -639,18 +639,18 @@ func (v *simVerifier) Route(p *facilitator.Payment) (*facilitator.Network, error
 	return &v.w.network, nil
 }
 
-func (v *simVerifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, error) {
+func (v *simVerifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, bool, error) {
 	a := p.Authorization
 	switch {
 	case v.w.clock.Now().Unix()+6 >= a.ValidBefore.Int64():
-		return facilitator.VerifyResponse{Payer: p.Payer, InvalidReason: facilitator.ReasonValidBefore}, 0, nil
+		return facilitator.VerifyResponse{Payer: p.Payer, InvalidReason: facilitator.ReasonValidBefore}, 0, false, nil
 	case v.w.chain.TokenBalance(a.From).Cmp(a.Value) < 0:
-		return facilitator.VerifyResponse{Payer: p.Payer, InvalidReason: facilitator.ReasonInsufficientBalance}, 0, nil
+		return facilitator.VerifyResponse{Payer: p.Payer, InvalidReason: facilitator.ReasonInsufficientBalance}, 0, false, nil
 	}
 	if _, used := v.w.chain.AuthorizationUse(a.From, a.Nonce); used {
-		return facilitator.VerifyResponse{Payer: p.Payer, InvalidReason: facilitator.ReasonNonceAlreadyUsed}, 0, nil
+		return facilitator.VerifyResponse{Payer: p.Payer, InvalidReason: facilitator.ReasonNonceAlreadyUsed}, 0, false, nil
 	}
-	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, 90_000, nil
+	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, 90_000, false, nil
 }
 
 // sendSpy is the engine's chain, watching what it sends: a new variant at a nonce of ours that
