@@ -7,9 +7,12 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -242,6 +245,48 @@ func TestBatchWalletPayerAlone(t *testing.T) {
 		}
 		if got := env.Balance(t, pays[i].PayTo); got != int64(600_000+i) {
 			t.Fatalf("payee %d holds %d, want exactly %d", i, got, 600_000+i)
+		}
+	}
+}
+
+// TestJudgeLeavesSunkBatchMember: the reconcile job's judgement (settle.Judge) of batch members
+// whose batch was sunk, read from the chain alone while no engine works them: it does not answer
+// them failed (the engine holding the key settles them again alone), and it judges their receipts
+// by their own pair of logs.
+func TestJudgeLeavesSunkBatchMember(t *testing.T) {
+	const n = 2
+	r := quickBatchEngine(t, n)
+	ctx := context.Background()
+	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(700_000 + i) }, nil)
+	batchTx := settlePendingBatch(t, r, bodies)
+	for _, p := range pays {
+		if env.Row(t, p.Key()).BatchSlot == 0 {
+			if err := env.Chain.SetGreedyCode(ctx, p.From()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := r.Engine.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	env.SetAutomine(t, true)
+	for range 3 {
+		env.Mine(t)
+	}
+	if rc, err := env.Chain.Client.TransactionReceipt(ctx, batchTx); err != nil || rc.Status != 0 {
+		t.Fatalf("the batch: %+v, %v; want mined and reverted", rc, err)
+	}
+	open, err := r.DB.OpenSettlements(ctx, env.Network().ID, stacktest.AddressOf(r.Signers[0]))
+	if err != nil || len(open) != n {
+		t.Fatalf("open settlements: %d, %v", len(open), err)
+	}
+	batchOn := func(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error {
+		return func(ctx context.Context, elems []rpc.BatchElem) error { return c.BatchCallContext(ctx, elems) }
+	}
+	for _, s := range open {
+		res, ok, err := settle.Judge(ctx, env.Chain.RPC, batchOn, &s, facilitator.Finality{Depth: 1}, time.Now())
+		if err != nil || ok {
+			t.Fatalf("settlement %d judged %+v (%v, %v), want left to the engine", s.ID, res, ok, err)
 		}
 	}
 }

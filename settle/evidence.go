@@ -12,6 +12,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // The evidence a terminal decision rests on is read pinned at one block number, in one request,
@@ -198,7 +199,8 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
 	s *facilitator.OpenSettlement, fin facilitator.Finality, now time.Time) (facilitator.Resolution, bool, error) {
 	batch := batchOn(chain)
-	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore}
+	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore, value: s.Value}
+	want := ExpectedOf(&s.Settlement)
 	for _, x := range s.Txs {
 		var tx types.Transaction
 		if err := tx.UnmarshalBinary(x.Raw); err != nil {
@@ -206,8 +208,12 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 		}
 		// Past every timer: the job resends nothing, it only reads.
 		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
+		// A batch's member is judged by its own pair of logs, as the watcher judges it; one that
+		// the engine would settle again alone (the newest transaction a batch's) is not decided
+		// here: the job signs nothing, and the key's holder settles it.
+		t.batched = tx.To() != nil && *tx.To() == multicall3.Address
+		want.Batched = want.Batched || t.batched
 	}
-	want := ExpectedOf(&s.Settlement)
 	p := policy{finality: fin, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
 	var head hexutil.Uint64
 	var floor uint64 // the highest tagged block answered consistently in these rounds
