@@ -2,6 +2,7 @@ package settle_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,8 +102,8 @@ func TestBatchSunkByGreedyPayer(t *testing.T) {
 
 // TestBatchMemberShortOfFunds: a payer with funds for one of its two payments in one batch: the
 // batch pays the first; the second's call reverts inside the batch, and that is the payment's own
-// failure (its payer's balance is short at the batch's block): it is answered so, with the
-// batch's transaction, and never settled again.
+// failure (its payer's balance is short at the batch's block): it is answered batch_call_failed,
+// with the batch's transaction, as before, and never settled again.
 func TestBatchMemberShortOfFunds(t *testing.T) {
 	const n = 3
 	r := quickBatchEngine(t, n)
@@ -132,8 +133,8 @@ func TestBatchMemberShortOfFunds(t *testing.T) {
 			t.Fatalf("member %d: %+v, want decided by the batch %s alone", i, s, batchTx)
 		}
 		if !s.State.Succeeded() {
-			if s.State != facilitator.StateReverted || s.ErrorReason != facilitator.ReasonInsufficientBalance {
-				t.Fatalf("member %d: %+v, want reverted / %s", i, s, facilitator.ReasonInsufficientBalance)
+			if s.State != facilitator.StateReverted || s.ErrorReason != facilitator.ReasonBatchCallFailed || !strings.Contains(s.ErrorMessage, "balance") {
+				t.Fatalf("member %d: %+v, want reverted / %s, the message naming the balance", i, s, facilitator.ReasonBatchCallFailed)
 			}
 			short = append(short, i)
 		}
@@ -141,7 +142,7 @@ func TestBatchMemberShortOfFunds(t *testing.T) {
 	if len(short) != 1 || short[0] == 2 {
 		t.Fatalf("members short of funds %v, want one of the shared payer's two", short)
 	}
-	if out := r.MustSettle(t, bodies[short[0]]); out.Response.Success || out.Response.ErrorReason != facilitator.ReasonInsufficientBalance {
+	if out := r.MustSettle(t, bodies[short[0]]); out.Response.Success || out.Response.ErrorReason != facilitator.ReasonBatchCallFailed {
 		t.Fatalf("the short member's answer: %+v", out.Response)
 	}
 	if env.Balance(t, stacktest.AddressOf(payer)) != 0 || env.Balance(t, pays[2].PayTo) != 400_000 {

@@ -417,7 +417,8 @@ func (t track) terminal(o observation, p policy, at uint64, atHash common.Hash, 
 // batchReverted decides for a batch's member whose call did not transfer (the batch reverted, or
 // its call reverted inside it) with the authorization unused and valid at the pinned block, and
 // every variant's nonce used: the batch can never transfer for it. Unless the failure is the
-// payment's own (the payer's balance short of the value there), the member is settled again alone
+// payment's own (the payer's balance short of the value there: answered res, as before), the
+// member is settled again alone
 // (once: the new transaction is not a batch's), on the evidence a terminal answer would need
 // (final, read twice); a batch another payer sank, or a chain without Multicall3, must not fail
 // payments that can still settle. res is the answer it gets when it is not settled again.
@@ -428,8 +429,9 @@ func (t track) batchReverted(o observation, p policy, res facilitator.Resolution
 		// Not read (a reader that does not know the settlement is a batch's): as before.
 		return t.terminal(o, p, c.at, c.atHash, res, "reverted")
 	case t.value != nil && c.balance.Cmp(t.value) < 0:
-		res.ErrorReason = facilitator.ReasonInsufficientBalance
-		res.ErrorMessage = fmt.Sprintf("the payer's balance at block %d (%s) is short of the payment (%s): its call failed inside the batch transaction (the batch's other settlements stand)", c.at, c.balance, t.value)
+		// Answered as before (batch_call_failed, or transaction_failed for a batch that reverted),
+		// the message naming the shortfall.
+		res.ErrorMessage = fmt.Sprintf("%s; the payer's balance at block %d (%s) is short of the payment (%s)", res.ErrorMessage, c.at, c.balance, t.value)
 		return t.terminal(o, p, c.at, c.atHash, res, "reverted inside the batch: the payer's balance is short")
 	case t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0:
 		return t.terminal(o, p, c.at, c.atHash, res, "reverted inside the batch, too close to validBefore to settle again")

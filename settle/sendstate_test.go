@@ -387,7 +387,9 @@ func TestDecideFinalityTag(t *testing.T) {
 }
 
 // A batch's member whose call did not transfer: the reason each answer carries once decided (the
-// payer's balance short is the payment's own failure; too close to validBefore, the batch's).
+// payer's balance short is the payment's own failure, and too close to validBefore it is not
+// settled again: each answered as before, batch_call_failed or, for a batch that reverted,
+// transaction_failed).
 func TestDecideBatchRevertedReasons(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	ours, blockA := common.Hash{1}, common.Hash{0xa}
@@ -402,8 +404,8 @@ func TestDecideBatchRevertedReasons(t *testing.T) {
 		balance int64
 		reason  string
 	}{
-		{"its call failed inside the batch, the balance short", receipt{tx: ours, batchFailed: true, block: 100, blockHash: blockA}, uint64(t0.Unix()), 999, facilitator.ReasonInsufficientBalance},
-		{"the batch reverted, the balance short", receipt{tx: ours, block: 100, blockHash: blockA}, uint64(t0.Unix()), 0, facilitator.ReasonInsufficientBalance},
+		{"its call failed inside the batch, the balance short", receipt{tx: ours, batchFailed: true, block: 100, blockHash: blockA}, uint64(t0.Unix()), 999, facilitator.ReasonBatchCallFailed},
+		{"the batch reverted, the balance short", receipt{tx: ours, block: 100, blockHash: blockA}, uint64(t0.Unix()), 0, facilitator.ReasonTransactionFailed},
 		{"its call failed inside the batch, too close to validBefore", receipt{tx: ours, batchFailed: true, block: 100, blockHash: blockA}, vb.Uint64() - 10, 1000, facilitator.ReasonBatchCallFailed},
 		{"the batch reverted, too close to validBefore", receipt{tx: ours, block: 100, blockHash: blockA}, vb.Uint64() - 10, 1000, facilitator.ReasonTransactionFailed},
 	} {
