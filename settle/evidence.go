@@ -200,7 +200,7 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 	s *facilitator.OpenSettlement, fin facilitator.Finality, now time.Time) (facilitator.Resolution, bool, error) {
 	batch := batchOn(chain)
 	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore, value: s.Value}
-	want := ExpectedOf(&s.Settlement)
+	batchTx := false
 	for _, x := range s.Txs {
 		var tx types.Transaction
 		if err := tx.UnmarshalBinary(x.Raw); err != nil {
@@ -208,13 +208,15 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 		}
 		// Past every timer: the job resends nothing, it only reads.
 		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
-		// A batch's member is judged by its own pair of logs, as the watcher judges it; one that
-		// the engine would settle again alone (the newest transaction a batch's) is not decided
-		// here: the job signs nothing, and the key's holder settles it.
+		// A member the engine would settle again alone (its newest transaction a batch's) is not
+		// decided here: the job signs nothing, and the key's holder settles it.
 		t.batched = tx.To() != nil && *tx.To() == multicall3.Address
-		want.Batched = want.Batched || t.batched
+		batchTx = batchTx || t.batched
 	}
+	want := ExpectedOf(&s.Settlement)
 	p := policy{finality: fin, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
+	// A batch's member is judged by its own pair of logs, as the watcher judges it.
+	want.Batched = want.Batched || batchTx
 	var head hexutil.Uint64
 	var floor uint64 // the highest tagged block answered consistently in these rounds
 	for round := 0; round < 3; round++ {
