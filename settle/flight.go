@@ -27,16 +27,14 @@ type flight struct {
 	sender      *sender
 	nonce       uint64
 	gas         uint64
-	data        []byte
-	// to is what the transaction calls: the token, or Multicall3 for a batch's.
-	to common.Address
-	// batched: a transaction of the settlement is (or was) a batch's, so a receipt proves its
-	// transfer only by its own pair of logs (Expected.Batched). It stays set when the member is
-	// settled again alone (resettle.go): the batch's receipt may still be read.
-	batched bool
-	// estimate is the settlement's own gas estimate, for a batch's member settled again alone (0:
-	// not known, recovered from the ledger).
+	// estimate is the gas estimate of the flight's own call sent alone, before any margin (0 when
+	// the flight was recovered from the ledger, which keeps only transactions' limits): a batch
+	// re-signed with some of its calls is sized from its members' (resignGas).
 	estimate uint64
+	data     []byte
+	// to is what the transaction calls: the token, or Multicall3 for a batch's (batched).
+	to      common.Address
+	batched bool
 	// family is the batch the flight's transaction is shared with (nil: a lone settlement): its
 	// family-level steps (a fee bump) are taken once for every member.
 	family *family

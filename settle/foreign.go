@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ethereum/go-ethereum/common"
-
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
@@ -140,13 +138,10 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 type pendingMove struct {
 	nonce uint64
 	tx    *sentTx
-	// data is the new batch's calldata, for a batch's member (nil: a lone settlement's is the same).
+	// data and gas are the new batch's calldata and gas limit, for a batch's member (nil and 0: a
+	// lone settlement's are the same).
 	data []byte
-	// alone: a batch's member settled again alone (resettle.go): its new transaction calls the
-	// token with data, at gas, and it leaves its batch's family.
-	alone bool
-	to    common.Address
-	gas   uint64
+	gas  uint64
 }
 
 // settleMove finds out, from the ledger row, whether f's re-sign of unknown outcome committed, and
@@ -174,17 +169,17 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 			f.nonce = m.nonce
 			f.txs = append(f.txs, m.tx)
 			if m.data != nil {
-				f.data = m.data
+				f.data, f.gas = m.data, m.gas
 			}
-			if m.alone {
-				f.to, f.gas = m.to, m.gas
+			if _, batch := multicall3.DecodeAggregate3Calldata(f.data); !batch {
+				f.to = f.key.Asset // a lone call: a batch's member settled again alone (resettle.go)
 			}
 		}
 	})
-	if moved && m.alone {
-		regroup([]*flight{f}) // out of its batch's family
-	}
 	if moved {
+		if f.to != multicall3.Address {
+			regroup([]*flight{f}) // out of any batch's family
+		}
 		e.log.Warn("a re-sign whose write's answer was lost had committed; sending", f.logAttrs("tx_nonce", m.nonce, "tx", m.tx.hash)...)
 		f.sender.enqueue(f)
 	}
@@ -272,7 +267,7 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 				// transaction) before anything more is decided about it (settleMove).
 				tx := &sentTx{hash: rec.Hash, nonce: nonce, raw: st.raw, fees: fees, signedAt: e.now()}
 				for _, f := range moving {
-					f.update(func(f *flight) { f.move = &pendingMove{nonce: nonce, tx: tx, data: data} })
+					f.update(func(f *flight) { f.move = &pendingMove{nonce: nonce, tx: tx, data: data, gas: gas} })
 				}
 				regroup(moving)
 			}

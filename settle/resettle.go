@@ -101,7 +101,7 @@ func (n *network) resettle(ctx context.Context, f *flight, old uint64, why strin
 				// Not known either way: the member finds out from its row before anything more is
 				// decided about it (settleMove).
 				f.update(func(f *flight) {
-					f.move = &pendingMove{nonce: nonce, tx: tx, data: data, alone: true, to: f.key.Asset, gas: gas}
+					f.move = &pendingMove{nonce: nonce, tx: tx, data: data, gas: gas}
 				})
 			}
 		}

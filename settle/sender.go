@@ -389,7 +389,8 @@ func (s *sender) newFlight(id int64, sub *submission, tx template) *flight {
 	f := newFlight(id, facilitator.StateSigned)
 	f.key, f.fingerprint, f.payTo, f.value, f.validBefore = row.Key, row.Fingerprint, row.PayTo, row.Value, row.ValidBefore
 	f.sender, f.nonce, f.gas, f.data, f.to = s, row.TxNonce, tx.gas, tx.data, tx.to
-	f.batched, f.estimate = tx.to == multicall3.Address, sub.estimate
+	f.estimate = sub.estimate
+	f.batched = tx.to == multicall3.Address
 	if row.PaymentID != nil {
 		f.paymentID = row.PaymentID.ID
 	}

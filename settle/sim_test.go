@@ -117,9 +117,6 @@ type simStats struct {
 	reorgs, thirdParty, cancels, foreign, drops, mines      int
 	mined, elsewhere, canceled, expired, reverted, resigned int
 	bumps, reopened, undone                                 int
-	// greedy: payers given code that sinks the batch they are in (batched seeds); resettled:
-	// settlements mined by a lone transaction after their batch failed to transfer for them.
-	greedy, resettled int
 }
 
 func (s *simStats) add(o simStats) {
@@ -144,28 +141,14 @@ func (s *simStats) add(o simStats) {
 	s.bumps += o.bumps
 	s.reopened += o.reopened
 	s.undone += o.undone
-	s.greedy += o.greedy
-	s.resettled += o.resettled
 }
 
 func (s simStats) String() string {
 	return fmt.Sprintf("%d payments, %d settle calls (%d success, %d pending, %d errors, %d refused); chain: %d blocks, %d reorgs, "+
 		"%d third-party transfers, %d cancels, %d foreign txs on our keys, %d pool drops; outcomes: %d transferred by us, %d settled elsewhere, "+
-		"%d canceled, %d expired, %d reverted; %d re-signed, %d fee bumps, %d reopened; %d successes undone by a reorg; "+
-		"%d greedy payers, %d settled again alone",
+		"%d canceled, %d expired, %d reverted; %d re-signed, %d fee bumps, %d reopened; %d successes undone by a reorg",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
-		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.greedy, s.resettled)
-}
-
-// renonced reports whether the row's settlement moved to another tx nonce (re-signed, or settled
-// again alone after its batch).
-func renonced(r settlesim.LedgerRow) bool {
-	for _, ev := range r.Events {
-		if ev.State == "renonced" {
-			return true
-		}
-	}
-	return false
+		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -190,6 +173,7 @@ type simWorld struct {
 	spy      *sendSpy
 	log      bytes.Buffer
 	stats    simStats
+	batching batchStats // the batched seeds' own counts (sim_batch_test.go)
 	ctx      context.Context
 	depth    uint64 // the network's finality depth
 	// conflictAfter: a reorg that can put another use of an authorization before ours happened
@@ -582,7 +566,7 @@ func (w *simWorld) checkInvariants() error {
 			// Mined by a lone transaction after a batch of ours carrying it was mined.
 			for _, tx := range w.chain.AuthorizationTxs(a.From, a.Nonce) {
 				if tx.Mined && tx.Batch != nil && ours[tx.Hash] != 0 {
-					w.stats.resettled++
+					w.batching.resettled++
 					break
 				}
 			}
