@@ -34,9 +34,9 @@ import (
 // Verifier is what the engine needs of verify.
 type Verifier interface {
 	Route(p *facilitator.Payment) (*facilitator.Network, error)
-	// Settleable's wallet: the payer's address holds code (a contract wallet), whose settlement is
-	// never batched.
-	Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, wallet bool, err error)
+	// SettleCheck is verify's settle-path check: the verdict, the gas estimate, and whether the
+	// payer's address holds code (wallet: a contract wallet, whose settlement is never batched).
+	SettleCheck(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, wallet bool, err error)
 }
 
 // Observer hears what the engine does that operators count (metrics). Its methods are called on
@@ -589,7 +589,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 			return facilitator.SettleOutcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
 		}
 		if tries == 0 {
-			res, g, w, err := e.verifier.Settleable(waitCtx, p, s.addr)
+			res, g, w, err := e.verifier.SettleCheck(waitCtx, p, s.addr)
 			if err != nil {
 				return facilitator.SettleOutcome{}, err
 			}

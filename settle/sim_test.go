@@ -623,7 +623,7 @@ func (v *simVerifier) Route(p *facilitator.Payment) (*facilitator.Network, error
 	return &v.w.network, nil
 }
 
-func (v *simVerifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, bool, error) {
+func (v *simVerifier) SettleCheck(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, bool, error) {
 	a := p.Authorization
 	switch {
 	case v.w.clock.Now().Unix()+6 >= a.ValidBefore.Int64():

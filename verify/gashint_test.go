@@ -58,7 +58,7 @@ func settleable(t *testing.T, v *verify.Verifier, p *payment) (facilitator.Verif
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	res, gas, _, err := v.Settleable(ctx, pay, chain.Accounts[0].Address)
+	res, gas, err := v.Settleable(ctx, pay, chain.Accounts[0].Address)
 	if err != nil {
 		t.Fatalf("Settleable: %v", err)
 	}

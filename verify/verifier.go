@@ -125,10 +125,16 @@ func (v *Verifier) Verify(ctx context.Context, p *facilitator.Payment) (facilita
 
 // Settleable is Verify for the settle path: the simulation is an eth_estimateGas from the signer
 // that will submit the transaction, so one round trip both proves the transfer would succeed now and
-// sizes its gas. Gas is zero when the payment is invalid. wallet reports that the payer's address
-// holds code (a contract wallet, or an EOA delegating with EIP-7702): the token asks that code
-// about the signature, and what it does there (burn the gas a batch's other calls need) is its own.
-func (v *Verifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, wallet bool, err error) {
+// sizes its gas. Gas is zero when the payment is invalid.
+func (v *Verifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, err error) {
+	res, gas, _, err = v.SettleCheck(ctx, p, signer)
+	return res, gas, err
+}
+
+// SettleCheck is Settleable, and also reports whether the payer's address holds code (wallet: a
+// contract wallet, or an EOA delegating with EIP-7702): the token asks that code about the
+// signature, and what it does there (burn the gas a batch's other calls need) is its own.
+func (v *Verifier) SettleCheck(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, wallet bool, err error) {
 	n, err := v.route(p)
 	if err != nil {
 		return facilitator.VerifyResponse{}, 0, false, err
