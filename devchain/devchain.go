@@ -40,6 +40,9 @@ type Options struct {
 	// Host is the address anvil binds; "" is 127.0.0.1. A container publishing anvil's port needs
 	// 0.0.0.0; RPCURL stays on loopback either way.
 	Host string
+	// NoMulticall3 leaves Multicall3's canonical address empty, as on a chain nobody deployed it
+	// to (batched settlement must not start there).
+	NoMulticall3 bool
 }
 
 // Chain is a running anvil with USDC deployed and the dev accounts funded.
@@ -130,7 +133,7 @@ func Start(ctx context.Context, opts Options) (*Chain, error) {
 		proc:        proc,
 		roles:       rs,
 	}
-	if err := c.setup(ctx); err != nil {
+	if err := c.setup(ctx, !opts.NoMulticall3); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
 	log.Info("devchain ready", "rpc", c.RPCURL, "chainId", c.ChainID, "usdc", c.USDC.Address,
@@ -138,7 +141,7 @@ func Start(ctx context.Context, opts Options) (*Chain, error) {
 	return c, nil
 }
 
-func (c *Chain) setup(ctx context.Context) error {
+func (c *Chain) setup(ctx context.Context, multicall bool) error {
 	var onNode []string
 	if err := c.RPC.CallContext(ctx, &onNode, "eth_accounts"); err != nil {
 		return fmt.Errorf("devchain: eth_accounts: %w", err)
@@ -164,6 +167,9 @@ func (c *Chain) setup(ctx context.Context) error {
 	c.USDC = usdc
 	if err := c.fundUSDC(ctx); err != nil {
 		return err
+	}
+	if !multicall {
+		return nil
 	}
 	return c.deployMulticall3(ctx)
 }

@@ -26,6 +26,8 @@ var (
 	smartWalletSource string
 	//go:embed testdata/Emitter.sol
 	emitterSource string
+	//go:embed testdata/GreedyWallet.sol
+	greedyWalletSource string
 )
 
 // ERC1271Magic is what isValidSignature returns for a valid signature.
@@ -53,6 +55,46 @@ func (c *Chain) DeploySmartWallet(ctx context.Context, owner common.Address) (co
 		return common.Address{}, fmt.Errorf("deploy SmartWallet: %w", err)
 	}
 	return addr, nil
+}
+
+// SetGreedyCode gives addr the code of testdata/GreedyWallet.sol, whose isValidSignature burns
+// all but a little of the gas it is given: an account that had no code when its payment was
+// verified (an EOA that delegates with EIP-7702 meanwhile) and now makes the token's signature
+// check of it sink the transaction it is in. Nothing is mined: it works with mining off.
+func (c *Chain) SetGreedyCode(ctx context.Context, addr common.Address) error {
+	w, err := c.compile(ctx, "GreedyWallet.sol", greedyWalletSource)
+	if err != nil {
+		return err
+	}
+	return c.setCode(ctx, addr, w.Bytecode)
+}
+
+// SetSmartWalletCode gives the EOA addr the code of testdata/SmartWallet.sol owned by addr
+// itself, as an EOA delegating to such a wallet with EIP-7702 has: its payments stay signed by
+// its key, and the token asks its code about them (ERC-1271).
+func (c *Chain) SetSmartWalletCode(ctx context.Context, addr common.Address) error {
+	w, err := c.smartWallet(ctx)
+	if err != nil {
+		return err
+	}
+	args, err := w.ABI.Pack("", addr)
+	if err != nil {
+		return err
+	}
+	return c.setCode(ctx, addr, append(bytes.Clone(w.Bytecode), args...))
+}
+
+// setCode puts at addr the runtime code that creation returns, without mining anything: the
+// creation code's answer to a call is its runtime code.
+func (c *Chain) setCode(ctx context.Context, addr common.Address, creation []byte) error {
+	var code hexutil.Bytes
+	if err := c.RPC.CallContext(ctx, &code, "eth_call", map[string]any{"from": c.roles.deployer.Address, "input": hexutil.Bytes(creation)}, "latest"); err != nil || len(code) == 0 {
+		return fmt.Errorf("devchain: runtime code for %s (%d bytes): %v", addr, len(code), err)
+	}
+	if err := c.RPC.CallContext(ctx, nil, "anvil_setCode", addr, code); err != nil {
+		return fmt.Errorf("devchain: anvil_setCode %s: %w", addr, err)
+	}
+	return nil
 }
 
 // IsValidSignature calls ERC-1271 isValidSignature on wallet and returns the

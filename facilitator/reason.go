@@ -18,7 +18,9 @@ const (
 	ReasonTransactionFailed     = "invalid_exact_evm_transaction_failed"
 	ReasonTransferEventMismatch = "invalid_exact_evm_transfer_event_mismatch"
 	// ReasonBatchCallFailed: the settlement's call reverted inside a batch transaction that was
-	// mined (the batch's other settlements stand), with the authorization unused and unexpired.
+	// mined (the batch's other settlements stand), with the authorization unused and unexpired,
+	// and its payer's balance short of it, or too close to validBefore to be settled again alone
+	// (which is what happens otherwise).
 	ReasonBatchCallFailed          = "batch_call_failed"
 	ReasonTokenNameMismatch        = "invalid_exact_evm_token_name_mismatch"
 	ReasonTokenVersionMismatch     = "invalid_exact_evm_token_version_mismatch"

@@ -105,6 +105,9 @@ func sameEvidence(x, y *pinnedRead) bool {
 	if (a.use == nil) != (b.use == nil) || (a.use != nil && *a.use != *b.use) {
 		return false
 	}
+	if (a.balance == nil) != (b.balance == nil) || (a.balance != nil && a.balance.Cmp(b.balance) != 0) {
+		return false
+	}
 	for h, ra := range x.receipts {
 		rb, ok := y.receipts[h]
 		if !ok || !ra.ok || !rb.ok {

@@ -28,12 +28,15 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // Verifier is what the engine needs of verify.
 type Verifier interface {
 	Route(p *facilitator.Payment) (*facilitator.Network, error)
-	Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, error)
+	// SettleCheck is verify's settle-path check: the verdict, the gas estimate, and whether the
+	// payer's address holds code (wallet: a contract wallet, whose settlement is never batched).
+	SettleCheck(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, wallet bool, err error)
 }
 
 // Observer hears what the engine does that operators count (metrics). Its methods are called on
@@ -418,8 +421,8 @@ func linkFamilies(flights []*flight) {
 	byNonce := map[uint64][]*flight{}
 	var nonces []uint64
 	for _, f := range flights {
-		if !f.batched {
-			continue
+		if f.to != multicall3.Address {
+			continue // a lone settlement (or a batch's member settled again alone)
 		}
 		if _, ok := byNonce[f.nonce]; !ok {
 			nonces = append(nonces, f.nonce)
@@ -563,9 +566,10 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 	data := eip3009.TransferCalldata(p.Authorization, eip3009.SettlementSignature(p.Signature))
 
 	var (
-		s   *sender
-		f   *flight
-		gas uint64
+		s      *sender
+		f      *flight
+		gas    uint64
+		wallet bool
 	)
 	// A key can be handed to another process between the pick and the commit: then nothing was
 	// signed with it, and another key of this process's takes the payment.
@@ -585,7 +589,7 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 			return facilitator.SettleOutcome{}, facilitator.Unavailable(facilitator.ReasonSettlerBusy, "every settlement signer is at its in-flight limit; nothing was sent, retry shortly", nil)
 		}
 		if tries == 0 {
-			res, g, err := e.verifier.Settleable(waitCtx, p, s.addr)
+			res, g, w, err := e.verifier.SettleCheck(waitCtx, p, s.addr)
 			if err != nil {
 				return facilitator.SettleOutcome{}, err
 			}
@@ -598,9 +602,9 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 				}
 				return fail(p, res.InvalidReason, res.InvalidMessage, common.Hash{}), nil
 			}
-			gas = g
+			gas, wallet = g, w
 		}
-		f, err = s.submit(waitCtx, row, key.Asset, data, gas)
+		f, err = s.submit(waitCtx, row, key.Asset, data, gas, wallet)
 		if !errors.Is(err, errNotLeased) || tries >= len(n.senders) {
 			break
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // The evidence a terminal decision rests on is read pinned at one block number, in one request,
@@ -85,7 +86,11 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		rcpts []*ethrpc.Receipt
 		first int
 		tag   int // the tag's element (-1: none)
-		rcpt  int // the first receipt's element
+		// balance is the payer's balance element, read for a batch's member (-1: none): a call
+		// of its that failed inside the batch is its own failure when the balance is short.
+		balance int
+		bal     hexutil.Bytes
+		rcpt    int // the first receipt's element
 	}
 	var elems []rpc.BatchElem
 	all := make([]*slots, len(prs))
@@ -116,6 +121,12 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			s.tag = len(elems)
 			elems = append(elems, ethrpc.TagElem(tag))
 		}
+		s.balance = -1
+		if pr.want.Batched {
+			s.balance = len(elems)
+			bal := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.BalanceOfCalldata(key.Payer))}
+			elems = append(elems, rpc.BatchElem{Method: "eth_call", Args: []any{bal, at}, Result: &s.bal})
+		}
 		s.rcpt = len(elems)
 		for j, v := range pr.t.variants {
 			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{v.hash}, Result: &s.rcpts[j]})
@@ -130,6 +141,9 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		for _, el := range elems[s.first : s.first+pinnedElems] {
 			failed = failed || el.Error != nil
 		}
+		if s.balance >= 0 && elems[s.balance].Error != nil {
+			failed = true
+		}
 		if failed || s.header == nil {
 			continue // the node lacks the block (it lags) or did not answer: not known yet
 		}
@@ -141,6 +155,13 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
 		if s.tag >= 0 {
 			c.tag = ethrpc.TagAnswer(elems[s.tag])
+		}
+		if s.balance >= 0 {
+			b, ok := eip3009.DecodeBalance(s.bal)
+			if !ok {
+				continue // not a balance: not known
+			}
+			c.balance = b
 		}
 		for _, l := range s.logs {
 			if l.Removed || len(l.Topics) < 3 {
@@ -178,7 +199,8 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
 	s *facilitator.OpenSettlement, fin facilitator.Finality, now time.Time) (facilitator.Resolution, bool, error) {
 	batch := batchOn(chain)
-	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore}
+	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore, value: s.Value}
+	batchTx := false
 	for _, x := range s.Txs {
 		var tx types.Transaction
 		if err := tx.UnmarshalBinary(x.Raw); err != nil {
@@ -186,12 +208,18 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 		}
 		// Past every timer: the job resends nothing, it only reads.
 		t.variants = append(t.variants, variant{hash: x.Hash, nonce: tx.Nonce(), signedAt: s.CreatedAt, sentAt: s.CreatedAt, tried: s.CreatedAt})
+		// A member the engine would settle again alone (its newest transaction a batch's) is not
+		// decided here: the job signs nothing, and the key's holder settles it.
+		t.batched = tx.To() != nil && *tx.To() == multicall3.Address
+		batchTx = batchTx || t.batched
 	}
 	want, err := ExpectedOf(s)
 	if err != nil {
 		return facilitator.Resolution{}, false, err
 	}
 	p := policy{finality: fin, retryInterval: time.Hour, rebroadcastAfter: time.Hour, bumpAfter: time.Hour, resignMargin: resignMargin}
+	// A batch's member is judged by its own pair of logs, as the watcher judges it.
+	want.Batched = want.Batched || batchTx
 	var head hexutil.Uint64
 	var floor uint64 // the highest tagged block answered consistently in these rounds
 	for round := 0; round < 3; round++ {

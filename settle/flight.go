@@ -290,7 +290,8 @@ func (f *flight) latest() *sentTx {
 func (f *flight) track() track {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing, batched: f.batched,
+	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing,
+		batched: f.batched && f.to == multicall3.Address, value: f.value,
 		mined: minedAt{tx: f.minedHash, block: f.block, blockHash: f.blockHash}}
 	for _, x := range f.txs {
 		t.variants = append(t.variants, variant{hash: x.hash, nonce: x.nonce, signedAt: x.signedAt, sentAt: x.sentAt, tried: x.tried})
@@ -318,7 +319,9 @@ func (f *flight) unmine(now time.Time) {
 func settled(v view) bool { return !v.state.Open() }
 
 // restoreTemplate recovers each variant's nonce, and gas and calldata from the latest signed
-// transaction, so a recovered flight can be fee-bumped like a new one.
+// transaction, so a recovered flight can be fee-bumped like a new one. A flight any of whose
+// transactions is a batch's is judged as a batch's member (a member settled again alone may
+// still have the batch's transaction).
 func (f *flight) restoreTemplate() error {
 	for _, t := range f.txs {
 		var tx types.Transaction
@@ -330,8 +333,8 @@ func (f *flight) restoreTemplate() error {
 		if tx.To() != nil {
 			f.to = *tx.To()
 		}
+		f.batched = f.batched || f.to == multicall3.Address
 	}
-	f.batched = f.to == multicall3.Address
 	return nil
 }
 

@@ -181,6 +181,11 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 		}
 	})
 	if moved {
+		if _, batch := multicall3.DecodeAggregate3Calldata(f.data); !batch {
+			// A lone call: a batch's member settled again alone (resettle.go), out of its family.
+			f.update(func(f *flight) { f.to = f.key.Asset })
+			regroup([]*flight{f})
+		}
 		e.log.Warn("a re-sign whose write's answer was lost had committed; sending", f.logAttrs("tx_nonce", m.nonce, "tx", m.tx.hash)...)
 		f.sender.enqueue(f)
 	}

@@ -432,14 +432,14 @@ type raceVerifier struct {
 	before func()
 }
 
-func (v *raceVerifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, error) {
+func (v *raceVerifier) SettleCheck(ctx context.Context, p *facilitator.Payment, signer common.Address) (facilitator.VerifyResponse, uint64, bool, error) {
 	raced := false
 	v.once.Do(func() { v.before(); raced = true })
 	if raced {
 		return facilitator.VerifyResponse{IsValid: false, InvalidReason: facilitator.ReasonSimulationFailed,
-			InvalidMessage: "execution reverted: FiatTokenV2: authorization is used or canceled"}, 0, nil
+			InvalidMessage: "execution reverted: FiatTokenV2: authorization is used or canceled"}, 0, false, nil
 	}
-	return v.Verifier.Settleable(ctx, p, signer)
+	return v.Verifier.SettleCheck(ctx, p, signer)
 }
 
 // TestSettleDuplicateMinedDuringVerify: a request for a payload another process settles (and

@@ -80,14 +80,26 @@ type submission struct {
 // commit): whoever takes the key's lock next signs every waiting settlement with consecutive
 // nonces and writes them in one transaction, so the key's rate is not one ledger round trip per
 // settlement. Each still leaves only after its row is committed.
-func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to common.Address, data []byte, gas uint64) (*flight, error) {
+//
+// A contract wallet's settlement (alone) is never batched, whatever the network's policy: the
+// token runs the wallet's code to check the signature, and code that behaves in verify and burns
+// the gas inside a batch would sink the batch's other payments (they would be settled again
+// alone, a round later, at our cost: resettle.go).
+func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to common.Address, data []byte, gas uint64, alone bool) (*flight, error) {
 	fees, err := s.net.fees(ctx)
 	if err != nil {
 		return nil, err
 	}
 	sub := &submission{row: row, to: to, data: data, gas: eip3009.GasLimit(gas), estimate: gas, fees: fees}
 	if p := s.net.id.Batch; p.On() {
-		return s.submitBatched(ctx, sub, p)
+		if !alone {
+			return s.submitBatched(ctx, sub, p)
+		}
+		// Its own commit: the pending batch is its members' to close.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.commitLocked(context.WithoutCancel(ctx), []*submission{sub}, false)
+		return sub.f, sub.err
 	}
 	s.pmu.Lock()
 	s.pending = append(s.pending, sub)

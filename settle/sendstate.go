@@ -39,8 +39,13 @@ type track struct {
 	closing bool
 	// batched: the settlement's transaction is a batch's (Multicall3), shared with other
 	// settlements: it is re-signed at another nonce only on final evidence, as a new batch of the
-	// members still valid, and never moved into a nonce gap.
+	// members still valid, and never moved into a nonce gap; and if the batch is mined without
+	// transferring for it while its authorization stays valid, it is settled again alone, once
+	// (actResettle: its new transaction is not a batch's, so never again).
 	batched bool
+	// value is what the authorization moves: a payer's balance short of it at the pinned block
+	// makes a failed batch call the payment's own failure.
+	value *big.Int
 }
 
 // variant is one signed transaction of a settlement.
@@ -134,6 +139,8 @@ type chainRead struct {
 	use *authLog
 	// receiptsComplete: every variant's receipt was read in the same request (observation.receipts).
 	receiptsComplete bool
+	// balance is the payer's token balance at the block, read for a batch's member (nil: not read).
+	balance *big.Int
 }
 
 type authLog struct {
@@ -165,9 +172,10 @@ const (
 	actMove            // the mined transaction is now in another block: record decision.res
 	actReopen          // the mined transaction left the chain, or reverted where it was re-included
 	actRelease         // a closing settlement's nonce is used: stop watching it
+	actResettle        // sign a batch member's own call alone at a new nonce: its batch is mined, final, and did not transfer for it
 )
 
-var actionNames = [...]string{"wait", "read", "send", "bump", "resign", "resolve", "finalize", "move", "reopen", "release"}
+var actionNames = [...]string{"wait", "read", "send", "bump", "resign", "resolve", "finalize", "move", "reopen", "release", "resettle"}
 
 func (a action) String() string { return actionNames[a] }
 
@@ -277,9 +285,11 @@ func decideOpen(t track, o observation, p policy) decision {
 			return decision{act: actResolve, res: res, why: "mined"}
 		}
 	}
+	// The newest variant that reverted: a member settled again alone after its batch failed may
+	// carry the batch's variant too (recovered from the ledger), and its own outcome is the newer.
 	var reverted *receipt
-	for _, v := range t.variants {
-		if rr := o.receipts[v.hash]; rr.ok && rr.r != nil && !rr.r.success {
+	for i := len(t.variants) - 1; i >= 0; i-- {
+		if rr := o.receipts[t.variants[i].hash]; rr.ok && rr.r != nil && !rr.r.success {
 			reverted = rr.r
 			break
 		}
@@ -349,6 +359,9 @@ func decideOpen(t track, o observation, p policy) decision {
 		if reverted.batchFailed {
 			res.ErrorReason, res.ErrorMessage = facilitator.ReasonBatchCallFailed, "the settlement's call reverted inside the batch transaction (the batch's other settlements stand)"
 		}
+		if t.batched {
+			return t.batchReverted(o, p, res)
+		}
 		return t.terminal(o, p, c.at, c.atHash, res, "reverted")
 	}
 	if c.keyNonce > t.txNonce {
@@ -399,6 +412,33 @@ func (t track) terminal(o observation, p policy, at uint64, atHash common.Hash, 
 		return notFinal(o, p, why)
 	}
 	return twice(t, decision{act: actResolve, res: res, why: why}, at, atHash)
+}
+
+// batchReverted decides for a batch's member whose call did not transfer (the batch reverted, or
+// its call reverted inside it) with the authorization unused and valid at the pinned block, and
+// every variant's nonce used: the batch can never transfer for it. Unless the failure is the
+// payment's own (the payer's balance short of the value there: answered res, as before), the
+// member is settled again alone
+// (once: the new transaction is not a batch's), on the evidence a terminal answer would need
+// (final, read twice); a batch another payer sank, or a chain without Multicall3, must not fail
+// payments that can still settle. res is the answer it gets when it is not settled again.
+func (t track) batchReverted(o observation, p policy, res facilitator.Resolution) decision {
+	c := o.chain
+	switch {
+	case c.balance == nil:
+		// Not read (a reader that does not know the settlement is a batch's): as before.
+		return t.terminal(o, p, c.at, c.atHash, res, "reverted")
+	case t.value != nil && c.balance.Cmp(t.value) < 0:
+		// Answered as before (batch_call_failed, or transaction_failed for a batch that reverted),
+		// the message naming the shortfall.
+		res.ErrorMessage = fmt.Sprintf("%s; the payer's balance at block %d (%s) is short of the payment (%s)", res.ErrorMessage, c.at, c.balance, t.value)
+		return t.terminal(o, p, c.at, c.atHash, res, "reverted inside the batch: the payer's balance is short")
+	case t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0:
+		return t.terminal(o, p, c.at, c.atHash, res, "reverted inside the batch, too close to validBefore to settle again")
+	case !final(c.at, o, p):
+		return notFinal(o, p, "the batch did not transfer for it")
+	}
+	return twice(t, decision{act: actResettle, why: "the batch did not transfer for it; settling it again alone"}, c.at, c.atHash)
 }
 
 // finalPoint is where finality stands on the node that answered the pinned reads: by its

@@ -27,6 +27,13 @@ func TestDecide(t *testing.T) {
 	twoVariants.variants = []variant{sent(ours, 5), sent(bumped, 5)}
 	batchedOpen := open
 	batchedOpen.batched = true
+	batchedOpen.value = big.NewInt(1000)
+	// A batch's member settled again alone: its batch's variant (recovered from the ledger) and
+	// its own at a new nonce.
+	alone := open
+	alone.txNonce = 6
+	alone.value = big.NewInt(1000)
+	alone.variants = []variant{sent(ours, 5), sent(resigned, 6)}
 	resignedTrack := open
 	resignedTrack.txNonce = 6
 	resignedTrack.variants = []variant{sent(ours, 5), sent(resigned, 6)}
@@ -34,6 +41,11 @@ func TestDecide(t *testing.T) {
 		mined: minedAt{tx: ours, block: 100, blockHash: blockA}}
 
 	ok := func(r *receipt) receiptRead { return receiptRead{ok: true, r: r} }
+	// callFailed is a batch's receipt that succeeded without the member's pair.
+	callFailed := func(tx common.Hash, block uint64, bh common.Hash) *receipt {
+		return &receipt{tx: tx, batchFailed: true, block: block, blockHash: bh}
+	}
+	funded, short := big.NewInt(1000), big.NewInt(999)
 	success := func(tx common.Hash, block uint64, bh common.Hash) *receipt {
 		return &receipt{tx: tx, success: true, transfer: true, block: block, blockHash: bh}
 	}
@@ -83,6 +95,15 @@ func TestDecide(t *testing.T) {
 			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 105, time: uint64(t0.Unix()), keyNonce: 6, used: true}), want{act: actWait}},
 		{"a foreign transaction took a batch's nonce, too close to validBefore: no re-sign", batchedOpen,
 			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 105, time: vb.Uint64() - 10, keyNonce: 6}), want{act: actWait}},
+		{"a batch that reverted, in a block not final yet: wait", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 108, blockA))}), chainRead{at: 108, time: uint64(t0.Unix()), keyNonce: 6, balance: funded}),
+			want{act: actWait}},
+		{"a batch that reverted, read first: a verdict, not yet a re-settle", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, balance: funded}),
+			want{act: actWait}},
+		{"settled again alone, its own transaction unmined, the batch's reverted: wait (never a second re-settle)", alone,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA)), resigned: ok(nil)}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, balance: funded}),
+			want{act: actWait}},
 		{"null receipts and no flags: wait", open, obs(map[common.Hash]receiptRead{ours: ok(nil)}), want{act: actWait}},
 		{"a failed read says nothing", open, obs(map[common.Hash]receiptRead{ours: {}}), want{act: actWait}},
 		{"revert, the log names a foreign transaction: a verdict, not yet an outcome", open,
@@ -209,6 +230,24 @@ func TestDecide(t *testing.T) {
 		{"a plain revert once every nonce is used", open,
 			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6}),
 			want{actResolve, facilitator.StateReverted, ours}},
+		{"a batch that reverted, the authorization unused and valid, the payer funded: settle it again alone", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, balance: funded}),
+			want{act: actResettle}},
+		{"its call failed inside a batch that succeeded (no Multicall3, or short of gas), the payer funded: settle it again alone", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(callFailed(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, balance: funded}),
+			want{act: actResettle}},
+		{"its call failed inside the batch, the payer's balance short: its own failure", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(callFailed(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, balance: short}),
+			want{actResolve, facilitator.StateReverted, ours}},
+		{"a batch that reverted, too close to validBefore to settle again: failed", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: vb.Uint64() - 10, keyNonce: 6, balance: funded}),
+			want{actResolve, facilitator.StateReverted, ours}},
+		{"a batch that reverted, the balance not read (the reconcile job's reads): failed as before", batchedOpen,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6}),
+			want{actResolve, facilitator.StateReverted, ours}},
+		{"settled again alone, and its own transaction reverted: failed, naming it", alone,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA)), resigned: ok(revert(resigned, 101, blockB))}), chainRead{at: 101, atHash: blockB, time: uint64(t0.Unix()), keyNonce: 7, balance: funded}),
+			want{actResolve, facilitator.StateReverted, resigned}},
 		{"expired: unused at a final block past validBefore", open,
 			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil)}), chainRead{at: 105, time: vb.Uint64(), keyNonce: 5}),
 			want{act: actResolve, state: facilitator.StateExpired}},
@@ -344,5 +383,43 @@ func TestDecideFinalityTag(t *testing.T) {
 	o = elsewhereObs(300, tag(301), 0)
 	if d := decide(open, o, pol); d.act != actWait || d.verdict != nil {
 		t.Fatalf("a tag above the node's head: %s %+v, want a wait with nothing to read at", d.act, d.verdict)
+	}
+}
+
+// A batch's member whose call did not transfer: the reason each answer carries once decided (the
+// payer's balance short is the payment's own failure, and too close to validBefore it is not
+// settled again: each answered as before, batch_call_failed or, for a batch that reverted,
+// transaction_failed).
+func TestDecideBatchRevertedReasons(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	ours, blockA := common.Hash{1}, common.Hash{0xa}
+	pol := policy{finality: facilitator.Finality{Depth: 4}, retryInterval: time.Second, rebroadcastAfter: 30 * time.Second, bumpAfter: 90 * time.Second, resignMargin: 30 * time.Second}
+	vb := big.NewInt(t0.Unix() + 600)
+	tr := track{state: facilitator.StateBroadcast, txNonce: 5, validBefore: vb, batched: true, value: big.NewInt(1000),
+		variants: []variant{{hash: ours, nonce: 5, signedAt: t0, sentAt: t0, tried: t0}}}
+	for _, c := range []struct {
+		name    string
+		r       receipt
+		time    uint64
+		balance int64
+		reason  string
+	}{
+		{"its call failed inside the batch, the balance short", receipt{tx: ours, batchFailed: true, block: 100, blockHash: blockA}, uint64(t0.Unix()), 999, facilitator.ReasonBatchCallFailed},
+		{"the batch reverted, the balance short", receipt{tx: ours, block: 100, blockHash: blockA}, uint64(t0.Unix()), 0, facilitator.ReasonTransactionFailed},
+		{"its call failed inside the batch, too close to validBefore", receipt{tx: ours, batchFailed: true, block: 100, blockHash: blockA}, vb.Uint64() - 10, 1000, facilitator.ReasonBatchCallFailed},
+		{"the batch reverted, too close to validBefore", receipt{tx: ours, block: 100, blockHash: blockA}, vb.Uint64() - 10, 1000, facilitator.ReasonTransactionFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := c.r
+			o := observation{now: t0.Add(5 * time.Second), head: 110, receipts: map[common.Hash]receiptRead{ours: {ok: true, r: &r}},
+				chain: &chainRead{at: 100, atHash: blockA, time: c.time, keyNonce: 6, nodeHead: 110, receiptsComplete: true, balance: big.NewInt(c.balance)}}
+			first := decide(tr, o, pol)
+			second := tr
+			second.verdict = first.verdict
+			d := decide(second, o, pol)
+			if d.act != actResolve || d.res.State != facilitator.StateReverted || d.res.ErrorReason != c.reason || d.res.TxHash != ours {
+				t.Fatalf("%s %s %s %q (%s), want resolve reverted %s", d.act, d.res.State, d.res.TxHash, d.res.ErrorReason, d.why, c.reason)
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
@@ -35,6 +36,7 @@ func TestSimulationBatched(t *testing.T) {
 		seeds = 1
 	}
 	var total simStats
+	var batching batchStats
 	for i := range seeds {
 		seed := 1 + i
 		if *simSeed != 0 {
@@ -43,6 +45,7 @@ func TestSimulationBatched(t *testing.T) {
 		w := newSimWorldWith(seed, facilitator.BatchPolicy{Max: 2 + int(seed%7), Wait: 2 * time.Second})
 		err := w.runBatched()
 		total.add(w.stats)
+		batching.greedy, batching.resettled = batching.greedy+w.batching.greedy, batching.resettled+w.batching.resettled
 		if err != nil || *simSeed != 0 {
 			t.Logf("engine log of seed %d:\n%s", seed, w.logTail())
 		}
@@ -53,6 +56,10 @@ func TestSimulationBatched(t *testing.T) {
 	t.Logf("%d batched seeds: %s", seeds, total)
 	if *simSeed == 0 && (total.foreign == 0 || total.resigned == 0) {
 		t.Fatalf("no seed had a foreign transaction take a batch's nonce and the batch re-signed (%d foreign, %d re-signed)", total.foreign, total.resigned)
+	}
+	t.Logf("%d greedy payers, %d settlements settled again alone", batching.greedy, batching.resettled)
+	if *simSeed == 0 && (batching.greedy == 0 || batching.resettled == 0) {
+		t.Fatalf("no seed had a batch sunk by a greedy payer and a member settled again alone (%d greedy, %d settled again)", batching.greedy, batching.resettled)
 	}
 }
 
@@ -150,6 +157,16 @@ func (w *simWorld) runBatched() error {
 			}
 		}
 		calls.closeAll()
+		var greedy *common.Address
+		if w.r.IntN(5) == 0 {
+			// A member's payer gets code whose answer to the token's signature check burns the
+			// gas (an EOA delegating with EIP-7702 after verify): its batch runs out of gas, and
+			// the others must be settled again alone, for this round's blocks.
+			a := round[w.r.IntN(len(round))].p.Authorization.From
+			w.chain.SetGreedy(a, true)
+			greedy = &a
+			w.batching.greedy++
+		}
 		if w.r.IntN(4) == 0 {
 			// The key used elsewhere: a transaction of one of our keys that the engine did not
 			// sign, at the key's next mined nonce, takes the slot of the batch just signed there
@@ -170,6 +187,9 @@ func (w *simWorld) runBatched() error {
 			w.stats.mines++
 			w.engine.Step(w.ctx)
 		}
+		if greedy != nil {
+			w.chain.SetGreedy(*greedy, false)
+		}
 	}
 	// The end: time past every validBefore, until nothing is left to do; the merchants retry.
 	if err := w.settleDown(); err != nil {
@@ -183,4 +203,20 @@ func (w *simWorld) runBatched() error {
 		fmt.Fprintf(&w.log, "first /settle error: %v\n", calls.firstErr)
 	}
 	return w.checkInvariants()
+}
+
+// batchStats are the batched seeds' counts beyond simStats: greedy, payers given code that sinks
+// the batch they are in; resettled, settlements mined by a lone transaction after a batch of
+// theirs was mined without paying them.
+type batchStats struct{ greedy, resettled int }
+
+// renonced reports whether the row's settlement moved to another tx nonce (re-signed, or settled
+// again alone after its batch).
+func renonced(r settlesim.LedgerRow) bool {
+	for _, ev := range r.Events {
+		if ev.State == "renonced" {
+			return true
+		}
+	}
+	return false
 }

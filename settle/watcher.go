@@ -319,6 +319,10 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			if err := n.resign(ctx, f, w.t.txNonce, d.why, gap); err != nil {
 				e.log.Warn("re-signing a settlement at a new nonce; will retry", f.logAttrs("tx_nonce", w.t.txNonce, "why", d.why, "err", err)...)
 			}
+		case actResettle:
+			if err := n.resettle(ctx, f, w.t.txNonce, d.why); err != nil {
+				e.log.Warn("settling a batch's member again alone; will retry", f.logAttrs("tx_nonce", w.t.txNonce, "err", err)...)
+			}
 		case actResolve:
 			o := outcome{f: f, res: d.res}
 			o.res.ID = f.id

@@ -127,18 +127,26 @@ func (v *Verifier) Verify(ctx context.Context, p *facilitator.Payment) (facilita
 // that will submit the transaction, so one round trip both proves the transfer would succeed now and
 // sizes its gas. Gas is zero when the payment is invalid.
 func (v *Verifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, err error) {
+	res, gas, _, err = v.SettleCheck(ctx, p, signer)
+	return res, gas, err
+}
+
+// SettleCheck is Settleable, and also reports whether the payer's address holds code (wallet: a
+// contract wallet, or an EOA delegating with EIP-7702): the token asks that code about the
+// signature, and what it does there (burn the gas a batch's other calls need) is its own.
+func (v *Verifier) SettleCheck(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, wallet bool, err error) {
 	n, err := v.route(p)
 	if err != nil {
-		return facilitator.VerifyResponse{}, 0, err
+		return facilitator.VerifyResponse{}, 0, false, err
 	}
-	reason, msg, gas, err := v.check(ctx, n, p, simulation{mode: simEstimate, from: signer, hint: v.gasHint(n.ID, p.Requirements.Asset)})
+	reason, msg, gas, err := v.check(ctx, n, p, simulation{mode: simEstimate, from: signer, hint: v.gasHint(n.ID, p.Requirements.Asset), wallet: &wallet})
 	if err != nil {
-		return facilitator.VerifyResponse{}, 0, err
+		return facilitator.VerifyResponse{}, 0, false, err
 	}
 	if reason != "" {
-		return facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: p.Payer}, 0, nil
+		return facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: p.Payer}, 0, false, nil
 	}
-	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, gas, nil
+	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, gas, wallet, nil
 }
 
 // Route returns the configured network a payment is for, or an EInvalid error.
@@ -161,6 +169,8 @@ type simulation struct {
 	// signed with, instead of an eth_estimateGas (which nodes answer by running the call many
 	// times, in a binary search: under load it was most of anvil's work per settlement).
 	hint uint64
+	// wallet, when set, is told whether the payer's address holds code, once it is read.
+	wallet *bool
 }
 
 func (v *Verifier) gasHint(network string, asset common.Address) uint64 {
@@ -281,6 +291,9 @@ func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilit
 
 	// Steps 5-7: ERC-6492 classification, factory allow-list, signature.
 	deployed := len(payerCode.Out) > 0
+	if how.wallet != nil {
+		*how.wallet = deployed
+	}
 	counterfactual := wrapped && !deployed
 	if counterfactual && !v.factories[wrapper.Factory] {
 		return facilitator.ReasonEIP6492FactoryNotAllowed, fmt.Sprintf("factory %s is not on this facilitator's allow-list", wrapper.Factory.Hex()), 0, nil

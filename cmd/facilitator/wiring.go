@@ -114,6 +114,13 @@ func (m *Main) Run(ctx context.Context) error {
 				return err
 			}
 		}
+		// Batching on a chain without Multicall3 would send every batch to an empty account,
+		// which succeeds transferring nothing: refused, like a token whose domain is wrong.
+		if !cfg.IndexOnly {
+			if err := checkMulticall(startCtx, rpcReaders[n.ID].Chain, n.Batch); err != nil {
+				return fmt.Errorf("%s: batched settlement is configured (\"batch\"), and %w: deploy Multicall3 there or remove the network's batch entry", n.ID, err)
+			}
+		}
 	}
 	m.metrics.WatchEndpoints(func() []metrics.Endpoint {
 		var out []metrics.Endpoint

@@ -215,6 +215,18 @@ func (c *Chain) Mint(addr common.Address, amount *big.Int) {
 	c.cheat("mint "+addr.Hex()+" "+v.String(), func(st *state) { st.usdc[addr] = v })
 }
 
+// SetGreedy gives payer's address code (or takes it away) whose answer to the token's signature
+// check burns all the gas it is given, as anvil_setCode would (an EOA delegating with EIP-7702
+// after its payment was verified): a transaction carrying its authorization runs out of gas.
+func (c *Chain) SetGreedy(payer common.Address, on bool) {
+	c.cheat(fmt.Sprintf("greedy %s %v", payer.Hex(), on), func(st *state) {
+		if st.greedy == nil {
+			st.greedy = map[common.Address]bool{}
+		}
+		st.greedy[payer] = on
+	})
+}
+
 func (c *Chain) cheat(what string, f func(*state)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -33,6 +33,7 @@ const (
 	viewExecGas     = 3_000
 	revertExecGas   = 9_000
 	txGas           = 21_000
+	greedyGas       = 1 << 40
 )
 
 // tokenCode is what eth_getCode answers for the token: any non-empty code tells verify that the
@@ -73,6 +74,9 @@ type state struct {
 	eth    map[common.Address]*big.Int
 	usdc   map[common.Address]*big.Int
 	auths  map[authKey]Use // BlockHash left zero: it is not known while the block executes
+	// greedy are the payers whose address has code (Chain.SetGreedy) that burns the gas the
+	// token's signature check of it is given: their authorization's transfer runs out of gas.
+	greedy map[common.Address]bool
 }
 
 func newState() *state {
@@ -82,7 +86,10 @@ func newState() *state {
 
 func (s *state) copy() *state {
 	out := &state{nonces: make(map[common.Address]uint64, len(s.nonces)), eth: make(map[common.Address]*big.Int, len(s.eth)),
-		usdc: make(map[common.Address]*big.Int, len(s.usdc)), auths: make(map[authKey]Use, len(s.auths))}
+		usdc: make(map[common.Address]*big.Int, len(s.usdc)), auths: make(map[authKey]Use, len(s.auths)), greedy: make(map[common.Address]bool, len(s.greedy))}
+	for k, v := range s.greedy {
+		out.greedy[k] = v
+	}
 	for k, v := range s.nonces {
 		out.nonces[k] = v
 	}
@@ -194,6 +201,11 @@ func run(env execEnv, st *state, sender common.Address, to *common.Address, valu
 		}
 		if _, used := st.auths[key]; used {
 			return revert(revertUsed)
+		}
+		if st.greedy[a.From] {
+			// The token asks the payer's code about the signature, which burns all it is given:
+			// more than any transaction's limit, so the transaction runs out of gas.
+			return callResult{reverted: true, reason: "out of gas", gas: greedyGas}
 		}
 		// The EIP-712 signature is not checked: verify checks it before anything is signed, and
 		// the simulator's third parties submit copies of signed calldata.
