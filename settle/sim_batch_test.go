@@ -186,6 +186,12 @@ func (w *simWorld) runBatched() error {
 			w.chain.Mine()
 			w.stats.mines++
 			w.engine.Step(w.ctx)
+			// The second process (reconcile, status) and the adversaries, on streams of their
+			// own, while every call is parked or returned.
+			if err := w.jobsStep(); err != nil {
+				return err
+			}
+			w.adversaryStep()
 		}
 		if greedy != nil {
 			w.chain.SetGreedy(*greedy, false)
@@ -202,7 +208,12 @@ func (w *simWorld) runBatched() error {
 	if calls.firstErr != nil {
 		fmt.Fprintf(&w.log, "first /settle error: %v\n", calls.firstErr)
 	}
-	return w.checkInvariants()
+	if err := w.checkInvariants(); err != nil {
+		return err
+	}
+	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
+	w.stats.drains = w.adversaries.drains
+	return w.checkStatusAtEnd()
 }
 
 // batchStats are the batched seeds' counts beyond simStats: greedy, payers given code that sinks
