@@ -27,6 +27,7 @@ type scriptedNode struct {
 	useTx     common.Hash // zero: no use log
 	receipt   *types.Receipt
 	noBlock   bool // the node lacks the pinned block (it lags)
+	finalized uint64 // its answer for the "finalized" tag (0: it serves none)
 	callCount int
 }
 
@@ -38,7 +39,11 @@ func (n *scriptedNode) BatchCallContext(_ context.Context, b []rpc.BatchElem) er
 		var answer any
 		switch b[i].Method {
 		case "eth_getBlockByNumber":
-			if !n.noBlock {
+			if b[i].Args[0] == facilitator.TagFinalized {
+				if n.finalized > 0 {
+					answer = map[string]any{"number": hexutil.Uint64(n.finalized), "hash": n.hash}
+				}
+			} else if !n.noBlock {
 				answer = map[string]any{"hash": n.hash, "timestamp": hexutil.Uint64(1_000)}
 			}
 		case "eth_getTransactionCount":
@@ -158,6 +163,86 @@ func TestCorroboratedReads(t *testing.T) {
 		}
 		if pr.read == nil || !pr.read.used {
 			t.Fatalf("a single endpoint's read: %+v", pr.read)
+		}
+	})
+}
+
+// TestQuorumConfirmsOutcomes: a decision that records what one endpoint's read said (mined on its
+// receipt, final on its block and tag) stands only when the quorum's reads decide the same: an
+// endpoint inventing a receipt, or a finalized block far ahead, decides nothing alone, and is
+// counted as a disagreement; two endpoints that agree decide.
+func TestQuorumConfirmsOutcomes(t *testing.T) {
+	ctx := context.Background()
+	ours := common.Hash{1}
+	blockHash := common.Hash{0xb}
+	mined := func() *types.Receipt {
+		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: blockHash}
+	}
+	open := pinned(0).t
+	minedTrack := track{state: facilitator.StateMined, variants: open.variants, mined: minedAt{tx: ours, block: 10, blockHash: blockHash}}
+	p := policy{finality: facilitator.Finality{Tag: facilitator.TagFinalized, Depth: 64}}
+	for _, c := range []struct {
+		name      string
+		t         track
+		a, b      func(*scriptedNode)
+		confirmed bool
+		disagreed int
+	}{
+		{"open: one endpoint invents our receipt", open, func(n *scriptedNode) { n.receipt = mined() }, func(*scriptedNode) {}, false, 1},
+		{"open: both have our receipt", open, func(n *scriptedNode) { n.receipt = mined() }, func(n *scriptedNode) { n.receipt = mined() }, true, 0},
+		{"mined: one endpoint's finalized block is far ahead", minedTrack,
+			func(n *scriptedNode) { n.receipt, n.head, n.finalized = mined(), 1_000, 900 },
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 4 }, false, 0},
+		{"mined: both say final", minedTrack,
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 12 },
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 11 }, true, 0},
+		{"mined: one endpoint has another block there", minedTrack,
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 12 },
+			func(n *scriptedNode) { n.receipt, n.finalized, n.hash = mined(), 12, common.Hash{0xc} }, false, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := &scriptedNode{head: 20, hash: blockHash}, &scriptedNode{head: 20, hash: blockHash}
+			c.a(a)
+			c.b(b)
+			// The first read, from endpoint a alone, decides an outcome.
+			rr := receiptReads{tag: p.finality.Tag}
+			o := observation{receipts: map[common.Hash]receiptRead{}}
+			qr := quorumFor(c.t, Expected{})
+			for _, h := range qr.hashes {
+				rr.receipt(&o, h, Expected{})
+			}
+			if qr.at > 0 {
+				rr.canon(&o, qr.at)
+			}
+			if err := rr.runWith(ctx, direct(a)); err != nil {
+				t.Fatal(err)
+			}
+			ct := c.t
+			if ct.state.Succeeded() {
+				// The second read of a finality verdict: the first recorded it.
+				ct.verdict = &verdict{act: actFinalize, at: 10, atHash: blockHash}
+			}
+			d := decide(ct, o, p)
+			if !recordsOutcome(d) {
+				t.Fatalf("endpoint a's read alone: %v (%s), want an outcome to confirm", d.act, d.why)
+			}
+			n := 0
+			if err := readQuorum(ctx, pair{Chain: a, a: a, b: b}, direct, p.finality.Tag, []*quorumRead{qr}, func() { n++ }); err != nil {
+				t.Fatal(err)
+			}
+			if got := qr.confirmed(ct, o, p, d); got != c.confirmed || n != c.disagreed {
+				t.Fatalf("confirmed %v with %d disagreements; want %v, %d", got, n, c.confirmed, c.disagreed)
+			}
+		})
+	}
+	t.Run("two endpoints, one healthy: not confirmed", func(t *testing.T) {
+		a := &scriptedNode{head: 20, hash: blockHash, receipt: mined()}
+		qr := quorumFor(open, Expected{})
+		if err := readQuorum(ctx, pair{Chain: a, a: a}, direct, "", []*quorumRead{qr}, func() {}); err != nil {
+			t.Fatal(err)
+		}
+		if qr.agreed || a.callCount != 0 {
+			t.Fatalf("with the second endpoint down: agreed %v, %d reads", qr.agreed, a.callCount)
 		}
 	})
 }

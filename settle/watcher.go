@@ -268,6 +268,32 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		}
 	}
 
+	// An outcome read from one endpoint (a receipt that makes a settlement mined, the block and tag
+	// that make it final or show it gone) is carried out only once a quorum of the network's
+	// endpoints agrees with it: one more batch per endpoint, for the round's outcomes together.
+	if quorumSize(n.chain) > 1 {
+		var qrs []*quorumRead
+		var qFor []int
+		for i, w := range works {
+			if recordsOutcome(decisions[i]) {
+				qrs = append(qrs, quorumFor(w.t, w.want))
+				qFor = append(qFor, i)
+			}
+		}
+		if len(qrs) > 0 {
+			err := readQuorum(ctx, n.chain, n.batchOn, fin.Tag, qrs, func() { e.cfg.Observer.Disagreement(n.id.ID) })
+			if err != nil {
+				e.log.Warn("confirming outcomes with a quorum of providers failed; deciding next round", "network", n.id.ID, "err", err)
+			}
+			for j, qr := range qrs {
+				i := qFor[j]
+				if w := works[i]; err != nil || !qr.confirmed(w.t, w.o, n.policy(), decisions[i]) {
+					decisions[i] = keep(w.t, "not confirmed by a quorum of providers: "+decisions[i].why)
+				}
+			}
+		}
+	}
+
 	var resend []*flight
 	var outcomes []outcome
 	var finals []*flight
@@ -473,10 +499,15 @@ func (rr *receiptReads) canon(o *observation, number uint64) {
 }
 
 func (rr *receiptReads) run(ctx context.Context, n *network) error {
+	return rr.runWith(ctx, n.batch)
+}
+
+// runWith is run through batch (one endpoint's, for a quorum's reads).
+func (rr *receiptReads) runWith(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error) error {
 	if len(rr.elems) == 0 {
 		return nil
 	}
-	if err := n.batch(ctx, rr.elems); err != nil {
+	if err := batch(ctx, rr.elems); err != nil {
 		return err
 	}
 	for _, f := range rr.after {
