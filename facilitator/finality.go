@@ -3,7 +3,7 @@ package facilitator
 import (
 	"fmt"
 	"strconv"
-	"sync/atomic"
+	"sync"
 )
 
 // The finality tags a network's rule may name: a block at or below the block a node reports under
@@ -80,20 +80,62 @@ func (f Finality) At(head uint64, tag TagRead, floor uint64) FinalPoint {
 	return FinalPoint{Block: head + 1 - d, Known: true, Rule: f.DepthRule()}
 }
 
-// FinalityFloor remembers the highest tagged block a network's nodes answered consistently, so
-// that a node whose answer goes back below it is caught (its word is not known). Safe for
-// concurrent use; the zero value has seen nothing.
-type FinalityFloor struct{ v atomic.Uint64 }
+// FinalityFloor remembers the highest tagged block a network's nodes agreed on, so that a node
+// whose answer goes back below it is caught (its word is not known). One answer never moves it:
+// it rises only to what two answers in a row both reach (a bogus "finalized" far ahead, answered
+// once, is outvoted by the honest answer beside it), and when two answers in a row are below it
+// (a bogus floor agreed by a lying provider answering twice, say) it is relearned from them, so
+// that honest answers make blocks final again. Safe for concurrent use; the zero value has seen
+// nothing.
+type FinalityFloor struct {
+	mu sync.Mutex
+	s  FloorState
+}
 
-// Load is the highest tagged block answered consistently (0: none).
-func (fl *FinalityFloor) Load() uint64 { return fl.v.Load() }
+// FloorState is a FinalityFloor's memory.
+type FloorState struct {
+	// Floor is the highest tagged block two answers in a row reached (0: none).
+	Floor uint64
+	// Last is the previous consistent answer (Seen false: none yet).
+	Last uint64
+	Seen bool
+}
 
-// At is f.At above the floor, raising the floor when a tag answer is consistent.
+// Load is the floor: the highest tagged block agreed (0: none).
+func (fl *FinalityFloor) Load() uint64 {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.s.Floor
+}
+
+// At is f.At above the floor, moving the floor on the answer (Step).
 func (fl *FinalityFloor) At(f Finality, head uint64, tag TagRead) FinalPoint {
-	p := f.At(head, tag, fl.v.Load())
-	if p.Known && f.Tag != "" && tag.OK {
-		for old := fl.v.Load(); tag.Number > old && !fl.v.CompareAndSwap(old, tag.Number); old = fl.v.Load() {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	var p FinalPoint
+	fl.s, p = f.Step(fl.s, head, tag)
+	return p
+}
+
+// Step is where finality stands on a node whose head is head and whose answer for the rule's tag
+// is tag, given what the floor remembers, and the floor after this answer. An answer above the
+// node's own head says nothing and changes nothing. A consistent one raises the floor to what it
+// and the previous answer both reach; two in a row below the floor replace it (relearned: the
+// answers that set it are no longer repeated by anyone), and the second is known again.
+func (f Finality) Step(s FloorState, head uint64, tag TagRead) (FloorState, FinalPoint) {
+	if f.Tag == "" || !tag.OK || tag.Number > head {
+		return s, f.At(head, tag, s.Floor)
+	}
+	n := tag.Number
+	if s.Seen {
+		agreed := min(n, s.Last)
+		switch {
+		case agreed > s.Floor:
+			s.Floor = agreed
+		case n < s.Floor && s.Last < s.Floor:
+			s.Floor = agreed
 		}
 	}
-	return p
+	s.Last, s.Seen = n, true
+	return s, f.At(head, tag, s.Floor)
 }
