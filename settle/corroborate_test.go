@@ -26,7 +26,7 @@ type scriptedNode struct {
 	used      bool
 	useTx     common.Hash // zero: no use log
 	receipt   *types.Receipt
-	noBlock   bool // the node lacks the pinned block (it lags)
+	noBlock   bool   // the node lacks the pinned block (it lags)
 	finalized uint64 // its answer for the "finalized" tag (0: it serves none)
 	callCount int
 }
