@@ -81,12 +81,12 @@ func (f Finality) At(head uint64, tag TagRead, floor uint64) FinalPoint {
 }
 
 // FinalityFloor remembers the highest tagged block a network's nodes agreed on, so that a node
-// whose answer goes back below it is caught (its word is not known). One answer never moves it:
-// it rises only to what two answers in a row both reach (a bogus "finalized" far ahead, answered
-// once, is outvoted by the honest answer beside it), and when two answers in a row are below it
-// (a bogus floor agreed by a lying provider answering twice, say) it is relearned from them, so
-// that honest answers make blocks final again. Safe for concurrent use; the zero value has seen
-// nothing.
+// whose answer goes back below it is caught (its word is not known). One answer never decides,
+// nor moves it: where finality stands is what two answers in a row both reach (a bogus
+// "finalized" far ahead, answered once, is outvoted by the honest answer beside it), the floor
+// rises to that, and when two answers in a row are below the floor (a bogus floor agreed by a
+// lying provider answering twice, say) it is relearned from them, so that honest answers make
+// blocks final again. Safe for concurrent use; the zero value has seen nothing.
 type FinalityFloor struct {
 	mu sync.Mutex
 	s  FloorState
@@ -108,7 +108,7 @@ func (fl *FinalityFloor) Load() uint64 {
 	return fl.s.Floor
 }
 
-// At is f.At above the floor, moving the floor on the answer (Step).
+// At is where finality stands after this answer (Step), the floor moved on it.
 func (fl *FinalityFloor) At(f Finality, head uint64, tag TagRead) FinalPoint {
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
@@ -117,25 +117,26 @@ func (fl *FinalityFloor) At(f Finality, head uint64, tag TagRead) FinalPoint {
 	return p
 }
 
-// Step is where finality stands on a node whose head is head and whose answer for the rule's tag
-// is tag, given what the floor remembers, and the floor after this answer. An answer above the
-// node's own head says nothing and changes nothing. A consistent one raises the floor to what it
-// and the previous answer both reach; two in a row below the floor replace it (relearned: the
-// answers that set it are no longer repeated by anyone), and the second is known again.
+// Step is where finality stands once a node whose head is head answered tag for the rule's tag,
+// given what the floor remembers, and the floor after the answer. An answer above the node's own
+// head says nothing and changes nothing (without a tag, or while it cannot be read, finality is
+// by depth: At). A consistent answer and the one before it agree on the lower of the two, and the
+// floor rises to it; two answers in a row below the floor replace it (relearned). Final is every
+// block up to the floor, on an answer that reaches it (one below it is a node gone backwards:
+// not known). The first answer alone is not known.
 func (f Finality) Step(s FloorState, head uint64, tag TagRead) (FloorState, FinalPoint) {
 	if f.Tag == "" || !tag.OK || tag.Number > head {
 		return s, f.At(head, tag, s.Floor)
 	}
-	n := tag.Number
-	if s.Seen {
-		agreed := min(n, s.Last)
-		switch {
-		case agreed > s.Floor:
-			s.Floor = agreed
-		case n < s.Floor && s.Last < s.Floor:
-			s.Floor = agreed
-		}
-	}
+	n, last, seen := tag.Number, s.Last, s.Seen
 	s.Last, s.Seen = n, true
-	return s, f.At(head, tag, s.Floor)
+	if !seen {
+		return s, FinalPoint{Rule: f.String()}
+	}
+	agreed := min(n, last)
+	if agreed > s.Floor || (n < s.Floor && last < s.Floor) {
+		s.Floor = agreed
+	}
+	// Final up to the floor, which this answer reaches (a node below it has gone backwards).
+	return s, FinalPoint{Block: s.Floor, Known: n >= s.Floor, Rule: f.String()}
 }

@@ -183,7 +183,11 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	}
 	for _, w := range works {
 		if w.o.canon != nil {
-			n.sawFinal(w.o.canon.head, w.o.canon.tag)
+			if tagRead == nil {
+				// (With a tag, the round's own read of it came in the same answer: one answer is
+				// told to the floor once, since it moves only on answers that agree.)
+				n.sawFinal(w.o.canon.head, w.o.canon.tag)
+			}
 			if _, ok := w.o.receipts[w.t.mined.tx]; !ok && w.o.canon.hash != w.t.mined.blockHash {
 				// Another block (or none) at a mined settlement's height, and its receipt not read
 				// this round: the next round reads every receipt, to see where it went.
@@ -235,10 +239,14 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			}
 		}
 		failed := 0
+		toldFinal := false // the reads are one answer (per endpoint): told to the floor once
 		for _, pr := range pinned {
 			if pr.read != nil {
 				n.saw(pr.read.nodeHead)
-				n.sawFinal(pr.read.nodeHead, pr.read.tag)
+				if !toldFinal {
+					n.sawFinal(pr.read.nodeHead, pr.read.tag)
+					toldFinal = true
+				}
 			}
 			if pr.read == nil && !pr.voided && pr.at == n.pinHead {
 				failed++
