@@ -37,7 +37,7 @@ type pairer interface {
 	Pair() (a, b Chain, ok bool)
 	Endpoints() int
 	Quorum() int
-	Several(n int) ([]Chain, bool)
+	Several(n int, except ...string) ([]Chain, bool)
 }
 
 type counted struct {
@@ -75,8 +75,8 @@ func (c countedPool) Endpoints() int { return c.p.Endpoints() }
 
 func (c countedPool) Quorum() int { return c.p.Quorum() }
 
-func (c countedPool) Several(n int) ([]Chain, bool) {
-	chains, ok := c.p.Several(n)
+func (c countedPool) Several(n int, except ...string) ([]Chain, bool) {
+	chains, ok := c.p.Several(n, except...)
 	for i := range chains {
 		chains[i] = c.with(chains[i])
 	}

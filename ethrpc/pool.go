@@ -166,20 +166,57 @@ func (p *Pool) SetQuorum(q int) error {
 // Quorum is how many endpoints must agree on a read that decides an outcome.
 func (p *Pool) Quorum() int { return p.quorum }
 
-// Several returns n different healthy endpoints, for a read that a quorum must agree on; ok is
-// false when fewer than n are healthy.
-func (p *Pool) Several(n int) ([]Chain, bool) {
+// Several returns n different healthy endpoints other than those named in except, for a read that
+// a quorum must agree on; ok is false when fewer than n are healthy.
+func (p *Pool) Several(n int, except ...string) ([]Chain, bool) {
 	now := p.now()
 	var picked []Chain
 	for _, e := range p.order() {
 		if len(picked) == n {
 			break
 		}
-		if e.healthy(now) {
+		if e.healthy(now) && !slices.Contains(except, e.Name) {
 			picked = append(picked, p.one(e))
 		}
 	}
 	return picked, len(picked) == n && n > 0
+}
+
+// Answered records which endpoints of a Pool answered the calls made with a context
+// (WithAnswered): a read that one endpoint answered is confirmed on others, not on it again.
+type Answered struct {
+	mu    sync.Mutex
+	names []string
+}
+
+type answeredKey struct{}
+
+// WithAnswered is ctx recording into the returned Answered each endpoint that answers a call made
+// with it (an answer: a result or a JSON-RPC error, not a failure).
+func WithAnswered(ctx context.Context) (context.Context, *Answered) {
+	a := &Answered{}
+	return context.WithValue(ctx, answeredKey{}, a), a
+}
+
+// Names are the endpoints that answered, in the order they first did.
+func (a *Answered) Names() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.names)
+}
+
+func (a *Answered) add(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !slices.Contains(a.names, name) {
+		a.names = append(a.names, name)
+	}
+}
+
+func answered(ctx context.Context, e *endpoint) {
+	if a, ok := ctx.Value(answeredKey{}).(*Answered); ok {
+		a.add(e.Name)
+	}
 }
 
 // Endpoints is how many endpoints the pool has, healthy or not.
@@ -330,6 +367,7 @@ func (p *Pool) attempt(ctx context.Context, e *endpoint, call func(context.Conte
 	if err != nil && !retryable(err) {
 		// An answer (a revert, "nonce too low"): the endpoint is fine.
 		p.up(e)
+		answered(ctx, e)
 		return err
 	}
 	if err != nil {
@@ -337,6 +375,7 @@ func (p *Pool) attempt(ctx context.Context, e *endpoint, call func(context.Conte
 		return fmt.Errorf("ethrpc: %s: %w", e.Name, redact(err))
 	}
 	p.up(e)
+	answered(ctx, e)
 	if method == "eth_blockNumber" {
 		e.saw(result)
 	}

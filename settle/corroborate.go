@@ -32,15 +32,26 @@ type pairer interface {
 type quorate interface {
 	pairer
 	Quorum() int
-	Several(n int) ([]ethrpc.Chain, bool)
+	// Several names n healthy endpoints other than those in except.
+	Several(n int, except ...string) ([]ethrpc.Chain, bool)
 }
 
 // quorumOf is the endpoints an outcome's reads are made on. eps nil and ok: the chain is trusted
 // as one (one endpoint, or a quorum of one); not ok: fewer than the quorum are healthy now.
 func quorumOf(chain ethrpc.Chain) (eps []ethrpc.Chain, ok bool) {
+	return quorumBeside(chain, "")
+}
+
+// quorumBeside is quorumOf beside a read the endpoint named from (not "") already answered: the
+// quorum's other endpoints, none of them that one. A chain that cannot name its endpoints (a test's
+// pair) gives the whole quorum.
+func quorumBeside(chain ethrpc.Chain, from string) (eps []ethrpc.Chain, ok bool) {
 	if q, is := chain.(quorate); is {
-		if q.Quorum() <= 1 {
+		switch {
+		case q.Quorum() <= 1:
 			return nil, true
+		case from != "":
+			return q.Several(q.Quorum()-1, from)
 		}
 		return q.Several(q.Quorum())
 	}
@@ -158,6 +169,11 @@ type quorumRead struct {
 	hashes []common.Hash
 	want   Expected
 	at     uint64 // the height whose block is read beside the receipts (0: none)
+	// from names the endpoint whose answer the decision rests on (first: its receipts and block),
+	// when one endpoint answered it all: its answer is one of the quorum's, and the others are
+	// asked. "": the whole quorum is asked.
+	from  string
+	first observation
 
 	// agreed: every endpoint of the quorum answered every read, and the same.
 	agreed   bool
@@ -165,17 +181,53 @@ type quorumRead struct {
 	canon    *canonRead
 }
 
-// readQuorum makes the reads of qrs on a quorum of chain's endpoints, in one batch each, and
-// keeps what they all say (the lower of their heads and tags). With the chain trusted as one, the
-// reads are made once. A receipt or block the endpoints answered differently is not known, and
-// disagreed is called for it.
+// beside makes qr rest on the first read o, answered by the endpoint named from, where that read
+// holds everything the quorum compares.
+func (qr *quorumRead) beside(from string, o observation) {
+	if from == "" || (qr.at > 0 && o.canon == nil) {
+		return
+	}
+	for _, h := range qr.hashes {
+		if !o.receipts[h].ok {
+			return
+		}
+	}
+	qr.from, qr.first = from, o
+}
+
+// readQuorum makes the reads of qrs on a quorum of chain's endpoints (beside the endpoint a read
+// rests on, which is not asked again), in one batch per endpoint, and keeps what they all say
+// (the lower of their heads and tags). A receipt or block the endpoints answered differently is
+// not known, and disagreed is called for it. With fewer healthy endpoints than the quorum
+// nothing is agreed.
 func readQuorum(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
 	tag string, qrs []*quorumRead, disagreed func()) error {
-	eps, ok := quorumOf(chain)
-	if !ok {
-		return nil // not agreed: fewer healthy endpoints than the quorum
+	groups := map[string][]*quorumRead{}
+	var order []string
+	for _, qr := range qrs {
+		if _, ok := groups[qr.from]; !ok {
+			order = append(order, qr.from)
+		}
+		groups[qr.from] = append(groups[qr.from], qr)
 	}
-	if eps == nil {
+	for _, from := range order {
+		if err := readQuorumBeside(ctx, chain, batchOn, tag, from, groups[from], disagreed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
+	tag, from string, qrs []*quorumRead, disagreed func()) error {
+	for _, qr := range qrs {
+		qr.agreed, qr.receipts, qr.canon = false, nil, nil
+	}
+	eps, ok := quorumBeside(chain, from)
+	switch {
+	case !ok:
+		return nil // fewer healthy endpoints than the quorum
+	case eps == nil:
 		eps = []ethrpc.Chain{chain}
 	}
 	obs := make([][]observation, len(eps))
@@ -202,28 +254,36 @@ func readQuorum(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Cha
 			return err
 		}
 	}
+	if from != "" {
+		// The first read is the quorum's first vote.
+		first := make([]observation, len(qrs))
+		for i, qr := range qrs {
+			first[i] = qr.first
+		}
+		obs = append([][]observation{first}, obs...)
+	}
 	for i, qr := range qrs {
-		qr.agreed, qr.receipts, qr.canon = true, map[common.Hash]receiptRead{}, nil
+		qr.agreed, qr.receipts = true, map[common.Hash]receiptRead{}
 		for _, h := range qr.hashes {
-			first := obs[0][i].receipts[h]
-			agree := first.ok
-			for k := 1; k < len(eps) && agree; k++ {
+			r := obs[0][i].receipts[h]
+			agree := r.ok
+			for k := 1; k < len(obs) && agree; k++ {
 				other := obs[k][i].receipts[h]
-				if agree = other.ok; agree && !sameReceipt(first.r, other.r) {
+				if agree = other.ok; agree && !sameReceipt(r.r, other.r) {
 					agree = false
 					disagreed()
 				}
 			}
 			if !agree {
-				qr.agreed, first = false, receiptRead{}
+				qr.agreed, r = false, receiptRead{}
 			}
-			qr.receipts[h] = first
+			qr.receipts[h] = r
 		}
 		if qr.at == 0 {
 			continue
 		}
 		c := obs[0][i].canon
-		for k := 1; k < len(eps) && c != nil; k++ {
+		for k := 1; k < len(obs) && c != nil; k++ {
 			other := obs[k][i].canon
 			switch {
 			case other == nil:

@@ -246,3 +246,60 @@ func TestQuorumConfirmsOutcomes(t *testing.T) {
 		}
 	})
 }
+
+// TestQuorumBesideTheFirstRead: on a pool, the endpoint whose answer a decision rests on is one
+// vote of the quorum, and only the others are asked (one more receipt read per mined
+// settlement, with two providers): a lie from the first is refuted by the second, and the truth
+// from both stands.
+func TestQuorumBesideTheFirstRead(t *testing.T) {
+	ctx := context.Background()
+	ours := common.Hash{1}
+	mined := func() *types.Receipt {
+		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}}
+	}
+	open := pinned(0).t
+	for _, c := range []struct {
+		name      string
+		second    *types.Receipt
+		confirmed bool
+		disagreed int
+	}{
+		{"the first endpoint invented our receipt", nil, false, 1},
+		{"both have it", mined(), true, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := &scriptedNode{head: 20, hash: common.Hash{0xb}, receipt: mined()}
+			b := &scriptedNode{head: 20, hash: common.Hash{0xb}, receipt: c.second}
+			pool, err := ethrpc.NewPool([]ethrpc.Endpoint{{Name: "rpc0", Chain: a}, {Name: "rpc1", Chain: b}}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, from := ethrpc.WithAnswered(ctx)
+			rr := receiptReads{}
+			o := observation{receipts: map[common.Hash]receiptRead{}}
+			rr.receipt(&o, ours, Expected{})
+			if err := rr.runWith(rctx, direct(pool)); err != nil {
+				t.Fatal(err)
+			}
+			if names := from.Names(); len(names) != 1 || names[0] != "rpc0" || a.callCount != 1 {
+				t.Fatalf("the first read was answered by %v (rpc0 asked %d times), want rpc0 alone", names, a.callCount)
+			}
+			d := decide(open, o, policy{})
+			if !recordsOutcome(d) {
+				t.Fatalf("rpc0's receipt alone: %v (%s), want an outcome to confirm", d.act, d.why)
+			}
+			qr := quorumFor(open, Expected{})
+			qr.beside(from.Names()[0], o)
+			n := 0
+			if err := readQuorum(ctx, pool, direct, "", []*quorumRead{qr}, func() { n++ }); err != nil {
+				t.Fatal(err)
+			}
+			if a.callCount != 1 || b.callCount != 1 {
+				t.Fatalf("rpc0 asked %d times, rpc1 %d; want rpc0 not asked again, rpc1 once", a.callCount, b.callCount)
+			}
+			if got := qr.confirmed(open, o, policy{}, d); got != c.confirmed || n != c.disagreed {
+				t.Fatalf("confirmed %v with %d disagreements; want %v, %d", got, n, c.confirmed, c.disagreed)
+			}
+		})
+	}
+}

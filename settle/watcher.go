@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -74,6 +75,9 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	now := e.now()
 	var candidates map[common.Hash]bool // nil: every transaction is a candidate
 	var blockRcpts map[common.Hash]*ethrpc.Receipt
+	// Which endpoints answered the round's reads: an outcome one endpoint told is confirmed on the
+	// others of the quorum, not asked of it again.
+	blocksCtx, blocksFrom := ethrpc.WithAnswered(ctx)
 	switch {
 	case n.lastBlock == 0, uint64(head) > n.lastBlock+maxBlockGap, now.Sub(n.lastSweep) >= fullSweepEvery, n.resweep.Swap(false):
 		n.lastSweep = now
@@ -82,13 +86,13 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		if !n.noBlockReceipts {
 			// Every receipt of the new blocks in one call per block: ours among them need no
 			// second round trip.
-			if blockRcpts, err = n.blockReceipts(ctx, n.lastBlock+1, uint64(head)); errors.Is(err, errNoBlockReceipts) {
+			if blockRcpts, err = n.blockReceipts(blocksCtx, n.lastBlock+1, uint64(head)); errors.Is(err, errNoBlockReceipts) {
 				e.log.Info("the node does not serve eth_getBlockReceipts; reading blocks, then receipts", "network", n.id.ID, "err", err)
 				n.noBlockReceipts = true
 			}
 		}
 		if n.noBlockReceipts {
-			candidates, err = n.blockTxs(ctx, n.lastBlock+1, uint64(head))
+			candidates, err = n.blockTxs(blocksCtx, n.lastBlock+1, uint64(head))
 		} else if err == nil {
 			candidates = make(map[common.Hash]bool, len(blockRcpts))
 			for h := range blockRcpts {
@@ -168,7 +172,8 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		w.o.nonceLow = f.takeNonceLow()
 		w.o.underpriced = n.takeBump(f)
 	}
-	if err := reads.run(ctx, n); err != nil {
+	roundCtx, roundFrom := ethrpc.WithAnswered(ctx)
+	if err := reads.run(roundCtx, n); err != nil {
 		// The heads the answered part told of still count: a bump never rests on reads behind them.
 		n.saw(reads.heads())
 		e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
@@ -230,6 +235,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		}
 	}
 	gaps := map[gapKey]bool{}
+	pinnedAt := make([]bool, len(works)) // the settlement's decision had pinned reads
 	if len(pinned) > 0 {
 		disagreed := func() { e.cfg.Observer.Disagreement(n.id.ID) }
 		if err := readCorroborated(ctx, n.chain, n.batchOn, fin.Tag, pinned, disagreed); err != nil {
@@ -260,6 +266,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		for j, pr := range pinned {
 			i := pinnedFor[j]
 			w := works[i]
+			pinnedAt[i] = true
 			if !pr.apply(&w.t, &w.o) {
 				decisions[i] = decision{act: actWait, verdict: w.t.verdict, why: "pinned reads failed; trying again next round"}
 				continue
@@ -282,9 +289,17 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	if quorumSize(n.chain) > 1 {
 		var qrs []*quorumRead
 		var qFor []int
+		from := ""
+		if names := append(blocksFrom.Names(), roundFrom.Names()...); len(names) > 0 && !slices.ContainsFunc(names, func(s string) bool { return s != names[0] }) {
+			from = names[0] // one endpoint answered every read of the round
+		}
 		for i, w := range works {
 			if recordsOutcome(decisions[i]) {
-				qrs = append(qrs, quorumFor(w.t, w.want))
+				qr := quorumFor(w.t, w.want)
+				if !pinnedAt[i] {
+					qr.beside(from, w.o) // (pinned reads are several endpoints' already)
+				}
+				qrs = append(qrs, qr)
 				qFor = append(qFor, i)
 			}
 		}
