@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/big"
 	"testing"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -299,6 +300,45 @@ func TestQuorumBesideTheFirstRead(t *testing.T) {
 			}
 			if got := qr.confirmed(open, o, policy{}, d); got != c.confirmed || n != c.disagreed {
 				t.Fatalf("confirmed %v with %d disagreements; want %v, %d", got, n, c.confirmed, c.disagreed)
+			}
+		})
+	}
+}
+
+// TestJudgeMinedRestsOnQuorum: the reconcile job's Judge records a settlement mined only when a
+// quorum of endpoints has its receipt: one endpoint inventing it decides nothing.
+func TestJudgeMinedRestsOnQuorum(t *testing.T) {
+	ctx := context.Background()
+	tx := types.NewTx(&types.DynamicFeeTx{Nonce: 3, Gas: 100_000, GasTipCap: big.NewInt(1), GasFeeCap: big.NewInt(2)})
+	raw, err := tx.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := facilitator.AuthorizationKey{Network: "eip155:1", Asset: token, Payer: payer, Nonce: [32]byte{7}}
+	s := &facilitator.OpenSettlement{
+		Settlement: facilitator.Settlement{ID: 1, Key: key, State: facilitator.StateBroadcast, TxNonce: 3, ValidBefore: big.NewInt(1 << 40), Signer: common.Address{9}},
+		Txs:        []facilitator.TxRecord{{Hash: tx.Hash(), Raw: raw}},
+	}
+	mined := func() *types.Receipt {
+		return &types.Receipt{TxHash: tx.Hash(), Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}}
+	}
+	for _, c := range []struct {
+		name   string
+		second *types.Receipt
+		mined  bool
+	}{
+		{"one endpoint invents the receipt", nil, false},
+		{"both have it", mined(), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := &scriptedNode{head: 20, hash: common.Hash{0xb}, keyNonce: 3, receipt: mined()}
+			b := &scriptedNode{head: 20, hash: common.Hash{0xb}, keyNonce: 3, receipt: c.second}
+			res, ok, err := Judge(ctx, pair{Chain: a, a: a, b: b}, direct, s, facilitator.Finality{Depth: 1}, time.Unix(1_000, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ok && res.State == facilitator.StateMined; got != c.mined {
+				t.Fatalf("judged %+v (ok %v); want mined %v", res, ok, c.mined)
 			}
 		})
 	}
