@@ -19,7 +19,7 @@ type CallObserver interface {
 }
 
 // Counted is chain seen by one component: every call it makes is told to obs. It keeps the
-// chain's Pair and Endpoints (the corroborated reads of settle/corroborate.go), counting the
+// chain's Pair, Several, Quorum and Endpoints (the corroborated reads of settle/corroborate.go), counting the
 // reads made on either endpoint of a pair as the component's too.
 func Counted(chain Chain, network, component string, obs CallObserver) Chain {
 	if obs == nil {
@@ -32,10 +32,12 @@ func Counted(chain Chain, network, component string, obs CallObserver) Chain {
 	return c
 }
 
-// pairer is a chain that can name two healthy endpoints (Pool).
+// pairer is a chain that can name two healthy endpoints, or a quorum of them (Pool).
 type pairer interface {
 	Pair() (a, b Chain, ok bool)
 	Endpoints() int
+	Quorum() int
+	Several(n int, except ...string) ([]Chain, bool)
 }
 
 type counted struct {
@@ -70,6 +72,16 @@ func (c countedPool) Pair() (a, b Chain, ok bool) {
 }
 
 func (c countedPool) Endpoints() int { return c.p.Endpoints() }
+
+func (c countedPool) Quorum() int { return c.p.Quorum() }
+
+func (c countedPool) Several(n int, except ...string) ([]Chain, bool) {
+	chains, ok := c.p.Several(n, except...)
+	for i := range chains {
+		chains[i] = c.with(chains[i])
+	}
+	return chains, ok
+}
 
 func (c countedPool) with(chain Chain) Chain {
 	return counted{chain: chain, network: c.network, component: c.component, obs: c.obs}

@@ -24,8 +24,8 @@ import (
 // backend must not become ours: a read goes to a healthy endpoint and, when it fails in a way
 // another endpoint may not (the transport, a timeout, a rate limit), to the next; a send goes to
 // every healthy endpoint, so a transaction reaches the chain while one provider is down. A read
-// that decides a terminal outcome is made on two endpoints (Pair) by its caller, who compares
-// what they say: endpoints are never trusted to agree.
+// that decides an outcome (mined, final, or a terminal failure) is made on Quorum endpoints
+// (Several) by its caller, who compares what they say: endpoints are never trusted to agree.
 
 // Endpoint is one provider of a Pool.
 type Endpoint struct {
@@ -53,6 +53,9 @@ type Pool struct {
 	obs       PoolObserver
 	now       func() time.Time
 
+	// quorum is how many endpoints must agree on a read that decides an outcome (SetQuorum).
+	quorum int
+
 	mu   sync.Mutex
 	next int // the endpoint reads start at, rotated so that load spreads
 }
@@ -76,7 +79,7 @@ func NewPool(endpoints []Endpoint, obs PoolObserver, now func() time.Time) (*Poo
 	if now == nil {
 		now = time.Now
 	}
-	p := &Pool{obs: obs, now: now}
+	p := &Pool{obs: obs, now: now, quorum: DefaultQuorum(len(endpoints))}
 	for _, e := range endpoints {
 		ep := &endpoint{Endpoint: e}
 		if e.Rate > 0 {
@@ -144,6 +147,76 @@ func (p *Pool) Pair() (a, b Chain, ok bool) {
 		}
 	}
 	return nil, nil, false
+}
+
+// DefaultQuorum is the quorum of a pool of n endpoints: two where there are two or more (one
+// provider inventing an answer decides nothing alone), one where the operator trusts one provider.
+func DefaultQuorum(n int) int { return min(n, 2) }
+
+// SetQuorum sets how many endpoints must agree (1 up to the pool's endpoints); call it before the
+// pool is used.
+func (p *Pool) SetQuorum(q int) error {
+	if q < 1 || q > len(p.endpoints) {
+		return fmt.Errorf("ethrpc: quorum %d with %d endpoint(s): want 1 to %d", q, len(p.endpoints), len(p.endpoints))
+	}
+	p.quorum = q
+	return nil
+}
+
+// Quorum is how many endpoints must agree on a read that decides an outcome.
+func (p *Pool) Quorum() int { return p.quorum }
+
+// Several returns n different healthy endpoints other than those named in except, for a read that
+// a quorum must agree on; ok is false when fewer than n are healthy.
+func (p *Pool) Several(n int, except ...string) ([]Chain, bool) {
+	now := p.now()
+	var picked []Chain
+	for _, e := range p.order() {
+		if len(picked) == n {
+			break
+		}
+		if e.healthy(now) && !slices.Contains(except, e.Name) {
+			picked = append(picked, p.one(e))
+		}
+	}
+	return picked, len(picked) == n && n > 0
+}
+
+// Answered records which endpoints of a Pool answered the calls made with a context
+// (WithAnswered): a read that one endpoint answered is confirmed on others, not on it again.
+type Answered struct {
+	mu    sync.Mutex
+	names []string
+}
+
+type answeredKey struct{}
+
+// WithAnswered is ctx recording into the returned Answered each endpoint that answers a call made
+// with it (an answer: a result or a JSON-RPC error, not a failure).
+func WithAnswered(ctx context.Context) (context.Context, *Answered) {
+	a := &Answered{}
+	return context.WithValue(ctx, answeredKey{}, a), a
+}
+
+// Names are the endpoints that answered, in the order they first did.
+func (a *Answered) Names() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.names)
+}
+
+func (a *Answered) add(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !slices.Contains(a.names, name) {
+		a.names = append(a.names, name)
+	}
+}
+
+func answered(ctx context.Context, e *endpoint) {
+	if a, ok := ctx.Value(answeredKey{}).(*Answered); ok {
+		a.add(e.Name)
+	}
 }
 
 // Endpoints is how many endpoints the pool has, healthy or not.
@@ -294,6 +367,7 @@ func (p *Pool) attempt(ctx context.Context, e *endpoint, call func(context.Conte
 	if err != nil && !retryable(err) {
 		// An answer (a revert, "nonce too low"): the endpoint is fine.
 		p.up(e)
+		answered(ctx, e)
 		return err
 	}
 	if err != nil {
@@ -301,6 +375,7 @@ func (p *Pool) attempt(ctx context.Context, e *endpoint, call func(context.Conte
 		return fmt.Errorf("ethrpc: %s: %w", e.Name, redact(err))
 	}
 	p.up(e)
+	answered(ctx, e)
 	if method == "eth_blockNumber" {
 		e.saw(result)
 	}

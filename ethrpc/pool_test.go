@@ -203,6 +203,49 @@ func TestPoolPair(t *testing.T) {
 	}
 }
 
+// TestPoolQuorum: the quorum defaults to two with several endpoints and one with one, is held to
+// the endpoints there are, and Several names that many different healthy endpoints or none.
+func TestPoolQuorum(t *testing.T) {
+	clk := &clock{t: time.Unix(1_000, 0)}
+	if q := newPool(t, clk, answering(1)).Quorum(); q != 1 {
+		t.Fatalf("one endpoint: quorum %d, want 1", q)
+	}
+	p := newPool(t, clk, answering(7), answering(8), answering(9))
+	if q := p.Quorum(); q != 2 {
+		t.Fatalf("three endpoints: quorum %d, want 2", q)
+	}
+	for _, q := range []int{0, 4} {
+		if err := p.SetQuorum(q); err == nil {
+			t.Fatalf("quorum %d of three endpoints accepted", q)
+		}
+	}
+	if err := p.SetQuorum(3); err != nil || p.Quorum() != 3 {
+		t.Fatalf("quorum 3 of three: %v, %d", err, p.Quorum())
+	}
+	chains, ok := p.Several(3)
+	if !ok || len(chains) != 3 {
+		t.Fatalf("Several(3) of three healthy: %d, %v", len(chains), ok)
+	}
+	seen := map[hexutil.Uint64]bool{}
+	for _, c := range chains {
+		var h hexutil.Uint64
+		if err := c.CallContext(context.Background(), &h, "eth_blockNumber"); err != nil {
+			t.Fatal(err)
+		}
+		seen[h] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("Several(3) named %d different endpoints", len(seen))
+	}
+	down := newPool(t, clk, answering(7), failing(errors.New("connection refused")))
+	var head hexutil.Uint64
+	_ = down.CallContext(context.Background(), &head, "eth_blockNumber")
+	_ = down.CallContext(context.Background(), &head, "eth_blockNumber")
+	if _, ok := down.Several(2); ok {
+		t.Fatal("Several(2) with one healthy endpoint")
+	}
+}
+
 // TestPoolOnAnvil: a pool of a dead endpoint and the real node reads, and sends a transaction
 // that the chain mines, through the live one.
 func TestPoolOnAnvil(t *testing.T) {

@@ -3,7 +3,7 @@ package facilitator
 import (
 	"fmt"
 	"strconv"
-	"sync/atomic"
+	"sync"
 )
 
 // The finality tags a network's rule may name: a block at or below the block a node reports under
@@ -80,20 +80,63 @@ func (f Finality) At(head uint64, tag TagRead, floor uint64) FinalPoint {
 	return FinalPoint{Block: head + 1 - d, Known: true, Rule: f.DepthRule()}
 }
 
-// FinalityFloor remembers the highest tagged block a network's nodes answered consistently, so
-// that a node whose answer goes back below it is caught (its word is not known). Safe for
-// concurrent use; the zero value has seen nothing.
-type FinalityFloor struct{ v atomic.Uint64 }
+// FinalityFloor remembers the highest tagged block a network's nodes agreed on, so that a node
+// whose answer goes back below it is caught (its word is not known). One answer never decides,
+// nor moves it: where finality stands is what two answers in a row both reach (a bogus
+// "finalized" far ahead, answered once, is outvoted by the honest answer beside it), the floor
+// rises to that, and when two answers in a row are below the floor (a bogus floor agreed by a
+// lying provider answering twice, say) it is relearned from them, so that honest answers make
+// blocks final again. Safe for concurrent use; the zero value has seen nothing.
+type FinalityFloor struct {
+	mu sync.Mutex
+	s  FloorState
+}
 
-// Load is the highest tagged block answered consistently (0: none).
-func (fl *FinalityFloor) Load() uint64 { return fl.v.Load() }
+// FloorState is a FinalityFloor's memory.
+type FloorState struct {
+	// Floor is the highest tagged block two answers in a row reached (0: none).
+	Floor uint64
+	// Last is the previous consistent answer (Seen false: none yet).
+	Last uint64
+	Seen bool
+}
 
-// At is f.At above the floor, raising the floor when a tag answer is consistent.
+// Load is the floor: the highest tagged block agreed (0: none).
+func (fl *FinalityFloor) Load() uint64 {
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	return fl.s.Floor
+}
+
+// At is where finality stands after this answer (Step), the floor moved on it.
 func (fl *FinalityFloor) At(f Finality, head uint64, tag TagRead) FinalPoint {
-	p := f.At(head, tag, fl.v.Load())
-	if p.Known && f.Tag != "" && tag.OK {
-		for old := fl.v.Load(); tag.Number > old && !fl.v.CompareAndSwap(old, tag.Number); old = fl.v.Load() {
-		}
-	}
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	var p FinalPoint
+	fl.s, p = f.Step(fl.s, head, tag)
 	return p
+}
+
+// Step is where finality stands once a node whose head is head answered tag for the rule's tag,
+// given what the floor remembers, and the floor after the answer. An answer above the node's own
+// head says nothing and changes nothing (without a tag, or while it cannot be read, finality is
+// by depth: At). A consistent answer and the one before it agree on the lower of the two, and the
+// floor rises to it; two answers in a row below the floor replace it (relearned). Final is every
+// block up to the floor, on an answer that reaches it (one below it is a node gone backwards:
+// not known). The first answer alone is not known.
+func (f Finality) Step(s FloorState, head uint64, tag TagRead) (FloorState, FinalPoint) {
+	if f.Tag == "" || !tag.OK || tag.Number > head {
+		return s, f.At(head, tag, s.Floor)
+	}
+	n, last, seen := tag.Number, s.Last, s.Seen
+	s.Last, s.Seen = n, true
+	if !seen {
+		return s, FinalPoint{Rule: f.String()}
+	}
+	agreed := min(n, last)
+	if agreed > s.Floor || (n < s.Floor && last < s.Floor) {
+		s.Floor = agreed
+	}
+	// Final up to the floor, which this answer reaches (a node below it has gone backwards).
+	return s, FinalPoint{Block: s.Floor, Known: n >= s.Floor, Rule: f.String()}
 }

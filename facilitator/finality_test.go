@@ -60,22 +60,59 @@ func TestFinalityValidate(t *testing.T) {
 	}
 }
 
+// TestFinalityFloor: finality stands, and the floor moves, only on what two answers in a row
+// agree on. A node gone backwards (below the agreed floor) is not known, once; a bogus answer far
+// ahead, answered once, makes nothing final past the honest answers and does not raise the
+// floor; a bogus floor agreed twice in a row is relearned from two honest answers below it, after
+// which blocks are final again.
 func TestFinalityFloor(t *testing.T) {
-	var fl FinalityFloor
 	rule := Finality{Tag: TagFinalized, Depth: 4}
-	if p := fl.At(rule, 100, TagRead{Number: 50, OK: true}); !p.Known || fl.Load() != 50 {
-		t.Fatalf("first answer: %+v, floor %d", p, fl.Load())
+	tag := func(n uint64) TagRead { return TagRead{Number: n, OK: true} }
+	type read struct {
+		head  uint64
+		tag   TagRead
+		known bool
+		block uint64 // where finality stands, when known
+		floor uint64
 	}
-	if p := fl.At(rule, 100, TagRead{Number: 49, OK: true}); p.Known || fl.Load() != 50 {
-		t.Fatalf("an answer gone backwards: %+v, floor %d; want not known, floor kept", p, fl.Load())
+	for _, c := range []struct {
+		name  string
+		reads []read
+	}{
+		{"honest answers rising", []read{{100, tag(50), false, 0, 0}, {101, tag(51), true, 50, 50}, {102, tag(52), true, 51, 51}}},
+		{"a node gone backwards", []read{{100, tag(50), false, 0, 0}, {100, tag(50), true, 50, 50}, {100, tag(49), false, 0, 50}, {101, tag(51), true, 50, 50}}},
+		{"an answer above the node's head", []read{{100, tag(50), false, 0, 0}, {100, tag(50), true, 50, 50}, {100, tag(120), false, 0, 50}, {100, tag(51), true, 50, 50}}},
+		{"no answer: depth", []read{{100, tag(50), false, 0, 0}, {100, TagRead{}, true, 97, 0}}},
+		{"one bogus answer far ahead, then honest ones", []read{
+			{100, tag(50), false, 0, 0}, {100, tag(50), true, 50, 50},
+			{10_000, tag(9_000), true, 50, 50}, // self-consistent, and alone: outvoted
+			{101, tag(51), true, 51, 51}, {102, tag(52), true, 51, 51}, {103, tag(53), true, 52, 52}}},
+		{"a bogus answer twice in a row, then honest ones", []read{
+			{100, tag(50), false, 0, 0}, {100, tag(50), true, 50, 50},
+			{10_000, tag(9_000), true, 50, 50}, {10_000, tag(9_000), true, 9_000, 9_000},
+			{101, tag(51), false, 0, 9_000}, // below the floor: not known, once
+			{102, tag(52), true, 51, 51},    // two below it: relearned
+			{103, tag(53), true, 52, 52}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var fl FinalityFloor
+			var s FloorState
+			for i, r := range c.reads {
+				var p FinalPoint
+				s, p = rule.Step(s, r.head, r.tag)
+				if p.Known != r.known || (p.Known && p.Block != r.block) || s.Floor != r.floor {
+					t.Fatalf("read %d (head %d, %+v): %+v, floor %d; want known %v at %d, floor %d", i, r.head, r.tag, p, s.Floor, r.known, r.block, r.floor)
+				}
+				if q := fl.At(rule, r.head, r.tag); q != p || fl.Load() != s.Floor {
+					t.Fatalf("read %d: FinalityFloor.At %+v (floor %d), Step %+v (floor %d)", i, q, fl.Load(), p, s.Floor)
+				}
+			}
+		})
 	}
-	if p := fl.At(rule, 100, TagRead{Number: 120, OK: true}); p.Known || fl.Load() != 50 {
-		t.Fatalf("an answer above the head: %+v, floor %d; want not known, floor kept", p, fl.Load())
-	}
-	if p := fl.At(rule, 100, TagRead{}); !p.Known || p.Rule != "depth:4" || fl.Load() != 50 {
-		t.Fatalf("no answer: %+v, floor %d; want depth, floor kept", p, fl.Load())
-	}
-	if p := fl.At(rule, 100, TagRead{Number: 60, OK: true}); !p.Known || fl.Load() != 60 {
-		t.Fatalf("a later answer: %+v, floor %d", p, fl.Load())
-	}
+	t.Run("a depth rule keeps no floor", func(t *testing.T) {
+		s, p := (Finality{Depth: 4}).Step(FloorState{}, 100, tag(90))
+		if !p.Known || p.Block != 97 || s != (FloorState{}) {
+			t.Fatalf("%+v, %+v", p, s)
+		}
+	})
 }

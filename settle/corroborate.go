@@ -4,18 +4,22 @@ import (
 	"context"
 	"sync"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-// With several providers for a network, one lying or lagging provider must not decide a
-// terminal outcome: the pinned reads such a decision rests on are made on two endpoints at once,
-// and a settlement's read counts only where both say the same about the block. Where they
-// disagree the read is "not known": the engine waits, and the disagreement is counted. With one
-// endpoint configured, the reads made at different times are the rule, as with one node; with
-// several of which only one is healthy now, nothing terminal is decided until a second is back
-// (the one left could be the one that lies).
+// With several providers for a network, one lying or lagging provider must not decide an
+// outcome: the reads a decision to record one rests on (a receipt that makes a settlement mined,
+// the block and finality tag that make it final, the pinned reads of a terminal failure) are made
+// on a quorum of endpoints at once (ethrpc.Pool's Quorum: two by default), and count only where
+// all of them say the same. Where they disagree the read is "not known": the engine waits, and
+// the disagreement is counted. With one endpoint configured (or a quorum of one: the operator
+// trusts each provider alone), the reads made at different times are the rule, as with one node;
+// with fewer healthy endpoints than the quorum, nothing is decided until enough are back (the
+// ones left could be the ones that lie).
 
 // pairer is a chain of several endpoints that can name two healthy ones (ethrpc.Pool).
 type pairer interface {
@@ -24,43 +28,105 @@ type pairer interface {
 	Endpoints() int
 }
 
-// readCorroborated makes the pinned reads of prs through chain: on two of its endpoints when it
-// has them, keeping a read only where they agree, and calling disagreed for each that they did
-// not. batchOn makes a batch function over one endpoint.
-func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
-	tag string, prs []*pinnedRead, disagreed func()) error {
-	p, ok := chain.(pairer)
-	if !ok {
-		return readPinned(ctx, batchOn(chain), tag, prs)
+// quorate is a chain of several endpoints that can name a quorum of healthy ones (ethrpc.Pool).
+type quorate interface {
+	pairer
+	Quorum() int
+	// Several names n healthy endpoints other than those in except.
+	Several(n int, except ...string) ([]ethrpc.Chain, bool)
+}
+
+// quorumOf is the endpoints an outcome's reads are made on. eps nil and ok: the chain is trusted
+// as one (one endpoint, or a quorum of one); not ok: fewer than the quorum are healthy now.
+func quorumOf(chain ethrpc.Chain) (eps []ethrpc.Chain, ok bool) {
+	return quorumBeside(chain, "")
+}
+
+// quorumBeside is quorumOf beside a read the endpoint named from (not "") already answered: the
+// quorum's other endpoints, none of them that one. A chain that cannot name its endpoints (a test's
+// pair) gives the whole quorum.
+func quorumBeside(chain ethrpc.Chain, from string) (eps []ethrpc.Chain, ok bool) {
+	if q, is := chain.(quorate); is {
+		switch {
+		case q.Quorum() <= 1:
+			return nil, true
+		case from != "":
+			return q.Several(q.Quorum()-1, from)
+		}
+		return q.Several(q.Quorum())
+	}
+	p, is := chain.(pairer)
+	if !is {
+		return nil, true
 	}
 	a, b, ok := p.Pair()
 	switch {
-	case !ok && p.Endpoints() > 1:
+	case ok:
+		return []ethrpc.Chain{a, b}, true
+	case p.Endpoints() > 1:
+		return nil, false
+	}
+	return nil, true
+}
+
+// quorumSize is how many endpoints must agree on chain's reads of an outcome (1: it is trusted
+// as one).
+func quorumSize(chain ethrpc.Chain) int {
+	if q, is := chain.(quorate); is {
+		return q.Quorum()
+	}
+	if p, is := chain.(pairer); is && p.Endpoints() > 1 {
+		return 2
+	}
+	return 1
+}
+
+// readCorroborated makes the pinned reads of prs through chain: on a quorum of its endpoints
+// when it has several, keeping a read only where they all agree, and calling disagreed for each
+// that they did not. batchOn makes a batch function over one endpoint.
+func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
+	tag string, prs []*pinnedRead, disagreed func()) error {
+	eps, ok := quorumOf(chain)
+	switch {
+	case !ok:
 		for _, pr := range prs {
-			pr.read, pr.receipts = nil, nil // one endpoint's word alone: not known yet
+			pr.read, pr.receipts = nil, nil // fewer endpoints' word than the quorum: not known yet
 		}
 		return nil
-	case !ok:
+	case eps == nil:
 		return readPinned(ctx, batchOn(chain), tag, prs)
 	}
-	second := make([]*pinnedRead, len(prs))
-	for i, pr := range prs {
-		c := *pr
-		c.read, c.receipts, c.voided = nil, nil, false
-		second[i] = &c
+	copies := make([][]*pinnedRead, len(eps))
+	copies[0] = prs
+	for k := 1; k < len(eps); k++ {
+		copies[k] = make([]*pinnedRead, len(prs))
+		for i, pr := range prs {
+			c := *pr
+			c.read, c.receipts, c.voided = nil, nil, false
+			copies[k][i] = &c
+		}
 	}
-	var errA, errB error
+	errs := make([]error, len(eps))
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); errA = readPinned(ctx, batchOn(a), tag, prs) }()
-	go func() { defer wg.Done(); errB = readPinned(ctx, batchOn(b), tag, second) }()
+	for k, ep := range eps {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[k] = readPinned(ctx, batchOn(ep), tag, copies[k]) }()
+	}
 	wg.Wait()
-	if errA != nil {
-		return errA
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
-	if errB != nil {
-		return errB
+	for k := 1; k < len(eps); k++ {
+		mergePinned(prs, copies[k], disagreed)
 	}
+	return nil
+}
+
+// mergePinned keeps in prs only what second, another endpoint's reads of the same settlements,
+// agrees with.
+func mergePinned(prs, second []*pinnedRead, disagreed func()) {
 	for i, pr := range prs {
 		other := second[i]
 		switch {
@@ -76,11 +142,7 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 			// Finality counts from the lower of the two heads and tagged blocks: the block must be
 			// final for both (a tag one of them could not read leaves finality to the depth rule).
 			pr.read.nodeHead = min(pr.read.nodeHead, other.read.nodeHead)
-			if !other.read.tag.OK {
-				pr.read.tag = other.read.tag
-			} else if pr.read.tag.OK {
-				pr.read.tag.Number = min(pr.read.tag.Number, other.read.tag.Number)
-			}
+			pr.read.tag = lowerTag(pr.read.tag, other.read.tag)
 			pr.read.receiptsComplete = pr.read.receiptsComplete && other.read.receiptsComplete
 			for h, r := range other.receipts {
 				if !pr.receipts[h].ok {
@@ -89,7 +151,204 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 			}
 		}
 	}
+}
+
+// lowerTag is the lower of two endpoints' answers for the finality tag (not OK when either is).
+func lowerTag(a, b facilitator.TagRead) facilitator.TagRead {
+	if !a.OK || !b.OK {
+		return facilitator.TagRead{}
+	}
+	return facilitator.TagRead{Number: min(a.Number, b.Number), OK: true}
+}
+
+// quorumRead is what an outcome read from one endpoint rests on, read again on a quorum of
+// endpoints before it is recorded: the receipts that make a settlement mined, and for a mined
+// settlement the block at its height with the node's head and finality tag (which make it final,
+// or show it reorganised away).
+type quorumRead struct {
+	hashes []common.Hash
+	want   Expected
+	at     uint64 // the height whose block is read beside the receipts (0: none)
+	// from names the endpoint whose answer the decision rests on (first: its receipts and block),
+	// when one endpoint answered it all: its answer is one of the quorum's, and the others are
+	// asked. "": the whole quorum is asked.
+	from  string
+	first observation
+
+	// agreed: every endpoint of the quorum answered every read, and the same.
+	agreed   bool
+	receipts map[common.Hash]receiptRead
+	canon    *canonRead
+}
+
+// beside makes qr rest on the first read o, answered by the endpoint named from, where that read
+// holds everything the quorum compares.
+func (qr *quorumRead) beside(from string, o observation) {
+	if from == "" || (qr.at > 0 && o.canon == nil) {
+		return
+	}
+	for _, h := range qr.hashes {
+		if !o.receipts[h].ok {
+			return
+		}
+	}
+	qr.from, qr.first = from, o
+}
+
+// readQuorum makes the reads of qrs on a quorum of chain's endpoints (beside the endpoint a read
+// rests on, which is not asked again), in one batch per endpoint, and keeps what they all say
+// (the lower of their heads and tags). A receipt or block the endpoints answered differently is
+// not known, and disagreed is called for it. With fewer healthy endpoints than the quorum
+// nothing is agreed.
+func readQuorum(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
+	tag string, qrs []*quorumRead, disagreed func()) error {
+	groups := map[string][]*quorumRead{}
+	var order []string
+	for _, qr := range qrs {
+		if _, ok := groups[qr.from]; !ok {
+			order = append(order, qr.from)
+		}
+		groups[qr.from] = append(groups[qr.from], qr)
+	}
+	for _, from := range order {
+		if err := readQuorumBeside(ctx, chain, batchOn, tag, from, groups[from], disagreed); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
+	tag, from string, qrs []*quorumRead, disagreed func()) error {
+	for _, qr := range qrs {
+		qr.agreed, qr.receipts, qr.canon = false, nil, nil
+	}
+	eps, ok := quorumBeside(chain, from)
+	switch {
+	case !ok:
+		return nil // fewer healthy endpoints than the quorum
+	case eps == nil:
+		eps = []ethrpc.Chain{chain}
+	}
+	obs := make([][]observation, len(eps))
+	errs := make([]error, len(eps))
+	var wg sync.WaitGroup
+	for k, ep := range eps {
+		obs[k] = make([]observation, len(qrs))
+		rr := receiptReads{tag: tag}
+		for i, qr := range qrs {
+			obs[k][i] = observation{receipts: map[common.Hash]receiptRead{}}
+			for _, h := range qr.hashes {
+				rr.receipt(&obs[k][i], h, qr.want)
+			}
+			if qr.at > 0 {
+				rr.canon(&obs[k][i], qr.at)
+			}
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[k] = rr.runWith(ctx, batchOn(ep)) }()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	if from != "" {
+		// The first read is the quorum's first vote.
+		first := make([]observation, len(qrs))
+		for i, qr := range qrs {
+			first[i] = qr.first
+		}
+		obs = append([][]observation{first}, obs...)
+	}
+	for i, qr := range qrs {
+		qr.agreed, qr.receipts = true, map[common.Hash]receiptRead{}
+		for _, h := range qr.hashes {
+			r := obs[0][i].receipts[h]
+			agree := r.ok
+			for k := 1; k < len(obs) && agree; k++ {
+				other := obs[k][i].receipts[h]
+				if agree = other.ok; agree && !sameReceipt(r.r, other.r) {
+					agree = false
+					disagreed()
+				}
+			}
+			if !agree {
+				qr.agreed, r = false, receiptRead{}
+			}
+			qr.receipts[h] = r
+		}
+		if qr.at == 0 {
+			continue
+		}
+		c := obs[0][i].canon
+		for k := 1; k < len(obs) && c != nil; k++ {
+			other := obs[k][i].canon
+			switch {
+			case other == nil:
+				c = nil
+			case other.hash != c.hash:
+				c = nil
+				disagreed()
+			default:
+				c = &canonRead{hash: c.hash, head: min(c.head, other.head), tag: lowerTag(c.tag, other.tag)}
+			}
+		}
+		qr.canon = c
+		qr.agreed = qr.agreed && c != nil
+	}
+	return nil
+}
+
+// recordsOutcome reports whether d records what a receipt or a block read says (mined, moved,
+// reopened, final): such a decision is carried out only once a quorum of endpoints agrees with the
+// reads it rests on (readQuorum). A terminal failure rests on pinned reads, which
+// readCorroborated already made on a quorum.
+func recordsOutcome(d decision) bool {
+	switch d.act {
+	case actResolve:
+		return d.res.State.Succeeded()
+	case actFinalize, actMove, actReopen:
+		return true
+	}
+	return false
+}
+
+// quorumFor is the reads a decision to record t's outcome rests on: a mined settlement's receipt
+// and its block, an open one's receipts.
+func quorumFor(t track, want Expected) *quorumRead {
+	if t.state.Succeeded() {
+		return &quorumRead{hashes: []common.Hash{t.mined.tx}, want: want, at: t.mined.block}
+	}
+	qr := &quorumRead{want: want}
+	for _, v := range t.variants {
+		qr.hashes = append(qr.hashes, v.hash)
+	}
+	return qr
+}
+
+// confirmed decides again on the quorum's reads in place of the first ones, and reports whether
+// the decision stands: the same action and the same outcome.
+func (qr *quorumRead) confirmed(t track, o observation, p policy, d decision) bool {
+	if !qr.agreed {
+		return false
+	}
+	receipts := make(map[common.Hash]receiptRead, len(o.receipts))
+	for h, r := range o.receipts {
+		receipts[h] = r
+	}
+	for h, r := range qr.receipts {
+		receipts[h] = r
+	}
+	o.receipts = receipts
+	if qr.at > 0 {
+		o.canon = qr.canon
+	}
+	again := decide(t, o, p)
+	a, b := again.res, d.res
+	return again.act == d.act && a.State == b.State && a.TxHash == b.TxHash && a.BlockNumber == b.BlockNumber &&
+		a.BlockHash == b.BlockHash && a.ErrorReason == b.ErrorReason
 }
 
 // sameEvidence reports whether two endpoints' pinned reads of one settlement say the same about

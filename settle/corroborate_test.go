@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/big"
 	"testing"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -26,7 +27,8 @@ type scriptedNode struct {
 	used      bool
 	useTx     common.Hash // zero: no use log
 	receipt   *types.Receipt
-	noBlock   bool // the node lacks the pinned block (it lags)
+	noBlock   bool   // the node lacks the pinned block (it lags)
+	finalized uint64 // its answer for the "finalized" tag (0: it serves none)
 	callCount int
 }
 
@@ -38,7 +40,11 @@ func (n *scriptedNode) BatchCallContext(_ context.Context, b []rpc.BatchElem) er
 		var answer any
 		switch b[i].Method {
 		case "eth_getBlockByNumber":
-			if !n.noBlock {
+			if b[i].Args[0] == facilitator.TagFinalized {
+				if n.finalized > 0 {
+					answer = map[string]any{"number": hexutil.Uint64(n.finalized), "hash": n.hash}
+				}
+			} else if !n.noBlock {
 				answer = map[string]any{"hash": n.hash, "timestamp": hexutil.Uint64(1_000)}
 			}
 		case "eth_getTransactionCount":
@@ -160,4 +166,180 @@ func TestCorroboratedReads(t *testing.T) {
 			t.Fatalf("a single endpoint's read: %+v", pr.read)
 		}
 	})
+}
+
+// TestQuorumConfirmsOutcomes: a decision that records what one endpoint's read said (mined on its
+// receipt, final on its block and tag) stands only when the quorum's reads decide the same: an
+// endpoint inventing a receipt, or a finalized block far ahead, decides nothing alone, and is
+// counted as a disagreement; two endpoints that agree decide.
+func TestQuorumConfirmsOutcomes(t *testing.T) {
+	ctx := context.Background()
+	ours := common.Hash{1}
+	blockHash := common.Hash{0xb}
+	mined := func() *types.Receipt {
+		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: blockHash}
+	}
+	open := pinned(0).t
+	minedTrack := track{state: facilitator.StateMined, variants: open.variants, mined: minedAt{tx: ours, block: 10, blockHash: blockHash}}
+	p := policy{finality: facilitator.Finality{Tag: facilitator.TagFinalized, Depth: 64}}
+	for _, c := range []struct {
+		name      string
+		t         track
+		a, b      func(*scriptedNode)
+		confirmed bool
+		disagreed int
+	}{
+		{"open: one endpoint invents our receipt", open, func(n *scriptedNode) { n.receipt = mined() }, func(*scriptedNode) {}, false, 1},
+		{"open: both have our receipt", open, func(n *scriptedNode) { n.receipt = mined() }, func(n *scriptedNode) { n.receipt = mined() }, true, 0},
+		{"mined: one endpoint's finalized block is far ahead", minedTrack,
+			func(n *scriptedNode) { n.receipt, n.head, n.finalized = mined(), 1_000, 900 },
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 4 }, false, 0},
+		{"mined: both say final", minedTrack,
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 12 },
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 11 }, true, 0},
+		{"mined: one endpoint has another block there", minedTrack,
+			func(n *scriptedNode) { n.receipt, n.finalized = mined(), 12 },
+			func(n *scriptedNode) { n.receipt, n.finalized, n.hash = mined(), 12, common.Hash{0xc} }, false, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := &scriptedNode{head: 20, hash: blockHash}, &scriptedNode{head: 20, hash: blockHash}
+			c.a(a)
+			c.b(b)
+			// The first read, from endpoint a alone, decides an outcome.
+			rr := receiptReads{tag: p.finality.Tag}
+			o := observation{receipts: map[common.Hash]receiptRead{}}
+			qr := quorumFor(c.t, Expected{})
+			for _, h := range qr.hashes {
+				rr.receipt(&o, h, Expected{})
+			}
+			if qr.at > 0 {
+				rr.canon(&o, qr.at)
+			}
+			if err := rr.runWith(ctx, direct(a)); err != nil {
+				t.Fatal(err)
+			}
+			ct := c.t
+			if ct.state.Succeeded() {
+				// The second read of a finality verdict: the first recorded it.
+				ct.verdict = &verdict{act: actFinalize, at: 10, atHash: blockHash}
+			}
+			d := decide(ct, o, p)
+			if !recordsOutcome(d) {
+				t.Fatalf("endpoint a's read alone: %v (%s), want an outcome to confirm", d.act, d.why)
+			}
+			n := 0
+			if err := readQuorum(ctx, pair{Chain: a, a: a, b: b}, direct, p.finality.Tag, []*quorumRead{qr}, func() { n++ }); err != nil {
+				t.Fatal(err)
+			}
+			if got := qr.confirmed(ct, o, p, d); got != c.confirmed || n != c.disagreed {
+				t.Fatalf("confirmed %v with %d disagreements; want %v, %d", got, n, c.confirmed, c.disagreed)
+			}
+		})
+	}
+	t.Run("two endpoints, one healthy: not confirmed", func(t *testing.T) {
+		a := &scriptedNode{head: 20, hash: blockHash, receipt: mined()}
+		qr := quorumFor(open, Expected{})
+		if err := readQuorum(ctx, pair{Chain: a, a: a}, direct, "", []*quorumRead{qr}, func() {}); err != nil {
+			t.Fatal(err)
+		}
+		if qr.agreed || a.callCount != 0 {
+			t.Fatalf("with the second endpoint down: agreed %v, %d reads", qr.agreed, a.callCount)
+		}
+	})
+}
+
+// TestQuorumBesideTheFirstRead: on a pool, the endpoint whose answer a decision rests on is one
+// vote of the quorum, and only the others are asked (one more receipt read per mined
+// settlement, with two providers): a lie from the first is refuted by the second, and the truth
+// from both stands.
+func TestQuorumBesideTheFirstRead(t *testing.T) {
+	ctx := context.Background()
+	ours := common.Hash{1}
+	mined := func() *types.Receipt {
+		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}}
+	}
+	open := pinned(0).t
+	for _, c := range []struct {
+		name      string
+		second    *types.Receipt
+		confirmed bool
+		disagreed int
+	}{
+		{"the first endpoint invented our receipt", nil, false, 1},
+		{"both have it", mined(), true, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := &scriptedNode{head: 20, hash: common.Hash{0xb}, receipt: mined()}
+			b := &scriptedNode{head: 20, hash: common.Hash{0xb}, receipt: c.second}
+			pool, err := ethrpc.NewPool([]ethrpc.Endpoint{{Name: "rpc0", Chain: a}, {Name: "rpc1", Chain: b}}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, from := ethrpc.WithAnswered(ctx)
+			rr := receiptReads{}
+			o := observation{receipts: map[common.Hash]receiptRead{}}
+			rr.receipt(&o, ours, Expected{})
+			if err := rr.runWith(rctx, direct(pool)); err != nil {
+				t.Fatal(err)
+			}
+			if names := from.Names(); len(names) != 1 || names[0] != "rpc0" || a.callCount != 1 {
+				t.Fatalf("the first read was answered by %v (rpc0 asked %d times), want rpc0 alone", names, a.callCount)
+			}
+			d := decide(open, o, policy{})
+			if !recordsOutcome(d) {
+				t.Fatalf("rpc0's receipt alone: %v (%s), want an outcome to confirm", d.act, d.why)
+			}
+			qr := quorumFor(open, Expected{})
+			qr.beside(from.Names()[0], o)
+			n := 0
+			if err := readQuorum(ctx, pool, direct, "", []*quorumRead{qr}, func() { n++ }); err != nil {
+				t.Fatal(err)
+			}
+			if a.callCount != 1 || b.callCount != 1 {
+				t.Fatalf("rpc0 asked %d times, rpc1 %d; want rpc0 not asked again, rpc1 once", a.callCount, b.callCount)
+			}
+			if got := qr.confirmed(open, o, policy{}, d); got != c.confirmed || n != c.disagreed {
+				t.Fatalf("confirmed %v with %d disagreements; want %v, %d", got, n, c.confirmed, c.disagreed)
+			}
+		})
+	}
+}
+
+// TestJudgeMinedRestsOnQuorum: the reconcile job's Judge records a settlement mined only when a
+// quorum of endpoints has its receipt: one endpoint inventing it decides nothing.
+func TestJudgeMinedRestsOnQuorum(t *testing.T) {
+	ctx := context.Background()
+	tx := types.NewTx(&types.DynamicFeeTx{Nonce: 3, Gas: 100_000, GasTipCap: big.NewInt(1), GasFeeCap: big.NewInt(2)})
+	raw, err := tx.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := facilitator.AuthorizationKey{Network: "eip155:1", Asset: token, Payer: payer, Nonce: [32]byte{7}}
+	s := &facilitator.OpenSettlement{
+		Settlement: facilitator.Settlement{ID: 1, Key: key, State: facilitator.StateBroadcast, TxNonce: 3, ValidBefore: big.NewInt(1 << 40), Signer: common.Address{9}},
+		Txs:        []facilitator.TxRecord{{Hash: tx.Hash(), Raw: raw}},
+	}
+	mined := func() *types.Receipt {
+		return &types.Receipt{TxHash: tx.Hash(), Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}}
+	}
+	for _, c := range []struct {
+		name   string
+		second *types.Receipt
+		mined  bool
+	}{
+		{"one endpoint invents the receipt", nil, false},
+		{"both have it", mined(), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := &scriptedNode{head: 20, hash: common.Hash{0xb}, keyNonce: 3, receipt: mined()}
+			b := &scriptedNode{head: 20, hash: common.Hash{0xb}, keyNonce: 3, receipt: c.second}
+			res, ok, err := Judge(ctx, pair{Chain: a, a: a, b: b}, direct, s, facilitator.Finality{Depth: 1}, time.Unix(1_000, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ok && res.State == facilitator.StateMined; got != c.mined {
+				t.Fatalf("judged %+v (ok %v); want mined %v", res, ok, c.mined)
+			}
+		})
+	}
 }

@@ -194,8 +194,9 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 // transaction it signed, then the pinned reads, and the whole read made twice, since one read
 // never decides. ok is false when the chain does not tell yet; a mined outcome needs no second
 // read (it is not terminal: finality is checked later).
-// With several endpoints (ethrpc.Pool), its pinned reads are corroborated by two of them, as the
-// watcher's are; batchOn makes the batch function over one chain.
+// With several endpoints (ethrpc.Pool), its pinned reads, and the receipts a mined outcome rests
+// on, are read on a quorum of them, as the watcher's are; batchOn makes the batch function over
+// one chain.
 func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
 	s *facilitator.OpenSettlement, fin facilitator.Finality, now time.Time) (facilitator.Resolution, bool, error) {
 	batch := batchOn(chain)
@@ -256,6 +257,16 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 				floor = max(floor, c.tag.Number)
 			}
 			d = decide(t, o, p)
+		}
+		if recordsOutcome(d) && quorumSize(chain) > 1 {
+			// Mined on one endpoint's word: recorded once a quorum of them agrees.
+			qr := quorumFor(t, want)
+			if err := readQuorum(ctx, chain, batchOn, fin.Tag, []*quorumRead{qr}, func() {}); err != nil {
+				return facilitator.Resolution{}, false, err
+			}
+			if !qr.confirmed(t, o, p, d) {
+				return facilitator.Resolution{}, false, nil
+			}
 		}
 		switch {
 		case d.act == actResolve:

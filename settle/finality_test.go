@@ -110,8 +110,13 @@ func TestFinalByTag(t *testing.T) {
 	if _, highest := chain.reads(); highest < row.BlockNumber {
 		t.Fatalf("final while the node's finalized block was at most %d, below the settlement's %d", highest, row.BlockNumber)
 	}
-	// The finalized tag said so: status agrees, by the same rule.
-	st, found, err := env.StatusBy(env.DB, facilitator.Finality{Tag: facilitator.TagFinalized, Depth: 1}).Authorization(context.Background(), p.Key())
+	// The finalized tag said so: status agrees, by the same rule (from its second answer: one
+	// answer alone never says where the tag stands).
+	status := env.StatusBy(env.DB, facilitator.Finality{Tag: facilitator.TagFinalized, Depth: 1})
+	if _, _, err := status.Authorization(context.Background(), p.Key()); err != nil {
+		t.Fatal(err)
+	}
+	st, found, err := status.Authorization(context.Background(), p.Key())
 	if err != nil || !found || !st.Final || st.Finality.Rule != "tag:finalized" || st.Finality.FinalBlock < row.BlockNumber {
 		t.Fatalf("status once final: %+v (finality %+v), found %v, err %v", st, st.Finality, found, err)
 	}

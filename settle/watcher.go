@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -75,6 +76,9 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	now := e.now()
 	var candidates map[common.Hash]bool // nil: every transaction is a candidate
 	var blockRcpts map[common.Hash]*ethrpc.Receipt
+	// Which endpoints answered the round's reads: an outcome one endpoint told is confirmed on the
+	// others of the quorum, not asked of it again.
+	blocksCtx, blocksFrom := ethrpc.WithAnswered(ctx)
 	switch {
 	case n.lastBlock == 0, uint64(head) > n.lastBlock+maxBlockGap, now.Sub(n.lastSweep) >= fullSweepEvery, n.resweep.Swap(false):
 		n.lastSweep = now
@@ -83,13 +87,13 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		if !n.noBlockReceipts {
 			// Every receipt of the new blocks in one call per block: ours among them need no
 			// second round trip.
-			if blockRcpts, err = n.blockReceipts(ctx, n.lastBlock+1, uint64(head)); errors.Is(err, errNoBlockReceipts) {
+			if blockRcpts, err = n.blockReceipts(blocksCtx, n.lastBlock+1, uint64(head)); errors.Is(err, errNoBlockReceipts) {
 				e.log.Info("the node does not serve eth_getBlockReceipts; reading blocks, then receipts", "network", n.id.ID, "err", err)
 				n.noBlockReceipts = true
 			}
 		}
 		if n.noBlockReceipts {
-			candidates, err = n.blockTxs(ctx, n.lastBlock+1, uint64(head))
+			candidates, err = n.blockTxs(blocksCtx, n.lastBlock+1, uint64(head))
 		} else if err == nil {
 			candidates = make(map[common.Hash]bool, len(blockRcpts))
 			for h := range blockRcpts {
@@ -169,7 +173,8 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		w.o.nonceLow = f.takeNonceLow()
 		w.o.underpriced = n.takeBump(f)
 	}
-	if err := reads.run(ctx, n); err != nil {
+	roundCtx, roundFrom := ethrpc.WithAnswered(ctx)
+	if err := reads.run(roundCtx, n); err != nil {
 		// The heads the answered part told of still count: a bump never rests on reads behind them.
 		n.saw(reads.heads())
 		e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
@@ -184,7 +189,11 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	}
 	for _, w := range works {
 		if w.o.canon != nil {
-			n.sawFinal(w.o.canon.head, w.o.canon.tag)
+			if tagRead == nil {
+				// (With a tag, the round's own read of it came in the same answer: one answer is
+				// told to the floor once, since it moves only on answers that agree.)
+				n.sawFinal(w.o.canon.head, w.o.canon.tag)
+			}
 			if _, ok := w.o.receipts[w.t.mined.tx]; !ok && w.o.canon.hash != w.t.mined.blockHash {
 				// Another block (or none) at a mined settlement's height, and its receipt not read
 				// this round: the next round reads every receipt, to see where it went.
@@ -227,6 +236,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		}
 	}
 	gaps := map[gapKey]bool{}
+	pinnedAt := make([]bool, len(works)) // the settlement's decision had pinned reads
 	if len(pinned) > 0 {
 		disagreed := func() { e.cfg.Observer.Disagreement(n.id.ID) }
 		if err := readCorroborated(ctx, n.chain, n.batchOn, fin.Tag, pinned, disagreed); err != nil {
@@ -236,10 +246,14 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			}
 		}
 		failed := 0
+		toldFinal := false // the reads are one answer (per endpoint): told to the floor once
 		for _, pr := range pinned {
 			if pr.read != nil {
 				n.saw(pr.read.nodeHead)
-				n.sawFinal(pr.read.nodeHead, pr.read.tag)
+				if !toldFinal {
+					n.sawFinal(pr.read.nodeHead, pr.read.tag)
+					toldFinal = true
+				}
 			}
 			if pr.read == nil && !pr.voided && pr.at == n.pinHead {
 				failed++
@@ -253,6 +267,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		for j, pr := range pinned {
 			i := pinnedFor[j]
 			w := works[i]
+			pinnedAt[i] = true
 			if !pr.apply(&w.t, &w.o) {
 				decisions[i] = decision{act: actWait, verdict: w.t.verdict, why: "pinned reads failed; trying again next round"}
 				continue
@@ -265,6 +280,40 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			decisions[i] = decide(w.t, w.o, n.policy())
 			if decisions[i].act == actReadAt {
 				decisions[i] = decision{act: actWait, verdict: decisions[i].verdict}
+			}
+		}
+	}
+
+	// An outcome read from one endpoint (a receipt that makes a settlement mined, the block and tag
+	// that make it final or show it gone) is carried out only once a quorum of the network's
+	// endpoints agrees with it: one more batch per endpoint, for the round's outcomes together.
+	if quorumSize(n.chain) > 1 {
+		var qrs []*quorumRead
+		var qFor []int
+		from := ""
+		if names := append(blocksFrom.Names(), roundFrom.Names()...); len(names) > 0 && !slices.ContainsFunc(names, func(s string) bool { return s != names[0] }) {
+			from = names[0] // one endpoint answered every read of the round
+		}
+		for i, w := range works {
+			if recordsOutcome(decisions[i]) {
+				qr := quorumFor(w.t, w.want)
+				if !pinnedAt[i] {
+					qr.beside(from, w.o) // (pinned reads are several endpoints' already)
+				}
+				qrs = append(qrs, qr)
+				qFor = append(qFor, i)
+			}
+		}
+		if len(qrs) > 0 {
+			err := readQuorum(ctx, n.chain, n.batchOn, fin.Tag, qrs, func() { e.cfg.Observer.Disagreement(n.id.ID) })
+			if err != nil {
+				e.log.Warn("confirming outcomes with a quorum of providers failed; deciding next round", "network", n.id.ID, "err", err)
+			}
+			for j, qr := range qrs {
+				i := qFor[j]
+				if w := works[i]; err != nil || !qr.confirmed(w.t, w.o, n.policy(), decisions[i]) {
+					decisions[i] = keep(w.t, "not confirmed by a quorum of providers: "+decisions[i].why)
+				}
 			}
 		}
 	}
@@ -481,10 +530,15 @@ func (rr *receiptReads) canon(o *observation, number uint64) {
 }
 
 func (rr *receiptReads) run(ctx context.Context, n *network) error {
+	return rr.runWith(ctx, n.batch)
+}
+
+// runWith is run through batch (one endpoint's, for a quorum's reads).
+func (rr *receiptReads) runWith(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error) error {
 	if len(rr.elems) == 0 {
 		return nil
 	}
-	if err := n.batch(ctx, rr.elems); err != nil {
+	if err := batch(ctx, rr.elems); err != nil {
 		return err
 	}
 	for _, f := range rr.after {

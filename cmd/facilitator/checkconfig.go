@@ -63,7 +63,7 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	for i, n := range networks {
 		nc := cfg.Networks[i]
 		pool, _, err := m.dialNetwork(ctx, n, nc)
-		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d", n.ID, len(nc.urls()), n.ChainID), err)
+		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d; %s", n.ID, len(nc.urls()), n.ChainID, quorumText(nc.quorum(), len(nc.urls()))), err)
 		if err != nil {
 			continue
 		}
@@ -155,4 +155,12 @@ func checkMulticall(ctx context.Context, c ethrpc.Chain, p facilitator.BatchPoli
 		return fmt.Errorf("no Multicall3 at %s on this chain", multicall3.Address)
 	}
 	return nil
+}
+
+// quorumText says who an outcome's reads rest on.
+func quorumText(quorum, endpoints int) string {
+	if quorum <= 1 {
+		return "quorum 1: each provider is trusted alone"
+	}
+	return fmt.Sprintf("quorum %d of %d: an outcome needs %d providers to agree", quorum, endpoints, quorum)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/chains"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -108,8 +109,12 @@ type NetworkConfig struct {
 	ID     string `json:"id"`
 	RPC    string `json:"rpc"`
 	// RPCs are more endpoints of the network, from other providers (rpc, when set, is the first).
-	// Reads fail over among them, sends go to all, and a terminal decision needs two to agree.
+	// Reads fail over among them, sends go to all, and an outcome (mined, final, or a terminal
+	// failure) needs Quorum of them to agree.
 	RPCs []string `json:"rpcs,omitempty"`
+	// Quorum is how many of the endpoints must agree on the reads an outcome rests on (0: two
+	// with two or more endpoints, one with one: a quorum of one trusts each provider alone).
+	Quorum int `json:"quorum,omitempty"`
 	// WSs are more WebSocket endpoints for the head subscription (ws, when set, is the first);
 	// one that fails gives way to the next.
 	WSs []string `json:"wss,omitempty"`
@@ -155,6 +160,14 @@ func (nc NetworkConfig) feePolicy() (facilitator.FeePolicy, error) {
 
 // urls are the network's RPC endpoints, rpc first, without repeats.
 func (nc NetworkConfig) urls() []string { return endpoints(nc.RPC, nc.RPCs) }
+
+// quorum is how many endpoints must agree: the configured quorum, or the default for them.
+func (nc NetworkConfig) quorum() int {
+	if nc.Quorum > 0 {
+		return nc.Quorum
+	}
+	return ethrpc.DefaultQuorum(len(nc.urls()))
+}
 
 // wsURLs are the network's WebSocket endpoints, ws first, without repeats.
 func (nc NetworkConfig) wsURLs() []string { return endpoints(nc.WS, nc.WSs) }
@@ -271,6 +284,9 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		seen[nc.ID] = true
 		if len(nc.urls()) == 0 {
 			return nil, fmt.Errorf("networks[%d] (%s): rpc is required (or rpcs, a list of endpoints)", i, nc.ID)
+		}
+		if nc.Quorum < 0 || nc.Quorum > len(nc.urls()) {
+			return nil, fmt.Errorf("networks[%d] (%s): quorum %d with %d RPC endpoint(s): want 1 to %d (or 0: the default)", i, nc.ID, nc.Quorum, len(nc.urls()), len(nc.urls()))
 		}
 		if nc.RPCRate < 0 || nc.RPCBurst < 0 {
 			return nil, fmt.Errorf("networks[%d] (%s): rpcRate and rpcBurst must not be negative", i, nc.ID)

@@ -7,23 +7,26 @@ import (
 	"time"
 )
 
-// TestTwoProviders: a network served by two providers, one of which answers wrong receipts (every
-// mined transaction "reverted", logging nothing). Settlements stay exactly-once and no payment gets
-// a wrong terminal answer: a decision the lie would change rests on reads both providers must
-// agree on, and the disagreements are counted. Then that provider goes down (every request
-// refused, as a rate-limited or failing provider does) and settling goes on through the other.
+// TestTwoProviders: a network served by two honest providers and a third that answers wrong
+// receipts (every mined transaction "reverted", logging nothing), at the default quorum of two.
+// Settlements stay exactly-once and no payment gets a wrong terminal answer: every outcome rests on
+// reads two providers agree on, and the disagreements are counted. Then the liar goes down (every
+// request refused, as a rate-limited or failing provider does) and settling goes on through the
+// two left. (With two providers and a quorum of two, one provider that lies or is down holds every
+// outcome pending: README, "Several RPC providers".)
 func TestTwoProviders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()
 	dbURL, chain := faultStack(ctx, t, "two_providers")
 	bin := buildFacilitator(ctx, t)
 	liar, liarURL := newLaggyRPC(t, chain.RPCURL)
+	_, honestURL := newLaggyRPC(t, chain.RPCURL) // a second honest provider: no faults set, it passes through
 	load := newFaultLoad(ctx, t, chain, 8)
 	load.terminal, load.retryCap = true, 5*time.Second
 	env := serveEnv(t, dbURL, chain, chain.RPCURL, load.key)
-	env["FACILITATOR_NETWORKS"] = withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], 3), liarURL)
+	env["FACILITATOR_NETWORKS"] = withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], 3), honestURL, liarURL)
 	env["FACILITATOR_LOG_LEVEL"] = "info"
-	c := startServe(ctx, t, bin, env, "facilitator") // its start-up checks see two honest endpoints
+	c := startServe(ctx, t, bin, env, "facilitator") // its start-up checks see three honest endpoints
 
 	drive := func(what string, payments int64, faults *laggyFaults) {
 		t.Helper()
@@ -69,8 +72,8 @@ func TestTwoProviders(t *testing.T) {
 			}
 		}
 	}
-	if up["rpc0"] != 1 || up["rpc1"] != 0 {
-		t.Fatalf("endpoint health with rpc1 refusing everything: %v", up)
+	if up["rpc0"] != 1 || up["rpc1"] != 1 || up["rpc2"] != 0 {
+		t.Fatalf("endpoint health with rpc2 refusing everything: %v", up)
 	}
 	liar.set(nil)
 	c.stop(t)

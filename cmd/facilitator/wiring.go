@@ -481,7 +481,13 @@ func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc Networ
 		eps = append(eps, ethrpc.Endpoint{Name: name, Chain: client, Rate: nc.RPCRate, Burst: nc.RPCBurst})
 	}
 	pool, err := ethrpc.NewPool(eps, endpointObserver{m.metrics, n.ID}, nil)
-	return pool, genesis, err
+	if err != nil {
+		return nil, common.Hash{}, err
+	}
+	if err := pool.SetQuorum(nc.quorum()); err != nil {
+		return nil, common.Hash{}, fmt.Errorf("%s: %w", n.ID, err)
+	}
+	return pool, genesis, nil
 }
 
 // counted is the network's pool as one component sees it: its calls counted under its name.
