@@ -45,6 +45,10 @@ func (s *claimingSettler) Settle(ctx context.Context, p *facilitator.Payment) (f
 		Success: true, Transaction: common.Hash{1}.Hex(), Network: p.Network, Payer: p.Payer}}, nil
 }
 
+func (s *claimingSettler) ConfirmDelivery(context.Context, facilitator.SettleOutcome) error {
+	return nil
+}
+
 func (s *claimingSettler) ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
 	_, ok := ctx.Deadline()
 	s.released <- releaseCall{id: out.SettlementID, hasDeadline: ok}

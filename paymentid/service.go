@@ -32,6 +32,7 @@ type Store interface {
 type Settler interface {
 	Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error)
 	ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error
+	ConfirmDelivery(ctx context.Context, out facilitator.SettleOutcome) error
 }
 
 // Verifier verifies payments.
@@ -110,6 +111,10 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitat
 			// still a conflict. The success stays claimed: the id's own request gets it as a
 			// replay, and nobody gets it twice.
 			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil && !rec.BindsTo(p) {
+				// Kept for good: the claim counts without an answer of its own written.
+				if cerr := s.cfg.Settler.ConfirmDelivery(ctx, out); cerr != nil {
+					return facilitator.SettleOutcome{}, cerr
+				}
 				return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec, nil)
 			}
 		}
@@ -273,4 +278,9 @@ func (s *Service) ReleaseDelivery(ctx context.Context, out facilitator.SettleOut
 // Compact drops stored answers past their window, keeping the id→settlement links.
 func (s *Service) Compact(ctx context.Context) (int64, error) {
 	return s.cfg.Store.CompactPaymentIDs(ctx, s.cfg.Now())
+}
+
+// ConfirmDelivery passes through to the settler.
+func (s *Service) ConfirmDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
+	return s.cfg.Settler.ConfirmDelivery(ctx, out)
 }

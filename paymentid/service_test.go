@@ -299,7 +299,7 @@ func TestConcurrentConflict(t *testing.T) {
 				defer wg.Done()
 				p := stacktest.Decode(t, bodies[i])
 				<-start
-				outs[i], errs[i] = r.svc.Settle(ctx, p)
+				outs[i], errs[i] = r.settlePayment(ctx, p)
 			}()
 		}
 		close(start)
@@ -362,7 +362,7 @@ func TestConcurrentSameID(t *testing.T) {
 			defer wg.Done()
 			q := stacktest.Decode(t, body)
 			<-start
-			outs[i], errs[i] = r.svc.Settle(ctx, q)
+			outs[i], errs[i] = r.settlePayment(ctx, q)
 		}()
 	}
 	close(start)
@@ -510,7 +510,7 @@ func TestInFlightWaits(t *testing.T) {
 		ch := make(chan answer, 1)
 		go func() {
 			start := time.Now()
-			out, err := r.svc.Settle(context.Background(), stacktest.Decode(t, body))
+			out, err := r.settlePayment(context.Background(), stacktest.Decode(t, body))
 			ch <- answer{out, err, time.Since(start)}
 		}()
 		return ch

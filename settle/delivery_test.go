@@ -19,7 +19,7 @@ type hungClaims struct {
 	unbounded atomic.Bool
 }
 
-func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
+func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		h.unbounded.Store(true)
 		return false, context.DeadlineExceeded

@@ -428,6 +428,12 @@ func (w *simWorld) settle(p *simPayment) {
 		w.stats.errors++
 		return
 	}
+	if out.Claimed {
+		// The merchant read it: the claim counts (as the API confirms it once written).
+		if err := w.engine.ConfirmDelivery(w.ctx, out); err != nil {
+			w.stats.errors++
+		}
+	}
 	res := out.Response
 	switch {
 	case res.Success:

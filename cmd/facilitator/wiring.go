@@ -182,6 +182,7 @@ func (m *Main) Run(ctx context.Context) error {
 			WalletWindow: cfg.WalletCapWindow, KeyGasBudget: cfg.KeyGasBudget},
 		SignerMinBalance: cfg.SignerMinBalance,
 		BalanceInterval:  cfg.BalanceInterval,
+		ClaimLease:       cfg.ClaimLease,
 	})
 	if err != nil {
 		return err

@@ -236,7 +236,7 @@ func TestHotPathPlans(t *testing.T) {
 	_, _, err = db.Resolve(ctx, []facilitator.Resolution{{ID: id, State: facilitator.StateMined, TxHash: tx.Hash, BlockNumber: 5, BlockHash: common.HexToHash("0x05")}})
 	must(err)
 	rec.as("ClaimDelivery")
-	_, err = db.ClaimDelivery(ctx, id, "", []byte("claim"))
+	_, err = db.ClaimDelivery(ctx, id, "", []byte("claim"), time.Minute)
 	must(err)
 	rec.as("MarkFinal")
 	_, err = db.MarkFinal(ctx, []int64{id})

@@ -28,7 +28,8 @@ type newStore interface {
 	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
-	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error)
+	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error)
+	ConfirmDeliveries(ctx context.Context, ds []facilitator.Delivery) ([]int64, error)
 	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
 	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error)
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
@@ -282,7 +283,7 @@ func TestLedgerClaimDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim := func(id int64, key string) bool {
-		ok, err := l.ClaimDelivery(ctx, id, key, []byte(key))
+		ok, err := l.ClaimDelivery(ctx, id, key, []byte(key), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,11 +292,20 @@ func TestLedgerClaimDelivery(t *testing.T) {
 	if claim(id, "") || claim(id, "ffffffffffff") {
 		t.Fatal("claimed with another key id")
 	}
-	if !claim(id, "0123456789ab") || claim(id, "0123456789ab") {
-		t.Fatal("want exactly one claim")
+	if !claim(id, "0123456789ab") {
+		t.Fatal("want the claim")
+	}
+	if ok, err := l.ClaimDelivery(ctx, id, "0123456789ab", []byte("second"), time.Minute); ok || !errors.Is(err, facilitator.ErrClaimUndecided) {
+		t.Fatalf("a second claim while the first is undecided = %v, %v; want ErrClaimUndecided", ok, err)
 	}
 	if s, _ := l.SettlementByID(ctx, id); !s.Delivered {
 		t.Fatal("not delivered")
+	}
+	if lapsed, err := l.ConfirmDeliveries(ctx, []facilitator.Delivery{{ID: id, Claim: []byte("0123456789ab")}}); err != nil || len(lapsed) != 0 {
+		t.Fatalf("confirming = %v, %v", lapsed, err)
+	}
+	if claim(id, "0123456789ab") {
+		t.Fatal("claimed a confirmed success")
 	}
 	if err := l.ReleaseDelivery(ctx, id, []byte("another claim")); err != nil || claim(id, "0123456789ab") {
 		t.Fatalf("another claim's release released it: %v", err)
@@ -305,6 +315,52 @@ func TestLedgerClaimDelivery(t *testing.T) {
 	}
 	if claim(open, "") || claim(mismatch, "") {
 		t.Fatal("claimed an open settlement, or one with a mismatch")
+	}
+}
+
+// TestLedgerClaimLease: a claim counts once confirmed; one left unconfirmed (its process died
+// before the answer was written) holds the success only until its lease ends, then the next claim
+// takes it, and the dead claim's late confirmation reports it lapsed. Resolve's claims follow the
+// same rule. The Postgres ledger's TestClaimLease holds the same.
+func TestLedgerClaimLease(t *testing.T) {
+	l, clock := newLedger(LedgerFaults{})
+	ctx := context.Background()
+	id, carried := mustInsert(t, l, row(1, signerA, 0)), mustInsert(t, l, row(2, signerA, 1))
+	if _, claimed, err := l.Resolve(ctx, []facilitator.Resolution{
+		{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 1},
+		{ID: carried, State: facilitator.StateMined, TxHash: common.HexToHash("0x2"), BlockNumber: 1,
+			Claim: &facilitator.SuccessClaim{Token: []byte("dead waiter"), Lease: 10 * time.Second}},
+	}); err != nil || len(claimed) != 1 {
+		t.Fatalf("resolve: claimed %v, %v", claimed, err)
+	}
+	if ok, err := l.ClaimDelivery(ctx, id, "", []byte("dead"), 10*time.Second); err != nil || !ok {
+		t.Fatalf("first claim = %v, %v", ok, err)
+	}
+	clock.Advance(10 * time.Second) // the lease's last instant: still undecided
+	for _, sid := range []int64{id, carried} {
+		if ok, err := l.ClaimDelivery(ctx, sid, "", []byte("early"), 10*time.Second); ok || !errors.Is(err, facilitator.ErrClaimUndecided) {
+			t.Fatalf("settlement %d: a retry within the lease = %v, %v; want ErrClaimUndecided", sid, ok, err)
+		}
+	}
+	clock.Advance(time.Millisecond)
+	for _, sid := range []int64{id, carried} {
+		if ok, err := l.ClaimDelivery(ctx, sid, "", []byte("retry"), 10*time.Second); err != nil || !ok {
+			t.Fatalf("settlement %d: a retry past the dead claim's lease = %v, %v; want the claim", sid, ok, err)
+		}
+	}
+	lapsed, err := l.ConfirmDeliveries(ctx, []facilitator.Delivery{{ID: id, Claim: []byte("dead")}, {ID: carried, Claim: []byte("retry")}})
+	if err != nil || len(lapsed) != 1 || lapsed[0] != id {
+		t.Fatalf("confirming the dead claim and the retry's = %v, %v; want %d lapsed", lapsed, err, id)
+	}
+	for _, sid := range []int64{id, carried} {
+		if s, _ := l.SettlementByID(ctx, sid); s.ClaimTakeovers != 1 {
+			t.Fatalf("settlement %d: %d takeovers counted, want 1", sid, s.ClaimTakeovers)
+		}
+	}
+	// Confirmed: no lease ends it.
+	clock.Advance(time.Hour)
+	if ok, err := l.ClaimDelivery(ctx, carried, "", []byte("late"), 10*time.Second); err != nil || ok {
+		t.Fatalf("a claim of a confirmed success = %v, %v; want false", ok, err)
 	}
 }
 
