@@ -193,6 +193,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.metrics.WatchSigners(signerSource(m.engine, cfg.SignerMinBalance))
 	m.metrics.WatchSettlements(openSource(m.engine))
+	m.metrics.WatchClaims(m.engine.LapsedClaims)
 	idsvc := paymentid.New(paymentid.Config{
 		Store:    m.db,
 		Settler:  m.engine,
