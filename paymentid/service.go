@@ -127,7 +127,7 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitat
 				return s.replayed(ctx, p, out), nil
 			}
 		}
-		s.remember(ctx, p, out)
+		s.rememberClaimed(ctx, p, out)
 		return out, nil
 	}
 	return s.replaySettle(ctx, p, rec)
@@ -180,21 +180,32 @@ func (s *Service) replayed(ctx context.Context, p *facilitator.Payment, out faci
 		res.ErrorReason = facilitator.ReasonPaymentInFlight
 		res.ErrorMessage = "the first request with this payment identifier is still settling; retry after Retry-After with the same payload"
 	}
-	s.remember(ctx, p, out)
+	s.rememberClaimed(ctx, p, out)
 	res.Extensions = facilitator.ReplayInfo(p.PaymentID)
 	return out
 }
 
+// rememberClaimed is remember, and for a claimed success stored under its id, the claim's
+// confirmation: the id's retries answer the stored success from now on, so a crash before the
+// answer is written leaves the success to them, not to a copy of the payload sent without the id.
+func (s *Service) rememberClaimed(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) {
+	if s.remember(ctx, p, out) && out.Claimed {
+		if err := s.cfg.Settler.ConfirmDelivery(ctx, out); err != nil {
+			s.log.Warn("confirming a success stored under its payment identifier", "payment_id", p.PaymentID, "err", err)
+		}
+	}
+}
+
 // remember stores a settled answer under its id, for the window.
-func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) {
+func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) bool {
 	res := out.Response
 	if out.SettlementID == 0 || res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
-		return
+		return false
 	}
 	res.Extensions = nil
 	body, err := json.Marshal(res)
 	if err != nil {
-		return
+		return false
 	}
 	expires := s.cfg.Now().Add(s.cfg.Window)
 	if vb := p.Authorization.ValidBefore; vb.IsInt64() {
@@ -207,7 +218,9 @@ func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out faci
 	if err := s.cfg.Store.StorePaymentResponse(context.WithoutCancel(ctx), p.IDScope, p.PaymentID, body, expires); err != nil {
 		// The link stays: a retry rebuilds the answer from the ledger.
 		s.log.Warn("storing a payment-identifier answer", "payment_id", p.PaymentID, "err", err)
+		return false
 	}
+	return true
 }
 
 // Verify verifies p under its payment id. A payment already settled (or settling) under this id

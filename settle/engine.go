@@ -909,6 +909,12 @@ func (e *Engine) ConfirmDelivery(ctx context.Context, out facilitator.SettleOutc
 	}
 	tried := make(chan struct{})
 	e.confMu.Lock()
+	if bytes.Equal(e.answered[out.SettlementID], out.Claim) {
+		// Confirmed already, or on its way (the payment-identifier service confirms a success
+		// it stored before the API writes it).
+		e.confMu.Unlock()
+		return nil
+	}
 	e.confirms = append(e.confirms, pendingConfirm{d: facilitator.Delivery{ID: out.SettlementID, Claim: out.Claim},
 		giveUp: out.ClaimBy.Add(e.cfg.ClaimLease), tried: tried})
 	e.answered[out.SettlementID] = out.Claim
