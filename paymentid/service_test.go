@@ -680,3 +680,23 @@ func TestInvalidLeavesIDFree(t *testing.T) {
 		t.Fatalf("id bound to %d, want %d", rec.Settlement.ID, out.SettlementID)
 	}
 }
+
+// TestStoredSuccessCounts: a success claimed under a payment identifier counts once its answer is
+// stored under the id, before the API writes it: the id's retries are answered from it, so a copy
+// of the payload sent without the id to another process is told already_settled at once, not
+// settlement_pending (and never, once a dead process's claim lapsed, the success a second time).
+func TestStoredSuccessCounts(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	ctx := context.Background()
+	p := newPay(t, env.FundedPayer(t, 1_000_000), 250_000)
+	out, err := r.svc.Settle(ctx, stacktest.Decode(t, p.Body(t))) // its answer is never written
+	if err != nil || !out.Claimed || !out.Response.Success {
+		t.Fatalf("first settle: %+v %v; want the claimed success", out, err)
+	}
+	other := env.NewEngine(t, stacktest.EngineOptions{}) // another process on the same ledger
+	p.ID = ""
+	got, err := other.Engine.Settle(ctx, stacktest.Decode(t, p.Body(t)))
+	if err != nil || got.Claimed || got.Response.ErrorReason != facilitator.ReasonAlreadySettled || got.Response.Transaction != out.Response.Transaction {
+		t.Fatalf("the payload without the id, elsewhere: %+v %v; want already_settled with %s", got.Response, err, out.Response.Transaction)
+	}
+}
