@@ -669,19 +669,19 @@ func (e *Engine) poll(ctx, waitCtx context.Context, p *facilitator.Payment, s *f
 	for !s.State.Succeeded() && s.State.Open() && !e.stepped {
 		select {
 		case <-waitCtx.Done():
-			return e.answer(ctx, p, viewOf(s)), nil
+			return e.answer(ctx, waitCtx, p, viewOf(s)), nil
 		case <-time.After(e.cfg.PollInterval):
 		}
 		next, err := e.store.SettlementByID(waitCtx, s.ID)
 		if err != nil {
 			if waitCtx.Err() != nil {
-				return e.answer(ctx, p, viewOf(s)), nil
+				return e.answer(ctx, waitCtx, p, viewOf(s)), nil
 			}
 			return facilitator.SettleOutcome{}, ledgerDown(err)
 		}
 		s = next
 	}
-	return e.answer(ctx, p, viewOf(s)), nil
+	return e.answer(ctx, waitCtx, p, viewOf(s)), nil
 }
 
 func viewOf(s *facilitator.Settlement) view {
@@ -694,7 +694,7 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 	if e.stepped {
 		// Nothing moves while a caller waits: the simulator answers with what is known now, and
 		// its callers ask again.
-		return e.answer(ctx, p, f.view())
+		return e.answer(ctx, waitCtx, p, f.view())
 	}
 	// The first caller to wait offers its claim of the success, so that the watcher writes it
 	// with the mined outcome (one row update for both) instead of a statement of the caller's.
@@ -710,18 +710,18 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 		claimed = token
 	}
 	if !v.dropped || settled(v) {
-		return e.answerClaimed(ctx, p, v, claimed, at)
+		return e.answerClaimed(ctx, waitCtx, p, v, claimed, at)
 	}
 	if claimed != nil {
 		e.release(ctx, f.id, claimed) // not answered from this view: the poll below claims afresh
 	}
 	s, err := e.store.SettlementByID(waitCtx, f.id)
 	if err != nil {
-		return e.answer(ctx, p, v) // open: pending with the hash; the caller asks again
+		return e.answer(ctx, waitCtx, p, v) // open: pending with the hash; the caller asks again
 	}
 	out, err := e.poll(ctx, waitCtx, p, s)
 	if err != nil {
-		return e.answer(ctx, p, v)
+		return e.answer(ctx, waitCtx, p, v)
 	}
 	return out
 }
@@ -731,18 +731,31 @@ const claimTimeout = 5 * time.Second
 
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
 // the first with the settlement's own API key to claim it while still connected.
-func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) facilitator.SettleOutcome {
-	return e.answerClaimed(ctx, p, v, nil, time.Time{})
+// While another caller's claim of the success is undecided, it asks again every PollInterval
+// within waitCtx: the claim is confirmed (already settled), given back, or its lease ends (its
+// process died: the success is this caller's), and the official resource server, which retries
+// a pending answer once without waiting, gets the outcome.
+func (e *Engine) answer(ctx, waitCtx context.Context, p *facilitator.Payment, v view) facilitator.SettleOutcome {
+	return e.answerClaimed(ctx, waitCtx, p, v, nil, time.Time{})
 }
 
 // answerClaimed is answer for a caller whose claim the ledger already recorded (with the mined
 // outcome, in a write begun at at; token claimed, nil when none): it is answered with it, or,
 // when the answer is not the success (the caller left, the settlement was reorganised meanwhile),
 // gives it back.
-func (e *Engine) answerClaimed(ctx context.Context, p *facilitator.Payment, v view, claimed []byte, at time.Time) facilitator.SettleOutcome {
-	out := e.answerWith(ctx, p, v, claimed, at)
+func (e *Engine) answerClaimed(ctx, waitCtx context.Context, p *facilitator.Payment, v view, claimed []byte, at time.Time) facilitator.SettleOutcome {
+	out, undecided := e.answerWith(ctx, p, v, claimed, at)
 	if claimed != nil && !out.Claimed {
 		e.release(ctx, v.id, claimed)
+	}
+	for undecided && !e.stepped {
+		select {
+		case <-waitCtx.Done():
+			undecided = false
+			continue
+		case <-time.After(e.cfg.PollInterval):
+		}
+		out, undecided = e.answerWith(ctx, p, v, nil, time.Time{}) // v is mined: only the claim is asked again
 	}
 	if out.Claimed {
 		e.hold(out)
@@ -753,8 +766,10 @@ func (e *Engine) answerClaimed(ctx context.Context, p *facilitator.Payment, v vi
 	return out
 }
 
-func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view, claimed []byte, at time.Time) facilitator.SettleOutcome {
-	out := facilitator.SettleOutcome{SettlementID: v.id}
+// answerWith is one answer; undecided: it is pending only because another caller's claim of the
+// success is undecided.
+func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view, claimed []byte, at time.Time) (out facilitator.SettleOutcome, undecided bool) {
+	out = facilitator.SettleOutcome{SettlementID: v.id}
 	switch {
 	case v.state.Open():
 		out.Response = fail(p, facilitator.ReasonSettlementPending,
@@ -788,7 +803,7 @@ func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view,
 				// written for this one.
 				out.Response = fail(p, facilitator.ReasonSettlementPending,
 					"the transfer is mined and another request's answer of its success is undecided; send the same payload again for the answer", v.hash).Response
-				return out
+				return out, true
 			}
 			if errors.Is(err, facilitator.ErrClaimUndecided) {
 				err = nil // answered here meanwhile: already settled
@@ -801,7 +816,7 @@ func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view,
 					"nonce", hexutil.Encode(p.Authorization.Nonce[:]), "tx", v.hash, "err", err)
 				e.release(ctx, v.id, claim)
 				out.Response = fail(p, facilitator.ReasonSettlementPending, "the transfer is mined; send the same payload again for the answer", v.hash).Response
-				return out
+				return out, false
 			}
 			out.Claimed, out.Claim = claimed, claim
 			if claimed {
@@ -821,7 +836,7 @@ func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view,
 	default:
 		out.Response = fail(p, orDefault(v.reason, facilitator.ReasonTransactionFailed), v.message, v.hash).Response
 	}
-	return out
+	return out, false
 }
 
 // ReleaseDelivery undoes out's claimed success, whose answer never reached the caller.

@@ -19,9 +19,9 @@ import (
 // TestCrashAfterClaim: the real binary is killed with SIGKILL after the waiting caller's success
 // was claimed (written with the mined outcome) and before its answer was written. Nobody was told
 // success, so the claim must not count (invariant 4): after a restart the merchant's retries of
-// the same payload are told settlement_pending while the dead claim's lease runs (never
-// already_settled), the next one after it gets success: true with the transaction, and only then
-// is the success answered, once.
+// the same payload wait for the undecided claim and are told settlement_pending while the dead
+// claim's lease runs (never already_settled), the next one after it gets success: true with the
+// transaction, and only then is the success answered, once.
 func TestCrashAfterClaim(t *testing.T) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -29,8 +29,11 @@ func TestCrashAfterClaim(t *testing.T) {
 
 	h := newCrashHarness(ctx, t)
 	// Long enough that the restarted process's first retries fall inside the dead claim's lease
-	// on a loaded machine; the retries wait on the ledger, not on this number.
+	// on a loaded machine; the retries wait on the ledger, not on this number. A retry waits for
+	// the undecided claim within the settle timeout, then is told pending: a short one makes
+	// several retries fall inside the lease.
 	h.env["FACILITATOR_CLAIM_LEASE"] = "20s"
+	h.env["FACILITATOR_SETTLE_TIMEOUT"] = "3s"
 	chain := h.chain
 	payer := newAccount(t)
 	payee := newAccount(t).Address
