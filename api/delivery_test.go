@@ -25,6 +25,9 @@ type claimingSettler struct {
 	hold     bool
 	entered  chan struct{}
 	released chan releaseCall
+	// claimBy is the claimed outcome's ClaimBy (zero: none); confirmed hears ConfirmDelivery.
+	claimBy   time.Time
+	confirmed chan int64
 }
 
 type releaseCall struct {
@@ -33,7 +36,7 @@ type releaseCall struct {
 }
 
 func newClaimingSettler(hold bool) *claimingSettler {
-	return &claimingSettler{hold: hold, entered: make(chan struct{}, 1), released: make(chan releaseCall, 4)}
+	return &claimingSettler{hold: hold, entered: make(chan struct{}, 1), released: make(chan releaseCall, 4), confirmed: make(chan int64, 4)}
 }
 
 func (s *claimingSettler) Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
@@ -41,8 +44,13 @@ func (s *claimingSettler) Settle(ctx context.Context, p *facilitator.Payment) (f
 	if s.hold {
 		<-ctx.Done()
 	}
-	return facilitator.SettleOutcome{SettlementID: 42, Claimed: true, Response: facilitator.SettleResponse{
+	return facilitator.SettleOutcome{SettlementID: 42, Claimed: true, ClaimBy: s.claimBy, Response: facilitator.SettleResponse{
 		Success: true, Transaction: common.Hash{1}.Hex(), Network: p.Network, Payer: p.Payer}}, nil
+}
+
+func (s *claimingSettler) ConfirmDelivery(_ context.Context, out facilitator.SettleOutcome) error {
+	s.confirmed <- out.SettlementID
+	return nil
 }
 
 func (s *claimingSettler) ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
@@ -124,6 +132,32 @@ func TestSettleReleasesUndelivered(t *testing.T) {
 		}
 	})
 
+	t.Run("too late to write", func(t *testing.T) {
+		// Past ClaimBy the claim's lease may end before the answer lands: the caller is told
+		// pending and the success given back, never written.
+		settler := newClaimingSettler(false)
+		settler.claimBy = time.Now().Add(-time.Second)
+		hs, served := newDeliveryServer(t, settler)
+		r := do(t, http.MethodPost, hs.URL+"/settle", body)
+		if res, _ := settlement(t, r); r.Status != http.StatusOK || res.Success || res.ErrorReason != facilitator.ReasonSettlementPending || res.Transaction == "" {
+			t.Fatalf("want 200 settlement_pending with the hash, got %s", r)
+		}
+		<-served
+		select {
+		case rel := <-settler.released:
+			if rel.id != 42 {
+				t.Fatalf("released settlement %d, want 42", rel.id)
+			}
+		default:
+			t.Fatal("the success not written was not given back")
+		}
+		select {
+		case id := <-settler.confirmed:
+			t.Fatalf("confirmed settlement %d, whose success was not written", id)
+		default:
+		}
+	})
+
 	t.Run("caller read it", func(t *testing.T) {
 		settler := newClaimingSettler(false)
 		hs, served := newDeliveryServer(t, settler)
@@ -143,6 +177,15 @@ func TestSettleReleasesUndelivered(t *testing.T) {
 		case rel := <-settler.released:
 			t.Fatalf("released settlement %d, whose success the caller read", rel.id)
 		default:
+		}
+		// Written: the claim is confirmed, before the handler returns.
+		select {
+		case id := <-settler.confirmed:
+			if id != 42 {
+				t.Fatalf("confirmed settlement %d, want 42", id)
+			}
+		default:
+			t.Fatal("the handler returned without confirming the success its caller read")
 		}
 	})
 }

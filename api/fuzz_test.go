@@ -144,6 +144,7 @@ func (fuzzVerifier) Settle(context.Context, *facilitator.Payment) (facilitator.S
 }
 
 func (fuzzVerifier) ReleaseDelivery(context.Context, facilitator.SettleOutcome) error { return nil }
+func (fuzzVerifier) ConfirmDelivery(context.Context, facilitator.SettleOutcome) error { return nil }
 
 // fuzzAPI is the HTTP API over the fakes, with a real notify.Dispatcher (never started: only its
 // registration and stream code runs) refusing private webhook targets.

@@ -259,6 +259,7 @@ func (f *oasFakes) Settle(_ context.Context, p *facilitator.Payment) (facilitato
 }
 
 func (f *oasFakes) ReleaseDelivery(context.Context, facilitator.SettleOutcome) error { return nil }
+func (f *oasFakes) ConfirmDelivery(context.Context, facilitator.SettleOutcome) error { return nil }
 
 func (f *oasFakes) Authorization(context.Context, facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error) {
 	return f.status, f.found, f.statusErr
@@ -461,7 +462,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 			return map[string]string{"eip155:84532/rpc0": "ok, head 12", "eip155:84532/rpc1": "down: rate limited"}
 		},
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f,
-		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler),
+		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler), Now: time.Now,
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		Supported: facilitator.SupportedResponse{
 			Kinds: []facilitator.SupportedKind{

@@ -56,6 +56,9 @@ type Config struct {
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
+	// Now is the clock a claimed success's deadline (facilitator.SettleOutcome.ClaimBy) is read
+	// on; nil: time.Now, the settlement engine's own.
+	Now func() time.Time
 }
 
 // Console serves the web console (console.Console); idScope is the request's payment-identifier
@@ -109,6 +112,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 2 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, networks: map[string]bool{}}
 	for _, k := range cfg.Supported.Kinds {

@@ -17,6 +17,10 @@ import (
 type Settler interface {
 	Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error)
 	ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error
+	// ConfirmDelivery records that out's claimed success was written to its caller: only then
+	// does the claim count (a process that dies before it leaves the success to the next
+	// identical request). It does not wait for the ledger.
+	ConfirmDelivery(ctx context.Context, out facilitator.SettleOutcome) error
 }
 
 // releaseTimeout bounds giving an undelivered success back: the caller is gone, so nothing else
@@ -33,6 +37,14 @@ func (s *Server) settle(c echo.Context) error {
 	if err != nil {
 		return s.writeError(c, p, err)
 	}
+	if out.Claimed && !out.ClaimBy.IsZero() && !s.now().Before(out.ClaimBy) {
+		// Too late to write: the claim's lease may end before the answer lands, and the success
+		// go to another caller as well. This caller asks again.
+		s.releaseUndelivered(c, out)
+		out = facilitator.SettleOutcome{SettlementID: out.SettlementID, Response: facilitator.SettleResponse{
+			ErrorReason: facilitator.ReasonSettlementPending, ErrorMessage: "the transfer is mined; send the same payload again for the answer",
+			Transaction: out.Response.Transaction, Network: out.Response.Network, Payer: out.Response.Payer}}
+	}
 	res := out.Response
 	tags := tagsOf(c)
 	tags.reason, tags.payer, tags.tx = res.ErrorReason, res.Payer, res.Transaction
@@ -42,17 +54,29 @@ func (s *Server) settle(c echo.Context) error {
 	markReplay(c, res.Extensions)
 	// Every outcome, success or not, is 200: v1 clients accept nothing else, and the official v2
 	// resource server retries a settlement_pending answer either way.
-	if delivered := s.writeSettle(c, res); !delivered && out.Claimed {
-		// The success never reached the caller: the next identical request gets it instead.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), releaseTimeout)
-		defer cancel()
-		if rerr := s.cfg.Settler.ReleaseDelivery(ctx, out); rerr != nil {
-			s.log.Error("releasing an undelivered success", "settlement", out.SettlementID, "err", rerr)
-		} else {
-			s.log.Info("released an undelivered success", "settlement", out.SettlementID, "tx", res.Transaction)
+	delivered := s.writeSettle(c, res)
+	switch {
+	case delivered && out.Claimed:
+		// Written: from now on the claim counts.
+		if err := s.cfg.Settler.ConfirmDelivery(context.WithoutCancel(c.Request().Context()), out); err != nil {
+			s.log.Error("confirming a written success", "settlement", out.SettlementID, "err", err)
 		}
+	case out.Claimed:
+		// The success never reached the caller: the next identical request gets it instead.
+		s.releaseUndelivered(c, out)
 	}
 	return nil
+}
+
+// releaseUndelivered gives back out's claimed success, which is not written to its caller.
+func (s *Server) releaseUndelivered(c echo.Context, out facilitator.SettleOutcome) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), releaseTimeout)
+	defer cancel()
+	if rerr := s.cfg.Settler.ReleaseDelivery(ctx, out); rerr != nil {
+		s.log.Error("releasing an undelivered success", "settlement", out.SettlementID, "err", rerr)
+	} else {
+		s.log.Info("released an undelivered success", "settlement", out.SettlementID, "tx", out.Response.Transaction)
+	}
 }
 
 // writeSettle writes res and pushes it to the connection at once, and reports whether it can have
@@ -82,3 +106,5 @@ func (s *Server) writeSettle(c echo.Context, res facilitator.SettleResponse) boo
 	}
 	return !left
 }
+
+func (s *Server) now() time.Time { return s.cfg.Now() }

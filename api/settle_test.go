@@ -389,11 +389,18 @@ func (b *brokenLedger) MarkFinal(ctx context.Context, ids []int64) ([]int64, err
 	return b.Store.MarkFinal(ctx, ids)
 }
 
-func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
+func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error) {
 	if err := b.fail(false); err != nil {
 		return false, err
 	}
-	return b.Store.ClaimDelivery(ctx, id, keyID, claim)
+	return b.Store.ClaimDelivery(ctx, id, keyID, claim, lease)
+}
+
+func (b *brokenLedger) ConfirmDeliveries(ctx context.Context, ds []facilitator.Delivery) ([]int64, error) {
+	if err := b.fail(false); err != nil {
+		return nil, err
+	}
+	return b.Store.ConfirmDeliveries(ctx, ds)
 }
 
 func (b *brokenLedger) ReleaseDelivery(ctx context.Context, id int64, claim []byte) error {

@@ -109,6 +109,9 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrDuplicate: a settlement for this authorization already exists.
 	ErrDuplicate = errors.New("a settlement for this authorization already exists")
+	// ErrClaimUndecided: another caller's claim of the success is not confirmed yet, and its lease
+	// has not ended: that caller's answer may be being written, or its process died before it.
+	ErrClaimUndecided = errors.New("another request's success claim is undecided")
 	// ErrNonceTaken: the signer's transaction nonce already belongs to another settlement, so the
 	// allocator's view of the signer is stale.
 	ErrNonceTaken = errors.New("transaction nonce already used by another settlement")

@@ -107,6 +107,16 @@ type Resolution struct {
 type SuccessClaim struct {
 	KeyID string
 	Token []byte
+	// Lease is how long the claim holds the success undecided: it counts for good once
+	// ConfirmDeliveries records its answer written, and a claim still unconfirmed when its lease
+	// ends (its process died before the answer went out) goes to the next claim.
+	Lease time.Duration
+}
+
+// Delivery is a success claim whose answer was written to its caller, to be confirmed.
+type Delivery struct {
+	ID    int64
+	Claim []byte
 }
 
 // OpenSettlement is a settlement the engine still watches, with every transaction it signed.

@@ -62,8 +62,12 @@ type Settlement struct {
 	BlockHash    common.Hash // the mined block's hash, zero while nothing is mined
 	ErrorReason  string
 	ErrorMessage string
-	Delivered    bool // a caller has been answered success: true
-	CreatedAt    time.Time
+	Delivered    bool // a caller has been answered success: true (or is, its claim undecided)
+	// ClaimTakeovers counts the claims of the success taken over from one whose lease ended
+	// unconfirmed (its process died before its answer was written, or just after: then two
+	// callers were told success). It bounds the successes answered twice.
+	ClaimTakeovers int
+	CreatedAt      time.Time
 }
 
 // SettleOutcome is the settlement service's answer to a /settle: the x402 response, and whether it
@@ -76,4 +80,8 @@ type SettleOutcome struct {
 	Claimed bool
 	// Claim is the claim's token, for ReleaseDelivery: only this claim is ever given back.
 	Claim []byte
+	// ClaimBy is when the claim's lease could end (read on the service's clock): a success not
+	// written to its caller by then may have gone to another caller, and is not written at all.
+	// The service's ConfirmDelivery, once the answer was written, makes the claim count for good.
+	ClaimBy time.Time
 }

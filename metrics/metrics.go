@@ -382,6 +382,14 @@ func (m *Metrics) WatchPaymentIDs(counts func() (conflicts, replays int64)) {
 	)
 }
 
+// WatchClaims exports the count lapsed reads: the settle engine's successes answered whose claim's
+// lease ended before their confirmation landed (each may have been answered to a second caller).
+func (m *Metrics) WatchClaims(lapsed func() uint64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "success_claims_lapsed_total",
+		Help: "Successes answered whose claim lapsed before its confirmation was recorded: each may have been answered to a second caller."},
+		func() float64 { return float64(lapsed()) }))
+}
+
 func boolValue(b bool) float64 {
 	if b {
 		return 1

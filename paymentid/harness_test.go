@@ -94,7 +94,17 @@ func newRig(tb testing.TB, o rigOptions) *rig {
 
 func (r *rig) settle(tb testing.TB, body []byte) (facilitator.SettleOutcome, error) {
 	tb.Helper()
-	return r.svc.Settle(context.Background(), stacktest.Decode(tb, body))
+	return r.settlePayment(context.Background(), stacktest.Decode(tb, body))
+}
+
+// settlePayment is the service's Settle for a caller that reads its answer: a claimed success is
+// confirmed as written, as the API does once it has written it.
+func (r *rig) settlePayment(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error) {
+	out, err := r.svc.Settle(ctx, p)
+	if err == nil && out.Claimed {
+		err = r.svc.ConfirmDelivery(ctx, out)
+	}
+	return out, err
 }
 
 func (r *rig) verify(tb testing.TB, body []byte) (facilitator.VerifyResponse, error) {

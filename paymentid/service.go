@@ -32,6 +32,7 @@ type Store interface {
 type Settler interface {
 	Settle(ctx context.Context, p *facilitator.Payment) (facilitator.SettleOutcome, error)
 	ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error
+	ConfirmDelivery(ctx context.Context, out facilitator.SettleOutcome) error
 }
 
 // Verifier verifies payments.
@@ -110,6 +111,10 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitat
 			// still a conflict. The success stays claimed: the id's own request gets it as a
 			// replay, and nobody gets it twice.
 			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil && !rec.BindsTo(p) {
+				// Kept for good: the claim counts without an answer of its own written.
+				if cerr := s.cfg.Settler.ConfirmDelivery(ctx, out); cerr != nil {
+					return facilitator.SettleOutcome{}, cerr
+				}
 				return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec, nil)
 			}
 		}
@@ -122,7 +127,7 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitat
 				return s.replayed(ctx, p, out), nil
 			}
 		}
-		s.remember(ctx, p, out)
+		s.rememberClaimed(ctx, p, out)
 		return out, nil
 	}
 	return s.replaySettle(ctx, p, rec)
@@ -175,21 +180,32 @@ func (s *Service) replayed(ctx context.Context, p *facilitator.Payment, out faci
 		res.ErrorReason = facilitator.ReasonPaymentInFlight
 		res.ErrorMessage = "the first request with this payment identifier is still settling; retry after Retry-After with the same payload"
 	}
-	s.remember(ctx, p, out)
+	s.rememberClaimed(ctx, p, out)
 	res.Extensions = facilitator.ReplayInfo(p.PaymentID)
 	return out
 }
 
+// rememberClaimed is remember, and for a claimed success stored under its id, the claim's
+// confirmation: the id's retries answer the stored success from now on, so a crash before the
+// answer is written leaves the success to them, not to a copy of the payload sent without the id.
+func (s *Service) rememberClaimed(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) {
+	if s.remember(ctx, p, out) && out.Claimed {
+		if err := s.cfg.Settler.ConfirmDelivery(ctx, out); err != nil {
+			s.log.Warn("confirming a success stored under its payment identifier", "payment_id", p.PaymentID, "err", err)
+		}
+	}
+}
+
 // remember stores a settled answer under its id, for the window.
-func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) {
+func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) bool {
 	res := out.Response
 	if out.SettlementID == 0 || res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
-		return
+		return false
 	}
 	res.Extensions = nil
 	body, err := json.Marshal(res)
 	if err != nil {
-		return
+		return false
 	}
 	expires := s.cfg.Now().Add(s.cfg.Window)
 	if vb := p.Authorization.ValidBefore; vb.IsInt64() {
@@ -202,7 +218,9 @@ func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out faci
 	if err := s.cfg.Store.StorePaymentResponse(context.WithoutCancel(ctx), p.IDScope, p.PaymentID, body, expires); err != nil {
 		// The link stays: a retry rebuilds the answer from the ledger.
 		s.log.Warn("storing a payment-identifier answer", "payment_id", p.PaymentID, "err", err)
+		return false
 	}
+	return true
 }
 
 // Verify verifies p under its payment id. A payment already settled (or settling) under this id
@@ -273,4 +291,9 @@ func (s *Service) ReleaseDelivery(ctx context.Context, out facilitator.SettleOut
 // Compact drops stored answers past their window, keeping the id→settlement links.
 func (s *Service) Compact(ctx context.Context) (int64, error) {
 	return s.cfg.Store.CompactPaymentIDs(ctx, s.cfg.Now())
+}
+
+// ConfirmDelivery passes through to the settler.
+func (s *Service) ConfirmDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
+	return s.cfg.Settler.ConfirmDelivery(ctx, out)
 }

@@ -299,7 +299,7 @@ func TestConcurrentConflict(t *testing.T) {
 				defer wg.Done()
 				p := stacktest.Decode(t, bodies[i])
 				<-start
-				outs[i], errs[i] = r.svc.Settle(ctx, p)
+				outs[i], errs[i] = r.settlePayment(ctx, p)
 			}()
 		}
 		close(start)
@@ -362,7 +362,7 @@ func TestConcurrentSameID(t *testing.T) {
 			defer wg.Done()
 			q := stacktest.Decode(t, body)
 			<-start
-			outs[i], errs[i] = r.svc.Settle(ctx, q)
+			outs[i], errs[i] = r.settlePayment(ctx, q)
 		}()
 	}
 	close(start)
@@ -510,7 +510,7 @@ func TestInFlightWaits(t *testing.T) {
 		ch := make(chan answer, 1)
 		go func() {
 			start := time.Now()
-			out, err := r.svc.Settle(context.Background(), stacktest.Decode(t, body))
+			out, err := r.settlePayment(context.Background(), stacktest.Decode(t, body))
 			ch <- answer{out, err, time.Since(start)}
 		}()
 		return ch
@@ -678,5 +678,25 @@ func TestInvalidLeavesIDFree(t *testing.T) {
 	}
 	if rec := r.record(t, p.ID); rec.Settlement.ID != out.SettlementID {
 		t.Fatalf("id bound to %d, want %d", rec.Settlement.ID, out.SettlementID)
+	}
+}
+
+// TestStoredSuccessCounts: a success claimed under a payment identifier counts once its answer is
+// stored under the id, before the API writes it: the id's retries are answered from it, so a copy
+// of the payload sent without the id to another process is told already_settled at once, not
+// settlement_pending (and never, once a dead process's claim lapsed, the success a second time).
+func TestStoredSuccessCounts(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	ctx := context.Background()
+	p := newPay(t, env.FundedPayer(t, 1_000_000), 250_000)
+	out, err := r.svc.Settle(ctx, stacktest.Decode(t, p.Body(t))) // its answer is never written
+	if err != nil || !out.Claimed || !out.Response.Success {
+		t.Fatalf("first settle: %+v %v; want the claimed success", out, err)
+	}
+	other := env.NewEngine(t, stacktest.EngineOptions{}) // another process on the same ledger
+	p.ID = ""
+	got, err := other.Engine.Settle(ctx, stacktest.Decode(t, p.Body(t)))
+	if err != nil || got.Claimed || got.Response.ErrorReason != facilitator.ReasonAlreadySettled || got.Response.Transaction != out.Response.Transaction {
+		t.Fatalf("the payload without the id, elsewhere: %+v %v; want already_settled with %s", got.Response, err, out.Response.Transaction)
 	}
 }

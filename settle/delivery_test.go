@@ -19,7 +19,7 @@ type hungClaims struct {
 	unbounded atomic.Bool
 }
 
-func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
+func (h *hungClaims) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		h.unbounded.Store(true)
 		return false, context.DeadlineExceeded
@@ -183,4 +183,79 @@ func TestCarriedClaimOfGoneCaller(t *testing.T) {
 	if err != nil || !retry.Claimed || !retry.Response.Success {
 		t.Fatalf("the retry: want the success, got %+v %v", retry, err)
 	}
+}
+
+// TestUndecidedClaim: a success claimed for a caller whose answer is not written yet is undecided,
+// not answered: another process's retry of the same payload waits for it within its deadline and
+// is told settlement_pending (never already_settled) until the answer is confirmed written, then
+// already_settled. A claim never confirmed (its process died between the claim and the answer)
+// goes, once its lease ends, to the next identical request, which waits for that within its
+// deadline, and the ledger counts the takeover.
+func TestUndecidedClaim(t *testing.T) {
+	ctx := context.Background()
+	lease := func(d, deadline time.Duration) stacktest.EngineOptions {
+		return stacktest.EngineOptions{Deadline: deadline, Config: func(c *settle.Config) { c.ClaimLease = d }}
+	}
+	first := env.NewEngine(t, lease(time.Minute, 0))
+	// Another process on the same ledger; its callers wait for an undecided claim 300 ms.
+	other := env.NewEngine(t, lease(time.Minute, 300*time.Millisecond))
+	settleRaw := func(r *stacktest.Engine, body []byte) facilitator.SettleOutcome {
+		t.Helper()
+		out, err := r.Engine.Settle(ctx, stacktest.Decode(t, body)) // not confirmed: the answer is not written yet
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	want := func(what string, out facilitator.SettleOutcome, reason, hash string) {
+		t.Helper()
+		if res := out.Response; res.Success || out.Claimed || res.ErrorReason != reason || res.Transaction != hash {
+			t.Fatalf("%s: want %s with %s, got %+v (claimed %v)", what, reason, hash, res, out.Claimed)
+		}
+	}
+
+	t.Run("answered", func(t *testing.T) {
+		body := env.NewPay(t, env.FundedPayer(t, 100_000), 100_000).Body(t)
+		out := settleRaw(first, body)
+		if !out.Claimed || !out.Response.Success {
+			t.Fatalf("first: want the claimed success, got %+v", out)
+		}
+		hash := out.Response.Transaction
+		want("another process, the answer unwritten", settleRaw(other, body), facilitator.ReasonSettlementPending, hash)
+		if err := first.ConfirmDelivery(ctx, out); err != nil {
+			t.Fatal(err)
+		}
+		want("another process, the answer written", settleRaw(other, body), facilitator.ReasonAlreadySettled, hash)
+		want("the same process, the answer written", settleRaw(first, body), facilitator.ReasonAlreadySettled, hash)
+		if s, err := first.DB.SettlementByID(ctx, out.SettlementID); err != nil || !s.Delivered || s.ClaimTakeovers != 0 {
+			t.Fatalf("settlement: %+v %v; want delivered, nothing taken over", s, err)
+		}
+	})
+
+	t.Run("died before the answer", func(t *testing.T) {
+		dying := env.NewEngine(t, lease(time.Second, 0))
+		patient := env.NewEngine(t, lease(time.Minute, 0)) // its callers wait up to 20 s
+		body := env.NewPay(t, env.FundedPayer(t, 100_000), 100_000).Body(t)
+		out := settleRaw(dying, body)
+		if !out.Claimed || !out.Response.Success {
+			t.Fatalf("first: want the claimed success, got %+v", out)
+		}
+		if err := dying.Stop(ctx); err != nil { // dies: its answer is never written nor its claim given back
+			t.Fatal(err)
+		}
+		hash := out.Response.Transaction
+		// A retry within the lease, answered within its deadline: the success, once the lease
+		// ended (the official resource server retries a pending answer once, at once).
+		got := settleRaw(patient, body)
+		if !got.Claimed || !got.Response.Success || got.Response.Transaction != hash {
+			t.Fatalf("the retry: want the success with %s, got %+v (claimed %v)", hash, got.Response, got.Claimed)
+		}
+		if err := patient.ConfirmDelivery(ctx, got); err != nil {
+			t.Fatal(err)
+		}
+		want("a retry after the success", settleRaw(other, body), facilitator.ReasonAlreadySettled, hash)
+		if s, err := other.DB.SettlementByID(ctx, out.SettlementID); err != nil || !s.Delivered || s.ClaimTakeovers != 1 {
+			t.Fatalf("settlement: %+v %v; want delivered, the dead claim's takeover counted", s, err)
+		}
+	})
 }

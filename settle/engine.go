@@ -6,6 +6,7 @@
 package settle
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ecdsa"
@@ -89,6 +90,8 @@ const (
 	FaultAfterCommit    FaultPoint = "after-commit"
 	FaultAfterBroadcast FaultPoint = "after-broadcast"
 	FaultAfterReceipt   FaultPoint = "after-receipt"
+	// FaultAfterClaim: a caller's claim of the success is recorded, its answer not yet written.
+	FaultAfterClaim FaultPoint = "after-claim"
 )
 
 // NetworkConfig is one chain the engine settles on.
@@ -155,6 +158,12 @@ type Config struct {
 	SignerMinBalance *big.Int
 	// BalanceInterval is how often the signers' native balances are read.
 	BalanceInterval time.Duration
+	// ClaimLease is how long a caller's claim of a success holds it undecided (invariant 4): the
+	// claim counts once ConfirmDelivery records its answer written; one whose process died before
+	// the answer went out goes to the next identical request when its lease ends, and a retry
+	// meanwhile is told settlement_pending. A claimed success not written within half of it is
+	// not written at all (the caller is told pending).
+	ClaimLease time.Duration
 }
 
 // beat reports that loop finished an iteration on n.
@@ -183,6 +192,20 @@ type Engine struct {
 	relMu    sync.Mutex
 	releases []pendingRelease
 
+	// confirms are claims whose answers were written, still to be confirmed (confirmLoop);
+	// answered holds their tokens by settlement, so that a retry this process sees meanwhile is
+	// told already_settled. lapsed counts the claims whose lease ended before their confirmation
+	// landed: the one case in which a second caller can be told the same success.
+	confMu   sync.Mutex
+	confirms []pendingConfirm
+	answered map[int64][]byte
+	// held are the claimed successes this process handed to callers and has not heard written
+	// or given back yet: a retry this process sees meanwhile waits for that rather than be told
+	// pending for a few microseconds.
+	held     map[int64]*heldClaim
+	confKick chan struct{}
+	lapsed   atomic.Uint64
+
 	// stepped: no loops run; the simulator calls step, and every write the loops would make in
 	// the background is made in line, so that a run is a function of its seed (sim_test.go).
 	stepped bool
@@ -205,6 +228,7 @@ func (e *Engine) step(ctx context.Context) {
 		n.watch(ctx, true)
 		n.drainQueue(ctx)
 	}
+	e.flushConfirms(ctx)
 }
 
 // New builds an engine.
@@ -223,6 +247,7 @@ func New(cfg Config) (*Engine, error) {
 	def(&cfg.SignTimeout, 5*time.Second)
 	def(&cfg.LeaseRetry, time.Second)
 	def(&cfg.BalanceInterval, 15*time.Second)
+	def(&cfg.ClaimLease, 15*time.Second)
 	if cfg.MaxInFlightPerSigner == 0 {
 		cfg.MaxInFlightPerSigner = 128
 	}
@@ -239,7 +264,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Observer = noObserver{}
 	}
 	e := &Engine{cfg: cfg, store: cfg.Store, verifier: cfg.Verifier, log: cfg.Logger,
-		networks: map[string]*network{}, flights: map[int64]*flight{}}
+		networks: map[string]*network{}, flights: map[int64]*flight{}, answered: map[int64][]byte{}, held: map[int64]*heldClaim{}, confKick: make(chan struct{}, 1)}
 	if _, err := rand.Read(e.salt[:]); err != nil {
 		return nil, err
 	}
@@ -320,6 +345,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	// The loops never fail: each runs until runCtx ends, so the group is only awaited.
 	e.loops = &errgroup.Group{}
 	loop := func(f func(context.Context)) { e.loops.Go(func() error { f(runCtx); return nil }) }
+	loop(e.confirmLoop)
 	for _, n := range e.networks {
 		loop(n.broadcastLoop)
 		loop(n.balanceLoop)
@@ -647,19 +673,19 @@ func (e *Engine) poll(ctx, waitCtx context.Context, p *facilitator.Payment, s *f
 	for !s.State.Succeeded() && s.State.Open() && !e.stepped {
 		select {
 		case <-waitCtx.Done():
-			return e.answer(ctx, p, viewOf(s)), nil
+			return e.answer(ctx, waitCtx, p, viewOf(s)), nil
 		case <-time.After(e.cfg.PollInterval):
 		}
 		next, err := e.store.SettlementByID(waitCtx, s.ID)
 		if err != nil {
 			if waitCtx.Err() != nil {
-				return e.answer(ctx, p, viewOf(s)), nil
+				return e.answer(ctx, waitCtx, p, viewOf(s)), nil
 			}
 			return facilitator.SettleOutcome{}, ledgerDown(err)
 		}
 		s = next
 	}
-	return e.answer(ctx, p, viewOf(s)), nil
+	return e.answer(ctx, waitCtx, p, viewOf(s)), nil
 }
 
 func viewOf(s *facilitator.Settlement) view {
@@ -672,7 +698,7 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 	if e.stepped {
 		// Nothing moves while a caller waits: the simulator answers with what is known now, and
 		// its callers ask again.
-		return e.answer(ctx, p, f.view())
+		return e.answer(ctx, waitCtx, p, f.view())
 	}
 	// The first caller to wait offers its claim of the success, so that the watcher writes it
 	// with the mined outcome (one row update for both) instead of a statement of the caller's.
@@ -680,22 +706,26 @@ func (e *Engine) await(ctx, waitCtx context.Context, p *facilitator.Payment, f *
 	offered := ctx.Err() == nil && f.offerClaim(p.KeyID, token)
 	v := f.wait(waitCtx, func(v view) bool { return settled(v) || v.dropped })
 	var claimed []byte
-	if offered && f.takeClaim(token) {
+	took, at := false, time.Time{}
+	if offered {
+		took, at = f.takeClaim(token)
+	}
+	if took {
 		claimed = token
 	}
 	if !v.dropped || settled(v) {
-		return e.answerClaimed(ctx, p, v, claimed)
+		return e.answerClaimed(ctx, waitCtx, p, v, claimed, at)
 	}
 	if claimed != nil {
 		e.release(ctx, f.id, claimed) // not answered from this view: the poll below claims afresh
 	}
 	s, err := e.store.SettlementByID(waitCtx, f.id)
 	if err != nil {
-		return e.answer(ctx, p, v) // open: pending with the hash; the caller asks again
+		return e.answer(ctx, waitCtx, p, v) // open: pending with the hash; the caller asks again
 	}
 	out, err := e.poll(ctx, waitCtx, p, s)
 	if err != nil {
-		return e.answer(ctx, p, v)
+		return e.answer(ctx, waitCtx, p, v)
 	}
 	return out
 }
@@ -705,23 +735,45 @@ const claimTimeout = 5 * time.Second
 
 // answer turns a settlement's state into the caller's answer. Success goes to exactly one caller:
 // the first with the settlement's own API key to claim it while still connected.
-func (e *Engine) answer(ctx context.Context, p *facilitator.Payment, v view) facilitator.SettleOutcome {
-	return e.answerClaimed(ctx, p, v, nil)
+// While another caller's claim of the success is undecided, it asks again every PollInterval
+// within waitCtx: the claim is confirmed (already settled), given back, or its lease ends (its
+// process died: the success is this caller's), and the official resource server, which retries
+// a pending answer once without waiting, gets the outcome.
+func (e *Engine) answer(ctx, waitCtx context.Context, p *facilitator.Payment, v view) facilitator.SettleOutcome {
+	return e.answerClaimed(ctx, waitCtx, p, v, nil, time.Time{})
 }
 
 // answerClaimed is answer for a caller whose claim the ledger already recorded (with the mined
-// outcome; token claimed, nil when none): it is answered with it, or, when the answer is not the
-// success (the caller left, the settlement was reorganised meanwhile), gives it back.
-func (e *Engine) answerClaimed(ctx context.Context, p *facilitator.Payment, v view, claimed []byte) facilitator.SettleOutcome {
-	out := e.answerWith(ctx, p, v, claimed)
+// outcome, in a write begun at at; token claimed, nil when none): it is answered with it, or,
+// when the answer is not the success (the caller left, the settlement was reorganised meanwhile),
+// gives it back.
+func (e *Engine) answerClaimed(ctx, waitCtx context.Context, p *facilitator.Payment, v view, claimed []byte, at time.Time) facilitator.SettleOutcome {
+	out, undecided := e.answerWith(ctx, p, v, claimed, at)
 	if claimed != nil && !out.Claimed {
 		e.release(ctx, v.id, claimed)
+	}
+	for undecided && !e.stepped {
+		select {
+		case <-waitCtx.Done():
+			undecided = false
+			continue
+		case <-time.After(e.cfg.PollInterval):
+		}
+		out, undecided = e.answerWith(ctx, p, v, nil, time.Time{}) // v is mined: only the claim is asked again
+	}
+	if out.Claimed {
+		e.hold(out)
+		// The claim is recorded and the answer not written: a crash here must not lose the
+		// success (the claim's lease ends unconfirmed, and the next identical request gets it).
+		e.fault(FaultAfterClaim)
 	}
 	return out
 }
 
-func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view, claimed []byte) facilitator.SettleOutcome {
-	out := facilitator.SettleOutcome{SettlementID: v.id}
+// answerWith is one answer; undecided: it is pending only because another caller's claim of the
+// success is undecided.
+func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view, claimed []byte, at time.Time) (out facilitator.SettleOutcome, undecided bool) {
+	out = facilitator.SettleOutcome{SettlementID: v.id}
 	switch {
 	case v.state.Open():
 		out.Response = fail(p, facilitator.ReasonSettlementPending,
@@ -730,15 +782,36 @@ func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view,
 		out.Response = fail(p, v.reason, v.message, v.hash).Response
 	case v.state.Succeeded():
 		if ctx.Err() == nil && claimed != nil {
-			out.Claimed, out.Claim = true, claimed
+			out.Claimed, out.Claim, out.ClaimBy = true, claimed, at.Add(e.cfg.ClaimLease/2)
+		} else if ctx.Err() == nil && e.answeredHere(v.id) {
+			// This process wrote the success to an earlier caller; its confirmation is on its way.
 		} else if ctx.Err() == nil {
 			// Not the caller's context: a claim the ledger made must come back to be released if
 			// the caller leaves meanwhile. Bounded all the same, so a ledger that does not answer
 			// turns into a pending answer instead of a hung request.
 			claim := e.claimToken(v.id)
+			at := e.now() // before the write: the lease begins after it
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-			claimed, err := e.store.ClaimDelivery(cctx, v.id, p.KeyID, claim)
+			claimed, err := e.store.ClaimDelivery(cctx, v.id, p.KeyID, claim, e.cfg.ClaimLease)
 			cancel()
+			if errors.Is(err, facilitator.ErrClaimUndecided) && !e.answeredHere(v.id) && e.awaitHeld(ctx, v.id) {
+				// This process's own caller's answer was being written: now it is decided.
+				at = e.now()
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+				claimed, err = e.store.ClaimDelivery(cctx, v.id, p.KeyID, claim, e.cfg.ClaimLease)
+				cancel()
+			}
+			if errors.Is(err, facilitator.ErrClaimUndecided) && !e.answeredHere(v.id) {
+				// Another caller's claim: its answer is being written, or its process died before
+				// it did and the success comes to a retry once the claim's lease ends. Nothing was
+				// written for this one.
+				out.Response = fail(p, facilitator.ReasonSettlementPending,
+					"the transfer is mined and another request's answer of its success is undecided; send the same payload again for the answer", v.hash).Response
+				return out, true
+			}
+			if errors.Is(err, facilitator.ErrClaimUndecided) {
+				err = nil // answered here meanwhile: already settled
+			}
 			if err != nil {
 				// The claim may have committed all the same: then nobody would ever be told the
 				// success. It is released (this claim only) before the caller, told pending,
@@ -747,9 +820,12 @@ func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view,
 					"nonce", hexutil.Encode(p.Authorization.Nonce[:]), "tx", v.hash, "err", err)
 				e.release(ctx, v.id, claim)
 				out.Response = fail(p, facilitator.ReasonSettlementPending, "the transfer is mined; send the same payload again for the answer", v.hash).Response
-				return out
+				return out, false
 			}
 			out.Claimed, out.Claim = claimed, claim
+			if claimed {
+				out.ClaimBy = at.Add(e.cfg.ClaimLease / 2)
+			}
 		}
 		if out.Claimed {
 			out.Response = facilitator.SettleResponse{Success: true, Transaction: v.hash.Hex(), Network: p.Network, Payer: p.Payer}
@@ -764,12 +840,209 @@ func (e *Engine) answerWith(ctx context.Context, p *facilitator.Payment, v view,
 	default:
 		out.Response = fail(p, orDefault(v.reason, facilitator.ReasonTransactionFailed), v.message, v.hash).Response
 	}
-	return out
+	return out, false
 }
 
 // ReleaseDelivery undoes out's claimed success, whose answer never reached the caller.
 func (e *Engine) ReleaseDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
+	defer e.decide(out.SettlementID, out.Claim)
 	return e.store.ReleaseDelivery(ctx, out.SettlementID, out.Claim)
+}
+
+type heldClaim struct {
+	token []byte
+	until time.Time // out.ClaimBy: past it the claim is not written
+	done  chan struct{}
+}
+
+// hold registers out's claimed success as handed to its caller, its answer not yet written.
+func (e *Engine) hold(out facilitator.SettleOutcome) {
+	e.confMu.Lock()
+	now := e.now()
+	for id, h := range e.held {
+		if now.After(h.until) {
+			// Never written nor given back in time (a caller of Settle that does neither): its
+			// lease decides.
+			close(h.done)
+			delete(e.held, id)
+		}
+	}
+	if h := e.held[out.SettlementID]; h != nil {
+		close(h.done) // a claim that lapsed unanswered: the new one is the settlement's
+	}
+	e.held[out.SettlementID] = &heldClaim{token: out.Claim, until: out.ClaimBy, done: make(chan struct{})}
+	e.confMu.Unlock()
+}
+
+// decide ends the hold of claim on settlement id: its answer was written, or it was given back.
+func (e *Engine) decide(id int64, claim []byte) {
+	e.confMu.Lock()
+	if h := e.held[id]; h != nil && bytes.Equal(h.token, claim) {
+		close(h.done)
+		delete(e.held, id)
+	}
+	e.confMu.Unlock()
+}
+
+// awaitHeld waits for this process's undecided claim of settlement id, if it holds one, to be
+// decided, within the caller's context and the claim's own deadline; it reports whether it was.
+func (e *Engine) awaitHeld(ctx context.Context, id int64) bool {
+	e.confMu.Lock()
+	h := e.held[id]
+	e.confMu.Unlock()
+	if h == nil || e.stepped {
+		return false
+	}
+	t := time.NewTimer(h.until.Sub(e.now()))
+	defer t.Stop()
+	select {
+	case <-h.done:
+		return true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
+}
+
+// confirmGather is how long the confirm loop waits after a written answer for others, so that a
+// burst's confirmations share one statement.
+const confirmGather = 10 * time.Millisecond
+
+type pendingConfirm struct {
+	d facilitator.Delivery
+	// giveUp: past it the claim's lease has surely ended, and a confirmation that still cannot be
+	// written is counted as lapsed.
+	giveUp time.Time
+	// tried is closed once the first write of it returned (nil after).
+	tried chan struct{}
+}
+
+// ConfirmDelivery records that out's claimed success was written to its caller: from then on it
+// counts (invariant 4). The confirmations of a burst share one statement (confirmLoop); it
+// returns once its own was written (or failed: then it is retried in the background), within
+// ctx and claimTimeout. Until it lands, a retry this process sees is told already_settled, and
+// one another process sees is told settlement_pending.
+func (e *Engine) ConfirmDelivery(ctx context.Context, out facilitator.SettleOutcome) error {
+	if !out.Claimed || len(out.Claim) == 0 {
+		return nil
+	}
+	tried := make(chan struct{})
+	e.confMu.Lock()
+	if bytes.Equal(e.answered[out.SettlementID], out.Claim) {
+		// Confirmed already, or on its way (the payment-identifier service confirms a success
+		// it stored before the API writes it).
+		e.confMu.Unlock()
+		return nil
+	}
+	e.confirms = append(e.confirms, pendingConfirm{d: facilitator.Delivery{ID: out.SettlementID, Claim: out.Claim},
+		giveUp: out.ClaimBy.Add(e.cfg.ClaimLease), tried: tried})
+	e.answered[out.SettlementID] = out.Claim
+	e.confMu.Unlock()
+	e.decide(out.SettlementID, out.Claim)
+	if e.stepped || e.closed.Load() {
+		// No loop writes it (or none may be left to).
+		e.flushConfirms(ctx)
+		return nil
+	}
+	select {
+	case e.confKick <- struct{}{}:
+	default:
+	}
+	t := time.NewTimer(claimTimeout)
+	defer t.Stop()
+	select {
+	case <-tried:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return nil
+}
+
+// answeredHere reports whether this process wrote settlement id's success to a caller whose claim
+// is not confirmed yet.
+func (e *Engine) answeredHere(id int64) bool {
+	e.confMu.Lock()
+	defer e.confMu.Unlock()
+	return e.answered[id] != nil
+}
+
+// LapsedClaims counts the claimed successes whose confirmation did not land before their lease
+// could end: each may have been answered to a second caller too (invariant 4's one exception).
+func (e *Engine) LapsedClaims() uint64 { return e.lapsed.Load() }
+
+// confirmLoop writes the written answers' confirmations, and retries those the ledger refused.
+func (e *Engine) confirmLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.RetryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			e.flushConfirms(ctx)
+			return
+		case <-e.confKick:
+			select {
+			case <-ctx.Done():
+			case <-time.After(confirmGather):
+			}
+		case <-t.C:
+		}
+		e.flushConfirms(ctx)
+	}
+}
+
+// flushConfirms writes every pending confirmation in one statement.
+func (e *Engine) flushConfirms(ctx context.Context) {
+	e.confMu.Lock()
+	todo := e.confirms
+	e.confirms = nil
+	e.confMu.Unlock()
+	if len(todo) == 0 {
+		return
+	}
+	ds := make([]facilitator.Delivery, len(todo))
+	for i, c := range todo {
+		ds[i] = c.d
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	lapsed, err := e.store.ConfirmDeliveries(cctx, ds)
+	cancel()
+	for i := range todo {
+		if todo[i].tried != nil {
+			close(todo[i].tried)
+			todo[i].tried = nil
+		}
+	}
+	var done []pendingConfirm
+	if err != nil {
+		e.log.Warn("confirming written successes; will retry", "count", len(ds), "err", err)
+		now := e.now()
+		var keep []pendingConfirm
+		for _, c := range todo {
+			if now.Before(c.giveUp) {
+				keep = append(keep, c)
+				continue
+			}
+			lapsed = append(lapsed, c.d.ID)
+			done = append(done, c)
+		}
+		e.confMu.Lock()
+		e.confirms = append(keep, e.confirms...)
+		e.confMu.Unlock()
+	} else {
+		done = todo
+	}
+	for _, id := range lapsed {
+		e.lapsed.Add(1)
+		e.log.Error("a success was answered whose claim lapsed before its confirmation landed: another caller may be told the same success",
+			"settlement", id)
+	}
+	e.confMu.Lock()
+	for _, c := range done {
+		if bytes.Equal(e.answered[c.d.ID], c.d.Claim) {
+			delete(e.answered, c.d.ID)
+		}
+	}
+	e.confMu.Unlock()
 }
 
 // claimToken is a token no other claim has: this process's salt, a count, and the settlement.

@@ -56,7 +56,9 @@ func TestSettleOnce(t *testing.T) {
 }
 
 // TestSettleConcurrentDuplicates: 50 concurrent settles of one payload make one transaction and
-// one transfer; one caller gets success, every other gets the same transaction as already settled.
+// one transfer; one caller gets success, every other gets the same transaction as already settled
+// (or as settlement_pending while the success's answer is undecided: then its retry is told
+// already settled).
 func TestSettleConcurrentDuplicates(t *testing.T) {
 	r := env.NewEngine(t, stacktest.EngineOptions{})
 	payer := env.FundedPayer(t, 1_000_000)
@@ -81,6 +83,7 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 
 	successes := 0
 	tx := ""
+	var pending []int
 	for i := range n {
 		if errs[i] != nil {
 			t.Fatalf("caller %d: %v", i, errs[i])
@@ -96,8 +99,15 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 		case res.Success:
 			successes++
 		case res.ErrorReason == facilitator.ReasonAlreadySettled:
+		case res.ErrorReason == facilitator.ReasonSettlementPending:
+			pending = append(pending, i)
 		default:
 			t.Fatalf("caller %d: %+v", i, res)
+		}
+	}
+	for _, i := range pending {
+		if out := r.MustSettle(t, body); out.Response.ErrorReason != facilitator.ReasonAlreadySettled || out.Response.Transaction != tx {
+			t.Fatalf("caller %d was told pending; its retry: %+v, want already_settled with %s", i, out.Response, tx)
 		}
 	}
 	if successes != 1 {

@@ -79,6 +79,8 @@ type waitClaim struct {
 	// and it is the caller's to answer with; gone: the caller left while it was sent, so the
 	// writer releases it if it was recorded.
 	sent, recorded, gone bool
+	// at is when the write carrying it began: its lease runs from a moment after.
+	at time.Time
 }
 
 // offerClaim registers a waiting caller's claim (with API key keyID and a token no other claim
@@ -96,13 +98,13 @@ func (f *flight) offerClaim(keyID string, token []byte) bool {
 
 // attachClaimLocked puts the waiting caller's claim on a success about to be written, under the same
 // lock that marks the flight resolving: a caller leaving after it knows the write carries it.
-func (f *flight) attachClaimLocked(res *facilitator.Resolution) {
+func (f *flight) attachClaimLocked(res *facilitator.Resolution, lease time.Duration, now time.Time) {
 	c := f.claim
 	if c == nil || c.sent || c.recorded || !res.State.Succeeded() || res.ErrorReason != "" {
 		return
 	}
-	c.sent = true
-	res.Claim = &facilitator.SuccessClaim{KeyID: c.keyID, Token: c.token}
+	c.sent, c.at = true, now
+	res.Claim = &facilitator.SuccessClaim{KeyID: c.keyID, Token: c.token, Lease: lease}
 }
 
 // claimWrittenLocked settles the carried claim once its write returned (recorded: the ledger has
@@ -122,21 +124,22 @@ func (f *flight) claimWrittenLocked(token []byte, recorded bool) (release bool) 
 	return recorded
 }
 
-// takeClaim ends a caller's wait: true when its claim was recorded (its success is claimed). A
-// caller that leaves while a write carries its claim leaves it to the writer to release.
-func (f *flight) takeClaim(token []byte) bool {
+// takeClaim ends a caller's wait: true when its claim was recorded (its success is claimed), with
+// when the write recording it began. A caller that leaves while a write carries its claim leaves
+// it to the writer to release.
+func (f *flight) takeClaim(token []byte) (bool, time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.claim
 	if c == nil || !bytes.Equal(c.token, token) {
-		return false
+		return false, time.Time{}
 	}
 	if c.sent {
 		c.gone = true
-		return false
+		return false, time.Time{}
 	}
 	f.claim = nil
-	return c.recorded
+	return c.recorded, c.at
 }
 
 // logAttrs are the fields every log line about f starts with: the settlement, its payer and

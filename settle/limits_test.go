@@ -27,7 +27,7 @@ func settleAs(ctx context.Context, t testing.TB, r *stacktest.Engine, body []byt
 	t.Helper()
 	p := stacktest.Decode(t, body)
 	p.KeyID, p.IDScope = keyID, keyID
-	return r.Engine.Settle(ctx, p)
+	return r.Settle(ctx, p)
 }
 
 // wantLimited checks err is a refusal by a limit with reason and a Retry-After within (0, most].

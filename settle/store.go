@@ -63,7 +63,16 @@ type Store interface {
 	// not the settlement's key.
 	// claim is the claim's own token: a claim whose write answered an error may have committed,
 	// and ReleaseDelivery with the same token undoes exactly it, never another caller's.
-	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error)
+	// A claim holds the success undecided for lease: it counts for good once ConfirmDeliveries
+	// records its answer written; one unconfirmed when its lease ends (its process died between
+	// the claim and the answer) is taken over by the next claim. While another caller's claim is
+	// undecided the answer is facilitator.ErrClaimUndecided (nothing written).
+	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error)
+	// ConfirmDeliveries makes each claim, whose answer was written to its caller, count for good,
+	// in one statement. lapsed lists the ids whose claim was no longer that token's (its lease
+	// ended and another claim took it over, or it was released): their success may have been
+	// answered twice.
+	ConfirmDeliveries(ctx context.Context, ds []facilitator.Delivery) (lapsed []int64, err error)
 	// ReleaseDelivery undoes the claim made with token claim (nothing when the success was claimed
 	// with another), whose answer could not be written or whose write's outcome is unknown.
 	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error

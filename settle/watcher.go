@@ -579,7 +579,7 @@ func (n *network) recordAsync(ctx context.Context, outcomes []outcome) {
 		f := outcomes[i].f
 		f.mu.Lock()
 		f.resolving = true
-		f.attachClaimLocked(&outcomes[i].res)
+		f.attachClaimLocked(&outcomes[i].res, n.engine.cfg.ClaimLease, n.engine.now())
 		f.mu.Unlock()
 	}
 	n.recording.Wait()

@@ -85,7 +85,9 @@ func (e *Env) NewServer(t testing.TB, o ServerOptions) *Server {
 	}
 	cfg := api.Config{Verifier: s.Verifier, Logger: o.Logger}
 	if o.Engine != nil {
-		cfg.Settler = o.Engine
+		// The engine itself, as the binary wires it: the API confirms a success once written
+		// (stacktest.Engine's Settle would confirm it before).
+		cfg.Settler = o.Engine.Engine
 	}
 	var extensions []string
 	if o.PaymentIDs != nil {
@@ -94,7 +96,7 @@ func (e *Env) NewServer(t testing.TB, o ServerOptions) *Server {
 			c.Store = o.Engine.DB
 		}
 		if c.Settler == nil && o.Engine != nil {
-			c.Settler = o.Engine
+			c.Settler = o.Engine.Engine
 		}
 		if c.Verifier == nil {
 			c.Verifier = s.Verifier

@@ -99,6 +99,9 @@ type Config struct {
 	// nil: no minimum. BalanceInterval is how often balances are read.
 	SignerMinBalance *big.Int
 	BalanceInterval  time.Duration
+	// ClaimLease is how long a claimed success waits for its answer to be written before the
+	// next identical request may have it (settle.Config.ClaimLease).
+	ClaimLease time.Duration
 }
 
 // NetworkConfig is one entry of FACILITATOR_NETWORKS.
@@ -366,6 +369,9 @@ func (c *Config) Check() error {
 	if c.RPCTimeout <= 0 || c.VerifyTimeout <= 0 || c.SettleTimeout <= 0 || c.PollInterval <= 0 || c.BumpAfter <= 0 {
 		return errors.New("timeouts and intervals must be positive")
 	}
+	if c.ClaimLease < 0 {
+		return errors.New("claim-lease must not be negative")
+	}
 	if c.RemoteSigner != "" {
 		if _, err := remoteSignerURL(c.RemoteSigner); err != nil {
 			return err
@@ -453,6 +459,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	keyGasBudget := fs.String("key-gas-budget-wei", env("FACILITATOR_KEY_GAS_BUDGET_WEI", "0"), "gas budget in wei per rolling 24 hours of an API key without its own (keys create --gas-budget-wei); 0: unlimited (FACILITATOR_KEY_GAS_BUDGET_WEI)")
 	minBalance := fs.String("signer-min-balance-wei", env("FACILITATOR_SIGNER_MIN_BALANCE_WEI", "10000000000000000"), "native balance in wei below which a signer takes no new settlement (default 0.01 ether); 0: no minimum (FACILITATOR_SIGNER_MIN_BALANCE_WEI)")
 	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read (FACILITATOR_BALANCE_INTERVAL)")
+	claimLease := fs.String("claim-lease", env("FACILITATOR_CLAIM_LEASE", "15s"), "how long a success claimed for a caller is held for its answer to be written; a process that dies first leaves it to the next identical request after this (FACILITATOR_CLAIM_LEASE)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -530,7 +537,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 		name string
 		in   string
 		out  *time.Duration
-	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}} {
+	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}} {
 		if *d.out, err = time.ParseDuration(d.in); err != nil {
 			return nil, fmt.Errorf("%s: %w", d.name, err)
 		}

@@ -189,6 +189,7 @@ func (m *Main) Run(ctx context.Context) error {
 			WalletWindow: cfg.WalletCapWindow, KeyGasBudget: cfg.KeyGasBudget},
 		SignerMinBalance: cfg.SignerMinBalance,
 		BalanceInterval:  cfg.BalanceInterval,
+		ClaimLease:       cfg.ClaimLease,
 	})
 	if err != nil {
 		return err
@@ -199,6 +200,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.metrics.WatchSigners(signerSource(m.engine, cfg.SignerMinBalance))
 	m.metrics.WatchSettlements(openSource(m.engine))
+	m.metrics.WatchClaims(m.engine.LapsedClaims)
 	idsvc := paymentid.New(paymentid.Config{
 		Store:    m.db,
 		Settler:  m.engine,

@@ -24,7 +24,7 @@ const settlementColumns = `id, network, asset, payer, auth_nonce, fingerprint, p
 	signer, tx_nonce, state,
 	COALESCE(tx_hash, (SELECT t.tx_hash FROM settlement_txs t WHERE t.settlement_id = ` + familyID + `
 		ORDER BY t.created_at DESC, t.tx_hash DESC LIMIT 1)),
-	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at, block_hash, batch_slot`
+	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at, block_hash, batch_slot, success_takeovers`
 
 // familyID is the settlement whose settlement_txs rows hold a settlements row's transactions: its
 // own, or for a batch's member past slot 0, the slot-0 member's at the same (network, signer,
@@ -49,7 +49,7 @@ func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, err
 		slot                                  int16
 	)
 	err := row.Scan(append([]any{&s.ID, &s.Key.Network, &asset, &payer, &nonce, &fp, &payTo, &value, &validBefore,
-		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt, &blockHash, &slot}, extra...)...)
+		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt, &blockHash, &slot, &s.ClaimTakeovers}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, facilitator.ErrNotFound
 	}
@@ -443,7 +443,7 @@ func (db *DB) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64
 	n := len(rs)
 	ids, states, reasons, messages := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	hashes, blockHashes, blocks := make([][]byte, n), make([][]byte, n), make([]int64, n)
-	claimKeys, claims := make([]string, n), make([][]byte, n)
+	claimKeys, claims, leases := make([]string, n), make([][]byte, n), make([]int64, n)
 	for i, r := range rs {
 		ids[i], states[i], reasons[i], messages[i] = r.ID, string(r.State), r.ErrorReason, r.ErrorMessage
 		blocks[i] = int64(r.BlockNumber)
@@ -455,10 +455,10 @@ func (db *DB) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64
 			blockHashes[i] = r.BlockHash.Bytes()
 		}
 		if r.Claim != nil && len(r.Claim.Token) > 0 {
-			claimKeys[i], claims[i] = r.Claim.KeyID, r.Claim.Token
+			claimKeys[i], claims[i], leases[i] = r.Claim.KeyID, r.Claim.Token, r.Claim.Lease.Microseconds()
 		}
 	}
-	rows, err := db.pool.Query(ctx, resolveSQL, ids, states, hashes, blocks, blockHashes, reasons, messages, claimKeys, claims)
+	rows, err := db.pool.Query(ctx, resolveSQL, ids, states, hashes, blocks, blockHashes, reasons, messages, claimKeys, claims, leases)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -479,18 +479,19 @@ func (db *DB) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64
 }
 
 // resolveSQL is Resolve's statement. The claim condition is ClaimDelivery's, on the outcome being
-// written: mined without an error reason, no success delivered yet (a reorganised settlement
-// keeps the one it had), and the caller's key the settlement's.
+// written: mined without an error reason, no success claimed yet or the claim's lease over
+// unconfirmed (a reorganised settlement keeps the one it had), and the caller's key the
+// settlement's.
 const resolveSQL = `-- Resolve
 	WITH r AS (
 		SELECT *, claim IS NOT NULL AND state IN ('mined', 'final') AND reason = '' AS claimable
-		FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[], $8::text[], $9::bytea[])
-			AS r(id, state, tx_hash, block_number, block_hash, reason, message, claim_key, claim)),
+		FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[], $5::bytea[], $6::text[], $7::text[], $8::text[], $9::bytea[], $10::bigint[])
+			AS r(id, state, tx_hash, block_number, block_hash, reason, message, claim_key, claim, lease)),
 	-- FOR UPDATE waits for a concurrent MarkBroadcast and reads the state it left, so the step
 	-- below is added only when nothing recorded it.
 	-- It also reads the row's claim and key as they are now, for the claim's rule.
 	o AS (
-		SELECT o.id, o.state AS was, r.claimable AND o.success_delivered_at IS NULL
+		SELECT o.id, o.state AS was, r.claimable AND (o.success_delivered_at IS NULL OR o.success_lease_until < now())
 			AND o.api_key IS NOT DISTINCT FROM NULLIF(r.claim_key, '') AS take
 		FROM settlements o JOIN r ON r.id = o.id WHERE o.id = ANY($1) FOR UPDATE OF o),
 	u AS (
@@ -498,6 +499,8 @@ const resolveSQL = `-- Resolve
 			block_hash = r.block_hash, error_reason = NULLIF(r.reason, ''), error_message = NULLIF(r.message, ''),
 			success_delivered_at = CASE WHEN o.take THEN now() ELSE s.success_delivered_at END,
 			success_claim = CASE WHEN o.take THEN r.claim ELSE s.success_claim END,
+			success_lease_until = CASE WHEN o.take THEN now() + r.lease * interval '1 microsecond' ELSE s.success_lease_until END,
+			success_takeovers = s.success_takeovers + (o.take AND s.success_delivered_at IS NOT NULL)::int,
 			updated_at = now()
 		FROM r, o WHERE s.id = r.id AND o.id = s.id AND s.state IN ('signed', 'broadcast')
 		RETURNING s.id, s.state, o.was, s.tx_hash, s.block_number, s.error_reason, o.take),
@@ -549,21 +552,55 @@ func (db *DB) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
 
 // ClaimDelivery records that a caller is being told success; only one ever is, and only one
 // with the key the settlement was made with: the fingerprint can be rebuilt from public calldata,
-// so without that rule any caller allowed to /settle could race the merchant's retry for it.
-func (db *DB) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
-	tag, err := db.pool.Exec(ctx, `-- ClaimDelivery
-		UPDATE settlements SET success_delivered_at = now(), success_claim = $3
-		WHERE id = $1 AND success_delivered_at IS NULL AND state IN ('mined', 'final') AND error_reason IS NULL
-			AND api_key IS NOT DISTINCT FROM NULLIF($2::text, '')`, id, keyID, claim)
-	if err != nil {
+// so without that rule any caller allowed to /settle could race the merchant's retry for it. The
+// claim holds the success for lease unless ConfirmDeliveries confirms it; a claim past its lease
+// unconfirmed is taken over. FOR UPDATE reads the row as a concurrent claim left it, so a caller
+// racing an undecided claim is told so, never that the success was answered.
+func (db *DB) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error) {
+	var took, held bool
+	err := db.pool.QueryRow(ctx, `-- ClaimDelivery
+		WITH c AS (
+			SELECT id, state IN ('mined', 'final') AND error_reason IS NULL AND api_key IS NOT DISTINCT FROM NULLIF($2::text, '') AS mine,
+				success_delivered_at IS NULL OR success_lease_until < now() AS free, success_lease_until >= now() AS held
+			FROM settlements WHERE id = $1 FOR UPDATE),
+		u AS (
+			UPDATE settlements s SET success_delivered_at = now(), success_claim = $3,
+				success_lease_until = now() + $4::bigint * interval '1 microsecond',
+				success_takeovers = s.success_takeovers + (s.success_delivered_at IS NOT NULL)::int
+			FROM c WHERE s.id = c.id AND c.mine AND c.free RETURNING s.id)
+		SELECT EXISTS (SELECT 1 FROM u), COALESCE((SELECT mine AND held FROM c), false)`,
+		id, keyID, claim, lease.Microseconds()).Scan(&took, &held)
+	switch {
+	case err != nil:
 		return false, err
+	case !took && held:
+		return false, facilitator.ErrClaimUndecided
 	}
-	return tag.RowsAffected() == 1, nil
+	return took, nil
+}
+
+// ConfirmDeliveries makes claims whose answers were written count for good, in one statement;
+// it returns the ids whose claim was no longer the token's.
+func (db *DB) ConfirmDeliveries(ctx context.Context, ds []facilitator.Delivery) ([]int64, error) {
+	ids, claims := make([]int64, len(ds)), make([][]byte, len(ds))
+	for i, d := range ds {
+		ids[i], claims[i] = d.ID, d.Claim
+	}
+	rows, err := db.pool.Query(ctx, `-- ConfirmDeliveries
+		WITH d AS (SELECT * FROM unnest($1::bigint[], $2::bytea[]) AS d(id, claim)),
+		u AS (
+			UPDATE settlements s SET success_lease_until = NULL
+			FROM d WHERE s.id = d.id AND s.success_claim = d.claim RETURNING s.id)
+		SELECT id FROM d WHERE id NOT IN (SELECT id FROM u)`, ids, claims)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // ReleaseDelivery undoes the claim made with token claim, whose answer was not written.
 func (db *DB) ReleaseDelivery(ctx context.Context, id int64, claim []byte) error {
-	_, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = NULL, success_claim = NULL
+	_, err := db.pool.Exec(ctx, `UPDATE settlements SET success_delivered_at = NULL, success_claim = NULL, success_lease_until = NULL
 		WHERE id = $1 AND success_claim = $2`, id, claim)
 	return err
 }

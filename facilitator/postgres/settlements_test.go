@@ -305,7 +305,7 @@ func TestClaimDeliveryKey(t *testing.T) {
 	}
 	claim := func(id int64, key string, want bool) {
 		t.Helper()
-		got, err := db.ClaimDelivery(ctx, id, key, []byte("claim of "+key))
+		got, err := db.ClaimDelivery(ctx, id, key, []byte("claim of "+key), time.Minute)
 		if err != nil || got != want {
 			t.Fatalf("ClaimDelivery(%d, %q) = %v, %v; want %v", id, key, got, err, want)
 		}
@@ -318,7 +318,16 @@ func TestClaimDeliveryKey(t *testing.T) {
 		t.Fatal("a claim with the wrong key marked the success delivered")
 	}
 	claim(keyed, "key_a", true)
-	claim(keyed, "key_a", false) // one success, even for its own key
+	// One success, even for its own key: undecided until the first claim's answer is confirmed
+	// written, then refused.
+	if ok, err := db.ClaimDelivery(ctx, keyed, "key_a", []byte("second"), time.Minute); ok || !errors.Is(err, facilitator.ErrClaimUndecided) {
+		t.Fatalf("a second claim while the first is undecided = %v, %v; want ErrClaimUndecided", ok, err)
+	}
+	if lapsed, err := db.ConfirmDeliveries(ctx, []facilitator.Delivery{{ID: keyed, Claim: []byte("claim of key_a")}}); err != nil || len(lapsed) != 0 {
+		t.Fatalf("confirming the claim = %v, %v", lapsed, err)
+	}
+	claim(keyed, "key_a", false)
+	claim(keyed, "key_b", false) // another key is told it was settled, never that it is undecided
 
 	claim(open, "key_a", false)
 	claim(open, "", true)
@@ -333,7 +342,7 @@ func TestResolveClaims(t *testing.T) {
 	db, ctx := l.db, l.ctx
 	mined := func(id int64, key, token string) facilitator.Resolution {
 		return facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.BigToHash(big.NewInt(id)), BlockNumber: 5,
-			BlockHash: common.HexToHash("0x2"), Claim: &facilitator.SuccessClaim{KeyID: key, Token: []byte(token)}}
+			BlockHash: common.HexToHash("0x2"), Claim: &facilitator.SuccessClaim{KeyID: key, Token: []byte(token), Lease: time.Minute}}
 	}
 	open, _ := l.insertFor(t, 1, "")
 	keyed, _ := l.insertFor(t, 2, "key_a")
@@ -368,8 +377,8 @@ func TestResolveClaims(t *testing.T) {
 	// The recorded claims are the successes: nobody claims them again, until their own token
 	// releases them.
 	for id, key := range map[int64]string{open: "", keyed: "key_a"} {
-		if ok, err := db.ClaimDelivery(ctx, id, key, []byte("second")); err != nil || ok {
-			t.Fatalf("ClaimDelivery after a recorded claim = %v, %v; want false", ok, err)
+		if ok, err := db.ClaimDelivery(ctx, id, key, []byte("second"), time.Minute); ok || !errors.Is(err, facilitator.ErrClaimUndecided) {
+			t.Fatalf("ClaimDelivery after a recorded claim = %v, %v; want ErrClaimUndecided", ok, err)
 		}
 	}
 	if err := db.ReleaseDelivery(ctx, keyed, []byte("t-wrong")); err != nil || !delivered(keyed) {
@@ -378,11 +387,11 @@ func TestResolveClaims(t *testing.T) {
 	if err := db.ReleaseDelivery(ctx, keyed, []byte("t-keyed")); err != nil || delivered(keyed) {
 		t.Fatalf("its own token did not release the claim: %v", err)
 	}
-	if ok, err := db.ClaimDelivery(ctx, keyed, "key_a", []byte("next")); err != nil || !ok {
+	if ok, err := db.ClaimDelivery(ctx, keyed, "key_a", []byte("next"), time.Minute); err != nil || !ok {
 		t.Fatalf("ClaimDelivery after the release = %v, %v; want true", ok, err)
 	}
 	// The wrong key's settlement is still its own key's to claim.
-	if ok, err := db.ClaimDelivery(ctx, wrongKey, "key_a", []byte("own")); err != nil || !ok {
+	if ok, err := db.ClaimDelivery(ctx, wrongKey, "key_a", []byte("own"), time.Minute); err != nil || !ok {
 		t.Fatalf("ClaimDelivery by the settlement's key = %v, %v; want true", ok, err)
 	}
 	// A reorganised settlement keeps the success it delivered: mined again, no claim is taken.

@@ -63,6 +63,7 @@ func Run(t *testing.T, h Harness) {
 		{"ClosedFrom", closedFrom},
 		{"Claims", claims},
 		{"ClaimWithResolve", claimWithResolve},
+		{"ClaimLeases", claimLeases},
 		{"EdgeCases", edgeCases},
 		{"BatchMembers", batchMembers},
 		{"StaleAndTouch", staleAndTouch},
@@ -156,6 +157,32 @@ func (f *fixture) resolve(t *testing.T, rs ...facilitator.Resolution) (moved, cl
 		t.Fatalf("Resolve: %v", err)
 	}
 	return moved, claimed
+}
+
+// claimLease is the contract's claims' lease: longer than any test here, but for ClaimLease's.
+const claimLease = time.Hour
+
+// claim is ClaimDelivery with the contract's lease; undecided reports ErrClaimUndecided.
+func (f *fixture) claim(t *testing.T, id int64, key, token string) (ok, undecided bool) {
+	t.Helper()
+	ok, err := f.l.ClaimDelivery(f.ctx, id, key, []byte(token), claimLease)
+	if errors.Is(err, facilitator.ErrClaimUndecided) {
+		return false, true
+	}
+	if err != nil {
+		t.Fatalf("ClaimDelivery(%d): %v", id, err)
+	}
+	return ok, false
+}
+
+// confirm records that the claim token's answer was written; it returns the ids that lapsed.
+func (f *fixture) confirm(t *testing.T, ds ...facilitator.Delivery) []int64 {
+	t.Helper()
+	lapsed, err := f.l.ConfirmDeliveries(f.ctx, ds)
+	if err != nil {
+		t.Fatalf("ConfirmDeliveries: %v", err)
+	}
+	return lapsed
 }
 
 func mined(id int64) facilitator.Resolution {
@@ -438,11 +465,11 @@ func noMatchWrites(t *testing.T, f *fixture) {
 	if err := f.l.AddTx(f.ctx, minedRow, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Errorf("AddTx on a mined row: %v, want ErrNotFound", err)
 	}
-	if ok, err := f.l.ClaimDelivery(f.ctx, open, "", []byte("c")); err != nil || ok {
-		t.Errorf("a claim of an open row: %v %v", ok, err)
+	if ok, undecided := f.claim(t, open, "", "c"); ok || undecided {
+		t.Errorf("a claim of an open row: %v %v", ok, undecided)
 	}
-	if ok, err := f.l.ClaimDelivery(f.ctx, failed, "", []byte("c")); err != nil || ok {
-		t.Errorf("a claim of a failed row: %v %v", ok, err)
+	if ok, undecided := f.claim(t, failed, "", "c"); ok || undecided {
+		t.Errorf("a claim of a failed row: %v %v", ok, undecided)
 	}
 	if err := f.l.MarkBroadcast(f.ctx, []int64{minedRow, final, failed}); err != nil {
 		t.Fatal(err)
@@ -600,50 +627,102 @@ func claims(t *testing.T, f *fixture) {
 	id, mismatch := f.insert(t, keyed), f.insert(t, f.row(1))
 	f.resolve(t, mined(id), facilitator.Resolution{ID: mismatch, State: facilitator.StateMined, TxHash: common.HexToHash("0x2"), BlockNumber: 1,
 		ErrorReason: facilitator.ReasonTransferEventMismatch})
-	claim := func(id int64, key, token string) bool {
-		t.Helper()
-		ok, err := f.l.ClaimDelivery(f.ctx, id, key, []byte(token))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ok
+	if ok, _ := f.claim(t, id, "", "a"); ok {
+		t.Fatal("claimed in open mode a keyed row's success")
 	}
-	if claim(id, "", "a") || claim(id, "ffffffffffff", "b") {
+	if ok, _ := f.claim(t, id, "ffffffffffff", "b"); ok {
 		t.Fatal("claimed with another key id")
 	}
-	if !claim(id, "0123456789ab", "c") || claim(id, "0123456789ab", "d") {
-		t.Fatal("want exactly one claim")
+	if ok, _ := f.claim(t, id, "0123456789ab", "c"); !ok {
+		t.Fatal("the row's own key: want the claim")
 	}
 	if !f.get(t, id).Delivered {
 		t.Fatal("claimed, and not delivered")
 	}
-	if err := f.l.ReleaseDelivery(f.ctx, id, []byte("d")); err != nil || claim(id, "0123456789ab", "e") {
+	// Until its answer is confirmed written, another caller is told undecided, not settled.
+	if ok, undecided := f.claim(t, id, "0123456789ab", "d"); ok || !undecided {
+		t.Fatalf("a second claim while the first is undecided: ok %v, undecided %v; want undecided", ok, undecided)
+	}
+	if err := f.l.ReleaseDelivery(f.ctx, id, []byte("d")); err != nil || !f.get(t, id).Delivered {
 		t.Fatalf("another claim's release released it: %v", err)
 	}
 	if err := f.l.ReleaseDelivery(f.ctx, id, []byte("c")); err != nil || f.get(t, id).Delivered {
 		t.Fatalf("the claim's own release: %v", err)
 	}
-	if !claim(id, "0123456789ab", "f") {
+	if ok, _ := f.claim(t, id, "0123456789ab", "f"); !ok {
 		t.Fatal("after the release the next caller gets it")
 	}
-	if claim(mismatch, "", "g") {
+	if lapsed := f.confirm(t, facilitator.Delivery{ID: id, Claim: []byte("f")}); len(lapsed) != 0 {
+		t.Fatalf("confirming the live claim: lapsed %v", lapsed)
+	}
+	if ok, undecided := f.claim(t, id, "0123456789ab", "g"); ok || undecided {
+		t.Fatalf("a claim of a confirmed success: ok %v, undecided %v; want neither", ok, undecided)
+	}
+	if ok, _ := f.claim(t, mismatch, "", "g"); ok {
 		t.Fatal("claimed a success with a mismatch")
 	}
-	// A final row's success is still one to claim.
+	// A final row's success is still one to claim, once.
 	fin := f.insert(t, f.row(2))
 	f.resolve(t, mined(fin))
 	f.l.MarkFinal(f.ctx, []int64{fin})
-	if !claim(fin, "", "h") || claim(fin, "", "i") {
-		t.Fatal("a final row's success: want exactly one claim")
+	if ok, _ := f.claim(t, fin, "", "h"); !ok {
+		t.Fatal("a final row's success: want the claim")
+	}
+	f.confirm(t, facilitator.Delivery{ID: fin, Claim: []byte("h")})
+	if ok, _ := f.claim(t, fin, "", "i"); ok {
+		t.Fatal("a final row's success claimed twice")
+	}
+	if lapsed := f.confirm(t, facilitator.Delivery{ID: fin, Claim: []byte("never")}); len(lapsed) != 1 || lapsed[0] != fin {
+		t.Fatalf("confirming a token that never held the claim: lapsed %v, want [%d]", lapsed, fin)
 	}
 }
 
+// claimLeases: a claim left unconfirmed when its lease ends (its process died between the claim
+// and the answer) goes to the next claim, which is counted as a takeover; the dead claim's late
+// confirmation lapses.
+func claimLeases(t *testing.T, f *fixture) {
+	id, carried := f.insert(t, f.row(0)), f.insert(t, f.row(1))
+	const lease = 300 * time.Millisecond
+	c := mined(carried)
+	c.Claim = &facilitator.SuccessClaim{Token: []byte("dead-carried"), Lease: lease}
+	if _, claimed := f.resolve(t, mined(id), c); !sameSet(claimed, []int64{carried}) {
+		t.Fatalf("Resolve claimed %v, want [%d]", claimed, carried)
+	}
+	if ok, err := f.l.ClaimDelivery(f.ctx, id, "", []byte("dead"), lease); err != nil || !ok {
+		t.Fatalf("ClaimDelivery: %v %v", ok, err)
+	}
+	for _, sid := range []int64{id, carried} {
+		if ok, undecided := f.claim(t, sid, "", "early"); ok || !undecided {
+			t.Fatalf("settlement %d: a retry inside the lease: ok %v, undecided %v; want undecided", sid, ok, undecided)
+		}
+	}
+	f.h.Pass(f.l, 2*lease)
+	for _, sid := range []int64{id, carried} {
+		if ok, _ := f.claim(t, sid, "", "retry"); !ok {
+			t.Fatalf("settlement %d: a retry past the dead claim's lease: want the claim", sid)
+		}
+	}
+	lapsed := f.confirm(t, facilitator.Delivery{ID: id, Claim: []byte("dead")}, facilitator.Delivery{ID: carried, Claim: []byte("retry")})
+	if !sameSet(lapsed, []int64{id}) {
+		t.Fatalf("confirming the dead claim and the retry's: lapsed %v, want [%d]", lapsed, id)
+	}
+	for _, sid := range []int64{id, carried} {
+		if s := f.get(t, sid); s.ClaimTakeovers != 1 || !s.Delivered {
+			t.Fatalf("settlement %d: %d takeovers counted (delivered %v), want 1", sid, s.ClaimTakeovers, s.Delivered)
+		}
+	}
+	// Confirmed: no lease ends it.
+	f.h.Pass(f.l, 2*lease)
+	if ok, undecided := f.claim(t, carried, "", "late"); ok || undecided {
+		t.Fatalf("a claim of a confirmed success: ok %v, undecided %v", ok, undecided)
+	}
+}
 func claimWithResolve(t *testing.T, f *fixture) {
 	keyed := f.row(0)
 	keyed.KeyID = "0123456789ab"
 	a, b, c, d := f.insert(t, keyed), f.insert(t, f.row(1)), f.insert(t, f.row(2)), f.insert(t, f.row(3))
 	withClaim := func(r facilitator.Resolution, key, token string) facilitator.Resolution {
-		r.Claim = &facilitator.SuccessClaim{KeyID: key, Token: []byte(token)}
+		r.Claim = &facilitator.SuccessClaim{KeyID: key, Token: []byte(token), Lease: claimLease}
 		return r
 	}
 	mismatch := mined(c)
@@ -662,7 +741,7 @@ func claimWithResolve(t *testing.T, f *fixture) {
 	if err := f.l.ReleaseDelivery(f.ctx, b, []byte("y")); err != nil || f.get(t, b).Delivered {
 		t.Fatalf("a claim written with its outcome is released by its token: %v", err)
 	}
-	if ok, _ := f.l.ClaimDelivery(f.ctx, a, "0123456789ab", []byte("v")); !ok {
+	if ok, _ := f.claim(t, a, "0123456789ab", "v"); !ok {
 		t.Fatal("the row's own key claims a success another key's resolve could not")
 	}
 }
@@ -706,8 +785,8 @@ func concurrentClaims(t *testing.T, f *fixture) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok, err := f.l.ClaimDelivery(f.ctx, id, "", []byte{byte(i)})
-			if err != nil {
+			ok, err := f.l.ClaimDelivery(f.ctx, id, "", []byte{byte(i)}, claimLease)
+			if err != nil && !errors.Is(err, facilitator.ErrClaimUndecided) {
 				t.Error(err)
 			}
 			got[i] = ok
@@ -768,9 +847,10 @@ func edgeCases(t *testing.T, f *fixture) {
 	// transaction lands again, nobody else is told success for the same authorization.
 	b := f.insert(t, f.row(1))
 	f.resolve(t, mined(b))
-	if ok, err := f.l.ClaimDelivery(f.ctx, b, "", []byte("c")); err != nil || !ok {
-		t.Fatalf("claim: %v %v", ok, err)
+	if ok, _ := f.claim(t, b, "", "c"); !ok {
+		t.Fatal("claim: want it")
 	}
+	f.confirm(t, facilitator.Delivery{ID: b, Claim: []byte("c")})
 	if err := f.l.Reopen(f.ctx, b, "reorganised away"); err != nil {
 		t.Fatal(err)
 	}
@@ -778,7 +858,7 @@ func edgeCases(t *testing.T, f *fixture) {
 		t.Fatalf("after the reopen: %+v, want broadcast and still delivered", s)
 	}
 	f.resolve(t, mined(b))
-	if ok, _ := f.l.ClaimDelivery(f.ctx, b, "", []byte("d")); ok {
+	if ok, _ := f.claim(t, b, "", "d"); ok {
 		t.Fatal("a second success for a re-mined settlement")
 	}
 	if got := f.events(t, b); got != "[signed broadcast mined broadcast mined]" {
@@ -786,11 +866,11 @@ func edgeCases(t *testing.T, f *fixture) {
 	}
 	// An open-mode row's success is not a key's, before or after it is mined.
 	c := f.insert(t, f.row(2))
-	if ok, _ := f.l.ClaimDelivery(f.ctx, c, "abcdefabcdef", []byte("e")); ok {
+	if ok, _ := f.claim(t, c, "abcdefabcdef", "e"); ok {
 		t.Fatal("claimed an open row")
 	}
 	f.resolve(t, mined(c))
-	if ok, _ := f.l.ClaimDelivery(f.ctx, c, "abcdefabcdef", []byte("e")); ok {
+	if ok, _ := f.claim(t, c, "abcdefabcdef", "e"); ok {
 		t.Fatal("a key claimed an open-mode row's success")
 	}
 	d := f.insert(t, f.row(3))
@@ -821,8 +901,8 @@ func edgeCases(t *testing.T, f *fixture) {
 	if err := f.l.ReleaseDelivery(f.ctx, unknown, []byte("x")); err != nil {
 		t.Errorf("ReleaseDelivery of an unknown id: %v, want nothing done", err)
 	}
-	if ok, err := f.l.ClaimDelivery(f.ctx, unknown, "", []byte("x")); ok || err != nil {
-		t.Errorf("ClaimDelivery of an unknown id: %v %v, want false", ok, err)
+	if ok, undecided := f.claim(t, unknown, "", "x"); ok || undecided {
+		t.Errorf("ClaimDelivery of an unknown id: %v %v, want false", ok, undecided)
 	}
 	if err := f.l.MarkBroadcast(f.ctx, []int64{unknown}); err != nil {
 		t.Errorf("MarkBroadcast of an unknown id: %v, want nothing done", err)

@@ -75,7 +75,9 @@ type ledgerRow struct {
 	paymentID   *facilitator.PaymentIDBinding
 	delivered   bool // success_delivered_at IS NOT NULL
 	deliveredAt time.Time
-	claim       []byte // success_claim
+	claim       []byte    // success_claim
+	leaseUntil  time.Time // success_lease_until; zero: NULL (no claim, or a confirmed one)
+	takeovers   int       // success_takeovers
 	updatedAt   time.Time
 	txs         []LedgerTx
 	// family is the batch's slot-0 row, for a member past slot 0: a batch's transactions are
@@ -192,7 +194,7 @@ func (r *ledgerRow) settlement() *facilitator.Settlement {
 	if txs := r.familyTxs(); s.TxHash == (common.Hash{}) && len(txs) > 0 {
 		s.TxHash = txs[len(txs)-1].Hash
 	}
-	s.Delivered, s.BlockHash = r.delivered, r.blockHash
+	s.Delivered, s.BlockHash, s.ClaimTakeovers = r.delivered, r.blockHash, r.takeovers
 	return &s
 }
 
@@ -521,10 +523,53 @@ func (l *Ledger) ReleaseDelivery(ctx context.Context, id int64, claim []byte) er
 	return l.call(ctx, fmt.Sprintf("release-delivery %d", id), true, func() error {
 		// Only the claim made with this token (the token is not in the trace: it is random).
 		if r := l.rows[id]; r != nil && r.delivered && bytes.Equal(r.claim, claim) {
-			r.delivered, r.deliveredAt, r.claim = false, time.Time{}, nil
+			r.delivered, r.deliveredAt, r.claim, r.leaseUntil = false, time.Time{}, nil, time.Time{}
 		}
 		return nil
 	})
+}
+
+// ConfirmDeliveries implements settle.Store.
+func (l *Ledger) ConfirmDeliveries(ctx context.Context, ds []facilitator.Delivery) ([]int64, error) {
+	var lapsed []int64
+	ids := make([]int64, len(ds))
+	for i, d := range ds {
+		ids[i] = d.ID
+	}
+	err := l.call(ctx, fmt.Sprintf("confirm-deliveries %v", ids), true, func() error {
+		lapsed = nil
+		for _, d := range ds {
+			if r := l.rows[d.ID]; r != nil && r.delivered && bytes.Equal(r.claim, d.Claim) {
+				r.leaseUntil = time.Time{}
+				continue
+			}
+			lapsed = append(lapsed, d.ID)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return lapsed, nil
+}
+
+// claimFree reports whether r's success can be claimed now: unclaimed, or its claim's lease over
+// unconfirmed (as success_delivered_at IS NULL OR success_lease_until < now()).
+func (l *Ledger) claimFree(r *ledgerRow) bool {
+	return !r.delivered || (!r.leaseUntil.IsZero() && r.leaseUntil.Before(l.now()))
+}
+
+// take records claim as r's success claim for lease, counting a takeover of a lapsed one.
+func (l *Ledger) take(r *ledgerRow, claim []byte, lease time.Duration) {
+	if r.delivered {
+		r.takeovers++
+	}
+	r.delivered, r.deliveredAt, r.claim, r.leaseUntil = true, l.now(), slices.Clone(claim), l.now().Add(lease)
+}
+
+// claimHeld reports whether r's success is claimed by a caller whose claim is undecided.
+func (l *Ledger) claimHeld(r *ledgerRow) bool {
+	return r.delivered && !r.leaseUntil.IsZero() && !r.leaseUntil.Before(l.now())
 }
 
 // OpenSettlements implements settle.Store: the signer's signed, broadcast and mined rows, in tx

@@ -28,7 +28,8 @@ type newStore interface {
 	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error)
 	Reopen(ctx context.Context, id int64, detail string) error
 	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
-	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error)
+	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error)
+	ConfirmDeliveries(ctx context.Context, ds []facilitator.Delivery) ([]int64, error)
 	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
 	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error)
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)

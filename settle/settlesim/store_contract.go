@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 
@@ -19,7 +20,8 @@ import (
 //	MarkFinal(ctx, ids) ([]int64, error)    the ids that moved: only mined rows move
 //	Reopen(ctx, id, detail) error           facilitator.ErrNotFound when no mined row matched
 //	AddTx(ctx, id, tx) error                facilitator.ErrNotFound unless signed or broadcast
-//	ClaimDelivery(ctx, id, keyID) (bool, error)   only when the row's key id is keyID
+//	ClaimDelivery(ctx, id, keyID, claim, lease) (bool, error)   only when the row's key id is keyID;
+//	                                        facilitator.ErrClaimUndecided while another's claim is leased
 //
 // and ClosedFrom (the failed rows whose tx nonce may be unused on chain).
 var _ settle.Store = (*Ledger)(nil)
@@ -76,8 +78,8 @@ func (l *Ledger) Resolve(ctx context.Context, rs []facilitator.Resolution) ([]in
 			r.s.ErrorReason, r.s.ErrorMessage = res.ErrorReason, res.ErrorMessage
 			r.updatedAt = l.now()
 			moved = append(moved, res.ID)
-			if c := res.Claim; c != nil && len(c.Token) > 0 && !r.delivered && res.State.Succeeded() && res.ErrorReason == "" && r.keyID == c.KeyID {
-				r.delivered, r.deliveredAt, r.claim = true, l.now(), slices.Clone(c.Token)
+			if c := res.Claim; c != nil && len(c.Token) > 0 && l.claimFree(r) && res.State.Succeeded() && res.ErrorReason == "" && r.keyID == c.KeyID {
+				l.take(r, c.Token, c.Lease)
 				claimed = append(claimed, res.ID)
 			}
 		}
@@ -178,15 +180,22 @@ func (l *Ledger) AddTx(ctx context.Context, id int64, tx facilitator.TxRecord) e
 // ClaimDelivery records that a caller is being told success: true. Only one ever is, only for a
 // settlement that succeeded without a mismatch, and only a caller with the row's key id ("" for
 // a row settled in open mode).
-func (l *Ledger) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte) (bool, error) {
+func (l *Ledger) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error) {
 	claimed := false
 	err := l.call(ctx, fmt.Sprintf("claim-delivery %d %q", id, keyID), true, func() error {
 		claimed = false
 		r := l.rows[id]
-		if r == nil || r.delivered || !r.s.State.Succeeded() || r.s.ErrorReason != "" || r.keyID != keyID {
+		if r == nil || !r.s.State.Succeeded() || r.s.ErrorReason != "" || r.keyID != keyID {
 			return nil
 		}
-		r.delivered, r.deliveredAt, r.claim, claimed = true, l.now(), slices.Clone(claim), true
+		if !l.claimFree(r) {
+			if l.claimHeld(r) {
+				return facilitator.ErrClaimUndecided
+			}
+			return nil
+		}
+		l.take(r, claim, lease)
+		claimed = true
 		return nil
 	})
 	if err != nil {
