@@ -213,6 +213,7 @@ func (w *simWorld) runBatched() error {
 	}
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
 	w.stats.drains = w.adversaries.drains
+	w.providerStats()
 	return w.checkStatusAtEnd()
 }
 

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math/big"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -239,4 +240,71 @@ func (w *simWorld) adversaryStep() {
 	if _, err := w.chain.SubmitForeign(settlesim.ForeignTx{Key: k, To: &token, Data: eip3009.ERC20TransferCalldata(sink, new(big.Int).Sub(bal, keep))}); err == nil {
 		a.drains++
 	}
+}
+
+// Several providers, one of them lying: in a third of the worlds the engine reads and sends
+// through the real ethrpc.Pool over three providers with a quorum of two, one of which invents
+// receipts of transactions nobody mined, answers heads far ahead and finalized blocks that go
+// backwards, on top of the faults every node has. Drawn from a stream of its own.
+type simProviders struct {
+	liar *settlesim.Backend
+	all  []*settlesim.Backend
+}
+
+// setUpProviders builds the providers of a world that has several, and returns the engine's chain.
+func (w *simWorld) setUpProviders() ethrpc.Chain {
+	pr := rand.New(rand.NewPCG(w.seed, 0x9e0))
+	if pr.IntN(3) != 0 {
+		return w.spy
+	}
+	p := &w.providers
+	p.all = slices.Clone(w.backends)
+	for i := len(p.all); i < 3; i++ {
+		p.all = append(p.all, settlesim.NewBackend(w.chain, fmt.Sprintf("prov%d", i), settlesim.Profile{}, pr))
+	}
+	p.liar = p.all[pr.IntN(len(p.all))]
+	var eps []ethrpc.Endpoint
+	for _, b := range p.all {
+		eps = append(eps, ethrpc.Endpoint{Name: b.Name(), Chain: b})
+	}
+	pool, err := ethrpc.NewPool(eps, nil, w.clock.Now)
+	if err != nil {
+		panic(err)
+	}
+	if err := pool.SetQuorum(2); err != nil {
+		panic(err)
+	}
+	w.backends = p.all // the world's faults reach every provider
+	w.spy.Chain = pool
+	return quorumSpy{w.spy, pool}
+}
+
+// setProfile gives b its faults, and the liar its lies on top of them.
+func (w *simWorld) setProfile(b *settlesim.Backend, p settlesim.Profile) {
+	if b == w.providers.liar && b != nil {
+		lies := settlesim.Lying(w.adversaries.r)
+		p.InventReceipt, p.HeadAhead, p.FinalizedBack = lies.InventReceipt, lies.HeadAhead, lies.FinalizedBack
+	}
+	b.SetProfile(p)
+}
+
+func (w *simWorld) providerStats() {
+	if w.providers.liar != nil {
+		w.stats.lyingWorlds++
+		w.stats.lies += w.providers.liar.Lies()
+	}
+}
+
+// quorumSpy is the send spy over a pool, with the pool's quorum methods (the engine reads an
+// outcome on a quorum of its chain's endpoints when the chain can name them).
+type quorumSpy struct {
+	*sendSpy
+	pool *ethrpc.Pool
+}
+
+func (q quorumSpy) Pair() (a, b ethrpc.Chain, ok bool) { return q.pool.Pair() }
+func (q quorumSpy) Endpoints() int                     { return q.pool.Endpoints() }
+func (q quorumSpy) Quorum() int                        { return q.pool.Quorum() }
+func (q quorumSpy) Several(n int, except ...string) ([]ethrpc.Chain, bool) {
+	return q.pool.Several(n, except...)
 }

@@ -115,9 +115,8 @@ func TestSimulation(t *testing.T) {
 	}
 	for i := 0; i < len(seeds); i++ {
 		seed := seeds[i]
-		w := newSimWorld(seed)
+		w := newSimWorldOf(seed, facilitator.BatchPolicy{}, plain[seed])
 		if plain[seed] {
-			w.plain()
 			delete(plain, seed)
 			i-- // and once more, with everything on
 		}
@@ -147,6 +146,7 @@ type simStats struct {
 	bumps, reopened, undone                                 int
 	jobRuns, statusChecks, statusLagged                     int
 	drains, ourReverted                                     int
+	lyingWorlds, lies                                       int
 	// lostAnswers: successes claimed whose answer never reached the merchant (the process died
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
@@ -180,6 +180,8 @@ func (s *simStats) add(o simStats) {
 	s.statusLagged += o.statusLagged
 	s.drains += o.drains
 	s.ourReverted += o.ourReverted
+	s.lyingWorlds += o.lyingWorlds
+	s.lies += o.lies
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
 }
@@ -190,10 +192,11 @@ func (s simStats) String() string {
 		"%d canceled, %d expired, %d reverted; %d re-signed, %d fee bumps, %d reopened; %d successes undone by a reorg; "+
 		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
+		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
 		"%d successes lost before their answer, %d after it and before their confirmation",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
-		s.lostAnswers, s.lostConfirms)
+		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -231,6 +234,7 @@ type simWorld struct {
 	conflictReorgs int
 	jobsSide       simJobs
 	adversaries    simAdversaries
+	providers      simProviders
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -238,6 +242,13 @@ func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitat
 // newSimWorldWith is newSimWorld on a network with the batch policy given (which draws nothing
 // from the seed's streams: a seed's world is the same with batching on or off).
 func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
+	return newSimWorldOf(seed, batch, false)
+}
+
+// newSimWorldOf is newSimWorldWith, plain: the engine alone behind one load-balanced provider, as
+// the world was before the second process, the adversaries and several providers (a regression
+// seed found then replays exactly).
+func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simWorld {
 	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), lost: rand.New(rand.NewPCG(seed, 0x1057)), ctx: context.Background()}
 	w.clock = settlesim.NewClock(time.Unix(1_800_000_000, 0))
 	// Half the worlds decide finality by the chain's "finalized" tag, which the simulated chain
@@ -290,8 +301,12 @@ func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 	w.network.Batch = batch
 	lb := settlesim.NewBalancer(w.r, w.backends...)
 	w.spy = &sendSpy{Chain: lb, w: w, variants: map[spyKey][]common.Hash{}}
+	var chain ethrpc.Chain = w.spy
+	if !plain {
+		chain = w.setUpProviders()
+	}
 	e, err := settle.New(settle.Config{
-		Networks: []settle.NetworkConfig{{Network: w.network, Chain: w.spy, Signers: w.signers}},
+		Networks: []settle.NetworkConfig{{Network: w.network, Chain: chain, Signers: w.signers}},
 		Store:    w.ledger, Verifier: &simVerifier{w: w},
 		Deadline: time.Minute, RetryInterval: 2 * time.Second, RebroadcastAfter: 10 * time.Second,
 		BumpAfter: time.Duration(20+w.r.IntN(40)) * time.Second, RPCTimeout: time.Second,
@@ -304,6 +319,9 @@ func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 	w.engine = e
 	w.setUpJobs()
 	w.setUpAdversaries()
+	if plain {
+		w.plain()
+	}
 	return w
 }
 
@@ -323,7 +341,7 @@ func (w *simWorld) run() error {
 	defer w.engine.Stop(context.Background())
 	// The faults come on once the engine is up.
 	for _, b := range w.backends {
-		b.SetProfile(settlesim.RandomProfile(w.r))
+		w.setProfile(b, settlesim.RandomProfile(w.r))
 	}
 	w.ledger.SetFaults(w.ledgerFaults())
 	steps := 120 + w.r.IntN(120)
@@ -356,6 +374,7 @@ func (w *simWorld) run() error {
 	}
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
 	w.stats.drains = w.adversaries.drains
+	w.providerStats()
 	return w.checkStatusAtEnd()
 }
 
@@ -448,7 +467,7 @@ func (w *simWorld) act(step int) error {
 		w.stats.drops++
 	case x < 98:
 		b := w.backends[w.r.IntN(len(w.backends))]
-		b.SetProfile(settlesim.RandomProfile(w.r))
+		w.setProfile(b, settlesim.RandomProfile(w.r))
 	default:
 		w.ledger.SetFaults(w.ledgerFaults())
 	}

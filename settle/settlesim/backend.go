@@ -42,6 +42,19 @@ type Profile struct {
 	// ClampLogs answers eth_getLogs over a range past the node's head with the blocks it has, as
 	// some providers do, instead of geth's "block range extends beyond current head block".
 	ClampLogs bool
+
+	// The lies of a provider that is wrong on purpose or by a bug (never drawn by RandomProfile:
+	// a world sets them on one of several providers). InventReceipt: the chance that a receipt of
+	// a transaction the node knows unmined is answered as mined in its head block, succeeding
+	// with the logs its call would emit. HeadAhead: the chance that eth_blockNumber answers a
+	// head 50 blocks ahead of the node's. FinalizedBack: the chance that the finalized tag is
+	// answered a few blocks below where it is (a finalized block that went backwards).
+	InventReceipt, HeadAhead, FinalizedBack float64
+}
+
+// Lying is a profile of a provider that lies in every way it can, some of the time.
+func Lying(r *rand.Rand) Profile {
+	return Profile{InventReceipt: 0.2 + 0.6*r.Float64(), HeadAhead: 0.3 * r.Float64(), FinalizedBack: 0.5 * r.Float64()}
 }
 
 // RandomProfile draws a profile: each fault is off half the time, and mild when on.
@@ -82,6 +95,14 @@ type Backend struct {
 	r     *rand.Rand
 	seen  *block // the newest head this node has answered from
 	trace *Trace
+	lies  int
+}
+
+// Lies is how many lies the backend has told (Profile's InventReceipt, HeadAhead, FinalizedBack).
+func (b *Backend) Lies() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lies
 }
 
 // NewBackend returns a node called name on c with profile p; its draws come from a generator
