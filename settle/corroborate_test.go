@@ -177,7 +177,7 @@ func TestQuorumConfirmsOutcomes(t *testing.T) {
 	ours := common.Hash{1}
 	blockHash := common.Hash{0xb}
 	mined := func() *types.Receipt {
-		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: blockHash}
+		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: blockHash, Logs: paidLogs(quorumWant)}
 	}
 	open := pinned(0).t
 	minedTrack := track{state: facilitator.StateMined, variants: open.variants, mined: minedAt{tx: ours, block: 10, blockHash: blockHash}}
@@ -208,9 +208,9 @@ func TestQuorumConfirmsOutcomes(t *testing.T) {
 			// The first read, from endpoint a alone, decides an outcome.
 			rr := receiptReads{tag: p.finality.Tag}
 			o := observation{receipts: map[common.Hash]receiptRead{}}
-			qr := quorumFor(c.t, Expected{})
+			qr := quorumFor(c.t, quorumWant)
 			for _, h := range qr.hashes {
-				rr.receipt(&o, h, Expected{})
+				rr.receipt(&o, h, quorumWant)
 			}
 			if qr.at > 0 {
 				rr.canon(&o, qr.at)
@@ -238,7 +238,7 @@ func TestQuorumConfirmsOutcomes(t *testing.T) {
 	}
 	t.Run("two endpoints, one healthy: not confirmed", func(t *testing.T) {
 		a := &scriptedNode{head: 20, hash: blockHash, receipt: mined()}
-		qr := quorumFor(open, Expected{})
+		qr := quorumFor(open, quorumWant)
 		if err := readQuorum(ctx, pair{Chain: a, a: a}, direct, "", []*quorumRead{qr}, func() {}); err != nil {
 			t.Fatal(err)
 		}
@@ -256,7 +256,7 @@ func TestQuorumBesideTheFirstRead(t *testing.T) {
 	ctx := context.Background()
 	ours := common.Hash{1}
 	mined := func() *types.Receipt {
-		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}}
+		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}, Logs: paidLogs(quorumWant)}
 	}
 	open := pinned(0).t
 	for _, c := range []struct {
@@ -278,7 +278,7 @@ func TestQuorumBesideTheFirstRead(t *testing.T) {
 			rctx, from := ethrpc.WithAnswered(ctx)
 			rr := receiptReads{}
 			o := observation{receipts: map[common.Hash]receiptRead{}}
-			rr.receipt(&o, ours, Expected{})
+			rr.receipt(&o, ours, quorumWant)
 			if err := rr.runWith(rctx, direct(pool)); err != nil {
 				t.Fatal(err)
 			}
@@ -289,7 +289,7 @@ func TestQuorumBesideTheFirstRead(t *testing.T) {
 			if !recordsOutcome(d) {
 				t.Fatalf("rpc0's receipt alone: %v (%s), want an outcome to confirm", d.act, d.why)
 			}
-			qr := quorumFor(open, Expected{})
+			qr := quorumFor(open, quorumWant)
 			qr.beside(from.Names()[0], o)
 			n := 0
 			if err := readQuorum(ctx, pool, direct, "", []*quorumRead{qr}, func() { n++ }); err != nil {
@@ -314,13 +314,14 @@ func TestJudgeMinedRestsOnQuorum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := facilitator.AuthorizationKey{Network: "eip155:1", Asset: token, Payer: payer, Nonce: [32]byte{7}}
+	key := quorumWant.Key
 	s := &facilitator.OpenSettlement{
-		Settlement: facilitator.Settlement{ID: 1, Key: key, State: facilitator.StateBroadcast, TxNonce: 3, ValidBefore: big.NewInt(1 << 40), Signer: common.Address{9}},
+		Settlement: facilitator.Settlement{ID: 1, Key: key, PayTo: quorumWant.PayTo, Value: quorumWant.Value, State: facilitator.StateBroadcast, TxNonce: 3,
+			ValidBefore: big.NewInt(1 << 40), Signer: common.Address{9}},
 		Txs:        []facilitator.TxRecord{{Hash: tx.Hash(), Raw: raw}},
 	}
 	mined := func() *types.Receipt {
-		return &types.Receipt{TxHash: tx.Hash(), Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}}
+		return &types.Receipt{TxHash: tx.Hash(), Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}, Logs: paidLogs(quorumWant)}
 	}
 	for _, c := range []struct {
 		name   string
@@ -342,4 +343,13 @@ func TestJudgeMinedRestsOnQuorum(t *testing.T) {
 			}
 		})
 	}
+}
+
+// quorumWant is the settlement the quorum tests' receipts pay: a receipt proves a transfer only by
+// the authorization's own AuthorizationUsed+Transfer pair (eip3009.EffectOf).
+var quorumWant = Expected{Key: facilitator.AuthorizationKey{Network: "eip155:1", Asset: token, Payer: payer, Nonce: [32]byte{7}},
+	PayTo: common.Address{0x77}, Value: big.NewInt(5)}
+
+func paidLogs(w Expected) []*types.Log {
+	return []*types.Log{eip3009.AuthorizationLog(w.Key.Asset, w.Key.Payer, w.Key.Nonce, false), eip3009.TransferLog(w.Key.Asset, w.Key.Payer, w.PayTo, w.Value)}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -372,9 +373,9 @@ func (s *sender) reload(ctx context.Context) error {
 }
 
 // nonceTaker finds, by the blocks themselves, the transaction that used signer's nonce by block
-// at: the first block whose count of the signer's transactions passes nonce (a binary search of
-// counts read pinned at blocks, over the last logLookback blocks), then that block's own
-// transactions. A re-sign rests on it, not on null receipts: a node can answer null for a
+// at: the first block whose count of the signer's transactions passes nonce (the last 32 blocks'
+// counts in one batch, and a binary search below them over the last logLookback blocks), then that
+// block's own transactions. A re-sign rests on it, not on null receipts: a node can answer null for a
 // receipt of ours it has not indexed, and re-signing after our own transaction (one that
 // reverted, with the authorization still unused) would put a second transaction of ours on the
 // authorization and pay its gas. known is false when a read failed, a node lacked a block, or the
@@ -387,26 +388,53 @@ func (n *network) nonceTaker(ctx context.Context, signer common.Address, nonce, 
 		}
 		return uint64(c), true
 	}
+	// The nonce is almost always used in the last few blocks: their counts in one batch, and a
+	// binary search below them only when it was not.
+	const recent = 32
 	lo, hi := uint64(0), at
 	if at > logLookback {
 		lo = at - logLookback
 	}
-	if c, ok := count(hi); !ok || c <= nonce {
+	first := max(lo, at-min(at, recent-1))
+	counts := make([]hexutil.Uint64, at-first+1)
+	elems := make([]rpc.BatchElem, len(counts))
+	for k := range counts {
+		elems[k] = rpc.BatchElem{Method: "eth_getTransactionCount", Args: []any{signer, hexutil.EncodeUint64(first + uint64(k))}, Result: &counts[k]}
+	}
+	if err := n.batch(ctx, elems); err != nil {
 		return common.Hash{}, false
 	}
-	if c, ok := count(lo); !ok || c > nonce {
-		return common.Hash{}, false
-	}
-	for lo+1 < hi { // count(lo) <= nonce < count(hi)
-		mid := lo + (hi-lo)/2
-		c, ok := count(mid)
-		if !ok {
+	for k := range elems {
+		if elems[k].Error != nil {
 			return common.Hash{}, false
 		}
-		if c > nonce {
-			hi = mid
-		} else {
-			lo = mid
+	}
+	switch {
+	case uint64(counts[len(counts)-1]) <= nonce:
+		return common.Hash{}, false // not used at at, by this node's word
+	case uint64(counts[0]) <= nonce:
+		for k := range counts {
+			if uint64(counts[k]) > nonce {
+				hi = first + uint64(k)
+				break
+			}
+		}
+	default:
+		hi = first
+		if c, ok := count(lo); !ok || c > nonce {
+			return common.Hash{}, false
+		}
+		for lo+1 < hi { // count(lo) <= nonce < count(hi)
+			mid := lo + (hi-lo)/2
+			c, ok := count(mid)
+			if !ok {
+				return common.Hash{}, false
+			}
+			if c > nonce {
+				hi = mid
+			} else {
+				lo = mid
+			}
 		}
 	}
 	var b *struct {
