@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"math/big"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,7 +50,8 @@ type flight struct {
 	blockHash common.Hash
 	reason    string
 	message   string
-	txs       []*sentTx // in the order signed; the last is the one to (re)send
+	txs       []*sentTx     // in the order signed; the last is the one to (re)send
+	unsure    []common.Hash // signed variants whose ledger write answered an error (track.unsure)
 	changed   chan struct{}
 	// counted: the flight is in its sender's in-flight count (signed, not yet resolved).
 	counted bool
@@ -296,6 +298,7 @@ func (f *flight) track() track {
 	t := track{state: f.state, txNonce: f.nonce, validBefore: f.validBefore, verdict: f.verdict, closing: f.closing,
 		batched: f.batched && f.to == multicall3.Address, value: f.value,
 		mined: minedAt{tx: f.minedHash, block: f.block, blockHash: f.blockHash}}
+	t.unsure = slices.Clone(f.unsure)
 	for _, x := range f.txs {
 		t.variants = append(t.variants, variant{hash: x.hash, nonce: x.nonce, signedAt: x.signedAt, sentAt: x.sentAt, tried: x.tried})
 	}

@@ -3,6 +3,7 @@ package settle
 import (
 	"fmt"
 	"math/big"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -26,9 +27,13 @@ import (
 
 // track is what the engine knows of one settlement between rounds.
 type track struct {
-	state       facilitator.State
-	txNonce     uint64 // the nonce of the newest variant (it moves when a foreign transaction took the old one)
-	variants    []variant
+	state    facilitator.State
+	txNonce  uint64 // the nonce of the newest variant (it moves when a foreign transaction took the old one)
+	variants []variant
+	// unsure are transactions of ours signed for the settlement whose ledger write answered an
+	// error (it may have committed): never sent by this process, but ours if the chain shows them
+	// (the ledger's copy can be sent by another, the reconcile job's resend).
+	unsure      []common.Hash
 	mined       minedAt  // where it was mined, while state is mined
 	validBefore *big.Int // unix seconds, by the chain's clock
 	// verdict is a conclusion one read supported, waiting for a second read to act on.
@@ -535,7 +540,7 @@ func (t track) has(h common.Hash) bool {
 			return true
 		}
 	}
-	return false
+	return slices.Contains(t.unsure, h)
 }
 
 // allNoncesUsed reports whether every nonce any variant holds is below keyNonce (mined).

@@ -86,7 +86,10 @@ var (
 //	877  (with the jobs) a re-sign's ledger write committed and answered an error after the job had
 //	     resolved the row settled elsewhere: the row's hash was the other party's, the engine took
 //	     the move for not made, and the moved nonce was never sent (a gap)
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877}
+//	2549 (with the jobs) a fee bump's ledger write committed and answered an error; the job resent
+//	     the ledger's bytes, the bump was mined, and the engine, not knowing it, answered our own
+//	     payment "used by a transaction that is not ours" (TestLostBumpSentElsewhereIsOurs on anvil)
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877, 2549}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)

@@ -913,12 +913,19 @@ func (n *network) bump(ctx context.Context, f *flight, basedOn common.Hash) erro
 		n.sync(ctx, f)
 		return err
 	}
-	if err != nil {
-		return err
-	}
 	members := []*flight{f}
 	if f.family != nil {
 		members = f.family.members
+	}
+	if err != nil {
+		// The write may have committed: the ledger then holds these bytes, and another process
+		// (the reconcile job's resend) may send them. Never sent from here, but ours if they land
+		// (the simulator's seed 2549: taken for another's transaction, a payment we made was
+		// answered "used by a transaction that is not ours").
+		for _, m := range members {
+			m.update(func(m *flight) { m.unsure = append(m.unsure, tx.Hash()) })
+		}
+		return err
 	}
 	now := e.now()
 	for _, m := range members {
