@@ -318,7 +318,7 @@ func TestJudgeMinedRestsOnQuorum(t *testing.T) {
 	s := &facilitator.OpenSettlement{
 		Settlement: facilitator.Settlement{ID: 1, Key: key, PayTo: quorumWant.PayTo, Value: quorumWant.Value, State: facilitator.StateBroadcast, TxNonce: 3,
 			ValidBefore: big.NewInt(1 << 40), Signer: common.Address{9}},
-		Txs:        []facilitator.TxRecord{{Hash: tx.Hash(), Raw: raw}},
+		Txs: []facilitator.TxRecord{{Hash: tx.Hash(), Raw: raw}},
 	}
 	mined := func() *types.Receipt {
 		return &types.Receipt{TxHash: tx.Hash(), Status: 1, BlockNumber: big.NewInt(10), BlockHash: common.Hash{0xb}, Logs: paidLogs(quorumWant)}
