@@ -89,7 +89,10 @@ var (
 //	2549 (with the jobs) a fee bump's ledger write committed and answered an error; the job resent
 //	     the ledger's bytes, the bump was mined, and the engine, not knowing it, answered our own
 //	     payment "used by a transaction that is not ours" (TestLostBumpSentElsewhereIsOurs on anvil)
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877, 2549}
+//	4599 (with the jobs) status read the recorded block's hash from a node still on the branch a
+//	     reorg had replaced, and answered "final" by another node's head: the block, head and tag are
+//	     now read from one node in one request, and finality counts from that node's head
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877, 2549, 4599}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)

@@ -286,13 +286,29 @@ func (s *Service) stillThere(ctx context.Context, n Network, st facilitator.Auth
 	case st.IndexedHead >= row.BlockNumber:
 		return false, nil // the index holds that block and no use in it: reorganised away, or a gap
 	}
+	// The block, the head and the tag from one node in one request: final only by that node's
+	// own word (a node still on the branch the block was in before a reorg has that hash, but
+	// not the depth past it).
 	var b *struct {
 		Hash common.Hash `json:"hash"`
 	}
-	if err := n.Head.CallContext(ctx, &b, "eth_getBlockByNumber", hexutil.EncodeUint64(row.BlockNumber), false); err != nil {
+	var head hexutil.Uint64
+	elems := []rpc.BatchElem{
+		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(row.BlockNumber), false}, Result: &b},
+		{Method: "eth_blockNumber", Result: &head},
+	}
+	fin := n.Network.Finality
+	if fin.Tag != "" {
+		elems = append(elems, ethrpc.TagElem(fin.Tag))
+	}
+	if err := n.Head.BatchCallContext(ctx, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil {
 		return false, nil // not known: not final yet
 	}
-	return b != nil && b.Hash == row.BlockHash, nil
+	var tag facilitator.TagRead
+	if len(elems) > 2 {
+		tag = ethrpc.TagAnswer(elems[2])
+	}
+	return b != nil && b.Hash == row.BlockHash && fin.At(uint64(head), tag, 0).Covers(row.BlockNumber), nil
 }
 
 func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (bool, error) {
