@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -37,6 +38,23 @@ type liarRPC struct {
 	// in one batch) to answer far ahead.
 	ahead               atomic.Int32
 	invented, aheadTold atomic.Int64
+	// lies, when set, are told at random on top of invent and ahead (a liar under load).
+	lies               atomic.Pointer[liarShares]
+	nulled, behindTold atomic.Int64
+	finalizedHigh      atomic.Uint64 // the highest "finalized" block answered so far
+}
+
+// liarShares are the chances of each lie: Invent, of a null receipt of a pending transaction
+// answered with an invented one; Null, of a mined receipt answered null; Ahead, of a request
+// holding eth_blockNumber answered with a head (and any "finalized" beside it) far ahead; Behind,
+// of a "finalized" block answered below one answered before.
+type liarShares struct {
+	Invent, Null, Ahead, Behind float64
+}
+
+func (p *liarRPC) String() string {
+	return fmt.Sprintf("%d receipts invented, %d mined receipts nulled, %d answers far ahead, %d finalized answers behind",
+		p.invented.Load(), p.nulled.Load(), p.aheadTold.Load(), p.behindTold.Load())
 }
 
 func newLiarRPC(t *testing.T, target string) (*liarRPC, string) {
@@ -83,6 +101,8 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 	for _, a := range answers {
 		byID[string(a.ID)] = a
 	}
+	lies := p.lies.Load()
+	chance := func(share func(*liarShares) float64) bool { return lies != nil && mrand.Float64() < share(lies) }
 	var heads, tags []*rpcMsg
 	atHeight := false
 	for _, m := range msgs {
@@ -92,11 +112,14 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 		}
 		switch m.Method {
 		case "eth_getTransactionReceipt":
-			if p.invent.Load() && isNull(a.Result) {
+			if isNull(a.Result) && (p.invent.Load() || chance(func(l *liarShares) float64 { return l.Invent })) {
 				if r := p.inventReceipt(ctx, m.Params); r != nil {
 					a.Result = r
 					p.invented.Add(1)
 				}
+			} else if !isNull(a.Result) && chance(func(l *liarShares) float64 { return l.Null }) {
+				a.Result = jsonNull
+				p.nulled.Add(1)
 			}
 		case "eth_blockNumber":
 			heads = append(heads, a)
@@ -111,7 +134,11 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 			}
 		}
 	}
-	if len(heads) > 0 && len(tags) > 0 && atHeight && p.ahead.Load() > 0 && p.ahead.Add(-1) >= 0 {
+	told := len(heads) > 0 && len(tags) > 0 && atHeight && p.ahead.Load() > 0 && p.ahead.Add(-1) >= 0
+	if !told && len(heads) > 0 && chance(func(l *liarShares) float64 { return l.Ahead }) {
+		told = true
+	}
+	if told {
 		var head hexutil.Uint64
 		if json.Unmarshal(heads[0].Result, &head) == nil {
 			far := uint64(head) + 10_000
@@ -127,11 +154,40 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 			}
 			p.aheadTold.Add(1)
 		}
+	} else {
+		for _, tg := range tags {
+			p.finalizedBehind(tg, chance(func(l *liarShares) float64 { return l.Behind }))
+		}
 	}
 	if b, err := json.Marshal(answers); err == nil {
 		return b
 	}
 	return out
+}
+
+// finalizedBehind remembers the highest "finalized" block answered and, if lie, answers tg a few
+// blocks below it instead: finality gone backwards, as a backend that is behind its peers says.
+func (p *liarRPC) finalizedBehind(tg *rpcMsg, lie bool) {
+	var b map[string]any
+	if json.Unmarshal(tg.Result, &b) != nil || b == nil {
+		return
+	}
+	s, _ := b["number"].(string)
+	n, err := hexutil.DecodeUint64(s)
+	if err != nil {
+		return
+	}
+	high := p.finalizedHigh.Load()
+	for n > high && !p.finalizedHigh.CompareAndSwap(high, n) {
+		high = p.finalizedHigh.Load()
+	}
+	high = max(high, n)
+	if !lie || high < 5 {
+		return
+	}
+	b["number"] = hexutil.EncodeUint64(high - 1 - uint64(mrand.IntN(4)))
+	tg.Result = mustJSON(b)
+	p.behindTold.Add(1)
 }
 
 // inventReceipt is a plausible receipt for a pending transferWithAuthorization (nil when the
