@@ -24,7 +24,7 @@ const (
 )
 
 // liarLies are the lying provider's shares in TestFaultProxyLoadLiar.
-var liarLies = liarShares{Invent: 0.3, Null: 0.2, Ahead: 0.05, Behind: 0.2}
+var liarLies = liarShares{Invent: 0.5, Null: 0.2, Ahead: 0.05, Behind: 0.2}
 
 // TestFaultProxyLoadLiar is TestFaultProxyLoad with a network of three providers at a quorum of
 // two: the node itself, the lagging provider (providerFaults) and a liar (liarLies: it invents

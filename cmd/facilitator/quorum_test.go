@@ -22,6 +22,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // liarRPC is a provider in front of the node that lies in the two ways one provider's word must
@@ -190,9 +191,9 @@ func (p *liarRPC) finalizedBehind(tg *rpcMsg, lie bool) {
 	p.behindTold.Add(1)
 }
 
-// inventReceipt is a plausible receipt for a pending transferWithAuthorization (nil when the
-// transaction is not pending): mined at the node's head, successful, with the token's Transfer
-// log for the authorization's from, to and value.
+// inventReceipt is a plausible receipt for a pending transferWithAuthorization, lone or batched
+// (nil when the transaction is not pending): mined at the node's head, successful, with the
+// token's AuthorizationUsed and Transfer logs for each authorization it carries.
 func (p *liarRPC) inventReceipt(ctx context.Context, params json.RawMessage) json.RawMessage {
 	var args []common.Hash
 	if json.Unmarshal(params, &args) != nil || len(args) != 1 {
@@ -204,7 +205,7 @@ func (p *liarRPC) inventReceipt(ctx context.Context, params json.RawMessage) jso
 		To          *common.Address `json:"to"`
 		Input       hexutil.Bytes   `json:"input"`
 	}
-	if p.call(ctx, &tx, "eth_getTransactionByHash", args[0]) != nil || tx == nil || tx.BlockNumber != nil || tx.To == nil || len(tx.Input) < 4+3*32 {
+	if p.call(ctx, &tx, "eth_getTransactionByHash", args[0]) != nil || tx == nil || tx.BlockNumber != nil || tx.To == nil {
 		return nil
 	}
 	var head *struct {
@@ -214,16 +215,43 @@ func (p *liarRPC) inventReceipt(ctx context.Context, params json.RawMessage) jso
 	if p.call(ctx, &head, "eth_getBlockByNumber", "latest", false) != nil || head == nil {
 		return nil
 	}
-	in := tx.Input[4:]
-	log := map[string]any{
-		"address": *tx.To, "topics": []common.Hash{eip3009.TransferTopic, common.BytesToHash(in[:32]), common.BytesToHash(in[32:64])},
-		"data": hexutil.Bytes(in[64:96]), "blockNumber": head.Number, "blockHash": head.Hash, "transactionHash": args[0],
-		"transactionIndex": "0x0", "logIndex": "0x0", "removed": false,
+	// The calls it makes: itself, or each call of a batched settlement's aggregate3.
+	type call struct {
+		to    common.Address
+		input []byte
+	}
+	calls := []call{{*tx.To, tx.Input}}
+	if batch, ok := multicall3.DecodeAggregate3Calldata(tx.Input); ok {
+		calls = calls[:0]
+		for _, c := range batch {
+			calls = append(calls, call{c.Target, c.CallData})
+		}
+	}
+	// Each transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, ...) logs what
+	// the token does: AuthorizationUsed(from, nonce), then Transfer(from, to, value).
+	var logs []any
+	for _, c := range calls {
+		if len(c.input) < 4+6*32 {
+			continue
+		}
+		in := c.input[4:]
+		for _, l := range [][]any{
+			{[]common.Hash{eip3009.AuthorizationUsedTopic, common.BytesToHash(in[:32]), common.BytesToHash(in[160:192])}, hexutil.Bytes{}},
+			{[]common.Hash{eip3009.TransferTopic, common.BytesToHash(in[:32]), common.BytesToHash(in[32:64])}, hexutil.Bytes(in[64:96])},
+		} {
+			logs = append(logs, map[string]any{
+				"address": c.to, "topics": l[0], "data": l[1], "blockNumber": head.Number, "blockHash": head.Hash, "transactionHash": args[0],
+				"transactionIndex": "0x0", "logIndex": hexutil.EncodeUint64(uint64(len(logs))), "removed": false,
+			})
+		}
+	}
+	if len(logs) == 0 {
+		return nil
 	}
 	return mustJSON(map[string]any{
 		"transactionHash": args[0], "transactionIndex": "0x0", "blockHash": head.Hash, "blockNumber": head.Number,
 		"from": tx.From, "to": *tx.To, "cumulativeGasUsed": "0x17700", "gasUsed": "0x17700", "effectiveGasPrice": "0x3b9aca00",
-		"contractAddress": nil, "logs": []any{log}, "logsBloom": hexutil.Bytes(make([]byte, 256)), "status": "0x1", "type": "0x2",
+		"contractAddress": nil, "logs": logs, "logsBloom": hexutil.Bytes(make([]byte, 256)), "status": "0x1", "type": "0x2",
 	})
 }
 
