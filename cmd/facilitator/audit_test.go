@@ -165,12 +165,12 @@ func auditLedger(ctx context.Context, t *testing.T, in auditInput) auditReport {
 	}
 
 	// (a) and (b), from the chain's side.
-	usedBy := map[common.Hash]authKey{}
+	usedBy := map[common.Hash][]authKey{} // several authorizations in a batched settlement
 	for k, txs := range used {
 		if len(txs) != 1 {
 			bad("authorization %s/%s was used %d times on chain (%v)", k.payer.Hex()[:10], k.nonce.Hex()[:10], len(txs), txs)
 		}
-		usedBy[txs[0]] = k
+		usedBy[txs[0]] = append(usedBy[txs[0]], k)
 		r := byKey[k]
 		switch {
 		case r == nil:
@@ -181,13 +181,23 @@ func auditLedger(ctx context.Context, t *testing.T, in auditInput) auditReport {
 		}
 	}
 	for tx, ts := range transfers {
-		k, ok := usedBy[tx]
+		ks, ok := usedBy[tx]
 		if !ok {
 			bad("transaction %s moved money to the merchant without using an authorization of our payers", tx.Hex()[:10])
 			continue
 		}
-		if len(ts) != 1 || ts[0].from != k.payer {
-			bad("transaction %s has transfers %v to the merchant, want one from %s", tx.Hex()[:10], ts, k.payer.Hex()[:10])
+		// One transfer per authorization the transaction used, each from that authorization's payer.
+		from := map[common.Address]int{}
+		for _, k := range ks {
+			from[k.payer]++
+		}
+		for _, tr := range ts {
+			from[tr.from]--
+		}
+		for p, n := range from {
+			if n != 0 {
+				bad("transaction %s has transfers %v to the merchant, want one from each payer of %d authorizations (%s off by %d)", tx.Hex()[:10], ts, len(ks), p.Hex()[:10], -n)
+			}
 		}
 	}
 
@@ -198,8 +208,17 @@ func auditLedger(ctx context.Context, t *testing.T, in auditInput) auditReport {
 	}
 	receipts := auditReceipts(ctx, t, in.chain.RPC, hashes)
 	perSigner := map[common.Address][]uint64{}
+	type signedTx struct {
+		signer common.Address
+		nonce  uint64
+		tx     common.Hash
+	}
+	counted := map[signedTx]bool{} // the rows of one batched settlement share its nonce: counted once
 	for _, r := range rows {
-		perSigner[r.signer] = append(perSigner[r.signer], r.txNonce)
+		if st := (signedTx{r.signer, r.txNonce, r.txHash}); !counted[st] {
+			counted[st] = true
+			perSigner[r.signer] = append(perSigner[r.signer], r.txNonce)
+		}
 		var mined []*types.Receipt
 		for _, h := range r.txs {
 			if rc := receipts[h]; rc != nil {

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
 
@@ -68,6 +70,11 @@ type faultLoad struct {
 	// retryCap, when set, has retries wait what Retry-After says, up to retryCap, instead of the
 	// shortened wait.
 	retryCap time.Duration
+	// minedCheck, when set, reads each success's transaction straight from the node as the answer
+	// comes: success for a transaction the node has not mined (told on one provider's invented
+	// receipt, say) is counted in premature and t.Errorf'd.
+	minedCheck bool
+	premature  atomic.Int64
 	// limit, when set, is how many payments drive makes in all.
 	limit  int64
 	issued atomic.Int64
@@ -204,6 +211,9 @@ func (l *faultLoad) classify(p *faultPayment, res *http.Response, raw []byte) an
 		if tx == (common.Hash{}) {
 			return refuse("a settled answer without its transaction")
 		}
+		if out.Success && l.minedCheck {
+			l.checkMined(p, tx)
+		}
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.settled && p.tx != tx {
@@ -230,6 +240,21 @@ func (l *faultLoad) classify(p *faultPayment, res *http.Response, raw []byte) an
 		return answerFailed
 	default:
 		return refuse("a false failure")
+	}
+}
+
+// checkMined counts a success naming tx while the node has no receipt for it. The read comes after
+// the answer, so a transaction mined in between is not counted: never a false count.
+func (l *faultLoad) checkMined(p *faultPayment, tx common.Hash) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := l.h.chain.Client.TransactionReceipt(ctx, tx)
+	switch {
+	case errors.Is(err, ethereum.NotFound):
+		l.premature.Add(1)
+		l.t.Errorf("payment %s/%s answered success with %s, which the node has not mined", p.key.payer.Hex()[:10], p.key.nonce.Hex()[:10], tx.Hex()[:10])
+	case err != nil:
+		l.t.Logf("reading the receipt of %s from the node: %v", tx.Hex()[:10], err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 var faultsLong = flag.Bool("faults.long", false, "TestFaultProxyLoad drives thousands of payments instead of the CI bound (or FAULTS_LONG=1)")
@@ -148,7 +149,7 @@ type signerTx struct {
 	hash  common.Hash
 	nonce uint64
 	block uint64
-	auth  *authKey // the authorization its calldata carries, if it is a transferWithAuthorization
+	auths []authKey // the authorizations its calldata carries (several in a batched settlement)
 }
 
 // minedSignerTxs reads every block up to the head straight from the node and returns signer's
@@ -189,13 +190,23 @@ func minedSignerTxs(ctx context.Context, t *testing.T, chain *devchain.Chain, si
 					continue
 				}
 				st := signerTx{hash: tx.Hash, nonce: uint64(tx.Nonce), block: uint64(b.Number)}
-				if len(tx.Input) >= 4 {
-					if m, err := chain.USDC.ABI.MethodById(tx.Input[:4]); err == nil && strings.HasPrefix(m.Name, "transferWithAuthorization") {
-						args, err := m.Inputs.Unpack(tx.Input[4:])
+				calls := [][]byte{tx.Input}
+				if batch, ok := multicall3.DecodeAggregate3Calldata(tx.Input); ok { // a batched settlement: every call it makes
+					calls = calls[:0]
+					for _, c := range batch {
+						calls = append(calls, c.CallData)
+					}
+				}
+				for _, input := range calls {
+					if len(input) < 4 {
+						continue
+					}
+					if m, err := chain.USDC.ABI.MethodById(input[:4]); err == nil && strings.HasPrefix(m.Name, "transferWithAuthorization") {
+						args, err := m.Inputs.Unpack(input[4:])
 						if err != nil {
 							t.Fatalf("decoding %s: %v", tx.Hash, err)
 						}
-						st.auth = &authKey{payer: args[0].(common.Address), nonce: common.Hash(args[5].([32]byte))}
+						st.auths = append(st.auths, authKey{payer: args[0].(common.Address), nonce: common.Hash(args[5].([32]byte))})
 					}
 				}
 				out = append(out, st)
@@ -211,8 +222,8 @@ func doublyCarried(t *testing.T, txs []signerTx) []authKey {
 	t.Helper()
 	by := map[authKey][]signerTx{}
 	for _, tx := range txs {
-		if tx.auth != nil {
-			by[*tx.auth] = append(by[*tx.auth], tx)
+		for _, a := range tx.auths {
+			by[a] = append(by[a], tx)
 		}
 	}
 	var out []authKey

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
 // liarRPC is a provider in front of the node that lies in the two ways one provider's word must
@@ -37,6 +39,23 @@ type liarRPC struct {
 	// in one batch) to answer far ahead.
 	ahead               atomic.Int32
 	invented, aheadTold atomic.Int64
+	// lies, when set, are told at random on top of invent and ahead (a liar under load).
+	lies               atomic.Pointer[liarShares]
+	nulled, behindTold atomic.Int64
+	finalizedHigh      atomic.Uint64 // the highest "finalized" block answered so far
+}
+
+// liarShares are the chances of each lie: Invent, of a null receipt of a pending transaction
+// answered with an invented one; Null, of a mined receipt answered null; Ahead, of a request
+// holding eth_blockNumber answered with a head (and any "finalized" beside it) far ahead; Behind,
+// of a "finalized" block answered below one answered before.
+type liarShares struct {
+	Invent, Null, Ahead, Behind float64
+}
+
+func (p *liarRPC) String() string {
+	return fmt.Sprintf("%d receipts invented, %d mined receipts nulled, %d answers far ahead, %d finalized answers behind",
+		p.invented.Load(), p.nulled.Load(), p.aheadTold.Load(), p.behindTold.Load())
 }
 
 func newLiarRPC(t *testing.T, target string) (*liarRPC, string) {
@@ -83,6 +102,8 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 	for _, a := range answers {
 		byID[string(a.ID)] = a
 	}
+	lies := p.lies.Load()
+	chance := func(share func(*liarShares) float64) bool { return lies != nil && mrand.Float64() < share(lies) }
 	var heads, tags []*rpcMsg
 	atHeight := false
 	for _, m := range msgs {
@@ -92,11 +113,14 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 		}
 		switch m.Method {
 		case "eth_getTransactionReceipt":
-			if p.invent.Load() && isNull(a.Result) {
+			if isNull(a.Result) && (p.invent.Load() || chance(func(l *liarShares) float64 { return l.Invent })) {
 				if r := p.inventReceipt(ctx, m.Params); r != nil {
 					a.Result = r
 					p.invented.Add(1)
 				}
+			} else if !isNull(a.Result) && chance(func(l *liarShares) float64 { return l.Null }) {
+				a.Result = jsonNull
+				p.nulled.Add(1)
 			}
 		case "eth_blockNumber":
 			heads = append(heads, a)
@@ -111,7 +135,11 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 			}
 		}
 	}
-	if len(heads) > 0 && len(tags) > 0 && atHeight && p.ahead.Load() > 0 && p.ahead.Add(-1) >= 0 {
+	told := len(heads) > 0 && len(tags) > 0 && atHeight && p.ahead.Load() > 0 && p.ahead.Add(-1) >= 0
+	if !told && len(heads) > 0 && chance(func(l *liarShares) float64 { return l.Ahead }) {
+		told = true
+	}
+	if told {
 		var head hexutil.Uint64
 		if json.Unmarshal(heads[0].Result, &head) == nil {
 			far := uint64(head) + 10_000
@@ -127,6 +155,10 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 			}
 			p.aheadTold.Add(1)
 		}
+	} else {
+		for _, tg := range tags {
+			p.finalizedBehind(tg, chance(func(l *liarShares) float64 { return l.Behind }))
+		}
 	}
 	if b, err := json.Marshal(answers); err == nil {
 		return b
@@ -134,9 +166,34 @@ func (p *liarRPC) rewrite(ctx context.Context, body, out []byte) []byte {
 	return out
 }
 
-// inventReceipt is a plausible receipt for a pending transferWithAuthorization (nil when the
-// transaction is not pending): mined at the node's head, successful, with the token's Transfer
-// log for the authorization's from, to and value.
+// finalizedBehind remembers the highest "finalized" block answered and, if lie, answers tg a few
+// blocks below it instead: finality gone backwards, as a backend that is behind its peers says.
+func (p *liarRPC) finalizedBehind(tg *rpcMsg, lie bool) {
+	var b map[string]any
+	if json.Unmarshal(tg.Result, &b) != nil || b == nil {
+		return
+	}
+	s, _ := b["number"].(string)
+	n, err := hexutil.DecodeUint64(s)
+	if err != nil {
+		return
+	}
+	high := p.finalizedHigh.Load()
+	for n > high && !p.finalizedHigh.CompareAndSwap(high, n) {
+		high = p.finalizedHigh.Load()
+	}
+	high = max(high, n)
+	if !lie || high < 5 {
+		return
+	}
+	b["number"] = hexutil.EncodeUint64(high - 1 - uint64(mrand.IntN(4)))
+	tg.Result = mustJSON(b)
+	p.behindTold.Add(1)
+}
+
+// inventReceipt is a plausible receipt for a pending transferWithAuthorization, lone or batched
+// (nil when the transaction is not pending): mined at the node's head, successful, with the
+// token's AuthorizationUsed and Transfer logs for each authorization it carries.
 func (p *liarRPC) inventReceipt(ctx context.Context, params json.RawMessage) json.RawMessage {
 	var args []common.Hash
 	if json.Unmarshal(params, &args) != nil || len(args) != 1 {
@@ -148,7 +205,7 @@ func (p *liarRPC) inventReceipt(ctx context.Context, params json.RawMessage) jso
 		To          *common.Address `json:"to"`
 		Input       hexutil.Bytes   `json:"input"`
 	}
-	if p.call(ctx, &tx, "eth_getTransactionByHash", args[0]) != nil || tx == nil || tx.BlockNumber != nil || tx.To == nil || len(tx.Input) < 4+3*32 {
+	if p.call(ctx, &tx, "eth_getTransactionByHash", args[0]) != nil || tx == nil || tx.BlockNumber != nil || tx.To == nil {
 		return nil
 	}
 	var head *struct {
@@ -158,16 +215,43 @@ func (p *liarRPC) inventReceipt(ctx context.Context, params json.RawMessage) jso
 	if p.call(ctx, &head, "eth_getBlockByNumber", "latest", false) != nil || head == nil {
 		return nil
 	}
-	in := tx.Input[4:]
-	log := map[string]any{
-		"address": *tx.To, "topics": []common.Hash{eip3009.TransferTopic, common.BytesToHash(in[:32]), common.BytesToHash(in[32:64])},
-		"data": hexutil.Bytes(in[64:96]), "blockNumber": head.Number, "blockHash": head.Hash, "transactionHash": args[0],
-		"transactionIndex": "0x0", "logIndex": "0x0", "removed": false,
+	// The calls it makes: itself, or each call of a batched settlement's aggregate3.
+	type call struct {
+		to    common.Address
+		input []byte
+	}
+	calls := []call{{*tx.To, tx.Input}}
+	if batch, ok := multicall3.DecodeAggregate3Calldata(tx.Input); ok {
+		calls = calls[:0]
+		for _, c := range batch {
+			calls = append(calls, call{c.Target, c.CallData})
+		}
+	}
+	// Each transferWithAuthorization(from, to, value, validAfter, validBefore, nonce, ...) logs what
+	// the token does: AuthorizationUsed(from, nonce), then Transfer(from, to, value).
+	var logs []any
+	for _, c := range calls {
+		if len(c.input) < 4+6*32 {
+			continue
+		}
+		in := c.input[4:]
+		for _, l := range [][]any{
+			{[]common.Hash{eip3009.AuthorizationUsedTopic, common.BytesToHash(in[:32]), common.BytesToHash(in[160:192])}, hexutil.Bytes{}},
+			{[]common.Hash{eip3009.TransferTopic, common.BytesToHash(in[:32]), common.BytesToHash(in[32:64])}, hexutil.Bytes(in[64:96])},
+		} {
+			logs = append(logs, map[string]any{
+				"address": c.to, "topics": l[0], "data": l[1], "blockNumber": head.Number, "blockHash": head.Hash, "transactionHash": args[0],
+				"transactionIndex": "0x0", "logIndex": hexutil.EncodeUint64(uint64(len(logs))), "removed": false,
+			})
+		}
+	}
+	if len(logs) == 0 {
+		return nil
 	}
 	return mustJSON(map[string]any{
 		"transactionHash": args[0], "transactionIndex": "0x0", "blockHash": head.Hash, "blockNumber": head.Number,
 		"from": tx.From, "to": *tx.To, "cumulativeGasUsed": "0x17700", "gasUsed": "0x17700", "effectiveGasPrice": "0x3b9aca00",
-		"contractAddress": nil, "logs": []any{log}, "logsBloom": hexutil.Bytes(make([]byte, 256)), "status": "0x1", "type": "0x2",
+		"contractAddress": nil, "logs": logs, "logsBloom": hexutil.Bytes(make([]byte, 256)), "status": "0x1", "type": "0x2",
 	})
 }
 

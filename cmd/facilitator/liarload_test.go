@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// The liar load's size: small enough for CI on two cores (each run takes about a minute), large
+// enough that every lie is told many times.
+const (
+	liarLoadPayments = 100
+	liarLoadWorkers  = 8
+	// liarLoadDrive bounds driving every payment to a final answer (liveness, not a speed check).
+	liarLoadDrive = 150 * time.Second
+)
+
+// liarLies are the lying provider's shares in TestFaultProxyLoadLiar.
+var liarLies = liarShares{Invent: 0.5, Null: 0.2, Ahead: 0.05, Behind: 0.2}
+
+// TestFaultProxyLoadLiar is TestFaultProxyLoad with a network of three providers at a quorum of
+// two: the node itself, the lagging provider (providerFaults) and a liar (liarLies: it invents
+// receipts for transactions it has seen sent and not mined, answers null for mined ones, answers a
+// head far ahead, and a "finalized" block behind one it answered before). Finality is by the
+// "finalized" tag, so that the liar's finalized answers are read. It runs with settlement lone
+// and batched (Multicall3), and audits each as TestFaultProxyLoad does, plus (5) successes told
+// while the node had not mined the transaction. Every count must be 0; the disagreements the
+// engine counted are how often a settlement waited for the quorum.
+func TestFaultProxyLoadLiar(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		name := "lone"
+		if batched {
+			name = "batched"
+		}
+		t.Run(name, func(t *testing.T) { liarLoad(t, name, batched) })
+	}
+}
+
+func liarLoad(t *testing.T, name string, batched bool) {
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), liarLoadDrive+3*time.Minute)
+	defer cancel()
+	dbURL, chain := faultStack(ctx, t, "liar_"+name)
+	bin := buildFacilitator(ctx, t)
+	laggy, laggyURL := newLaggyRPC(t, chain.RPCURL)
+	liar, liarURL := newLiarRPC(t, chain.RPCURL)
+	// anvil's "finalized" block is 64 below its head: past that, it is a number the liar can answer
+	// behind.
+	if err := chain.RPC.CallContext(ctx, nil, "anvil_mine", hexutil.Uint64(80)); err != nil {
+		t.Fatal(err)
+	}
+	load := newFaultLoad(ctx, t, chain, 8)
+	load.terminal, load.retryCap, load.limit, load.minedCheck = true, 5*time.Second, liarLoadPayments, true
+	// The liar is the first endpoint: a read that one endpoint answers (a receipt still null, say)
+	// goes to it, so its inventions reach the engine and only the quorum stands between them and
+	// an answer.
+	env := serveEnv(t, dbURL, chain, liarURL, load.key)
+	var nets []map[string]any
+	if err := json.Unmarshal([]byte(withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], proxyLoadFinality), chain.RPCURL, laggyURL)), &nets); err != nil {
+		t.Fatal(err)
+	}
+	nets[0]["finalityTag"] = facilitator.TagFinalized
+	nets[0]["quorum"] = 2
+	if batched {
+		nets[0]["batch"] = map[string]any{"max": 5, "wait": "100ms"}
+	}
+	env["FACILITATOR_NETWORKS"] = string(mustJSON(nets))
+	env["FACILITATOR_LOG_LEVEL"] = "info"
+	env["FACILITATOR_BUMP_AFTER"] = proxyLoadBumpAfter
+	env["FACILITATOR_RECONCILE_SCHEDULE"] = "@every 5s"
+	env["FACILITATOR_RECONCILE_STALE"] = "10s"
+	c := startServe(ctx, t, bin, env, "facilitator") // its start-up checks go through calm providers
+	faults, lies := providerFaults, liarLies
+	laggy.set(&faults)
+	liar.lies.Store(&lies)
+
+	driveStart := time.Now()
+	driveCtx, stopDriving := context.WithTimeout(ctx, liarLoadDrive)
+	load.drive(driveCtx, func() *child { return c }, liarLoadWorkers, nil).Wait()
+	stopDriving()
+	driven := time.Since(driveStart)
+
+	// The audit, with both faulty providers still faulty for the facilitator; its reads go to anvil.
+	rep := auditLedger(ctx, t, load.auditInput(dbURL))
+	wrong := load.wrongAnswers(rep)
+	txs := minedSignerTxs(ctx, t, chain, load.signer)
+	doubled := doublyCarried(t, txs)
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	bumps, minedBumps := bumpsOfMinedNonces(ctx, t, conn, txs, laggy.heads)
+	statuses := load.statusMismatches(ctx, c, rep)
+	var disagreements float64
+	for _, m := range scrape(t, c.base)["facilitator_rpc_disagreements_total"].GetMetric() {
+		disagreements += m.GetCounter().GetValue()
+	}
+	laggy.set(nil)
+	liar.lies.Store(nil)
+	c.stop(t)
+
+	rows := []struct {
+		what string
+		n    int
+	}{
+		{"wrong terminal answers", len(wrong)},
+		{"successes before the node mined", int(load.premature.Load())},
+		{"authorizations carried twice", len(doubled)},
+		{fmt.Sprintf("bumps of mined nonces (of %d bumps)", bumps), len(minedBumps)},
+		{"status mismatches", len(statuses)},
+		{"ledger discrepancies", rep.discrepancies},
+		{"answers not allowed", int(load.refused.Load())},
+	}
+	var table strings.Builder
+	bad := 0
+	for _, r := range rows {
+		fmt.Fprintf(&table, "\n  %-40s %d", r.what, r.n)
+		bad += r.n
+	}
+	fmt.Fprintf(&table, "\n  %-40s %.0f disagreements counted (%d pending answers)", "settlements that waited for quorum", disagreements, load.pending.Load())
+	t.Logf("liar load, %s: %s; ledger audit: %s%s\nliar: %s\nlagging provider: %s\ndrove for %s, took %s",
+		name, load.summary(), rep, table.String(), liar, laggy, driven.Round(time.Second), time.Since(began).Round(time.Second))
+	if bad > 0 {
+		evidence(ctx, t, conn, append(append(append(wrong, doubled...), statuses...), minedBumps...))
+		t.Fatalf("%s, with one provider of three lying: %s", name, table.String())
+	}
+	// The run proves something only if the liar lied and the engine noticed. (Batched settlement
+	// may not ask for a receipt while its transaction is pending, so there is nothing to invent.)
+	if (!batched && liar.invented.Load() == 0) || liar.nulled.Load() == 0 || liar.behindTold.Load() == 0 || disagreements == 0 {
+		t.Fatalf("%s: the liar told %s; %.0f disagreements counted: the lies were not put to the engine", name, liar, disagreements)
+	}
+}
