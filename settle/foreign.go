@@ -236,51 +236,20 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 		err = l.MoveBatch(wctx, ids, nonce, rec)
 		cancel()
-		committed := func() (bool, error) {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-			defer cancel()
-			got, err := e.store.SettlementByID(rctx, ids[0])
-			return err == nil && got.TxNonce == nonce, err
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3:
-			e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
-			s.nonces.reset()
+		retry, unknown, err := n.moveWritten(ctx, s, ids[0], nonce, err, attempt, &fees)
+		if retry {
 			continue
-		case errors.Is(err, facilitator.ErrDuplicate):
-			// These very bytes are recorded: an earlier move committed and its answer was lost,
-			// or (another nonce) new bytes are needed: one wei more of tip and cap.
-			ok, rerr := committed()
-			if rerr != nil {
-				s.nonces.reset()
-				return rerr
+		}
+		if unknown {
+			// Not known either way: each member finds out from its row (the move is one
+			// transaction) before anything more is decided about it (settleMove).
+			tx := &sentTx{hash: rec.Hash, nonce: nonce, raw: st.raw, fees: fees, signedAt: e.now()}
+			for _, f := range moving {
+				f.update(func(f *flight) { f.move = &pendingMove{nonce: nonce, tx: tx, data: data, gas: gas} })
 			}
-			if !ok && attempt < 3 {
-				fees = Fees{TipCap: new(big.Int).Add(fees.TipCap, big.NewInt(1)), FeeCap: new(big.Int).Add(fees.FeeCap, big.NewInt(1))}
-				continue
-			}
-			if ok {
-				err = nil
-			}
-		case !errors.Is(err, facilitator.ErrNotFound) && !errors.Is(err, facilitator.ErrNonceTaken):
-			// A write whose answer was lost may have committed: then the batch is the ledger's and
-			// must go out, or its nonce is a gap holding back the key.
-			ok, rerr := committed()
-			if ok {
-				err = nil
-			} else if rerr != nil {
-				// Not known either way: each member finds out from its row (the move is one
-				// transaction) before anything more is decided about it (settleMove).
-				tx := &sentTx{hash: rec.Hash, nonce: nonce, raw: st.raw, fees: fees, signedAt: e.now()}
-				for _, f := range moving {
-					f.update(func(f *flight) { f.move = &pendingMove{nonce: nonce, tx: tx, data: data, gas: gas} })
-				}
-				regroup(moving)
-			}
+			regroup(moving)
 		}
 		if err != nil {
-			s.nonces.reset()
 			return err
 		}
 		s.nonces.take(1) // nonce was s.next
@@ -300,6 +269,56 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceForeign)
 		return nil
 	}
+}
+
+// moveWritten is what a MoveBatch of the settlements starting with id to nonce came to, whose
+// answer was err, at the attempt-th try (resignBatch, resettle): retry (the nonce was taken, or
+// these bytes are recorded under another nonce: *fees is raised by one wei), done (err nil: the
+// row is at nonce, whatever the answer said), or failed; unknown reports a write that may have
+// committed that the ledger could not tell either way. The key's next nonce is reset whenever it
+// is not done.
+func (n *network) moveWritten(ctx context.Context, s *sender, id int64, nonce uint64, err error, attempt int, fees *Fees) (retry, unknown bool, _ error) {
+	e := n.engine
+	committed := func() (bool, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+		defer cancel()
+		got, err := e.store.SettlementByID(rctx, id)
+		return err == nil && got.TxNonce == nonce, err
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3:
+		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
+		s.nonces.reset()
+		return true, false, nil
+	case errors.Is(err, facilitator.ErrDuplicate):
+		// These very bytes are recorded: an earlier move committed and its answer was lost,
+		// or (another nonce) new bytes are needed: one wei more of tip and cap.
+		ok, rerr := committed()
+		if rerr != nil {
+			s.nonces.reset()
+			return false, false, rerr
+		}
+		if !ok && attempt < 3 {
+			*fees = Fees{TipCap: new(big.Int).Add(fees.TipCap, big.NewInt(1)), FeeCap: new(big.Int).Add(fees.FeeCap, big.NewInt(1))}
+			return true, false, nil
+		}
+		if ok {
+			err = nil
+		}
+	case !errors.Is(err, facilitator.ErrNotFound) && !errors.Is(err, facilitator.ErrNonceTaken):
+		// A write whose answer was lost may have committed: then the transaction is the
+		// ledger's and must go out, or its nonce is a gap holding back the key.
+		ok, rerr := committed()
+		if ok {
+			err = nil
+		}
+		unknown = !ok && rerr != nil
+	}
+	if err != nil {
+		s.nonces.reset()
+	}
+	return false, unknown, err
 }
 
 // resignGas is the gas limit of a batch re-signed with moving's calls, by the rule a new batch is

@@ -3,7 +3,6 @@ package settle
 import (
 	"context"
 	"errors"
-	"math/big"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -60,53 +59,23 @@ func (n *network) resettle(ctx context.Context, f *flight, old uint64, why strin
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 		err = l.MoveBatch(wctx, []int64{f.id}, nonce, rec)
 		cancel()
-		committed := func() (bool, error) {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-			defer cancel()
-			got, err := e.store.SettlementByID(rctx, f.id)
-			return err == nil && got.TxNonce == nonce, err
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, facilitator.ErrNotFound):
+		if errors.Is(err, facilitator.ErrNotFound) {
 			// No longer open in the ledger (someone else resolved it): follow the ledger.
 			n.sync(ctx, f)
 			return err
-		case errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3:
-			e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
-			s.nonces.reset()
+		}
+		retry, unknown, err := n.moveWritten(ctx, s, f.id, nonce, err, attempt, &fees)
+		if retry {
 			continue
-		case errors.Is(err, facilitator.ErrDuplicate):
-			// These very bytes are recorded: an earlier move committed and its answer was lost,
-			// or (another nonce) new bytes are needed: one wei more of tip and cap.
-			ok, rerr := committed()
-			if rerr != nil {
-				s.nonces.reset()
-				return rerr
-			}
-			if !ok && attempt < 3 {
-				fees = Fees{TipCap: new(big.Int).Add(fees.TipCap, big.NewInt(1)), FeeCap: new(big.Int).Add(fees.FeeCap, big.NewInt(1))}
-				continue
-			}
-			if ok {
-				err = nil
-			}
-		case !errors.Is(err, facilitator.ErrNonceTaken):
-			// A write whose answer was lost may have committed: then the transaction is the
-			// ledger's and must go out, or its nonce is a gap holding back the key.
-			ok, rerr := committed()
-			if ok {
-				err = nil
-			} else if rerr != nil {
-				// Not known either way: the member finds out from its row before anything more is
-				// decided about it (settleMove).
-				f.update(func(f *flight) {
-					f.move = &pendingMove{nonce: nonce, tx: tx, data: data, gas: gas}
-				})
-			}
+		}
+		if unknown {
+			// Not known either way: the member finds out from its row before anything more is
+			// decided about it (settleMove).
+			f.update(func(f *flight) {
+				f.move = &pendingMove{nonce: nonce, tx: tx, data: data, gas: gas}
+			})
 		}
 		if err != nil {
-			s.nonces.reset()
 			return err
 		}
 		s.nonces.take(1) // nonce was s.next
