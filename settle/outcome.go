@@ -21,8 +21,8 @@ type Expected struct {
 	Value       *big.Int
 	ValidBefore *big.Int
 	// Batched: the settlement's call is one of a Multicall3 batch's, whose receipt succeeds even
-	// when this call reverted: only the authorization's own AuthorizationUsed+Transfer pair says
-	// it transferred (memberTransfer).
+	// when this call reverted. What a receipt did is read the same either way (effect); Batched
+	// names the failure: batch_call_failed rather than a plain revert.
 	Batched bool
 }
 

@@ -327,6 +327,9 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		nonce uint64
 	}
 	resignBatches := map[batchKey][]*flight{}
+	// Whether a nonce's transaction is known, by the blocks, to be none of ours: asked once a round
+	// per key and nonce (a batch's members all decide the same re-sign).
+	foreign := map[batchKey]bool{}
 	var resignOrder []batchKey
 	for i, w := range works {
 		f, d := w.f, decisions[i]
@@ -349,8 +352,16 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			}
 			resend = append(resend, f)
 		case actResign:
-			if d.why != whyGap && (w.o.chain == nil || !n.takenByForeign(ctx, f, w.t, w.t.txNonce, w.o.chain.at)) {
-				continue // a null receipt is not a foreign transaction: the blocks must say so
+			if d.why != whyGap {
+				k := batchKey{f.sender, w.t.txNonce}
+				taken, asked := foreign[k]
+				if !asked {
+					taken = w.o.chain != nil && n.takenByForeign(ctx, f, w.t, w.t.txNonce, w.o.chain.at)
+					foreign[k] = taken
+				}
+				if !taken {
+					continue // a null receipt is not a foreign transaction: the blocks must say so
+				}
 			}
 			if w.t.batched {
 				k := batchKey{f.sender, w.t.txNonce}

@@ -237,8 +237,8 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 			st.Final = true
 		} else if st.Final {
 			// Deep enough by the ledger's block number alone; but a mined row's block may have been
-			// reorganised away before the engine noticed. Final only while the index, which
-			// follows reorgs, holds our transfer in that very block.
+			// reorganised away before the engine noticed. Final only while our transfer is still in
+			// that very block (stillThere).
 			there, err := s.stillThere(ctx, n, st, row)
 			if err != nil {
 				return st, true, err
