@@ -129,6 +129,7 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 func mergePinned(prs, second []*pinnedRead, disagreed func()) {
 	for i, pr := range prs {
 		other := second[i]
+		pr.told = max(pr.told, other.told)
 		switch {
 		case pr.voided || other.voided:
 			// Either saw another block at the verdict's height: the verdict's block is in doubt.

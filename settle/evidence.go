@@ -41,6 +41,12 @@ type pinnedRead struct {
 	read     *chainRead                  // nil: the reads failed, or the node lacked the block
 	receipts map[common.Hash]receiptRead // every variant's, read in the same request
 	voided   bool                        // the block at at is not atHash any more
+	// told is the highest head an answering node told of in these reads, whether or not the
+	// rest of them came in: a bump must never rest on reads behind a head any answer told of
+	// (the simulator's seed 20990: a pinned read whose eth_call failed told of head 16, the
+	// next round's reads at 15 found the nonce unused, and a bump went out for a nonce mined
+	// in block 16).
+	told uint64
 }
 
 // newPinnedRead is the pinned reads of a settlement at block at; a verdict read there before holds
@@ -137,6 +143,9 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 	}
 	for i, pr := range prs {
 		s := all[i]
+		if el := elems[s.first+4]; el.Error == nil {
+			pr.told = max(pr.told, uint64(s.head))
+		}
 		failed := false
 		for _, el := range elems[s.first : s.first+pinnedElems] {
 			failed = failed || el.Error != nil

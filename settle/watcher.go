@@ -248,6 +248,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		failed := 0
 		toldFinal := false // the reads are one answer (per endpoint): told to the floor once
 		for _, pr := range pinned {
+			n.saw(pr.told)
 			if pr.read != nil {
 				n.saw(pr.read.nodeHead)
 				if !toldFinal {
