@@ -261,7 +261,9 @@ func (db *DB) PruneBlocks(ctx context.Context, network string, below uint64) err
 }
 
 // AuthorizationUse returns the indexed use or cancellation of an authorization, with the transfer
-// its transaction made from the authorizer when it was a use.
+// the use made: FiatToken emits the use's Transfer as the log right after its AuthorizationUsed
+// (eip3009.UsedBy reads a receipt the same way). The payer's first transfer in the transaction
+// would be another authorization's where one transaction uses several of one payer's.
 func (db *DB) AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error) {
 	var (
 		u             facilitator.AuthorizationUse
@@ -276,8 +278,8 @@ func (db *DB) AuthorizationUse(ctx context.Context, network string, token, autho
 		FROM authorization_events a
 		LEFT JOIN LATERAL (
 			SELECT to_addr, value FROM transfers t
-			WHERE t.network = a.network AND t.tx_hash = a.tx_hash AND t.token = a.token AND t.from_addr = a.authorizer
-			ORDER BY t.log_index LIMIT 1) t ON true
+			WHERE t.network = a.network AND t.block_number = a.block_number AND t.tx_hash = a.tx_hash
+				AND t.log_index = a.log_index + 1 AND t.token = a.token AND t.from_addr = a.authorizer) t ON true
 		WHERE a.network = $1 AND a.token = $2 AND a.authorizer = $3 AND a.nonce = $4
 		ORDER BY a.block_number LIMIT 1`, network, token[:], authorizer[:], nonce[:]).
 		Scan(&kind, &block, &blockHash, &tx, &to, &value)
