@@ -186,3 +186,34 @@ func TestConflictUnreadable(t *testing.T) {
 		t.Fatalf("the conflicting authorization has a ledger row: %v", err)
 	}
 }
+
+// TestRacerLeavesStoredSuccess: the id's own request settles and its success is stored; a request
+// for the same payment and another resource, which looked the id up before it was bound, is
+// answered the conflict and stores nothing under the id: the first request's retry after a lost
+// answer still replays its success (a stored answer is written only by the request bound to it).
+func TestRacerLeavesStoredSuccess(t *testing.T) {
+	first := newPay(t, env.FundedPayer(t, 1_000_000), 100_000)
+	r := newRig(t, rigOptions{})
+	won, err := r.settle(t, first.Body(t))
+	if err != nil || !won.Response.Success {
+		t.Fatalf("the id's own request: %+v %v; want success", won.Response, err)
+	}
+	hash := won.Response.Transaction
+
+	racer := paymentid.New(paymentid.Config{Store: &blindOnce{Store: r.db}, Settler: r.engine, Verifier: r.verifier, Logger: stacktest.Logger(t)})
+	other := first
+	other.Resource = "http://merchant.test/another-route"
+	out, err := racer.Settle(context.Background(), stacktest.Decode(t, other.Body(t)))
+	if err == nil {
+		t.Fatalf("another resource under the id: %+v; want payment_identifier_conflict", out.Response)
+	}
+	checkConflict(t, "settle", err, []string{"resource"})
+
+	again, err := r.settle(t, first.Body(t))
+	if err != nil || !again.Response.Success || again.Response.Transaction != hash || replayID(again.Response.Extensions) != first.ID {
+		t.Fatalf("the id's own retry after the racer: %+v %v; want the success with %s, replayed", again.Response, err, hash)
+	}
+	if got := env.Balance(t, first.PayTo); got != first.Value {
+		t.Fatalf("payee holds %d, want %d once", got, first.Value)
+	}
+}

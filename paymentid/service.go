@@ -22,7 +22,10 @@ import (
 // Store is the part of the ledger ids live in.
 type Store interface {
 	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
-	StorePaymentResponse(ctx context.Context, scope, id string, response []byte, expires time.Time) error
+	// StorePaymentResponse stores an answer under an id bound to the fingerprint bound (or, for an
+	// id bound before ids covered the resource, to the payment's fingerprint legacy); stored is
+	// false when the id is bound to neither (or is not bound).
+	StorePaymentResponse(ctx context.Context, scope, id string, bound, legacy facilitator.Fingerprint, response []byte, expires time.Time) (stored bool, err error)
 	CompactPaymentIDs(ctx context.Context, now time.Time) (int64, error)
 }
 
@@ -127,7 +130,14 @@ func (s *Service) Settle(ctx context.Context, p *facilitator.Payment) (facilitat
 				return s.replayed(ctx, p, out), nil
 			}
 		}
-		s.rememberClaimed(ctx, p, out)
+		if s.rememberClaimed(ctx, p, out) == refused {
+			// Not stored: when the id is bound to another request (one for the same payment and
+			// another resource won the id after this one's lookup), this one is its conflict, and
+			// the answer stored under the id stays the bound request's.
+			if rec, lerr := s.cfg.Store.PaymentID(ctx, p.IDScope, p.PaymentID); lerr == nil && !rec.BindsTo(p) {
+				return facilitator.SettleOutcome{}, s.conflict(ctx, p, rec, nil)
+			}
+		}
 		return out, nil
 	}
 	return s.replaySettle(ctx, p, rec)
@@ -188,24 +198,36 @@ func (s *Service) replayed(ctx context.Context, p *facilitator.Payment, out faci
 // rememberClaimed is remember, and for a claimed success stored under its id, the claim's
 // confirmation: the id's retries answer the stored success from now on, so a crash before the
 // answer is written leaves the success to them, not to a copy of the payload sent without the id.
-func (s *Service) rememberClaimed(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) {
-	if s.remember(ctx, p, out) && out.Claimed {
+// It reports what became of the answer.
+func (s *Service) rememberClaimed(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) remembered {
+	stored := s.remember(ctx, p, out)
+	if stored == kept && out.Claimed {
 		if err := s.cfg.Settler.ConfirmDelivery(ctx, out); err != nil {
 			s.log.Warn("confirming a success stored under its payment identifier", "payment_id", p.PaymentID, "err", err)
 		}
 	}
+	return stored
 }
 
+// remembered is what became of an answer given under a payment id.
+type remembered int
+
+const (
+	notKept remembered = iota // not an answer to keep (still settling), or the store failed
+	kept                      // stored under the id
+	refused                   // the id is not bound to the request that answered
+)
+
 // remember stores a settled answer under its id, for the window.
-func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) bool {
+func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out facilitator.SettleOutcome) remembered {
 	res := out.Response
 	if out.SettlementID == 0 || res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight {
-		return false
+		return notKept
 	}
 	res.Extensions = nil
 	body, err := json.Marshal(res)
 	if err != nil {
-		return false
+		return notKept
 	}
 	expires := s.cfg.Now().Add(s.cfg.Window)
 	if vb := p.Authorization.ValidBefore; vb.IsInt64() {
@@ -215,12 +237,16 @@ func (s *Service) remember(ctx context.Context, p *facilitator.Payment, out faci
 	} else if vb.Cmp(big.NewInt(0)) > 0 {
 		expires = expires.Add(100 * 365 * 24 * time.Hour) // a validBefore past int64 seconds: keep it "forever"
 	}
-	if err := s.cfg.Store.StorePaymentResponse(context.WithoutCancel(ctx), p.IDScope, p.PaymentID, body, expires); err != nil {
+	stored, err := s.cfg.Store.StorePaymentResponse(context.WithoutCancel(ctx), p.IDScope, p.PaymentID, p.IDFingerprint(), p.Fingerprint(), body, expires)
+	if err != nil {
 		// The link stays: a retry rebuilds the answer from the ledger.
 		s.log.Warn("storing a payment-identifier answer", "payment_id", p.PaymentID, "err", err)
-		return false
+		return notKept
 	}
-	return true
+	if !stored {
+		return refused
+	}
+	return kept
 }
 
 // Verify verifies p under its payment id. A payment already settled (or settling) under this id

@@ -38,11 +38,19 @@ func (db *DB) PaymentID(ctx context.Context, scope, id string) (*facilitator.Pay
 	return &rec, nil
 }
 
-// StorePaymentResponse keeps the answer given under a payment id until expires.
-func (db *DB) StorePaymentResponse(ctx context.Context, scope, id string, response []byte, expires time.Time) error {
-	_, err := db.pool.Exec(ctx, `UPDATE payment_ids SET response = $3, response_expires_at = $4
-		WHERE scope = $1 AND id = $2`, scope, id, response, expires)
-	return err
+// StorePaymentResponse keeps the answer given under a payment id until expires, when the id is
+// bound to the request that answered: to its fingerprint, or, for an id bound before ids covered
+// the resource (no resource in its summary), to its payment's (facilitator.PaymentIDRecord.BindsTo).
+// A request for the same payment and another resource never overwrites the answer of the request
+// the id is bound to. stored is false when nothing was written.
+func (db *DB) StorePaymentResponse(ctx context.Context, scope, id string, bound, legacy facilitator.Fingerprint, response []byte, expires time.Time) (stored bool, err error) {
+	tag, err := db.pool.Exec(ctx, `UPDATE payment_ids SET response = $3, response_expires_at = $4
+		WHERE scope = $1 AND id = $2 AND (fingerprint = $5 OR (fingerprint = $6 AND NOT summary ? 'resource'))`,
+		scope, id, response, expires, bound[:], legacy[:])
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // CompactPaymentIDs drops the stored answers whose window ended before now, keeping each id's
