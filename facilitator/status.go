@@ -8,6 +8,8 @@ package facilitator
 //	canceled the authorizer canceled it on chain
 //	expired  validBefore passed with it unused: the only state in which a payer may sign again
 //	failed   our transaction was mined and reverted; the authorization is still unused
+//	used     used on chain, and not known yet whether by a transfer or a cancel (no log of its use
+//	         was read: the index has not reached it); ask again
 type AuthorizationStatus struct {
 	State         string `json:"state"`
 	Network       string `json:"network"`
@@ -90,6 +92,7 @@ const (
 	StatusCanceled = "canceled"
 	StatusExpired  = "expired"
 	StatusFailed   = "failed"
+	StatusUsed     = "used"
 )
 
 // StatusAdvice says what a merchant or agent should do in each state (README, "Status"): the CLI
@@ -108,6 +111,8 @@ func StatusAdvice(state string) string {
 		return "expired unused: the payer may safely sign a new authorization"
 	case StatusFailed:
 		return "our transaction reverted; nothing moved"
+	case StatusUsed:
+		return "used on chain, paid or canceled not known yet: do not serve and do not sign again; ask again"
 	}
 	return ""
 }

@@ -94,7 +94,8 @@ func (w *simWorld) jobsStep() error {
 
 // checkStatus holds one status answer against the chain as it is now. A final or terminal answer
 // must agree with it; a settled answer that is not final yet may name a block a reorganisation
-// has since replaced (it says how many confirmations it has); pending and unused promise nothing.
+// has since replaced (it says how many confirmations it has); unused and used are read at the
+// head they name, and must be true there once that head is final; pending promises nothing.
 func (w *simWorld) checkStatus(p *simPayment) error {
 	j := &w.jobsSide
 	a := p.p.Authorization
@@ -131,6 +132,20 @@ func (w *simWorld) checkStatus(p *simPayment) error {
 	case facilitator.StatusExpired:
 		if (used && use.Kind == settlesim.UseTransfer) || head.Time < a.ValidBefore.Uint64() {
 			return wrong("expired, and the chain shows a transfer or a time before validBefore")
+		}
+	case facilitator.StatusUnused:
+		// Read at the head it names: a use in a block that deep and final by now was there.
+		if used && use.BlockNumber <= st.Head && use.BlockNumber+w.depth <= head.Number {
+			return wrong(fmt.Sprintf("unused at head %d, and the chain holds the use in a final block below it", st.Head))
+		}
+	case facilitator.StatusUsed:
+		// Used, not known how: the chain must show a use, unless a reorganisation has since taken
+		// it away (the head it was read at is not final yet).
+		if !used {
+			if st.Head+w.depth <= head.Number {
+				return wrong(fmt.Sprintf("used at head %d, a final block, and the chain shows no use", st.Head))
+			}
+			j.statusLagged++
 		}
 	case facilitator.StatusFailed:
 		// Ours failed; someone may use the authorization later, and the answer then follows the

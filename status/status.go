@@ -251,6 +251,19 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 			st.Basis = "ledger+index"
 			return st, true, err
 		}
+		if st.IndexedHead < st.Head || st.IndexedHead == 0 {
+			// Not in the index, which does not reach the head: "not indexed" is not "unused".
+			// The chain says whether it is still unused (failed: sign anew, or settle again) or
+			// used since by someone else (a payer told to sign anew would pay twice).
+			if err := s.chainUse(ctx, n, &st, row.Key); err != nil {
+				return st, true, err
+			}
+			if st.State != facilitator.StatusUnused {
+				st.Basis = "ledger+chain"
+				return st, true, nil
+			}
+			st.Basis = "ledger+chain"
+		}
 		st.State, st.Reason = facilitator.StatusFailed, row.ErrorReason
 	case facilitator.StateExpired:
 		st.State, st.Reason = facilitator.StatusExpired, row.ErrorReason
@@ -333,46 +346,62 @@ func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.Auth
 	return true, nil
 }
 
-// fromChain asks the token directly: the index may lag, or may not cover the authorization's block.
+// fromChain asks the chain directly: the index may lag, or may not cover the authorization's block.
 func (s *Service) fromChain(ctx context.Context, n Network, st facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (facilitator.AuthorizationStatus, bool, error) {
-	used, err := verify.AuthorizationUsed(ctx, n.Reader, key.Asset, key.Payer, key.Nonce)
-	if err != nil {
-		return st, false, facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError, fmt.Sprintf("could not read %s", n.Network.ID), err)
-	}
 	st.Basis = "chain"
-	st.State = facilitator.StatusUnused
-	if used {
-		// Used or canceled, by a transaction the index has not reached: the logs above the index
-		// say which (authorizationState cannot).
-		found, err := s.recentUse(ctx, n, &st, key)
-		if err != nil {
-			return st, false, facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError, fmt.Sprintf("could not read %s", n.Network.ID), err)
-		}
-		if !found {
-			st.State, st.SettledBy = facilitator.StatusSettled, "other"
-		}
+	if err := s.chainUse(ctx, n, &st, key); err != nil {
+		return st, false, err
 	}
 	return st, false, nil
 }
 
-// recentUse reads the authorization's AuthorizationUsed or AuthorizationCanceled log from the
-// blocks the index has not reached yet.
-func (s *Service) recentUse(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (bool, error) {
-	var logs []types.Log
+// chainUse answers from the chain alone: authorizationState and the authorization's logs above
+// the index, read in one request at the head the answer names (st.Head), so that a node that
+// lacks that block answers an error, never its older "unused". Used, with no log of its use
+// among the blocks read (the index far behind, or a gap in it), is "used": authorizationState
+// is true for a transfer and a cancel alike, and only a log tells them apart.
+func (s *Service) chainUse(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) error {
+	if st.Head == 0 {
+		return facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError,
+			fmt.Sprintf("could not read %s: no head to read the authorization at", n.Network.ID), nil)
+	}
+	at := hexutil.EncodeUint64(st.Head)
 	// Bounded: with no index yet (or one far behind), look at recent blocks only.
 	from := st.IndexedHead + 1
 	if st.Head > from+recentLogBlocks {
 		from = st.Head - recentLogBlocks
 	}
+	if from > st.Head {
+		from = st.Head
+	}
+	call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(key.Payer, key.Nonce))}
 	filter := map[string]any{
-		"fromBlock": hexutil.EncodeUint64(from), "toBlock": "latest", "address": key.Asset,
+		"fromBlock": hexutil.EncodeUint64(from), "toBlock": at, "address": key.Asset,
 		"topics": eip3009.AuthorizationTopics(key.Payer, key.Nonce),
 	}
-	if err := n.Head.CallContext(ctx, &logs, "eth_getLogs", filter); err != nil {
-		return false, err
+	var state hexutil.Bytes
+	var logs []types.Log
+	elems := []rpc.BatchElem{
+		{Method: "eth_call", Args: []any{call, at}, Result: &state},
+		{Method: "eth_getLogs", Args: []any{filter}, Result: &logs},
+	}
+	err := n.Head.BatchCallContext(ctx, elems)
+	if err == nil {
+		err = errors.Join(elems[0].Error, elems[1].Error)
+	}
+	used, ok := eip3009.DecodeAuthorizationState(state)
+	if err == nil && !ok {
+		err = fmt.Errorf("authorizationState answered %x", []byte(state))
+	}
+	if err != nil {
+		return facilitator.Unavailable(facilitator.ReasonUnexpectedVerifyError, fmt.Sprintf("could not read %s at block %d", n.Network.ID, st.Head), err)
+	}
+	if !used {
+		st.State = facilitator.StatusUnused
+		return nil
 	}
 	for _, l := range logs {
-		if l.Removed {
+		if l.Removed || len(l.Topics) == 0 {
 			continue
 		}
 		st.Transaction = l.TxHash.Hex()
@@ -382,9 +411,10 @@ func (s *Service) recentUse(ctx context.Context, n Network, st *facilitator.Auth
 		} else {
 			st.State, st.SettledBy = facilitator.StatusSettled, "other"
 		}
-		return true, nil
+		return nil
 	}
-	return false, nil
+	st.State = facilitator.StatusUsed
+	return nil
 }
 
 // recentLogBlocks bounds the direct log read above the index (providers refuse wide ranges).
