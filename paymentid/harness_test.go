@@ -75,6 +75,7 @@ type rig struct {
 type rigOptions struct {
 	deadline       time.Duration // engine deadline (default 20 s)
 	window, margin time.Duration // the service's Window and FinalityMargin (0: its defaults)
+	depth          uint64        // the engine's finality depth (0: stacktest's default)
 	quiet          bool          // no logs (benchmarks)
 }
 
@@ -84,7 +85,7 @@ func newRig(tb testing.TB, o rigOptions) *rig {
 	if !o.quiet {
 		logger = stacktest.Logger(tb)
 	}
-	e := env.NewEngine(tb, stacktest.EngineOptions{Deadline: o.deadline, Logger: logger})
+	e := env.NewEngine(tb, stacktest.EngineOptions{Deadline: o.deadline, Depth: o.depth, Logger: logger})
 	r := &rig{engine: &countingSettler{Engine: e.Engine}, verifier: e.Verifier, db: e.DB, signer: stacktest.AddressOf(e.Signer()), clock: &clock{}}
 	srv := env.NewServer(tb, stacktest.ServerOptions{Engine: e, Logger: logger, PaymentIDs: &paymentid.Config{
 		Settler: r.engine, Window: o.window, FinalityMargin: o.margin, Now: r.clock.Now, Logger: logger}})

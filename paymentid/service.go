@@ -165,7 +165,7 @@ func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec 
 	s.replays.Add(1)
 	if rec.Response != nil && s.cfg.Now().Before(rec.ResponseExpires) {
 		var res facilitator.SettleResponse
-		if err := json.Unmarshal(rec.Response, &res); err == nil {
+		if err := json.Unmarshal(rec.Response, &res); err == nil && stillTrue(res, rec.Settlement) {
 			res.Extensions = facilitator.ReplayInfo(p.PaymentID)
 			return facilitator.SettleOutcome{Response: res, SettlementID: rec.Settlement.ID}, nil
 		}
@@ -177,6 +177,18 @@ func (s *Service) replaySettle(ctx context.Context, p *facilitator.Payment, rec 
 		return out, err
 	}
 	return s.replayed(ctx, p, out), nil
+}
+
+// stillTrue says whether a stored answer still tells the settlement as it stands (read in the
+// same statement as the answer). A success stands while the settlement is mined with the very
+// transaction it named; a reorganisation that took it away (reopened, then canceled, settled by
+// another, or mined again by a re-signed transaction) makes the replay the live answer again.
+// Failures are stored only once terminal, on evidence read in final blocks: they stand.
+func stillTrue(res facilitator.SettleResponse, st *facilitator.Settlement) bool {
+	if !res.Success {
+		return true
+	}
+	return st != nil && st.State.Succeeded() && st.ErrorReason == "" && st.TxHash.Hex() == res.Transaction
 }
 
 // replayed turns the engine's answer to a repeat of an id's request into that request's answer.
