@@ -235,13 +235,24 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 					ch.Elsewhere++
 				}
 			case use == nil && cursor.Number > row.BlockNumber:
-				// Indexed past its block and the use is gone: its block was reorganised away.
-				if err := j.reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
-					return ch, err
-				}
-				ch.Reopened++
-				if j.resend(ctx, n, row) {
-					ch.Resent++
+				// Indexed past its block and no use there: the block was reorganised away, or the
+				// index does not hold it (it started above it, or has a gap). Only the chain tells
+				// which: its block at that height, read twice.
+				switch j.stillInBlock(ctx, n, row.BlockNumber, row.BlockHash) {
+				case blockGone:
+					if err := j.reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
+						return ch, err
+					}
+					ch.Reopened++
+					if j.resend(ctx, n, row) {
+						ch.Resent++
+					}
+				case blockFinal:
+					finals = append(finals, row.ID)
+					ch.Final++
+				default:
+					j.log.Warn("a mined settlement's block is above the index's cursor with no use indexed, and the chain still holds it (or did not answer): the index does not cover it",
+						"network", n.Network.ID, "settlement", row.ID, "block", row.BlockNumber, "cursor", cursor.Number)
 				}
 			}
 		case use != nil && !ours[use.TxHash] && !final(use.BlockNumber):
@@ -313,6 +324,60 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 // state and use log read pinned at a block the answering node has, twice.
 func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.OpenSettlement) (facilitator.Resolution, bool, error) {
 	return settle.Judge(ctx, n.Chain, j.batchOn, s, n.Network.Finality, j.cfg.Now())
+}
+
+// blockFate is what the chain says of a mined settlement's recorded block.
+type blockFate int
+
+const (
+	blockUnknown blockFate = iota // not read, the reads disagree, or the block is there and not final yet
+	blockGone                     // another block (or none below the node's head) is at that height
+	blockFinal                    // the recorded block is there, final by the network's rule
+)
+
+// stillInBlock reads the chain's block at number with the node's head and finality tag, in one
+// request, twice: gone only when both reads show another block there (or none below a head past
+// it), final only when both show the recorded one final by both nodes' word. Absence from the
+// index is not absence from the chain: an index that started above the block, or has a gap,
+// holds no use of a settlement that never moved.
+func (j *Jobs) stillInBlock(ctx context.Context, n Network, number uint64, hash common.Hash) blockFate {
+	if hash == (common.Hash{}) {
+		return blockUnknown
+	}
+	fin := n.Network.Finality
+	read := func() (there, gone bool, point facilitator.FinalPoint, ok bool) {
+		var b *struct {
+			Hash common.Hash `json:"hash"`
+		}
+		var head hexutil.Uint64
+		elems := []rpc.BatchElem{
+			{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b},
+			{Method: "eth_blockNumber", Result: &head},
+		}
+		if fin.Tag != "" {
+			elems = append(elems, ethrpc.TagElem(fin.Tag))
+		}
+		if err := j.batch(ctx, n, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil || uint64(head) < number {
+			return false, false, facilitator.FinalPoint{}, false
+		}
+		var tag facilitator.TagRead
+		if len(elems) > 2 {
+			tag = ethrpc.TagAnswer(elems[2])
+		}
+		there = b != nil && b.Hash == hash
+		return there, !there, fin.At(uint64(head), tag, 0), true
+	}
+	t1, g1, p1, ok1 := read()
+	t2, g2, p2, ok2 := read()
+	switch {
+	case !ok1 || !ok2:
+		return blockUnknown
+	case g1 && g2:
+		return blockGone
+	case t1 && t2 && p1.Covers(number) && p2.Covers(number):
+		return blockFinal
+	}
+	return blockUnknown
 }
 
 // reopen moves a mined row back to broadcast; a row no longer mined (the engine moved it first)
