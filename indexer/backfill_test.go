@@ -14,6 +14,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
@@ -221,6 +222,15 @@ func (l *rangeLimiter) CallContext(ctx context.Context, result any, method strin
 	l.largest = max(l.largest, to-from+1)
 	l.mu.Unlock()
 	return json.Unmarshal(raw, result)
+}
+
+// BatchCallContext applies the limits to the batch's eth_getLogs elements, each answered on its
+// own (as a provider answers a batch's elements).
+func (l *rangeLimiter) BatchCallContext(ctx context.Context, b []rpc.BatchElem) error {
+	for i := range b {
+		b[i].Error = l.CallContext(ctx, b[i].Result, b[i].Method, b[i].Args...)
+	}
+	return nil
 }
 
 // TestLiveRangeRespectsProviderLimits: the blocks above the backfill (the unfinalized window, up to

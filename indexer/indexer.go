@@ -357,17 +357,13 @@ func (ix *Indexer) step(ctx context.Context) (bool, error) {
 // backfill indexes final blocks [from, limit) with one eth_getLogs range and one COPY.
 func (ix *Indexer) backfill(ctx context.Context, from, limit uint64) error {
 	to := min(from+ix.sizer.size-1, limit-1)
-	logs, err := ix.getLogs(ctx, from, to)
+	logs, last, err := ix.logsWithLast(ctx, from, to)
 	if err != nil {
 		if tooLarge(err) && ix.sizer.shrink(from, to, err) {
 			ix.rangeSize.Store(ix.sizer.size)
 			ix.log.Info("log range refused; shrinking", "from", from, "to", to, "range", ix.sizer.size, "err", err)
 			return nil
 		}
-		return err
-	}
-	last, err := ix.header(ctx, to)
-	if err != nil {
 		return err
 	}
 	ev := Decode(logs)
@@ -470,11 +466,18 @@ func (ix *Indexer) refused(from, to uint64, err error) bool {
 
 // logsFor reads the logs of consecutive blocks and checks each came from the block hash read with
 // the headers: a log from another branch means the chain moved under us, and the step is retried.
+// The node that answered the logs had the last of the blocks, the very one read (logsWithLast):
+// a node behind it answers fewer logs, or none, and the range would be marked indexed without them.
 func (ix *Indexer) logsFor(ctx context.Context, headers []facilitator.Block) (facilitator.Events, error) {
 	first := headers[0].Number
-	logs, err := ix.getLogs(ctx, first, headers[len(headers)-1].Number)
+	top := headers[len(headers)-1]
+	logs, last, err := ix.logsWithLast(ctx, first, top.Number)
 	if err != nil {
 		return facilitator.Events{}, err
+	}
+	if last.Hash != top.Hash {
+		return facilitator.Events{}, fmt.Errorf("the node answering the logs has block %d as %s, not the %s read (it lags, or the chain moved while reading)",
+			top.Number, last.Hash, top.Hash)
 	}
 	for _, l := range logs {
 		i := l.BlockNumber - first
@@ -580,7 +583,11 @@ func commonAncestor(ctx context.Context, kept []facilitator.Block, top uint64,
 	return nil, nil
 }
 
-func (ix *Indexer) getLogs(ctx context.Context, from, to uint64) ([]types.Log, error) {
+// logsWithLast reads the logs of blocks from..to and the block at to, in one request, so that
+// both come from one node: the range counts as indexed only on evidence that the node answering
+// its logs had its last block (a node missing the newest blocks answers fewer logs or none, and
+// the cursor would pass those blocks for good). A node without block to answers an error.
+func (ix *Indexer) logsWithLast(ctx context.Context, from, to uint64) ([]types.Log, facilitator.Block, error) {
 	filter := map[string]any{
 		"fromBlock": hexutil.EncodeUint64(from),
 		"toBlock":   hexutil.EncodeUint64(to),
@@ -588,8 +595,32 @@ func (ix *Indexer) getLogs(ctx context.Context, from, to uint64) ([]types.Log, e
 		"topics":    [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}},
 	}
 	var logs []types.Log
-	err := ix.call(ctx, &logs, "eth_getLogs", filter)
-	return logs, err
+	var h *header
+	elems := []rpc.BatchElem{
+		{Method: "eth_getLogs", Args: []any{filter}, Result: &logs},
+		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(to), false}, Result: &h},
+	}
+	rctx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
+	defer cancel()
+	if err := ix.cfg.Chain.BatchCallContext(rctx, elems); err != nil {
+		return nil, facilitator.Block{}, err
+	}
+	if elems[0].Error != nil {
+		return nil, facilitator.Block{}, elems[0].Error
+	}
+	if elems[1].Error != nil {
+		return nil, facilitator.Block{}, elems[1].Error
+	}
+	if h == nil || uint64(h.Number) != to {
+		return nil, facilitator.Block{}, fmt.Errorf("block %d is not available from the node that answered its logs (it lags)", to)
+	}
+	for _, l := range logs {
+		if l.BlockNumber < from || l.BlockNumber > to || (l.BlockNumber == to && l.BlockHash != h.Hash) {
+			return nil, facilitator.Block{}, fmt.Errorf("log of block %d (%s) is outside the range read or not from its block (the chain moved while reading)",
+				l.BlockNumber, l.BlockHash)
+		}
+	}
+	return logs, facilitator.Block{Number: to, Hash: h.Hash, ParentHash: h.ParentHash}, nil
 }
 
 type header struct {
