@@ -94,7 +94,9 @@ func (d *Dispatcher) poll(ctx context.Context) {
 			}
 			return
 		}
-		if n < free {
+		if n == 0 {
+			// (A claim short of the free slots may have met a webhook's cap: the next round
+			// passes that webhook over and finds the others' due deliveries.)
 			d.backlog.Store(false)
 			return
 		}
@@ -113,7 +115,7 @@ func (d *Dispatcher) lease() time.Duration {
 // the outcome. It returns how many it claimed.
 func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	batch, err := d.store.ClaimWebhookDeliveries(qctx, limit, d.lease())
+	batch, err := d.store.ClaimWebhookDeliveries(qctx, limit, d.cfg.PerWebhook, d.busyNow(), d.lease())
 	cancel()
 	if err != nil {
 		return 0, err
@@ -121,9 +123,11 @@ func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 	for _, del := range batch {
 		d.inflight.Add(1)
 		d.sending.Add(1)
+		d.markBusy(del.WebhookID, 1)
 		go func() {
 			defer d.inflight.Done()
 			defer d.sending.Add(-1)
+			defer d.markBusy(del.WebhookID, -1)
 			a := d.attempt(ctx, del)
 			if ctx.Err() == nil { // an attempt Stop cut short says nothing about the receiver
 				d.observe(a)
@@ -148,6 +152,25 @@ func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 		}()
 	}
 	return len(batch), nil
+}
+
+// busyNow is a copy of the deliveries in flight by webhook.
+func (d *Dispatcher) busyNow() map[string]int {
+	d.busyMu.Lock()
+	defer d.busyMu.Unlock()
+	out := make(map[string]int, len(d.busy))
+	for id, n := range d.busy {
+		out[id] = n
+	}
+	return out
+}
+
+func (d *Dispatcher) markBusy(webhook string, by int) {
+	d.busyMu.Lock()
+	defer d.busyMu.Unlock()
+	if d.busy[webhook] += by; d.busy[webhook] <= 0 {
+		delete(d.busy, webhook)
+	}
 }
 
 // attempt sends one delivery and decides what follows: done, retry after a backoff, or give up.

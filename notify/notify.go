@@ -31,8 +31,9 @@ type Store interface {
 	// reports that some webhook had limit events to read: call again.
 	EnqueueWebhookEvents(ctx context.Context, states []string, limit int) (more bool, err error)
 	// ClaimWebhookDeliveries takes up to limit due deliveries for one attempt each, hiding them
-	// from other claimers for lease.
-	ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]facilitator.WebhookDelivery, error)
+	// from other claimers for lease, oldest first, and no more of one webhook's than perWebhook
+	// less those of its already in flight here (busy, by webhook id).
+	ClaimWebhookDeliveries(ctx context.Context, limit, perWebhook int, busy map[string]int, lease time.Duration) ([]facilitator.WebhookDelivery, error)
 	// RecordWebhookAttempt stores an attempt's outcome.
 	RecordWebhookAttempt(ctx context.Context, a facilitator.DeliveryAttempt) error
 	// PruneWebhookDeliveries deletes up to limit deliveries that were delivered or given up
@@ -98,6 +99,10 @@ type Config struct {
 	// Concurrency is how many deliveries may be in flight at once [16]. A slow receiver holds
 	// one slot per delivery until SendTimeout, never the whole loop.
 	Concurrency int
+	// PerWebhook is how many of one webhook's deliveries may be in flight at once
+	// [Concurrency/4, at least 1]: an unreachable receiver that owes a backlog holds that many
+	// slots, never the others' (its deliveries are the oldest due, and would take every slot).
+	PerWebhook int
 	// MaxWebhooks bounds the enabled webhooks of one owner (an API key, or open mode): each costs
 	// every poll, and one merchant must not use up another's room [100].
 	MaxWebhooks int
@@ -158,6 +163,8 @@ type Dispatcher struct {
 
 	inflight sync.WaitGroup // deliveries being sent
 	sending  atomic.Int64   // how many
+	busyMu   sync.Mutex
+	busy     map[string]int // of them, by webhook id
 	// backlog is set when the loop's last claim filled every free slot (more may be due); wake
 	// is how an ending attempt then calls the loop back before its next tick.
 	backlog atomic.Bool
@@ -192,6 +199,9 @@ func New(cfg Config) *Dispatcher {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 16
 	}
+	if cfg.PerWebhook <= 0 {
+		cfg.PerWebhook = max(1, cfg.Concurrency/4)
+	}
 	if cfg.MaxWebhooks <= 0 {
 		cfg.MaxWebhooks = 100
 	}
@@ -204,7 +214,7 @@ func New(cfg Config) *Dispatcher {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Dispatcher{cfg: cfg, store: cfg.Store, status: cfg.Status, log: cfg.Logger, closed: make(chan struct{}),
+	return &Dispatcher{cfg: cfg, store: cfg.Store, status: cfg.Status, log: cfg.Logger, closed: make(chan struct{}), busy: map[string]int{},
 		wake: make(chan struct{}, 1), client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets)}
 }
 

@@ -117,13 +117,34 @@ func (db *DB) EnqueueWebhookEvents(ctx context.Context, states []string, limit i
 // ClaimWebhookDeliveries takes due deliveries of enabled webhooks for one attempt each: the
 // attempt is counted and the delivery hidden for lease, in one statement. SKIP LOCKED lets
 // replicas claim side by side without ever taking the same attempt.
-func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.Duration) ([]facilitator.WebhookDelivery, error) {
+func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit, perWebhook int, busy map[string]int, lease time.Duration) ([]facilitator.WebhookDelivery, error) {
+	ids, counts := make([]string, 0, len(busy)), make([]int32, 0, len(busy))
+	for id, n := range busy {
+		ids, counts = append(ids, id), append(counts, int32(n))
+	}
+	perWebhook = max(perWebhook, 1)
+	// The oldest due deliveries, passing over webhooks whose share is in flight already; of
+	// each webhook, no more than what is left of its share (one webhook's backlog, oldest of all,
+	// must not take every slot). Candidates are read limit × perWebhook deep; a webhook whose
+	// share a claim filled is passed over by the next one, which then reaches the others.
 	rows, err := db.pool.Query(ctx, `
-		WITH due AS (
-			SELECT d.webhook_id, d.event_id FROM webhook_deliveries d
+		WITH busy AS (SELECT * FROM unnest($3::text[], $4::int[]) AS b(webhook_id, n)),
+		cand AS (
+			SELECT d.webhook_id, d.event_id, d.next_attempt_at FROM webhook_deliveries d
 			JOIN webhooks w ON w.id = d.webhook_id AND w.disabled_at IS NULL
 			WHERE d.next_attempt_at <= now()
-			ORDER BY d.next_attempt_at LIMIT $1
+				AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.webhook_id = d.webhook_id AND b.n >= $5)
+			ORDER BY d.next_attempt_at LIMIT $1 * $5),
+		ranked AS (
+			SELECT c.webhook_id, c.event_id, c.next_attempt_at,
+				row_number() OVER (PARTITION BY c.webhook_id ORDER BY c.next_attempt_at, c.event_id) AS rn,
+				COALESCE((SELECT b.n FROM busy b WHERE b.webhook_id = c.webhook_id), 0) AS inflight
+			FROM cand c),
+		due AS (
+			SELECT d.webhook_id, d.event_id FROM webhook_deliveries d
+			JOIN ranked r ON r.webhook_id = d.webhook_id AND r.event_id = d.event_id
+			WHERE r.rn <= $5 - r.inflight AND d.next_attempt_at <= now()
+			ORDER BY r.next_attempt_at LIMIT $1
 			FOR UPDATE OF d SKIP LOCKED),
 		c AS (
 			UPDATE webhook_deliveries d SET attempts = d.attempts + 1,
@@ -136,7 +157,7 @@ func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit int, lease time.
 		FROM c JOIN webhooks w ON w.id = c.webhook_id
 		JOIN settlement_events e ON e.id = c.event_id
 		JOIN settlements s ON s.id = e.settlement_id
-		ORDER BY e.id`, limit, lease.Microseconds())
+		ORDER BY e.id`, limit, lease.Microseconds(), ids, counts, perWebhook)
 	if err != nil {
 		return nil, err
 	}
