@@ -263,7 +263,8 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	fr := rand.New(rand.NewPCG(seed, 0xf1a7))
 	byTag := fr.IntN(2) == 0
 	finalizedDepth := uint64(1 + fr.IntN(6))
-	cc := settlesim.ChainConfig{ChainID: 1337, FixedBaseFee: w.r.IntN(2) == 0}
+	// The token checks the payments' signatures, which are real (newPayment), as verify's are.
+	cc := settlesim.ChainConfig{ChainID: 1337, FixedBaseFee: w.r.IntN(2) == 0, CheckSignatures: true}
 	if byTag {
 		cc.FinalizedDepth = finalizedDepth
 	}
@@ -487,6 +488,19 @@ func (w *simWorld) somePayment() *simPayment {
 	return w.payments[w.r.IntN(len(w.payments))]
 }
 
+// signAuthorization is key's EIP-712 signature of a in the token's domain, as a payer's wallet
+// makes it (v 27 or 28).
+func (w *simWorld) signAuthorization(key *ecdsa.PrivateKey, a facilitator.Authorization) []byte {
+	t := w.network.Tokens[0]
+	digest := eip3009.AuthorizationDigest(eip3009.DomainSeparator(t.Name, t.Version, w.network.ChainID, t.Address), a)
+	sig, err := crypto.Sign(digest[:], key)
+	if err != nil {
+		panic(err)
+	}
+	sig[64] += 27
+	return sig
+}
+
 func (w *simWorld) newPayment() *simPayment {
 	payer := w.payers[w.r.IntN(len(w.payers))]
 	from := crypto.PubkeyToAddress(payer.PublicKey)
@@ -496,13 +510,14 @@ func (w *simWorld) newPayment() *simPayment {
 	}
 	payTo := common.BigToAddress(big.NewInt(int64(0x1000 + w.r.IntN(4))))
 	value := big.NewInt(int64(1 + w.r.IntN(1000)))
-	sig := make([]byte, 65)
-	for i := range sig {
-		sig[i] = byte(w.r.UintN(256))
+	// The 65 bytes a made-up signature once took are still drawn, so that every seed's schedule
+	// stays as it was; the payment is signed for real (crypto.Sign draws nothing).
+	for range 65 {
+		w.r.UintN(256)
 	}
-	sig[64] = 27
 	auth := facilitator.Authorization{From: from, To: payTo, Value: value, ValidAfter: big.NewInt(0),
 		ValidBefore: big.NewInt(w.clock.Now().Unix() + int64(60+w.r.IntN(540))), Nonce: nonce}
+	sig := w.signAuthorization(payer, auth)
 	p := &facilitator.Payment{X402Version: 2, Scheme: "exact", Network: w.network.ID,
 		Requirements: facilitator.Requirements{Scheme: "exact", Network: w.network.ID, Amount: value, Asset: w.chain.Token(), PayTo: payTo,
 			MaxTimeoutSeconds: 60, Name: "USDC", Version: "2"},
