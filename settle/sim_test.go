@@ -157,6 +157,7 @@ type simStats struct {
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
 	lostAnswers, lostConfirms int
+	verify                    verifyStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -190,6 +191,7 @@ func (s *simStats) add(o simStats) {
 	s.lies += o.lies
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
+	s.verify.add(o.verify)
 }
 
 func (s simStats) String() string {
@@ -199,10 +201,10 @@ func (s simStats) String() string {
 		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
-		"%d successes lost before their answer, %d after it and before their confirmation",
+		"%d successes lost before their answer, %d after it and before their confirmation; %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
-		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms)
+		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -241,6 +243,7 @@ type simWorld struct {
 	jobsSide       simJobs
 	adversaries    simAdversaries
 	providers      simProviders
+	verifying      simVerifying
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -329,6 +332,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	if plain {
 		w.plain()
 	}
+	w.setUpVerifying(plain)
 	return w
 }
 
@@ -360,6 +364,9 @@ func (w *simWorld) run() error {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
 		w.adversaryStep()
+		if err := w.verifyStep(); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range w.backends {
@@ -382,6 +389,7 @@ func (w *simWorld) run() error {
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
 	w.stats.drains = w.adversaries.drains
 	w.providerStats()
+	w.stats.verify = w.verifyCounts()
 	return w.checkStatusAtEnd()
 }
 
