@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/big"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -128,6 +129,9 @@ func TestSimulation(t *testing.T) {
 		}
 		err := w.run()
 		total.add(w.stats)
+		if os.Getenv("SIMDEBUG") != "" {
+			t.Logf("DEBUG seed %d plain %v: %s", seed, plain[seed], w.stats.verify)
+		}
 		if err != nil || *simSeed != 0 {
 			t.Logf("engine log of seed %d:\n%s", seed, w.logTail())
 		}
@@ -317,7 +321,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	}
 	e, err := settle.New(settle.Config{
 		Networks: []settle.NetworkConfig{{Network: w.network, Chain: chain, Signers: w.signers}},
-		Store:    w.ledger, Verifier: &simVerifier{w: w},
+		Store:    w.ledger, Verifier: w.engineVerifier(plain),
 		Deadline: time.Minute, RetryInterval: 2 * time.Second, RebroadcastAfter: 10 * time.Second,
 		BumpAfter: time.Duration(20+w.r.IntN(40)) * time.Second, RPCTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Now: w.clock.Now,
@@ -369,7 +373,7 @@ func (w *simWorld) run() error {
 		}
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
-	for _, b := range w.backends {
+	for _, b := range append(w.backends, w.verifying.engineNodes...) {
 		b.SetProfile(settlesim.Profile{})
 	}
 	w.ledger.SetFaults(settlesim.LedgerFaults{})

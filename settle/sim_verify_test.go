@@ -17,6 +17,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/settlesim"
 	"github.com/x402-facilitator/x402-facilitator/verify"
 )
@@ -46,7 +47,9 @@ type simVerifying struct {
 	// hinted: the verifier has estimated a transfer once, so that SettleCheck simulates at a gas
 	// limit (a read that goes in groups) rather than by an estimate (which never does).
 	hinted bool
-	stats  verifyStats
+	// engineNodes are the nodes of the engine's verifier when it is the real one (engineVerifier).
+	engineNodes []*settlesim.Backend
+	stats       verifyStats
 }
 
 // verifyStats count the bursts, their callers and answers, the groups the node ran, and the
@@ -54,6 +57,8 @@ type simVerifying struct {
 // account whose own payment follows it in the group).
 type verifyStats struct {
 	bursts, calls, valid, invalid, unavailable, groups, groupedCalls, fundings int
+	// engineWorlds: worlds whose engine checked its payments with the real verifier.
+	engineWorlds int
 }
 
 func (s *verifyStats) add(o verifyStats) {
@@ -65,11 +70,12 @@ func (s *verifyStats) add(o verifyStats) {
 	s.groups += o.groups
 	s.groupedCalls += o.groupedCalls
 	s.fundings += o.fundings
+	s.engineWorlds += o.engineWorlds
 }
 
 func (s verifyStats) String() string {
-	return fmt.Sprintf("%d verify bursts of %d calls (%d valid, %d invalid, %d unavailable), %d eth_simulateV1 groups of %d calls, %d funded accounts' own payments refused",
-		s.bursts, s.calls, s.valid, s.invalid, s.unavailable, s.groups, s.groupedCalls, s.fundings)
+	return fmt.Sprintf("%d verify bursts of %d calls (%d valid, %d invalid, %d unavailable), %d eth_simulateV1 groups of %d calls, %d funded accounts' own payments refused; %d worlds whose engine used the real verifier",
+		s.bursts, s.calls, s.valid, s.invalid, s.unavailable, s.groups, s.groupedCalls, s.fundings, s.engineWorlds)
 }
 
 // setUpVerifying builds the verify side; off in a plain world.
@@ -94,6 +100,28 @@ func (w *simWorld) setUpVerifying(plain bool) {
 	}
 }
 
+// engineVerifier is the engine's verifier: in a third of the worlds that are not plain, the real
+// one, over a Reader over nodes of its own with faults of their own (the engine calls it on the
+// world's goroutine: its draws are in a known order), from a stream of its own; otherwise
+// simVerifier, which reads the chain's head.
+func (w *simWorld) engineVerifier(plain bool) settle.Verifier {
+	r := rand.New(rand.NewPCG(w.seed, 0xe7f1))
+	if plain || r.IntN(3) != 0 {
+		return &simVerifier{w: w}
+	}
+	var nodes []*settlesim.Backend
+	for i := range 1 + r.IntN(2) {
+		nodes = append(nodes, settlesim.NewBackend(w.chain, fmt.Sprintf("everify%d", i), settlesim.RandomProfile(r), r))
+	}
+	reader := &ethrpc.Reader{Chain: settlesim.NewBalancer(r, nodes...), Timeout: time.Second}
+	v, err := verify.New(verify.Config{Networks: []facilitator.Network{w.network}, Readers: map[string]verify.Reader{w.network.ID: reader}, Now: w.clock.Now})
+	if err != nil {
+		panic(err)
+	}
+	w.verifying.engineNodes = nodes
+	return v
+}
+
 // verifyStep is, now and then, a burst of merchants calling verify at once.
 func (w *simWorld) verifyStep() error {
 	v := &w.verifying
@@ -107,6 +135,9 @@ func (w *simWorld) verifyStep() error {
 func (w *simWorld) verifyCounts() verifyStats {
 	v := &w.verifying
 	s := v.stats
+	if len(v.engineNodes) > 0 {
+		s.engineWorlds = 1
+	}
 	v.gate.mu.Lock()
 	s.groups, s.groupedCalls = v.gate.simulations-v.gate.refused, v.gate.simulated
 	v.gate.mu.Unlock()
@@ -233,13 +264,21 @@ func (w *simWorld) runBurst(calls []*verifyCall, signer common.Address) error {
 			return fmt.Errorf("verify burst: %s never happened", what)
 		}
 	}
-	wg.Go(func() { calls[0].run(w.ctx, v.verifier, signer) })
+	// The callers' own requests carry a mark; a group's, made by the Reader, do not.
+	ctx := context.WithValue(w.ctx, burstCaller{}, true)
+	wg.Go(func() { calls[0].run(ctx, v.verifier, signer) })
 	if err := wait(entered, "the first caller's request"); err != nil {
 		return err
 	}
-	g.drain() // the first caller may have queued behind the last burst's group as it ended
+	if !g.heldOwn() {
+		// The last burst's group had not yet freed the Reader's slot: the first caller queued
+		// behind it, and its group (of one) is the request held. Its queuing is not the second's.
+		if err := wait(g.queued, "the first caller queuing behind the last burst's group"); err != nil {
+			return err
+		}
+	}
 	for i, c := range calls[1:] {
-		wg.Go(func() { c.run(w.ctx, v.verifier, signer) })
+		wg.Go(func() { c.run(ctx, v.verifier, signer) })
 		if err := wait(g.queued, fmt.Sprintf("caller %d queuing its simulation", i+1)); err != nil {
 			return err
 		}
@@ -368,7 +407,9 @@ type verifyGate struct {
 	// hold the next request (armed by arm); entered is closed when it arrives, release lets it go.
 	hold             bool
 	entered, release chan struct{}
-	queued           chan struct{}
+	// own: the held request was a caller's own (marked burstCaller), not a group's.
+	own    bool
+	queued chan struct{}
 	// simulations and simulated count the eth_simulateV1 requests and the calls they carried;
 	// refused those the node answered with an error (the Reader then gives up grouping).
 	simulations, simulated, refused int
@@ -395,6 +436,15 @@ func (g *verifyGate) drain() {
 	}
 }
 
+// burstCaller marks the context of a burst's callers.
+type burstCaller struct{}
+
+func (g *verifyGate) heldOwn() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.own
+}
+
 // gaveUp says whether the node refused eth_simulateV1: the Reader remembers it and groups no more.
 func (g *verifyGate) gaveUp() bool {
 	g.mu.Lock()
@@ -412,6 +462,9 @@ func (g *verifyGate) BatchCallContext(ctx context.Context, b []rpc.BatchElem) er
 	g.hold = false
 	g.mu.Unlock()
 	if hold {
+		g.mu.Lock()
+		g.own = ctx.Value(burstCaller{}) != nil
+		g.mu.Unlock()
 		close(entered)
 		<-release
 	}

@@ -178,7 +178,7 @@ func NewChain(cfg ChainConfig, clock *Clock) *Chain {
 		cfg: cfg, clock: clock, signer: types.LatestSignerForChainID(new(big.Int).SetUint64(cfg.ChainID)),
 		third: crypto.PubkeyToAddress(cfg.ThirdParty.PublicKey),
 		env: execEnv{token: cfg.Token, name: cfg.TokenName, version: cfg.TokenVersion, chainID: cfg.ChainID,
-			checkSignatures: cfg.CheckSignatures},
+			checkSignatures: cfg.CheckSignatures, signatures: map[string]bool{}},
 		byHash: map[common.Hash]*block{}, tip: new(big.Int).Set(cfg.SuggestedTip),
 		pool: map[common.Address]map[uint64]*poolTx{}, txs: map[common.Hash]*txRecord{}, nonces: map[senderNonce][]common.Hash{},
 		included: map[common.Hash][]*block{},

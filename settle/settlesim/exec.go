@@ -137,8 +137,23 @@ type execEnv struct {
 	chainID uint64
 	number  uint64
 	time    uint64
-	// checkSignatures: ChainConfig.CheckSignatures.
+	// checkSignatures: ChainConfig.CheckSignatures; signatures remembers each transfer calldata's
+	// verdict (the domain is the chain's, fixed), since ecrecover was the largest cost of a run
+	// and the same calldata is run many times (calls, estimates, blocks, reorganisations). Used
+	// under the chain's lock, as every run is.
 	checkSignatures bool
+	signatures      map[string]bool
+}
+
+// signedByPayer reports whether the transfer's signature recovers to its payer in the token's
+// domain.
+func (env execEnv) signedByPayer(data []byte, a facilitator.Authorization, sig []byte) bool {
+	ok, known := env.signatures[string(data)]
+	if !known {
+		ok = eip3009.RecoverEOA(eip3009.AuthorizationDigest(eip3009.DomainSeparator(env.name, env.version, env.chainID, env.token), a), sig, a.From)
+		env.signatures[string(data)] = ok
+	}
+	return ok
 }
 
 // callResult is the outcome of running a call against the token (or any other address).
@@ -225,7 +240,7 @@ func run(env execEnv, st *state, sender common.Address, to *common.Address, valu
 		}
 		// Unless the chain checks signatures, the EIP-712 signature is not looked at: verify checks
 		// it before anything is signed, and third parties submit copies of signed calldata.
-		if env.checkSignatures && !eip3009.RecoverEOA(eip3009.AuthorizationDigest(eip3009.DomainSeparator(env.name, env.version, env.chainID, env.token), a), c.Signature, a.From) {
+		if env.checkSignatures && !env.signedByPayer(data, a, c.Signature) {
 			return revert(revertSignature)
 		}
 		if a.To == (common.Address{}) {
