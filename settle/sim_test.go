@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/big"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -35,6 +34,15 @@ import (
 // transactions dropped or re-included, after third parties' transfers and payers' cancels, with
 // foreign transactions on our keys. Everything runs on one goroutine with a simulated clock, so
 // a seed replays exactly. After each seed the invariants are checked (checkInvariants).
+//
+// Payments carry their payer's real EIP-712 signature, which the simulated token checks. /verify is
+// the real verify.Verifier over a real ethrpc.Reader over a node of the chain (sim_verify_test.go):
+// in half the worlds that are not plain, bursts of merchants call it at once (Verify and
+// SettleCheck) and their simulations go as one eth_simulateV1, and each answer is held against the
+// chain at once (isValid true only for a payment that succeeds alone at a block that node could
+// have read); in a third of them the engine checks what it settles with a real verifier too
+// (otherwise with simVerifier, which reads the chain's head). A burst's callers run on goroutines,
+// in a known order, with the world waiting, so a seed still replays exactly.
 //
 //	go test ./settle -run TestSimulation -sim.seeds 20000      more seeds
 //	go test ./settle -run TestSimulation -sim.seed 1234 -v     replay one, with the engine's log
@@ -129,9 +137,6 @@ func TestSimulation(t *testing.T) {
 		}
 		err := w.run()
 		total.add(w.stats)
-		if os.Getenv("SIMDEBUG") != "" {
-			t.Logf("DEBUG seed %d plain %v: %s", seed, plain[seed], w.stats.verify)
-		}
 		if err != nil || *simSeed != 0 {
 			t.Logf("engine log of seed %d:\n%s", seed, w.logTail())
 		}
@@ -812,8 +817,8 @@ func (w *simWorld) checkInvariants() error {
 	return nil
 }
 
-// simVerifier is verify's answer, read off the chain's canonical state (the simulator tests the
-// engine, not verify).
+// simVerifier is verify's answer, read off the chain's canonical head: the engine's verifier in the
+// plain worlds and most others (engineVerifier; sim_verify_test.go drives the real one).
 type simVerifier struct{ w *simWorld }
 
 func (v *simVerifier) Route(p *facilitator.Payment) (*facilitator.Network, error) {
