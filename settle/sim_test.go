@@ -35,6 +35,15 @@ import (
 // foreign transactions on our keys. Everything runs on one goroutine with a simulated clock, so
 // a seed replays exactly. After each seed the invariants are checked (checkInvariants).
 //
+// Payments carry their payer's real EIP-712 signature, which the simulated token checks. /verify is
+// the real verify.Verifier over a real ethrpc.Reader over a node of the chain (sim_verify_test.go):
+// in half the worlds that are not plain, bursts of merchants call it at once (Verify and
+// SettleCheck) and their simulations go as one eth_simulateV1, and each answer is held against the
+// chain at once (isValid true only for a payment that succeeds alone at a block that node could
+// have read); in a third of them the engine checks what it settles with a real verifier too
+// (otherwise with simVerifier, which reads the chain's head). A burst's callers run on goroutines,
+// in a known order, with the world waiting, so a seed still replays exactly.
+//
 //	go test ./settle -run TestSimulation -sim.seeds 20000      more seeds
 //	go test ./settle -run TestSimulation -sim.seed 1234 -v     replay one, with the engine's log
 
@@ -160,6 +169,7 @@ type simStats struct {
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
 	lostAnswers, lostConfirms int
+	verify                    verifyStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -193,6 +203,7 @@ func (s *simStats) add(o simStats) {
 	s.lies += o.lies
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
+	s.verify.add(o.verify)
 }
 
 func (s simStats) String() string {
@@ -202,10 +213,10 @@ func (s simStats) String() string {
 		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
-		"%d successes lost before their answer, %d after it and before their confirmation",
+		"%d successes lost before their answer, %d after it and before their confirmation; %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
-		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms)
+		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -244,6 +255,7 @@ type simWorld struct {
 	jobsSide       simJobs
 	adversaries    simAdversaries
 	providers      simProviders
+	verifying      simVerifying
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -266,7 +278,8 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	fr := rand.New(rand.NewPCG(seed, 0xf1a7))
 	byTag := fr.IntN(2) == 0
 	finalizedDepth := uint64(1 + fr.IntN(6))
-	cc := settlesim.ChainConfig{ChainID: 1337, FixedBaseFee: w.r.IntN(2) == 0}
+	// The token checks the payments' signatures, which are real (newPayment), as verify's are.
+	cc := settlesim.ChainConfig{ChainID: 1337, FixedBaseFee: w.r.IntN(2) == 0, CheckSignatures: true}
 	if byTag {
 		cc.FinalizedDepth = finalizedDepth
 	}
@@ -316,7 +329,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	}
 	e, err := settle.New(settle.Config{
 		Networks: []settle.NetworkConfig{{Network: w.network, Chain: chain, Signers: w.signers}},
-		Store:    w.ledger, Verifier: &simVerifier{w: w},
+		Store:    w.ledger, Verifier: w.engineVerifier(plain),
 		Deadline: time.Minute, RetryInterval: 2 * time.Second, RebroadcastAfter: 10 * time.Second,
 		BumpAfter: time.Duration(20+w.r.IntN(40)) * time.Second, RPCTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Now: w.clock.Now,
@@ -331,6 +344,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	if plain {
 		w.plain()
 	}
+	w.setUpVerifying(plain)
 	return w
 }
 
@@ -362,9 +376,12 @@ func (w *simWorld) run() error {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
 		w.adversaryStep()
+		if err := w.verifyStep(); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
-	for _, b := range w.backends {
+	for _, b := range append(w.backends, w.verifying.engineNodes...) {
 		b.SetProfile(settlesim.Profile{})
 	}
 	w.ledger.SetFaults(settlesim.LedgerFaults{})
@@ -384,6 +401,7 @@ func (w *simWorld) run() error {
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
 	w.stats.drains = w.adversaries.drains
 	w.providerStats()
+	w.stats.verify = w.verifyCounts()
 	return w.checkStatusAtEnd()
 }
 
@@ -490,6 +508,19 @@ func (w *simWorld) somePayment() *simPayment {
 	return w.payments[w.r.IntN(len(w.payments))]
 }
 
+// signAuthorization is key's EIP-712 signature of a in the token's domain, as a payer's wallet
+// makes it (v 27 or 28).
+func (w *simWorld) signAuthorization(key *ecdsa.PrivateKey, a facilitator.Authorization) []byte {
+	t := w.network.Tokens[0]
+	digest := eip3009.AuthorizationDigest(eip3009.DomainSeparator(t.Name, t.Version, w.network.ChainID, t.Address), a)
+	sig, err := crypto.Sign(digest[:], key)
+	if err != nil {
+		panic(err)
+	}
+	sig[64] += 27
+	return sig
+}
+
 func (w *simWorld) newPayment() *simPayment {
 	payer := w.payers[w.r.IntN(len(w.payers))]
 	from := crypto.PubkeyToAddress(payer.PublicKey)
@@ -499,13 +530,14 @@ func (w *simWorld) newPayment() *simPayment {
 	}
 	payTo := common.BigToAddress(big.NewInt(int64(0x1000 + w.r.IntN(4))))
 	value := big.NewInt(int64(1 + w.r.IntN(1000)))
-	sig := make([]byte, 65)
-	for i := range sig {
-		sig[i] = byte(w.r.UintN(256))
+	// The 65 bytes a made-up signature once took are still drawn, so that every seed's schedule
+	// stays as it was; the payment is signed for real (crypto.Sign draws nothing).
+	for range 65 {
+		w.r.UintN(256)
 	}
-	sig[64] = 27
 	auth := facilitator.Authorization{From: from, To: payTo, Value: value, ValidAfter: big.NewInt(0),
 		ValidBefore: big.NewInt(w.clock.Now().Unix() + int64(60+w.r.IntN(540))), Nonce: nonce}
+	sig := w.signAuthorization(payer, auth)
 	p := &facilitator.Payment{X402Version: 2, Scheme: "exact", Network: w.network.ID,
 		Requirements: facilitator.Requirements{Scheme: "exact", Network: w.network.ID, Amount: value, Asset: w.chain.Token(), PayTo: payTo,
 			MaxTimeoutSeconds: 60, Name: "USDC", Version: "2"},
@@ -788,8 +820,8 @@ func (w *simWorld) checkInvariants() error {
 	return nil
 }
 
-// simVerifier is verify's answer, read off the chain's canonical state (the simulator tests the
-// engine, not verify).
+// simVerifier is verify's answer, read off the chain's canonical head: the engine's verifier in the
+// plain worlds and most others (engineVerifier; sim_verify_test.go drives the real one).
 type simVerifier struct{ w *simWorld }
 
 func (v *simVerifier) Route(p *facilitator.Payment) (*facilitator.Network, error) {

@@ -42,6 +42,9 @@ type Profile struct {
 	// ClampLogs answers eth_getLogs over a range past the node's head with the blocks it has, as
 	// some providers do, instead of geth's "block range extends beyond current head block".
 	ClampLogs bool
+	// NoSimulate makes the node refuse eth_simulateV1 (method not found), as nodes without it do.
+	// Never drawn by RandomProfile.
+	NoSimulate bool
 
 	// The lies of a provider that is wrong on purpose or by a bug (never drawn by RandomProfile:
 	// a world sets them on one of several providers). InventReceipt: the chance that a receipt of

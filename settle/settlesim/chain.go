@@ -43,6 +43,15 @@ type ChainConfig struct {
 	// ThirdParty signs the third parties' transactions (a relayer that is not us); default a key
 	// derived from a fixed string. It is funded at genesis.
 	ThirdParty *ecdsa.PrivateKey
+	// CheckSignatures makes the token check transferWithAuthorization's EIP-712 signature in its
+	// own domain (TokenName, TokenVersion, ChainID, Token), as FiatToken does: by ecrecover for a
+	// payer without code, by the payer's code otherwise (a greedy payer's, SetGreedy). Then a
+	// greedy payer's address also answers eth_getCode with code, and a direct call of its
+	// isValidSignature(bytes32,bytes) with the ERC-1271 magic value, cheaply: what verify asks of
+	// a contract wallet passes, and only the token's own check inside a transaction burns the gas.
+	// Off, the signature is not looked at (drivers that submit made-up signatures). A cancel's
+	// signature is never checked.
+	CheckSignatures bool
 }
 
 // Chain is an in-memory EVM-like chain that understands exactly what the engine does: signed
@@ -167,8 +176,9 @@ func NewChain(cfg ChainConfig, clock *Clock) *Chain {
 	}
 	c := &Chain{
 		cfg: cfg, clock: clock, signer: types.LatestSignerForChainID(new(big.Int).SetUint64(cfg.ChainID)),
-		third:  crypto.PubkeyToAddress(cfg.ThirdParty.PublicKey),
-		env:    execEnv{token: cfg.Token, name: cfg.TokenName, version: cfg.TokenVersion},
+		third: crypto.PubkeyToAddress(cfg.ThirdParty.PublicKey),
+		env: execEnv{token: cfg.Token, name: cfg.TokenName, version: cfg.TokenVersion, chainID: cfg.ChainID,
+			checkSignatures: cfg.CheckSignatures, signatures: map[string]bool{}},
 		byHash: map[common.Hash]*block{}, tip: new(big.Int).Set(cfg.SuggestedTip),
 		pool: map[common.Address]map[uint64]*poolTx{}, txs: map[common.Hash]*txRecord{}, nonces: map[senderNonce][]common.Hash{},
 		included: map[common.Hash][]*block{},

@@ -237,6 +237,9 @@ func (b *Backend) dispatch(v nodeView, req request) (any, *RPCError) {
 			if addr == c.cfg.Token {
 				return hexutil.Bytes(tokenCode), nil
 			}
+			if c.cfg.CheckSignatures && blk.state.greedy[addr] {
+				return hexutil.Bytes(walletCode), nil
+			}
 			return hexutil.Bytes{}, nil
 		}
 
@@ -283,6 +286,27 @@ func (b *Backend) dispatch(v nodeView, req request) (any, *RPCError) {
 		}
 		return hexutil.Bytes(res.ret), nil
 
+	case "eth_simulateV1":
+		if b.p.NoSimulate {
+			return nil, errMethod(req.method)
+		}
+		payload, _, e := param[simPayload](req, 0, true)
+		if e != nil {
+			return nil, e
+		}
+		bnh, ok, e := param[rpc.BlockNumberOrHash](req, 1, false)
+		if e != nil {
+			return nil, e
+		}
+		if !ok {
+			bnh = latest()
+		}
+		blk, e := v.stateAt(bnh)
+		if e != nil {
+			return nil, e
+		}
+		return simulate(c, blk, payload)
+
 	case "eth_getLogs":
 		q, _, e := param[filterQuery](req, 0, true)
 		if e != nil {
@@ -317,6 +341,83 @@ func (v nodeView) inclusion(h common.Hash) (*block, int) {
 	}
 	return nil, 0
 }
+
+// simPayload is eth_simulateV1's first param, in the part this node understands: blocks of
+// calls, without state or block overrides.
+type simPayload struct {
+	BlockStateCalls []struct {
+		BlockOverrides json.RawMessage `json:"blockOverrides"`
+		StateOverrides json.RawMessage `json:"stateOverrides"`
+		Calls          []callArgs      `json:"calls"`
+	} `json:"blockStateCalls"`
+	Validation bool `json:"validation"`
+}
+
+// simTimeStep is how much later each simulated block is than its parent (geth's default).
+const simTimeStep = 12
+
+// simulate answers eth_simulateV1 as geth does for calls without overrides: each block on the
+// one before it (the first on base), one number and simTimeStep seconds later; its calls in
+// order, each seeing the state the earlier ones left; per call its status, return data, gas and
+// logs, and an error object when it failed. A call's gas, when given, limits it as eth_call's
+// does (running out is a failed call, not an error of the request).
+func simulate(c *Chain, base *block, p simPayload) (any, *RPCError) {
+	if len(p.BlockStateCalls) == 0 {
+		return nil, rpcErr(codeInvalidParams, "empty input")
+	}
+	st := base.state.copy()
+	number, time := base.number, base.header.Time
+	var out []map[string]any
+	for _, bc := range p.BlockStateCalls {
+		if isSet(bc.BlockOverrides) || isSet(bc.StateOverrides) {
+			return nil, rpcErr(codeInvalidParams, "settlesim: eth_simulateV1 overrides are not simulated")
+		}
+		number, time = number+1, time+simTimeStep
+		env := c.envAt(number, time)
+		calls := make([]map[string]any, len(bc.Calls))
+		used := uint64(0)
+		for i, args := range bc.Calls {
+			data, e := args.data()
+			if e != nil {
+				return nil, e
+			}
+			var from common.Address
+			if args.From != nil {
+				from = *args.From
+			}
+			var value *big.Int
+			if args.Value != nil {
+				value = args.Value.ToInt()
+			}
+			res := run(env, st, from, args.To, value, data)
+			call := map[string]any{"returnData": hexutil.Bytes(res.ret), "logs": []*types.Log{}, "gasUsed": hexutil.Uint64(res.gas), "status": hexutil.Uint64(1)}
+			switch {
+			case args.Gas != nil && uint64(*args.Gas) < res.gas:
+				call["status"], call["gasUsed"], call["returnData"] = hexutil.Uint64(0), *args.Gas, hexutil.Bytes{}
+				call["error"] = map[string]any{"code": codeDefault, "message": "out of gas"}
+			case res.reverted:
+				call["status"], call["returnData"] = hexutil.Uint64(0), hexutil.Bytes(revertData(res.reason))
+				call["error"] = map[string]any{"code": codeRevert, "message": errRevert(res.reason).Message}
+			default:
+				if res.commit != nil {
+					res.commit(st, common.Hash{}) // the later calls see it; nothing outside does
+				}
+				logs := make([]*types.Log, len(res.logs))
+				for j, l := range res.logs {
+					logs[j] = &types.Log{Address: l.Address, Topics: l.Topics, Data: l.Data, BlockNumber: number, Index: uint(j)}
+				}
+				call["logs"] = logs
+			}
+			used += uint64(call["gasUsed"].(hexutil.Uint64))
+			calls[i] = call
+		}
+		out = append(out, map[string]any{"number": hexutil.Uint64(number), "timestamp": hexutil.Uint64(time),
+			"gasLimit": hexutil.Uint64(c.cfg.GasLimit), "gasUsed": hexutil.Uint64(used), "calls": calls})
+	}
+	return out, nil
+}
+
+func isSet(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
 
 // callArgs is the transaction object of eth_call and eth_estimateGas.
 type callArgs struct {

@@ -276,3 +276,31 @@ func (c *Chain) AuthorizationUseAt(number uint64, payer common.Address, nonce [3
 	}
 	return useCopy(u), true
 }
+
+// BlocksFrom lists every block the chain made numbered n or higher, canonical or reorganised
+// away, in creation order: the blocks a node that is at most head − n behind could read from.
+func (c *Chain) BlocksFrom(n uint64) []Block {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Block
+	for _, b := range c.blocks {
+		if b.number >= n {
+			out = append(out, b.info())
+		}
+	}
+	return out
+}
+
+// CallSucceeds reports whether a call from from to to with data succeeds alone on the state after
+// the block with hash h (any block the chain made), as eth_call at that block would answer it,
+// within gas when gas is not zero.
+func (c *Chain) CallSucceeds(h common.Hash, from, to common.Address, data []byte, gas uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.byHash[h]
+	if b == nil {
+		return false
+	}
+	res := run(c.envAt(b.number, b.header.Time), b.state, from, &to, nil, data)
+	return !res.reverted && (gas == 0 || res.gas <= gas)
+}
