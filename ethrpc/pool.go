@@ -191,6 +191,31 @@ type Answered struct {
 
 type answeredKey struct{}
 
+type inOrderKey struct{}
+
+// InOrder is ctx asking that what a call fans out to several endpoints (a pool's broadcast, a
+// quorum's reads) go to them one after the other, in their order, rather than at once: for a
+// caller that must replay exactly what it did (the simulator, whose nodes draw their faults from
+// one seeded stream), never for serving.
+func InOrder(ctx context.Context) context.Context { return context.WithValue(ctx, inOrderKey{}, true) }
+
+// Each runs f(0), …, f(n-1) and returns when all have: each on a goroutine of its own, or, under
+// InOrder, one after the other.
+func Each(ctx context.Context, n int, f func(k int)) {
+	if in, _ := ctx.Value(inOrderKey{}).(bool); in {
+		for k := range n {
+			f(k)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for k := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(k) }()
+	}
+	wg.Wait()
+}
+
 // WithAnswered is ctx recording into the returned Answered each endpoint that answers a call made
 // with it (an answer: a result or a JSON-RPC error, not a failure).
 func WithAnswered(ctx context.Context) (context.Context, *Answered) {
@@ -299,20 +324,14 @@ func (p *Pool) broadcast(ctx context.Context, b []rpc.BatchElem) error {
 	}
 	copies := make([][]rpc.BatchElem, len(targets))
 	errs := make([]error, len(targets))
-	var wg sync.WaitGroup
-	for i, e := range targets {
+	for i := range targets {
 		c := make([]rpc.BatchElem, len(b))
 		for j, el := range b {
 			c[j] = rpc.BatchElem{Method: el.Method, Args: el.Args, Result: new(common.Hash)}
 		}
 		copies[i] = c
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = p.attemptBatch(ctx, e, c)
-		}()
 	}
-	wg.Wait()
+	Each(ctx, len(targets), func(i int) { errs[i] = p.attemptBatch(ctx, targets[i], copies[i]) })
 	answered := -1 // the first endpoint that answered the batch at all
 	for i := range targets {
 		if errs[i] == nil {

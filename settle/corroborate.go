@@ -2,7 +2,6 @@ package settle
 
 import (
 	"context"
-	"sync"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/rpc"
@@ -107,12 +106,7 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		}
 	}
 	errs := make([]error, len(eps))
-	var wg sync.WaitGroup
-	for k, ep := range eps {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[k] = readPinned(ctx, batchOn(ep), tag, copies[k]) }()
-	}
-	wg.Wait()
+	ethrpc.Each(ctx, len(eps), func(k int) { errs[k] = readPinned(ctx, batchOn(eps[k]), tag, copies[k]) })
 	for _, err := range errs {
 		if err != nil {
 			return err
@@ -233,10 +227,10 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 	}
 	obs := make([][]observation, len(eps))
 	errs := make([]error, len(eps))
-	var wg sync.WaitGroup
-	for k, ep := range eps {
+	reads := make([]*receiptReads, len(eps))
+	for k := range eps {
 		obs[k] = make([]observation, len(qrs))
-		rr := receiptReads{tag: tag}
+		rr := &receiptReads{tag: tag}
 		for i, qr := range qrs {
 			obs[k][i] = observation{receipts: map[common.Hash]receiptRead{}}
 			for _, h := range qr.hashes {
@@ -246,10 +240,9 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 				rr.canon(&obs[k][i], qr.at)
 			}
 		}
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[k] = rr.runWith(ctx, batchOn(ep)) }()
+		reads[k] = rr
 	}
-	wg.Wait()
+	ethrpc.Each(ctx, len(eps), func(k int) { errs[k] = reads[k].runWith(ctx, batchOn(eps[k])) })
 	for _, err := range errs {
 		if err != nil {
 			return err

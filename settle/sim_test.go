@@ -270,7 +270,10 @@ func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 // the world was before the second process, the adversaries and several providers (a regression
 // seed found then replays exactly).
 func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simWorld {
-	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), lost: rand.New(rand.NewPCG(seed, 0x1057)), ctx: context.Background()}
+	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), lost: rand.New(rand.NewPCG(seed, 0x1057)),
+		// What the engine fans out to several providers (a quorum's reads, a pool's broadcast)
+		// goes to them one after the other: the nodes draw their faults from one seeded stream.
+		ctx: ethrpc.InOrder(context.Background())}
 	w.clock = settlesim.NewClock(time.Unix(1_800_000_000, 0))
 	// Half the worlds decide finality by the chain's "finalized" tag, which the simulated chain
 	// serves finalizedDepth blocks below its head (and never reorganises below). Drawn from a
