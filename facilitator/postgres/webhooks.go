@@ -20,12 +20,19 @@ func (db *DB) InsertWebhook(ctx context.Context, w *facilitator.Webhook, limit i
 	for _, a := range w.PayTo {
 		payTo = append(payTo, a.Bytes())
 	}
-	err := db.pool.QueryRow(ctx, `
-		INSERT INTO webhooks (id, url, secret, pay_to, api_key, cursor_xid)
-		SELECT $1, $2, $3, $4, NULLIF($5, ''), pg_snapshot_xmin(pg_current_snapshot())
-		WHERE (SELECT count(*) FROM webhooks
-			WHERE disabled_at IS NULL AND api_key IS NOT DISTINCT FROM NULLIF($5, '')) < $6
-		RETURNING created_at`, w.ID, w.URL, w.Secret, payTo, w.Owner, limit).Scan(&w.CreatedAt)
+	// One owner's registrations one at a time (a transaction-scoped lock on the owner): the count
+	// and the insert of two concurrent ones would otherwise both see room for one more.
+	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('x402:webhooks:' || $1, 0))`, w.Owner); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `
+			INSERT INTO webhooks (id, url, secret, pay_to, api_key, cursor_xid)
+			SELECT $1, $2, $3, $4, NULLIF($5, ''), pg_snapshot_xmin(pg_current_snapshot())
+			WHERE (SELECT count(*) FROM webhooks
+				WHERE disabled_at IS NULL AND api_key IS NOT DISTINCT FROM NULLIF($5, '')) < $6
+			RETURNING created_at`, w.ID, w.URL, w.Secret, payTo, w.Owner, limit).Scan(&w.CreatedAt)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -58,14 +65,22 @@ func (db *DB) Webhooks(ctx context.Context, owner string) ([]facilitator.Webhook
 // owner's webhook is ErrNotFound, like an unknown id.
 func (db *DB) DisableWebhook(ctx context.Context, owner, id string) error {
 	var n int
-	err := db.pool.QueryRow(ctx, `
-		WITH w AS (
-			UPDATE webhooks SET disabled_at = COALESCE(disabled_at, now())
-			WHERE id = $1 AND api_key IS NOT DISTINCT FROM NULLIF($2, '') RETURNING id),
-		d AS (
-			UPDATE webhook_deliveries SET next_attempt_at = NULL
-			WHERE webhook_id = $1 AND next_attempt_at IS NOT NULL AND EXISTS (SELECT 1 FROM w))
-		SELECT count(*) FROM w`, id, owner).Scan(&n)
+	// Two statements: the first waits for an enqueue holding the webhook's row and disables it;
+	// the second, with a snapshot of its own taken after that enqueue committed, sees the
+	// deliveries it wrote (in one statement they were invisible, and stayed owed for good).
+	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE webhooks SET disabled_at = COALESCE(disabled_at, now())
+			WHERE id = $1 AND api_key IS NOT DISTINCT FROM NULLIF($2, '')`, id, owner)
+		if err != nil {
+			return err
+		}
+		if n = int(tag.RowsAffected()); n == 0 {
+			return nil
+		}
+		_, err = tx.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = NULL
+			WHERE webhook_id = $1 AND next_attempt_at IS NOT NULL`, id)
+		return err
+	})
 	if err != nil {
 		return err
 	}
