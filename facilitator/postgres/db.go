@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/x402-facilitator/x402-facilitator/migrations"
@@ -65,15 +66,32 @@ func (db *DB) Ping(ctx context.Context) error { return db.pool.Ping(ctx) }
 // migrationLockID serialises migrations across replicas starting at once.
 const migrationLockID = 0x78343032 // "x402"
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
+// Migrate applies every embedded migration not yet applied, each in its own transaction (or, for
+// one marked noTransaction, statement by statement), under an advisory lock so that concurrent
+// starts do not race. It returns the versions it applied.
+//
+// Replicas of the previous release go on serving while a new one migrates, so no statement may
+// hold a lock that stalls them for long: every statement waits at most migrationLockTimeout for
+// its lock (a statement queued behind a long transaction would otherwise block every reader
+// queued behind it) and is tried again; work on big tables is written not to need a strong lock
+// (indexes built CONCURRENTLY, constraints added NOT VALID and validated after).
+func (db *DB) Migrate(ctx context.Context) ([]int, error) { return db.migrate(ctx, 0) }
 
-// Migrate applies every embedded migration not yet applied, each in its own transaction, under an
-// advisory lock so that concurrent starts do not race. It returns the versions it applied.
-func (db *DB) Migrate(ctx context.Context) ([]int, error) {
+// noTransaction marks a migration (its first line) whose statements run one by one outside a
+// transaction, as CREATE INDEX CONCURRENTLY must. Each statement ends with ";" at the end of a
+// line, and the whole file can run again from its start after a failure part of the way.
+const noTransaction = "-- migrate: no transaction"
+
+// migrationLockTimeout bounds a migration statement's wait for a lock (and so how long the
+// queries queued behind it wait); migrationLockTries is how many times it is tried, a pause
+// growing to a second between tries.
+const (
+	migrationLockTimeout = "100ms"
+	migrationLockTries   = 60
+)
+
+// migrate is Migrate up to version upTo (0: every version).
+func (db *DB) migrate(ctx context.Context, upTo int) ([]int, error) {
 	all, err := loadMigrations(migrations.FS)
 	if err != nil {
 		return nil, err
@@ -82,16 +100,24 @@ func (db *DB) Migrate(ctx context.Context) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	defer conn.Release()
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrationLockID); err != nil {
+		conn.Release()
 		return nil, fmt.Errorf("postgres: migrate: taking the lock: %w", err)
 	}
 	defer func() {
-		// A fresh context: the caller's may be done, and the lock must not outlive us on a pooled conn.
+		// A fresh context: the caller's may be done, and the lock must not outlive us on a pooled
+		// connection. One whose unlock failed (or whose settings are the migration's) is closed,
+		// not returned to the pool: its session's end releases the lock.
 		unlockCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, _ = conn.Exec(unlockCtx, `SELECT pg_advisory_unlock($1)`, migrationLockID)
+		if _, err := conn.Exec(unlockCtx, `SELECT pg_advisory_unlock($1)`, migrationLockID); err != nil {
+			db.log.Warn("postgres: migrate: releasing the lock failed; closing its connection", "err", err)
+		}
+		_ = conn.Hijack().Close(unlockCtx)
 	}()
+	if _, err := conn.Exec(ctx, `SET lock_timeout = '`+migrationLockTimeout+`'`); err != nil {
+		return nil, fmt.Errorf("postgres: migrate: %w", err)
+	}
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    integer PRIMARY KEY,
 		name       text NOT NULL,
@@ -112,16 +138,32 @@ func (db *DB) Migrate(ctx context.Context) ([]int, error) {
 	}
 	var done []int
 	for _, m := range all {
-		if applied[m.version] {
+		if applied[m.version] || (upTo > 0 && m.version > upTo) {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
+		record := func(ctx context.Context, q interface {
+			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+		}) error {
+			_, err := q.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
 			return err
-		})
+		}
+		if strings.HasPrefix(m.sql, noTransaction) {
+			for _, stmt := range statements(m.sql) {
+				if err := db.withLockRetry(ctx, m, func() error { _, err := conn.Exec(ctx, stmt); return err }); err != nil {
+					return done, fmt.Errorf("postgres: migration %04d_%s: %w", m.version, m.name, err)
+				}
+			}
+			err = record(ctx, conn)
+		} else {
+			err = db.withLockRetry(ctx, m, func() error {
+				return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, m.sql); err != nil {
+						return err
+					}
+					return record(ctx, tx)
+				})
+			})
+		}
 		if err != nil {
 			return done, fmt.Errorf("postgres: migration %04d_%s: %w", m.version, m.name, err)
 		}
@@ -129,6 +171,54 @@ func (db *DB) Migrate(ctx context.Context) ([]int, error) {
 		done = append(done, m.version)
 	}
 	return done, nil
+}
+
+// withLockRetry runs step, again after a pause while it fails on its lock timeout (a statement
+// that gave up its place in the lock queue lets the queries behind it run meanwhile).
+func (db *DB) withLockRetry(ctx context.Context, m migration, step func() error) error {
+	for try := 1; ; try++ {
+		err := step()
+		var pgErr *pgconn.PgError
+		// 55P03 lock_not_available: the lock timeout ended the wait.
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || try == migrationLockTries {
+			return err
+		}
+		db.log.WarnContext(ctx, "migration waited too long for a lock; trying again", "version", m.version, "name", m.name, "try", try)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(min(time.Duration(try)*100*time.Millisecond, time.Second)):
+		}
+	}
+}
+
+// statements splits a noTransaction migration into its statements: each ends with ";" at the end
+// of a line. Comment lines are dropped.
+func statements(sql string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(sql, "\n") {
+		t := strings.TrimSpace(line)
+		if t == "" || strings.HasPrefix(t, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteString("\n")
+		if strings.HasSuffix(t, ";") {
+			out = append(out, cur.String())
+			cur.Reset()
+		}
+	}
+	if strings.TrimSpace(cur.String()) != "" {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
 }
 
 func loadMigrations(fsys fs.FS) ([]migration, error) {

@@ -24,3 +24,7 @@ func (db *DB) ExplainList(ctx context.Context, v facilitator.Viewer, f facilitat
 
 // SettlementByKeySQL is SettlementByKey's statement, for the plan tests.
 const SettlementByKeySQL = settlementByKeySQL
+
+// MigrateTo applies the embedded migrations up to version upTo: a ledger as an older release
+// left it.
+func (db *DB) MigrateTo(ctx context.Context, upTo int) ([]int, error) { return db.migrate(ctx, upTo) }
