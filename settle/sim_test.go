@@ -153,6 +153,9 @@ type simStats struct {
 	jobRuns, statusChecks, statusLagged                     int
 	drains, ourReverted                                     int
 	lyingWorlds, lies                                       int
+	// The worlds of several replicas: their replicas, crashes, restarts, lease sessions cut under
+	// a live replica, keys taken over by another process, and calls sent to a second replica.
+	replicaWorlds, replicas, crashes, restarts, cuts, takeovers, seconds int
 	// lostAnswers: successes claimed whose answer never reached the merchant (the process died
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
@@ -190,6 +193,13 @@ func (s *simStats) add(o simStats) {
 	s.lies += o.lies
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
+	s.replicaWorlds += o.replicaWorlds
+	s.replicas += o.replicas
+	s.crashes += o.crashes
+	s.restarts += o.restarts
+	s.cuts += o.cuts
+	s.takeovers += o.takeovers
+	s.seconds += o.seconds
 }
 
 func (s simStats) String() string {
@@ -199,10 +209,12 @@ func (s simStats) String() string {
 		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
-		"%d successes lost before their answer, %d after it and before their confirmation",
+		"%d successes lost before their answer, %d after it and before their confirmation; "+
+		"%d worlds of several replicas (%d replicas, %d crashes, %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica)",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
-		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms)
+		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms,
+		s.replicaWorlds, s.replicas, s.crashes, s.restarts, s.cuts, s.takeovers, s.seconds)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -222,7 +234,10 @@ type simWorld struct {
 	backends []*settlesim.Backend
 	oracle   *settlesim.Backend // an honest node, for the checks
 	ledger   *settlesim.Ledger
+	// engine is the world's engine; in a world of several replicas, the first replica's (the
+	// others, and its restarts, are in replicas).
 	engine   *settle.Engine
+	config   settle.Config // the engine's, for the replicas and the restarts
 	network  facilitator.Network
 	signers  []*ecdsa.PrivateKey
 	payers   []*ecdsa.PrivateKey
@@ -241,6 +256,7 @@ type simWorld struct {
 	jobsSide       simJobs
 	adversaries    simAdversaries
 	providers      simProviders
+	replicas       simReplicas
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -311,18 +327,17 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	if !plain {
 		chain = w.setUpProviders()
 	}
-	e, err := settle.New(settle.Config{
+	w.config = settle.Config{
 		Networks: []settle.NetworkConfig{{Network: w.network, Chain: chain, Signers: w.signers}},
 		Store:    w.ledger, Verifier: &simVerifier{w: w},
 		Deadline: time.Minute, RetryInterval: 2 * time.Second, RebroadcastAfter: 10 * time.Second,
 		BumpAfter: time.Duration(20+w.r.IntN(40)) * time.Second, RPCTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Now: w.clock.Now,
-	})
-	if err != nil {
-		panic(err)
 	}
-	e.SetStepped()
-	w.engine = e
+	w.engine = w.newEngine(w.config)
+	if !plain {
+		w.setUpReplicas() // after every draw of the main stream's set-up: a stream of its own
+	}
 	w.setUpJobs()
 	w.setUpAdversaries()
 	if plain {
@@ -341,15 +356,16 @@ func (w *simWorld) logTail() string {
 }
 
 func (w *simWorld) run() error {
-	if err := w.engine.Start(w.ctx); err != nil {
+	if err := w.startEngines(); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	defer w.engine.Stop(context.Background())
+	defer w.stopEngines()
 	// The faults come on once the engine is up.
 	for _, b := range w.backends {
 		w.setProfile(b, settlesim.RandomProfile(w.r))
 	}
 	w.ledger.SetFaults(w.ledgerFaults())
+	w.replicaFaults()
 	steps := 120 + w.r.IntN(120)
 	for i := range steps {
 		if err := w.act(i); err != nil {
@@ -359,12 +375,18 @@ func (w *simWorld) run() error {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
 		w.adversaryStep()
+		if err := w.replicaStep(); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range w.backends {
 		b.SetProfile(settlesim.Profile{})
 	}
 	w.ledger.SetFaults(settlesim.LedgerFaults{})
+	if err := w.replicasAtEnd(); err != nil {
+		return err
+	}
 	for _, p := range w.payments {
 		w.settle(p) // the merchants retry what they have no answer for
 	}
@@ -381,6 +403,7 @@ func (w *simWorld) run() error {
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
 	w.stats.drains = w.adversaries.drains
 	w.providerStats()
+	w.replicaStats()
 	return w.checkStatusAtEnd()
 }
 
@@ -395,7 +418,7 @@ func (w *simWorld) settleDown() error {
 		w.clock.Advance(3 * time.Second)
 		w.chain.Mine()
 		w.stats.mines++
-		w.engine.Step(w.ctx)
+		w.stepEngines()
 		if err := w.jobsStep(); err != nil {
 			return err
 		}
@@ -432,7 +455,7 @@ func (w *simWorld) act(step int) error {
 		w.stats.mines++
 	case x < 82:
 		w.clock.Advance(time.Duration(w.r.IntN(1000)) * time.Millisecond)
-		w.engine.Step(w.ctx)
+		w.stepEngines()
 	case x < 85:
 		if p := w.somePayment(); p != nil {
 			a := p.p.Authorization
@@ -513,10 +536,26 @@ func (w *simWorld) newPayment() *simPayment {
 	return sp
 }
 
-// settle is one merchant's /settle of p's payload (always the same payload: never re-signed).
+// settle is one merchant's /settle of p's payload (always the same payload: never re-signed), to
+// a replica drawn, and now and then, at once, to another.
 func (w *simWorld) settle(p *simPayment) {
+	e, second := w.pickEngines()
+	if e == nil {
+		w.stats.settles++
+		w.stats.errors++ // no replica up: the call fails, and the merchant retries
+		return
+	}
+	w.settleTo(e, p)
+	if second != nil {
+		w.replicas.seconds++
+		w.settleTo(second, p)
+	}
+}
+
+// settleTo is one merchant's /settle of p's payload to e.
+func (w *simWorld) settleTo(e *settle.Engine, p *simPayment) {
 	w.stats.settles++
-	out, err := w.engine.Settle(w.ctx, p.p)
+	out, err := e.Settle(w.ctx, p.p)
 	if err != nil {
 		w.stats.errors++
 		return
@@ -539,7 +578,7 @@ func (w *simWorld) settle(p *simPayment) {
 	}
 	if out.Claimed {
 		// The merchant read it: the claim counts (as the API confirms it once written).
-		if err := w.engine.ConfirmDelivery(w.ctx, out); err != nil {
+		if err := e.ConfirmDelivery(w.ctx, out); err != nil {
 			w.stats.errors++
 		}
 	}
@@ -562,7 +601,12 @@ func (w *simWorld) quiet() bool {
 			return false
 		}
 	}
-	return len(w.engine.Busy()) == 0
+	for _, e := range w.engines() {
+		if len(e.Busy()) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (w *simWorld) openRows() string {
@@ -572,7 +616,9 @@ func (w *simWorld) openRows() string {
 			out = append(out, fmt.Sprintf("settlement %d %s nonce %d", r.Settlement.ID, st, r.Settlement.TxNonce))
 		}
 	}
-	out = append(out, w.engine.Busy()...)
+	for _, e := range w.engines() {
+		out = append(out, e.Busy()...)
+	}
 	for _, k := range w.signers {
 		addr := crypto.PubkeyToAddress(k.PublicKey)
 		out = append(out, fmt.Sprintf("signer %s: mined nonce %d, pending %d", addr, w.chain.Nonce(addr), w.chain.PendingNonce(addr)))
@@ -617,8 +663,13 @@ func (w *simWorld) checkInvariants() error {
 			}
 		}
 	}
-	if len(w.spy.violations) > 0 {
-		return fmt.Errorf("fee bumps of mined nonces: %s", strings.Join(w.spy.violations, "; "))
+	for _, spy := range w.spies() {
+		if len(spy.violations) > 0 {
+			return fmt.Errorf("fee bumps of mined nonces: %s", strings.Join(spy.violations, "; "))
+		}
+	}
+	if err := w.checkLeases(); err != nil {
+		return err
 	}
 	head := w.chain.Head()
 	// Transactions that were in a block a reorganisation removed: a success answered for one of
@@ -682,9 +733,11 @@ func (w *simWorld) checkInvariants() error {
 		row, hasRow := byKey[key]
 		switch {
 		case byUs && successes != 1 && !(successes == 2 && w.stats.undone > 0) &&
-			!(hasRow && successes > 1 && w.stats.lostConfirms > 0 && successes <= 1+row.Settlement.ClaimTakeovers):
+			!(hasRow && successes > 1 && (w.stats.lostConfirms > 0 || w.replicas.crashes > 0) && successes <= 1+row.Settlement.ClaimTakeovers):
 			// The one allowed exception: a success answered, its claim never confirmed (its
-			// process died), then taken over by a retry once its lease ended, counted on the row.
+			// process died: the world's lost confirmations, or a replica crashed with its
+			// confirmation still to be written), then taken over by a retry once its lease ended,
+			// counted on the row.
 			return fmt.Errorf("authorization %x transferred by us in %s: %d successes answered, want exactly 1 (takeovers %d; answers %+v)",
 				a.Nonce[:4], use.TxHash, successes, row.Settlement.ClaimTakeovers, p.answers)
 		case !byUs && successes > 1 && w.stats.undone == 0:
@@ -813,6 +866,7 @@ func (v *simVerifier) SettleCheck(ctx context.Context, p *facilitator.Payment, s
 type sendSpy struct {
 	ethrpc.Chain
 	w          *simWorld
+	replica    string // the replica sending through it ("" in a world of one engine)
 	maxHead    uint64 // the highest head any answer told the engine of
 	variants   map[spyKey][]common.Hash
 	violations []string
@@ -861,7 +915,7 @@ func (s *sendSpy) isBump(h common.Hash) bool {
 func (s *sendSpy) saw(head uint64) {
 	if head > s.maxHead {
 		s.maxHead = head
-		fmt.Fprintf(&s.w.log, "sim: the engine was told of head %d\n", head)
+		fmt.Fprintf(&s.w.log, "sim: the engine %swas told of head %d\n", s.replica, head)
 	}
 }
 
@@ -882,6 +936,7 @@ func (s *sendSpy) sends(method string, args []any) {
 		return
 	}
 	k := spyKey{from, tx.Nonce()}
+	s.w.replicas.sent(s.replica, k, tx.Hash())
 	known := s.variants[k]
 	if slices.Contains(known, tx.Hash()) {
 		return
@@ -889,6 +944,9 @@ func (s *sendSpy) sends(method string, args []any) {
 	s.variants[k] = append(known, tx.Hash())
 	if len(known) == 0 || !s.isBump(tx.Hash()) {
 		return // the first of the nonce, or a new settlement or a re-sign there (not a replacement)
+	}
+	if w := s.w.replicas; w.on && w.bumpedBy(tx.Hash()) != strings.TrimSpace(s.replica) {
+		return // another process's bump, resent from the ledger by the key's next holder (its recovery)
 	}
 	// A replacement: was the nonce already mined at the highest head the engine knew?
 	var count hexutil.Uint64
