@@ -32,8 +32,16 @@ import (
 // ledger that fails, commits and then errs, or is slow, and a simulated chain behind several
 // backends that lag, answer null receipts, rate-limit, fail, drop answers, and reorganise with our
 // transactions dropped or re-included, after third parties' transfers and payers' cancels, with
-// foreign transactions on our keys. Everything runs on one goroutine with a simulated clock, so
-// a seed replays exactly. After each seed the invariants are checked (checkInvariants).
+// foreign transactions on our keys. Beside it, a second process (reconcile, status: sim_jobs_test.go),
+// payers who drain their balance, a lying provider among three; and in a third of the worlds (not
+// a regression seed's first, plain run) two or three replicas of the engine over the same ledger
+// and chain, each behind its own nodes, leasing the keys through settlesim.Leaser, with calls sent
+// to a replica drawn (now and then the same call to a second one at once), replicas that crash
+// and restart, and lease sessions cut under a live replica (sim_replicas_test.go). Everything runs
+// on one goroutine with a simulated clock (a stepped engine runs its lease loop in its step), so a
+// seed replays exactly; each new kind of choice draws from a stream of its own, so the main
+// stream's schedule, and every regression seed, stays as it was. After each seed the invariants
+// are checked (checkInvariants, checkLeases).
 //
 //	go test ./settle -run TestSimulation -sim.seeds 20000      more seeds
 //	go test ./settle -run TestSimulation -sim.seed 1234 -v     replay one, with the engine's log
