@@ -246,6 +246,20 @@ func (w *simWorld) crash(rp *simReplica) {
 	rp.engine = nil
 }
 
+// died is the death of e's process where the world says a process dies (between a claim and its
+// answer, or its answer and its confirmation): in a world of replicas, e's replica crashes; in a
+// world of one engine, the engine only hears nothing more of the claim.
+func (w *simWorld) died(e *settle.Engine) {
+	for _, rp := range w.replicas.all {
+		if rp.engine == e {
+			w.crash(rp)
+		}
+	}
+}
+
+// up reports whether e is a replica still running.
+func (w *simWorld) up(e *settle.Engine) bool { return slices.Contains(w.engines(), e) }
+
 // restart brings rp's slot back: a new process over the same ledger, started (the keys nobody
 // holds, recovered from the ledger). A start that fails (the ledger's faults) leaves it down.
 func (w *simWorld) restart(rp *simReplica) {

@@ -423,6 +423,9 @@ func (w *simWorld) settleDown() error {
 		last = max(last, p.p.Authorization.ValidBefore.Int64())
 	}
 	for i := 0; ; i++ {
+		if err := w.replicasAtEnd(); err != nil { // a replica that died in the retries comes back
+			return err
+		}
 		w.clock.Advance(3 * time.Second)
 		w.chain.Mine()
 		w.stats.mines++
@@ -554,7 +557,10 @@ func (w *simWorld) settle(p *simPayment) {
 		return
 	}
 	w.settleTo(e, p)
-	if second != nil {
+	if second != nil && w.up(second) {
+		if w.replicas.r.IntN(3) == 0 {
+			w.stepEngines() // the second call a step later
+		}
 		w.replicas.seconds++
 		w.settleTo(second, p)
 	}
@@ -576,11 +582,13 @@ func (w *simWorld) settleTo(e *settle.Engine, p *simPayment) {
 		switch x := w.lost.IntN(100); {
 		case x < 4:
 			w.stats.lostAnswers++
+			w.died(e)
 			return // nobody was told: the success is owed to a later identical request
 		case x < 6:
 			w.stats.lostConfirms++
 			w.stats.successes++
 			p.answers = append(p.answers, res)
+			w.died(e)
 			return
 		}
 	}
