@@ -215,8 +215,10 @@ type Engine struct {
 	keepers []*keeper
 }
 
-// step does one round of every loop's work in line, in a fixed order: close the batches the
-// clock closes, broadcast what is queued, watch, and broadcast what the round queued. Only the simulator calls it (stepped engines).
+// step does one round of every loop's work in line, in a fixed order: keep the leases (a lost
+// one dropped before anything is sent with it), close the batches the clock closes, broadcast
+// what is queued, watch, and broadcast what the round queued. Only the simulator calls it
+// (stepped engines).
 func (e *Engine) step(ctx context.Context) {
 	for _, k := range e.keepers {
 		k.step(ctx)

@@ -118,8 +118,8 @@ func (e *Engine) dropFlights(s *sender) int {
 }
 
 // keeper is one sender's lease loop: the lease this process holds for the key, nil while it
-// holds none. leaseLoop runs it on a ticker; a stepped engine runs it once per step (stepLeases),
-// so that a simulated take-over happens on the simulator's goroutine, in the step's order.
+// holds none. leaseLoop runs it on a ticker; a stepped engine runs it at the start of each step
+// (keeper.step), so that a simulated take-over happens on the simulator's goroutine, in order.
 type keeper struct {
 	e *Engine
 	s *sender
