@@ -55,6 +55,8 @@ type Pool struct {
 
 	// quorum is how many endpoints must agree on a read that decides an outcome (SetQuorum).
 	quorum int
+	// serial: a broadcast reaches its endpoints one after the other (SetSerial).
+	serial bool
 
 	mu   sync.Mutex
 	next int // the endpoint reads start at, rotated so that load spreads
@@ -89,6 +91,17 @@ func NewPool(endpoints []Endpoint, obs PoolObserver, now func() time.Time) (*Poo
 	}
 	return p, nil
 }
+
+// SetSerial makes a broadcast reach the pool's endpoints one after the other, in the order it
+// picks them, instead of at once (and asks callers that fan out over its endpoints to do the
+// same: Serial). Only the simulator calls it: its endpoints share one simulated
+// chain, and a seed must not replay differently with the goroutine that reaches the chain first.
+// Call it before the pool is used.
+func (p *Pool) SetSerial() { p.serial = true }
+
+// Serial reports whether SetSerial was called: a caller that reads several endpoints at once
+// (settle's quorum reads) reads them one after the other too.
+func (p *Pool) Serial() bool { return p.serial }
 
 // EndpointHealth is one endpoint as the pool sees it, for /readyz and metrics.
 type EndpointHealth struct {
@@ -306,6 +319,10 @@ func (p *Pool) broadcast(ctx context.Context, b []rpc.BatchElem) error {
 			c[j] = rpc.BatchElem{Method: el.Method, Args: el.Args, Result: new(common.Hash)}
 		}
 		copies[i] = c
+		if p.serial {
+			errs[i] = p.attemptBatch(ctx, e, c)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -38,6 +38,24 @@ type quorate interface {
 
 // quorumOf is the endpoints an outcome's reads are made on. eps nil and ok: the chain is trusted
 // as one (one endpoint, or a quorum of one); not ok: fewer than the quorum are healthy now.
+// each runs f(k) for every endpoint k of a read, all at once, or one after the other on a chain
+// that asks for it (ethrpc.Pool.SetSerial: the simulator's, whose endpoints answer from one
+// simulated chain, and whose seed must replay whichever goroutine would have come first).
+func each(chain ethrpc.Chain, n int, f func(k int)) {
+	if s, ok := chain.(interface{ Serial() bool }); ok && s.Serial() {
+		for k := range n {
+			f(k)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for k := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(k) }()
+	}
+	wg.Wait()
+}
+
 func quorumOf(chain ethrpc.Chain) (eps []ethrpc.Chain, ok bool) {
 	return quorumBeside(chain, "")
 }
@@ -107,12 +125,7 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		}
 	}
 	errs := make([]error, len(eps))
-	var wg sync.WaitGroup
-	for k, ep := range eps {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[k] = readPinned(ctx, batchOn(ep), tag, copies[k]) }()
-	}
-	wg.Wait()
+	each(chain, len(eps), func(k int) { errs[k] = readPinned(ctx, batchOn(eps[k]), tag, copies[k]) })
 	for _, err := range errs {
 		if err != nil {
 			return err
@@ -232,8 +245,8 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 	}
 	obs := make([][]observation, len(eps))
 	errs := make([]error, len(eps))
-	var wg sync.WaitGroup
-	for k, ep := range eps {
+	reads := make([]receiptReads, len(eps))
+	for k := range eps {
 		obs[k] = make([]observation, len(qrs))
 		rr := receiptReads{tag: tag}
 		for i, qr := range qrs {
@@ -245,10 +258,9 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 				rr.canon(&obs[k][i], qr.at)
 			}
 		}
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[k] = rr.runWith(ctx, batchOn(ep)) }()
+		reads[k] = rr
 	}
-	wg.Wait()
+	each(chain, len(eps), func(k int) { errs[k] = reads[k].runWith(ctx, batchOn(eps[k])) })
 	for _, err := range errs {
 		if err != nil {
 			return err

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"testing"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
@@ -445,43 +444,6 @@ func (w *simWorld) replicaStats() {
 			w.stats.takeovers++
 		}
 		holder[g.Signer] = g.Process
-	}
-}
-
-// TestSimulationReplicasReplay runs seeds of several replicas twice each: the engines' logs
-// (without their wall-clock stamps), the leaser's journal and the counts must be the same, or a
-// failing seed could not be replayed.
-func TestSimulationReplicasReplay(t *testing.T) {
-	found := 0
-	for seed := uint64(1); found < 4 && seed < 200; seed++ {
-		if !newSimWorld(seed).replicas.on {
-			continue
-		}
-		found++
-		var logs [2]string
-		var stats [2]simStats
-		var journal [2]string
-		for i := range 2 {
-			w := newSimWorld(seed)
-			err := w.run()
-			logs[i], stats[i] = wallClockless(w.log.String()), w.stats
-			journal[i] = fmt.Sprint(w.replicas.leaser.Grants(), w.replicas.leaser.Writes(), err)
-		}
-		if stats[0] != stats[1] || journal[0] != journal[1] {
-			t.Fatalf("seed %d ran twice: counts %+v and %+v, or the leaser's journals differ", seed, stats[0], stats[1])
-		}
-		if logs[0] != logs[1] {
-			a, b := strings.Split(logs[0], "\n"), strings.Split(logs[1], "\n")
-			for i := range min(len(a), len(b)) {
-				if a[i] != b[i] {
-					t.Fatalf("seed %d ran twice: the engines' logs part at line %d:\n%s\n%s", seed, i, a[i], b[i])
-				}
-			}
-			t.Fatalf("seed %d ran twice: the engines' logs have %d and %d lines", seed, len(a), len(b))
-		}
-	}
-	if found == 0 {
-		t.Fatal("no seed below 200 runs several replicas")
 	}
 }
 
