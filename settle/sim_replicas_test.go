@@ -40,6 +40,8 @@ type simReplicas struct {
 	network    string
 
 	crashes, restarts, cuts, seconds int
+	// midCall counts the crashes at a fault point, in the middle of the engine's work.
+	midCall int
 }
 
 // simReplica is one replica's slot: its engine (nil while it is down) and its chain.
@@ -50,7 +52,14 @@ type simReplica struct {
 	spy    *sendSpy
 	chain  ethrpc.Chain
 	nodes  []*settlesim.Backend // its own nodes (none for the first: the world's)
+	// dieAt is the fault point at which the process dies the next time it passes it ("": none).
+	dieAt settle.FaultPoint
 }
+
+// simCrash is what a replica's Fault panics with to die at a fault point: it unwinds the call on
+// the simulator's goroutine (Settle, ConfirmDelivery, Step) out of the engine, whose state is
+// never touched again (guard buries the replica).
+type simCrash struct{ at settle.FaultPoint }
 
 // simSend is one transaction of ours sent to the chain by a replica.
 type simSend struct {
@@ -102,6 +111,12 @@ func (w *simWorld) boot(rp *simReplica) {
 	cfg.Networks[0].Chain = rp.chain
 	cfg.Leaser = rp.proc
 	cfg.Logger = cfg.Logger.With("replica", rp.name)
+	rp.dieAt = ""
+	cfg.Fault = func(p settle.FaultPoint) {
+		if rp.dieAt == p {
+			panic(simCrash{p})
+		}
+	}
 	rp.engine = w.newEngine(cfg)
 }
 
@@ -167,9 +182,27 @@ func (w *simWorld) stepEngines() {
 	}
 	for _, i := range w.replicas.r.Perm(len(w.replicas.all)) {
 		if e := w.replicas.all[i].engine; e != nil {
-			e.Step(w.ctx)
+			w.guard(e, func() { e.Step(w.ctx) })
 		}
 	}
+}
+
+// guard runs f, a call into e, and buries e's replica if it died at a fault point meanwhile.
+func (w *simWorld) guard(e *settle.Engine, f func()) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		c, ok := r.(simCrash)
+		if !ok {
+			panic(r)
+		}
+		w.replicas.midCall++
+		fmt.Fprintf(&w.log, "sim: a replica died at %s\n", c.at)
+		w.died(e)
+	}()
+	f()
 }
 
 // pickEngines is the replica a /settle call goes to, and now and then a second one the same call
@@ -229,7 +262,14 @@ func (w *simWorld) replicaStep() error {
 			rs.cuts++
 			fmt.Fprintf(&w.log, "sim: the lease session of %s on %s cut\n", crypto.PubkeyToAddress(k.PublicKey), who)
 		}
-	case x < 18:
+	case x < 17:
+		// A replica will die at a point of its work: before or after a commit, after a
+		// broadcast, a receipt, or a caller's claim of a success.
+		rp := rs.all[rs.r.IntN(len(rs.all))]
+		points := []settle.FaultPoint{settle.FaultBeforeCommit, settle.FaultAfterCommit, settle.FaultAfterBroadcast,
+			settle.FaultAfterReceipt, settle.FaultAfterClaim}
+		rp.dieAt = points[rs.r.IntN(len(points))]
+	case x < 20:
 		w.replicaFaults()
 	}
 	return nil
@@ -240,8 +280,7 @@ func (w *simWorld) replicaStep() error {
 func (w *simWorld) crash(rp *simReplica) {
 	w.replicas.crashes++
 	fmt.Fprintf(&w.log, "sim: replica %s crashed\n", rp.name)
-	rp.proc.End()
-	_ = rp.engine.Stop(context.Background()) // a dead engine's Stop: its leases are lost already
+	rp.proc.End() // its sessions end with it; nothing else of it runs again (not even a Stop)
 	rp.engine = nil
 }
 
@@ -276,13 +315,15 @@ func (w *simWorld) restart(rp *simReplica) {
 	}
 }
 
-// replicasAtEnd brings every replica back and their nodes' faults off, for the end's retries.
+// replicasAtEnd brings every replica back, and their nodes' faults and deaths off, for the end's
+// retries.
 func (w *simWorld) replicasAtEnd() error {
 	rs := &w.replicas
 	if !rs.on {
 		return nil
 	}
 	for _, rp := range rs.all {
+		rp.dieAt = "" // from here on nobody dies
 		for _, b := range rp.nodes {
 			b.SetProfile(settlesim.Profile{})
 		}
@@ -435,6 +476,7 @@ func (w *simWorld) replicaStats() {
 	w.stats.replicaWorlds++
 	w.stats.replicas += len(rs.all)
 	w.stats.crashes += rs.crashes
+	w.stats.midCall += rs.midCall
 	w.stats.restarts += rs.restarts
 	w.stats.cuts += rs.cuts
 	w.stats.seconds += rs.seconds

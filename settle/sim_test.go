@@ -214,7 +214,7 @@ type simStats struct {
 	lyingWorlds, lies                                       int
 	// The worlds of several replicas: their replicas, crashes, restarts, lease sessions cut under
 	// a live replica, keys taken over by another process, and calls sent to a second replica.
-	replicaWorlds, replicas, crashes, restarts, cuts, takeovers, seconds int
+	replicaWorlds, replicas, crashes, midCall, restarts, cuts, takeovers, seconds int
 	// lostAnswers: successes claimed whose answer never reached the merchant (the process died
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
@@ -255,6 +255,7 @@ func (s *simStats) add(o simStats) {
 	s.replicaWorlds += o.replicaWorlds
 	s.replicas += o.replicas
 	s.crashes += o.crashes
+	s.midCall += o.midCall
 	s.restarts += o.restarts
 	s.cuts += o.cuts
 	s.takeovers += o.takeovers
@@ -269,11 +270,11 @@ func (s simStats) String() string {
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
 		"%d successes lost before their answer, %d after it and before their confirmation; "+
-		"%d worlds of several replicas (%d replicas, %d crashes, %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica)",
+		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica)",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
 		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms,
-		s.replicaWorlds, s.replicas, s.crashes, s.restarts, s.cuts, s.takeovers, s.seconds)
+		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -617,8 +618,13 @@ func (w *simWorld) settle(p *simPayment) {
 	}
 }
 
-// settleTo is one merchant's /settle of p's payload to e.
+// settleTo is one merchant's /settle of p's payload to e; if e's replica dies in the call, the
+// merchant hears nothing.
 func (w *simWorld) settleTo(e *settle.Engine, p *simPayment) {
+	w.guard(e, func() { w.settleOn(e, p) })
+}
+
+func (w *simWorld) settleOn(e *settle.Engine, p *simPayment) {
 	w.stats.settles++
 	out, err := e.Settle(w.ctx, p.p)
 	if err != nil {
