@@ -448,14 +448,25 @@ func (w *simWorld) checkLeases() error {
 	return nil
 }
 
-// bumpedBy names the process whose lease wrote the fee bump h ("" if none did).
-func (rs *simReplicas) bumpedBy(h common.Hash) string {
+// resentBump reports whether replica's send of the fee bump h is a resend under a lease other
+// than the one that wrote it: the key's next holder (another process, or the same one after it
+// lost the key and took it again) resending the ledger's latest bytes in its recovery, which
+// decides no bump.
+func (rs *simReplicas) resentBump(replica string, signer common.Address, h common.Hash) bool {
+	var wrote int64
 	for _, lw := range rs.leaser.Writes() {
 		if lw.Op == "add-tx" && !lw.Lost && lw.Txs[0] == h {
-			return lw.Process
+			wrote = lw.Epoch
+			break
 		}
 	}
-	return ""
+	var holding int64
+	for _, g := range rs.leaser.Grants() {
+		if g.Signer == signer && g.Process == replica {
+			holding = g.Epoch
+		}
+	}
+	return wrote != holding
 }
 
 func writtenUnlost(ws []settlesim.LeaseWrite, h common.Hash) bool {

@@ -1018,8 +1018,8 @@ func (s *sendSpy) sends(method string, args []any) {
 	if len(known) == 0 || !s.isBump(tx.Hash()) {
 		return // the first of the nonce, or a new settlement or a re-sign there (not a replacement)
 	}
-	if w := s.w.replicas; w.on && w.bumpedBy(tx.Hash()) != strings.TrimSpace(s.replica) {
-		return // another process's bump, resent from the ledger by the key's next holder (its recovery)
+	if w := s.w.replicas; w.on && w.resentBump(strings.TrimSpace(s.replica), from, tx.Hash()) {
+		return // a bump written under another lease, resent from the ledger by the key's next holder (its recovery)
 	}
 	// A replacement: was the nonce already mined at the highest head the engine knew?
 	var count hexutil.Uint64
