@@ -359,12 +359,10 @@ func (rs *simReplicas) sent(replica string, k spyKey, h common.Hash) {
 //     nothing: its transaction is not in the ledger unless another write put it there);
 //  3. every transaction a replica sent was written, at its key and nonce, through a lease of its
 //     key before it was sent (write before broadcast, across replicas);
-//  4. two different transactions sent at one key and nonce by two replicas were written under
-//     two leases of the key in turn, and the later lease's is a fee bump (add-tx), a re-sign
-//     (move-nonce, move-batch) or a new settlement at a nonce no row held any more (insert;
-//     the ledger's unique nonce refuses any other); and once a later lease wrote at that nonce,
-//     no replica sends for the first time a transaction an earlier lease wrote there (an old
-//     holder's late broadcast racing the new holder's transaction).
+//  4. at one key and nonce, once a transaction a later lease wrote there was sent (a fee bump, a
+//     re-sign, or a new settlement at a nonce no row held any more: the ledger's unique nonce
+//     refuses any other), no replica sends for the first time a transaction an earlier lease
+//     wrote there (an old holder's late broadcast racing the new holder's transaction).
 func (w *simWorld) checkLeases() error {
 	rs := &w.replicas
 	if !rs.on {
