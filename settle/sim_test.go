@@ -36,12 +36,14 @@ import (
 // payers who drain their balance, a lying provider among three; and in a third of the worlds (not
 // a regression seed's first, plain run) two or three replicas of the engine over the same ledger
 // and chain, each behind its own nodes, leasing the keys through settlesim.Leaser, with calls sent
-// to a replica drawn (now and then the same call to a second one at once), replicas that crash
-// and restart, and lease sessions cut under a live replica (sim_replicas_test.go). Everything runs
-// on one goroutine with a simulated clock (a stepped engine runs its lease loop in its step), so a
-// seed replays exactly; each new kind of choice draws from a stream of its own, so the main
-// stream's schedule, and every regression seed, stays as it was. After each seed the invariants
-// are checked (checkInvariants, checkLeases).
+// to a replica drawn (now and then the same call to a second one), replicas that crash (between
+// calls, or in the middle of a commit, a broadcast, a receipt or a claim) and restart, and lease
+// sessions cut under a live replica (sim_replicas_test.go). Everything runs on one goroutine with a
+// simulated clock (a stepped engine runs its lease loop in its step; the pool of providers reaches
+// its endpoints one after the other), so a seed replays exactly (TestSimulationReplay); each new
+// kind of choice draws from a stream of its own, so the main stream's schedule, and every
+// regression seed, stays as it was. After each seed the invariants are checked (checkInvariants,
+// checkLeases).
 //
 //	go test ./settle -run TestSimulation -sim.seeds 20000      more seeds
 //	go test ./settle -run TestSimulation -sim.seed 1234 -v     replay one, with the engine's log
