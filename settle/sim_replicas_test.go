@@ -61,12 +61,10 @@ type simReplica struct {
 // never touched again (guard buries the replica).
 type simCrash struct{ at settle.FaultPoint }
 
-// simSend is one transaction of ours sent to the chain by a replica.
+// simSend is one transaction of ours sent to the chain by a replica (the first time it sent it).
 type simSend struct {
 	replica string
 	hash    common.Hash
-	// holder is the key's lease holder when it was sent.
-	holder string
 }
 
 // setUpReplicas decides whether the world runs several replicas, and builds them.
@@ -343,12 +341,17 @@ func (rs *simReplicas) sent(replica string, k spyKey, h common.Hash) {
 		return
 	}
 	replica = strings.TrimSpace(replica)
+	holder := rs.leaser.Holder(rs.network, k.from)
+	if holder != replica && len(rs.violations) < 5 {
+		rs.violations = append(rs.violations, fmt.Sprintf("replica %s sent %s (signer %s nonce %d) while %s held the key's lease",
+			replica, h, k.from, k.nonce, orNobody(holder)))
+	}
 	for _, s := range rs.sends[k] {
 		if s.hash == h && s.replica == replica {
 			return
 		}
 	}
-	rs.sends[k] = append(rs.sends[k], simSend{replica: replica, hash: h, holder: rs.leaser.Holder(rs.network, k.from)})
+	rs.sends[k] = append(rs.sends[k], simSend{replica: replica, hash: h})
 }
 
 // checkLeases holds the replicas to invariant 7 (a signer key is leased to one process at a time,
@@ -359,7 +362,9 @@ func (rs *simReplicas) sent(replica string, k spyKey, h common.Hash) {
 //     nothing: its transaction is not in the ledger unless another write put it there);
 //  3. every transaction a replica sent was written, at its key and nonce, through a lease of its
 //     key before it was sent (write before broadcast, across replicas);
-//  4. at one key and nonce, once a transaction a later lease wrote there was sent (a fee bump, a
+//  4. a replica sends a key's transaction only while it holds the key's lease (a stepped engine
+//     learns of a lost lease at the start of its step, before anything of the step is sent);
+//  5. at one key and nonce, once a transaction a later lease wrote there was sent (a fee bump, a
 //     re-sign, or a new settlement at a nonce no row held any more: the ledger's unique nonce
 //     refuses any other), no replica sends for the first time a transaction an earlier lease
 //     wrote there (an old holder's late broadcast racing the new holder's transaction).
@@ -465,6 +470,13 @@ func (rs *simReplicas) resentBump(replica string, signer common.Address, h commo
 		}
 	}
 	return wrote != holding
+}
+
+func orNobody(s string) string {
+	if s == "" {
+		return "nobody"
+	}
+	return s
 }
 
 func writtenUnlost(ws []settlesim.LeaseWrite, h common.Hash) bool {
