@@ -397,8 +397,10 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 		Logger: slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Now: w.clock.Now,
 	}
 	w.engine = w.newEngine(w.config)
-	if !plain {
-		w.setUpReplicas() // after every draw of the main stream's set-up: a stream of its own
+	if !plain && batch.Max == 0 {
+		// After every draw of the main stream's set-up: a stream of its own. Not in the batched
+		// worlds, whose callers run concurrently on one engine (sim_batch_test.go).
+		w.setUpReplicas()
 	}
 	w.setUpJobs()
 	w.setUpAdversaries()
