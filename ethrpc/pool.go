@@ -55,6 +55,8 @@ type Pool struct {
 
 	// quorum is how many endpoints must agree on a read that decides an outcome (SetQuorum).
 	quorum int
+	// serial: a broadcast reaches its endpoints one after the other (SetSerial).
+	serial bool
 
 	mu   sync.Mutex
 	next int // the endpoint reads start at, rotated so that load spreads
@@ -89,6 +91,17 @@ func NewPool(endpoints []Endpoint, obs PoolObserver, now func() time.Time) (*Poo
 	}
 	return p, nil
 }
+
+// SetSerial makes a broadcast reach the pool's endpoints one after the other, in the order it
+// picks them, instead of at once (and asks callers that fan out over its endpoints to do the
+// same: Serial). Only the simulator calls it: its endpoints share one simulated
+// chain, and a seed must not replay differently with the goroutine that reaches the chain first.
+// Call it before the pool is used.
+func (p *Pool) SetSerial() { p.serial = true }
+
+// Serial reports whether SetSerial was called: a caller that reads several endpoints at once
+// (settle's quorum reads) reads them one after the other too.
+func (p *Pool) Serial() bool { return p.serial }
 
 // EndpointHealth is one endpoint as the pool sees it, for /readyz and metrics.
 type EndpointHealth struct {
@@ -191,18 +204,10 @@ type Answered struct {
 
 type answeredKey struct{}
 
-type inOrderKey struct{}
-
-// InOrder is ctx asking that what a call fans out to several endpoints (a pool's broadcast, a
-// quorum's reads) go to them one after the other, in their order, rather than at once: for a
-// caller that must replay exactly what it did (the simulator, whose nodes draw their faults from
-// one seeded stream), never for serving.
-func InOrder(ctx context.Context) context.Context { return context.WithValue(ctx, inOrderKey{}, true) }
-
-// Each runs f(0), …, f(n-1) and returns when all have: each on a goroutine of its own, or, under
-// InOrder, one after the other.
-func Each(ctx context.Context, n int, f func(k int)) {
-	if in, _ := ctx.Value(inOrderKey{}).(bool); in {
+// Each runs f(0), …, f(n-1) and returns when all have: each on a goroutine of its own, or, when
+// serial, one after the other (a caller fanning out over a serial pool's endpoints: SetSerial).
+func Each(serial bool, n int, f func(k int)) {
+	if serial {
 		for k := range n {
 			f(k)
 		}
@@ -331,7 +336,7 @@ func (p *Pool) broadcast(ctx context.Context, b []rpc.BatchElem) error {
 		}
 		copies[i] = c
 	}
-	Each(ctx, len(targets), func(i int) { errs[i] = p.attemptBatch(ctx, targets[i], copies[i]) })
+	Each(p.serial, len(targets), func(i int) { errs[i] = p.attemptBatch(ctx, targets[i], copies[i]) })
 	answered := -1 // the first endpoint that answered the batch at all
 	for i := range targets {
 		if errs[i] == nil {

@@ -35,6 +35,14 @@ type quorate interface {
 	Several(n int, except ...string) ([]ethrpc.Chain, bool)
 }
 
+// each runs f(k) for every endpoint k of a read, all at once, or one after the other on a chain
+// that asks for it (ethrpc.Pool.SetSerial: the simulator's, whose endpoints answer from one
+// simulated chain, and whose seed must replay whichever goroutine would have come first).
+func each(chain ethrpc.Chain, n int, f func(k int)) {
+	s, ok := chain.(interface{ Serial() bool })
+	ethrpc.Each(ok && s.Serial(), n, f)
+}
+
 // quorumOf is the endpoints an outcome's reads are made on. eps nil and ok: the chain is trusted
 // as one (one endpoint, or a quorum of one); not ok: fewer than the quorum are healthy now.
 func quorumOf(chain ethrpc.Chain) (eps []ethrpc.Chain, ok bool) {
@@ -106,7 +114,7 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		}
 	}
 	errs := make([]error, len(eps))
-	ethrpc.Each(ctx, len(eps), func(k int) { errs[k] = readPinned(ctx, batchOn(eps[k]), tag, copies[k]) })
+	each(chain, len(eps), func(k int) { errs[k] = readPinned(ctx, batchOn(eps[k]), tag, copies[k]) })
 	for _, err := range errs {
 		if err != nil {
 			return err
@@ -242,7 +250,7 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		}
 		reads[k] = rr
 	}
-	ethrpc.Each(ctx, len(eps), func(k int) { errs[k] = reads[k].runWith(ctx, batchOn(eps[k])) })
+	each(chain, len(eps), func(k int) { errs[k] = reads[k].runWith(ctx, batchOn(eps[k])) })
 	for _, err := range errs {
 		if err != nil {
 			return err

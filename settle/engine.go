@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/big"
 	"slices"
 	"sync"
@@ -209,11 +210,19 @@ type Engine struct {
 	// stepped: no loops run; the simulator calls step, and every write the loops would make in
 	// the background is made in line, so that a run is a function of its seed (sim_test.go).
 	stepped bool
+	// keepers are a stepped engine's lease loops, run by step in the order of the networks'
+	// keys.
+	keepers []*keeper
 }
 
-// step does one round of every loop's work in line, in a fixed order: close the batches the
-// clock closes, broadcast what is queued, watch, and broadcast what the round queued. Only the simulator calls it (stepped engines).
+// step does one round of every loop's work in line, in a fixed order: keep the leases (a lost
+// one dropped before anything is sent with it), close the batches the clock closes, broadcast
+// what is queued, watch, and broadcast what the round queued. Only the simulator calls it
+// (stepped engines).
 func (e *Engine) step(ctx context.Context) {
+	for _, k := range e.keepers {
+		k.step(ctx)
+	}
 	ids := make([]string, 0, len(e.networks))
 	for id := range e.networks {
 		ids = append(ids, id)
@@ -340,7 +349,16 @@ func (e *Engine) Start(ctx context.Context) error {
 	runCtx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	e.stopRun = stop
 	if e.stepped {
-		return nil // the simulator runs the loops' work itself (step)
+		// The simulator runs the loops' work itself (step), the lease loops' too.
+		if e.cfg.Leaser != nil {
+			ids := slices.Sorted(maps.Keys(e.networks))
+			for _, id := range ids {
+				for _, s := range e.networks[id].senders {
+					e.keepers = append(e.keepers, &keeper{e: e, s: s, l: initial[s]})
+				}
+			}
+		}
+		return nil
 	}
 	// The loops never fail: each runs until runCtx ends, so the group is only awaited.
 	e.loops = &errgroup.Group{}
@@ -351,7 +369,8 @@ func (e *Engine) Start(ctx context.Context) error {
 		loop(n.balanceLoop)
 		for _, s := range n.senders {
 			if e.cfg.Leaser != nil {
-				loop(func(ctx context.Context) { e.leaseLoop(ctx, s, initial[s]) })
+				k := &keeper{e: e, s: s, l: initial[s]}
+				loop(func(ctx context.Context) { e.leaseLoop(ctx, k) })
 			}
 		}
 		loop(n.watchLoop)
@@ -379,6 +398,10 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.stopRun(facilitator.ErrClosed)
 	if e.loops == nil {
+		for _, k := range e.keepers { // a stepped engine's leases (Start made them in order)
+			k.end()
+		}
+		e.keepers = nil
 		return nil
 	}
 	done := make(chan struct{})

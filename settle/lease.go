@@ -117,54 +117,100 @@ func (e *Engine) dropFlights(s *sender) int {
 	return len(dropped)
 }
 
+// keeper is one sender's lease loop: the lease this process holds for the key, nil while it
+// holds none. leaseLoop runs it on a ticker; a stepped engine runs it at the start of each step
+// (keeper.step), so that a simulated take-over happens on the simulator's goroutine, in order.
+type keeper struct {
+	e *Engine
+	s *sender
+	l facilitator.SignerLease
+}
+
+// retry tries to take the key when another process holds it: at once, or, when this process
+// settles nothing on the network, queued for a while, so that a holder of several hands one over.
+func (k *keeper) retry(ctx context.Context) {
+	n := k.s.net
+	k.l = k.e.lease(ctx, k.s, 0)
+	if k.l == nil && n.leased() == 0 && n.waitTurn(k.s) {
+		k.l = k.e.lease(ctx, k.s, leaseWait)
+		n.waitDone()
+	}
+}
+
+// lost drops the key the moment its lease is lost.
+func (k *keeper) lost() {
+	dropped := k.e.dropKey(k.s, k.l)
+	k.l.Release()
+	k.l = nil
+	k.e.log.Warn("signer lease lost: the key is no longer used by this process", "network", k.s.net.id.ID, "signer", k.s.addr,
+		"flights_dropped", dropped)
+}
+
+// tick hands the key over to a process queued for it, when this process keeps another.
+func (k *keeper) tick() {
+	if k.l.Wanted() && k.s.net.handOver(k.s, k.l) {
+		k.l.Release()
+		// The lock goes straight to the queued process: Postgres grants it to the
+		// waiter as the session ends, before this process could ask again.
+		k.l = nil
+	}
+}
+
+// end gives the key back (the engine stops).
+func (k *keeper) end() {
+	if k.l != nil {
+		k.e.dropKey(k.s, k.l)
+		k.l.Release()
+		k.l = nil
+	}
+}
+
+// step is one round of the loop, in line: a lost lease is dropped, a free key retried, a wanted
+// one handed over.
+func (k *keeper) step(ctx context.Context) {
+	if k.l == nil {
+		k.retry(ctx)
+		return
+	}
+	select {
+	case <-k.l.Lost():
+		k.lost()
+	default:
+		k.tick()
+	}
+}
+
 // leaseLoop keeps the sender's key leased when it can be: it retries every LeaseRetry while
 // another process holds it, runs the key's recovery when it gets it, drops the key the moment
 // the lease is lost, and hands a key over to a replica that holds none of the network's.
-func (e *Engine) leaseLoop(ctx context.Context, s *sender, l facilitator.SignerLease) {
-	n := s.net
+func (e *Engine) leaseLoop(ctx context.Context, k *keeper) {
 	t := time.NewTicker(e.cfg.LeaseRetry)
 	defer t.Stop()
 	for {
-		if l == nil {
+		if k.l == nil {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			l = e.lease(ctx, s, 0)
-			if l == nil && n.leased() == 0 && n.waitTurn(s) {
-				// This process settles nothing on the network: queue for a key, so that a holder
-				// of several hands one over.
-				l = e.lease(ctx, s, leaseWait)
-				n.waitDone()
-			}
+			k.retry(ctx)
 			continue
 		}
 		select {
 		case <-ctx.Done():
-			e.dropKey(s, l)
-			l.Release()
+			k.end()
 			return
-		case <-l.Lost():
-			dropped := e.dropKey(s, l)
-			l.Release()
-			l = nil
-			e.log.Warn("signer lease lost: the key is no longer used by this process", "network", n.id.ID, "signer", s.addr,
-				"flights_dropped", dropped)
+		case <-k.l.Lost():
+			k.lost()
 		case <-t.C:
-			if l.Wanted() && n.handOver(s, l) {
-				l.Release()
-				// The lock goes straight to the queued process: Postgres grants it to the
-				// waiter as the session ends, before this process could ask again.
-				l = nil
-			}
+			k.tick()
 		}
 	}
 }
 
 // lease tries to take the sender's key and recover it; nil when it is not this process's.
 func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) facilitator.SignerLease {
-	began := time.Now()
+	began := e.now()
 	l, err := e.cfg.Leaser.LeaseSigner(ctx, s.net.id.ID, s.addr, wait)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -183,7 +229,7 @@ func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) facil
 		return nil
 	}
 	e.log.Info("signer lease taken", "network", s.net.id.ID, "signer", s.addr, "next_nonce", s.nextNonce(),
-		"took", time.Since(began).Round(time.Millisecond))
+		"took", e.now().Sub(began).Round(time.Millisecond))
 	return l
 }
 

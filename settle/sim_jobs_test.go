@@ -289,6 +289,7 @@ func (w *simWorld) setUpProviders() ethrpc.Chain {
 	if err := pool.SetQuorum(2); err != nil {
 		panic(err)
 	}
+	pool.SetSerial()   // its broadcasts reach the one simulated chain in a fixed order
 	w.backends = p.all // the world's faults reach every provider
 	w.spy.Chain = pool
 	return quorumSpy{w.spy, pool}
@@ -320,6 +321,7 @@ type quorumSpy struct {
 func (q quorumSpy) Pair() (a, b ethrpc.Chain, ok bool) { return q.pool.Pair() }
 func (q quorumSpy) Endpoints() int                     { return q.pool.Endpoints() }
 func (q quorumSpy) Quorum() int                        { return q.pool.Quorum() }
+func (q quorumSpy) Serial() bool                       { return q.pool.Serial() }
 func (q quorumSpy) Several(n int, except ...string) ([]ethrpc.Chain, bool) {
 	return q.pool.Several(n, except...)
 }

@@ -32,8 +32,18 @@ import (
 // ledger that fails, commits and then errs, or is slow, and a simulated chain behind several
 // backends that lag, answer null receipts, rate-limit, fail, drop answers, and reorganise with our
 // transactions dropped or re-included, after third parties' transfers and payers' cancels, with
-// foreign transactions on our keys. Everything runs on one goroutine with a simulated clock, so
-// a seed replays exactly. After each seed the invariants are checked (checkInvariants).
+// foreign transactions on our keys. Beside it, a second process (reconcile, status: sim_jobs_test.go),
+// payers who drain their balance, a lying provider among three; and in a third of the worlds (not
+// a regression seed's first, plain run) two or three replicas of the engine over the same ledger
+// and chain, each behind its own nodes, leasing the keys through settlesim.Leaser, with calls sent
+// to a replica drawn (now and then the same call to a second one), replicas that crash (between
+// calls, or in the middle of a commit, a broadcast, a receipt or a claim) and restart, and lease
+// sessions cut under a live replica (sim_replicas_test.go). Everything runs on one goroutine with a
+// simulated clock (a stepped engine runs its lease loop in its step; the pool of providers reaches
+// its endpoints one after the other), so a seed replays exactly (TestSimulationReplay); each new
+// kind of choice draws from a stream of its own, so the main stream's schedule, and every
+// regression seed, stays as it was. After each seed the invariants are checked (checkInvariants,
+// checkLeases).
 //
 // Payments carry their payer's real EIP-712 signature, which the simulated token checks. /verify is
 // the real verify.Verifier over a real ethrpc.Reader over a node of the chain (sim_verify_test.go):
@@ -150,6 +160,57 @@ func TestSimulation(t *testing.T) {
 	t.Logf("%d seeds in %v: %s", len(seeds), time.Since(began).Round(time.Millisecond), total)
 }
 
+// TestSimulationReplay runs seeds twice each, of the worlds whose engines run concurrently
+// with something (several replicas; a pool of providers whose broadcasts fan out): the engines'
+// logs (without their wall-clock stamps), the counts and, with replicas, the leaser's journal must
+// be the same, or a failing seed could not be replayed.
+func TestSimulationReplay(t *testing.T) {
+	var replicas, liars int
+	// The first three of each kind, and three that parted before the pool's broadcasts were
+	// made serial in the simulator (a liar's world, with replicas too for 233).
+	kept := map[uint64]bool{178: true, 200: true, 233: true}
+	for seed := uint64(1); seed < 300; seed++ {
+		probe := newSimWorld(seed)
+		rep, liar := probe.replicas.on, probe.providers.liar != nil
+		if !(rep && replicas < 3 || liar && liars < 3 || kept[seed]) {
+			continue
+		}
+		if rep {
+			replicas++
+		}
+		if liar {
+			liars++
+		}
+		var logs [2]string
+		var stats [2]simStats
+		var journal [2]string
+		for i := range 2 {
+			w := newSimWorld(seed)
+			err := w.run()
+			logs[i], stats[i] = wallClockless(w.log.String()), w.stats
+			journal[i] = fmt.Sprint(err)
+			if rep {
+				journal[i] += fmt.Sprint(w.replicas.leaser.Grants(), w.replicas.leaser.Writes())
+			}
+		}
+		if stats[0] != stats[1] || journal[0] != journal[1] {
+			t.Fatalf("seed %d (replicas %v, a liar %v) ran twice: counts %+v and %+v, or the outcomes or leaser's journals differ", seed, rep, liar, stats[0], stats[1])
+		}
+		if logs[0] != logs[1] {
+			a, b := strings.Split(logs[0], "\n"), strings.Split(logs[1], "\n")
+			for i := range min(len(a), len(b)) {
+				if a[i] != b[i] {
+					t.Fatalf("seed %d (replicas %v, a liar %v) ran twice: the engines' logs part at line %d:\n%s\n%s", seed, rep, liar, i, a[i], b[i])
+				}
+			}
+			t.Fatalf("seed %d ran twice: the engines' logs have %d and %d lines", seed, len(a), len(b))
+		}
+	}
+	if replicas < 3 || liars < 3 {
+		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar; want 3 of each", replicas, liars)
+	}
+}
+
 func flagSet(name string) bool {
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
@@ -165,6 +226,9 @@ type simStats struct {
 	jobRuns, statusChecks, statusLagged                     int
 	drains, ourReverted                                     int
 	lyingWorlds, lies                                       int
+	// The worlds of several replicas: their replicas, crashes, restarts, lease sessions cut under
+	// a live replica, keys taken over by another process, and calls sent to a second replica.
+	replicaWorlds, replicas, crashes, midCall, restarts, cuts, takeovers, seconds int
 	// lostAnswers: successes claimed whose answer never reached the merchant (the process died
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
@@ -204,6 +268,14 @@ func (s *simStats) add(o simStats) {
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
 	s.verify.add(o.verify)
+	s.replicaWorlds += o.replicaWorlds
+	s.replicas += o.replicas
+	s.crashes += o.crashes
+	s.midCall += o.midCall
+	s.restarts += o.restarts
+	s.cuts += o.cuts
+	s.takeovers += o.takeovers
+	s.seconds += o.seconds
 }
 
 func (s simStats) String() string {
@@ -213,10 +285,12 @@ func (s simStats) String() string {
 		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
-		"%d successes lost before their answer, %d after it and before their confirmation; %s",
+		"%d successes lost before their answer, %d after it and before their confirmation; %s; "+
+		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica)",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
-		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify)
+		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify,
+		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -236,7 +310,10 @@ type simWorld struct {
 	backends []*settlesim.Backend
 	oracle   *settlesim.Backend // an honest node, for the checks
 	ledger   *settlesim.Ledger
+	// engine is the world's engine; in a world of several replicas, the first replica's (the
+	// others, and its restarts, are in replicas).
 	engine   *settle.Engine
+	config   settle.Config // the engine's, for the replicas and the restarts
 	network  facilitator.Network
 	signers  []*ecdsa.PrivateKey
 	payers   []*ecdsa.PrivateKey
@@ -256,6 +333,7 @@ type simWorld struct {
 	adversaries    simAdversaries
 	providers      simProviders
 	verifying      simVerifying
+	replicas       simReplicas
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -270,10 +348,7 @@ func newSimWorldWith(seed uint64, batch facilitator.BatchPolicy) *simWorld {
 // the world was before the second process, the adversaries and several providers (a regression
 // seed found then replays exactly).
 func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simWorld {
-	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), lost: rand.New(rand.NewPCG(seed, 0x1057)),
-		// What the engine fans out to several providers (a quorum's reads, a pool's broadcast)
-		// goes to them one after the other: the nodes draw their faults from one seeded stream.
-		ctx: ethrpc.InOrder(context.Background())}
+	w := &simWorld{seed: seed, r: rand.New(rand.NewPCG(seed, 0x5e771e)), lost: rand.New(rand.NewPCG(seed, 0x1057)), ctx: context.Background()}
 	w.clock = settlesim.NewClock(time.Unix(1_800_000_000, 0))
 	// Half the worlds decide finality by the chain's "finalized" tag, which the simulated chain
 	// serves finalizedDepth blocks below its head (and never reorganises below). Drawn from a
@@ -330,18 +405,19 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 	if !plain {
 		chain = w.setUpProviders()
 	}
-	e, err := settle.New(settle.Config{
+	w.config = settle.Config{
 		Networks: []settle.NetworkConfig{{Network: w.network, Chain: chain, Signers: w.signers}},
 		Store:    w.ledger, Verifier: w.engineVerifier(plain),
 		Deadline: time.Minute, RetryInterval: 2 * time.Second, RebroadcastAfter: 10 * time.Second,
 		BumpAfter: time.Duration(20+w.r.IntN(40)) * time.Second, RPCTimeout: time.Second,
 		Logger: slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Now: w.clock.Now,
-	})
-	if err != nil {
-		panic(err)
 	}
-	e.SetStepped()
-	w.engine = e
+	w.engine = w.newEngine(w.config)
+	if !plain && batch.Max == 0 {
+		// After every draw of the main stream's set-up: a stream of its own. Not in the batched
+		// worlds, whose callers run concurrently on one engine (sim_batch_test.go).
+		w.setUpReplicas()
+	}
 	w.setUpJobs()
 	w.setUpAdversaries()
 	if plain {
@@ -361,15 +437,16 @@ func (w *simWorld) logTail() string {
 }
 
 func (w *simWorld) run() error {
-	if err := w.engine.Start(w.ctx); err != nil {
+	if err := w.startEngines(); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	defer w.engine.Stop(context.Background())
+	defer w.stopEngines()
 	// The faults come on once the engine is up.
 	for _, b := range w.backends {
 		w.setProfile(b, settlesim.RandomProfile(w.r))
 	}
 	w.ledger.SetFaults(w.ledgerFaults())
+	w.replicaFaults()
 	steps := 120 + w.r.IntN(120)
 	for i := range steps {
 		if err := w.act(i); err != nil {
@@ -382,12 +459,18 @@ func (w *simWorld) run() error {
 		if err := w.verifyStep(); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
+		if err := w.replicaStep(); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range append(w.backends, w.verifying.engineNodes...) {
 		b.SetProfile(settlesim.Profile{})
 	}
 	w.ledger.SetFaults(settlesim.LedgerFaults{})
+	if err := w.replicasAtEnd(); err != nil {
+		return err
+	}
 	for _, p := range w.payments {
 		w.settle(p) // the merchants retry what they have no answer for
 	}
@@ -405,6 +488,7 @@ func (w *simWorld) run() error {
 	w.stats.drains = w.adversaries.drains
 	w.providerStats()
 	w.stats.verify = w.verifyCounts()
+	w.replicaStats()
 	return w.checkStatusAtEnd()
 }
 
@@ -416,10 +500,13 @@ func (w *simWorld) settleDown() error {
 		last = max(last, p.p.Authorization.ValidBefore.Int64())
 	}
 	for i := 0; ; i++ {
+		if err := w.replicasAtEnd(); err != nil { // a replica that died in the retries comes back
+			return err
+		}
 		w.clock.Advance(3 * time.Second)
 		w.chain.Mine()
 		w.stats.mines++
-		w.engine.Step(w.ctx)
+		w.stepEngines()
 		if err := w.jobsStep(); err != nil {
 			return err
 		}
@@ -456,7 +543,7 @@ func (w *simWorld) act(step int) error {
 		w.stats.mines++
 	case x < 82:
 		w.clock.Advance(time.Duration(w.r.IntN(1000)) * time.Millisecond)
-		w.engine.Step(w.ctx)
+		w.stepEngines()
 	case x < 85:
 		if p := w.somePayment(); p != nil {
 			a := p.p.Authorization
@@ -551,10 +638,34 @@ func (w *simWorld) newPayment() *simPayment {
 	return sp
 }
 
-// settle is one merchant's /settle of p's payload (always the same payload: never re-signed).
+// settle is one merchant's /settle of p's payload (always the same payload: never re-signed), to
+// a replica drawn, and now and then, at once, to another.
 func (w *simWorld) settle(p *simPayment) {
+	e, second := w.pickEngines()
+	if e == nil {
+		w.stats.settles++
+		w.stats.errors++ // no replica up: the call fails, and the merchant retries
+		return
+	}
+	w.settleTo(e, p)
+	if second != nil && w.up(second) {
+		if w.replicas.r.IntN(3) == 0 {
+			w.stepEngines() // the second call a step later
+		}
+		w.replicas.seconds++
+		w.settleTo(second, p)
+	}
+}
+
+// settleTo is one merchant's /settle of p's payload to e; if e's replica dies in the call, the
+// merchant hears nothing.
+func (w *simWorld) settleTo(e *settle.Engine, p *simPayment) {
+	w.guard(e, func() { w.settleOn(e, p) })
+}
+
+func (w *simWorld) settleOn(e *settle.Engine, p *simPayment) {
 	w.stats.settles++
-	out, err := w.engine.Settle(w.ctx, p.p)
+	out, err := e.Settle(w.ctx, p.p)
 	if err != nil {
 		w.stats.errors++
 		return
@@ -567,17 +678,19 @@ func (w *simWorld) settle(p *simPayment) {
 		switch x := w.lost.IntN(100); {
 		case x < 4:
 			w.stats.lostAnswers++
+			w.died(e)
 			return // nobody was told: the success is owed to a later identical request
 		case x < 6:
 			w.stats.lostConfirms++
 			w.stats.successes++
 			p.answers = append(p.answers, res)
+			w.died(e)
 			return
 		}
 	}
 	if out.Claimed {
 		// The merchant read it: the claim counts (as the API confirms it once written).
-		if err := w.engine.ConfirmDelivery(w.ctx, out); err != nil {
+		if err := e.ConfirmDelivery(w.ctx, out); err != nil {
 			w.stats.errors++
 		}
 	}
@@ -600,7 +713,12 @@ func (w *simWorld) quiet() bool {
 			return false
 		}
 	}
-	return len(w.engine.Busy()) == 0
+	for _, e := range w.engines() {
+		if len(e.Busy()) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (w *simWorld) openRows() string {
@@ -610,7 +728,9 @@ func (w *simWorld) openRows() string {
 			out = append(out, fmt.Sprintf("settlement %d %s nonce %d", r.Settlement.ID, st, r.Settlement.TxNonce))
 		}
 	}
-	out = append(out, w.engine.Busy()...)
+	for _, e := range w.engines() {
+		out = append(out, e.Busy()...)
+	}
 	for _, k := range w.signers {
 		addr := crypto.PubkeyToAddress(k.PublicKey)
 		out = append(out, fmt.Sprintf("signer %s: mined nonce %d, pending %d", addr, w.chain.Nonce(addr), w.chain.PendingNonce(addr)))
@@ -655,8 +775,13 @@ func (w *simWorld) checkInvariants() error {
 			}
 		}
 	}
-	if len(w.spy.violations) > 0 {
-		return fmt.Errorf("fee bumps of mined nonces: %s", strings.Join(w.spy.violations, "; "))
+	for _, spy := range w.spies() {
+		if len(spy.violations) > 0 {
+			return fmt.Errorf("fee bumps of mined nonces: %s", strings.Join(spy.violations, "; "))
+		}
+	}
+	if err := w.checkLeases(); err != nil {
+		return err
 	}
 	head := w.chain.Head()
 	// Transactions that were in a block a reorganisation removed: a success answered for one of
@@ -720,9 +845,11 @@ func (w *simWorld) checkInvariants() error {
 		row, hasRow := byKey[key]
 		switch {
 		case byUs && successes != 1 && !(successes == 2 && w.stats.undone > 0) &&
-			!(hasRow && successes > 1 && w.stats.lostConfirms > 0 && successes <= 1+row.Settlement.ClaimTakeovers):
+			!(hasRow && successes > 1 && (w.stats.lostConfirms > 0 || w.replicas.crashes > 0) && successes <= 1+row.Settlement.ClaimTakeovers):
 			// The one allowed exception: a success answered, its claim never confirmed (its
-			// process died), then taken over by a retry once its lease ended, counted on the row.
+			// process died: the world's lost confirmations, or a replica crashed with its
+			// confirmation still to be written), then taken over by a retry once its lease ended,
+			// counted on the row.
 			return fmt.Errorf("authorization %x transferred by us in %s: %d successes answered, want exactly 1 (takeovers %d; answers %+v)",
 				a.Nonce[:4], use.TxHash, successes, row.Settlement.ClaimTakeovers, p.answers)
 		case !byUs && successes > 1 && w.stats.undone == 0:
@@ -851,6 +978,7 @@ func (v *simVerifier) SettleCheck(ctx context.Context, p *facilitator.Payment, s
 type sendSpy struct {
 	ethrpc.Chain
 	w          *simWorld
+	replica    string // the replica sending through it ("" in a world of one engine)
 	maxHead    uint64 // the highest head any answer told the engine of
 	variants   map[spyKey][]common.Hash
 	violations []string
@@ -899,7 +1027,7 @@ func (s *sendSpy) isBump(h common.Hash) bool {
 func (s *sendSpy) saw(head uint64) {
 	if head > s.maxHead {
 		s.maxHead = head
-		fmt.Fprintf(&s.w.log, "sim: the engine was told of head %d\n", head)
+		fmt.Fprintf(&s.w.log, "sim: the engine %swas told of head %d\n", s.replica, head)
 	}
 }
 
@@ -920,6 +1048,7 @@ func (s *sendSpy) sends(method string, args []any) {
 		return
 	}
 	k := spyKey{from, tx.Nonce()}
+	s.w.replicas.sent(s.replica, k, tx.Hash())
 	known := s.variants[k]
 	if slices.Contains(known, tx.Hash()) {
 		return
@@ -927,6 +1056,9 @@ func (s *sendSpy) sends(method string, args []any) {
 	s.variants[k] = append(known, tx.Hash())
 	if len(known) == 0 || !s.isBump(tx.Hash()) {
 		return // the first of the nonce, or a new settlement or a re-sign there (not a replacement)
+	}
+	if w := s.w.replicas; w.on && w.resentBump(strings.TrimSpace(s.replica), from, tx.Hash()) {
+		return // a bump written under another lease, resent from the ledger by the key's next holder (its recovery)
 	}
 	// A replacement: was the nonce already mined at the highest head the engine knew?
 	var count hexutil.Uint64

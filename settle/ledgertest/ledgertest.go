@@ -43,6 +43,12 @@ type Harness struct {
 	// Now is the ledger's clock (updated_at's); Pass lets at least d of it go by.
 	Now  func(l Ledger) time.Time
 	Pass func(l Ledger, d time.Duration)
+	// Leasers, when set, are two processes' signer leases over l (the Postgres ledger's advisory
+	// locks, or the simulator's Leaser), and Cut ends the session of the lease of signer on network
+	// under its live process (a connection cut: Postgres terminates the backend). The contract
+	// then holds SignerLeases of them.
+	Leasers func(t *testing.T, l Ledger) (a, b settle.Leaser)
+	Cut     func(t *testing.T, l Ledger, network string, signer common.Address)
 }
 
 // Run runs the contract against h's ledgers.
@@ -71,7 +77,11 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentInserts", concurrentInserts},
 		{"ConcurrentClaims", concurrentClaims},
 		{"ConcurrentResolves", concurrentResolves},
+		{"SignerLeases", signerLeases},
 	} {
+		if c.name == "SignerLeases" && h.Leasers == nil {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			l, network := h.New(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -1018,4 +1028,123 @@ func settlementEvents(t *testing.T, f *fixture) {
 	if len(some) != 1 || some[0].State != facilitator.StateMined {
 		t.Fatalf("after the second event, of mined/final/signed, limit 1: %+v", some)
 	}
+}
+
+// signerLeases: one holder per key at a time; a second process gets nothing (wait zero) until the
+// holder lets go; writes go through the lease and fail, writing nothing, once it ended (released
+// or its session cut); Lost closes when it ends; a process queued for the key is seen by the
+// holder (Wanted) and gets the key when the holder lets go, before anyone else.
+func signerLeases(t *testing.T, f *fixture) {
+	a, b := f.h.Leasers(t, f.l)
+	take := func(p settle.Leaser, who string, wait time.Duration) facilitator.SignerLease {
+		t.Helper()
+		l, err := p.LeaseSigner(f.ctx, f.network, f.signer, wait)
+		if err != nil {
+			t.Fatalf("%s LeaseSigner: %v", who, err)
+		}
+		return l
+	}
+	ended := func(l facilitator.SignerLease, within time.Duration) bool {
+		t.Helper()
+		select {
+		case <-l.Lost():
+			return true
+		case <-time.After(within):
+			return false
+		}
+	}
+	// refused: a write through an ended lease fails, is not one of the Store's answers about the
+	// row, and writes nothing.
+	refused := func(l facilitator.SignerLease, txNonce uint64) {
+		t.Helper()
+		row := f.row(txNonce)
+		_, err := l.InsertSettlement(f.ctx, row)
+		switch {
+		case err == nil:
+			t.Fatal("a write through an ended lease answered nil")
+		case errors.Is(err, facilitator.ErrDuplicate), errors.Is(err, facilitator.ErrNonceTaken), errors.Is(err, facilitator.ErrNotFound):
+			t.Fatalf("a write through an ended lease answered %v, a Store answer about the row", err)
+		}
+		if _, err := f.l.SettlementByKey(f.ctx, row.Key); !errors.Is(err, facilitator.ErrNotFound) {
+			t.Fatalf("a write through an ended lease wrote its row (%v)", err)
+		}
+	}
+
+	la := take(a, "the first process", 0)
+	if la == nil {
+		t.Fatal("a free key: no lease")
+	}
+	if l := take(b, "the second process", 0); l != nil {
+		t.Fatal("a held key leased to a second process")
+	}
+	if _, err := la.InsertSettlement(f.ctx, f.row(0)); err != nil {
+		t.Fatalf("a write through a held lease: %v", err)
+	}
+	if ended(la, 0) {
+		t.Fatal("a held lease's Lost is closed")
+	}
+	la.Release()
+	la.Release() // safe twice
+	if !ended(la, time.Second) {
+		t.Fatal("a released lease's Lost is not closed")
+	}
+	refused(la, 1)
+
+	lb := take(b, "the second process", 0)
+	if lb == nil {
+		t.Fatal("a released key: no lease for the second process")
+	}
+	if l := take(a, "the first process", 0); l != nil {
+		t.Fatal("a key held by the second process leased to the first")
+	}
+	f.h.Cut(t, f.l, f.network, f.signer)
+	if !ended(lb, 10*time.Second) {
+		t.Fatal("a lease whose session was cut: Lost is not closed")
+	}
+	refused(lb, 1)
+	lb.Release()
+
+	// Queued: the holder sees the waiter, and the key goes to it when the holder lets go.
+	la = take(a, "the first process", 0)
+	if la == nil {
+		t.Fatal("a key whose session was cut: no lease")
+	}
+	got := make(chan facilitator.SignerLease, 1)
+	go func() {
+		l, err := b.LeaseSigner(f.ctx, f.network, f.signer, 8*time.Second)
+		if err != nil {
+			t.Errorf("the queued process's LeaseSigner: %v", err)
+		}
+		got <- l
+	}()
+	var waited facilitator.SignerLease
+	queued := false
+	for deadline := time.Now().Add(6 * time.Second); !queued && time.Now().Before(deadline); {
+		select {
+		case waited = <-got: // the simulator's waiter answers at once (queued all the same)
+			got = nil
+		case <-time.After(50 * time.Millisecond):
+		}
+		queued = la.Wanted()
+	}
+	if !queued || waited != nil {
+		t.Fatalf("a process queued for a held key: Wanted %v, leased %v", queued, waited != nil)
+	}
+	la.Release()
+	if got != nil {
+		waited = <-got
+	}
+	if waited == nil {
+		if l := take(a, "the first process, while the second queues", 0); l != nil {
+			t.Fatal("a key let go while another process queued for it leased to a third")
+		}
+		waited = take(b, "the queued process", 0)
+	}
+	if waited == nil {
+		t.Fatal("the process queued for the key did not get it when the holder let go")
+	}
+	if _, err := waited.InsertSettlement(f.ctx, f.row(1)); err != nil {
+		t.Fatalf("a write through the queued process's lease: %v", err)
+	}
+	waited.Release()
 }

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/settle/ledgertest"
 )
 
@@ -13,6 +16,7 @@ import (
 // production only while the two ledgers agree.
 func TestLedgerContract(t *testing.T) {
 	clocks := map[ledgertest.Ledger]*Clock{}
+	leasers := map[ledgertest.Ledger]*Leaser{}
 	ledgertest.Run(t, ledgertest.Harness{
 		New: func(t *testing.T) (ledgertest.Ledger, string) {
 			c := NewClock(start)
@@ -30,5 +34,14 @@ func TestLedgerContract(t *testing.T) {
 		},
 		Now:  func(l ledgertest.Ledger) time.Time { return clocks[l].Now() },
 		Pass: func(l ledgertest.Ledger, d time.Duration) { clocks[l].Advance(d) },
+		Leasers: func(t *testing.T, l ledgertest.Ledger) (a, b settle.Leaser) {
+			leasers[l] = NewLeaser(l.(*Ledger), clocks[l])
+			return leasers[l].Process("a"), leasers[l].Process("b")
+		},
+		Cut: func(t *testing.T, l ledgertest.Ledger, network string, signer common.Address) {
+			if leasers[l].Cut(network, signer) == "" {
+				t.Fatal("Cut: nobody holds the lease")
+			}
+		},
 	})
 }
