@@ -358,3 +358,95 @@ func receiptMoves(rc *types.Receipt, token, from, to common.Address, value *big.
 	}
 	return false
 }
+
+// indexAudit is the block index held against the chain: every log of the token (Transfer,
+// AuthorizationUsed, AuthorizationCanceled) in blocks up to the index's cursor, by block, block
+// hash, transaction and log index, and nothing else.
+type indexAudit struct {
+	cursor             uint64
+	onChain, indexed   int
+	missing, unfounded int // chain logs not in the index; indexed rows the chain does not have
+}
+
+func (a indexAudit) String() string {
+	return fmt.Sprintf("cursor %d, %d logs on chain, %d indexed, %d missing, %d not on chain", a.cursor, a.onChain, a.indexed, a.missing, a.unfounded)
+}
+
+// auditIndex waits (within bound) for the index's cursor to reach the chain's head at the call
+// less depth (the indexer goes on through the faulty provider), then compares. A cursor that
+// never gets there fails the test.
+func auditIndex(ctx context.Context, t *testing.T, in auditInput, depth uint64, bound time.Duration) indexAudit {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, in.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	head, err := in.chain.Client.BlockNumber(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := head - min(head, depth)
+	var a indexAudit
+	for limit := time.Now().Add(bound); ; {
+		var n int64
+		err := conn.QueryRow(ctx, `SELECT number FROM index_cursors WHERE network = $1`, in.network).Scan(&n)
+		if err == nil && uint64(n) >= target {
+			a.cursor = uint64(n)
+			break
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("the index's cursor is %d (%v), %s after the load; want at least %d", n, err, bound, target)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	type logID struct {
+		block uint64
+		hash  common.Hash
+		tx    common.Hash
+		index uint
+	}
+	logs, err := in.chain.Client.FilterLogs(ctx, ethereum.FilterQuery{FromBlock: big.NewInt(0), ToBlock: new(big.Int).SetUint64(a.cursor),
+		Addresses: []common.Address{in.chain.USDC.Address},
+		Topics:    [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chainSet := map[logID]bool{}
+	for _, l := range logs {
+		chainSet[logID{l.BlockNumber, l.BlockHash, l.TxHash, l.Index}] = true
+	}
+	rows, err := conn.Query(ctx, `
+		SELECT block_number, block_hash, tx_hash, log_index FROM transfers WHERE network = $1 AND block_number <= $2
+		UNION ALL
+		SELECT block_number, block_hash, tx_hash, log_index FROM authorization_events WHERE network = $1 AND block_number <= $2`,
+		in.network, int64(a.cursor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	indexed := map[logID]bool{}
+	for rows.Next() {
+		var n int64
+		var bh, tx []byte
+		var i int32
+		if err := rows.Scan(&n, &bh, &tx, &i); err != nil {
+			t.Fatal(err)
+		}
+		indexed[logID{uint64(n), common.BytesToHash(bh), common.BytesToHash(tx), uint(i)}] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	a.onChain, a.indexed = len(chainSet), len(indexed)
+	for id := range chainSet {
+		if !indexed[id] {
+			a.missing++
+		}
+	}
+	for id := range indexed {
+		if !chainSet[id] {
+			a.unfounded++
+		}
+	}
+	return a
+}

@@ -107,6 +107,9 @@ func TestFaultProxyLoad(t *testing.T) {
 	defer conn.Close(context.Background())
 	bumps, minedBumps := bumpsOfMinedNonces(ctx, t, conn, txs, proxy.heads)
 	statuses := load.statusMismatches(ctx, c, rep)
+	// The index, built through the same faulty provider (a lagging node clips its log ranges):
+	// every log of the token up to its cursor, and nothing else.
+	index := auditIndex(ctx, t, load.auditInput(dbURL), proxyLoadFinality, time.Minute)
 	proxy.set(nil)
 	c.stop(t)
 
@@ -117,13 +120,14 @@ func TestFaultProxyLoad(t *testing.T) {
 		}
 	}
 	t.Logf("fault proxy: %s (failures by reason %v); wrong answers %d, doubly-carried authorizations %d, bumps of mined nonces %d (of %d bumps), "+
-		"status mismatches %d; ledger audit: %s; ledger events %v; proxy: %s; drove for %s, took %s",
-		load.summary(), failed, len(wrong), len(doubled), len(minedBumps), bumps, len(statuses), rep, eventCounts(ctx, t, conn), proxy,
+		"status mismatches %d; ledger audit: %s; index: %s; ledger events %v; proxy: %s; drove for %s, took %s",
+		load.summary(), failed, len(wrong), len(doubled), len(minedBumps), bumps, len(statuses), rep, index, eventCounts(ctx, t, conn), proxy,
 		driven.Round(time.Second), time.Since(began).Round(time.Second))
-	if len(wrong)+len(doubled)+len(minedBumps)+len(statuses)+rep.discrepancies > 0 || load.refused.Load() > 0 {
+	if len(wrong)+len(doubled)+len(minedBumps)+len(statuses)+rep.discrepancies+index.missing+index.unfounded > 0 || load.refused.Load() > 0 {
 		evidence(ctx, t, conn, append(append(append(wrong, doubled...), statuses...), minedBumps...))
 		t.Fatalf("under the lagging provider: %d wrong answers, %d doubly-carried authorizations, %d bumps of mined nonces, %d status mismatches, "+
-			"%d ledger discrepancies, %d answers not allowed", len(wrong), len(doubled), len(minedBumps), len(statuses), rep.discrepancies, load.refused.Load())
+			"%d ledger discrepancies, %d answers not allowed, index: %s", len(wrong), len(doubled), len(minedBumps), len(statuses), rep.discrepancies,
+			load.refused.Load(), index)
 	}
 }
 

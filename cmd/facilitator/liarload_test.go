@@ -104,6 +104,8 @@ func liarLoad(t *testing.T, name string, batched bool) {
 	for _, m := range scrape(t, c.base)["facilitator_rpc_disagreements_total"].GetMetric() {
 		disagreements += m.GetCounter().GetValue()
 	}
+	// The index, built through the providers that lag and lie: every log up to its cursor.
+	index := auditIndex(ctx, t, load.auditInput(dbURL), proxyLoadFinality, time.Minute)
 	laggy.set(nil)
 	liar.lies.Store(nil)
 	c.stop(t)
@@ -119,14 +121,16 @@ func liarLoad(t *testing.T, name string, batched bool) {
 		{"status mismatches", len(statuses)},
 		{"ledger discrepancies", rep.discrepancies},
 		{"answers not allowed", int(load.refused.Load())},
+		{"index: chain logs missing below its cursor", index.missing},
+		{"index: rows the chain does not have", index.unfounded},
 	}
 	var table strings.Builder
 	bad := 0
 	for _, r := range rows {
-		fmt.Fprintf(&table, "\n  %-40s %d", r.what, r.n)
+		fmt.Fprintf(&table, "\n  %-44s %d", r.what, r.n)
 		bad += r.n
 	}
-	fmt.Fprintf(&table, "\n  %-40s %.0f disagreements counted (%d pending answers)", "settlements that waited for quorum", disagreements, load.pending.Load())
+	fmt.Fprintf(&table, "\n  %-44s %.0f disagreements counted (%d pending answers)", "settlements that waited for quorum", disagreements, load.pending.Load())
 	t.Logf("liar load, %s: %s; ledger audit: %s%s\nliar: %s\nlagging provider: %s\ndrove for %s, took %s",
 		name, load.summary(), rep, table.String(), liar, laggy, driven.Round(time.Second), time.Since(began).Round(time.Second))
 	if bad > 0 {
