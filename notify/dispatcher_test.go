@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -475,18 +476,7 @@ func TestFreedSlotClaimsAtOnce(t *testing.T) {
 	for range 3 {
 		want[r.settle(t, newPayment(t, payTo)).SettlementID] = settlementTypes
 	}
-	eventually(t, "the settlements final", func() bool {
-		for id := range want {
-			ev, err := r.db.SettlementEvents(context.Background(), id, 0, []string{"final"}, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(ev) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	r.waitFinal(t, slices.Collect(maps.Keys(want))...)
 	r.dispatcher(t, r.db, func(c *notify.Config) { c.Concurrency, c.PollInterval = 1, 10*time.Second })
 	rec.awaitAll(t, want)
 	if requests, processed, bad := rec.counts(); processed != 9 || bad != 0 || len(requests) != 9 {

@@ -45,18 +45,7 @@ func TestDeadReceiverCannotStarveAnother(t *testing.T) {
 		deadIDs = append(deadIDs, r.settle(t, newPayment(t, deadPayTo)).SettlementID)
 	}
 	out := r.settle(t, newPayment(t, livePayTo))
-	eventually(t, "every settlement final", func() bool {
-		for _, id := range append(deadIDs, out.SettlementID) {
-			ev, err := r.db.SettlementEvents(context.Background(), id, 0, []string{"final"}, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(ev) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	r.waitFinal(t, append(deadIDs, out.SettlementID)...)
 
 	r.dispatcher(t, r.db, func(c *notify.Config) {
 		c.Concurrency, c.SendTimeout, c.BaseBackoff = 4, 300*time.Millisecond, time.Minute

@@ -108,6 +108,24 @@ func newPayment(t *testing.T, payTo common.Address) payment {
 	return payment{Pay: p, body: p.Body(t)}
 }
 
+// waitFinal waits until every settlement of ids has its final event, so that a dispatcher started
+// after finds every delivery it will make already owed.
+func (r *rig) waitFinal(t *testing.T, ids ...int64) {
+	t.Helper()
+	eventually(t, "the settlements final", func() bool {
+		for _, id := range ids {
+			ev, err := r.db.SettlementEvents(context.Background(), id, 0, []string{"final"}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ev) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // settle settles p to success and returns the outcome.
 func (r *rig) settle(t *testing.T, p payment) facilitator.SettleOutcome {
 	t.Helper()
