@@ -439,7 +439,7 @@ func (r *hookReceiver) await(t *testing.T, typ, tx string) notify.Message {
 // receives its settlements' events, with its own payment id, and the other key's webhook none.
 func TestAuthWebhooksOwned(t *testing.T) {
 	s := newSettleStack(t, settleOptions{database: "apihooks", paymentIDs: true, server: func(cfg *api.Config, s *settleStack) {
-		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client}}, nil)
+		stat := status.New(s.DB, []status.Network{{Network: s.Network, Head: s.Client}}, nil)
 		d := notify.New(notify.Config{Store: s.DB, Status: stat, PollInterval: 50 * time.Millisecond,
 			MaxWebhooks: 2, AllowPrivateTargets: true, Logger: s.Logger})
 		if err := d.Start(context.Background()); err != nil {

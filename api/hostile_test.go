@@ -38,7 +38,7 @@ type hostileStack struct {
 func newHostileStack(t *testing.T) *hostileStack {
 	t.Helper()
 	st := newSettleStack(t, settleOptions{server: func(cfg *api.Config, s *settleStack) {
-		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client}}, nil)
+		stat := status.New(s.DB, []status.Network{{Network: s.Network, Head: s.Client}}, nil)
 		d := notify.New(notify.Config{Store: s.DB, Status: stat, Logger: s.Logger})
 		t.Cleanup(d.Stop)
 		cfg.Status, cfg.Notify, cfg.Limits = stat, d, nil

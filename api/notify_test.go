@@ -39,7 +39,7 @@ type notifyOptions struct {
 func newNotifyStack(t *testing.T, o notifyOptions) *notifyStack {
 	t.Helper()
 	st := newSettleStack(t, settleOptions{deadline: o.deadline, database: "apinotify", server: func(cfg *api.Config, s *settleStack) {
-		stat := status.New(s.DB, []status.Network{{Network: s.Network, Reader: s.Reader, Head: s.Client}}, nil)
+		stat := status.New(s.DB, []status.Network{{Network: s.Network, Head: s.Client}}, nil)
 		ncfg := notify.Config{Store: s.DB, Status: stat, StreamPoll: 50 * time.Millisecond, Logger: s.Logger}
 		if o.notify != nil {
 			o.notify(&ncfg)

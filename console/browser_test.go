@@ -242,7 +242,7 @@ func TestPages(t *testing.T) {
 	// Postgres down: a ledger whose pool is closed answers 503, and says nothing of why.
 	down := env.OpenDB(t)
 	down.Close()
-	ds, _ := serve(t, status.New(down, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC}}, nil))
+	ds, _ := serve(t, status.New(down, []status.Network{{Network: env.Network(), Head: env.Chain.RPC}}, nil))
 	res, body = get(t, authorizationURL(ds.URL, k))
 	if res.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "Temporarily unavailable") || strings.Contains(body, "postgres://") {
 		t.Fatalf("Postgres down: %d\n%s", res.StatusCode, body)

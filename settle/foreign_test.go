@@ -418,7 +418,7 @@ func TestSettleForeignNonceUsedElsewhere(t *testing.T) {
 
 	// Status: the ledger row names no transaction (none of ours landed); the index names the
 	// third party's, as it does for a row the watcher or reconcile resolved settled_elsewhere.
-	svc := status.New(env.DB, []status.Network{{Network: env.Network(), Reader: env.Reader(), Head: env.Chain.RPC}}, nil)
+	svc := status.New(env.DB, []status.Network{{Network: env.Network(), Head: env.Chain.RPC}}, nil)
 	env.StartIndexer(t)
 	env.WaitIndexed(t, er.BlockNumber.Uint64())
 	st, found, err := svc.Authorization(context.Background(), p.Key())

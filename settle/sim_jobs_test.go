@@ -64,7 +64,7 @@ func (w *simWorld) setUpJobs() {
 		Store: store, Networks: []reconcile.Network{{Network: w.network, Chain: chain}},
 		StaleAfter: time.Duration(10+j.r.IntN(50)) * time.Second, RPCTimeout: time.Second, Now: w.clock.Now, Logger: log,
 	})
-	j.status = status.New(store, []status.Network{{Network: w.network, Reader: &ethrpc.Reader{Chain: chain, Timeout: time.Second}, Head: chain}}, w.clock.Now)
+	j.status = status.New(store, []status.Network{{Network: w.network, Head: chain, Timeout: time.Second}}, w.clock.Now)
 }
 
 // jobsStep is, now and then, a run of the Settlements job, and a status answer held against

@@ -15,5 +15,5 @@ func (e *Env) Status(db *postgres.DB, depth uint64) *status.Service {
 func (e *Env) StatusBy(db *postgres.DB, rule facilitator.Finality) *status.Service {
 	n := e.Network()
 	n.Finality = rule
-	return status.New(db, []status.Network{{Network: n, Reader: e.Reader(), Head: e.Chain.RPC}}, nil)
+	return status.New(db, []status.Network{{Network: n, Head: e.Chain.RPC}}, nil)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/verify"
 )
 
 // Store is what status reads from Postgres.
@@ -44,8 +43,9 @@ type Head interface {
 // Network is one chain status answers for; its finality rule is Network.Finality.
 type Network struct {
 	Network facilitator.Network
-	Reader  verify.Reader
 	Head    Head
+	// Timeout bounds each request to the chain (default 5 s).
+	Timeout time.Duration
 }
 
 // Service answers status queries.
@@ -65,6 +65,9 @@ func New(store Store, networks []Network, now func() time.Time) *Service {
 		s.now = time.Now
 	}
 	for _, n := range networks {
+		if n.Timeout <= 0 {
+			n.Timeout = 5 * time.Second
+		}
 		s.networks[n.Network.ID] = n
 		s.floors[n.Network.ID] = new(facilitator.FinalityFloor)
 	}
@@ -193,7 +196,7 @@ func (s *Service) heads(ctx context.Context, n Network, st *facilitator.Authoriz
 		elems = append(elems, ethrpc.TagElem(rule.Tag))
 	}
 	var tag facilitator.TagRead
-	if err := n.Head.BatchCallContext(ctx, elems); err != nil || elems[0].Error != nil {
+	if err := s.read(ctx, n, elems); err != nil || elems[0].Error != nil {
 		// Ledger and index still answer; confirmations, and finality by depth, then count from
 		// the index.
 		st.Head = st.IndexedHead
@@ -209,6 +212,13 @@ func (s *Service) heads(ctx context.Context, n Network, st *facilitator.Authoriz
 		st.Finality.FinalBlock = fp.Block
 	}
 	return nil
+}
+
+// read makes one request to n's chain, within its bound.
+func (s *Service) read(ctx context.Context, n Network, elems []rpc.BatchElem) error {
+	ctx, cancel := context.WithTimeout(ctx, n.Timeout)
+	defer cancel()
+	return n.Head.BatchCallContext(ctx, elems)
 }
 
 // confirm records the block an answer rests on: its confirmations, and whether it is final by
@@ -314,7 +324,7 @@ func (s *Service) stillThere(ctx context.Context, n Network, st facilitator.Auth
 	if fin.Tag != "" {
 		elems = append(elems, ethrpc.TagElem(fin.Tag))
 	}
-	if err := n.Head.BatchCallContext(ctx, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil {
+	if err := s.read(ctx, n, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil {
 		return false, nil // not known: not final yet
 	}
 	var tag facilitator.TagRead
@@ -385,7 +395,7 @@ func (s *Service) chainUse(ctx context.Context, n Network, st *facilitator.Autho
 		{Method: "eth_call", Args: []any{call, at}, Result: &state},
 		{Method: "eth_getLogs", Args: []any{filter}, Result: &logs},
 	}
-	err := n.Head.BatchCallContext(ctx, elems)
+	err := s.read(ctx, n, elems)
 	if err == nil {
 		err = errors.Join(elems[0].Error, elems[1].Error)
 	}

@@ -346,7 +346,7 @@ func TestStatusHeadUnavailable(t *testing.T) {
 	cur, _, _ := env.DB.Cursor(ctx, env.Network().ID)
 	n := env.Network()
 	n.Finality.Depth = 2
-	svc := status.New(env.DB, []status.Network{{Network: n, Reader: env.Reader(), Head: downHead{}}}, nil)
+	svc := status.New(env.DB, []status.Network{{Network: n, Head: downHead{}}}, nil)
 	st, found, err := svc.Authorization(ctx, p.Key())
 	if err != nil || !found {
 		t.Fatalf("found %v, err %v", found, err)

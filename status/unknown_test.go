@@ -10,7 +10,6 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
-	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
@@ -74,7 +73,7 @@ func TestStatusUnusedNotFromALaggingNode(t *testing.T) {
 	lag := &laggingNode{rpc: env.Chain.RPC, at: before}
 	n := env.Network()
 	n.Finality = facilitator.Finality{Depth: 2}
-	svc := status.New(env.DB, []status.Network{{Network: n, Reader: &ethrpc.Reader{Chain: lag}, Head: lag}}, nil)
+	svc := status.New(env.DB, []status.Network{{Network: n, Head: lag}}, nil)
 	st, _, err := svc.Authorization(ctx, p.Key())
 	if err == nil && st.State == facilitator.StatusUnused {
 		t.Fatalf("status read through a node at block %d (the use is above it): %+v; want no \"unused\"", before, st)

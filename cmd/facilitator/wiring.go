@@ -92,7 +92,6 @@ func (m *Main) Run(ctx context.Context) error {
 	m.metrics = metrics.New()
 	readers := map[string]verify.Reader{}
 	rpcReaders := map[string]*ethrpc.Reader{}
-	statusReaders := map[string]verify.Reader{}
 	for i, n := range networks {
 		pool, genesis, err := m.dialNetwork(startCtx, n, cfg.Networks[i])
 		if err != nil {
@@ -108,7 +107,6 @@ func (m *Main) Run(ctx context.Context) error {
 		// who spends the node's requests.
 		rpcReaders[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "ready"), Timeout: cfg.RPCTimeout}
 		readers[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "verify"), Timeout: cfg.RPCTimeout}
-		statusReaders[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "status"), Timeout: cfg.RPCTimeout}
 		for _, t := range n.Tokens {
 			if err := chains.CheckToken(startCtx, rpcReaders[n.ID], n, t); err != nil {
 				return err
@@ -217,7 +215,7 @@ func (m *Main) Run(ctx context.Context) error {
 		RPCTimeout: cfg.RPCTimeout, Logger: log})
 	var statusNets []status.Network
 	for i, n := range networks {
-		statusNets = append(statusNets, status.Network{Network: n, Reader: statusReaders[n.ID], Head: m.counted(m.rpcs[i], n.ID, "status")})
+		statusNets = append(statusNets, status.Network{Network: n, Head: m.counted(m.rpcs[i], n.ID, "status"), Timeout: cfg.RPCTimeout})
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
 	m.notifier = notify.New(notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
