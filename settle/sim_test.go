@@ -234,6 +234,7 @@ type simStats struct {
 	// confirmed (it died after writing it, before confirming).
 	lostAnswers, lostConfirms int
 	verify                    verifyStats
+	index                     indexStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -268,6 +269,7 @@ func (s *simStats) add(o simStats) {
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
 	s.verify.add(o.verify)
+	s.index.add(o.index)
 	s.replicaWorlds += o.replicaWorlds
 	s.replicas += o.replicas
 	s.crashes += o.crashes
@@ -286,11 +288,11 @@ func (s simStats) String() string {
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
 		"%d successes lost before their answer, %d after it and before their confirmation; %s; "+
-		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica)",
+		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
 		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify,
-		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds)
+		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.index)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -334,6 +336,7 @@ type simWorld struct {
 	providers      simProviders
 	verifying      simVerifying
 	replicas       simReplicas
+	indexing       simIndexing
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -489,7 +492,9 @@ func (w *simWorld) run() error {
 	w.providerStats()
 	w.stats.verify = w.verifyCounts()
 	w.replicaStats()
-	return w.checkStatusAtEnd()
+	err := w.checkStatusAtEnd()
+	w.stats.index = w.indexing.stats
+	return err
 }
 
 // settleDown mines and steps, 3 s of the clock at a time, until the clock is past every
