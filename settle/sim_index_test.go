@@ -42,12 +42,15 @@ type simIndexing struct {
 	cfg      indexer.Config
 	ix       *indexer.Indexer
 	release  func()
-	stats    indexStats
+	// startAt: the indexer first steps once the chain has this many blocks (a quarter of the
+	// worlds: a late start, backfilling final blocks before it follows the head).
+	startAt uint64
+	stats   indexStats
 }
 
 // indexStats count what the worlds' indexers did.
 type indexStats struct {
-	worlds, steps, failed, restarts, reorgs, checks, staleFinal int
+	worlds, steps, failed, restarts, reorgs, checks, staleFinal, backfill int
 }
 
 func (s *indexStats) add(o indexStats) {
@@ -58,12 +61,13 @@ func (s *indexStats) add(o indexStats) {
 	s.reorgs += o.reorgs
 	s.checks += o.checks
 	s.staleFinal += o.staleFinal
+	s.backfill += o.backfill
 }
 
 func (s indexStats) String() string {
-	return fmt.Sprintf("%d worlds with the real indexer (%d steps, %d failed, %d restarts, %d reorgs rolled back, %d checks of the index against the chain, "+
+	return fmt.Sprintf("%d worlds with the real indexer (%d steps, %d of them backfilling, %d failed, %d restarts, %d reorgs rolled back, %d checks of the index against the chain, "+
 		"%d of them finding a final block still of a replaced branch the indexer had not yet stepped past)",
-		s.worlds, s.steps, s.failed, s.restarts, s.reorgs, s.checks, s.staleFinal)
+		s.worlds, s.steps, s.backfill, s.failed, s.restarts, s.reorgs, s.checks, s.staleFinal)
 }
 
 // setUpIndexer draws whether the world's index is the real indexer's, and builds it; it reports
@@ -103,6 +107,9 @@ func (w *simWorld) setUpIndexer() bool {
 		Logger: slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	x.stats.worlds = 1
+	if x.r.IntN(4) == 0 {
+		x.startAt = uint64(140 + x.r.IntN(60))
+	}
 	w.startIndexer()
 	return true
 }
@@ -157,12 +164,16 @@ func (w *simWorld) indexerStep() error {
 		x.stats.restarts++
 		w.startIndexer()
 	}
-	for range x.r.IntN(4) {
+	steps := x.r.IntN(3)
+	if w.chain.Head().Number < x.startAt {
+		steps = 0
+	}
+	for range steps {
 		if _, err := w.stepIndexer(); err != nil {
 			return err
 		}
 	}
-	if x.r.IntN(6) == 0 {
+	if x.r.IntN(12) == 0 {
 		return w.checkIndex(false)
 	}
 	return nil
@@ -173,6 +184,9 @@ func (w *simWorld) indexerStep() error {
 func (w *simWorld) stepIndexer() (bool, error) {
 	x := &w.indexing
 	x.stats.steps++
+	if h := x.ix.Health(); h.Cursor+128+w.depth <= h.Head {
+		x.stats.backfill++ // by the last step's head and cursor: a step behind the window
+	}
 	caughtUp, err := x.ix.Step(w.ctx)
 	switch {
 	case errors.Is(err, indexer.ErrDeepReorg):

@@ -32,18 +32,21 @@ import (
 // ledger that fails, commits and then errs, or is slow, and a simulated chain behind several
 // backends that lag, answer null receipts, rate-limit, fail, drop answers, and reorganise with our
 // transactions dropped or re-included, after third parties' transfers and payers' cancels, with
-// foreign transactions on our keys. Beside it, a second process (reconcile, status: sim_jobs_test.go),
-// payers who drain their balance, a lying provider among three; and in a third of the worlds (not
-// a regression seed's first, plain run) two or three replicas of the engine over the same ledger
-// and chain, each behind its own nodes, leasing the keys through settlesim.Leaser, with calls sent
-// to a replica drawn (now and then the same call to a second one), replicas that crash (between
+// foreign transactions on our keys. Beside it, a second process (reconcile, status: sim_jobs_test.go)
+// reading an index that is, in half of those worlds, the real indexer's (sim_index_test.go: the real
+// indexer.Indexer, stepped, through nodes of its own that lag, fail, drop answers, clip log ranges and
+// stay on replaced branches, into settlesim.IndexStore, Postgres's index in memory, held to the chain
+// by checkIndex), payers who drain their balance, a lying provider among three; and in a third of
+// the worlds (not a regression seed's first, plain run) two or three replicas of the engine over the
+// same ledger and chain, each behind its own nodes, leasing the keys through settlesim.Leaser, with
+// calls sent to a replica drawn (now and then the same call to a second one), replicas that crash (between
 // calls, or in the middle of a commit, a broadcast, a receipt or a claim) and restart, and lease
 // sessions cut under a live replica (sim_replicas_test.go). Everything runs on one goroutine with a
 // simulated clock (a stepped engine runs its lease loop in its step; the pool of providers reaches
 // its endpoints one after the other), so a seed replays exactly (TestSimulationReplay); each new
 // kind of choice draws from a stream of its own, so the main stream's schedule, and every
 // regression seed, stays as it was. After each seed the invariants are checked (checkInvariants,
-// checkLeases).
+// checkLeases, checkStatusAtEnd, checkIndex).
 //
 // Payments carry their payer's real EIP-712 signature, which the simulated token checks. /verify is
 // the real verify.Verifier over a real ethrpc.Reader over a node of the chain (sim_verify_test.go):
@@ -167,19 +170,23 @@ func TestSimulation(t *testing.T) {
 }
 
 // TestSimulationReplay runs seeds twice each, of the worlds whose engines run concurrently
-// with something (several replicas; a pool of providers whose broadcasts fan out): the engines'
-// logs (without their wall-clock stamps), the counts and, with replicas, the leaser's journal must
-// be the same, or a failing seed could not be replayed.
+// with something (several replicas; a pool of providers whose broadcasts fan out), and of the
+// worlds where the real indexer keeps the index: the engines' and the indexer's logs (without
+// their wall-clock stamps), the counts, with replicas the leaser's journal, and with the indexer
+// the index it kept must be the same, or a failing seed could not be replayed.
 func TestSimulationReplay(t *testing.T) {
-	var replicas, liars int
+	var replicas, liars, indexers int
 	// The first three of each kind, and three that parted before the pool's broadcasts were
 	// made serial in the simulator (a liar's world, with replicas too for 233).
 	kept := map[uint64]bool{178: true, 200: true, 233: true}
 	for seed := uint64(1); seed < 300; seed++ {
 		probe := newSimWorld(seed)
-		rep, liar := probe.replicas.on, probe.providers.liar != nil
-		if !(rep && replicas < 3 || liar && liars < 3 || kept[seed]) {
+		rep, liar, ix := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on
+		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || kept[seed]) {
 			continue
+		}
+		if ix {
+			indexers++
 		}
 		if rep {
 			replicas++
@@ -198,6 +205,9 @@ func TestSimulationReplay(t *testing.T) {
 			if rep {
 				journal[i] += fmt.Sprint(w.replicas.leaser.Grants(), w.replicas.leaser.Writes())
 			}
+			if ix {
+				journal[i] += fmt.Sprint(w.indexing.store.Events(w.network.ID))
+			}
 		}
 		if stats[0] != stats[1] || journal[0] != journal[1] {
 			t.Fatalf("seed %d (replicas %v, a liar %v) ran twice: counts %+v and %+v, or the outcomes or leaser's journals differ", seed, rep, liar, stats[0], stats[1])
@@ -212,8 +222,8 @@ func TestSimulationReplay(t *testing.T) {
 			t.Fatalf("seed %d ran twice: the engines' logs have %d and %d lines", seed, len(a), len(b))
 		}
 	}
-	if replicas < 3 || liars < 3 {
-		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar; want 3 of each", replicas, liars)
+	if replicas < 3 || liars < 3 || indexers < 3 {
+		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer; want 3 of each", replicas, liars, indexers)
 	}
 }
 
