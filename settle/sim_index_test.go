@@ -45,7 +45,9 @@ type simIndexing struct {
 	// startAt: the indexer first steps once the chain has this many blocks (a quarter of the
 	// worlds: a late start, backfilling final blocks before it follows the head).
 	startAt uint64
-	stats   indexStats
+	// idle is the head the indexer last found itself caught up at.
+	idle  common.Hash
+	stats indexStats
 }
 
 // indexStats count what the worlds' indexers did.
@@ -129,6 +131,7 @@ func (w *simWorld) startIndexer() {
 	}
 	x.release = release
 	x.ix = indexer.New(x.cfg)
+	x.idle = common.Hash{}
 }
 
 // indexerFaults gives the indexer's nodes and store new faults.
@@ -164,13 +167,25 @@ func (w *simWorld) indexerStep() error {
 		x.stats.restarts++
 		w.startIndexer()
 	}
-	steps := x.r.IntN(3)
-	if w.chain.Head().Number < x.startAt {
+	// Now and then a few steps, so that the index lags and catches up by several blocks at once.
+	steps := 0
+	if x.r.IntN(3) == 0 {
+		steps = 1 + x.r.IntN(3)
+	}
+	head := w.chain.Head()
+	if head.Number < x.startAt {
 		steps = 0
 	}
 	for range steps {
-		if _, err := w.stepIndexer(); err != nil {
+		if x.idle == head.Hash {
+			break // caught up at this very head: a step would only read the head again
+		}
+		caughtUp, err := w.stepIndexer()
+		if err != nil {
 			return err
+		}
+		if caughtUp {
+			x.idle = head.Hash
 		}
 	}
 	if x.r.IntN(12) == 0 {
