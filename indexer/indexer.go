@@ -311,6 +311,13 @@ func (ix *Indexer) lead(ctx context.Context) error {
 	}
 }
 
+// Step indexes the next piece of chain once, as the leading loop does, and reports whether the
+// index has reached the head. It is for deterministic drivers (the settle simulator steps the
+// real indexer on its own goroutine, beside the engine, with a simulated clock): the caller holds
+// the network's lease, Start is never called beside it, and a failed step is simply stepped
+// again. A driver models a restart with a new Indexer over the same store.
+func (ix *Indexer) Step(ctx context.Context) (caughtUp bool, err error) { return ix.step(ctx) }
+
 // step indexes the next piece of chain and reports whether the index has reached the head.
 func (ix *Indexer) step(ctx context.Context) (bool, error) {
 	head, fp, err := ix.finality(ctx)

@@ -187,10 +187,13 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 	if err != nil {
 		return ch, err
 	}
-	// A terminal answer from the index rests on a block the index holds and the network's rule
-	// calls final.
+	// A terminal answer from the index rests on a block the index holds, the network's rule calls
+	// final, and the chain still has: an indexer not yet past a reorg keeps the branch it replaced,
+	// however deep its number.
 	fp := j.finalPoint(ctx, n, cursor.Number)
-	final := func(block uint64) bool { return block <= cursor.Number && fp.Covers(block) }
+	final := func(u *facilitator.AuthorizationUse) bool {
+		return u.BlockNumber <= cursor.Number && fp.Covers(u.BlockNumber) && j.stillInBlock(ctx, n, u.BlockNumber, u.BlockHash) == blockFinal
+	}
 	var resolutions []facilitator.Resolution
 	var finals, looked []int64
 	unlanded := map[int64]*facilitator.OpenSettlement{} // resolved without a receipt of ours
@@ -205,6 +208,7 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 		if err != nil {
 			return ch, err
 		}
+		decided := use != nil && final(use)
 		switch {
 		case row.State.Succeeded():
 			switch {
@@ -218,10 +222,10 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 					BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
 				ch.Reopened++
 				ch.Mined++
-			case use != nil && ours[use.TxHash] && final(use.BlockNumber):
+			case use != nil && ours[use.TxHash] && decided:
 				finals = append(finals, row.ID)
 				ch.Final++
-			case use != nil && !ours[use.TxHash] && final(use.BlockNumber):
+			case use != nil && !ours[use.TxHash] && decided:
 				// A reorg the ledger did not see put another use of the authorization (a third
 				// party's transfer, the payer's cancel) before ours, which reverted there.
 				if err := j.reopen(ctx, row.ID, "reconcile: another transaction used the authorization first"); err != nil {
@@ -255,9 +259,9 @@ func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
 						"network", n.Network.ID, "settlement", row.ID, "block", row.BlockNumber, "cursor", cursor.Number)
 				}
 			}
-		case use != nil && !ours[use.TxHash] && !final(use.BlockNumber):
-			// Someone else's use, in a block a reorg can still take away (and let ours land):
-			// not decided yet; a later run looks again.
+		case use != nil && !ours[use.TxHash] && !decided:
+			// Someone else's use, in a block a reorg can still take away (and let ours land), or
+			// one already took away: not decided yet; a later run looks again.
 		case use != nil && use.Canceled:
 			resolutions = append(resolutions, useResolution(row.ID, use))
 			ch.Canceled++

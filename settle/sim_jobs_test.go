@@ -1,6 +1,7 @@
 package settle_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math/big"
@@ -27,9 +28,12 @@ import (
 
 // simJobs is the jobs' and status answers' side of a world.
 type simJobs struct {
-	r        *rand.Rand
-	on       bool
-	index    *settlesim.Index
+	r     *rand.Rand
+	on    bool
+	index *settlesim.Index
+	// reads is the index the jobs and status read: the stand-in index, or the real indexer's
+	// (sim_index_test.go).
+	reads    simIndex
 	backends []*settlesim.Backend
 	jobs     *reconcile.Jobs
 	status   *status.Service
@@ -41,11 +45,19 @@ type simJobs struct {
 // jobsStore is what the jobs and status read: the ledger and the index.
 type jobsStore struct {
 	*settlesim.Ledger
-	*settlesim.Index
+	simIndex
+}
+
+// simIndex is the index's side of what the jobs and status read.
+type simIndex interface {
+	Cursor(ctx context.Context, network string) (facilitator.Block, bool, error)
+	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error)
+	WindowBlocks(ctx context.Context, network string, from uint64) ([]facilitator.Block, error)
+	Commit(ctx context.Context, network string, b facilitator.IndexBatch) error
 }
 
 // plain is the world as it was before the second process and the adversaries: the engine alone.
-func (w *simWorld) plain() { w.jobsSide.on, w.adversaries.on = false, false }
+func (w *simWorld) plain() { w.jobsSide.on, w.adversaries.on, w.indexing.on = false, false, false }
 
 func (w *simWorld) setUpJobs() {
 	j := &w.jobsSide
@@ -58,7 +70,11 @@ func (w *simWorld) setUpJobs() {
 	}
 	j.backends = backends
 	chain := settlesim.NewBalancer(j.r, backends...)
-	store := jobsStore{w.ledger, j.index}
+	j.reads = j.index
+	if w.setUpIndexer() {
+		j.reads = w.indexing.store
+	}
+	store := jobsStore{w.ledger, j.reads}
 	log := slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("component", "jobs")
 	j.jobs = reconcile.New(reconcile.Config{
 		Store: store, Networks: []reconcile.Network{{Network: w.network, Chain: chain}},
@@ -79,6 +95,9 @@ func (w *simWorld) jobsStep() error {
 			b.SetProfile(settlesim.RandomProfile(j.r))
 		}
 		j.index.SetLag(uint64(j.r.IntN(4)))
+	}
+	if err := w.indexerStep(); err != nil {
+		return err
 	}
 	if j.r.IntN(6) == 0 {
 		j.runs++
@@ -150,7 +169,7 @@ func (w *simWorld) checkStatus(p *simPayment) error {
 	case facilitator.StatusFailed:
 		// Ours failed; someone may use the authorization later, and the answer then follows the
 		// index. A use the index already holds must be in the answer.
-		if cur, ok, _ := j.index.Cursor(w.ctx, w.network.ID); used && ok && use.BlockNumber <= cur.Number {
+		if cur, ok, _ := j.reads.Cursor(w.ctx, w.network.ID); used && ok && use.BlockNumber <= cur.Number {
 			return wrong(fmt.Sprintf("failed, and the index (cursor %d) holds the authorization's use", cur.Number))
 		}
 		if used {
@@ -170,6 +189,9 @@ func (w *simWorld) checkStatusAtEnd() error {
 	j.index.SetLag(0)
 	for _, b := range j.backends {
 		b.SetProfile(settlesim.Profile{})
+	}
+	if err := w.indexerAtEnd(); err != nil {
+		return err
 	}
 	ours := map[common.Hash]bool{}
 	for _, r := range w.ledger.Rows() {

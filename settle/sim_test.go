@@ -32,18 +32,21 @@ import (
 // ledger that fails, commits and then errs, or is slow, and a simulated chain behind several
 // backends that lag, answer null receipts, rate-limit, fail, drop answers, and reorganise with our
 // transactions dropped or re-included, after third parties' transfers and payers' cancels, with
-// foreign transactions on our keys. Beside it, a second process (reconcile, status: sim_jobs_test.go),
-// payers who drain their balance, a lying provider among three; and in a third of the worlds (not
-// a regression seed's first, plain run) two or three replicas of the engine over the same ledger
-// and chain, each behind its own nodes, leasing the keys through settlesim.Leaser, with calls sent
-// to a replica drawn (now and then the same call to a second one), replicas that crash (between
+// foreign transactions on our keys. Beside it, a second process (reconcile, status: sim_jobs_test.go)
+// reading an index that is, in half of those worlds, the real indexer's (sim_index_test.go: the real
+// indexer.Indexer, stepped, through nodes of its own that lag, fail, drop answers, clip log ranges and
+// stay on replaced branches, into settlesim.IndexStore, Postgres's index in memory, held to the chain
+// by checkIndex), payers who drain their balance, a lying provider among three; and in a third of
+// the worlds (not a regression seed's first, plain run) two or three replicas of the engine over the
+// same ledger and chain, each behind its own nodes, leasing the keys through settlesim.Leaser, with
+// calls sent to a replica drawn (now and then the same call to a second one), replicas that crash (between
 // calls, or in the middle of a commit, a broadcast, a receipt or a claim) and restart, and lease
 // sessions cut under a live replica (sim_replicas_test.go). Everything runs on one goroutine with a
 // simulated clock (a stepped engine runs its lease loop in its step; the pool of providers reaches
 // its endpoints one after the other), so a seed replays exactly (TestSimulationReplay); each new
 // kind of choice draws from a stream of its own, so the main stream's schedule, and every
 // regression seed, stays as it was. After each seed the invariants are checked (checkInvariants,
-// checkLeases).
+// checkLeases, checkStatusAtEnd, checkIndex).
 //
 // Payments carry their payer's real EIP-712 signature, which the simulated token checks. /verify is
 // the real verify.Verifier over a real ethrpc.Reader over a node of the chain (sim_verify_test.go):
@@ -114,7 +117,13 @@ var (
 //	20990 a pinned read whose eth_call failed told of head 16 and was dropped whole; the next
 //	     round's reads at 15 found the key's nonce unused and a fee bump went out for a nonce mined
 //	     in block 16 (a head any answer tells of now counts, whatever else of it failed)
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877, 2549, 4599, 20990}
+//
+// and since the real indexer keeps the index the second process reads (sim_index_test.go):
+//
+//	120  status answered "final" for our transfer that a reorg had removed: the mined row and the
+//	     index, its indexer not yet past the reorg, agreed on the replaced block (status now reads
+//	     the block from a node before a final answer resting on the index; TestStatusStaleIndexNotFinal)
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877, 2549, 4599, 20990, 120}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)
@@ -161,19 +170,23 @@ func TestSimulation(t *testing.T) {
 }
 
 // TestSimulationReplay runs seeds twice each, of the worlds whose engines run concurrently
-// with something (several replicas; a pool of providers whose broadcasts fan out): the engines'
-// logs (without their wall-clock stamps), the counts and, with replicas, the leaser's journal must
-// be the same, or a failing seed could not be replayed.
+// with something (several replicas; a pool of providers whose broadcasts fan out), and of the
+// worlds where the real indexer keeps the index: the engines' and the indexer's logs (without
+// their wall-clock stamps), the counts, with replicas the leaser's journal, and with the indexer
+// the index it kept must be the same, or a failing seed could not be replayed.
 func TestSimulationReplay(t *testing.T) {
-	var replicas, liars int
+	var replicas, liars, indexers int
 	// The first three of each kind, and three that parted before the pool's broadcasts were
 	// made serial in the simulator (a liar's world, with replicas too for 233).
 	kept := map[uint64]bool{178: true, 200: true, 233: true}
 	for seed := uint64(1); seed < 300; seed++ {
 		probe := newSimWorld(seed)
-		rep, liar := probe.replicas.on, probe.providers.liar != nil
-		if !(rep && replicas < 3 || liar && liars < 3 || kept[seed]) {
+		rep, liar, ix := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on
+		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || kept[seed]) {
 			continue
+		}
+		if ix {
+			indexers++
 		}
 		if rep {
 			replicas++
@@ -192,6 +205,9 @@ func TestSimulationReplay(t *testing.T) {
 			if rep {
 				journal[i] += fmt.Sprint(w.replicas.leaser.Grants(), w.replicas.leaser.Writes())
 			}
+			if ix {
+				journal[i] += fmt.Sprint(w.indexing.store.Events(w.network.ID))
+			}
 		}
 		if stats[0] != stats[1] || journal[0] != journal[1] {
 			t.Fatalf("seed %d (replicas %v, a liar %v) ran twice: counts %+v and %+v, or the outcomes or leaser's journals differ", seed, rep, liar, stats[0], stats[1])
@@ -206,8 +222,8 @@ func TestSimulationReplay(t *testing.T) {
 			t.Fatalf("seed %d ran twice: the engines' logs have %d and %d lines", seed, len(a), len(b))
 		}
 	}
-	if replicas < 3 || liars < 3 {
-		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar; want 3 of each", replicas, liars)
+	if replicas < 3 || liars < 3 || indexers < 3 {
+		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer; want 3 of each", replicas, liars, indexers)
 	}
 }
 
@@ -234,6 +250,7 @@ type simStats struct {
 	// confirmed (it died after writing it, before confirming).
 	lostAnswers, lostConfirms int
 	verify                    verifyStats
+	index                     indexStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -268,6 +285,7 @@ func (s *simStats) add(o simStats) {
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
 	s.verify.add(o.verify)
+	s.index.add(o.index)
 	s.replicaWorlds += o.replicaWorlds
 	s.replicas += o.replicas
 	s.crashes += o.crashes
@@ -286,11 +304,11 @@ func (s simStats) String() string {
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
 		"%d successes lost before their answer, %d after it and before their confirmation; %s; "+
-		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica)",
+		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
 		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify,
-		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds)
+		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.index)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -334,6 +352,7 @@ type simWorld struct {
 	providers      simProviders
 	verifying      simVerifying
 	replicas       simReplicas
+	indexing       simIndexing
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -489,7 +508,9 @@ func (w *simWorld) run() error {
 	w.providerStats()
 	w.stats.verify = w.verifyCounts()
 	w.replicaStats()
-	return w.checkStatusAtEnd()
+	err := w.checkStatusAtEnd()
+	w.stats.index = w.indexing.stats
+	return err
 }
 
 // settleDown mines and steps, 3 s of the clock at a time, until the clock is past every

@@ -305,19 +305,27 @@ func (s *Service) stillThere(ctx context.Context, n Network, st facilitator.Auth
 	}
 	switch {
 	case use != nil:
-		return !use.Canceled && use.TxHash == row.TxHash && use.BlockHash == row.BlockHash, nil
+		if use.Canceled || use.TxHash != row.TxHash || use.BlockHash != row.BlockHash {
+			return false, nil
+		}
+		// The index agreeing is no proof: an indexer not yet past a reorg still holds the
+		// branch it replaced, the very block the ledger recorded.
 	case st.IndexedHead >= row.BlockNumber:
 		return false, nil // the index holds that block and no use in it: reorganised away, or a gap
 	}
-	// The block, the head and the tag from one node in one request: final only by that node's
-	// own word (a node still on the branch the block was in before a reorg has that hash, but
-	// not the depth past it).
+	return s.finalThere(ctx, n, row.BlockNumber, row.BlockHash), nil
+}
+
+// finalThere reads the block at number, the head and the tag from one node in one request, and
+// reports whether that node has hash there, final by its own head: a node still on the branch
+// the block was in before a reorg has that hash, but not the depth past it.
+func (s *Service) finalThere(ctx context.Context, n Network, number uint64, hash common.Hash) bool {
 	var b *struct {
 		Hash common.Hash `json:"hash"`
 	}
 	var head hexutil.Uint64
 	elems := []rpc.BatchElem{
-		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(row.BlockNumber), false}, Result: &b},
+		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b},
 		{Method: "eth_blockNumber", Result: &head},
 	}
 	fin := n.Network.Finality
@@ -325,13 +333,13 @@ func (s *Service) stillThere(ctx context.Context, n Network, st facilitator.Auth
 		elems = append(elems, ethrpc.TagElem(fin.Tag))
 	}
 	if err := s.read(ctx, n, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil {
-		return false, nil // not known: not final yet
+		return false // not known: not final yet
 	}
 	var tag facilitator.TagRead
 	if len(elems) > 2 {
 		tag = ethrpc.TagAnswer(elems[2])
 	}
-	return b != nil && b.Hash == row.BlockHash && fin.At(uint64(head), tag, 0).Covers(row.BlockNumber), nil
+	return b != nil && b.Hash == hash && fin.At(uint64(head), tag, 0).Covers(number)
 }
 
 func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (bool, error) {
@@ -345,6 +353,11 @@ func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.Auth
 	st.Basis = "index"
 	st.Transaction = use.TxHash.Hex()
 	s.confirm(n, st, use.BlockNumber)
+	if st.Final {
+		// Deep enough by number; but the index may still hold a branch a reorg replaced, its
+		// indexer not yet past it: final only while the chain has that very block.
+		st.Final = s.finalThere(ctx, n, use.BlockNumber, use.BlockHash)
+	}
 	if use.Canceled {
 		st.State = facilitator.StatusCanceled
 		return true, nil

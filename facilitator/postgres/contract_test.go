@@ -57,3 +57,13 @@ var pgHarness = ledgertest.Harness{
 		}
 	},
 }
+
+// TestIndexContract holds Postgres's index to the contract the simulator's index store is held to.
+func TestIndexContract(t *testing.T) {
+	ledgertest.RunIndex(t, ledgertest.IndexHarness{
+		New: func(t *testing.T) (ledgertest.Index, string) {
+			l := newLedgerFixture(t, time.Minute)
+			return l.db, l.network
+		},
+	})
+}

@@ -45,3 +45,12 @@ func TestLedgerContract(t *testing.T) {
 		},
 	})
 }
+
+// TestIndexContract holds the simulator's index store to the contract Postgres's index is held to.
+func TestIndexContract(t *testing.T) {
+	ledgertest.RunIndex(t, ledgertest.IndexHarness{
+		New: func(t *testing.T) (ledgertest.Index, string) {
+			return NewIndexStore(IndexFaults{}, rand.New(rand.NewPCG(5, 6))), network
+		},
+	})
+}

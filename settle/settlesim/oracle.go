@@ -304,3 +304,20 @@ func (c *Chain) CallSucceeds(h common.Hash, from, to common.Address, data []byte
 	res := run(c.envAt(b.number, b.header.Time), b.state, from, &to, nil, data)
 	return !res.reverted && (gas == 0 || res.gas <= gas)
 }
+
+// BlockLogs is the block with hash h (any block the chain made) and its logs, copies, in order.
+func (c *Chain) BlockLogs(h common.Hash) (Block, []types.Log, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.byHash[h]
+	if b == nil {
+		return Block{}, nil, false
+	}
+	var out []types.Log
+	for _, r := range b.receipts {
+		for _, l := range r.Logs {
+			out = append(out, *l)
+		}
+	}
+	return b.info(), out, true
+}
