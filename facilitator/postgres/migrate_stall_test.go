@@ -19,7 +19,7 @@ import (
 var stallRows = flag.Int("migrate.rows", 20_000, "settlements in the ledger TestMigrationsKeepServing migrates (the README's figure: 1000000)")
 
 // stallFrom is the last migration an older release applied: the test migrates from there.
-const stallFrom = 16
+const stallFrom = 14
 
 // TestMigrationsKeepServing: every migration after stallFrom runs against a ledger of
 // -migrate.rows settlements while an older release goes on serving it: the authorization-key
