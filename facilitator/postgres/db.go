@@ -71,9 +71,9 @@ const migrationLockID = 0x78343032 // "x402"
 // starts do not race. It returns the versions it applied.
 //
 // Replicas of the previous release go on serving while a new one migrates, so no statement may
-// hold a lock that stalls them for long: every statement waits at most migrationLockTimeout for
-// its lock (a statement queued behind a long transaction would otherwise block every reader
-// queued behind it) and is tried again; work on big tables is written not to need a strong lock
+// hold a lock that stalls them for long: every statement that takes a lock blocking reads or
+// writes waits at most migrationLockTimeout for it (a statement queued behind a long transaction
+// would otherwise block every query queued behind it) and is tried again; work on big tables is written not to need a strong lock
 // (indexes built CONCURRENTLY, constraints added NOT VALID and validated after).
 func (db *DB) Migrate(ctx context.Context) ([]int, error) { return db.migrate(ctx, 0) }
 
@@ -149,7 +149,22 @@ func (db *DB) migrate(ctx context.Context, upTo int) ([]int, error) {
 		}
 		if strings.HasPrefix(m.sql, noTransaction) {
 			for _, stmt := range statements(m.sql) {
-				if err := db.withLockRetry(ctx, m, func() error { _, err := conn.Exec(ctx, stmt); return err }); err != nil {
+				step := func() error { _, err := conn.Exec(ctx, stmt); return err }
+				if weakLock(stmt) {
+					// Its lock blocks no read or write, so nothing queues behind its waits; and a
+					// concurrent build given up half way would leave an invalid index behind.
+					step = func() error {
+						if _, err := conn.Exec(ctx, `SET lock_timeout = 0`); err != nil {
+							return err
+						}
+						_, err := conn.Exec(ctx, stmt)
+						if _, rerr := conn.Exec(ctx, `SET lock_timeout = '`+migrationLockTimeout+`'`); err == nil {
+							err = rerr
+						}
+						return err
+					}
+				}
+				if err := db.withLockRetry(ctx, m, step); err != nil {
 					return done, fmt.Errorf("postgres: migration %04d_%s: %w", m.version, m.name, err)
 				}
 			}
@@ -190,6 +205,13 @@ func (db *DB) withLockRetry(ctx context.Context, m migration, step func() error)
 		case <-time.After(min(time.Duration(try)*100*time.Millisecond, time.Second)):
 		}
 	}
+}
+
+// weakLock says whether a statement takes only locks that block no read or write of the table
+// (SHARE UPDATE EXCLUSIVE): a concurrent index build or drop, a constraint's validation.
+func weakLock(stmt string) bool {
+	up := strings.ToUpper(stmt)
+	return strings.Contains(up, "CONCURRENTLY") || strings.Contains(up, "VALIDATE CONSTRAINT")
 }
 
 // statements splits a noTransaction migration into its statements: each ends with ";" at the end
