@@ -148,3 +148,72 @@ func TestMigrationsKeepServing(t *testing.T) {
 		applied, *stallRows, took.Round(time.Millisecond), lookups.longest.Round(time.Microsecond), lookups.n,
 		writes.longest.Round(time.Microsecond), writes.n)
 }
+
+// TestMigrationsWaitOutALongTransaction: a transaction of the older release stays open on
+// settlements while the migrations run. The statements whose lock would stop reads or writes give
+// up their place in the lock queue every 100 ms and try again; the concurrent index builds, which
+// stop neither, wait for it (given up half way, a build leaves an invalid index behind, and the
+// next try failed on it: "already exists"). Once it ends, every migration is applied.
+func TestMigrationsWaitOutALongTransaction(t *testing.T) {
+	openTestDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	schema := fmt.Sprintf("wait_%d", time.Now().UnixNano())
+	conn := openConn(t)
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
+	url := os.Getenv("TEST_DATABASE_URL")
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	url += sep + "search_path=" + schema
+	db, err := postgres.Open(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.MigrateTo(ctx, stallFrom); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.FillSynthetic(ctx, postgres.Fill{Network: "wait:fill", Rows: 1_000}); err != nil {
+		t.Fatal(err)
+	}
+	long, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close(context.Background())
+	tx, err := long.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM settlements`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		applied []int
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		applied, err := db.Migrate(ctx)
+		done <- result{applied, err}
+	}()
+	// Long enough for a 100 ms lock timeout to end several waits.
+	select {
+	case r := <-done:
+		t.Fatalf("the migrations finished under an open transaction on settlements: %v %v", r.applied, r.err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || len(r.applied) == 0 || r.applied[0] != stallFrom+1 {
+		t.Fatalf("migrating once the transaction ended: applied %v, %v; want every migration after %d", r.applied, r.err, stallFrom)
+	}
+}
