@@ -28,30 +28,9 @@ const stallFrom = 14
 // wait of each is logged: the stall a migration makes (go test ./facilitator/postgres -run
 // TestMigrationsKeepServing -migrate.rows 1000000 -v).
 func TestMigrationsKeepServing(t *testing.T) {
-	openTestDB(t) // a skip locally without a database (a failure under CI)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	// A schema of its own: the migrations run from the start there, beside the package's ledger.
-	schema := fmt.Sprintf("stall_%d", time.Now().UnixNano())
-	conn := openConn(t)
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
-	url := os.Getenv("TEST_DATABASE_URL")
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	url += sep + "search_path=" + schema
-	db, err := postgres.Open(ctx, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.MigrateTo(ctx, stallFrom); err != nil {
-		t.Fatal(err)
-	}
+	db, url := olderLedger(ctx, t, "stall")
 	began := time.Now()
 	if err := db.FillSynthetic(ctx, postgres.Fill{Network: "stall:fill", Rows: *stallRows}); err != nil {
 		t.Fatal(err)
@@ -155,29 +134,9 @@ func TestMigrationsKeepServing(t *testing.T) {
 // stop neither, wait for it (given up half way, a build leaves an invalid index behind, and the
 // next try failed on it: "already exists"). Once it ends, every migration is applied.
 func TestMigrationsWaitOutALongTransaction(t *testing.T) {
-	openTestDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	schema := fmt.Sprintf("wait_%d", time.Now().UnixNano())
-	conn := openConn(t)
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
-	url := os.Getenv("TEST_DATABASE_URL")
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	url += sep + "search_path=" + schema
-	db, err := postgres.Open(ctx, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.MigrateTo(ctx, stallFrom); err != nil {
-		t.Fatal(err)
-	}
+	db, url := olderLedger(ctx, t, "wait")
 	if err := db.FillSynthetic(ctx, postgres.Fill{Network: "wait:fill", Rows: 1_000}); err != nil {
 		t.Fatal(err)
 	}
@@ -216,4 +175,32 @@ func TestMigrationsWaitOutALongTransaction(t *testing.T) {
 	if r.err != nil || len(r.applied) == 0 || r.applied[0] != stallFrom+1 {
 		t.Fatalf("migrating once the transaction ended: applied %v, %v; want every migration after %d", r.applied, r.err, stallFrom)
 	}
+}
+
+// olderLedger is a ledger as an older release left it (migrated up to stallFrom), in a schema of
+// its own beside the package's, dropped when the test ends; url connects to it.
+func olderLedger(ctx context.Context, t *testing.T, prefix string) (db *postgres.DB, url string) {
+	t.Helper()
+	openTestDB(t) // a skip locally without a database (a failure under CI)
+	schema := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano())
+	conn := openConn(t)
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`) })
+	url = os.Getenv("TEST_DATABASE_URL")
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	url += sep + "search_path=" + schema
+	db, err := postgres.Open(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.MigrateTo(ctx, stallFrom); err != nil {
+		t.Fatal(err)
+	}
+	return db, url
 }
