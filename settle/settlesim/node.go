@@ -248,30 +248,14 @@ func (b *Backend) dispatch(v nodeView, req request) (any, *RPCError) {
 		if e != nil {
 			return nil, e
 		}
-		bnh, ok, e := param[rpc.BlockNumberOrHash](req, 1, false)
+		blk, e := v.blockParam(req, 1)
 		if e != nil {
 			return nil, e
 		}
-		if !ok {
-			bnh = latest()
-		}
-		blk, e := v.stateAt(bnh)
+		res, e := args.run(c.envAt(blk.number, blk.header.Time), blk.state)
 		if e != nil {
 			return nil, e
 		}
-		data, e := args.data()
-		if e != nil {
-			return nil, e
-		}
-		var from common.Address
-		if args.From != nil {
-			from = *args.From
-		}
-		var value *big.Int
-		if args.Value != nil {
-			value = args.Value.ToInt()
-		}
-		res := run(c.envAt(blk.number, blk.header.Time), blk.state, from, args.To, value, data)
 		if req.method == "eth_estimateGas" {
 			if res.reverted {
 				return nil, errRevert(res.reason)
@@ -294,14 +278,7 @@ func (b *Backend) dispatch(v nodeView, req request) (any, *RPCError) {
 		if e != nil {
 			return nil, e
 		}
-		bnh, ok, e := param[rpc.BlockNumberOrHash](req, 1, false)
-		if e != nil {
-			return nil, e
-		}
-		if !ok {
-			bnh = latest()
-		}
-		blk, e := v.stateAt(bnh)
+		blk, e := v.blockParam(req, 1)
 		if e != nil {
 			return nil, e
 		}
@@ -377,19 +354,10 @@ func simulate(c *Chain, base *block, p simPayload) (any, *RPCError) {
 		calls := make([]map[string]any, len(bc.Calls))
 		used := uint64(0)
 		for i, args := range bc.Calls {
-			data, e := args.data()
+			res, e := args.run(env, st)
 			if e != nil {
 				return nil, e
 			}
-			var from common.Address
-			if args.From != nil {
-				from = *args.From
-			}
-			var value *big.Int
-			if args.Value != nil {
-				value = args.Value.ToInt()
-			}
-			res := run(env, st, from, args.To, value, data)
 			call := map[string]any{"returnData": hexutil.Bytes(res.ret), "logs": []*types.Log{}, "gasUsed": hexutil.Uint64(res.gas), "status": hexutil.Uint64(1)}
 			switch {
 			case args.Gas != nil && uint64(*args.Gas) < res.gas:
@@ -427,6 +395,36 @@ type callArgs struct {
 	Value *hexutil.Big    `json:"value"`
 	Data  *hexutil.Bytes  `json:"data"`
 	Input *hexutil.Bytes  `json:"input"`
+}
+
+// run executes the call against st in env, changing nothing (the effects are in the result).
+func (a callArgs) run(env execEnv, st *state) (callResult, *RPCError) {
+	data, e := a.data()
+	if e != nil {
+		return callResult{}, e
+	}
+	var from common.Address
+	if a.From != nil {
+		from = *a.From
+	}
+	var value *big.Int
+	if a.Value != nil {
+		value = a.Value.ToInt()
+	}
+	return run(env, st, from, a.To, value, data), nil
+}
+
+// blockParam is the block the optional block argument i names ("latest" when absent), as the
+// view knows it.
+func (v nodeView) blockParam(req request, i int) (*block, *RPCError) {
+	bnh, ok, e := param[rpc.BlockNumberOrHash](req, i, false)
+	if e != nil {
+		return nil, e
+	}
+	if !ok {
+		bnh = latest()
+	}
+	return v.stateAt(bnh)
 }
 
 func (a callArgs) data() ([]byte, *RPCError) {
