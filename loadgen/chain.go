@@ -259,6 +259,11 @@ func ceilingTxs(ctx context.Context, n *node, tok token, key *ecdsa.PrivateKey, 
 // groups of batch per request (1: one eth_sendRawTransaction per request), with at most window
 // transactions unconfirmed, until all are mined. The window keeps anvil 1.7.1 away from the
 // auto-mine jam it hits at about 1,000 pending transactions.
+//
+// anvil 1.7.1 can also strand a transaction for good: on a loaded machine, one that arrived while
+// its predecessor was still pending stays "queued" after the predecessor is mined, so evm_mine
+// leaves it out and a resend is refused as "already imported". When a nudge did not help, the
+// pool is emptied and every transaction sent so far and not mined is sent again in nonce order.
 func runCeiling(ctx context.Context, n *node, sender common.Address, raws []string, batch, window, inFlight int) (elapsed time.Duration, nudges int, err error) {
 	start, err := n.nonceAt(ctx, sender, "latest")
 	if err != nil {
@@ -272,6 +277,7 @@ func runCeiling(ctx context.Context, n *node, sender common.Address, raws []stri
 	groups := make(chan [2]int)
 	var wg sync.WaitGroup
 	var sendErr atomic.Pointer[error]
+	var sent atomic.Uint64 // raws[:sent] have been handed to a send (raised before it starts)
 	for range inFlight {
 		wg.Add(1)
 		go func() {
@@ -284,6 +290,8 @@ func runCeiling(ctx context.Context, n *node, sender common.Address, raws []stri
 						return
 					case <-time.After(2 * time.Millisecond):
 					}
+				}
+				for hi := sent.Load(); uint64(g[1]) > hi && !sent.CompareAndSwap(hi, uint64(g[1])); hi = sent.Load() {
 				}
 				if err := sendRaw(ctx, n, raws[g[0]:g[1]]); err != nil {
 					sendErr.CompareAndSwap(nil, &err)
@@ -306,6 +314,7 @@ func runCeiling(ctx context.Context, n *node, sender common.Address, raws []stri
 	}()
 
 	lastProgress := time.Now()
+	nudged := false // the last nudge has not been followed by progress
 	for mined.Load() < total {
 		select {
 		case <-ctx.Done():
@@ -322,20 +331,44 @@ func runCeiling(ctx context.Context, n *node, sender common.Address, raws []stri
 		}
 		if nonce-start > mined.Load() {
 			mined.Store(nonce - start)
-			lastProgress = time.Now()
+			lastProgress, nudged = time.Now(), false
 		} else if time.Since(lastProgress) > 2*time.Second {
+			if nudged {
+				if err := resendStranded(ctx, n, raws[nonce-start:sent.Load()]); err != nil {
+					return 0, nudges, err
+				}
+			}
 			// anvil (auto-mine) leaves ready transactions that missed the last block waiting
 			// for the next arrival; at the end of a burst nothing arrives.
 			if err := n.call(ctx, nil, "evm_mine"); err != nil {
 				return 0, nudges, err
 			}
 			nudges++
-			lastProgress = time.Now()
+			lastProgress, nudged = time.Now(), true
 		}
 	}
 	elapsed = time.Since(begin)
 	wg.Wait()
 	return elapsed, nudges, nil
+}
+
+// resendStranded empties anvil's pool and sends raws again one by one, in nonce order. A
+// transaction a sender goroutine sends at the same time is refused as known or mined; only a
+// failure of the node itself counts.
+func resendStranded(ctx context.Context, n *node, raws []string) error {
+	if err := n.call(ctx, nil, "anvil_dropAllTransactions"); err != nil {
+		return err
+	}
+	for _, r := range raws {
+		var h common.Hash
+		if err := n.call(ctx, &h, "eth_sendRawTransaction", r); err != nil {
+			var rpcErr rpc.Error
+			if !errors.As(err, &rpcErr) {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func sendRaw(ctx context.Context, n *node, raws []string) error {
