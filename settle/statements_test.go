@@ -107,10 +107,11 @@ func TestStatementsPerSettlement(t *testing.T) {
 	}
 	// A settlement mined within broadcastMarkDelay (250 ms) of its broadcast has its broadcast step written
 	// with its outcome: no row update of its own for the step (every row had one before). How many
-	// are mined that soon depends on how busy the machine is (17 of 48 on a loaded CI run, under 12
-	// alone): the bound holds the rule, half the rows, not the figure.
-	if rows := got.Rows("MarkBroadcast"); rows > n/2 {
-		t.Errorf("MarkBroadcast moved %d of %d rows, want at most %d: a settlement mined at once gets its broadcast step from Resolve", rows, n, n/2)
+	// are mined that soon depends on how busy the machine is (under 12 of 48 alone, 17 on a loaded
+	// CI run, 34 with other test suites running beside it): the bound holds the rule, that rows take
+	// Resolve's path at all, not the figure, which is a speed.
+	if rows := got.Rows("MarkBroadcast"); rows >= n {
+		t.Errorf("MarkBroadcast moved %d of %d rows: a settlement mined at once gets its broadcast step from Resolve", rows, n)
 	}
 }
 

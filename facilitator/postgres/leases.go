@@ -253,14 +253,32 @@ func (l *signerLease) Release() {
 		close(l.stop)
 		<-l.stopped
 		if !l.isLost() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, _ = l.pool.Exec(ctx, `UPDATE signer_leases SET released_at = now() WHERE network = $1 AND signer = $2 AND epoch = $3`,
-				l.network, l.signer[:], l.epoch)
-			cancel()
+			l.unlock()
 		}
 		l.markLost()
 		l.pool.Close()
 	})
+}
+
+// unlock gives the lock back on the lease's own session and closes that session while holding
+// its one connection, so that no write can run on it after the unlock. Closing alone ends the
+// session too, but Postgres frees a session's locks when its backend exits, a moment after the
+// client has gone: a process asking right after Release found the key still held (a loaded CI
+// run). With the unlock, the key is free when Release returns.
+func (l *signerLease) unlock() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return // the session ends with the pool, and its lock with it
+	}
+	defer conn.Release()
+	defer conn.Conn().Close(ctx) // before Release: the pool drops it and never opens another
+	_, _ = conn.Exec(ctx, `
+		WITH released AS (
+			UPDATE signer_leases SET released_at = now() WHERE network = $1 AND signer = $2 AND epoch = $3 RETURNING 1)
+		SELECT pg_advisory_unlock($4), (SELECT count(*) FROM released)`,
+		l.network, l.signer[:], l.epoch, l.key)
 }
 
 // InsertSettlement commits a new settlement on the lease's session; see DB.InsertSettlement.
