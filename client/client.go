@@ -41,7 +41,8 @@ type Option func(*Client)
 func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
 
 // WithRetries sets how many times Settle resends a payload whose outcome is not known yet
-// (settlement_pending, payment_in_flight, 503); default 5.
+// (settlement_pending, payment_in_flight, 503), and how many times a lookup asks again after a
+// 503 (the node did not answer in time); default 5.
 func WithRetries(n int) Option { return func(c *Client) { c.retries = n } }
 
 // WithMaxRetryWait caps the wait between retries, whatever Retry-After says (default 30 s).
@@ -144,7 +145,7 @@ func (c *Client) Supported(ctx context.Context) (*facilitator.SupportedResponse,
 func (c *Client) Authorization(ctx context.Context, key facilitator.AuthorizationKey) (st *facilitator.AuthorizationStatus, found bool, err error) {
 	path := "/v1/authorizations/" + url.PathEscape(key.Network) + "/" + key.Asset.Hex() + "/" + key.Payer.Hex() + "/" + hexutil.Encode(key.Nonce[:])
 	var res facilitator.AuthorizationStatus
-	status, _, err := c.do(ctx, http.MethodGet, path, nil, &res)
+	status, err := c.lookup(ctx, path, &res)
 	switch {
 	case err != nil:
 		return nil, false, err
@@ -173,7 +174,7 @@ func (c *Client) Settlement(ctx context.Context, tx common.Hash) (*facilitator.A
 var ErrNotFound = errors.New("facilitator: not found")
 
 func (c *Client) get(ctx context.Context, path string, out any) error {
-	status, _, err := c.do(ctx, http.MethodGet, path, nil, out)
+	status, err := c.lookup(ctx, path, out)
 	if err != nil {
 		return err
 	}
@@ -181,6 +182,18 @@ func (c *Client) get(ctx context.Context, path string, out any) error {
 		return c.statusError(status, path)
 	}
 	return nil
+}
+
+// lookup GETs path, asking again after Retry-After while the answer is 503: a lookup changes
+// nothing, and a 503 says the facilitator could not read the chain just then, not what happened.
+func (c *Client) lookup(ctx context.Context, path string, out any) (int, error) {
+	for attempt := 0; ; attempt++ {
+		status, h, err := c.do(ctx, http.MethodGet, path, nil, out)
+		if err != nil || status != http.StatusServiceUnavailable || attempt >= c.retries ||
+			!c.wait(ctx, h.Get("Retry-After"), attempt) {
+			return status, err
+		}
+	}
 }
 
 func (c *Client) statusError(status int, path string) error {

@@ -116,3 +116,35 @@ func TestStatusNotFound(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// TestLookupsAskAgainAfter503: a lookup answered 503 (the facilitator could not read the chain
+// just then) is asked again after Retry-After, up to the retry limit; a fault-proxy load run
+// counted a single 503 as a wrong status answer.
+func TestLookupsAskAgainAfter503(t *testing.T) {
+	var mu sync.Mutex
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		n := calls
+		mu.Unlock()
+		if n <= 2 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"error":"status_timeout","message":"the node did not answer"}`))
+			return
+		}
+		_, _ = w.Write([]byte(`{"state":"settled","settledBy":"facilitator"}`))
+	}))
+	defer srv.Close()
+	st, err := client.New(srv.URL).Payment(context.Background(), "pay_0123456789abcdef")
+	if err != nil || st.State != "settled" || calls != 3 {
+		t.Fatalf("got %+v, %v after %d calls; want settled after 3", st, err, calls)
+	}
+	calls = 0
+	_, err = client.New(srv.URL, client.WithRetries(1)).Payment(context.Background(), "pay_0123456789abcdef")
+	var e *client.Error
+	if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || calls != 2 {
+		t.Fatalf("with 1 retry: %v after %d calls; want the 503 after 2", err, calls)
+	}
+}
