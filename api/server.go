@@ -184,11 +184,11 @@ func New(cfg Config) *Server {
 		e.GET("/console", serve)
 		e.GET("/console/*", serve)
 		e.GET("/console/static/*", serve)
-		// The login form and logout need no key (auth.go's scopeOf): they set and clear it.
+		// The login form and logout need no key (access.go's accessScope): they set and clear it.
 		e.GET("/console/login", serve)
 		e.POST("/console/login", serve)
 		e.POST("/console/logout", serve)
-		// The operations page has routes of its own: it needs the operator scope (auth.go).
+		// The operations page has routes of its own: it needs the operator scope (access.go).
 		e.GET("/console/ops", serve)
 		e.GET("/console/ops/*", serve)
 	}
