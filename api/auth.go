@@ -29,7 +29,8 @@ const (
 // In keys mode a key is sent as "Authorization: Bearer x402_<id>_<secret>" (what the official
 // clients' per-endpoint auth headers carry) or as "X-API-Key: <key>". /verify needs the verify
 // scope, /settle settle, /v1/authorizations, /v1/payments, /v1/settlements and the console's pages
-// (/console) status, /v1/webhooks and /v1/events webhooks; /console/static/, /supported,
+// (/console) status, /v1/webhooks and /v1/events webhooks, /v1/ops and /console/ops operator;
+// /console/static/, /console/login, /console/logout, /supported,
 // /healthz, /readyz, /metrics and /openapi.json need no key.
 // A key with a payTo allow-list is refused (403) for payments to any other address.
 // Payment-identifier ids are scoped to the key that sent them, and webhooks to the key that
@@ -61,27 +62,6 @@ type authGuard struct {
 
 func newAuthGuard(cfg AuthConfig) *authGuard {
 	return &authGuard{cfg: cfg, perKey: auth.NewLimiter(cfg.PerKey, cfg.Now), perClient: auth.NewLimiter(cfg.PerClient, cfg.Now)}
-}
-
-// scopeOf is the scope a route needs; "" for the routes anyone may call.
-func scopeOf(path string) facilitator.Scope {
-	switch {
-	case path == "/verify":
-		return facilitator.ScopeVerify
-	case path == "/settle":
-		return facilitator.ScopeSettle
-	case strings.HasPrefix(path, "/v1/authorizations/"), strings.HasPrefix(path, "/v1/payments/"), strings.HasPrefix(path, "/v1/settlements/"),
-		path == "/v1/settlements", path == "/v1/settlements.csv":
-		return facilitator.ScopeStatus
-	case path == "/v1/ops/overview", path == "/console/ops", path == "/console/ops/*":
-		return facilitator.ScopeOperator
-	case path == "/console", path == "/console/*":
-		// The console's pages answer what the status routes answer.
-		return facilitator.ScopeStatus
-	case path == "/v1/webhooks", strings.HasPrefix(path, "/v1/webhooks/"), strings.HasPrefix(path, "/v1/events/"):
-		return facilitator.ScopeWebhooks
-	}
-	return ""
 }
 
 // presentedKey returns the key sent with the request, "" if none. The console's login cookie
@@ -125,7 +105,8 @@ func clientAddress(r *http.Request) string {
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	g := s.guard
 	return func(c echo.Context) error {
-		scope := scopeOf(c.Path())
+		// The one access decision (access.go), on the path as the handlers serve it.
+		scope := accessScope(c.Request().URL.Path)
 		if scope == "" {
 			return next(c)
 		}

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/labstack/echo/v4"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -184,14 +183,28 @@ func (a *fuzzAPI) serve(t *testing.T, method, target string, header map[string]s
 	return w, req, true
 }
 
-// fuzzSegments is what echo's router sees after prefix: it matches on the raw path when the
-// request has one, and does not unescape parameters.
+// fuzzSegments is what echo's router sees after prefix: it matches on the percent-encoded path
+// (the server sets it as the raw path), and does not unescape parameters.
 func fuzzSegments(req *http.Request, prefix string) ([]string, bool) {
-	rest, ok := strings.CutPrefix(echo.GetPath(req), prefix)
+	rest, ok := strings.CutPrefix(req.URL.EscapedPath(), prefix)
 	if !ok {
 		return nil, false
 	}
 	return strings.Split(rest, "/"), true
+}
+
+// fuzzRefusedPath checks the answer to a path not in its canonical form (api's access.go): 400
+// non_canonical_path, before any handler; it reports whether req's path was one.
+func fuzzRefusedPath(t *testing.T, a *fuzzAPI, w *httptest.ResponseRecorder, req *http.Request) bool {
+	t.Helper()
+	if api.CanonicalPath(req.URL.EscapedPath()) {
+		return false
+	}
+	fuzzErrorBody(t, w, http.StatusBadRequest, facilitator.ReasonNonCanonicalPath)
+	if r := a.rec; len(r.keys)+len(r.ids)+len(r.txs)+len(r.after)+len(r.inserted)+len(r.disabled) != 0 {
+		t.Fatalf("%q, refused, reached the fakes: %+v", req.URL, r)
+	}
+	return true
 }
 
 // fuzzParam is the value a handler judges for a routed segment. echo hands path parameters over
@@ -298,6 +311,9 @@ func FuzzAuthorizationPath(f *testing.F) {
 		if !ok {
 			return
 		}
+		if fuzzRefusedPath(t, a, w, req) {
+			return
+		}
 		segs, ok := fuzzSegments(req, prefix)
 		if !ok || len(segs) != 4 {
 			if w.Code != http.StatusNotFound && w.Code != http.StatusBadRequest {
@@ -388,6 +404,9 @@ func FuzzIDPath(f *testing.F) {
 		r := routes[int(kind)%len(routes)]
 		w, req, ok := a.serve(t, r.method, fuzzTarget(r.prefix, []string{seg}, raw), nil, nil)
 		if !ok {
+			return
+		}
+		if fuzzRefusedPath(t, a, w, req) {
 			return
 		}
 		segs, ok := fuzzSegments(req, r.prefix)

@@ -700,7 +700,7 @@ func oasProbes(t *testing.T) []oasProbe {
 	// probe that succeeds.
 	done := map[string]bool{}
 	for _, base := range slices.Clone(probes) {
-		scope := scopeOf(base.route)
+		scope := accessScope(base.route)
 		op := base.method + " " + base.route
 		if scope == "" || base.status >= 300 || done[op] {
 			continue
@@ -837,7 +837,7 @@ func TestOpenAPISecurity(t *testing.T) {
 			continue
 		}
 		list, _ := sec.([]any)
-		scope := scopeOf(strings.SplitN(key, " ", 2)[1])
+		scope := accessScope(strings.SplitN(key, " ", 2)[1])
 		if scope == "" {
 			if len(list) != 0 {
 				t.Errorf("%s needs no key, the document requires %v", key, sec)

@@ -16,5 +16,8 @@ type Ops interface {
 }
 
 func (s *Server) opsOverview(c echo.Context) error {
+	if err := requireOperator(viewerOf(c)); err != nil {
+		return s.writeError(c, nil, err)
+	}
 	return c.JSON(http.StatusOK, s.cfg.Ops.Overview(c.Request().Context()))
 }

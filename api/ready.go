@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 )
@@ -34,10 +36,62 @@ type ReadyResponse struct {
 // maxStateText bounds a state's text in the body.
 const maxStateText = 200
 
-// readyz runs every check at once within ReadyTimeout and answers 200 when all pass, else 503.
-// Unlike /healthz (is the process alive), it says whether this process should get traffic.
+// readyCache holds /readyz's last answer: the checks run at most once per ReadyEvery, however
+// many ask (an unkeyed, unlimited route must not turn each request into a call to every node),
+// and callers who arrive while they run wait for that run instead of starting their own.
+type readyCache struct {
+	mu      sync.Mutex
+	began   time.Time     // when the last run began
+	answer  *readyAnswer  // the last run's; nil before the first ends
+	running chan struct{} // closed when the current run ends; nil when none runs
+}
+
+type readyAnswer struct {
+	status int
+	body   ReadyResponse
+}
+
+// readyz answers from the last run of the checks while it is younger than ReadyEvery, else from a
+// new run (shared by everyone asking meanwhile): 200 when all pass, else 503. Unlike /healthz (is
+// the process alive), it says whether this process should get traffic.
 func (s *Server) readyz(c echo.Context) error {
-	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.ReadyTimeout)
+	ctx := c.Request().Context()
+	rc := &s.ready
+	rc.mu.Lock()
+	if rc.answer != nil && rc.running == nil && s.cfg.Now().Sub(rc.began) < s.cfg.ReadyEvery {
+		a := rc.answer
+		rc.mu.Unlock()
+		return c.JSON(a.status, a.body)
+	}
+	done := rc.running
+	if done == nil {
+		done = make(chan struct{})
+		rc.running, rc.began = done, s.cfg.Now()
+		// The run belongs to everyone waiting on it: the request that happened to start it going
+		// away must not cut it short.
+		go func() {
+			a := s.checkReady(context.WithoutCancel(ctx))
+			rc.mu.Lock()
+			rc.answer, rc.running = a, nil
+			rc.mu.Unlock()
+			close(done)
+		}()
+	}
+	rc.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil // the caller is gone; the run goes on for the others
+	}
+	rc.mu.Lock()
+	a := rc.answer
+	rc.mu.Unlock()
+	return c.JSON(a.status, a.body)
+}
+
+// checkReady runs every check at once within ReadyTimeout.
+func (s *Server) checkReady(parent context.Context) *readyAnswer {
+	ctx, cancel := context.WithTimeout(parent, s.cfg.ReadyTimeout)
 	defer cancel()
 	type result struct{ name, state string }
 	results := make(chan result, len(s.cfg.Ready))
@@ -76,11 +130,11 @@ func (s *Server) readyz(c echo.Context) error {
 	for name, state := range res.Checks {
 		if state != "ok" {
 			res.Status, status = "unready", http.StatusServiceUnavailable
-			s.log.WarnContext(c.Request().Context(), "not ready", "check", name, "state", state)
+			s.log.WarnContext(parent, "not ready", "check", name, "state", state)
 		}
 	}
 	if s.cfg.ReadyEndpoints != nil {
 		res.Endpoints = s.cfg.ReadyEndpoints()
 	}
-	return c.JSON(status, res)
+	return &readyAnswer{status: status, body: res}
 }

@@ -29,6 +29,9 @@ type Config struct {
 	Supported facilitator.SupportedResponse
 	// VerifyTimeout bounds one /verify, chain reads included.
 	VerifyTimeout time.Duration
+	// StatusTimeout bounds one status lookup (/v1/authorizations, /v1/payments, /v1/settlements/{tx}),
+	// ledger and chain reads included; past it the lookup answers 503 status_timeout (default 10s).
+	StatusTimeout time.Duration
 	Logger        *slog.Logger
 	// Notify serves webhook registration and event streams; nil leaves those routes out.
 	Notify Notify
@@ -45,6 +48,9 @@ type Config struct {
 	ReadyEndpoints func() map[string]string
 	// ReadyTimeout bounds one /readyz, all checks at once (default 2s).
 	ReadyTimeout time.Duration
+	// ReadyEvery is how often, at most, /readyz runs its checks (default 1s): in between, and
+	// while one runs, every caller gets the last answer (ready.go).
+	ReadyEvery time.Duration
 	// Console serves the web console under /console (its assets under /console/static/, open
 	// like /healthz; its pages need the status scope); nil leaves it out.
 	Console Console
@@ -56,8 +62,8 @@ type Config struct {
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
-	// Now is the clock a claimed success's deadline (facilitator.SettleOutcome.ClaimBy) is read
-	// on; nil: time.Now, the settlement engine's own.
+	// Now is the clock a claimed success's deadline (facilitator.SettleOutcome.ClaimBy) and the age
+	// of /readyz's last check are read on; nil: time.Now, the settlement engine's own.
 	Now func() time.Time
 }
 
@@ -89,6 +95,7 @@ type Server struct {
 	log   *slog.Logger
 	echo  *echo.Echo
 	guard *authGuard
+	ready readyCache
 	// networks are the network names /supported lists: the values the Observer's network takes.
 	networks map[string]bool
 }
@@ -113,6 +120,12 @@ func New(cfg Config) *Server {
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 2 * time.Second
 	}
+	if cfg.ReadyEvery == 0 {
+		cfg.ReadyEvery = time.Second
+	}
+	if cfg.StatusTimeout == 0 {
+		cfg.StatusTimeout = 10 * time.Second
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -124,6 +137,9 @@ func New(cfg Config) *Server {
 	e.HideBanner = true
 	e.HidePort = true
 	e.HTTPErrorHandler = s.handleHTTPError
+	// Before routing: the headers every answer carries, then the path's one canonical form
+	// (access.go), which both routers and the guard read alike.
+	e.Pre(securityHeaders, s.canonical)
 	e.Use(s.accessLog)
 	// A panic in a handler is a bug: answer 500 through the one error path instead of dropping the
 	// connection, and keep serving.
@@ -168,11 +184,11 @@ func New(cfg Config) *Server {
 		e.GET("/console", serve)
 		e.GET("/console/*", serve)
 		e.GET("/console/static/*", serve)
-		// The login form and logout need no key (auth.go's scopeOf): they set and clear it.
+		// The login form and logout need no key (access.go's accessScope): they set and clear it.
 		e.GET("/console/login", serve)
 		e.POST("/console/login", serve)
 		e.POST("/console/logout", serve)
-		// The operations page has routes of its own: it needs the operator scope (auth.go).
+		// The operations page has routes of its own: it needs the operator scope (access.go).
 		e.GET("/console/ops", serve)
 		e.GET("/console/ops/*", serve)
 	}

@@ -29,9 +29,11 @@ func (s *Server) authorizationStatus(c echo.Context) error {
 	if err != nil {
 		return s.writeError(c, nil, err)
 	}
-	st, found, err := s.cfg.Status.Authorization(c.Request().Context(), key)
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StatusTimeout)
+	defer cancel()
+	st, found, err := s.cfg.Status.Authorization(ctx, key)
 	if err != nil {
-		return s.writeError(c, nil, err)
+		return s.writeError(c, nil, facilitator.Bounded(ctx, err))
 	}
 	if !found {
 		// Never seen by the ledger or the index: 404, still with the chain's word on it.
@@ -45,9 +47,11 @@ func (s *Server) paymentStatus(c echo.Context) error {
 	if err := status.CheckPaymentID(id); err != nil {
 		return s.writeError(c, nil, err)
 	}
-	st, err := s.cfg.Status.Payment(c.Request().Context(), idScope(c), id)
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StatusTimeout)
+	defer cancel()
+	st, err := s.cfg.Status.Payment(ctx, idScope(c), id)
 	if err != nil {
-		return s.writeError(c, nil, err)
+		return s.writeError(c, nil, facilitator.Bounded(ctx, err))
 	}
 	return c.JSON(http.StatusOK, st)
 }
@@ -57,9 +61,11 @@ func (s *Server) settlementStatus(c echo.Context) error {
 	if err != nil {
 		return s.writeError(c, nil, err)
 	}
-	st, err := s.cfg.Status.Settlement(c.Request().Context(), tx)
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StatusTimeout)
+	defer cancel()
+	st, err := s.cfg.Status.Settlement(ctx, tx)
 	if err != nil {
-		return s.writeError(c, nil, err)
+		return s.writeError(c, nil, facilitator.Bounded(ctx, err))
 	}
 	return c.JSON(http.StatusOK, st)
 }

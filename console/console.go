@@ -249,7 +249,7 @@ func keyOf(r *http.Request) (facilitator.AuthorizationKey, error) {
 // index has seen is a 404 that still says what the chain says.
 func (c *Console) answer(w http.ResponseWriter, r *http.Request, ctx context.Context, st facilitator.AuthorizationStatus, found bool, err error) {
 	if err != nil {
-		c.errorPage(w, r, "", err)
+		c.errorPage(w, r, "", facilitator.Bounded(ctx, err))
 		return
 	}
 	key, err := status.ParseKey(st.Network, st.Asset, st.Authorizer, st.Nonce)
@@ -260,7 +260,7 @@ func (c *Console) answer(w http.ResponseWriter, r *http.Request, ctx context.Con
 	var evs []facilitator.SettlementEvent
 	if found {
 		if evs, err = c.cfg.Status.Timeline(ctx, key); err != nil {
-			c.errorPage(w, r, "", err)
+			c.errorPage(w, r, "", facilitator.Bounded(ctx, err))
 			return
 		}
 	}

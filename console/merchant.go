@@ -110,7 +110,7 @@ func (c *Console) settlements(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := c.cfg.Merchant.ListSettlements(ctx, facilitator.ViewerFrom(r.Context()), f, p)
 	if err != nil {
-		c.errorPage(w, r, "", err)
+		c.errorPage(w, r, "", facilitator.Bounded(ctx, err))
 		return
 	}
 	filters := url.Values{}
@@ -187,7 +187,7 @@ func (c *Console) payer(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := c.cfg.Merchant.ListSettlements(ctx, facilitator.ViewerFrom(r.Context()), facilitator.SettlementFilter{Payer: &payer}, p)
 	if err != nil {
-		c.errorPage(w, r, addr, err)
+		c.errorPage(w, r, addr, facilitator.Bounded(ctx, err))
 		return
 	}
 	self := "/console/payers/" + payer.Hex()
@@ -212,7 +212,7 @@ func (c *Console) webhooks(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ws, err := c.cfg.Merchant.Webhooks(ctx, facilitator.ViewerFrom(r.Context()).Key)
 	if err != nil {
-		c.errorPage(w, r, "", err)
+		c.errorPage(w, r, "", facilitator.Bounded(ctx, err))
 		return
 	}
 	v := webhooksView{}
@@ -237,7 +237,7 @@ func (c *Console) webhook(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := c.cfg.Merchant.WebhookDeliveries(ctx, facilitator.ViewerFrom(r.Context()), id, p)
 	if err != nil {
-		c.errorPage(w, r, "", err)
+		c.errorPage(w, r, "", facilitator.Bounded(ctx, err))
 		return
 	}
 	wv := webhookViewOf(res.Webhook)

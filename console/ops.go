@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/ops"
 )
 
@@ -20,6 +21,10 @@ type Ops interface {
 // opsPage renders /console/ops: every section as a table, complete without JavaScript; with it,
 // static/ops.js draws the charts from overview.json and swaps the sections in place.
 func (c *Console) opsPage(w http.ResponseWriter, r *http.Request) {
+	if err := operatorOnly(r); err != nil {
+		c.errorPage(w, r, "", err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
 	s := c.cfg.Ops.Overview(ctx)
@@ -29,6 +34,13 @@ func (c *Console) opsPage(w http.ResponseWriter, r *http.Request) {
 // opsJSON is the snapshot the page's script polls: the API's answer, under the console's path
 // (and its CSP, and its scope).
 func (c *Console) opsJSON(w http.ResponseWriter, r *http.Request) {
+	if err := operatorOnly(r); err != nil {
+		code := c.cfg.HTTPStatus(err)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": facilitator.ErrorReason(err, ""), "message": facilitator.ErrorMessage(err)})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
 	s := c.cfg.Ops.Overview(ctx)
@@ -37,6 +49,16 @@ func (c *Console) opsJSON(w http.ResponseWriter, r *http.Request) {
 	if err := json.NewEncoder(w).Encode(s); err != nil {
 		c.log.Warn("console: writing the overview", "err", err)
 	}
+}
+
+// operatorOnly is the operator scope check the Operations page and its data make themselves,
+// whatever the API's guard decided in front of them: the request's viewer (facilitator.WithViewer)
+// must have the operator scope. Without a viewer, nobody has it.
+func operatorOnly(r *http.Request) error {
+	if facilitator.ViewerFrom(r.Context()).Has(facilitator.ScopeOperator) {
+		return nil
+	}
+	return facilitator.Errorf(facilitator.EForbidden, facilitator.ReasonForbiddenScope, "the API key lacks the %s scope", facilitator.ScopeOperator)
 }
 
 // opsView is the snapshot as the template reads it: totals in rows, sorted.

@@ -1,6 +1,7 @@
 package facilitator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -64,6 +65,18 @@ func Errorf(code Code, reason, format string, args ...any) *Error {
 // Unavailable wraps a dependency failure; the cause stays out of the caller-facing message.
 func Unavailable(reason, message string, err error) *Error {
 	return &Error{Code: EUnavailable, Reason: reason, Message: message, Err: err}
+}
+
+// Bounded is err, from a read made under ctx's bound, as its caller answers it: when the bound
+// passed, a clear ReasonStatusTimeout (503) whatever the layers below made of the deadline (an
+// untyped error would answer 500, a status_unavailable would not say the read was cut short).
+// A nil err, or one while the bound still holds, is returned as is.
+func Bounded(ctx context.Context, err error) error {
+	if err == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return err
+	}
+	return &Error{Code: EUnavailable, Reason: ReasonStatusTimeout,
+		Message: "the lookup did not finish in time (the node or the ledger is not answering); nothing changed, retry", Err: err}
 }
 
 // ErrorCode returns the category of err; an untyped error is internal.

@@ -2,6 +2,7 @@ package facilitator
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,14 +19,20 @@ type Viewer struct {
 	All bool
 	// Key is the id of the merchant key reading ("" in open mode).
 	Key string
+	// Scopes are the reading key's scopes (every scope in open mode): a handler serving operator
+	// data checks ScopeOperator itself (Has), whatever the guard in front of it decided.
+	Scopes []Scope
 }
+
+// Has reports whether the viewer's key has scope.
+func (v Viewer) Has(scope Scope) bool { return slices.Contains(v.Scopes, scope) }
 
 // ViewerOf is the one rule of who sees what: key nil is open mode.
 func ViewerOf(key *APIKey) Viewer {
 	if key == nil {
-		return Viewer{All: true}
+		return Viewer{All: true, Scopes: AllScopes}
 	}
-	return Viewer{All: key.Has(ScopeOperator), Key: key.ID}
+	return Viewer{All: key.Has(ScopeOperator), Key: key.ID, Scopes: slices.Clone(key.Scopes)}
 }
 
 // ConsoleKeyCookie is the cookie the console's login form keeps the API key in; the API's guard

@@ -68,6 +68,17 @@ const (
 // (HTTP 404). Ours, additive.
 const ReasonNotFound = "not_found"
 
+// ReasonStatusTimeout answers a status or console read that did not finish within its bound (the
+// node or the ledger did not answer in time): HTTP 503 with Retry-After; nothing was changed, and
+// the same read may be sent again. Ours, additive.
+const ReasonStatusTimeout = "status_timeout"
+
+// ReasonNonCanonicalPath refuses a request whose path is not in its one canonical form (doubled
+// slashes, dot segments, an encoded slash, or a letter, digit or one of "-._~" percent-encoded):
+// HTTP 400, nothing is routed. Access is decided on the path as it is served, and only a
+// canonical path is both. Ours, additive.
+const ReasonNonCanonicalPath = "non_canonical_path"
+
 // ReasonAlreadySettled answers a repeated /settle of an authorization whose success was already
 // delivered to another caller: it carries the existing transaction, and is not a fresh success,
 // so a merchant cannot serve twice for one payment (ARCHITECTURE.md invariant 4). Ours, additive.

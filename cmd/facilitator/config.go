@@ -36,9 +36,11 @@ type Config struct {
 	Factories       []common.Address
 	RPCTimeout      time.Duration
 	VerifyTimeout   time.Duration
-	Migrate         bool
-	LogLevel        string
-	LogFormat       string
+	// StatusTimeout bounds one status lookup, API and console alike.
+	StatusTimeout time.Duration
+	Migrate       bool
+	LogLevel      string
+	LogFormat     string
 	// CheckConfig makes serve check the configuration against its dependencies and exit instead
 	// of serving (checkconfig.go).
 	CheckConfig bool
@@ -436,6 +438,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	fs.StringVar(&cfg.RetentionSchedule, "retention-schedule", env("FACILITATOR_RETENTION_SCHEDULE", "@every 10m"), "cron schedule of the payment-identifier retention job (FACILITATOR_RETENTION_SCHEDULE)")
 	index := fs.String("index", env("FACILITATOR_INDEX", "true"), "run the block indexer in this process (FACILITATOR_INDEX)")
 	readyLag := fs.String("ready-max-index-lag", env("FACILITATOR_READY_MAX_INDEX_LAG", "64"), "blocks an indexer this process leads may lag the head while /readyz answers ready; 0: any (FACILITATOR_READY_MAX_INDEX_LAG)")
+	statusTimeout := fs.String("status-timeout", env("FACILITATOR_STATUS_TIMEOUT", "10s"), "bound on one status lookup, API and console (FACILITATOR_STATUS_TIMEOUT)")
 	readyTimeout := fs.String("ready-timeout", env("FACILITATOR_READY_TIMEOUT", "2s"), "bound on one /readyz, all checks at once (FACILITATOR_READY_TIMEOUT)")
 	fs.StringVar(&cfg.ReconcileSchedule, "reconcile-schedule", env("FACILITATOR_RECONCILE_SCHEDULE", "@every 30s"), "cron schedule of the job that resolves settlements nothing is working on (FACILITATOR_RECONCILE_SCHEDULE)")
 	fs.StringVar(&cfg.IndexHealthSchedule, "index-health-schedule", env("FACILITATOR_INDEX_HEALTH_SCHEDULE", "@every 5m"), "cron schedule of the index health check (FACILITATOR_INDEX_HEALTH_SCHEDULE)")
@@ -546,6 +549,9 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	cfg.Index = *index != "false" && *index != "0"
 	if cfg.ReadyMaxIndexLag, err = strconv.ParseUint(*readyLag, 10, 64); err != nil {
 		return nil, fmt.Errorf("ready-max-index-lag: %q is not a block count", *readyLag)
+	}
+	if cfg.StatusTimeout, err = time.ParseDuration(*statusTimeout); err != nil || cfg.StatusTimeout <= 0 {
+		return nil, fmt.Errorf("status-timeout: %q is not a positive duration", *statusTimeout)
 	}
 	if cfg.ReadyTimeout, err = time.ParseDuration(*readyTimeout); err != nil || cfg.ReadyTimeout <= 0 {
 		return nil, fmt.Errorf("ready-timeout: %q is not a positive duration", *readyTimeout)

@@ -143,6 +143,7 @@ func devStackConfig(chain *devchain.Chain, listen, dbURL, logLevel string, signe
 		SignerKeys:    signers,
 		RPCTimeout:    5 * time.Second,
 		VerifyTimeout: 10 * time.Second,
+		StatusTimeout: 10 * time.Second,
 		Migrate:       true,
 		LogLevel:      logLevel,
 		SettleTimeout: 30 * time.Second,

@@ -245,7 +245,7 @@ func (m *Main) Run(ctx context.Context) error {
 		RPCTimeout: cfg.RPCTimeout,
 		Logger:     log.With("component", "ops")})
 	authCfg := authConfig(cfg, m.db)
-	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.VerifyTimeout, Networks: networks,
+	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
 		Logger: log.With("component", "console"), Merchant: m.db, CheckKey: api.ConsoleKeyCheck(authCfg), Ops: overview})
 	if err != nil {
 		return err
@@ -259,6 +259,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Notify:        m.notifier,
 		Supported:     facilitator.Supported(networks, signerAddrs, []string{facilitator.PaymentIdentifierKey}),
 		VerifyTimeout: cfg.VerifyTimeout,
+		StatusTimeout: cfg.StatusTimeout,
 		Logger:        log,
 		Auth:          authCfg,
 		Observer:      observers{m.metrics, answers},
