@@ -119,7 +119,9 @@ func TestConsoleLoginRateLimit(t *testing.T) {
 	limit := auth.Limit{Rate: 1.0 / 60, Burst: 3}
 	cs := newConsoleStack(t, func(c *api.AuthConfig) { c.LoginPerClient, c.LoginPerKey = limit, limit })
 	key, _ := merchantKey(t, facilitator.ScopeStatus)
-	wrong := func(k string) string { return k[:len(k)-4] + map[bool]string{true: "1111", false: "0000"}[strings.HasSuffix(k, "0000")] }
+	wrong := func(k string) string {
+		return k[:len(k)-4] + map[bool]string{true: "1111", false: "0000"}[strings.HasSuffix(k, "0000")]
+	}
 	login := func(addr, k string) *httptest.ResponseRecorder {
 		t.Helper()
 		req := httptest.NewRequest(http.MethodPost, "/console/login", strings.NewReader("next=%2Fconsole&key="+k))
