@@ -41,13 +41,14 @@ func accessServer(t testing.TB) (*Server, *countingOps) {
 	d := notify.New(notify.Config{Store: &oasStore{f: f}, Status: f, StreamPoll: time.Hour, KeepAlive: time.Hour})
 	t.Cleanup(d.Stop)
 	overview := &countingOps{}
+	authCfg := &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}}
 	con, err := console.New(console.Config{Status: accessStatus{f}, HTTPStatus: HTTPStatus, Ops: overview,
-		CheckKey: func(context.Context, string) error { return nil }})
+		Sessions: ConsoleSessions(authCfg)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := New(Config{Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Lists: f, Console: con, Ops: overview,
-		Logger: slog.New(slog.DiscardHandler), Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}}})
+		Logger: slog.New(slog.DiscardHandler), Auth: authCfg})
 	return s, overview
 }
 

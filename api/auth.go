@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -47,9 +48,21 @@ type AuthConfig struct {
 	// address: behind a proxy that is the proxy). A zero Rate is no limit.
 	PerKey    auth.Limit
 	PerClient auth.Limit
-	// Now is the limiters' clock (nil: time.Now).
+	// Now is the clock of the limiters and of the console's sessions (nil: time.Now).
 	Now func() time.Time
+
+	// Sessions keeps the console's login sessions (keys mode); nil: the console's cookie opens
+	// nothing. SessionTTL is how long a session lasts from its login (0: DefaultSessionTTL).
+	Sessions   auth.SessionStore
+	SessionTTL time.Duration
+	// LoginPerClient and LoginPerKey limit the console's login attempts per client IP and per key
+	// id (the public part of the key typed in). A zero Rate is no limit.
+	LoginPerClient auth.Limit
+	LoginPerKey    auth.Limit
 }
+
+// DefaultSessionTTL is how long a console session lasts when AuthConfig.SessionTTL is zero.
+const DefaultSessionTTL = 12 * time.Hour
 
 // apiKeyKey is where the middleware leaves the request's *facilitator.APIKey.
 const apiKeyKey = "x402.apikey"
@@ -64,10 +77,8 @@ func newAuthGuard(cfg AuthConfig) *authGuard {
 	return &authGuard{cfg: cfg, perKey: auth.NewLimiter(cfg.PerKey, cfg.Now), perClient: auth.NewLimiter(cfg.PerClient, cfg.Now)}
 }
 
-// presentedKey returns the key sent with the request, "" if none. The console's login cookie
-// counts only on the console's pages (console): elsewhere a browser's ambient credential must
-// not authorize an API call a third-party page could make it send.
-func presentedKey(r *http.Request, console bool) string {
+// presentedKey returns the key sent in the request's headers, "" if none.
+func presentedKey(r *http.Request) string {
 	if h := r.Header.Get("Authorization"); h != "" {
 		scheme, rest, ok := strings.Cut(strings.TrimSpace(h), " ")
 		if ok && strings.EqualFold(scheme, "Bearer") {
@@ -75,13 +86,32 @@ func presentedKey(r *http.Request, console bool) string {
 		}
 		return ""
 	}
-	if h := strings.TrimSpace(r.Header.Get("X-API-Key")); h != "" || !console {
-		return h
+	return strings.TrimSpace(r.Header.Get("X-API-Key"))
+}
+
+// credential is the key a request is made with: the one in its headers or, on the console's
+// pages only (console) and without one, the key of the console session its cookie names, with
+// the session's scopes. Elsewhere a browser's ambient credential must not authorize an API call
+// a third-party page could make it send.
+func (g *authGuard) credential(r *http.Request, console bool) (*facilitator.APIKey, error) {
+	text := presentedKey(r)
+	if text == "" && console && g.cfg.Sessions != nil && r.Header.Get("Authorization") == "" {
+		if ck, err := r.Cookie(facilitator.ConsoleSessionCookie); err == nil {
+			return auth.ResolveSession(r.Context(), g.cfg.Keys, g.cfg.Sessions, ck.Value, g.now())
+		}
 	}
-	if ck, err := r.Cookie(facilitator.ConsoleKeyCookie); err == nil {
-		return strings.TrimSpace(ck.Value)
+	if text == "" {
+		return nil, &facilitator.Error{Code: facilitator.EUnauthenticated, Reason: facilitator.ReasonUnauthorized,
+			Message: "an API key is required (Authorization: Bearer <key>)"}
 	}
-	return ""
+	return auth.Authenticate(r.Context(), g.cfg.Keys, text)
+}
+
+func (g *authGuard) now() time.Time {
+	if g.cfg.Now != nil {
+		return g.cfg.Now()
+	}
+	return time.Now()
 }
 
 // isConsolePage reports whether route is one of the console's pages (the lookup pages, the
@@ -117,12 +147,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if g.cfg.Mode != AuthKeys {
 			return next(c)
 		}
-		text := presentedKey(req, isConsolePage(c.Path()))
-		if text == "" {
-			return s.refuse(c, &facilitator.Error{Code: facilitator.EUnauthenticated, Reason: facilitator.ReasonUnauthorized,
-				Message: "an API key is required (Authorization: Bearer <key>)"})
-		}
-		key, err := auth.Authenticate(req.Context(), g.cfg.Keys, text)
+		key, err := g.credential(req, isConsolePage(c.Path()))
 		if err != nil {
 			return s.refuse(c, err)
 		}
@@ -143,23 +168,69 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// ConsoleKeyCheck is how the console's login form checks a key before keeping it in a cookie:
-// the same lookup and scope rule as the middleware's for the console's pages. Nil in open mode
-// (no key is needed).
-func ConsoleKeyCheck(cfg *AuthConfig) func(ctx context.Context, key string) error {
+// ConsoleLogin opens and ends the console's login sessions (console.Sessions).
+type ConsoleLogin interface {
+	// Login checks a key typed into the login form from the client address client, by the
+	// middleware's rule for the console's pages, and opens a session for it: its token, for the
+	// cookie, and when it expires.
+	Login(ctx context.Context, client, key string) (token string, expires time.Time, err error)
+	// Logout revokes the session of token: its cookie opens nothing from then on.
+	Logout(ctx context.Context, token string) error
+}
+
+// ConsoleSessions is the console's login in keys mode; nil in open mode (no key is needed). The
+// login attempts are rate-limited per client address and per key id, so that keys cannot be
+// tried at the form faster than at the API.
+func ConsoleSessions(cfg *AuthConfig) ConsoleLogin {
 	if cfg == nil || cfg.Mode != AuthKeys {
 		return nil
 	}
-	return func(ctx context.Context, text string) error {
-		key, err := auth.Authenticate(ctx, cfg.Keys, text)
-		if err != nil {
-			return err
+	ttl := cfg.SessionTTL
+	if ttl <= 0 {
+		ttl = DefaultSessionTTL
+	}
+	return &consoleSessions{guard: authGuard{cfg: *cfg}, ttl: ttl,
+		perClient: auth.NewLimiter(cfg.LoginPerClient, cfg.Now), perKey: auth.NewLimiter(cfg.LoginPerKey, cfg.Now)}
+}
+
+type consoleSessions struct {
+	guard     authGuard // its clock and stores
+	ttl       time.Duration
+	perClient *auth.Limiter
+	perKey    *auth.Limiter
+}
+
+func (s *consoleSessions) Login(ctx context.Context, client, text string) (string, time.Time, error) {
+	if ok, wait := s.perClient.Allow(client); !ok {
+		return "", time.Time{}, rateLimited("too many login attempts from this address", wait)
+	}
+	if id, ok := auth.ParseID(text); ok {
+		if ok, wait := s.perKey.Allow(id); !ok {
+			return "", time.Time{}, rateLimited("too many login attempts with this key", wait)
 		}
-		if !key.Has(facilitator.ScopeStatus) {
-			return facilitator.Errorf(facilitator.EForbidden, facilitator.ReasonForbiddenScope, "the API key lacks the %s scope", facilitator.ScopeStatus)
-		}
+	}
+	if s.guard.cfg.Sessions == nil {
+		return "", time.Time{}, facilitator.Unavailable("", "console sessions are not configured", errors.New("api: AuthConfig.Sessions is nil"))
+	}
+	key, err := auth.Authenticate(ctx, s.guard.cfg.Keys, text)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if !key.Has(facilitator.ScopeStatus) {
+		return "", time.Time{}, facilitator.Errorf(facilitator.EForbidden, facilitator.ReasonForbiddenScope, "the API key lacks the %s scope", facilitator.ScopeStatus)
+	}
+	token, session, err := auth.OpenSession(ctx, s.guard.cfg.Sessions, key, s.guard.now(), s.ttl)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	return token, session.ExpiresAt, nil
+}
+
+func (s *consoleSessions) Logout(ctx context.Context, token string) error {
+	if s.guard.cfg.Sessions == nil {
 		return nil
 	}
+	return auth.EndSession(ctx, s.guard.cfg.Sessions, token, s.guard.now())
 }
 
 // rateLimited refuses a request past a rate limit until wait has passed.

@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/ops"
 )
@@ -29,8 +31,9 @@ func (okConsole) Refused(w http.ResponseWriter, _ *http.Request, err error) {
 // with every other scope, is refused (403) there and still opens the lookup pages.
 func TestAuthOperatorRoutes(t *testing.T) {
 	keys := &memKeys{keys: map[string]*facilitator.APIKey{}}
+	sessions := &memSessions{}
 	srv := api.New(api.Config{Verifier: &stubVerifier{}, Ops: emptyOps{}, Console: okConsole{},
-		Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: keys}})
+		Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: keys, Sessions: sessions}})
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
 	merchant := keys.add(t, facilitator.ScopeVerify, facilitator.ScopeSettle, facilitator.ScopeStatus, facilitator.ScopeWebhooks)
@@ -53,8 +56,18 @@ func TestAuthOperatorRoutes(t *testing.T) {
 	// page's script fetches its data with the cookie); elsewhere it counts for nothing.
 	cookie := func(path, key string) int {
 		t.Helper()
+		// A session opened for the key as the login form opens one (an operator-only key lacks
+		// the status scope the form asks for).
+		k, err := auth.Authenticate(context.Background(), keys, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		token, _, err := auth.OpenSession(context.Background(), sessions, k, time.Now(), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
 		req, _ := http.NewRequest(http.MethodGet, hs.URL+path, nil)
-		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleKeyCookie, Value: key})
+		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: token})
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -46,9 +46,9 @@ type Config struct {
 	StreamFor time.Duration
 	// Merchant serves the merchant's pages (merchant.go); nil leaves them out.
 	Merchant Merchant
-	// CheckKey checks a key typed into the login form (api.ConsoleKeyCheck); nil is open mode,
-	// where the login page says no key is needed.
-	CheckKey func(ctx context.Context, key string) error
+	// Sessions opens and ends the login sessions (api.ConsoleSessions); nil is open mode, where
+	// the login page says no key is needed.
+	Sessions Sessions
 	// Ops is the operations overview behind /console/ops (ops.go); nil leaves the page out.
 	Ops Ops
 }
@@ -344,7 +344,7 @@ func (c *Console) render(w http.ResponseWriter, code int, name string, p page) {
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	p.Keys = c.cfg.CheckKey != nil
+	p.Keys = c.cfg.Sessions != nil
 	if err := c.pages.ExecuteTemplate(w, name, p); err != nil {
 		c.log.Error("console: rendering", "page", name, "err", err)
 	}

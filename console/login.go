@@ -2,16 +2,30 @@ package console
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-// Browser login: the API key, typed once into a form, kept in an HttpOnly, SameSite=Strict cookie
-// scoped to /console, which the API's guard accepts on the console's pages only. The key is never
-// logged, echoed into a page or put in a URL.
+// Browser login: the API key, typed once into the form, opens a session. The browser keeps only
+// the session's random token, in an HttpOnly, SameSite=Strict cookie scoped to /console, which
+// the API's guard accepts on the console's pages only; logging out revokes the session, so a
+// copy of the cookie opens nothing after. The key is never kept, logged, echoed into a page or
+// put in a URL.
+
+// Sessions opens and ends login sessions: api.ConsoleSessions.
+type Sessions interface {
+	// Login checks key, typed in from the client address client, and opens a session: its token
+	// and when it expires. A refusal is a facilitator.Error (401, 403, 429 with its wait, 503).
+	Login(ctx context.Context, client, key string) (token string, expires time.Time, err error)
+	// Logout revokes the session of token.
+	Logout(ctx context.Context, token string) error
+}
 
 type loginView struct {
 	Open    bool // open mode: no key is needed
@@ -64,9 +78,21 @@ func dotSegments(p string) bool {
 	return false
 }
 
-func (c *Console) keyCookie(r *http.Request, value string, maxAge int) *http.Cookie {
-	return &http.Cookie{Name: facilitator.ConsoleKeyCookie, Value: value, Path: "/console", MaxAge: maxAge,
+// sessionCookie holds a session's token. Without MaxAge it ends with the browser, and the
+// session itself ends sooner on the server (expiry, logout, the key's revocation).
+func (c *Console) sessionCookie(r *http.Request, token string, maxAge int) *http.Cookie {
+	return &http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: token, Path: "/console", MaxAge: maxAge,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil}
+}
+
+// clientAddress is the TCP peer's IP, by the API guard's rule: forwarding headers are not
+// trusted, a client could set them.
+func clientAddress(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
@@ -74,7 +100,7 @@ func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) renderLogin(w http.ResponseWriter, code int, v loginView) {
-	v.Open = c.cfg.CheckKey == nil
+	v.Open = c.cfg.Sessions == nil
 	c.render(w, code, "login", page{Title: "Log in", Login: &v})
 }
 
@@ -84,7 +110,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 			Title: "Refused", Message: "This form can only be sent from the console's own page."}})
 		return
 	}
-	if c.cfg.CheckKey == nil {
+	if c.cfg.Sessions == nil {
 		http.Redirect(w, r, "/console", http.StatusSeeOther)
 		return
 	}
@@ -101,31 +127,49 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
-	if err := c.cfg.CheckKey(ctx, key); err != nil {
+	token, _, err := c.cfg.Sessions.Login(ctx, clientAddress(r), key)
+	if err != nil {
 		code := c.cfg.HTTPStatus(err)
 		msg := "That key was not accepted: it is unknown, revoked or mistyped."
 		switch {
 		case code == http.StatusForbidden:
 			msg = "That key may not read the console: it lacks the status scope."
+		case code == http.StatusTooManyRequests:
+			wait := int((facilitator.ErrorRetryAfter(err) + time.Second - 1) / time.Second)
+			wait = max(wait, 1)
+			w.Header().Set("Retry-After", strconv.Itoa(wait))
+			msg = "Too many login attempts: try again in " + strconv.Itoa(wait) + " s."
 		case code >= 500 || code == 0:
 			code, msg = http.StatusServiceUnavailable, "Keys cannot be checked right now; try again in a few seconds."
-			c.log.ErrorContext(r.Context(), "console: checking a key", "err", err) // the error never holds the key
+			c.log.ErrorContext(r.Context(), "console: logging in", "err", err) // the error never holds the key
 		}
 		c.renderLogin(w, code, loginView{Next: next, Message: msg})
 		return
 	}
-	// A session cookie: it ends with the browser, and logout clears it sooner.
-	http.SetCookie(w, c.keyCookie(r, key, 0))
+	http.SetCookie(w, c.sessionCookie(r, token, 0))
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout revokes the session on the server, then clears the cookie: a copy of it kept elsewhere
+// opens nothing after.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if !sameOrigin(r) {
 		c.render(w, http.StatusForbidden, "error", page{Title: "Refused", Error: &errorView{Status: http.StatusForbidden,
 			Title: "Refused", Message: "This form can only be sent from the console's own page."}})
 		return
 	}
-	http.SetCookie(w, c.keyCookie(r, "", -1))
+	if ck, err := r.Cookie(facilitator.ConsoleSessionCookie); err == nil && c.cfg.Sessions != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
+		defer cancel()
+		if err := c.cfg.Sessions.Logout(ctx, ck.Value); err != nil {
+			// The cookie is kept: cleared, it would look logged out while its session still opens pages.
+			c.log.ErrorContext(r.Context(), "console: logging out", "err", err) // the error never holds the token
+			c.render(w, http.StatusServiceUnavailable, "error", page{Title: "Not logged out", Error: &errorView{Status: http.StatusServiceUnavailable,
+				Title: "Not logged out", Message: "The session could not be ended right now; try again in a few seconds."}})
+			return
+		}
+	}
+	http.SetCookie(w, c.sessionCookie(r, "", -1))
 	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
 }
 
@@ -151,9 +195,9 @@ func (c *Console) Refused(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	msg := "Log in with an API key that has the status scope to see this page."
-	if _, noCookie := r.Cookie(facilitator.ConsoleKeyCookie); noCookie == nil {
-		http.SetCookie(w, c.keyCookie(r, "", -1))
-		msg = "Your key was not accepted (revoked or changed): log in again."
+	if _, noCookie := r.Cookie(facilitator.ConsoleSessionCookie); noCookie == nil {
+		http.SetCookie(w, c.sessionCookie(r, "", -1))
+		msg = "Your session has ended (logged out, expired, or its key revoked): log in again."
 	}
 	next := "/console"
 	if r.Method == http.MethodGet {

@@ -12,10 +12,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/console"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -44,23 +46,50 @@ type consoleStack struct {
 	*stacktest.Server
 	handler http.Handler
 	logs    *lockedBuffer
+	db      *postgres.DB
+	// clock is the sessions' and the limiters' clock.
+	clock *testClock
 	// bodies is every response body the test read, to search for keys.
 	bodies []string
 }
 
-func newConsoleStack(t *testing.T) *consoleStack {
+// testClock is a clock a test moves by hand.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// newConsoleStack builds the stack; tune, if given, changes its auth configuration (the login
+// limits, the session lifetime).
+func newConsoleStack(t *testing.T, tune ...func(*api.AuthConfig)) *consoleStack {
 	t.Helper()
 	db := env.OpenDB(t)
 	logs := &lockedBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(logs, stacktestWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e := env.NewEngine(t, stacktest.EngineOptions{DB: db, Logger: log})
-	authCfg := &api.AuthConfig{Mode: api.AuthKeys, Keys: db}
+	clock := &testClock{now: time.Now()}
+	authCfg := &api.AuthConfig{Mode: api.AuthKeys, Keys: db, Sessions: db, Now: clock.Now}
+	for _, f := range tune {
+		f(authCfg)
+	}
 	con, err := console.New(console.Config{Status: env.Status(db, 1), HTTPStatus: api.HTTPStatus, Logger: log,
-		Merchant: db, CheckKey: api.ConsoleKeyCheck(authCfg), Networks: []facilitator.Network{env.Network()}})
+		Merchant: db, Sessions: api.ConsoleSessions(authCfg), Networks: []facilitator.Network{env.Network()}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := &consoleStack{logs: logs}
+	cs := &consoleStack{logs: logs, db: db, clock: clock}
 	cs.Server = env.NewServer(t, stacktest.ServerOptions{Engine: e, Logger: log, Config: func(c *api.Config, _ *stacktest.Server) {
 		c.Console, c.Auth, c.Lists = con, authCfg, db
 	}, Handler: func(h http.Handler) http.Handler { cs.handler = h; return h }})
@@ -105,9 +134,28 @@ func (cs *consoleStack) loginRequest(t *testing.T, key, next string) *http.Reque
 	return req
 }
 
-func keyCookieOf(res *http.Response) *http.Cookie {
+// login logs in through the form with key and returns the session cookie's value.
+func (cs *consoleStack) login(t *testing.T, key string) string {
+	t.Helper()
+	res, _ := cs.send(t, cs.loginRequest(t, key, "/console"))
+	ck := sessionCookieOf(res)
+	if res.StatusCode != http.StatusSeeOther || ck == nil || ck.Value == "" {
+		t.Fatalf("logging in: %d, cookie %+v", res.StatusCode, ck)
+	}
+	return ck.Value
+}
+
+// get fetches a console path with a session cookie.
+func (cs *consoleStack) get(t *testing.T, p, token string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, cs.URL+p, nil)
+	req.AddCookie(&http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: token})
+	return cs.send(t, req)
+}
+
+func sessionCookieOf(res *http.Response) *http.Cookie {
 	for _, c := range res.Cookies() {
-		if c.Name == facilitator.ConsoleKeyCookie {
+		if c.Name == facilitator.ConsoleSessionCookie {
 			return c
 		}
 	}
@@ -183,8 +231,9 @@ func TestConsoleLoginHardening(t *testing.T) {
 
 	// The cookie's attributes, over plain HTTP and over TLS.
 	res, _ := cs.send(t, cs.loginRequest(t, key, "/console"))
-	ck := keyCookieOf(res)
-	if ck == nil || ck.Value != key || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/console" || ck.Secure || ck.MaxAge != 0 || ck.Domain != "" {
+	ck := sessionCookieOf(res)
+	// The cookie holds a session's token: neither the key nor any part of it.
+	if ck == nil || ck.Value == "" || strings.Contains(ck.Value, key[strings.LastIndex(key, "_")+1:]) || strings.Contains(ck.Value, key[:17]) || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/console" || ck.Secure || ck.MaxAge != 0 || ck.Domain != "" {
 		t.Fatalf("the login cookie over HTTP: %+v", ck)
 	}
 	tlsReq := cs.loginRequest(t, key, "/console")
@@ -195,20 +244,20 @@ func TestConsoleLoginHardening(t *testing.T) {
 	w := httptest.NewRecorder()
 	cs.handler.ServeHTTP(w, tlsReq)
 	cs.bodies = append(cs.bodies, w.Body.String())
-	if ck := keyCookieOf(w.Result()); ck == nil || !ck.Secure || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/console" {
+	if ck := sessionCookieOf(w.Result()); ck == nil || !ck.Secure || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/console" {
 		t.Errorf("the login cookie over TLS: %d %+v", w.Code, ck)
 	}
 
 	// A mistyped key is refused with the form, and no cookie.
 	res, _ = cs.send(t, cs.loginRequest(t, mistyped, "/console"))
-	if res.StatusCode != http.StatusUnauthorized || keyCookieOf(res) != nil {
-		t.Errorf("a mistyped key: %d, cookie %+v", res.StatusCode, keyCookieOf(res))
+	if res.StatusCode != http.StatusUnauthorized || sessionCookieOf(res) != nil {
+		t.Errorf("a mistyped key: %d, cookie %+v", res.StatusCode, sessionCookieOf(res))
 	}
 
 	// The cookie opens the console's pages, and nothing of the API.
 	withCookie := func(method, p string) *http.Request {
 		req, _ := http.NewRequest(method, cs.URL+p, nil)
-		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleKeyCookie, Value: key})
+		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: ck.Value})
 		return req
 	}
 	if res, _ := cs.send(t, withCookie(http.MethodGet, "/console/settlements")); res.StatusCode != http.StatusOK {
@@ -247,9 +296,7 @@ func TestConsolePayerScoped(t *testing.T) {
 	txB := settleWith(t, cs.Server, keyB, env.NewPay(t, payer, 777_000))
 	page := "/console/payers/" + stacktest.AddressOf(payer).Hex()
 	for _, c := range []struct{ key, mine, theirs string }{{keyA, txA, txB}, {keyB, txB, txA}} {
-		req, _ := http.NewRequest(http.MethodGet, cs.URL+page, nil)
-		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleKeyCookie, Value: c.key})
-		res, body := cs.send(t, req)
+		res, body := cs.get(t, page, cs.login(t, c.key))
 		body = strings.ToLower(body)
 		if res.StatusCode != http.StatusOK || !strings.Contains(body, strings.ToLower(c.mine)) || strings.Contains(body, strings.ToLower(c.theirs)) {
 			t.Errorf("payer page: %d, own transaction shown %v, the other merchant's shown %v", res.StatusCode,

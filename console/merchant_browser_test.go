@@ -61,9 +61,9 @@ func settleWith(t *testing.T, s *stacktest.Server, key string, p stacktest.Pay) 
 func TestBrowserMerchant(t *testing.T) {
 	db := env.OpenDB(t)
 	e := env.NewEngine(t, stacktest.EngineOptions{DB: db})
-	authCfg := &api.AuthConfig{Mode: api.AuthKeys, Keys: db}
+	authCfg := &api.AuthConfig{Mode: api.AuthKeys, Keys: db, Sessions: db}
 	con, err := console.New(console.Config{Status: env.Status(db, 1), HTTPStatus: api.HTTPStatus,
-		Merchant: db, CheckKey: api.ConsoleKeyCheck(authCfg), Networks: []facilitator.Network{env.Network()}})
+		Merchant: db, Sessions: api.ConsoleSessions(authCfg), Networks: []facilitator.Network{env.Network()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,3 +50,20 @@ func (k *APIKey) AllowsPayTo(addr common.Address) bool {
 
 // Revoked reports whether k has been revoked.
 func (k *APIKey) Revoked() bool { return k.RevokedAt != nil }
+
+// ConsoleSession is a console login as the ledger stores it: the hash of its random token (the
+// token itself lives only in the browser's cookie), the key that logged in and the scopes it had
+// then. A session counts for no more than its key can still do.
+type ConsoleSession struct {
+	Hash      [32]byte
+	KeyID     string
+	Scopes    []Scope
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	RevokedAt *time.Time
+}
+
+// Live reports whether s may be used at now: not revoked, not expired.
+func (s *ConsoleSession) Live(now time.Time) bool {
+	return s.RevokedAt == nil && now.Before(s.ExpiresAt)
+}

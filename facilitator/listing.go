@@ -35,9 +35,9 @@ func ViewerOf(key *APIKey) Viewer {
 	return Viewer{All: key.Has(ScopeOperator), Key: key.ID, Scopes: slices.Clone(key.Scopes)}
 }
 
-// ConsoleKeyCookie is the cookie the console's login form keeps the API key in; the API's guard
-// reads it on the console's pages only.
-const ConsoleKeyCookie = "x402_console_key"
+// ConsoleSessionCookie is the cookie the console's login form keeps a session token in (never the
+// API key); the API's guard reads it on the console's pages only.
+const ConsoleSessionCookie = "x402_console_session"
 
 type viewerKey struct{}
 

@@ -88,6 +88,8 @@ type Config struct {
 	// limits, per process (rate per second; 0: no limit).
 	KeyRate, ClientRate   float64
 	KeyBurst, ClientBurst int
+	// ConsoleSessionTTL is how long a console login lasts (0: api.DefaultSessionTTL).
+	ConsoleSessionTTL time.Duration
 
 	// WalletCapCount and WalletCapAmount (token base units) bound each paying wallet's settlements
 	// per network and asset over WalletCapWindow; 0/nil: no cap.
@@ -455,6 +457,7 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	keyRate := fs.String("rate-per-key", env("FACILITATOR_RATE_PER_KEY", "50"), "requests per second per API key, per process; 0: no limit (FACILITATOR_RATE_PER_KEY)")
 	fs.IntVar(&cfg.KeyBurst, "burst-per-key", atoi(env("FACILITATOR_BURST_PER_KEY", "100")), "burst per API key (FACILITATOR_BURST_PER_KEY)")
 	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
+	sessionTTL := fs.String("console-session-ttl", env("FACILITATOR_CONSOLE_SESSION_TTL", "12h"), "how long a console login lasts before the console asks for the key again (FACILITATOR_CONSOLE_SESSION_TTL)")
 	fs.IntVar(&cfg.ClientBurst, "burst-per-client", atoi(env("FACILITATOR_BURST_PER_CLIENT", "200")), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
 	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", atoi(env("FACILITATOR_WALLET_CAP_COUNT", "0")), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
 	walletCapAmount := fs.String("wallet-cap-amount", env("FACILITATOR_WALLET_CAP_AMOUNT", "0"), "most token base units settled per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_AMOUNT)")
@@ -569,6 +572,9 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
 	if cfg.WebhookDeliveryRetention, err = time.ParseDuration(*deliveryRetention); err != nil || cfg.WebhookDeliveryRetention <= 0 {
 		return nil, fmt.Errorf("webhook-delivery-retention: %q is not a positive duration", *deliveryRetention)
+	}
+	if cfg.ConsoleSessionTTL, err = time.ParseDuration(*sessionTTL); err != nil || cfg.ConsoleSessionTTL <= 0 {
+		return nil, fmt.Errorf("console-session-ttl: %q is not a positive duration", *sessionTTL)
 	}
 	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 	return cfg, nil

@@ -28,7 +28,12 @@ type beater interface {
 
 // startJobs schedules the background jobs. Each only calls a service method, bounded in time, and
 // logs what it changed.
-func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *reconcile.Jobs, hooks *notify.Dispatcher, obs beater) (*cron.Cron, error) {
+// sessionPruner deletes console sessions that ended (postgres.DB).
+type sessionPruner interface {
+	PruneConsoleSessions(ctx context.Context, at time.Time, limit int) (int64, error)
+}
+
+func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *reconcile.Jobs, hooks *notify.Dispatcher, sessions sessionPruner, obs beater) (*cron.Cron, error) {
 	// SkipIfStillRunning: a slow run is never stacked under the next one.
 	c := cron.New(cron.WithChain(cron.SkipIfStillRunning(cron.DiscardLogger)))
 	bounded := func(name string, run func(context.Context) (reconcile.Changes, error)) func() {
@@ -65,7 +70,23 @@ func startJobs(log *slog.Logger, cfg *Config, ids *paymentid.Service, rec *recon
 		if pruned > 0 {
 			log.Info("webhook delivery retention: deleted finished deliveries past their retention", "count", pruned)
 		}
-		if err == nil && perr == nil {
+		// An ended session opens nothing already; deleting it only keeps the table small.
+		var ended int64
+		var serr error
+		for {
+			n, err := sessions.PruneConsoleSessions(ctx, time.Now(), 10_000)
+			ended += n
+			if serr = err; err != nil || n < 10_000 {
+				break
+			}
+		}
+		if serr != nil {
+			log.Warn("console session retention job", "err", serr)
+		}
+		if ended > 0 {
+			log.Info("console session retention: deleted expired and logged-out sessions", "count", ended)
+		}
+		if err == nil && perr == nil && serr == nil {
 			obs.Beat(jobRetention, "", time.Now())
 		}
 	})

@@ -20,7 +20,8 @@ const keysUsage = `usage: facilitator keys <create|list|revoke|budget> [flags]
          make a key and print it, once: only its hash is stored
   list   list keys (id, name, scopes, pay-to allow-list, gas budget, created, revoked)
   revoke <id>
-         revoke a key; requests with it are refused from then on
+         revoke a key; requests with it are refused from then on, and its console
+         sessions end
   budget --gas-budget-wei N|default <id>
          set a key's gas budget: wei of worst-case gas cost (gas limit x max fee per gas) its
          settlements may reserve per rolling 24 hours; 0 is unlimited, default (or none given at

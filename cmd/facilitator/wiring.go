@@ -224,7 +224,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := m.notifier.Start(startCtx); err != nil {
 		return err
 	}
-	if m.jobs, err = startJobs(log, cfg, idsvc, rec, m.notifier, m.metrics); err != nil {
+	if m.jobs, err = startJobs(log, cfg, idsvc, rec, m.notifier, m.db, m.metrics); err != nil {
 		return err
 	}
 	if cfg.Index {
@@ -246,7 +246,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Logger:     log.With("component", "ops")})
 	authCfg := authConfig(cfg, m.db)
 	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
-		Logger: log.With("component", "console"), Merchant: m.db, CheckKey: api.ConsoleKeyCheck(authCfg), Ops: overview})
+		Logger: log.With("component", "console"), Merchant: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview})
 	if err != nil {
 		return err
 	}
@@ -562,7 +562,11 @@ func authConfig(cfg *Config, db *postgres.DB) *api.AuthConfig {
 	if cfg.Auth == api.AuthOpen {
 		mode = api.AuthOpen
 	}
+	// Logging in is a person typing a key: five tries at once, then one every 12 s, per client
+	// address and per key id; the form must not be a faster way to guess keys than the API.
+	login := auth.Limit{Rate: 5.0 / 60, Burst: 5}
 	return &api.AuthConfig{Mode: mode, Keys: db,
 		PerKey:    auth.Limit{Rate: cfg.KeyRate, Burst: cfg.KeyBurst},
-		PerClient: auth.Limit{Rate: cfg.ClientRate, Burst: cfg.ClientBurst}}
+		PerClient: auth.Limit{Rate: cfg.ClientRate, Burst: cfg.ClientBurst},
+		Sessions:  db, SessionTTL: cfg.ConsoleSessionTTL, LoginPerClient: login, LoginPerKey: login}
 }

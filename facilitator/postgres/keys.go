@@ -101,11 +101,13 @@ func (db *DB) APIKeys(ctx context.Context) ([]*facilitator.APIKey, error) {
 	return out, rows.Err()
 }
 
-// RevokeAPIKey revokes a key from now on. Revoking a revoked key keeps its first revocation time;
-// an unknown id is facilitator.ErrNotFound.
+// RevokeAPIKey revokes a key from now on, and ends its console sessions. Revoking a revoked key
+// keeps its first revocation time; an unknown id is facilitator.ErrNotFound.
 func (db *DB) RevokeAPIKey(ctx context.Context, id string, now time.Time) (time.Time, error) {
 	var at time.Time
-	err := db.pool.QueryRow(ctx, `UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2)
+	err := db.pool.QueryRow(ctx, `WITH sessions AS (
+			UPDATE console_sessions SET revoked_at = COALESCE(revoked_at, $2) WHERE key_id = $1)
+		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2)
 		WHERE id = $1 RETURNING revoked_at`, id, now).Scan(&at)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, facilitator.ErrNotFound

@@ -1,0 +1,94 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/api"
+	"github.com/x402-facilitator/x402-facilitator/auth"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// memSessions is an in-memory auth.SessionStore (the Postgres one is tested in console's tests).
+type memSessions struct {
+	mu       sync.Mutex
+	sessions map[[32]byte]facilitator.ConsoleSession
+}
+
+func (m *memSessions) InsertConsoleSession(_ context.Context, s *facilitator.ConsoleSession) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sessions == nil {
+		m.sessions = map[[32]byte]facilitator.ConsoleSession{}
+	}
+	m.sessions[s.Hash] = *s
+	return nil
+}
+
+func (m *memSessions) ConsoleSession(_ context.Context, hash [32]byte) (*facilitator.ConsoleSession, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[hash]
+	if !ok {
+		return nil, facilitator.ErrNotFound
+	}
+	return &s, nil
+}
+
+func (m *memSessions) RevokeConsoleSession(_ context.Context, hash [32]byte, at time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s, ok := m.sessions[hash]; ok && s.RevokedAt == nil {
+		s.RevokedAt = &at
+		m.sessions[hash] = s
+	}
+	return nil
+}
+
+// TestConsoleSessionScopes: a session opens what both it and its key may do now: a key that
+// loses a scope after the login loses it in the session too, and a scope added to the key after
+// the login is not in the session.
+func TestConsoleSessionScopes(t *testing.T) {
+	keys := &memKeys{keys: map[string]*facilitator.APIKey{}}
+	sessions := &memSessions{}
+	cfg := &api.AuthConfig{Mode: api.AuthKeys, Keys: keys, Sessions: sessions}
+	srv := api.New(api.Config{Verifier: &stubVerifier{}, Ops: emptyOps{}, Console: okConsole{}, Auth: cfg})
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	text := keys.add(t, facilitator.ScopeStatus)
+	token, _, err := api.ConsoleSessions(cfg).Login(context.Background(), "192.0.2.1", text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, hs.URL+path, nil)
+		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: token})
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := get("/console"); got != http.StatusOK {
+		t.Fatalf("/console with the session: %d", got)
+	}
+	id, _ := auth.ParseID(text)
+	keys.mu.Lock()
+	keys.keys[id].Scopes = []facilitator.Scope{facilitator.ScopeStatus, facilitator.ScopeOperator}
+	keys.mu.Unlock()
+	if got := get("/console/ops"); got != http.StatusForbidden {
+		t.Errorf("/console/ops with a session opened before the key had the operator scope: %d, want 403", got)
+	}
+	keys.mu.Lock()
+	keys.keys[id].Scopes = []facilitator.Scope{facilitator.ScopeVerify}
+	keys.mu.Unlock()
+	if got := get("/console"); got != http.StatusForbidden {
+		t.Errorf("/console with a session whose key lost the status scope: %d, want 403", got)
+	}
+}
