@@ -94,7 +94,7 @@ func (s *Server) authorizationEvents(c echo.Context) error {
 	if err != nil {
 		return s.writeError(c, nil, err)
 	}
-	return s.stream(c, notify.Target{Key: key})
+	return s.stream(c, notify.Target{Key: key, Owner: idScope(c)})
 }
 
 func (s *Server) paymentEvents(c echo.Context) error {
@@ -102,10 +102,10 @@ func (s *Server) paymentEvents(c echo.Context) error {
 	if err := status.CheckPaymentID(id); err != nil {
 		return s.writeError(c, nil, err)
 	}
-	return s.stream(c, notify.Target{PaymentID: id, IDScope: idScope(c)})
+	return s.stream(c, notify.Target{PaymentID: id, IDScope: idScope(c), Owner: idScope(c)})
 }
 
-// stream answers text/event-stream: errors before the first byte are JSON like the status
+// stream answers text/event-stream, as one of the request's key's streams: errors before the first byte are JSON like the status
 // routes'; after it, the stream just ends and the client reconnects with Last-Event-ID.
 func (s *Server) stream(c echo.Context, t notify.Target) error {
 	ctx := c.Request().Context()

@@ -682,7 +682,10 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "authorization events bad nonce", method: "GET", url: "/v1/events/authorizations/" + oasNetwork + "/" + oasAsset + "/" + oasFrom + "/0x1", route: eventsRoute, status: 400},
 		{name: "authorization events bad Last-Event-ID", method: "GET", url: eventsURL, route: eventsRoute, header: map[string]string{"Last-Event-ID": "abc"}, status: 400},
 		{name: "authorization events unknown", method: "GET", url: eventsURL, route: eventsRoute, status: 404, setup: notFound},
-		{name: "authorization events too many", method: "GET", url: eventsURL, route: eventsRoute, status: 503, setup: unavailable("too_many_streams")},
+		{name: "authorization events too many", method: "GET", url: eventsURL, route: eventsRoute, status: 503, setup: unavailable(facilitator.ReasonTooManyStreams)},
+		{name: "authorization events too many for the key", method: "GET", url: eventsURL, route: eventsRoute, status: 429, setup: func(f *oasFakes) {
+			f.notifyErr = &facilitator.Error{Code: facilitator.ELimited, Reason: facilitator.ReasonTooManyStreamsForKey, Message: "close one", RetryAfter: 5 * time.Second}
+		}},
 		{name: "authorization events internal", method: "GET", url: eventsURL, route: eventsRoute, status: 500, setup: internal},
 		{name: "payment events", method: "GET", url: "/v1/events/payments/" + oasPayID, route: "/v1/events/payments/{id}", status: 200},
 		{name: "payment events resumed", method: "GET", url: "/v1/events/payments/" + oasPayID, route: "/v1/events/payments/{id}", header: map[string]string{"Last-Event-ID": "41"}, status: 200},

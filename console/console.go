@@ -51,6 +51,16 @@ type Config struct {
 	Sessions Sessions
 	// Ops is the operations overview behind /console/ops (ops.go); nil leaves the page out.
 	Ops Ops
+	// Heads are the networks' head announcements (each network's one shared subscription), by
+	// network id: a live page's lookup is read again when its network's head changes, once for all
+	// its viewers. A network without one, or while its subscription is down, is read every Poll.
+	Heads map[string]Heads
+	// MaxStreams bounds the open live streams (default 1000): past it a new one answers 503
+	// too_many_streams.
+	MaxStreams int
+	// MaxStreamsPerKey bounds one API key's open live streams within MaxStreams (default 100; open
+	// mode is one key): past it the key's next answers 429 too_many_streams_for_key.
+	MaxStreamsPerKey int
 }
 
 // CSP is the console's Content-Security-Policy: its own script and styles only, no inline code, no
@@ -71,6 +81,7 @@ type Console struct {
 	pages  *template.Template
 	mux    *http.ServeMux
 	static http.Handler
+	live   *lookups
 }
 
 // New builds the console.
@@ -110,6 +121,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, log: cfg.Logger, pages: pages, mux: http.NewServeMux(),
 		static: http.StripPrefix("/console/static/", http.FileServerFS(sub))}
+	c.live = newLookups(c, cfg.MaxStreams, cfg.MaxStreamsPerKey)
 	c.mux.HandleFunc("GET /console", c.search)
 	c.mux.HandleFunc("GET /console/{$}", c.search)
 	c.mux.HandleFunc("GET /console/authorizations/{network}/{asset}/{from}/{nonce}", c.authorization)

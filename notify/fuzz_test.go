@@ -198,11 +198,7 @@ func FuzzLastEventID(f *testing.F) {
 	})
 }
 
-func fuzzSlots(d *Dispatcher) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.streams
-}
+func fuzzSlots(d *Dispatcher) int { return d.streams.Open() }
 
 var fuzzEventIDRE = regexp.MustCompile(`^[+-]?[0-9]+$`)
 

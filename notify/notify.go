@@ -120,8 +120,12 @@ type Config struct {
 	KeepAlive time.Duration
 	// StreamLifetime ends a stream after this long; clients reconnect with Last-Event-ID [10m].
 	StreamLifetime time.Duration
-	// MaxStreams bounds the open streams; past it a new one answers 503 [1000].
+	// MaxStreams bounds the open streams; past it a new one answers 503 too_many_streams [1000].
 	MaxStreams int
+	// MaxStreamsPerKey bounds one owner's open streams within MaxStreams (an API key; open mode is
+	// one owner); past it the owner's next answers 429 too_many_streams_for_key, and other keys
+	// still get theirs [100].
+	MaxStreamsPerKey int
 
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -170,8 +174,8 @@ type Dispatcher struct {
 	backlog atomic.Bool
 	wake    chan struct{}
 
+	streams *facilitator.Slots
 	mu      sync.Mutex
-	streams int
 	closed  chan struct{} // closed by Stop: ends the loop and every stream
 	stopped bool
 	cancel  context.CancelCauseFunc
@@ -208,6 +212,9 @@ func New(cfg Config) *Dispatcher {
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = 1000
 	}
+	if cfg.MaxStreamsPerKey <= 0 {
+		cfg.MaxStreamsPerKey = 100
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -215,7 +222,7 @@ func New(cfg Config) *Dispatcher {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Dispatcher{cfg: cfg, store: cfg.Store, status: cfg.Status, log: cfg.Logger, closed: make(chan struct{}), busy: map[string]int{},
-		wake: make(chan struct{}, 1), client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets)}
+		wake: make(chan struct{}, 1), client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets), streams: facilitator.NewSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey)}
 }
 
 // Start runs the delivery loop until Stop.

@@ -19,6 +19,9 @@ type Target struct {
 	// sent the id; "" in open mode), as payment ids are scoped everywhere else.
 	PaymentID string
 	IDScope   string
+	// Owner is the API key that opens the stream ("" in open mode): the stream holds one of the
+	// key's MaxStreamsPerKey slots.
+	Owner string
 }
 
 // Frame is one server-sent event. A frame with only a Comment is a keep-alive.
@@ -36,6 +39,7 @@ const streamBatch = 100
 // Stream follows one settlement's events. Run it once; Close it if it is not run.
 type Stream struct {
 	d          *Dispatcher
+	owner      string
 	settlement *facilitator.Settlement
 	paymentID  string
 	after      int64
@@ -44,10 +48,10 @@ type Stream struct {
 }
 
 // OpenStream finds the settlement t names (facilitator.ErrNotFound when the ledger has none) and
-// takes one of the MaxStreams slots. lastEventID, the Last-Event-ID a reconnecting client sends,
+// takes one of the MaxStreams slots, within t.Owner's MaxStreamsPerKey. lastEventID, the Last-Event-ID a reconnecting client sends,
 // resumes after that event; empty opens with a snapshot of the current status.
 func (d *Dispatcher) OpenStream(ctx context.Context, t Target, lastEventID string) (_ *Stream, err error) {
-	s := &Stream{d: d, paymentID: t.PaymentID}
+	s := &Stream{d: d, owner: t.Owner, paymentID: t.PaymentID}
 	if lastEventID != "" {
 		n, err := strconv.ParseInt(strings.TrimSpace(lastEventID), 10, 64)
 		if err != nil || n < 0 {
@@ -56,7 +60,7 @@ func (d *Dispatcher) OpenStream(ctx context.Context, t Target, lastEventID strin
 		s.after, s.resume = n, true
 	}
 	// The slot first: past the bound, a request costs no query.
-	if err := d.reserveStream(); err != nil {
+	if err := d.reserveStream(t.Owner); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -88,26 +92,18 @@ func (d *Dispatcher) OpenStream(ctx context.Context, t Target, lastEventID strin
 	return s, nil
 }
 
-func (d *Dispatcher) reserveStream() error {
+func (d *Dispatcher) reserveStream(owner string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.stopped {
 		return facilitator.Unavailable("notifications_unavailable", "the facilitator is shutting down, reconnect", errClosed)
 	}
-	if d.streams >= d.cfg.MaxStreams {
-		return facilitator.Unavailable("too_many_streams", "too many open event streams, retry later", nil)
-	}
-	d.streams++
-	return nil
+	return d.streams.Take(owner)
 }
 
 // Close gives the stream's slot back. Run closes it too; more calls do nothing.
 func (s *Stream) Close() {
-	s.closeOnce.Do(func() {
-		s.d.mu.Lock()
-		s.d.streams--
-		s.d.mu.Unlock()
-	})
+	s.closeOnce.Do(func() { s.d.streams.Give(s.owner) })
 }
 
 // Run sends the snapshot (unless resuming), then every new event of the settlement as it is

@@ -245,8 +245,13 @@ func (m *Main) Run(ctx context.Context) error {
 		RPCTimeout: cfg.RPCTimeout,
 		Logger:     log.With("component", "ops")})
 	authCfg := authConfig(cfg, m.db)
+	// Live pages follow the heads the engine and the indexer follow: no socket of their own.
+	liveHeads := map[string]console.Heads{}
+	for i, n := range networks {
+		liveHeads[n.ID] = m.heads[i]
+	}
 	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
-		Logger: log.With("component", "console"), Merchant: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview})
+		Logger: log.With("component", "console"), Merchant: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
 	if err != nil {
 		return err
 	}
