@@ -93,7 +93,7 @@ func (s fuzzStore) EnqueueWebhookEvents(context.Context, []string, int) (bool, e
 	return false, nil
 }
 
-func (s fuzzStore) ClaimWebhookDeliveries(context.Context, int, int, map[string]int, time.Duration) ([]facilitator.WebhookDelivery, error) {
+func (s fuzzStore) ClaimWebhookDeliveries(context.Context, facilitator.DeliveryClaim) ([]facilitator.WebhookDelivery, error) {
 	return nil, nil
 }
 

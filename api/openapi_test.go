@@ -349,7 +349,7 @@ func (s *oasStore) EnqueueWebhookEvents(context.Context, []string, int) (bool, e
 	return false, nil
 }
 
-func (s *oasStore) ClaimWebhookDeliveries(context.Context, int, int, map[string]int, time.Duration) ([]facilitator.WebhookDelivery, error) {
+func (s *oasStore) ClaimWebhookDeliveries(context.Context, facilitator.DeliveryClaim) ([]facilitator.WebhookDelivery, error) {
 	return nil, nil
 }
 

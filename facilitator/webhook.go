@@ -34,9 +34,11 @@ type SettlementEvent struct {
 // WebhookDelivery is one claimed attempt to send an event to a webhook.
 type WebhookDelivery struct {
 	WebhookID string
-	URL       string
-	Secret    string
-	Event     SettlementEvent
+	// Owner is the webhook's owner (an API key id; "" in open mode): whose share it takes.
+	Owner  string
+	URL    string
+	Secret string
+	Event  SettlementEvent
 	// Attempt counts this one: 1 for the first.
 	Attempt int
 	// Key is the settlement's authorization, to read its status at delivery time.
@@ -57,4 +59,23 @@ type DeliveryAttempt struct {
 	RetryIn time.Duration
 	// GiveUp marks the last failed attempt: nothing more is sent.
 	GiveUp bool
+	// Deferred marks an attempt never made (its endpoint's circuit breaker was open): the claim's
+	// attempt is given back and the delivery is due again after RetryIn.
+	Deferred bool
+}
+
+// DeliveryClaim is what one claim of due webhook deliveries may take: the fair shares of the
+// delivery slots.
+type DeliveryClaim struct {
+	// Limit is how many deliveries to take at most (the free slots).
+	Limit int
+	// PerWebhook and PerOwner cap the deliveries of one webhook, and of one owner's webhooks
+	// together, in flight at once: those already in flight (BusyWebhooks by webhook id,
+	// BusyOwners by owner) count against them.
+	PerWebhook, PerOwner     int
+	BusyWebhooks, BusyOwners map[string]int
+	// Skip lists webhooks whose deliveries are not to be taken now (their endpoint is failing).
+	Skip []string
+	// Lease is how long a claimed attempt stays hidden from other claimers.
+	Lease time.Duration
 }

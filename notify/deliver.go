@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -112,26 +113,35 @@ func (d *Dispatcher) lease() time.Duration {
 }
 
 // startDue claims up to limit due deliveries and sends each in its own goroutine, which records
-// the outcome. It returns how many it claimed.
+// the outcome; a delivery whose endpoint's breaker is open is deferred instead (its attempt given
+// back). It returns how many it claimed.
 func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 	qctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	batch, err := d.store.ClaimWebhookDeliveries(qctx, limit, d.cfg.PerWebhook, d.busyNow(), d.lease())
+	batch, err := d.store.ClaimWebhookDeliveries(qctx, d.claim(limit))
 	cancel()
 	if err != nil {
 		return 0, err
 	}
+	var deferred []facilitator.DeliveryAttempt
 	for _, del := range batch {
+		ep := endpointOf(del.Owner, del.URL)
+		if ok, retryIn := d.admit(del, ep); !ok {
+			deferred = append(deferred, facilitator.DeliveryAttempt{WebhookID: del.WebhookID, EventID: del.Event.ID,
+				Deferred: true, RetryIn: retryIn})
+			continue
+		}
 		d.inflight.Add(1)
 		d.sending.Add(1)
-		d.markBusy(del.WebhookID, 1)
 		go func() {
 			defer d.inflight.Done()
 			defer d.sending.Add(-1)
-			defer d.markBusy(del.WebhookID, -1)
-			a := d.attempt(ctx, del)
+			a, o := d.attempt(ctx, del)
 			if ctx.Err() == nil { // an attempt Stop cut short says nothing about the receiver
 				d.observe(a)
+			} else {
+				o = endpointUnknown
 			}
+			d.release(del, ep, o)
 			// Recorded even when Stop cut the attempt short, so it is retried without waiting for
 			// its claim to lapse.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
@@ -151,33 +161,84 @@ func (d *Dispatcher) startDue(ctx context.Context, limit int) (int, error) {
 			}
 		}()
 	}
+	for _, a := range deferred {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+		if err := d.store.RecordWebhookAttempt(rctx, a); err != nil {
+			// Its claim lapses after the lease; it is claimed (and deferred) again then.
+			d.log.WarnContext(ctx, "webhooks: deferring a delivery to a failing endpoint failed",
+				"webhook", a.WebhookID, "event", a.EventID, "err", err)
+		}
+		cancel()
+	}
 	return len(batch), nil
 }
 
-// busyNow is a copy of the deliveries in flight by webhook.
-func (d *Dispatcher) busyNow() map[string]int {
+// claim is what the next claim may take: limit deliveries within the shares that those in flight
+// leave, none of a webhook whose endpoint's breaker is open.
+func (d *Dispatcher) claim(limit int) facilitator.DeliveryClaim {
 	d.busyMu.Lock()
 	defer d.busyMu.Unlock()
-	out := make(map[string]int, len(d.busy))
-	for id, n := range d.busy {
-		out[id] = n
+	now := d.cfg.Now()
+	var skip []string
+	for id, ep := range d.failing {
+		switch {
+		case !d.breakers.known(ep):
+			delete(d.failing, id) // closed again
+		case d.breakers.blocked(ep, now):
+			skip = append(skip, id)
+		}
 	}
-	return out
+	return facilitator.DeliveryClaim{Limit: limit, PerWebhook: d.cfg.PerWebhook, PerOwner: d.cfg.PerOwner,
+		BusyWebhooks: maps.Clone(d.busy), BusyOwners: maps.Clone(d.owners), Skip: skip, Lease: d.lease()}
 }
 
-func (d *Dispatcher) markBusy(webhook string, by int) {
+// admit decides whether a claimed delivery is attempted now (it then holds its webhook's and its
+// owner's share until done), or deferred for retryIn because its endpoint's breaker is open.
+func (d *Dispatcher) admit(del facilitator.WebhookDelivery, ep string) (ok bool, retryIn time.Duration) {
 	d.busyMu.Lock()
 	defer d.busyMu.Unlock()
-	if d.busy[webhook] += by; d.busy[webhook] <= 0 {
-		delete(d.busy, webhook)
+	now := d.cfg.Now()
+	ok, at := d.breakers.allow(ep, now)
+	if d.breakers.known(ep) {
+		d.failing[del.WebhookID] = ep
+	}
+	if !ok {
+		return false, max(at.Sub(now), 0)
+	}
+	d.busy[del.WebhookID]++
+	d.owners[del.Owner]++
+	return true, 0
+}
+
+// release ends an admitted delivery's hold on the shares, and tells its endpoint's breaker how the
+// attempt went.
+func (d *Dispatcher) release(del facilitator.WebhookDelivery, ep string, o breakerOutcome) {
+	d.busyMu.Lock()
+	defer d.busyMu.Unlock()
+	if d.busy[del.WebhookID]--; d.busy[del.WebhookID] <= 0 {
+		delete(d.busy, del.WebhookID)
+	}
+	if d.owners[del.Owner]--; d.owners[del.Owner] <= 0 {
+		delete(d.owners, del.Owner)
+	}
+	now := d.cfg.Now()
+	was := d.breakers.blocked(ep, now)
+	d.breakers.result(ep, now, o)
+	if d.breakers.known(ep) {
+		d.failing[del.WebhookID] = ep
+		if !was && d.breakers.blocked(ep, now) {
+			d.log.Warn("webhooks: an endpoint keeps failing; its deliveries wait, without spending their attempts, until a probe succeeds",
+				"api_key", del.Owner, "host", hostOf(del.URL), "probe_at", d.breakers.m[ep].until)
+		}
 	}
 }
 
 // attempt sends one delivery and decides what follows: done, retry after a backoff, or give up.
-func (d *Dispatcher) attempt(ctx context.Context, del facilitator.WebhookDelivery) facilitator.DeliveryAttempt {
+func (d *Dispatcher) attempt(ctx context.Context, del facilitator.WebhookDelivery) (facilitator.DeliveryAttempt, breakerOutcome) {
 	a := facilitator.DeliveryAttempt{WebhookID: del.WebhookID, EventID: del.Event.ID}
 	status, err := d.send(ctx, del)
 	a.HTTPStatus = status
+	o := outcome(status, err)
 	switch {
 	case err != nil:
 		a.Error = clip(err.Error())
@@ -185,7 +246,7 @@ func (d *Dispatcher) attempt(ctx context.Context, del facilitator.WebhookDeliver
 		a.Delivered = true
 		d.log.DebugContext(ctx, "webhook delivered", "webhook", del.WebhookID, "event", del.Event.ID,
 			"state", del.Event.State, "attempt", del.Attempt, "status", status)
-		return a
+		return a, o
 	default:
 		a.Error = fmt.Sprintf("the receiver answered HTTP %d", status)
 	}
@@ -194,11 +255,27 @@ func (d *Dispatcher) attempt(ctx context.Context, del facilitator.WebhookDeliver
 	if del.Attempt >= d.cfg.MaxAttempts {
 		a.GiveUp = true
 		d.log.ErrorContext(ctx, "webhook delivery GIVEN UP: the merchant will not hear of this event from us", attrs...)
-		return a
+		return a, o
 	}
 	a.RetryIn = backoff(d.cfg.BaseBackoff, d.cfg.MaxBackoff, del.Attempt)
 	d.log.WarnContext(ctx, "webhook delivery failed; retrying", append(attrs, "retry_in", a.RetryIn)...)
-	return a
+	return a, o
+}
+
+// errNoStatus marks an attempt that ended before the POST: the settlement's status could not be
+// read. It says nothing about the endpoint.
+var errNoStatus = errors.New("reading the settlement's status")
+
+// outcome is what an attempt's answer says about its endpoint: down when it did not answer (in
+// time, or at all) or answered 5xx or 429; up when it answered anything else.
+func outcome(status int, err error) breakerOutcome {
+	switch {
+	case errors.Is(err, errNoStatus):
+		return endpointUnknown
+	case err != nil, status >= 500, status == http.StatusTooManyRequests:
+		return endpointDown
+	}
+	return endpointUp
 }
 
 func (d *Dispatcher) observe(a facilitator.DeliveryAttempt) {
@@ -219,7 +296,7 @@ func (d *Dispatcher) observe(a facilitator.DeliveryAttempt) {
 func (d *Dispatcher) send(ctx context.Context, del facilitator.WebhookDelivery) (int, error) {
 	st, err := d.statusOf(ctx, del.Key, del.PaymentID)
 	if err != nil {
-		return 0, fmt.Errorf("reading the settlement's status: %w", err)
+		return 0, fmt.Errorf("%w: %w", errNoStatus, err)
 	}
 	body, err := json.Marshal(message(del.Event, st))
 	if err != nil {

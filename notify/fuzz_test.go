@@ -88,6 +88,62 @@ func FuzzCheckURL(f *testing.F) {
 	})
 }
 
+// FuzzPublicAddr: an address that leads to an IPv4 address (IPv4-mapped, well-known NAT64,
+// 6to4) is decided as that IPv4 address is, whatever else it holds; one in a transition range
+// whose IPv4 address cannot be told for sure (IPv4-compatible, local-use NAT64, Teredo) is never
+// public; and no accepted address is loopback, private, link-local, multicast or unspecified.
+func FuzzPublicAddr(f *testing.F) {
+	for _, s := range [][]byte{
+		{127, 0, 0, 1}, {10, 0, 0, 1}, {169, 254, 169, 254}, {8, 8, 8, 8}, {100, 64, 0, 1}, {0, 0, 0, 0},
+		{0x20, 0x02, 0x7f, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+		{0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 0, 0, 1},
+		{0x26, 0x06, 0x47, 0, 0x47, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11, 0x11},
+	} {
+		f.Add(s)
+	}
+	prefix := func(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+	never := []netip.Prefix{prefix("::/96"), prefix("64:ff9b:1::/48"), prefix("2001::/32")}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var v4 [4]byte
+		copy(v4[:], raw)
+		var rest [16]byte
+		if len(raw) > 4 {
+			copy(rest[:], raw[4:])
+		}
+		want := publicAddr(netip.AddrFrom4(v4))
+		mapped := [16]byte{10: 0xff, 11: 0xff}
+		nat := [16]byte{1: 0x64, 2: 0xff, 3: 0x9b}
+		copy(mapped[12:], v4[:])
+		copy(nat[12:], v4[:])
+		sixTo4 := rest
+		sixTo4[0], sixTo4[1] = 0x20, 0x02
+		copy(sixTo4[2:6], v4[:])
+		for name, a := range map[string][16]byte{"mapped": mapped, "NAT64": nat, "6to4": sixTo4} {
+			if got := publicAddr(netip.AddrFrom16(a)); got != want {
+				t.Fatalf("%s %s: publicAddr = %v, but %v for %s", name, netip.AddrFrom16(a), got, want, netip.AddrFrom4(v4))
+			}
+		}
+		// Any address: the 16 bytes as they came.
+		var any16 [16]byte
+		copy(any16[:], raw)
+		a := netip.AddrFrom16(any16)
+		if !publicAddr(a) {
+			return
+		}
+		for _, p := range never {
+			if p.Contains(a) {
+				t.Fatalf("publicAddr(%s) accepted an address in %s", a, p)
+			}
+		}
+		if v, ok := embeddedIPv4(a); ok && !publicAddr(v) {
+			t.Fatalf("publicAddr(%s) accepted an address leading to %s", a, v)
+		}
+		if u := a.Unmap(); u.IsLoopback() || u.IsPrivate() || u.IsLinkLocalUnicast() || u.IsMulticast() || u.IsUnspecified() {
+			t.Fatalf("publicAddr(%s) accepted a non-public address", a)
+		}
+	})
+}
+
 // fuzzStreamStore is the part of Store a stream reads: one settlement, whose events are the one
 // after the cursor.
 type fuzzStreamStore struct {

@@ -30,10 +30,11 @@ type Store interface {
 	// recording a delivery for each that has one of states and matches its payTo filter. more
 	// reports that some webhook had limit events to read: call again.
 	EnqueueWebhookEvents(ctx context.Context, states []string, limit int) (more bool, err error)
-	// ClaimWebhookDeliveries takes up to limit due deliveries for one attempt each, hiding them
-	// from other claimers for lease, oldest first, and no more of one webhook's than perWebhook
-	// less those of its already in flight here (busy, by webhook id).
-	ClaimWebhookDeliveries(ctx context.Context, limit, perWebhook int, busy map[string]int, lease time.Duration) ([]facilitator.WebhookDelivery, error)
+	// ClaimWebhookDeliveries takes up to c.Limit due deliveries for one attempt each, hiding them
+	// from other claimers for c.Lease: of each webhook and each owner no more than its share less
+	// what is in flight here, the owners served in turns (the fewest in flight first, then oldest
+	// due), and none of the webhooks in c.Skip.
+	ClaimWebhookDeliveries(ctx context.Context, c facilitator.DeliveryClaim) ([]facilitator.WebhookDelivery, error)
 	// RecordWebhookAttempt stores an attempt's outcome.
 	RecordWebhookAttempt(ctx context.Context, a facilitator.DeliveryAttempt) error
 	// PruneWebhookDeliveries deletes up to limit deliveries that were delivered or given up
@@ -103,6 +104,22 @@ type Config struct {
 	// [Concurrency/4, at least 1]: an unreachable receiver that owes a backlog holds that many
 	// slots, never the others' (its deliveries are the oldest due, and would take every slot).
 	PerWebhook int
+	// PerOwner is how many deliveries of one owner's webhooks together (an API key's; open mode
+	// is one owner) may be in flight at once [Concurrency/2, at least 1]: a merchant with many
+	// failing webhooks holds that many slots, and the others' deliveries take the rest (and a
+	// merchant's one failing webhook, PerWebhook, leaves room for its others). Claims
+	// serve the owners in turns, so one owner's backlog never pushes another's fresh delivery
+	// back. Shares are per replica: with n replicas an owner holds at most n·PerOwner.
+	PerOwner int
+	// BreakerFailures is how many failed attempts in a row (no answer in SendTimeout, a refused
+	// connection, a 5xx or a 429) open an endpoint's circuit breaker [5]. An endpoint is one
+	// owner's webhooks at one scheme, host and port. While open, its deliveries are not attempted
+	// (they wait, and their attempts are not spent); after the cool-down one probe is sent, and a
+	// success closes it. The breakers are this replica's, in memory.
+	BreakerFailures int
+	// BreakerCooldown is how long an endpoint stays open the first time; each failed probe
+	// doubles it, up to MaxBackoff [30s].
+	BreakerCooldown time.Duration
 	// MaxWebhooks bounds the enabled webhooks of one owner (an API key, or open mode): each costs
 	// every poll, and one merchant must not use up another's room [100].
 	MaxWebhooks int
@@ -169,6 +186,11 @@ type Dispatcher struct {
 	sending  atomic.Int64   // how many
 	busyMu   sync.Mutex
 	busy     map[string]int // of them, by webhook id
+	owners   map[string]int // and by owner
+	breakers *breakers      // the endpoints', under busyMu
+	// failing is the endpoint of each webhook seen at an endpoint whose breaker is not closed:
+	// the webhooks a claim passes over while it is open.
+	failing map[string]string
 	// backlog is set when the loop's last claim filled every free slot (more may be due); wake
 	// is how an ending attempt then calls the loop back before its next tick.
 	backlog atomic.Bool
@@ -206,6 +228,13 @@ func New(cfg Config) *Dispatcher {
 	if cfg.PerWebhook <= 0 {
 		cfg.PerWebhook = max(1, cfg.Concurrency/4)
 	}
+	if cfg.PerOwner <= 0 {
+		cfg.PerOwner = max(1, cfg.Concurrency/2)
+	}
+	if cfg.BreakerFailures <= 0 {
+		cfg.BreakerFailures = 5
+	}
+	def(&cfg.BreakerCooldown, 30*time.Second)
 	if cfg.MaxWebhooks <= 0 {
 		cfg.MaxWebhooks = 100
 	}
@@ -221,8 +250,12 @@ func New(cfg Config) *Dispatcher {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Dispatcher{cfg: cfg, store: cfg.Store, status: cfg.Status, log: cfg.Logger, closed: make(chan struct{}), busy: map[string]int{},
-		wake: make(chan struct{}, 1), client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets), streams: facilitator.NewSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey)}
+	return &Dispatcher{cfg: cfg, store: cfg.Store, status: cfg.Status, log: cfg.Logger, closed: make(chan struct{}),
+		busy: map[string]int{}, owners: map[string]int{}, failing: map[string]string{},
+		// A probe's answer comes within its attempt: the status read and the POST.
+		breakers: newBreakers(cfg.BreakerFailures, cfg.BreakerCooldown, cfg.MaxBackoff, statusTimeout+cfg.SendTimeout),
+		wake:     make(chan struct{}, 1), client: newClient(cfg.SendTimeout, cfg.AllowPrivateTargets),
+		streams: facilitator.NewSlots(cfg.MaxStreams, cfg.MaxStreamsPerKey)}
 }
 
 // Start runs the delivery loop until Stop.

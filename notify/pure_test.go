@@ -82,6 +82,11 @@ func TestCheckURL(t *testing.T) {
 		{"http://[fd00::1]/", false, true, "public"},
 		{"http://100.100.100.200/", false, true, "public"},
 		{"http://[::ffff:10.0.0.1]/", false, true, "public"},
+		{"http://[::127.0.0.1]/", false, true, "public"},
+		{"http://[64:ff9b::7f00:1]/", false, true, "public"},
+		{"http://[2002:7f00:1::1]/", false, true, "public"},
+		{"http://[2001::7f00:1]:8080/", false, true, "public"},
+		{"http://[64:ff9b::808:808]/", true, true, ""},
 		{"http://0.0.0.0/", false, true, "public"},
 		{"%zz", false, false, "parse"},
 	} {
@@ -105,14 +110,40 @@ func TestCheckURL(t *testing.T) {
 	}
 }
 
+// TestPublicAddr: the address check made at registration and at dial time. An IPv6 address
+// that leads to an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is refused unless that
+// IPv4 address is public and can be told for sure.
 func TestPublicAddr(t *testing.T) {
-	for s, want := range map[string]bool{
-		"8.8.8.8": true, "2606:4700:4700::1111": true, "127.0.0.1": false, "10.0.0.1": false, "172.16.0.1": false,
-		"192.168.1.1": false, "169.254.169.254": false, "100.64.0.1": false, "::1": false, "fe80::1": false,
-		"fc00::1": false, "::ffff:127.0.0.1": false, "224.0.0.1": false, "255.255.255.255": false, "0.1.2.3": false,
+	for _, c := range []struct {
+		addr string
+		want bool
+	}{
+		{"8.8.8.8", true}, {"2606:4700:4700::1111", true}, {"127.0.0.1", false}, {"10.0.0.1", false}, {"172.16.0.1", false},
+		{"192.168.1.1", false}, {"169.254.169.254", false}, {"100.64.0.1", false}, {"::1", false}, {"fe80::1", false},
+		{"fc00::1", false}, {"::ffff:127.0.0.1", false}, {"224.0.0.1", false}, {"255.255.255.255", false}, {"0.1.2.3", false},
+		{"::", false}, {"192.88.99.1", false},
+		// IPv4-mapped: decided on the IPv4 address.
+		{"::ffff:10.0.0.1", false}, {"::ffff:169.254.169.254", false}, {"::ffff:8.8.8.8", true},
+		// IPv4-compatible (deprecated): refused whatever it holds.
+		{"::127.0.0.1", false}, {"::10.0.0.1", false}, {"::8.8.8.8", false}, {"::7f00:1", false},
+		// Well-known NAT64: decided on the IPv4 address (a DNS64 network gives every IPv4-only
+		// receiver such an address).
+		{"64:ff9b::7f00:1", false}, {"64:ff9b::10.0.0.1", false}, {"64:ff9b::169.254.169.254", false},
+		{"64:ff9b::100.64.0.1", false}, {"64:ff9b::8.8.8.8", true},
+		// Local-use NAT64: where the IPv4 address sits is the network's choice: refused.
+		{"64:ff9b:1::7f00:1", false}, {"64:ff9b:1::8.8.8.8", false}, {"64:ff9b:1:7f00:1::", false},
+		// 6to4: decided on the IPv4 address in bits 16 to 47.
+		{"2002:7f00:1::1", false}, {"2002:a00:1::1", false}, {"2002:a9fe:a9fe::1", false}, {"2002:c0a8:101::", false},
+		{"2002:808:808::1", true},
+		// Teredo: the client's address is obfuscated behind a server's: refused.
+		{"2001:0:4136:e378:8000:63bf:3fff:fdd2", false}, {"2001::7f00:1", false},
+		// Documentation, discard-only, site-local.
+		{"2001:db8::1", false}, {"100::1", false}, {"fec0::1", false},
+		// Scoped to an interface.
+		{"2606:4700:4700::1111%eth0", false}, {"fe80::1%eth0", false},
 	} {
-		if got := publicAddr(netip.MustParseAddr(s)); got != want {
-			t.Errorf("publicAddr(%s) = %v, want %v", s, got, want)
+		if got := publicAddr(netip.MustParseAddr(c.addr)); got != c.want {
+			t.Errorf("publicAddr(%s) = %v, want %v", c.addr, got, c.want)
 		}
 	}
 }
@@ -136,6 +167,16 @@ func TestClientRefusesPrivateTargets(t *testing.T) {
 		_, err := post(newClient(time.Second, false), u)
 		if err == nil || !strings.Contains(err.Error(), "not a public address") {
 			t.Errorf("POST %s with private targets refused: err = %v", u, err)
+		}
+	}
+	// The receiver's loopback address spelt as IPv6 addresses that lead to it: refused when
+	// dialled, as when registered.
+	_, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "http://"), ":")
+	for _, host := range []string{"[::ffff:127.0.0.1]", "[::127.0.0.1]", "[64:ff9b::7f00:1]", "[2002:7f00:1::1]", "[64:ff9b:1::7f00:1]", "[2001::7f00:1]"} {
+		u := "http://" + host + ":" + port + "/"
+		_, err := post(newClient(time.Second, false), u)
+		if err == nil || !strings.Contains(err.Error(), "not a public address") {
+			t.Errorf("POST %s with private targets refused: err = %v, want the dial refused", u, err)
 		}
 	}
 	if hits != 0 {
@@ -183,7 +224,10 @@ func TestAttemptOutcome(t *testing.T) {
 		3: {WebhookID: "wh_1", EventID: 7, GiveUp: true},
 	} {
 		del.Attempt = attempt
-		got := d.attempt(context.Background(), del)
+		got, o := d.attempt(context.Background(), del)
+		if o != endpointDown {
+			t.Errorf("attempt %d: endpoint outcome %v, want down (the dial was refused)", attempt, o)
+		}
 		if !strings.Contains(got.Error, "not a public address") || strings.Contains(got.Error, "s3cret") || strings.Contains(got.Error, "/hook") {
 			t.Errorf("attempt %d: error %q, want the cause without the URL", attempt, got.Error)
 		}
@@ -194,7 +238,7 @@ func TestAttemptOutcome(t *testing.T) {
 	}
 	d = New(Config{Status: fakeStatus{}, AllowPrivateTargets: true})
 	del.Attempt = 1
-	if got := d.attempt(context.Background(), del); !got.Delivered || got.HTTPStatus != 200 || got.Error != "" {
-		t.Fatalf("a 200: %+v, want delivered", got)
+	if got, o := d.attempt(context.Background(), del); !got.Delivered || got.HTTPStatus != 200 || got.Error != "" || o != endpointUp {
+		t.Fatalf("a 200: %+v, endpoint %v, want delivered and up", got, o)
 	}
 }

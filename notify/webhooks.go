@@ -158,12 +158,35 @@ var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT; some clouds' metadata services
 	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("192.88.99.0/24"), // 6to4 relays (deprecated)
 	netip.MustParsePrefix("198.18.0.0/15"),
 	netip.MustParsePrefix("240.0.0.0/4"),
+	// IPv6 ranges that carry or lead to an IPv4 address, where that address cannot be told for
+	// sure: a webhook must not reach 127.0.0.1 or 10.0.0.1 through a translator or a tunnel.
+	netip.MustParsePrefix("::/96"),          // IPv4-compatible (deprecated): ::a.b.c.d
+	netip.MustParsePrefix("64:ff9b:1::/48"), // local-use NAT64: where the IPv4 sits is the network's choice
+	netip.MustParsePrefix("2001::/32"),      // Teredo: the client's IPv4, obfuscated, behind a server's
+	netip.MustParsePrefix("2001:db8::/32"),  // documentation
+	netip.MustParsePrefix("100::/64"),       // discard-only
+	netip.MustParsePrefix("fec0::/10"),      // site-local (deprecated)
 }
 
+var (
+	nat64  = netip.MustParsePrefix("64:ff9b::/96") // well-known NAT64: the IPv4 in the last 32 bits
+	sixTo4 = netip.MustParsePrefix("2002::/16")    // 6to4: the IPv4 in bits 16 to 47
+)
+
+// publicAddr reports whether a webhook may reach ip: the one check made at registration (on an
+// IP literal) and at dial time (on the address dialled). An IPv6 address that embeds an IPv4
+// address is decided on that IPv4 address (IPv4-mapped, well-known NAT64, 6to4); the other
+// transition ranges, whose IPv4 address cannot be told for sure, are refused outright.
 func publicAddr(ip netip.Addr) bool {
-	ip = ip.Unmap()
+	if ip.Zone() != "" {
+		return false // scoped to an interface: never a public destination
+	}
+	if v4, ok := embeddedIPv4(ip); ok {
+		return publicAddr(v4)
+	}
 	if !ip.IsGlobalUnicast() || ip.IsPrivate() {
 		return false
 	}
@@ -173,6 +196,22 @@ func publicAddr(ip netip.Addr) bool {
 		}
 	}
 	return true
+}
+
+// embeddedIPv4 is the IPv4 address an IPv6 address leads to where that is certain: IPv4-mapped
+// (::ffff:a.b.c.d), well-known NAT64 (64:ff9b::a.b.c.d) and 6to4 (2002:aabb:ccdd::/48).
+func embeddedIPv4(ip netip.Addr) (netip.Addr, bool) {
+	if !ip.Is6() {
+		return netip.Addr{}, false
+	}
+	b := ip.As16()
+	switch {
+	case ip.Is4In6(), nat64.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[12:16])), true
+	case sixTo4.Contains(ip):
+		return netip.AddrFrom4([4]byte(b[2:6])), true
+	}
+	return netip.Addr{}, false
 }
 
 // hostOf is what logs say about a webhook's URL: its path and query may carry a merchant's token.

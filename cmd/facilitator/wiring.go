@@ -218,9 +218,15 @@ func (m *Main) Run(ctx context.Context) error {
 		statusNets = append(statusNets, status.Network{Network: n, Head: m.counted(m.rpcs[i], n.ID, "status"), Timeout: cfg.RPCTimeout})
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
-	m.notifier = notify.New(notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
+	ncfg := notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
 		DeliveryRetention: cfg.WebhookDeliveryRetention, AllowPrivateTargets: cfg.WebhookAllowPrivate, Logger: log,
-		Observer: m.metrics})
+		Observer: m.metrics}
+	if cfg.Auth == "open" {
+		// One owner, no one to share the delivery slots with.
+		ncfg.Concurrency = 16
+		ncfg.PerOwner = ncfg.Concurrency
+	}
+	m.notifier = notify.New(ncfg)
 	if err := m.notifier.Start(startCtx); err != nil {
 		return err
 	}

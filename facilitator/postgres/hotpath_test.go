@@ -287,7 +287,7 @@ func TestHotPathPlans(t *testing.T) {
 		_, err = db.EnqueueWebhookEvents(ctx, []string{"broadcast", "mined", "final"}, 500)
 		must(err)
 		rec.as("ClaimWebhookDeliveries")
-		dels, err = db.ClaimWebhookDeliveries(ctx, 16, 4, nil, time.Minute)
+		dels, err = db.ClaimWebhookDeliveries(ctx, facilitator.DeliveryClaim{Limit: 16, PerWebhook: 4, PerOwner: 4, Lease: time.Minute})
 		must(err)
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -130,49 +130,61 @@ func (db *DB) EnqueueWebhookEvents(ctx context.Context, states []string, limit i
 }
 
 // ClaimWebhookDeliveries takes due deliveries of enabled webhooks for one attempt each: the
-// attempt is counted and the delivery hidden for lease, in one statement. SKIP LOCKED lets
+// attempt is counted and the delivery hidden for c.Lease, in one statement. SKIP LOCKED lets
 // replicas claim side by side without ever taking the same attempt.
-func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit, perWebhook int, busy map[string]int, lease time.Duration) ([]facilitator.WebhookDelivery, error) {
-	ids, counts := make([]string, 0, len(busy)), make([]int32, 0, len(busy))
-	for id, n := range busy {
-		ids, counts = append(ids, id), append(counts, int32(n))
+func (db *DB) ClaimWebhookDeliveries(ctx context.Context, c facilitator.DeliveryClaim) ([]facilitator.WebhookDelivery, error) {
+	whIDs, whN := busyArrays(c.BusyWebhooks)
+	owners, ownerN := busyArrays(c.BusyOwners)
+	skip := c.Skip
+	if skip == nil {
+		skip = []string{}
 	}
-	perWebhook = max(perWebhook, 1)
-	// The oldest due deliveries, passing over webhooks whose share is in flight already; of
-	// each webhook, no more than what is left of its share (one webhook's backlog, oldest of all,
-	// must not take every slot). Candidates are read limit × perWebhook deep; a webhook whose
-	// share a claim filled is passed over by the next one, which then reaches the others.
+	// Each webhook's own oldest due deliveries, no more than what is left of its share and of its
+	// owner's (one webhook's or one owner's backlog, the oldest of all, must not take every
+	// slot); then, owner by owner, those left of the owner's share, taken in turns: first the
+	// oldest of each owner with the fewest in flight, then the next of each, and so on (within an
+	// owner, its webhooks take turns the same way). A fresh
+	// delivery of one owner is therefore taken in the first turn however long another owner's
+	// backlog is. Reading webhook by webhook (webhook_deliveries_webhook_due) keeps the backlog of
+	// one out of the others' way: a read of the oldest due of all would meet only the backlog.
 	rows, err := db.pool.Query(ctx, `
-		WITH busy AS (SELECT * FROM unnest($3::text[], $4::int[]) AS b(webhook_id, n)),
+		WITH bw AS (SELECT * FROM unnest($3::text[], $4::int[]) AS b(webhook_id, n)),
+		bo AS (SELECT * FROM unnest($5::text[], $6::int[]) AS b(owner, n)),
+		w AS (
+			SELECT w.id, COALESCE(w.api_key, '') AS owner,
+				COALESCE((SELECT bw.n FROM bw WHERE bw.webhook_id = w.id), 0) AS busy,
+				COALESCE((SELECT bo.n FROM bo WHERE bo.owner = COALESCE(w.api_key, '')), 0) AS owner_busy
+			FROM webhooks w WHERE w.disabled_at IS NULL AND w.id <> ALL($9::text[])),
 		cand AS (
-			SELECT d.webhook_id, d.event_id, d.next_attempt_at FROM webhook_deliveries d
-			JOIN webhooks w ON w.id = d.webhook_id AND w.disabled_at IS NULL
-			WHERE d.next_attempt_at <= now()
-				AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.webhook_id = d.webhook_id AND b.n >= $5)
-			ORDER BY d.next_attempt_at LIMIT $1 * $5),
+			SELECT w.id AS webhook_id, w.owner, w.owner_busy, w.busy, d.event_id, d.next_attempt_at,
+				row_number() OVER (PARTITION BY w.id ORDER BY d.next_attempt_at, d.event_id) AS wrn
+			FROM w CROSS JOIN LATERAL (
+				SELECT d.event_id, d.next_attempt_at FROM webhook_deliveries d
+				WHERE d.webhook_id = w.id AND d.next_attempt_at <= now()
+				ORDER BY d.next_attempt_at, d.event_id
+				LIMIT LEAST($7 - w.busy, $8 - w.owner_busy)) d
+			WHERE w.busy < $7 AND w.owner_busy < $8),
 		ranked AS (
-			SELECT c.webhook_id, c.event_id, c.next_attempt_at,
-				row_number() OVER (PARTITION BY c.webhook_id ORDER BY c.next_attempt_at, c.event_id) AS rn,
-				COALESCE((SELECT b.n FROM busy b WHERE b.webhook_id = c.webhook_id), 0) AS inflight
+			SELECT c.*, row_number() OVER (PARTITION BY c.owner ORDER BY c.busy + c.wrn, c.next_attempt_at, c.event_id) AS rn
 			FROM cand c),
 		due AS (
 			SELECT d.webhook_id, d.event_id FROM webhook_deliveries d
 			JOIN ranked r ON r.webhook_id = d.webhook_id AND r.event_id = d.event_id
-			WHERE r.rn <= $5 - r.inflight AND d.next_attempt_at <= now()
-			ORDER BY r.next_attempt_at LIMIT $1
+			WHERE r.rn <= $8 - r.owner_busy AND d.next_attempt_at <= now()
+			ORDER BY r.owner_busy + r.rn, r.next_attempt_at, r.event_id LIMIT $1
 			FOR UPDATE OF d SKIP LOCKED),
 		c AS (
 			UPDATE webhook_deliveries d SET attempts = d.attempts + 1,
 				next_attempt_at = now() + $2::bigint * interval '1 microsecond'
 			FROM due WHERE d.webhook_id = due.webhook_id AND d.event_id = due.event_id
 			RETURNING d.webhook_id, d.event_id, d.attempts)
-		SELECT c.webhook_id, w.url, w.secret, c.attempts, e.id, e.settlement_id, e.state, e.at,
+		SELECT c.webhook_id, COALESCE(w.api_key, ''), w.url, w.secret, c.attempts, e.id, e.settlement_id, e.state, e.at,
 			s.network, s.asset, s.payer, s.auth_nonce,
 			COALESCE((SELECT p.id FROM payment_ids p WHERE p.settlement_id = s.id AND p.scope = COALESCE(w.api_key, '') LIMIT 1), '')
 		FROM c JOIN webhooks w ON w.id = c.webhook_id
 		JOIN settlement_events e ON e.id = c.event_id
 		JOIN settlements s ON s.id = e.settlement_id
-		ORDER BY e.id`, limit, lease.Microseconds(), ids, counts, perWebhook)
+		ORDER BY e.id`, c.Limit, c.Lease.Microseconds(), whIDs, whN, owners, ownerN, max(c.PerWebhook, 1), max(c.PerOwner, 1), skip)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +194,7 @@ func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit, perWebhook int,
 			state               string
 			asset, payer, nonce []byte
 		)
-		err := row.Scan(&d.WebhookID, &d.URL, &d.Secret, &d.Attempt, &d.Event.ID, &d.Event.SettlementID, &state, &d.Event.At,
+		err := row.Scan(&d.WebhookID, &d.Owner, &d.URL, &d.Secret, &d.Attempt, &d.Event.ID, &d.Event.SettlementID, &state, &d.Event.At,
 			&d.Key.Network, &asset, &payer, &nonce, &d.PaymentID)
 		d.Event.State = facilitator.State(state)
 		d.Key.Asset, d.Key.Payer = common.BytesToAddress(asset), common.BytesToAddress(payer)
@@ -191,7 +203,16 @@ func (db *DB) ClaimWebhookDeliveries(ctx context.Context, limit, perWebhook int,
 	})
 }
 
-// RecordWebhookAttempt stores an attempt's outcome. A delivery already marked delivered stays
+// busyArrays is a count by id as two arrays, for unnest.
+func busyArrays(m map[string]int) ([]string, []int32) {
+	ids, counts := make([]string, 0, len(m)), make([]int32, 0, len(m))
+	for id, n := range m {
+		ids, counts = append(ids, id), append(counts, int32(n))
+	}
+	return ids, counts
+}
+
+// RecordWebhookAttempt stores an attempt's outcome (a deferred one gives its attempt back). A delivery already marked delivered stays
 // so: a late report from an attempt whose claim had lapsed does not schedule it again; nor is one
 // scheduled for a webhook disabled while the attempt was in flight.
 func (db *DB) RecordWebhookAttempt(ctx context.Context, a facilitator.DeliveryAttempt) error {
@@ -209,9 +230,13 @@ func (db *DB) RecordWebhookAttempt(ctx context.Context, a facilitator.DeliveryAt
 			gave_up_at = CASE WHEN $4 AND NOT $3 THEN now() END,
 			next_attempt_at = CASE WHEN $3 OR $4 OR (SELECT disabled_at IS NOT NULL FROM webhooks WHERE id = $1) THEN NULL
 				ELSE now() + $5::bigint * interval '1 microsecond' END,
-			last_status = $6, last_error = $7
+			-- A deferred attempt was never made: its claim's count is given back, and the last
+			-- attempt's answer stays what it was.
+			attempts = CASE WHEN $8 THEN GREATEST(attempts - 1, 0) ELSE attempts END,
+			last_status = CASE WHEN $8 THEN last_status ELSE $6 END,
+			last_error = CASE WHEN $8 THEN last_error ELSE $7 END
 		WHERE webhook_id = $1 AND event_id = $2 AND delivered_at IS NULL`,
-		a.WebhookID, a.EventID, a.Delivered, a.GiveUp, a.RetryIn.Microseconds(), status, errText)
+		a.WebhookID, a.EventID, a.Delivered, a.GiveUp, a.RetryIn.Microseconds(), status, errText, a.Deferred)
 	return err
 }
 

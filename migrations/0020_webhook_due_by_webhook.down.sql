@@ -1,0 +1,2 @@
+-- migrate: no transaction
+DROP INDEX CONCURRENTLY IF EXISTS webhook_deliveries_webhook_due;
