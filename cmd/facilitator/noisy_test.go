@@ -100,7 +100,7 @@ func TestNoisyNeighbour(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	// C's receiver accepts connections and never answers.
-	dead := blackhole(t)
+	dead, deadConns := blackhole(t)
 
 	register := func(key, url string, payTo common.Address) {
 		body, _ := json.Marshal(map[string]any{"url": url, "payTo": []string{payTo.Hex()}})
@@ -210,8 +210,14 @@ func TestNoisyNeighbour(t *testing.T) {
 		t.Errorf("status RPC calls: %.1f per second, over %d", statusRate, maxStatusRate)
 	}
 
-	// A's webhooks while C's dead endpoints owe deliveries.
+	// A's webhooks while C's dead endpoints owe deliveries and hold connections.
+	for deadline := time.Now().Add(30 * time.Second); deadConns() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no delivery to C's dead endpoint started: the noise is not there")
+		}
+	}
 	noisy := hookLatency()
+	t.Logf("C's dead endpoint: %d connections held", deadConns())
 	t.Logf("A's webhook latency, C noisy: %v (quiet %v)", noisy, quiet)
 	// A delivery waits for the dispatcher's next poll: latencies below one poll are noise.
 	if floor := max(quiet, 100*time.Millisecond); noisy > 2*floor {
@@ -345,8 +351,9 @@ func newLoopbackServer(t *testing.T, h http.Handler) string {
 	return "http://" + l.Addr().String()
 }
 
-// blackhole accepts connections on loopback and never answers; its URL.
-func blackhole(t *testing.T) string {
+// blackhole accepts connections on loopback and never answers; its URL, and how many
+// connections it has accepted.
+func blackhole(t *testing.T) (string, func() int) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -373,7 +380,11 @@ func blackhole(t *testing.T) string {
 			c.Close()
 		}
 	})
-	return "http://" + l.Addr().String()
+	return "http://" + l.Addr().String(), func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
 }
 
 // waitReady waits until /readyz answers 200.
