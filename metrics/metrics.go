@@ -201,43 +201,19 @@ type SignerSource func() []Signer
 
 // WatchSigners exports the signers src lists: in-flight transactions, and balances when known.
 func (m *Metrics) WatchSigners(src SignerSource) {
-	m.reg.MustRegister(&signerCollector{src: src,
-		inFlight: prometheus.NewDesc(namespace+"_signer_in_flight", "Settlement transactions signed and not yet resolved, per signer key.",
-			[]string{"network", "signer"}, nil),
-		balance: prometheus.NewDesc(namespace+"_signer_balance_wei", "The signer key's native balance, in wei (absent when unknown).",
-			[]string{"network", "signer"}, nil),
-		low: prometheus.NewDesc(namespace+"_signer_balance_low", "1 when the signer key's balance is below its alert threshold (absent when unknown).",
-			[]string{"network", "signer"}, nil),
-		readAt: prometheus.NewDesc(namespace+"_signer_balance_read_timestamp_seconds", "When the signer key's balance was last read (Unix seconds; absent before the first read).",
-			[]string{"network", "signer"}, nil),
-		min: prometheus.NewDesc(namespace+"_signer_balance_min_wei", "The balance below which the signer key takes no new settlement, in wei (0: no minimum).",
-			[]string{"network", "signer"}, nil),
-	})
-}
-
-type signerCollector struct {
-	src                                 SignerSource
-	inFlight, balance, low, readAt, min *prometheus.Desc
-}
-
-func (c *signerCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.inFlight
-	ch <- c.balance
-	ch <- c.low
-	ch <- c.readAt
-	ch <- c.min
-}
-
-func (c *signerCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range c.src() {
-		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight), s.Network, s.Address)
-		ch <- prometheus.MustNewConstMetric(c.min, prometheus.GaugeValue, s.MinBalanceWei, s.Network, s.Address)
-		if s.BalanceKnown {
-			ch <- prometheus.MustNewConstMetric(c.balance, prometheus.GaugeValue, s.BalanceWei, s.Network, s.Address)
-			ch <- prometheus.MustNewConstMetric(c.low, prometheus.GaugeValue, boolValue(s.BalanceLow), s.Network, s.Address)
-			ch <- prometheus.MustNewConstMetric(c.readAt, prometheus.GaugeValue, unixSeconds(s.BalanceReadAt), s.Network, s.Address)
-		}
-	}
+	m.reg.MustRegister(newListCollector(src, []string{"network", "signer"},
+		func(s Signer) []string { return []string{s.Network, s.Address} },
+		series[Signer]{"signer_in_flight", "Settlement transactions signed and not yet resolved, per signer key.",
+			func(s Signer) (float64, bool) { return float64(s.InFlight), true }},
+		series[Signer]{"signer_balance_wei", "The signer key's native balance, in wei (absent when unknown).",
+			func(s Signer) (float64, bool) { return s.BalanceWei, s.BalanceKnown }},
+		series[Signer]{"signer_balance_low", "1 when the signer key's balance is below its alert threshold (absent when unknown).",
+			func(s Signer) (float64, bool) { return boolValue(s.BalanceLow), s.BalanceKnown }},
+		series[Signer]{"signer_balance_read_timestamp_seconds", "When the signer key's balance was last read (Unix seconds; absent before the first read).",
+			func(s Signer) (float64, bool) { return unixSeconds(s.BalanceReadAt), s.BalanceKnown }},
+		series[Signer]{"signer_balance_min_wei", "The balance below which the signer key takes no new settlement, in wei (0: no minimum).",
+			func(s Signer) (float64, bool) { return s.MinBalanceWei, true }},
+	))
 }
 
 // Indexer is one network's block indexer at scrape time.
@@ -256,35 +232,15 @@ type IndexerSource func() []Indexer
 
 // WatchIndexers exports the indexers src lists: leadership, stopped, and the leader's lag.
 func (m *Metrics) WatchIndexers(src IndexerSource) {
-	m.reg.MustRegister(&indexerCollector{src: src,
-		lag: prometheus.NewDesc(namespace+"_indexer_lag_blocks", "Blocks between the chain head and the last indexed block (only where this process leads the indexer).",
-			[]string{"network"}, nil),
-		leader: prometheus.NewDesc(namespace+"_indexer_leader", "1 when this process leads the network's indexer.",
-			[]string{"network"}, nil),
-		stopped: prometheus.NewDesc(namespace+"_indexer_stopped", "1 when the network's indexer stopped and needs an operator.",
-			[]string{"network"}, nil),
-	})
-}
-
-type indexerCollector struct {
-	src                  IndexerSource
-	lag, leader, stopped *prometheus.Desc
-}
-
-func (c *indexerCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.lag
-	ch <- c.leader
-	ch <- c.stopped
-}
-
-func (c *indexerCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, ix := range c.src() {
-		ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, boolValue(ix.Leader), ix.Network)
-		ch <- prometheus.MustNewConstMetric(c.stopped, prometheus.GaugeValue, boolValue(ix.Stopped), ix.Network)
-		if ix.Leader {
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(ix.Lag), ix.Network)
-		}
-	}
+	m.reg.MustRegister(newListCollector(src, []string{"network"},
+		func(ix Indexer) []string { return []string{ix.Network} },
+		series[Indexer]{"indexer_lag_blocks", "Blocks between the chain head and the last indexed block (only where this process leads the indexer).",
+			func(ix Indexer) (float64, bool) { return float64(ix.Lag), ix.Leader }},
+		series[Indexer]{"indexer_leader", "1 when this process leads the network's indexer.",
+			func(ix Indexer) (float64, bool) { return boolValue(ix.Leader), true }},
+		series[Indexer]{"indexer_stopped", "1 when the network's indexer stopped and needs an operator.",
+			func(ix Indexer) (float64, bool) { return boolValue(ix.Stopped), true }},
+	))
 }
 
 // Endpoint is one RPC endpoint of a network at scrape time, named (rpc0, rpc1…), never by URL.
@@ -300,31 +256,13 @@ type EndpointSource func() []Endpoint
 
 // WatchEndpoints exports each RPC endpoint's health and head.
 func (m *Metrics) WatchEndpoints(src EndpointSource) {
-	m.reg.MustRegister(&endpointCollector{src: src,
-		up: prometheus.NewDesc(namespace+"_rpc_endpoint_up", "1 when the RPC endpoint is in use; 0 while it is left alone after a failure.",
-			[]string{"network", "endpoint"}, nil),
-		head: prometheus.NewDesc(namespace+"_rpc_endpoint_head", "The highest block number the RPC endpoint answered.",
-			[]string{"network", "endpoint"}, nil),
-	})
-}
-
-type endpointCollector struct {
-	src      EndpointSource
-	up, head *prometheus.Desc
-}
-
-func (c *endpointCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.up
-	ch <- c.head
-}
-
-func (c *endpointCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, e := range c.src() {
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, boolValue(e.Up), e.Network, e.Name)
-		if e.Head > 0 {
-			ch <- prometheus.MustNewConstMetric(c.head, prometheus.GaugeValue, float64(e.Head), e.Network, e.Name)
-		}
-	}
+	m.reg.MustRegister(newListCollector(src, []string{"network", "endpoint"},
+		func(e Endpoint) []string { return []string{e.Network, e.Name} },
+		series[Endpoint]{"rpc_endpoint_up", "1 when the RPC endpoint is in use; 0 while it is left alone after a failure.",
+			func(e Endpoint) (float64, bool) { return boolValue(e.Up), true }},
+		series[Endpoint]{"rpc_endpoint_head", "The highest block number the RPC endpoint answered.",
+			func(e Endpoint) (float64, bool) { return float64(e.Head), e.Head > 0 }},
+	))
 }
 
 // Open is the settlements this process works on in one network and state at scrape time.
@@ -342,31 +280,13 @@ type OpenSource func() []Open
 // WatchSettlements exports how many settlements are open in each state and the oldest one's age,
 // so that one pending too long is seen however the engine is stuck.
 func (m *Metrics) WatchSettlements(src OpenSource) {
-	m.reg.MustRegister(&openCollector{src: src,
-		count: prometheus.NewDesc(namespace+"_settlements_open", "Settlements this process works on, by state: signed, broadcast (no receipt yet), mined (waiting for finality).",
-			[]string{"network", "state"}, nil),
-		oldest: prometheus.NewDesc(namespace+"_settlement_oldest_open_seconds", "Age of the oldest open settlement in the state, from its first signature (absent when none).",
-			[]string{"network", "state"}, nil),
-	})
-}
-
-type openCollector struct {
-	src           OpenSource
-	count, oldest *prometheus.Desc
-}
-
-func (c *openCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.count
-	ch <- c.oldest
-}
-
-func (c *openCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, o := range c.src() {
-		ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(o.Count), o.Network, o.State)
-		if o.Count > 0 {
-			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, o.Oldest.Seconds(), o.Network, o.State)
-		}
-	}
+	m.reg.MustRegister(newListCollector(src, []string{"network", "state"},
+		func(o Open) []string { return []string{o.Network, o.State} },
+		series[Open]{"settlements_open", "Settlements this process works on, by state: signed, broadcast (no receipt yet), mined (waiting for finality).",
+			func(o Open) (float64, bool) { return float64(o.Count), true }},
+		series[Open]{"settlement_oldest_open_seconds", "Age of the oldest open settlement in the state, from its first signature (absent when none).",
+			func(o Open) (float64, bool) { return o.Oldest.Seconds(), o.Count > 0 }},
+	))
 }
 
 // WatchPaymentIDs exports the payment-identifier conflicts and replays counts reads (the
@@ -388,6 +308,48 @@ func (m *Metrics) WatchClaims(lapsed func() uint64) {
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "success_claims_lapsed_total",
 		Help: "Successes answered whose claim lapsed before its confirmation was recorded: each may have been answered to a second caller."},
 		func() float64 { return float64(lapsed()) }))
+}
+
+// series is one gauge a listCollector reads off each item its source lists. value's ok false
+// leaves the item's series out: a reading not known is absent rather than a misleading zero.
+type series[T any] struct {
+	name, help string
+	value      func(T) (v float64, ok bool)
+}
+
+// listCollector exports, on every scrape, each of its series for each item src lists, labelled
+// by labels; src is called once per scrape, so the series of one item are one consistent reading.
+type listCollector[T any] struct {
+	src    func() []T
+	labels func(T) []string
+	series []series[T]
+	descs  []*prometheus.Desc
+}
+
+// newListCollector builds the collector; labelNames name what labels returns, in its order.
+func newListCollector[T any](src func() []T, labelNames []string, labels func(T) []string, ss ...series[T]) *listCollector[T] {
+	c := &listCollector[T]{src: src, labels: labels, series: ss}
+	for _, s := range ss {
+		c.descs = append(c.descs, prometheus.NewDesc(namespace+"_"+s.name, s.help, labelNames, nil))
+	}
+	return c
+}
+
+func (c *listCollector[T]) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *listCollector[T]) Collect(ch chan<- prometheus.Metric) {
+	for _, it := range c.src() {
+		lv := c.labels(it)
+		for i, s := range c.series {
+			if v, ok := s.value(it); ok {
+				ch <- prometheus.MustNewConstMetric(c.descs[i], prometheus.GaugeValue, v, lv...)
+			}
+		}
+	}
 }
 
 func boolValue(b bool) float64 {
