@@ -121,14 +121,7 @@ func (c *Client) wait(ctx context.Context, retryAfter string, attempt int) bool 
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
 		return false
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return facilitator.Sleep(ctx, d)
 }
 
 // Supported returns /supported.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // resubscribeEvery is how often a dropped or refused head subscription is tried again.
@@ -126,12 +128,8 @@ func (h *Heads) run(ctx context.Context) {
 		if h.subscribe(ctx) && ctx.Err() == nil {
 			h.log.Warn("head subscription dropped; polling until it is back")
 		}
-		t := time.NewTimer(resubscribeEvery)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !facilitator.Sleep(ctx, resubscribeEvery) {
 			return
-		case <-t.C:
 		}
 	}
 }

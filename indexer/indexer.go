@@ -243,7 +243,7 @@ func (ix *Indexer) run(ctx context.Context) error {
 				return nil
 			}
 			ix.log.Warn("waiting for the indexer lease", "err", err)
-			if !sleep(ctx, time.Second) {
+			if !facilitator.Sleep(ctx, time.Second) {
 				return nil
 			}
 			continue
@@ -267,7 +267,7 @@ func (ix *Indexer) run(ctx context.Context) error {
 			ix.log.Warn("indexer restarting", "err", err)
 		}
 		// Give a replica its chance, and never spin.
-		if !sleep(ctx, time.Second) {
+		if !facilitator.Sleep(ctx, time.Second) {
 			return nil
 		}
 	}
@@ -291,7 +291,7 @@ func (ix *Indexer) lead(ctx context.Context) error {
 			if failures > 30 {
 				return err
 			}
-			if !sleep(ctx, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)) {
+			if !facilitator.Sleep(ctx, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)) {
 				return ctx.Err()
 			}
 			continue
@@ -703,15 +703,4 @@ func (ix *Indexer) call(ctx context.Context, result any, method string, args ...
 	ctx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
 	defer cancel()
 	return ix.cfg.Chain.CallContext(ctx, result, method, args...)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
