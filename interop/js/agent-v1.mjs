@@ -20,6 +20,7 @@ import { privateKeyToAccount } from "viem/accounts";
 import { baseSepolia } from "viem/chains";
 import { decodeXPaymentResponse, wrapFetchWithPayment } from "x402-fetch";
 import { parseArgs } from "./args.mjs";
+import { readContent } from "./content.mjs";
 
 function headerValue(headers, name) {
   if (!headers) return null;
@@ -61,13 +62,7 @@ async function main() {
       : wrapFetchWithPayment(recordingFetch, walletClient);
 
   const res = await payingFetch(args.url, { method: "GET" });
-  const text = await res.text();
-  let content;
-  try {
-    content = JSON.parse(text);
-  } catch {
-    content = text;
-  }
+  const content = await readContent(res);
   const header = res.headers.get("x-payment-response");
   const summary = {
     status: res.status,

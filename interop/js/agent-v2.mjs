@@ -14,11 +14,10 @@
 //    "paymentPayload": <decoded PAYMENT-SIGNATURE the client sent, or null>, "requests": <fetches made>}
 // Exits 1 with a message on stderr if the wrapped fetch throws.
 
-import { privateKeyToAccount } from "viem/accounts";
-import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
-import { toClientEvmSigner } from "@x402/evm";
-import { registerExactEvmScheme } from "@x402/evm/exact/client";
+import { decodePaymentResponseHeader, wrapFetchWithPayment } from "@x402/fetch";
 import { parseArgs } from "./args.mjs";
+import { readContent } from "./content.mjs";
+import { exactEvmClient } from "./v2client.mjs";
 
 async function main() {
   const args = parseArgs(process.argv.slice(2));
@@ -26,13 +25,7 @@ async function main() {
   const key = process.env.PAYER_KEY;
   if (!key) throw new Error("PAYER_KEY is not set");
 
-  const client = new x402Client();
-  registerExactEvmScheme(client, { signer: toClientEvmSigner(privateKeyToAccount(key)) });
-  if (args.asset && args.network) {
-    client.setSpendControls({ allowedAssets: [{ network: args.network, asset: args.asset }] });
-  } else {
-    client.setSpendControls(false);
-  }
+  const client = exactEvmClient(key, args);
 
   // The inner fetch records what the wrapped fetch sends.
   let paymentSignature = null;
@@ -47,13 +40,7 @@ async function main() {
   const payingFetch = wrapFetchWithPayment(recordingFetch, client);
 
   const res = await payingFetch(args.url, { method: "GET" });
-  const text = await res.text();
-  let content;
-  try {
-    content = JSON.parse(text);
-  } catch {
-    content = text;
-  }
+  const content = await readContent(res);
   const header = res.headers.get("payment-response");
   const summary = {
     status: res.status,

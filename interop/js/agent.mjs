@@ -23,12 +23,11 @@
 //    "paymentId": "<id inside the sent payload>", "paymentSignature": "<the header sent twice>"}
 // Exits 1 with a message on stderr if it cannot get that far (no paid attempt was made, ...).
 
-import { privateKeyToAccount } from "viem/accounts";
-import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client } from "@x402/fetch";
-import { toClientEvmSigner } from "@x402/evm";
-import { registerExactEvmScheme } from "@x402/evm/exact/client";
+import { decodePaymentResponseHeader, wrapFetchWithPayment } from "@x402/fetch";
 import { PAYMENT_IDENTIFIER, appendPaymentIdentifierToExtensions } from "@x402/extensions/payment-identifier";
 import { parseArgs } from "./args.mjs";
+import { readContent } from "./content.mjs";
+import { exactEvmClient } from "./v2client.mjs";
 
 function errorText(err) {
   if (!(err instanceof Error)) return String(err);
@@ -42,13 +41,7 @@ async function main() {
   const key = process.env.PAYER_KEY;
   if (!key) throw new Error("PAYER_KEY is not set");
 
-  const client = new x402Client();
-  registerExactEvmScheme(client, { signer: toClientEvmSigner(privateKeyToAccount(key)) });
-  if (args.asset && args.network) {
-    client.setSpendControls({ allowedAssets: [{ network: args.network, asset: args.asset }] });
-  } else {
-    client.setSpendControls(false);
-  }
+  const client = exactEvmClient(key, args);
   client.onBeforePaymentCreation(async ({ paymentRequired }) => {
     if (!paymentRequired.extensions?.[PAYMENT_IDENTIFIER]) {
       throw new Error("the merchant did not declare the payment-identifier extension");
@@ -82,12 +75,7 @@ async function main() {
   // The retry: same request, same id, same signed payload.
   const retry = await fetch(args.url, { method: "GET", headers: { "PAYMENT-SIGNATURE": paymentSignature } });
   summary.status = retry.status;
-  const text = await retry.text();
-  try {
-    summary.content = JSON.parse(text);
-  } catch {
-    summary.content = text;
-  }
+  summary.content = await readContent(retry);
   const header = retry.headers.get("payment-response");
   summary.paymentResponse = header ? decodePaymentResponseHeader(header) : null;
   summary.paymentSignature = paymentSignature;
