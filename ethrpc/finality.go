@@ -1,6 +1,9 @@
 package ethrpc
 
 import (
+	"context"
+
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
@@ -27,4 +30,44 @@ func TagAnswer(el rpc.BatchElem) facilitator.TagRead {
 		return facilitator.TagRead{}
 	}
 	return facilitator.TagRead{Number: uint64(*(*b).Number), OK: true}
+}
+
+// Height is one node's word, from one batch, on a block height: which block it has there, and
+// how far its head and tag make blocks final.
+type Height struct {
+	Head  uint64
+	Final facilitator.FinalPoint
+	block *common.Hash
+}
+
+// Has reports whether the node has the block hash at the height.
+func (h Height) Has(hash common.Hash) bool { return h.block != nil && *h.block == hash }
+
+// ReadHeight reads the block at number, the head and fin's tag in one batch, so that all three
+// are one node's answer (a node still on a branch a reorg replaced has the old block there, but
+// not the depth past it). ok is false when the block or the head could not be read.
+func ReadHeight(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, number uint64, fin facilitator.Finality) (h Height, ok bool) {
+	var b *struct {
+		Hash common.Hash `json:"hash"`
+	}
+	var head hexutil.Uint64
+	elems := []rpc.BatchElem{
+		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b},
+		{Method: "eth_blockNumber", Result: &head},
+	}
+	if fin.Tag != "" {
+		elems = append(elems, TagElem(fin.Tag))
+	}
+	if err := batch(ctx, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil {
+		return Height{}, false
+	}
+	var tag facilitator.TagRead
+	if len(elems) > 2 {
+		tag = TagAnswer(elems[2])
+	}
+	h = Height{Head: uint64(head), Final: fin.At(uint64(head), tag, 0)}
+	if b != nil {
+		h.block = &b.Hash
+	}
+	return h, true
 }

@@ -350,26 +350,12 @@ func (j *Jobs) stillInBlock(ctx context.Context, n Network, number uint64, hash 
 	}
 	fin := n.Network.Finality
 	read := func() (there, gone bool, point facilitator.FinalPoint, ok bool) {
-		var b *struct {
-			Hash common.Hash `json:"hash"`
-		}
-		var head hexutil.Uint64
-		elems := []rpc.BatchElem{
-			{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b},
-			{Method: "eth_blockNumber", Result: &head},
-		}
-		if fin.Tag != "" {
-			elems = append(elems, ethrpc.TagElem(fin.Tag))
-		}
-		if err := j.batch(ctx, n, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil || uint64(head) < number {
+		h, ok := ethrpc.ReadHeight(ctx, j.batchOn(n.Chain), number, fin)
+		if !ok || h.Head < number {
 			return false, false, facilitator.FinalPoint{}, false
 		}
-		var tag facilitator.TagRead
-		if len(elems) > 2 {
-			tag = ethrpc.TagAnswer(elems[2])
-		}
-		there = b != nil && b.Hash == hash
-		return there, !there, fin.At(uint64(head), tag, 0), true
+		there = h.Has(hash)
+		return there, !there, h.Final, true
 	}
 	t1, g1, p1, ok1 := read()
 	t2, g2, p2, ok2 := read()

@@ -320,26 +320,10 @@ func (s *Service) stillThere(ctx context.Context, n Network, st facilitator.Auth
 // reports whether that node has hash there, final by its own head: a node still on the branch
 // the block was in before a reorg has that hash, but not the depth past it.
 func (s *Service) finalThere(ctx context.Context, n Network, number uint64, hash common.Hash) bool {
-	var b *struct {
-		Hash common.Hash `json:"hash"`
-	}
-	var head hexutil.Uint64
-	elems := []rpc.BatchElem{
-		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b},
-		{Method: "eth_blockNumber", Result: &head},
-	}
-	fin := n.Network.Finality
-	if fin.Tag != "" {
-		elems = append(elems, ethrpc.TagElem(fin.Tag))
-	}
-	if err := s.read(ctx, n, elems); err != nil || elems[0].Error != nil || elems[1].Error != nil {
-		return false // not known: not final yet
-	}
-	var tag facilitator.TagRead
-	if len(elems) > 2 {
-		tag = ethrpc.TagAnswer(elems[2])
-	}
-	return b != nil && b.Hash == hash && fin.At(uint64(head), tag, 0).Covers(number)
+	read := func(ctx context.Context, elems []rpc.BatchElem) error { return s.read(ctx, n, elems) }
+	h, ok := ethrpc.ReadHeight(ctx, read, number, n.Network.Finality)
+	// Not read is not known: not final yet.
+	return ok && h.Has(hash) && h.Final.Covers(number)
 }
 
 func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.AuthorizationStatus, key facilitator.AuthorizationKey) (bool, error) {
