@@ -32,9 +32,7 @@ function headerValue(headers, name) {
 }
 
 async function main() {
-  const args = parseArgs(process.argv.slice(2));
-  if (!args.url) throw new Error("--url is required");
-  if (!args.rpc) throw new Error("--rpc is required");
+  const args = parseArgs(process.argv.slice(2), ["url", "rpc"]);
   const key = process.env.PAYER_KEY;
   if (!key) throw new Error("PAYER_KEY is not set");
   const chainId = Number(args["chain-id"] ?? "84532");

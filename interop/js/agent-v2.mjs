@@ -20,8 +20,7 @@ import { readContent } from "./content.mjs";
 import { exactEvmClient } from "./v2client.mjs";
 
 async function main() {
-  const args = parseArgs(process.argv.slice(2));
-  if (!args.url) throw new Error("--url is required");
+  const args = parseArgs(process.argv.slice(2), ["url"]);
   const key = process.env.PAYER_KEY;
   if (!key) throw new Error("PAYER_KEY is not set");
 

@@ -35,9 +35,7 @@ function errorText(err) {
 }
 
 async function main() {
-  const args = parseArgs(process.argv.slice(2));
-  if (!args.url) throw new Error("--url is required");
-  if (!args.id) throw new Error("--id is required");
+  const args = parseArgs(process.argv.slice(2), ["url", "id"]);
   const key = process.env.PAYER_KEY;
   if (!key) throw new Error("PAYER_KEY is not set");
 

@@ -1,8 +1,8 @@
 // The command-line flags every script here takes: --flag value or --flag=value.
 
 // parseArgs returns the flags in argv as an object keyed by flag name (without the dashes); it
-// throws on a bare argument or a flag without its value.
-export function parseArgs(argv) {
+// throws on a bare argument, a flag without its value, or a missing (or empty) required flag.
+export function parseArgs(argv, required = []) {
   const out = {};
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
@@ -14,6 +14,9 @@ export function parseArgs(argv) {
       if (i + 1 >= argv.length) throw new Error(`missing value for ${arg}`);
       out[arg.slice(2)] = argv[++i];
     }
+  }
+  for (const name of required) {
+    if (!out[name]) throw new Error(`--${name} is required`);
   }
   return out;
 }

@@ -37,12 +37,9 @@ function log(message) {
 async function main() {
   let args;
   try {
-    args = parseArgs(process.argv.slice(2));
+    args = parseArgs(process.argv.slice(2), ["facilitator", "asset", "pay-to"]);
   } catch (err) {
     fail(err.message);
-  }
-  for (const required of ["facilitator", "asset", "pay-to"]) {
-    if (!args[required]) fail(`--${required} is required`);
   }
   const amount = args.amount ?? "10000";
   if (!/^\d+$/.test(amount)) fail(`--amount must be atomic units, got ${JSON.stringify(amount)}`);

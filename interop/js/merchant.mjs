@@ -54,12 +54,9 @@ function listen(server, port) {
 async function main() {
   let args;
   try {
-    args = parseArgs(process.argv.slice(2));
+    args = parseArgs(process.argv.slice(2), ["facilitator", "chain-id", "asset", "pay-to"]);
   } catch (err) {
     fail(err.message);
-  }
-  for (const required of ["facilitator", "chain-id", "asset", "pay-to"]) {
-    if (!args[required]) fail(`--${required} is required`);
   }
   if (!/^\d+$/.test(args["chain-id"])) fail(`--chain-id must be a number, got ${JSON.stringify(args["chain-id"])}`);
   const amount = args.amount ?? "10000";
