@@ -29,7 +29,7 @@ type Caller interface {
 // it would be another chain's), and returns the chain's genesis hash, which the ledger is bound to.
 func CheckChain(ctx context.Context, c Caller, n facilitator.Network) (genesis common.Hash, err error) {
 	var id hexutil.Uint64
-	if err := c.CallContext(ctx, &id, "eth_chainId"); err != nil {
+	if err := ethrpc.One(ctx, c, ethrpc.ChainID(&id)); err != nil {
 		return common.Hash{}, fmt.Errorf("%s: reading the chain id: %w", n.ID, withoutURL(err))
 	}
 	if uint64(id) != n.ChainID {
@@ -38,7 +38,7 @@ func CheckChain(ctx context.Context, c Caller, n facilitator.Network) (genesis c
 	var block struct {
 		Hash *common.Hash `json:"hash"`
 	}
-	if err := c.CallContext(ctx, &block, "eth_getBlockByNumber", "0x0", false); err != nil {
+	if err := ethrpc.One(ctx, c, ethrpc.Block(ethrpc.At(0), false, &block)); err != nil {
 		return common.Hash{}, fmt.Errorf("%s: reading the genesis block: %w", n.ID, withoutURL(err))
 	}
 	if block.Hash == nil {

@@ -19,7 +19,7 @@ type tagBlock struct {
 
 // TagElem is the batch element reading the block a node reports under tag ("finalized", "safe").
 func TagElem(tag string) rpc.BatchElem {
-	return rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{tag, false}, Result: new(*tagBlock)}
+	return Block(tag, false, new(*tagBlock))
 }
 
 // TagAnswer is the answer of a TagElem element once its batch ran: not OK when the element
@@ -52,8 +52,8 @@ func ReadHeight(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 	}
 	var head hexutil.Uint64
 	elems := []rpc.BatchElem{
-		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b},
-		{Method: "eth_blockNumber", Result: &head},
+		Block(At(number), false, &b),
+		BlockNumber(&head),
 	}
 	if fin.Tag != "" {
 		elems = append(elems, TagElem(fin.Tag))

@@ -47,7 +47,7 @@ func TestLayout(t *testing.T) {
 		"ledgercheck": {"eip3009", "facilitator"},
 		// The operations overview reads through interfaces of its own (the engine's and the
 		// indexers' health types are theirs): no SQL, no transport.
-		"ops": {"eip3009", "facilitator", "indexer", "ledgercheck", "settle"},
+		"ops": {"eip3009", "ethrpc", "facilitator", "indexer", "ledgercheck", "settle"},
 	}
 	// Packages nothing may import but the binary's wiring and the test bench (which stands at the
 	// top beside it, building the same stacks for tests), and the binary itself.

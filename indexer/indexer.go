@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -604,8 +603,8 @@ func (ix *Indexer) logsWithLast(ctx context.Context, from, to uint64) ([]types.L
 	var logs []types.Log
 	var h *header
 	elems := []rpc.BatchElem{
-		{Method: "eth_getLogs", Args: []any{filter}, Result: &logs},
-		{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(to), false}, Result: &h},
+		ethrpc.Logs(filter, &logs),
+		ethrpc.Block(ethrpc.At(to), false, &h),
 	}
 	rctx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
 	defer cancel()
@@ -649,7 +648,7 @@ func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]facilitator.
 	hs := make([]*header, to-from+1)
 	elems := make([]rpc.BatchElem, len(hs))
 	for i := range hs {
-		elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeBig(new(big.Int).SetUint64(from + uint64(i))), false}, Result: &hs[i]}
+		elems[i] = ethrpc.Block(ethrpc.At(from+uint64(i)), false, &hs[i])
 	}
 	ctx, cancel := context.WithTimeout(ctx, ix.cfg.RPCTimeout)
 	defer cancel()
@@ -674,7 +673,7 @@ func (ix *Indexer) headers(ctx context.Context, from, to uint64) ([]facilitator.
 func (ix *Indexer) finality(ctx context.Context) (hexutil.Uint64, facilitator.FinalPoint, error) {
 	var head hexutil.Uint64
 	rule := ix.cfg.Finality
-	elems := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}
+	elems := []rpc.BatchElem{ethrpc.BlockNumber(&head)}
 	if rule.Tag != "" {
 		elems = append(elems, ethrpc.TagElem(rule.Tag))
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/ledgercheck"
 )
@@ -63,9 +64,9 @@ func readEvidence(ctx context.Context, c Chain, rows []facilitator.Settlement, i
 	}
 	var head hexutil.Uint64
 	rcpts := make([]*types.Receipt, len(idx))
-	first := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}
+	first := []rpc.BatchElem{ethrpc.BlockNumber(&head)}
 	for j, i := range idx {
-		first = append(first, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{rows[i].TxHash}, Result: &rcpts[j]})
+		first = append(first, ethrpc.TransactionReceipt(rows[i].TxHash, &rcpts[j]))
 	}
 	if batch(ctx, c, first, rpcTimeout) != nil || first[0].Error != nil {
 		return ev
@@ -87,7 +88,7 @@ func readEvidence(ctx context.Context, c Chain, rows []facilitator.Settlement, i
 		call := map[string]any{"to": k.Asset, "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(k.Payer, k.Nonce))}
 		p := &pinned{j: j}
 		calls = append(calls, p)
-		elems = append(elems, rpc.BatchElem{Method: "eth_call", Args: []any{call, blockHash(r.BlockHash)}, Result: &p.out})
+		elems = append(elems, ethrpc.Call(call, blockHash(r.BlockHash), &p.out))
 	}
 	if len(calls) == 0 || batch(ctx, c, elems, rpcTimeout) != nil {
 		return ev

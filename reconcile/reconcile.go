@@ -400,7 +400,7 @@ func (j *Jobs) resend(ctx context.Context, n Network, s facilitator.OpenSettleme
 	var h common.Hash
 	ctx, cancel := context.WithTimeout(ctx, j.cfg.RPCTimeout)
 	defer cancel()
-	err := n.Chain.CallContext(ctx, &h, "eth_sendRawTransaction", hexutil.Bytes(raw))
+	err := ethrpc.One(ctx, n.Chain, ethrpc.SendRawTransaction(raw, &h))
 	if err != nil {
 		j.log.Debug("resend refused", "settlement", s.ID, "err", err)
 		return false
@@ -417,7 +417,7 @@ func (j *Jobs) finalPoint(ctx context.Context, n Network, indexed uint64) facili
 	floor := j.floors[n.Network.ID]
 	read := func() facilitator.FinalPoint {
 		var head hexutil.Uint64
-		elems := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}, ethrpc.TagElem(rule.Tag)}
+		elems := []rpc.BatchElem{ethrpc.BlockNumber(&head), ethrpc.TagElem(rule.Tag)}
 		if err := j.batch(ctx, n, elems); err != nil || elems[0].Error != nil || !ethrpc.TagAnswer(elems[1]).OK {
 			return rule.At(indexed, facilitator.TagRead{}, 0)
 		}
@@ -499,7 +499,7 @@ func (j *Jobs) indexHealth(ctx context.Context, n Network) (Changes, error) {
 	}, len(kept))
 	elems := make([]rpc.BatchElem, len(kept))
 	for i, b := range kept {
-		elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(b.Number), false}, Result: &hashes[i]}
+		elems[i] = ethrpc.Block(ethrpc.At(b.Number), false, &hashes[i])
 	}
 	if err := j.batch(ctx, n, elems); err != nil {
 		return ch, err

@@ -9,6 +9,8 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 )
 
 // SignerHealth is one signer key as this process sees it, for metrics and operators.
@@ -88,7 +90,7 @@ func (n *network) readBalances(ctx context.Context) {
 			continue
 		}
 		senders = append(senders, s)
-		elems = append(elems, rpc.BatchElem{Method: "eth_getBalance", Args: []any{s.addr, "latest"}, Result: new(hexutil.Big)})
+		elems = append(elems, ethrpc.Balance(s.addr, "latest", new(hexutil.Big)))
 	}
 	if len(elems) == 0 {
 		return

@@ -117,11 +117,11 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 			"topics":    eip3009.AuthorizationTopics(key.Payer, key.Nonce),
 		}
 		elems = append(elems,
-			rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{at, false}, Result: &s.header},
-			rpc.BatchElem{Method: "eth_getTransactionCount", Args: []any{pr.signer, at}, Result: &s.count},
-			rpc.BatchElem{Method: "eth_call", Args: []any{call, at}, Result: &s.state},
-			rpc.BatchElem{Method: "eth_getLogs", Args: []any{filter}, Result: &s.logs},
-			rpc.BatchElem{Method: "eth_blockNumber", Result: &s.head})
+			ethrpc.Block(at, false, &s.header),
+			ethrpc.TransactionCount(pr.signer, at, &s.count),
+			ethrpc.Call(call, at, &s.state),
+			ethrpc.Logs(filter, &s.logs),
+			ethrpc.BlockNumber(&s.head))
 		s.tag = -1
 		if tag != "" {
 			s.tag = len(elems)
@@ -131,11 +131,11 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 		if pr.want.Batched {
 			s.balance = len(elems)
 			bal := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.BalanceOfCalldata(key.Payer))}
-			elems = append(elems, rpc.BatchElem{Method: "eth_call", Args: []any{bal, at}, Result: &s.bal})
+			elems = append(elems, ethrpc.Call(bal, at, &s.bal))
 		}
 		s.rcpt = len(elems)
 		for j, v := range pr.t.variants {
-			elems = append(elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{v.hash}, Result: &s.rcpts[j]})
+			elems = append(elems, ethrpc.TransactionReceipt(v.hash, &s.rcpts[j]))
 		}
 	}
 	if err := batch(ctx, elems); err != nil {
@@ -235,7 +235,7 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 	for round := 0; round < 3; round++ {
 		o := observation{now: now, receipts: map[common.Hash]receiptRead{}, floor: floor}
 		var rr receiptReads
-		rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_blockNumber", Result: &head})
+		rr.elems = append(rr.elems, ethrpc.BlockNumber(&head))
 		for _, v := range t.variants {
 			rr.receipt(&o, v.hash, want)
 		}

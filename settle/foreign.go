@@ -12,6 +12,7 @@ import (
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
@@ -402,7 +403,7 @@ func (s *sender) reload(ctx context.Context) error {
 func (n *network) nonceTaker(ctx context.Context, signer common.Address, nonce, at uint64) (tx common.Hash, known bool) {
 	count := func(b uint64) (uint64, bool) {
 		var c hexutil.Uint64
-		if err := n.call(ctx, &c, "eth_getTransactionCount", signer, hexutil.EncodeUint64(b)); err != nil {
+		if err := n.one(ctx, ethrpc.TransactionCount(signer, ethrpc.At(b), &c)); err != nil {
 			return 0, false
 		}
 		return uint64(c), true
@@ -418,7 +419,7 @@ func (n *network) nonceTaker(ctx context.Context, signer common.Address, nonce, 
 	counts := make([]hexutil.Uint64, at-first+1)
 	elems := make([]rpc.BatchElem, len(counts))
 	for k := range counts {
-		elems[k] = rpc.BatchElem{Method: "eth_getTransactionCount", Args: []any{signer, hexutil.EncodeUint64(first + uint64(k))}, Result: &counts[k]}
+		elems[k] = ethrpc.TransactionCount(signer, ethrpc.At(first+uint64(k)), &counts[k])
 	}
 	if err := n.batch(ctx, elems); err != nil {
 		return common.Hash{}, false
@@ -463,7 +464,7 @@ func (n *network) nonceTaker(ctx context.Context, signer common.Address, nonce, 
 			Nonce hexutil.Uint64 `json:"nonce"`
 		} `json:"transactions"`
 	}
-	if err := n.call(ctx, &b, "eth_getBlockByNumber", hexutil.EncodeUint64(hi), true); err != nil || b == nil {
+	if err := n.one(ctx, ethrpc.Block(ethrpc.At(hi), true, &b)); err != nil || b == nil {
 		return common.Hash{}, false
 	}
 	for _, t := range b.Txs {

@@ -112,12 +112,12 @@ func (n *network) fees(ctx context.Context) (Fees, error) {
 		tip, price hexutil.Big
 	)
 	if p.Legacy {
-		batch = []rpc.BatchElem{{Method: "eth_gasPrice", Result: &price}}
+		batch = []rpc.BatchElem{ethrpc.GasPrice(&price)}
 	} else {
 		batch = []rpc.BatchElem{
-			{Method: "eth_feeHistory", Args: []any{hexutil.Uint64(p.HistoryBlocks), "latest", []float64{p.TipPercentile}}, Result: &hist},
-			{Method: "eth_getBlockByNumber", Args: []any{"latest", false}, Result: &head},
-			{Method: "eth_maxPriorityFeePerGas", Result: &tip},
+			ethrpc.FeeHistory(uint64(p.HistoryBlocks), "latest", []float64{p.TipPercentile}, &hist),
+			ethrpc.Block("latest", false, &head),
+			ethrpc.MaxPriorityFeePerGas(&tip),
 		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)

@@ -9,6 +9,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -77,8 +78,8 @@ func (s *sender) load(ctx context.Context) error {
 	var latest, head hexutil.Uint64
 	for try := 1; ; try++ {
 		b := []rpc.BatchElem{
-			{Method: "eth_getTransactionCount", Args: []any{s.addr, "latest"}, Result: &latest},
-			{Method: "eth_blockNumber", Result: &head},
+			ethrpc.TransactionCount(s.addr, "latest", &latest),
+			ethrpc.BlockNumber(&head),
 		}
 		err := s.net.chain.BatchCallContext(ctx, b)
 		if err == nil {

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
@@ -625,7 +625,7 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 		if !ok {
 			i = len(elems)
 			sent[t.hash] = i
-			elems = append(elems, rpc.BatchElem{Method: "eth_sendRawTransaction", Args: []any{hexutil.Bytes(t.raw)}, Result: new(common.Hash)})
+			elems = append(elems, ethrpc.SendRawTransaction(t.raw, new(common.Hash)))
 		}
 		elemOf = append(elemOf, i)
 	}

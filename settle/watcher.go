@@ -62,7 +62,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		// costs latency, never progress.
 		head = hexutil.Uint64(n.lastBlock)
 	default:
-		if err := n.call(ctx, &head, "eth_blockNumber"); err != nil {
+		if err := n.one(ctx, ethrpc.BlockNumber(&head)); err != nil {
 			e.log.Warn("reading the head", "network", n.id.ID, "err", err)
 			return
 		}
@@ -468,7 +468,7 @@ func (rr *receiptReads) finality() *finalityRead {
 	head := new(hexutil.Uint64)
 	rr.hs = append(rr.hs, head)
 	i := len(rr.elems)
-	rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_blockNumber", Result: head}, ethrpc.TagElem(rr.tag))
+	rr.elems = append(rr.elems, ethrpc.BlockNumber(head), ethrpc.TagElem(rr.tag))
 	rr.after = append(rr.after, func() {
 		if rr.elems[i].Error != nil {
 			return
@@ -495,7 +495,7 @@ func (rr *receiptReads) receipt(o *observation, h common.Hash, want Expected) {
 		}
 		i = len(rr.elems)
 		rr.receiptAt[h] = i
-		rr.elems = append(rr.elems, rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{h}, Result: new(*ethrpc.Receipt)})
+		rr.elems = append(rr.elems, ethrpc.TransactionReceipt(h, new(*ethrpc.Receipt)))
 	}
 	r := rr.elems[i].Result.(**ethrpc.Receipt)
 	rr.after = append(rr.after, func() {
@@ -519,8 +519,8 @@ func (rr *receiptReads) canon(o *observation, number uint64) {
 	}
 	i := len(rr.elems)
 	rr.elems = append(rr.elems,
-		rpc.BatchElem{Method: "eth_blockNumber", Result: head},
-		rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(number), false}, Result: &b})
+		ethrpc.BlockNumber(head),
+		ethrpc.Block(ethrpc.At(number), false, &b))
 	if rr.tag != "" {
 		rr.elems = append(rr.elems, ethrpc.TagElem(rr.tag))
 	}
@@ -803,7 +803,7 @@ func (n *network) blockReceipts(ctx context.Context, from, to uint64) (map[commo
 	blocks := make([][]*ethrpc.Receipt, to-from+1)
 	elems := make([]rpc.BatchElem, len(blocks))
 	for i := range blocks {
-		elems[i] = rpc.BatchElem{Method: "eth_getBlockReceipts", Args: []any{hexutil.EncodeUint64(from + uint64(i))}, Result: &blocks[i]}
+		elems[i] = ethrpc.BlockReceipts(ethrpc.At(from+uint64(i)), &blocks[i])
 	}
 	if err := n.batch(ctx, elems); err != nil {
 		return nil, err
@@ -833,7 +833,7 @@ func (n *network) blockTxs(ctx context.Context, from, to uint64) (map[common.Has
 	}, to-from+1)
 	elems := make([]rpc.BatchElem, len(blocks))
 	for i := range blocks {
-		elems[i] = rpc.BatchElem{Method: "eth_getBlockByNumber", Args: []any{hexutil.EncodeUint64(from + uint64(i)), false}, Result: &blocks[i]}
+		elems[i] = ethrpc.Block(ethrpc.At(from+uint64(i)), false, &blocks[i])
 	}
 	if err := n.batch(ctx, elems); err != nil {
 		return nil, err
@@ -850,10 +850,10 @@ func (n *network) blockTxs(ctx context.Context, from, to uint64) (map[common.Has
 	return out, nil
 }
 
-func (n *network) call(ctx context.Context, result any, method string, args ...any) error {
+func (n *network) one(ctx context.Context, el rpc.BatchElem) error {
 	ctx, cancel := context.WithTimeout(ctx, n.engine.cfg.RPCTimeout)
 	defer cancel()
-	return n.chain.CallContext(ctx, result, method, args...)
+	return ethrpc.One(ctx, n.chain, el)
 }
 
 // batch runs elems in chunks, each bounded by the RPC timeout.

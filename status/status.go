@@ -191,7 +191,7 @@ func (s *Service) heads(ctx context.Context, n Network, st *facilitator.Authoriz
 	}
 	rule := n.Network.Finality
 	var head hexutil.Uint64
-	elems := []rpc.BatchElem{{Method: "eth_blockNumber", Result: &head}}
+	elems := []rpc.BatchElem{ethrpc.BlockNumber(&head)}
 	if rule.Tag != "" {
 		elems = append(elems, ethrpc.TagElem(rule.Tag))
 	}
@@ -389,8 +389,8 @@ func (s *Service) chainUse(ctx context.Context, n Network, st *facilitator.Autho
 	var state hexutil.Bytes
 	var logs []types.Log
 	elems := []rpc.BatchElem{
-		{Method: "eth_call", Args: []any{call, at}, Result: &state},
-		{Method: "eth_getLogs", Args: []any{filter}, Result: &logs},
+		ethrpc.Call(call, at, &state),
+		ethrpc.Logs(filter, &logs),
 	}
 	err := s.read(ctx, n, elems)
 	if err == nil {

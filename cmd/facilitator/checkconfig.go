@@ -128,7 +128,7 @@ func checkTag(ctx context.Context, c ethrpc.Chain, tag string) error {
 // settlements (or is zero, without a minimum).
 func checkBalance(ctx context.Context, c ethrpc.Chain, addr common.Address, min *big.Int) error {
 	var bal hexutil.Big
-	if err := c.CallContext(ctx, &bal, "eth_getBalance", addr, "latest"); err != nil {
+	if err := ethrpc.One(ctx, c, ethrpc.Balance(addr, "latest", &bal)); err != nil {
 		return fmt.Errorf("reading its balance: %w", err)
 	}
 	have := (*big.Int)(&bal)
@@ -148,7 +148,7 @@ func checkMulticall(ctx context.Context, c ethrpc.Chain, p facilitator.BatchPoli
 		return nil
 	}
 	var code hexutil.Bytes
-	if err := c.CallContext(ctx, &code, "eth_getCode", multicall3.Address, "latest"); err != nil {
+	if err := ethrpc.One(ctx, c, ethrpc.Code(multicall3.Address, "latest", &code)); err != nil {
 		return fmt.Errorf("reading Multicall3's code: %w", err)
 	}
 	if len(code) == 0 {
