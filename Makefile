@@ -12,10 +12,12 @@ run:
 # The lost-response story on a fresh local stack: an agent pays, the answer is lost, the retry with the
 # same payment id gets it without paying twice; then the ledger is checked against the chain.
 demo:
-	scripts/npm.sh && DATABASE_URL="$$(scripts/postgres.sh x402_demo --fresh)" go run ./cmd/facilitator demo
+	scripts/npm.sh && go build -o bin/ ./cmd/facilitator ./cmd/facilitator-dev \
+	  && DATABASE_URL="$$(scripts/postgres.sh x402_demo --fresh)" bin/facilitator-dev demo
 
+# The production binary (bin/facilitator) and the dev tools beside it (bin/facilitator-dev).
 build:
-	go build -o bin/facilitator ./cmd/facilitator
+	go build -o bin/ ./cmd/facilitator ./cmd/facilitator-dev
 
 # Every fuzz target for FUZZTIME seconds each (default 60), one after the other, then a summary
 # table (target, execs, new interesting, result). Needs anvil and Postgres like 'make test'.
@@ -46,4 +48,4 @@ bench-index:
 # BENCHMARKS.md). Flags go in BENCH_FLAGS, e.g.
 # BENCH_FLAGS="--url http://127.0.0.1:4021 --rpc http://127.0.0.1:8545 --k 500 --backfill=false".
 bench-load:
-	scripts/npm.sh && go run ./cmd/facilitator bench --database-url "$$(scripts/postgres.sh x402_bench_index --fresh)" $(BENCH_FLAGS)
+	scripts/npm.sh && go run ./cmd/facilitator-dev bench --database-url "$$(scripts/postgres.sh x402_bench_index --fresh)" $(BENCH_FLAGS)

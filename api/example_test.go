@@ -17,7 +17,7 @@ import (
 )
 
 // examplePath is the sample /verify body the README's curl (scripts/sample-verify.sh) sends to
-// the local stack ('facilitator dev').
+// the local stack ('facilitator-dev dev').
 const examplePath = "../examples/verify-v2.json"
 
 var writeExample = flag.Bool("write-example", false, "rewrite "+examplePath+" from the current devchain")

@@ -132,7 +132,7 @@ func table() []entry {
 		{"avalanche", "Avalanche C-Chain", 43114, "avalanche", "0xB97EF9Ef8734C71904D8002F8b6Bc66Dd9c48a6E", "USD Coin", "2", avalancheFinality, true},
 		// Avalanche Fuji: x402v1 (address, "USD Coin"; version "2"); address also in viem.
 		{"avalanche-fuji", "Avalanche Fuji", 43113, "avalanche-fuji", "0x5425890298aed601595a70AB815c96711a31Bc65", "USD Coin", "2", avalancheFinality, true},
-		// The local stack (make run, facilitator dev): anvil's chain id, and Circle's FiatTokenV2_2
+		// The local stack (make run, facilitator-dev dev): anvil's chain id, and Circle's FiatTokenV2_2
 		// as devchain deploys it, always at this address (the deployer's first nonces on a fresh
 		// anvil), with mainnet's domain; a test deploys it and runs the start-up check against it.
 		{"anvil", "anvil (local devchain)", 31337, "", "0x244aE02008762968261615a485542A9c7512c562", "USD Coin", "2", devFinality, true},

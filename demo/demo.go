@@ -140,7 +140,7 @@ func (d *run) stop() {
 func (d *run) story(ctx context.Context) error {
 	o := d.out
 
-	// 1. The local stack, as `facilitator dev` runs it, on free ports.
+	// 1. The local stack, as `facilitator-dev dev` runs it, on free ports.
 	o.step(1, "Start the local stack (anvil with Circle's USDC, the facilitator, a merchant)")
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

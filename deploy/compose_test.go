@@ -109,6 +109,7 @@ func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
 type build struct {
 	Context    string `yaml:"context"`
 	Dockerfile string `yaml:"dockerfile"`
+	Target     string `yaml:"target"`
 }
 
 func (b *build) UnmarshalYAML(n *yaml.Node) error {
@@ -182,11 +183,26 @@ func readRepoFile(t *testing.T, rel string) string {
 	return string(b)
 }
 
+// commandOf is the command an image target runs: the Dockerfile's dev stage runs the dev
+// binary, every other target (the default, serve) the production one.
+func commandOf(target string) string {
+	if target == "dev" {
+		return "cmd/facilitator-dev"
+	}
+	return "cmd/facilitator"
+}
+
 // facilitatorSource is the non-test Go source of cmd/facilitator, where flags and
 // environment variables are read.
 func facilitatorSource(t *testing.T) string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(root, "cmd", "facilitator", "*.go"))
+	return commandSource(t, "cmd/facilitator")
+}
+
+// commandSource is the non-test Go source of a command's folder.
+func commandSource(t *testing.T, dir string) string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,15 +219,15 @@ func facilitatorSource(t *testing.T) string {
 		sb.WriteByte('\n')
 	}
 	if sb.Len() == 0 {
-		t.Fatal("no Go source in cmd/facilitator")
+		t.Fatalf("no Go source in %s", dir)
 	}
 	return sb.String()
 }
 
-// subcommands are the names main.go dispatches on (case "serve": ...).
-func subcommands(t *testing.T) []string {
+// subcommands are the names a command's main.go dispatches on (case "serve": ...).
+func subcommands(t *testing.T, dir string) []string {
 	t.Helper()
-	src := readRepoFile(t, "cmd/facilitator/main.go")
+	src := readRepoFile(t, dir+"/main.go")
 	var out []string
 	for _, m := range regexp.MustCompile(`(?m)^\s*case\s+("[^:]*):`).FindAllStringSubmatch(src, -1) {
 		for _, q := range regexp.MustCompile(`"([^"]+)"`).FindAllStringSubmatch(m[1], -1) {
@@ -219,7 +235,7 @@ func subcommands(t *testing.T) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatal(`found no case "..." lines in cmd/facilitator/main.go`)
+		t.Fatalf(`found no case "..." lines in %s/main.go`, dir)
 	}
 	return out
 }
@@ -369,19 +385,33 @@ func TestComposeFacilitator(t *testing.T) {
 	if len(f.Command) == 0 {
 		t.Fatal("facilitator: no command")
 	}
-	cmds := subcommands(t)
+	// The local stack is the dev image's: its target must be a stage of the Dockerfile.
+	if f.Build != nil && f.Build.Target != "" && !slices.Contains(dockerStages(t), f.Build.Target) {
+		t.Errorf("facilitator: build target %q is not a stage of the Dockerfile (%q)", f.Build.Target, dockerStages(t))
+	}
+	dir := "cmd/facilitator"
+	if f.Build != nil {
+		dir = commandOf(f.Build.Target)
+	}
+	cmds := subcommands(t, dir)
 	sub := f.Command[0]
 	if !slices.Contains(cmds, sub) || sub == "help" || strings.HasPrefix(sub, "-") {
-		t.Fatalf("facilitator: command starts with %q; cmd/facilitator/main.go handles %q", sub, cmds)
+		t.Fatalf("facilitator: command starts with %q; %s/main.go handles %q", sub, dir, cmds)
 	}
-	src := facilitatorSource(t)
+	src := commandSource(t, dir)
 	for _, a := range f.Command[1:] {
 		if !strings.HasPrefix(a, "-") {
 			continue
 		}
 		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		if !definesFlag(src, name) {
-			t.Errorf("facilitator: flag %s is not defined in cmd/facilitator", a)
+			t.Errorf("facilitator: flag %s is not defined in %s", a, dir)
+		}
+	}
+	// The healthcheck runs the production binary's probe, the one binary in every image.
+	if hc := f.Healthcheck; hc != nil && len(hc.Test) > 2 && hc.Test[0] == "CMD" && strings.HasSuffix(hc.Test[1], "/facilitator") {
+		if !slices.Contains(subcommands(t, "cmd/facilitator"), hc.Test[2]) {
+			t.Errorf("facilitator: the healthcheck runs facilitator %q, which cmd/facilitator/main.go does not handle", hc.Test[2])
 		}
 	}
 	// Where it listens must be reachable from outside the container and published.
@@ -403,7 +433,7 @@ func TestComposeFacilitator(t *testing.T) {
 	for k := range f.Environment {
 		if strings.HasPrefix(k, "FACILITATOR_") || k == "DATABASE_URL" {
 			if !strings.Contains(src, `"`+k+`"`) {
-				t.Errorf("facilitator: environment variable %s is not read anywhere in cmd/facilitator", k)
+				t.Errorf("facilitator: environment variable %s is not read anywhere in %s", k, dir)
 			}
 		}
 	}
@@ -490,18 +520,36 @@ func dockerfileInstructions(t *testing.T) [][]string {
 	return out
 }
 
+// dockerStages are the Dockerfile's stage names, in order.
+func dockerStages(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, in := range dockerfileInstructions(t) {
+		if strings.EqualFold(in[0], "FROM") && len(in) >= 4 && strings.EqualFold(in[len(in)-2], "AS") {
+			out = append(out, in[len(in)-1])
+		}
+	}
+	return out
+}
+
+// dockerStage is one FROM ... and what follows it, up to the next FROM.
+type dockerStage struct {
+	name, image                          string
+	runs, copies, healthcheck            []string
+	entrypoint, user                     string
+	env                                  []string
+	copiesPkg, copiesLock, npmCI, builds bool
+}
+
+// TestDockerfile: the default target (the last stage) is the serve image, the production binary
+// alone with a HEALTHCHECK the binary answers itself; the dev stage carries node_modules for the
+// local stack; both run as a non-root user.
 func TestDockerfile(t *testing.T) {
-	ins := dockerfileInstructions(t)
-	stages := map[string]bool{}
-	var (
-		builds, copiesPkg, copiesLock, npmCI bool
-		entrypoint, user                     string
-		env                                  []string
-	)
-	for _, in := range ins {
+	var stages []*dockerStage
+	named := map[string]bool{}
+	for _, in := range dockerfileInstructions(t) {
 		args := in[1:]
-		switch strings.ToUpper(in[0]) {
-		case "FROM":
+		if strings.ToUpper(in[0]) == "FROM" {
 			for len(args) > 0 && strings.HasPrefix(args[0], "--") {
 				args = args[1:]
 			}
@@ -509,57 +557,109 @@ func TestDockerfile(t *testing.T) {
 				t.Errorf("FROM without an image: %q", in)
 				continue
 			}
-			if !stages[args[0]] && !imagePinned(args[0]) {
+			if !named[args[0]] && !imagePinned(args[0]) {
 				t.Errorf("FROM %s: not a tagged image (latest does not count)", args[0])
 			}
+			st := &dockerStage{image: args[0]}
 			if len(args) == 3 && strings.EqualFold(args[1], "AS") {
-				stages[args[2]] = true
+				st.name = args[2]
+				named[st.name] = true
 			}
+			stages = append(stages, st)
+			continue
+		}
+		if len(stages) == 0 {
+			continue // ARG before the first FROM
+		}
+		st := stages[len(stages)-1]
+		line := strings.Join(args, " ")
+		switch strings.ToUpper(in[0]) {
 		case "RUN":
-			line := strings.Join(args, " ")
+			st.runs = append(st.runs, line)
 			if strings.Contains(line, "go build") && slices.Contains(args, "./cmd/facilitator") {
-				builds = true
+				st.builds = true
 			}
-			if strings.Contains(line, "npm ci") {
-				npmCI = true
-			}
+			st.npmCI = st.npmCI || strings.Contains(line, "npm ci")
 		case "COPY":
 			for _, a := range args {
-				if from, ok := strings.CutPrefix(a, "--from="); ok && !stages[from] {
+				if from, ok := strings.CutPrefix(a, "--from="); ok && !named[from] {
 					t.Errorf("COPY --from=%s: no earlier stage has that name", from)
 				}
 			}
-			copiesPkg = copiesPkg || slices.Contains(args, "package.json")
-			copiesLock = copiesLock || slices.Contains(args, "package-lock.json")
+			st.copies = append(st.copies, line)
+			st.copiesPkg = st.copiesPkg || slices.Contains(args, "package.json")
+			st.copiesLock = st.copiesLock || slices.Contains(args, "package-lock.json")
 		case "ENTRYPOINT":
-			entrypoint = strings.Join(args, " ")
+			st.entrypoint = line
 		case "USER":
-			user = strings.Join(args, " ")
+			st.user = line
+		case "HEALTHCHECK":
+			st.healthcheck = args
 		case "ENV":
 			for _, a := range args {
 				if k, _, ok := strings.Cut(a, "="); ok {
-					env = append(env, k)
+					st.env = append(st.env, k)
 				}
 			}
 		}
 	}
-	if !builds {
+	if len(stages) < 2 {
+		t.Fatalf("Dockerfile: %d stage(s); want a build stage, the dev image and the serve image", len(stages))
+	}
+	if !slices.ContainsFunc(stages, func(s *dockerStage) bool { return s.builds }) {
 		t.Error("Dockerfile: no RUN go build ... ./cmd/facilitator")
 	}
-	if !copiesPkg || !copiesLock {
-		t.Error("Dockerfile: package.json and package-lock.json must be copied (facilitator dev needs node_modules)")
+	nonRoot := func(st *dockerStage) {
+		if u := st.user; u == "" || u == "root" || u == "0" || strings.HasPrefix(u, "0:") {
+			t.Errorf("Dockerfile: stage %s runs as %q; the image should run as a non-root user", st.name, u)
+		}
 	}
-	if !npmCI {
-		t.Error("Dockerfile: no npm ci (the lockfile's pinned versions)")
+
+	// The dev image: node_modules from the lockfile, and both binaries.
+	i := slices.IndexFunc(stages, func(s *dockerStage) bool { return s.name == "dev" })
+	if i < 0 {
+		t.Fatal("Dockerfile: no stage named dev (docker-compose.yml's local stack builds it)")
 	}
-	if !strings.Contains(entrypoint, "/usr/local/bin/facilitator") {
-		t.Errorf("Dockerfile: ENTRYPOINT %q does not run /usr/local/bin/facilitator", entrypoint)
+	dev := stages[i]
+	if !dev.copiesPkg || !dev.copiesLock {
+		t.Error("Dockerfile: the dev stage must copy package.json and package-lock.json (facilitator-dev dev needs node_modules)")
 	}
-	if user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") {
-		t.Errorf("Dockerfile: the last USER is %q; the image should run as a non-root user", user)
+	if !dev.npmCI {
+		t.Error("Dockerfile: the dev stage has no npm ci (the lockfile's pinned versions)")
 	}
+	if !strings.Contains(dev.entrypoint, "/usr/local/bin/facilitator-dev") {
+		t.Errorf("Dockerfile: the dev stage's ENTRYPOINT %q does not run /usr/local/bin/facilitator-dev", dev.entrypoint)
+	}
+	nonRoot(dev)
+
+	// The serve image, the default target: the production binary and nothing to run beside it.
+	serve := stages[len(stages)-1]
+	if serve == dev {
+		t.Fatal("Dockerfile: the last stage (the default target) is the dev image; it should be the serve image")
+	}
+	if strings.Contains(serve.image, "node") {
+		t.Errorf("Dockerfile: the serve image is based on %s; it should carry no Node", serve.image)
+	}
+	if len(serve.runs) > 0 || serve.npmCI || serve.copiesPkg {
+		t.Errorf("Dockerfile: the serve stage runs %q; it should only copy the binary in", serve.runs)
+	}
+	for _, c := range serve.copies {
+		if strings.Contains(c, "facilitator-dev") || strings.Contains(c, "node_modules") || strings.Contains(c, "anvil") {
+			t.Errorf("Dockerfile: the serve stage copies %q, a dev tool", c)
+		}
+	}
+	if !strings.Contains(serve.entrypoint, "/usr/local/bin/facilitator") || strings.Contains(serve.entrypoint, "facilitator-dev") {
+		t.Errorf("Dockerfile: the serve stage's ENTRYPOINT %q does not run /usr/local/bin/facilitator", serve.entrypoint)
+	}
+	hc := strings.Join(serve.healthcheck, " ")
+	if !strings.Contains(hc, "CMD") || !strings.Contains(hc, "/usr/local/bin/facilitator") {
+		t.Errorf("Dockerfile: the serve stage's HEALTHCHECK is %q; want the binary's own probe", hc)
+	} else if !slices.ContainsFunc(subcommands(t, "cmd/facilitator"), func(c string) bool { return strings.Contains(hc, `"`+c+`"`) }) {
+		t.Errorf("Dockerfile: the HEALTHCHECK %q runs no subcommand cmd/facilitator/main.go handles", hc)
+	}
+	nonRoot(serve)
 	src := facilitatorSource(t)
-	for _, k := range env {
+	for _, k := range serve.env {
 		if strings.HasPrefix(k, "FACILITATOR_") && !strings.Contains(src, `"`+k+`"`) {
 			t.Errorf("Dockerfile: ENV %s is not read anywhere in cmd/facilitator", k)
 		}
@@ -582,7 +682,7 @@ func TestDockerignore(t *testing.T) {
 	}
 	needed := []string{
 		"go.mod", "go.sum", "package.json", "package-lock.json",
-		"cmd/facilitator/main.go", "migrations/0001_networks.up.sql",
+		"cmd/facilitator/main.go", "cmd/facilitator-dev/main.go", "migrations/0001_networks.up.sql",
 		"devchain/solc.mjs", "devchain/testdata/SmartWallet.sol",
 	}
 	for _, n := range needed {

@@ -51,7 +51,15 @@ func TestLayout(t *testing.T) {
 	}
 	// Packages nothing may import but the binary's wiring and the test bench (which stands at the
 	// top beside it, building the same stacks for tests), and the binary itself.
-	top := map[string][]string{"api": {"cmd/facilitator", "stacktest"}, "cmd/facilitator": {}}
+	top := map[string][]string{"api": {"cmd/facilitator", "stacktest"}, "cmd/facilitator": {}, "cmd/facilitator-dev": {},
+		// The dev tools: only the dev binary (and the tools built on the local chain) link them,
+		// never the production binary (cmd/facilitator's TestProductionLinksNoDevTool reads its
+		// whole dependency list).
+		"devchain": {"cmd/facilitator-dev", "demo", "loadgen", "stacktest"},
+		"loadgen":  {"cmd/facilitator-dev"},
+		"official": {"cmd/facilitator-dev", "loadgen"},
+		"demo":     {"cmd/facilitator-dev"},
+	}
 	// The third-party layers the domain root must not know (it is the wire and the rules).
 	foreign := []string{"github.com/labstack/echo", "github.com/jackc/pgx", "github.com/ethereum/go-ethereum/ethclient", "github.com/ethereum/go-ethereum/rpc"}
 
@@ -84,6 +92,11 @@ func TestLayout(t *testing.T) {
 			if strings.HasSuffix(imp, "test") && !strings.HasSuffix(name, "test") {
 				t.Errorf("%s (product code) imports the test bench %s", name, imp)
 			}
+		}
+	}
+	for name := range top {
+		if !seen[name] {
+			t.Errorf("package %s is gone: update the rules", name)
 		}
 	}
 	for name := range only {

@@ -21,7 +21,7 @@ import (
 // BenchmarkBackfill measures backfill throughput, events per second from anvil into Postgres, with
 // the default log ranges: 100,000 events (50,000 Transfer and 50,000 AuthorizationUsed, from
 // devchain/testdata/Emitter.sol) in 50 transactions, indexed from the Emitter's deploy block to the
-// head. The chain and the timed run are loadgen's, the same as 'facilitator bench' measures; the
+// head. The chain and the timed run are loadgen's, the same as 'facilitator-dev bench' measures; the
 // chain and the database are the benchmark's own.
 //
 //	go test ./loadgen/ -run '^$' -bench BenchmarkBackfill -benchtime 1x

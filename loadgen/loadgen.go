@@ -1,5 +1,5 @@
-// Package loadgen is the load generator behind `facilitator bench`: against a running local stack
-// (anvil with USDC and a facilitator, as `facilitator dev` starts them) it measures /verify and
+// Package loadgen is the load generator behind `facilitator-dev bench`: against a running local stack
+// (anvil with USDC and a facilitator, as `facilitator-dev dev` starts them) it measures /verify and
 // /settle under load, the payment-identifier replay path, the chain's own transaction ceiling and
 // the facilitator's memory, and runs the same /verify and /settle load against the official
 // TypeScript facilitator on the same chain as the reference. Payments are signed before any clock

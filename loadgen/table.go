@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 )
 
-// Render prints the report as the table `facilitator bench` shows. Ratios put the better side's
+// Render prints the report as the table `facilitator-dev bench` shows. Ratios put the better side's
 // advantage above 1 when ours is better: ours/official for rates, official/ours for latencies.
 func Render(w io.Writer, r *Report) error {
 	var b strings.Builder

@@ -14,7 +14,7 @@ import (
 )
 
 // BenchmarkAnvilCPU is what the chain node spends per transfer, from the kernel's accounting of
-// anvil's process, for the shapes a settlement can take: the floor under `facilitator bench`'s
+// anvil's process, for the shapes a settlement can take: the floor under `facilitator-dev bench`'s
 // "chain node" figures. Per transfer, in anvil-ms/transfer:
 //
 //   - lone: one transferWithAuthorization transaction sent, mined in a block of its own, its

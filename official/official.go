@@ -1,5 +1,5 @@
 // Package official runs the official x402 facilitator (the TypeScript one of the @x402 packages,
-// interop/js/official-facilitator.mjs) as a child process: the reference that 'facilitator bench'
+// interop/js/official-facilitator.mjs) as a child process: the reference that 'facilitator-dev bench'
 // measures ours beside and that the interop tests compare ours against.
 package official
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sends the sample payment in examples/verify-v2.json to a facilitator's POST /verify and
 # pretty-prints the answer. The sample is signed by dev account #1 for the local stack's USDC on
-# chain 31337, so it verifies as valid against 'make run' (facilitator dev):
+# chain 31337, so it verifies as valid against 'make run' (facilitator-dev dev):
 #
 #   scripts/sample-verify.sh [URL]      URL defaults to http://127.0.0.1:4021
 set -euo pipefail

@@ -53,29 +53,6 @@ func TestBatchConfig(t *testing.T) {
 	}
 }
 
-// TestDevBatch: `facilitator dev --batch-max N --batch-wait D` gives the dev network that batch
-// entry; 0 is off, and a policy serve would refuse is refused before anvil starts.
-func TestDevBatch(t *testing.T) {
-	if bc, err := devBatch(0, time.Second); bc != nil || err != nil {
-		t.Fatalf("--batch-max 0: %+v, %v; want off", bc, err)
-	}
-	bc, err := devBatch(30, 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p, err := bc.policy(); err != nil || p != (facilitator.BatchPolicy{Max: 30, Wait: 100 * time.Millisecond}) {
-		t.Fatalf("--batch-max 30 --batch-wait 100ms: %+v, %v", p, err)
-	}
-	for _, c := range []struct {
-		max  int
-		wait time.Duration
-	}{{1, time.Second}, {101, time.Second}, {20, 3 * time.Second}, {-1, time.Second}} {
-		if _, err := devBatch(c.max, c.wait); err == nil || !strings.Contains(err.Error(), "--batch-max") {
-			t.Errorf("--batch-max %d --batch-wait %s: %v, want refused", c.max, c.wait, err)
-		}
-	}
-}
-
 // TestServeRefusesBatchWithoutMulticall3: on a chain with no code at Multicall3's address, serve
 // with a network that batches refuses to start, naming the network and Multicall3 (every batch
 // would be a call to an empty account that succeeds transferring nothing: nothing is ever

@@ -24,15 +24,13 @@ commands:
   index     run only the block indexer (same configuration as serve), logging its progress
   keys      create, list and revoke merchant API keys (keys create --name N --scopes verify,settle,...)
   status    look up an authorization, a payment id or a transaction through the status API
-  dev       run the whole local stack: anvil with Circle's USDC deployed and funded, plus serve
-            (needs DATABASE_URL; 'make run' provides one)
-  bench     load-test a running local stack ('make run') and the official facilitator beside it,
-            print a table ('make bench-load')
-  fill      grow a ledger synthetically (COPY) under a network id of its own, to measure costs at
-            millions of rows ('facilitator fill --rows 10000000')
-  demo      the lost-response story on the local stack: pay, lose the answer, retry, look it up ('make demo')
   signer    the narrow signer: holds keys and signs only transferWithAuthorization calls of one token
             within gas and fee ceilings, over Clef's external API (serve --signer clef:URL uses it)
+  healthcheck  ask a running facilitator's /healthz, exit 0 when it answers 200 (the image's
+            HEALTHCHECK: the image has no curl)
+  version   print the module version and the VCS revision this binary was built from
+
+The local stack, the demo and the load tools are in 'facilitator-dev' (make run, make demo).
 
 Run 'facilitator <command> -h' for a command's flags.
 `
@@ -58,20 +56,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runIndex(ctx, args[1:], getenv, stderr)
 	case "migrate":
 		err = runMigrate(ctx, args[1:], getenv, stdout, stderr)
-	case "dev":
-		err = runDev(ctx, args[1:], getenv, stdout, stderr)
-	case "bench":
-		err = runBench(ctx, args[1:], getenv, stdout, stderr)
-	case "fill":
-		err = runFill(ctx, args[1:], getenv, stdout, stderr)
-	case "demo":
-		err = runDemo(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":
 		err = runKeys(ctx, args[1:], getenv, stdout, stderr)
 	case "signer":
 		err = runSigner(ctx, args[1:], getenv, stderr)
 	case "networks":
 		err = runNetworks(args[1:], stdout, stderr)
+	case "healthcheck":
+		err = runHealthcheck(ctx, args[1:], getenv, stderr)
+	case "version":
+		err = runVersion(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -90,7 +84,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 }
 
-// serviceGCPercent is the garbage collector's target for the long-running service (serve, dev)
+// serviceGCPercent is the garbage collector's target for the long-running service (serve)
 // when GOGC is not set: the live heap is small (about 10 MB), so collecting at four times it
 // instead of Go's default twice costs about 15 MB of RSS and saved 15-25 % of the CPU per /verify
 // and per settlement (BENCHMARKS.md). GOGC, when set, is the operator's and wins.

@@ -2,32 +2,27 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestBenchEndToEnd runs 'facilitator bench' briefly (tiny K, 1 s of /verify, a short ceiling, a
-// 2,000-event backfill) against the real wiring on a fresh chain, the official facilitator
+// TestBenchEndToEnd runs 'facilitator-dev bench' briefly (tiny K, 1 s of /verify, a short ceiling, a
+// 2,000-event backfill) against the production binary on a fresh chain, the official facilitator
 // included, so that the command cannot rot. The figures are not checked, only that every phase
 // ran and was counted. The backfill writes into the facilitator's own test database under its
 // '#bench-' network id, which is what keeps it apart from the ledger.
 func TestBenchEndToEnd(t *testing.T) {
 	dbURL, chain := requireStack(t)
-	cfg, err := configFor(t, dbURL, chain, chain.Accounts[0].Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.LogLevel = "warn"
-	// As 'facilitator dev' does: no per-client rate limit, or the load would measure the limiter.
-	cfg.ClientRate, cfg.ClientBurst = 0, 0
-	// As 'facilitator dev' does: the bench's webhook receiver is on loopback.
-	cfg.WebhookAllowPrivate = true
-	m := &Main{Config: cfg, Logger: newLogger(t.Output(), "warn", "text")}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
+	// The stack 'facilitator-dev dev' serves: the production binary, no rate limits, webhooks
+	// to loopback (the bench's receiver is there).
+	m, err := startServe(ctx, stackConfig{Binary: facilitatorBin(t), Listen: "127.0.0.1:0", DBURL: dbURL, LogLevel: "warn",
+		Chain: chain, Signers: []*ecdsa.PrivateKey{chain.Accounts[0].Key}}, t.Output())
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
@@ -51,7 +46,7 @@ func TestBenchEndToEnd(t *testing.T) {
 		"one per request (20 txs)",
 		"batches of 10 (20 txs)",
 		"settle rate as % of the ceiling",
-		"(pid ", // memory was sampled (here: this test process, which serves the API)
+		"(pid ", // memory was sampled (the facilitator child listening on --url's port)
 		"events stored / emitted  2000 / 2000",
 		"#bench-", // the backfill's own network id
 		"per confirmed settlement (8 ops; official 4)",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,15 +13,14 @@ import (
 
 	"github.com/ethereum/go-ethereum/crypto"
 
-	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-// runDev runs the local stack: a fresh anvil with Circle's USDC, and serve pointed at it. The
-// facilitator signs with dev account #0, the one anvil prints first; accounts #1-#9 are payers.
+// runDev runs the local stack: a fresh anvil with Circle's USDC, and the production binary's serve
+// pointed at it. The facilitator signs with dev account #0, the one anvil prints first; accounts
+// #1-#9 are payers.
 func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	tuneGC(getenv)
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:4021", "address the facilitator listens on")
 	chainID := fs.Uint64("chain-id", devchain.DefaultChainID, "anvil's chain id")
@@ -33,17 +33,25 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	nSigners := fs.Int("signers", 1, "facilitator signer keys: dev account #0, then deterministic extra keys funded with ETH")
 	batchMax := fs.Int("batch-max", 0, "batch up to this many settlements per Multicall3 transaction (0: off; the network's \"batch\" entry)")
 	batchWait := fs.Duration("batch-wait", 150*time.Millisecond, "with --batch-max: the longest a batch's first settlement waits for others")
+	binary := fs.String("facilitator", "", "the production binary to serve with (default: 'facilitator' beside this one, else on PATH)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *nSigners < 1 {
 		return fmt.Errorf("--signers must be at least 1, got %d", *nSigners)
 	}
+	if *dbURL == "" {
+		return errors.New("dev: DATABASE_URL is required ('make run' makes one)")
+	}
 	batch, err := devBatch(*batchMax, *batchWait)
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, *logLevel, "text")
+	bin, err := facilitatorBinary(*binary)
+	if err != nil {
+		return err
+	}
+	log := newLogger(stderr, *logLevel)
 
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -56,32 +64,31 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
-
-	cfg := devStackConfig(chain, *listen, *dbURL, *logLevel, signers)
-	cfg.Pprof = *pprofAddr
-	cfg.Networks[0].Batch = batch
-	m := &Main{Config: cfg, Logger: log}
-	if err := m.Run(ctx); err != nil {
-		m.Close()
+	srv, err := startServe(startCtx, stackConfig{Binary: bin, Listen: *listen, DBURL: *dbURL, LogLevel: *logLevel,
+		Pprof: *pprofAddr, Chain: chain, Signers: signers, Batch: batch}, stderr)
+	if err != nil {
 		return err
 	}
-	printStack(stdout, m.Addr, chain, len(signers))
+	printStack(stdout, srv.Addr, chain, len(signers))
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "\nstopping the facilitator and anvil")
-	return m.Close()
+	return srv.Close()
 }
 
-// devBatch is the dev network's batch entry from --batch-max and --batch-wait (nil: off), checked
-// as a configured entry is, before anvil starts.
-func devBatch(max int, wait time.Duration) (*BatchConfig, error) {
+// devBatch is the dev network's batch policy from --batch-max and --batch-wait (off when max is
+// 0), checked as serve checks a configured entry, before anvil starts.
+func devBatch(max int, wait time.Duration) (facilitator.BatchPolicy, error) {
 	if max == 0 {
-		return nil, nil
+		return facilitator.BatchPolicy{}, nil
 	}
-	bc := &BatchConfig{Max: max, Wait: wait.String()}
-	if _, err := bc.policy(); err != nil {
-		return nil, fmt.Errorf("--batch-max/--batch-wait: %w", err)
+	p := facilitator.BatchPolicy{Max: max, Wait: wait}
+	if max < 2 {
+		return p, fmt.Errorf("--batch-max/--batch-wait: max %d: a batch holds at least 2 settlements (0 for none)", max)
 	}
-	return bc, nil
+	if err := p.Check(); err != nil {
+		return p, fmt.Errorf("--batch-max/--batch-wait: %w", err)
+	}
+	return p, nil
 }
 
 // devSigners is dev account #0 and n-1 extra keys. One key sends one transaction at a time in
@@ -123,43 +130,4 @@ funded accounts (10,000 ETH and %s USDC each; anvil's well-known dev keys, never
 		fmt.Fprintf(w, "  #%d %s  key 0x%s\n", i+1, a.Address.Hex(), hex.EncodeToString(crypto.FromECDSA(a.Key)))
 	}
 	fmt.Fprintf(w, "\ntry it: scripts/sample-verify.sh http://%s\n", addr)
-}
-
-// devStackConfig is the local stack's facilitator configuration (dev's, and the demo's on a free
-// port): the chain's one network and USDC, the given signer keys, background jobs on short
-// schedules, webhooks allowed to localhost, and no API keys.
-func devStackConfig(chain *devchain.Chain, listen, dbURL, logLevel string, signers []*ecdsa.PrivateKey) *Config {
-	v1Name, _ := facilitator.V1NetworkName(chain.ChainID)
-	return &Config{
-		Listen:      listen,
-		DatabaseURL: dbURL,
-		Networks: []NetworkConfig{{
-			ID:     facilitator.CAIP2(chain.ChainID),
-			RPC:    chain.RPCURL,
-			WS:     chain.WSURL,
-			V1Name: &v1Name,
-			Tokens: []TokenConfig{{Address: chain.USDC.Address.Hex(), Name: chain.USDC.Name, Version: chain.USDC.Version}},
-		}},
-		SignerKeys:    signers,
-		RPCTimeout:    5 * time.Second,
-		VerifyTimeout: 10 * time.Second,
-		StatusTimeout: 10 * time.Second,
-		Migrate:       true,
-		LogLevel:      logLevel,
-		SettleTimeout: 30 * time.Second,
-		PollInterval:  100 * time.Millisecond,
-		BumpAfter:     30 * time.Second,
-		MaxInFlight:   128,
-
-		Index:               true,
-		PaymentIDWindow:     24 * time.Hour,
-		RetentionSchedule:   "@every 10m",
-		ReconcileSchedule:   "@every 10s",
-		IndexHealthSchedule: "@every 1m",
-		ReconcileStale:      30 * time.Second,
-		// A local merchant's webhook receiver lives on localhost.
-		WebhookAllowPrivate: true,
-		// The local stack is for development: no API keys (serve requires them by default).
-		Auth: api.AuthOpen,
-	}
 }

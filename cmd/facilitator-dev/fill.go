@@ -39,7 +39,7 @@ func runFill(ctx context.Context, args []string, getenv func(string) string, std
 	if *network == "" {
 		*network = fmt.Sprintf("fill:%d", time.Now().Unix())
 	}
-	log := newLogger(stderr, "info", "text")
+	log := newLogger(stderr, "info")
 	db, err := openDB(ctx, *dbURL, log)
 	if err != nil {
 		return err

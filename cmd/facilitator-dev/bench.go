@@ -28,7 +28,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	cfg := loadgen.Config{}
 	fs.StringVar(&cfg.FacilitatorURL, "url", "http://127.0.0.1:4021", "our facilitator (a running 'make run' stack, open auth)")
 	fs.StringVar(&cfg.RPCURL, "rpc", "http://127.0.0.1:8545", "the anvil the stack settles on")
-	asset := fs.String("asset", "", "the USDC token (default: where 'facilitator dev' deploys it)")
+	asset := fs.String("asset", "", "the USDC token (default: where 'facilitator-dev dev' deploys it)")
 	fs.DurationVar(&cfg.VerifyDuration, "duration", 10*time.Second, "how long each /verify load runs")
 	fs.IntVar(&cfg.VerifyConcurrency, "verify-c", 32, "concurrent /verify callers")
 	fs.IntVar(&cfg.SettleK, "k", 1000, "distinct payments settled by our facilitator")
@@ -83,7 +83,7 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		cfg.Official = &official.Config{Node: *nodeBin, Script: path, Poll: *refPoll, Key: accounts[9].Key, Stderr: stderr}
 	}
-	cfg.Logger = newLogger(stderr, "info", "text")
+	cfg.Logger = newLogger(stderr, "info")
 	if *backfill {
 		if *dbURL == "" {
 			return errors.New("the backfill phase needs --database-url or DATABASE_URL (--backfill=false skips it)")

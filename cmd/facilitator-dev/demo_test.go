@@ -13,7 +13,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
-// TestDemo runs `facilitator demo` end to end on a fresh database and anvil, and checks from its
+// TestDemo runs `facilitator-dev demo` end to end on a fresh database and anvil, and checks from its
 // output that the story happened: the first paid attempt lost its response, the retry with the
 // same payment succeeded as a replay, the agent was charged once, and the ledger matched the chain.
 func TestDemo(t *testing.T) {
@@ -28,7 +28,7 @@ func TestDemo(t *testing.T) {
 	}
 	dbURL := stacktest.NewDB(t, "demo")
 	out, logs := &syncBuffer{}, &syncBuffer{}
-	err := demo.Run(ctx, demo.Options{Start: startDemoStack(dbURL, logs), LogPath: "(test buffer)"}, out)
+	err := demo.Run(ctx, demo.Options{Start: startDemoStack(facilitatorBin(t), dbURL, logs), LogPath: "(test buffer)"}, out)
 	t.Logf("demo output:\n%s", out.String())
 	var stackErr *demo.StackError
 	if errors.As(err, &stackErr) {

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// TestDevBatch: `facilitator-dev dev --batch-max N --batch-wait D` gives the dev network that
+// batch policy; 0 is off, and a policy serve would refuse is refused before anvil starts.
+func TestDevBatch(t *testing.T) {
+	if p, err := devBatch(0, time.Second); p.On() || err != nil {
+		t.Fatalf("--batch-max 0: %+v, %v; want off", p, err)
+	}
+	p, err := devBatch(30, 100*time.Millisecond)
+	if err != nil || p != (facilitator.BatchPolicy{Max: 30, Wait: 100 * time.Millisecond}) {
+		t.Fatalf("--batch-max 30 --batch-wait 100ms: %+v, %v", p, err)
+	}
+	for _, c := range []struct {
+		max  int
+		wait time.Duration
+	}{{1, time.Second}, {101, time.Second}, {20, 3 * time.Second}, {-1, time.Second}} {
+		if _, err := devBatch(c.max, c.wait); err == nil || !strings.Contains(err.Error(), "--batch-max") {
+			t.Errorf("--batch-max %d --batch-wait %s: %v, want refused", c.max, c.wait, err)
+		}
+	}
+}
+
+// TestDevStack runs `facilitator-dev dev` on free ports with a batch policy and two signers: the
+// production binary serves the fresh chain's USDC with both keys, and Ctrl-C (the context's end)
+// stops it and anvil cleanly.
+func TestDevStack(t *testing.T) {
+	bin := facilitatorBin(t)
+	dbURL := stacktest.NewDB(t, "cmddev")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	runCtx, stop := context.WithCancel(ctx)
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(runCtx, []string{"dev", "--listen", "127.0.0.1:0", "--anvil-port", "0", "--signers", "2",
+			"--batch-max", "5", "--batch-wait", "100ms", "--facilitator", bin, "--database-url", dbURL},
+			func(string) string { return "" }, &stdout, &stderr)
+	}()
+	var url string
+	for url == "" {
+		select {
+		case code := <-done:
+			t.Fatalf("dev exited %d before the stack was up:\n%s\n%s", code, stdout.String(), stderr.String())
+		case <-ctx.Done():
+			t.Fatalf("the stack never came up:\n%s\n%s", stdout.String(), stderr.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		for _, l := range strings.Split(stdout.String(), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "facilitator" && strings.HasPrefix(f[1], "http://") {
+				url = f[1]
+			}
+		}
+	}
+	if !strings.Contains(stdout.String(), "2 signer key(s) in all") {
+		t.Errorf("the banner does not count two signers:\n%s", stdout.String())
+	}
+	res, err := http.Get(url + "/supported")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("/supported: %s", res.Status)
+	}
+	stop()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("dev exited %d after Ctrl-C:\n%s", code, stderr.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("dev did not stop after Ctrl-C")
+	}
+	if _, err := http.Get(url + "/healthz"); err == nil {
+		t.Error("the facilitator still answers after dev stopped")
+	}
+}
