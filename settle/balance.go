@@ -63,7 +63,7 @@ func (e *Engine) Signers() []SignerHealth {
 }
 
 // balanceLoop reads the network's signer balances every BalanceInterval.
-func (n *network) balanceLoop(ctx context.Context) {
+func (n *chainEngine) balanceLoop(ctx context.Context) {
 	t := time.NewTicker(n.engine.cfg.BalanceInterval)
 	defer t.Stop()
 	for {
@@ -81,7 +81,7 @@ func (n *network) balanceLoop(ctx context.Context) {
 // batch, and moves each key in or out of the low state. A key below the minimum takes no new
 // settlement (pickSender skips it); what it has in flight carries on, fee bumps included, since
 // abandoning a signed transaction would strand its nonce. A failed read keeps the last state.
-func (n *network) readBalances(ctx context.Context) {
+func (n *chainEngine) readBalances(ctx context.Context) {
 	e := n.engine
 	var senders []*sender
 	var elems []rpc.BatchElem
@@ -97,14 +97,14 @@ func (n *network) readBalances(ctx context.Context) {
 	}
 	if err := n.batch(ctx, elems); err != nil {
 		if ctx.Err() == nil {
-			e.log.Warn("reading signer balances", "network", n.id.ID, "err", err)
+			e.log.Warn("reading signer balances", "network", n.net.ID, "err", err)
 		}
 		return
 	}
 	threshold := e.cfg.SignerMinBalance
 	for i, s := range senders {
 		if elems[i].Error != nil {
-			e.log.Warn("reading a signer balance", "network", n.id.ID, "signer", s.addr, "err", elems[i].Error)
+			e.log.Warn("reading a signer balance", "network", n.net.ID, "signer", s.addr, "err", elems[i].Error)
 			continue
 		}
 		bal := new(big.Int).Set((*big.Int)(elems[i].Result.(*hexutil.Big)))
@@ -114,16 +114,16 @@ func (n *network) readBalances(ctx context.Context) {
 		switch was := s.low.Swap(low); {
 		case low && !was:
 			e.log.Error("signer balance below threshold: fund it; the signer takes no new settlements until then",
-				"network", n.id.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
+				"network", n.net.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
 		case !low && was:
 			e.log.Info("signer balance back above threshold; the signer takes settlements again",
-				"network", n.id.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
+				"network", n.net.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
 		}
 	}
 }
 
 // allLow reports whether every key this process holds on the network is below its minimum balance.
-func (n *network) allLow() bool {
+func (n *chainEngine) allLow() bool {
 	held := 0
 	for _, s := range n.senders {
 		if s.held() == nil {

@@ -168,7 +168,7 @@ type Config struct {
 }
 
 // beat reports that loop finished an iteration on n.
-func (n *network) beat(loop string) { n.engine.cfg.Observer.Beat(loop, n.id.ID, n.engine.now()) }
+func (n *chainEngine) beat(loop string) { n.engine.cfg.Observer.Beat(loop, n.net.ID, n.engine.now()) }
 
 // Engine settles payments. Start it before use and Stop it at shutdown.
 type Engine struct {
@@ -176,7 +176,7 @@ type Engine struct {
 	store    Store
 	verifier Verifier
 	log      *slog.Logger
-	networks map[string]*network
+	networks map[string]*chainEngine
 
 	mu      sync.Mutex
 	flights map[int64]*flight
@@ -273,7 +273,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Observer = noObserver{}
 	}
 	e := &Engine{cfg: cfg, store: cfg.Store, verifier: cfg.Verifier, log: cfg.Logger,
-		networks: map[string]*network{}, flights: map[int64]*flight{}, answered: map[int64][]byte{}, held: map[int64]*heldClaim{}, confKick: make(chan struct{}, 1)}
+		networks: map[string]*chainEngine{}, flights: map[int64]*flight{}, answered: map[int64][]byte{}, held: map[int64]*heldClaim{}, confKick: make(chan struct{}, 1)}
 	if _, err := rand.Read(e.salt[:]); err != nil {
 		return nil, err
 	}
@@ -287,7 +287,7 @@ func New(cfg Config) (*Engine, error) {
 		if err := nc.Network.Finality.Validate(); err != nil {
 			return nil, fmt.Errorf("settle: network %s: %w", nc.Network.ID, err)
 		}
-		n := &network{engine: e, id: nc.Network, chain: nc.Chain, heads: nc.Heads, bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64),
+		n := &chainEngine{engine: e, net: nc.Network, chain: nc.Chain, heads: nc.Heads, bumps: map[int64]bool{}, kick: make(chan struct{}, 1), marks: make(chan []int64, 64),
 			feePolicy: nc.Fees.WithDefaults(cfg.MinTip, cfg.MaxFeeCap)}
 		seen := map[common.Address]bool{}
 		var signers []Signer
@@ -324,12 +324,12 @@ func (e *Engine) Start(ctx context.Context) error {
 			var l facilitator.SignerLease = ownLease{e.store}
 			if e.cfg.Leaser != nil {
 				var err error
-				if l, err = e.cfg.Leaser.LeaseSigner(ctx, n.id.ID, s.addr, 0); err != nil {
+				if l, err = e.cfg.Leaser.LeaseSigner(ctx, n.net.ID, s.addr, 0); err != nil {
 					e.releaseAll(initial)
-					return fmt.Errorf("settle: leasing signer %s on %s: %w", s.addr, n.id.ID, err)
+					return fmt.Errorf("settle: leasing signer %s on %s: %w", s.addr, n.net.ID, err)
 				}
 				if l == nil {
-					e.log.Info("signer key held by another process; waiting to take it over", "network", n.id.ID, "signer", s.addr)
+					e.log.Info("signer key held by another process; waiting to take it over", "network", n.net.ID, "signer", s.addr)
 					continue
 				}
 			}
@@ -418,9 +418,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 // and the key's lease.
 func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 	if err := s.load(ctx); err != nil {
-		return fmt.Errorf("settle: %s signer %s: %w", s.net.id.ID, s.addr, err)
+		return fmt.Errorf("settle: %s signer %s: %w", s.net.net.ID, s.addr, err)
 	}
-	open, err := e.store.OpenSettlements(ctx, s.net.id.ID, s.addr)
+	open, err := e.store.OpenSettlements(ctx, s.net.net.ID, s.addr)
 	if err != nil {
 		return fmt.Errorf("settle: loading open settlements: %w", err)
 	}
@@ -453,14 +453,14 @@ func (e *Engine) recoverLocked(ctx context.Context, s *sender) error {
 		}
 	}
 	if len(open) > 0 {
-		e.log.Info("resumed open settlements", "network", s.net.id.ID, "signer", s.addr, "count", len(open), "next_nonce", s.next)
+		e.log.Info("resumed open settlements", "network", s.net.net.ID, "signer", s.addr, "count", len(open), "next_nonce", s.next)
 	}
 	for _, f := range closed {
 		e.track(f)
 		s.enqueue(f)
 	}
 	if len(closed) > 0 {
-		e.log.Warn("resending failed settlements whose tx nonces are unused, to fill the gaps", "network", s.net.id.ID, "signer", s.addr, "count", len(closed), "from_nonce", s.mined)
+		e.log.Warn("resending failed settlements whose tx nonces are unused, to fill the gaps", "network", s.net.net.ID, "signer", s.addr, "count", len(closed), "from_nonce", s.mined)
 	}
 	return nil
 }
@@ -504,7 +504,7 @@ func recovered(s *sender, o *facilitator.OpenSettlement) (*flight, error) {
 // every later transaction of the key waits behind the gap. Caller holds s.mu, after s.load (which
 // read the key's mined nonce).
 func (e *Engine) closedFlights(ctx context.Context, s *sender) ([]*flight, error) {
-	closed, err := e.store.ClosedFrom(ctx, s.net.id.ID, s.addr, s.mined)
+	closed, err := e.store.ClosedFrom(ctx, s.net.net.ID, s.addr, s.mined)
 	if err != nil {
 		return nil, fmt.Errorf("settle: loading closed settlements: %w", err)
 	}
@@ -543,7 +543,7 @@ func (e *Engine) flight(id int64) *flight {
 	return e.flights[id]
 }
 
-func (e *Engine) flightsOf(n *network) []*flight {
+func (e *Engine) flightsOf(n *chainEngine) []*flight {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []*flight

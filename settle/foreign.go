@@ -34,7 +34,7 @@ const resignMargin = 30 * time.Second
 // resign signs f's call again (same calldata and gas, current fees) with the key's next nonce,
 // records it in the ledger as the settlement's transaction at that nonce, and queues it. old is
 // the nonce the foreign transaction took.
-func (n *network) resign(ctx context.Context, f *flight, old uint64, why string, gap *uint64) error {
+func (n *chainEngine) resign(ctx context.Context, f *flight, old uint64, why string, gap *uint64) error {
 	e := n.engine
 	s := f.sender
 	fees, err := n.fees(ctx)
@@ -98,7 +98,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			return nil // someone filled the gap meanwhile
 		}
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
-			e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
+			e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceTaken)
 			s.nonces.reset()
 			continue
 		}
@@ -137,7 +137,7 @@ func (n *network) resign(ctx context.Context, f *flight, old uint64, why string,
 			f.txs = append(f.txs, &sentTx{hash: rec.Hash, nonce: nonce, raw: raw, fees: fees, signedAt: e.now()})
 		})
 		e.log.Warn("re-signing with a new nonce", f.logAttrs("why", why, "signer", s.addr, "old_tx_nonce", old, "new_tx_nonce", nonce, "tx", rec.Hash)...)
-		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceForeign)
+		e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceForeign)
 		s.enqueue(f)
 		return nil
 	}
@@ -157,7 +157,7 @@ type pendingMove struct {
 // makes the flight follow: the moved transaction is f's (and goes out), or it never was. It reports
 // false while the ledger does not tell: nothing more is decided about f until it does, or the
 // flight and the ledger could disagree on the nonce f holds (and leave it a gap).
-func (n *network) settleMove(ctx context.Context, f *flight) bool {
+func (n *chainEngine) settleMove(ctx context.Context, f *flight) bool {
 	f.mu.Lock()
 	m := f.move
 	f.mu.Unlock()
@@ -201,7 +201,7 @@ func (n *network) settleMove(ctx context.Context, f *flight) bool {
 // ledger moves them there, slots 0..n-1, with the new transaction, before it is sent. They are a
 // new family; the members left behind (used elsewhere, expired) keep the old one and resolve
 // as before. members share one sender and the tx nonce old.
-func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64, why string) error {
+func (n *chainEngine) resignBatch(ctx context.Context, members []*flight, old uint64, why string) error {
 	e := n.engine
 	s := members[0].sender
 	fees, err := n.fees(ctx)
@@ -267,7 +267,7 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 				"old_tx_nonce", old, "new_tx_nonce", nonce, "tx", rec.Hash, "members", len(moving))...)
 			s.enqueue(f)
 		}
-		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceForeign)
+		e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceForeign)
 		return nil
 	}
 }
@@ -278,7 +278,7 @@ func (n *network) resignBatch(ctx context.Context, members []*flight, old uint64
 // row is at nonce, whatever the answer said), or failed; unknown reports a write that may have
 // committed that the ledger could not tell either way. The key's next nonce is reset whenever it
 // is not done.
-func (n *network) moveWritten(ctx context.Context, s *sender, id int64, nonce uint64, err error, attempt int, fees *Fees) (retry, unknown bool, _ error) {
+func (n *chainEngine) moveWritten(ctx context.Context, s *sender, id int64, nonce uint64, err error, attempt int, fees *Fees) (retry, unknown bool, _ error) {
 	e := n.engine
 	committed := func() (bool, error) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
@@ -289,7 +289,7 @@ func (n *network) moveWritten(ctx context.Context, s *sender, id int64, nonce ui
 	switch {
 	case err == nil:
 	case errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3:
-		e.cfg.Observer.NonceGap(n.id.ID, s.addr.Hex(), NonceTaken)
+		e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceTaken)
 		s.nonces.reset()
 		return true, false, nil
 	case errors.Is(err, facilitator.ErrDuplicate):
@@ -400,7 +400,7 @@ func (s *sender) reload(ctx context.Context) error {
 // reverted, with the authorization still unused) would put a second transaction of ours on the
 // authorization and pay its gas. known is false when a read failed, a node lacked a block, or the
 // nonce was used before the window: not known yet.
-func (n *network) nonceTaker(ctx context.Context, signer common.Address, nonce, at uint64) (tx common.Hash, known bool) {
+func (n *chainEngine) nonceTaker(ctx context.Context, signer common.Address, nonce, at uint64) (tx common.Hash, known bool) {
 	count := func(b uint64) (uint64, bool) {
 		var c hexutil.Uint64
 		if err := n.one(ctx, ethrpc.TransactionCount(signer, ethrpc.At(b), &c)); err != nil {
@@ -477,7 +477,7 @@ func (n *network) nonceTaker(ctx context.Context, signer common.Address, nonce, 
 
 // takenByForeign reports whether the transaction that used the nonce by block at is known, by the
 // blocks, to be none of t's own (f's track as the decision read it).
-func (n *network) takenByForeign(ctx context.Context, f *flight, t track, nonce, at uint64) bool {
+func (n *chainEngine) takenByForeign(ctx context.Context, f *flight, t track, nonce, at uint64) bool {
 	h, known := n.nonceTaker(ctx, f.sender.addr, nonce, at)
 	if !known {
 		n.engine.log.Info("the nonce's transaction could not be found in the blocks yet; not re-signing this round", f.logAttrs("tx_nonce", nonce)...)

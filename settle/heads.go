@@ -15,7 +15,7 @@ type Heads interface {
 // receipts are read as soon as their block exists rather than at the next PollInterval tick. The
 // ticker keeps running: a subscription that drops or goes silent costs latency, never progress.
 // Without Heads it does nothing.
-func (n *network) followHeads(ctx context.Context) {
+func (n *chainEngine) followHeads(ctx context.Context) {
 	if n.heads == nil {
 		return
 	}
@@ -27,7 +27,7 @@ func (n *network) followHeads(ctx context.Context) {
 
 // sawHead records the highest head number the subscription announced, so the watcher's next
 // round need not ask the node for it.
-func (n *network) sawHead(number uint64) { raise(&n.headHint, number) }
+func (n *chainEngine) sawHead(number uint64) { raise(&n.headHint, number) }
 
 // subscribed reports whether the network's heads subscription is up.
-func (n *network) subscribed() bool { return n.heads != nil && n.heads.Subscribed() }
+func (n *chainEngine) subscribed() bool { return n.heads != nil && n.heads.Subscribed() }

@@ -19,7 +19,7 @@ func (a announced) Follow(_ context.Context, fn func(head uint64)) {
 // TestFollowHeads: each announcement wakes the watcher and raises the head hint to the highest
 // head announced; a restart (0) only wakes it; without Heads nothing happens.
 func TestFollowHeads(t *testing.T) {
-	woken := func(n *network) bool {
+	woken := func(n *chainEngine) bool {
 		select {
 		case <-n.kick:
 			return true
@@ -27,7 +27,7 @@ func TestFollowHeads(t *testing.T) {
 			return false
 		}
 	}
-	n := &network{kick: make(chan struct{}, 1)}
+	n := &chainEngine{kick: make(chan struct{}, 1)}
 	n.followHeads(t.Context())
 	if woken(n) || n.headHint.Load() != 0 {
 		t.Fatalf("without Heads: woken or hint %d", n.headHint.Load())

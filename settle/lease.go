@@ -142,7 +142,7 @@ func (k *keeper) lost() {
 	dropped := k.e.dropKey(k.s, k.l)
 	k.l.Release()
 	k.l = nil
-	k.e.log.Warn("signer lease lost: the key is no longer used by this process", "network", k.s.net.id.ID, "signer", k.s.addr,
+	k.e.log.Warn("signer lease lost: the key is no longer used by this process", "network", k.s.net.net.ID, "signer", k.s.addr,
 		"flights_dropped", dropped)
 }
 
@@ -211,10 +211,10 @@ func (e *Engine) leaseLoop(ctx context.Context, k *keeper) {
 // lease tries to take the sender's key and recover it; nil when it is not this process's.
 func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) facilitator.SignerLease {
 	began := e.now()
-	l, err := e.cfg.Leaser.LeaseSigner(ctx, s.net.id.ID, s.addr, wait)
+	l, err := e.cfg.Leaser.LeaseSigner(ctx, s.net.net.ID, s.addr, wait)
 	if err != nil {
 		if ctx.Err() == nil {
-			e.log.Warn("taking a signer lease", "network", s.net.id.ID, "signer", s.addr, "err", err)
+			e.log.Warn("taking a signer lease", "network", s.net.net.ID, "signer", s.addr, "err", err)
 		}
 		return nil
 	}
@@ -224,17 +224,17 @@ func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) facil
 	if err := e.takeKey(ctx, s, l); err != nil {
 		l.Release()
 		if ctx.Err() == nil {
-			e.log.Warn("recovering a leased signer; gave the lease back", "network", s.net.id.ID, "signer", s.addr, "err", err)
+			e.log.Warn("recovering a leased signer; gave the lease back", "network", s.net.net.ID, "signer", s.addr, "err", err)
 		}
 		return nil
 	}
-	e.log.Info("signer lease taken", "network", s.net.id.ID, "signer", s.addr, "next_nonce", s.nextNonce(),
+	e.log.Info("signer lease taken", "network", s.net.net.ID, "signer", s.addr, "next_nonce", s.nextNonce(),
 		"took", e.now().Sub(began).Round(time.Millisecond))
 	return l
 }
 
 // leased counts the network's keys this process holds.
-func (n *network) leased() int {
+func (n *chainEngine) leased() int {
 	c := 0
 	for _, s := range n.senders {
 		if s.held() != nil {
@@ -246,20 +246,20 @@ func (n *network) leased() int {
 
 // handOver gives s's key up to a process queued for it, if this process keeps another key of the
 // network: every replica then settles with at least one key when there are enough.
-func (n *network) handOver(s *sender, l facilitator.SignerLease) bool {
+func (n *chainEngine) handOver(s *sender, l facilitator.SignerLease) bool {
 	n.leaseMu.Lock()
 	defer n.leaseMu.Unlock()
 	if n.leased() < 2 {
 		return false
 	}
 	dropped := n.engine.dropKey(s, l)
-	n.engine.log.Info("signer lease handed over to a replica that holds no key of the network", "network", n.id.ID,
+	n.engine.log.Info("signer lease handed over to a replica that holds no key of the network", "network", n.net.ID,
 		"signer", s.addr, "flights_dropped", dropped)
 	return true
 }
 
 // waitTurn lets one sender of the network at a time queue for its key, in turn.
-func (n *network) waitTurn(s *sender) bool {
+func (n *chainEngine) waitTurn(s *sender) bool {
 	n.leaseMu.Lock()
 	defer n.leaseMu.Unlock()
 	if n.waiting || n.senders[n.turn%len(n.senders)] != s {
@@ -269,7 +269,7 @@ func (n *network) waitTurn(s *sender) bool {
 	return true
 }
 
-func (n *network) waitDone() {
+func (n *chainEngine) waitDone() {
 	n.leaseMu.Lock()
 	n.waiting = false
 	n.turn++

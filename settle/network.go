@@ -15,10 +15,10 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-// network is the engine's state for one chain: its signers and its fee suggestion.
-type network struct {
+// chainEngine is the engine's state for one chain: its signers and its fee suggestion.
+type chainEngine struct {
 	engine  *Engine
-	id      facilitator.Network
+	net     facilitator.Network
 	chain   ethrpc.Chain
 	heads   Heads // nil: polls only
 	senders []*sender
@@ -90,7 +90,7 @@ const feesRetryAfter = 15 * time.Second
 // block's base fee and eth_maxPriorityFeePerGas for a node without it; eth_gasPrice on a legacy
 // network. Fees the max fee cannot pay for come with an error wrapping errFeesAboveCap (and the
 // fees at the limit, which a bump may still use); nothing may be signed for a new settlement then.
-func (n *network) fees(ctx context.Context) (Fees, error) {
+func (n *chainEngine) fees(ctx context.Context) (Fees, error) {
 	n.feeMu.Lock()
 	defer n.feeMu.Unlock()
 	e := n.engine
@@ -158,7 +158,7 @@ func (n *network) fees(ctx context.Context) (Fees, error) {
 	}
 	if err != nil {
 		e.log.Warn("network fees are above the configured max fee; new settlements are refused until they fall",
-			"network", n.id.ID, "max_fee", p.MaxFee, "fee_cap", f.FeeCap, "tip", f.TipCap)
+			"network", n.net.ID, "max_fee", p.MaxFee, "fee_cap", f.FeeCap, "tip", f.TipCap)
 		err = &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonFeesAboveCap,
 			Message:    "the network's fees are above this facilitator's max fee per gas; nothing was sent, retry later",
 			RetryAfter: feesRetryAfter, Err: err}
@@ -170,7 +170,7 @@ func (n *network) fees(ctx context.Context) (Fees, error) {
 // pickSender returns the signer this process holds with the fewest transactions in flight, or
 // nil when it holds none or all are at the limit or below their minimum balance (back-pressure:
 // the caller answers 503 with Retry-After rather than queue forever).
-func (n *network) pickSender() *sender {
+func (n *chainEngine) pickSender() *sender {
 	var best *sender
 	for _, s := range n.senders {
 		if s.held() == nil || s.low.Load() || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
@@ -183,13 +183,13 @@ func (n *network) pickSender() *sender {
 	return best
 }
 
-func (n *network) wantBump(f *flight) {
+func (n *chainEngine) wantBump(f *flight) {
 	n.bumpMu.Lock()
 	n.bumps[f.id] = true
 	n.bumpMu.Unlock()
 }
 
-func (n *network) takeBump(f *flight) bool {
+func (n *chainEngine) takeBump(f *flight) bool {
 	n.bumpMu.Lock()
 	defer n.bumpMu.Unlock()
 	if n.bumps[f.id] {
@@ -200,7 +200,7 @@ func (n *network) takeBump(f *flight) bool {
 }
 
 // wake makes the watcher run a round now (or right after the one in progress).
-func (n *network) wake() {
+func (n *chainEngine) wake() {
 	select {
 	case n.kick <- struct{}{}:
 	default:
@@ -208,7 +208,7 @@ func (n *network) wake() {
 }
 
 // markBroadcast hands ids to markLoop, or records them itself when markLoop is behind.
-func (n *network) markBroadcast(ctx context.Context, ids []int64) {
+func (n *chainEngine) markBroadcast(ctx context.Context, ids []int64) {
 	if n.engine.stepped {
 		n.recordBroadcasts(ctx, ids)
 		return
@@ -230,7 +230,7 @@ const broadcastMarkDelay = 250 * time.Millisecond
 
 // markLoop records accepted broadcasts: everything that arrives within broadcastMarkDelay of the
 // first goes in one statement, less the settlements resolved (or being resolved) meanwhile.
-func (n *network) markLoop(ctx context.Context) {
+func (n *chainEngine) markLoop(ctx context.Context) {
 	var (
 		pending []int64
 		due     <-chan time.Time
@@ -260,7 +260,7 @@ func (n *network) markLoop(ctx context.Context) {
 // unresolved keeps the ids whose outcome is not written or being written: a resolved settlement's
 // outcome write recorded its broadcast step. One this process no longer works is kept (the mark
 // moves only a row still signed).
-func (n *network) unresolved(ids []int64) []int64 {
+func (n *chainEngine) unresolved(ids []int64) []int64 {
 	out := ids[:0]
 	for _, id := range ids {
 		if f := n.engine.flight(id); f != nil {
@@ -276,23 +276,23 @@ func (n *network) unresolved(ids []int64) []int64 {
 	return out
 }
 
-func (n *network) recordBroadcasts(ctx context.Context, ids []int64) {
+func (n *chainEngine) recordBroadcasts(ctx context.Context, ids []int64) {
 	e := n.engine
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
 	defer cancel()
 	if err := e.store.MarkBroadcast(ctx, ids); err != nil {
 		// Only bookkeeping: recovery treats signed and broadcast alike.
-		e.log.Warn("recording broadcasts", "network", n.id.ID, "err", err)
+		e.log.Warn("recording broadcasts", "network", n.net.ID, "err", err)
 	}
 }
 
 // sawFinal records a node's answer for the finality tag, read with its head.
-func (n *network) sawFinal(head uint64, tag facilitator.TagRead) {
-	n.finalFloor.At(n.id.Finality, head, tag)
+func (n *chainEngine) sawFinal(head uint64, tag facilitator.TagRead) {
+	n.finalFloor.At(n.net.Finality, head, tag)
 }
 
 // saw records that an answer told of head h.
-func (n *network) saw(h uint64) { raise(&n.maxSeen, h) }
+func (n *chainEngine) saw(h uint64) { raise(&n.maxSeen, h) }
 
 // raise sets a to v if v is higher, whoever else raises it meanwhile.
 func raise(a *atomic.Uint64, v uint64) {

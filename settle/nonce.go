@@ -98,14 +98,14 @@ func (s *sender) load(ctx context.Context) error {
 	}
 	// The lowest nonce from the chain's on that no settlement holds: past the ledger's highest
 	// normally, or a gap below it (a foreign transaction that held it was reorganised away).
-	held, err := e.store.NoncesHeld(ctx, s.net.id.ID, s.addr, uint64(latest))
+	held, err := e.store.NoncesHeld(ctx, s.net.net.ID, s.addr, uint64(latest))
 	if err != nil {
 		return ledgerDown(err)
 	}
 	next := lowestFree(uint64(latest), held)
 	if s.nonces.loaded && next != s.next {
-		e.log.Warn("signer nonce resynchronised", "network", s.net.id.ID, "signer", s.addr, "was", s.next, "now", next)
-		e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceResync)
+		e.log.Warn("signer nonce resynchronised", "network", s.net.net.ID, "signer", s.addr, "was", s.next, "now", next)
+		e.cfg.Observer.NonceGap(s.net.net.ID, s.addr.Hex(), NonceResync)
 	}
 	s.nonces.set(next, uint64(latest))
 	return nil

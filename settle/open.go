@@ -63,7 +63,7 @@ func (e *Engine) Open() []OpenSettlements {
 			signed = f.txs[0].signedAt
 		}
 		f.mu.Unlock()
-		o := agg[key{f.sender.net.id.ID, st}]
+		o := agg[key{f.sender.net.net.ID, st}]
 		if o == nil || dropped || resolving {
 			continue
 		}

@@ -23,7 +23,7 @@ import (
 // and moves its row there (a batch of one: facilitator.SignerLease.MoveBatch) with the new
 // transaction before it is queued. old is the batch's tx nonce. Its gas limit is its own
 // estimate's (the batch's limit, which covered its call, for a flight recovered without one).
-func (n *network) resettle(ctx context.Context, f *flight, old uint64, why string) error {
+func (n *chainEngine) resettle(ctx context.Context, f *flight, old uint64, why string) error {
 	e := n.engine
 	s := f.sender
 	fees, err := n.fees(ctx)

@@ -20,7 +20,7 @@ import (
 // sender owns one signer key on one network: it is the only allocator of that key's nonces
 // (ARCHITECTURE.md invariant 7), and it broadcasts that key's transactions in nonce order, in batches.
 type sender struct {
-	net    *network
+	net    *chainEngine
 	addr   common.Address
 	signer Signer
 
@@ -49,7 +49,7 @@ type sender struct {
 	lease atomic.Pointer[leaseBox]
 }
 
-func newSender(n *network, signer Signer) *sender {
+func newSender(n *chainEngine, signer Signer) *sender {
 	return &sender{net: n, addr: signer.Address(), signer: signer}
 }
 
@@ -91,7 +91,7 @@ func (s *sender) submit(ctx context.Context, row *facilitator.NewSettlement, to 
 		return nil, err
 	}
 	sub := &submission{row: row, to: to, data: data, gas: eip3009.GasLimit(gas), estimate: gas, fees: fees}
-	if p := s.net.id.Batch; p.On() {
+	if p := s.net.net.Batch; p.On() {
 		if !alone {
 			return s.submitBatched(ctx, sub, p)
 		}
@@ -188,7 +188,7 @@ func (s *sender) commitBatchLocked(ctx context.Context, batch []*submission) {
 // closeDue commits the key's pending batch if the closing rule closes it now: the stepped
 // engine's stand-in for the timers of the submissions waiting for it.
 func (s *sender) closeDue(ctx context.Context) {
-	p := s.net.id.Batch
+	p := s.net.net.Batch
 	if !p.On() {
 		return
 	}
@@ -272,7 +272,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission, batched b
 				// No row for it (no row, no broadcast), and its nonce goes to the next one. A
 				// signer that failed one is down or refusing: the rest of the group would only
 				// wait out the same timeout each, so they are answered alike.
-				e.log.Warn("signing failed; nothing was sent", "network", s.net.id.ID, "signer", s.addr, "err", errors.Unwrap(err))
+				e.log.Warn("signing failed; nothing was sent", "network", s.net.net.ID, "signer", s.addr, "err", errors.Unwrap(err))
 				for _, rest := range subs[i:] {
 					if !rest.done {
 						rest.done, rest.err = true, err
@@ -306,7 +306,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission, batched b
 		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
 			// Our view of the key is stale (a commit whose answer was lost, another process on the
 			// key): re-derive it and take the next free nonces.
-			e.cfg.Observer.NonceGap(s.net.id.ID, s.addr.Hex(), NonceTaken)
+			e.cfg.Observer.NonceGap(s.net.net.ID, s.addr.Hex(), NonceTaken)
 			s.nonces.reset()
 			continue
 		}
@@ -335,7 +335,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission, batched b
 			// would be a gap holding back the key's later transactions).
 			switch committed, known := s.commitOutcome(ctx, rows); {
 			case known && committed != nil:
-				e.log.Warn("a settlement write reported an error but had committed; sending", "network", s.net.id.ID, "signer", s.addr, "count", len(rows))
+				e.log.Warn("a settlement write reported an error but had committed; sending", "network", s.net.net.ID, "signer", s.addr, "count", len(rows))
 				ids, err = committed, nil
 			case known:
 				s.nonces.reset() // re-derive the key's next nonce from the ledger next time
@@ -344,7 +344,7 @@ func (s *sender) commitLocked(ctx context.Context, subs []*submission, batched b
 				// Not known either way: the callers are answered pending with the hash they may
 				// land under, and the outcome is settled in the background.
 				s.nonces.reset()
-				e.log.Warn("a settlement write's outcome is unknown; answering pending and finding out", "network", s.net.id.ID,
+				e.log.Warn("a settlement write's outcome is unknown; answering pending and finding out", "network", s.net.net.ID,
 					"signer", s.addr, "count", len(rows), "err", err)
 				flights := make([]*flight, len(signed))
 				for i, sub := range signed {
@@ -433,7 +433,7 @@ func (s *sender) signBatch(ctx context.Context, subs []*submission) ([]*facilita
 	nonce := s.next
 	st, err := s.sign(ctx, nonce, multicall3.Address, data, gas, fees)
 	if err != nil {
-		s.net.engine.log.Warn("signing a batch failed; nothing was sent", "network", s.net.id.ID, "signer", s.addr, "count", len(subs), "err", errors.Unwrap(err))
+		s.net.engine.log.Warn("signing a batch failed; nothing was sent", "network", s.net.net.ID, "signer", s.addr, "count", len(subs), "err", errors.Unwrap(err))
 		for _, sub := range subs {
 			sub.done, sub.err = true, err
 		}
@@ -475,7 +475,7 @@ func (s *sender) resolveUnknown(rows []*facilitator.NewSettlement, flights []*fl
 }
 
 // checkUnknown asks the ledger about each write whose outcome is unknown and is due.
-func (n *network) checkUnknown(ctx context.Context) {
+func (n *chainEngine) checkUnknown(ctx context.Context) {
 	e := n.engine
 	n.unknownMu.Lock()
 	pending := n.unknown
@@ -494,12 +494,12 @@ func (n *network) checkUnknown(ctx context.Context) {
 			u.next, u.wait = now.Add(u.wait), min(2*u.wait, 10*time.Second)
 			still = append(still, u)
 		case ids == nil:
-			e.log.Info("the unknown settlement write did not commit; nothing was sent", "network", n.id.ID, "signer", u.s.addr, "count", len(u.rows))
+			e.log.Info("the unknown settlement write did not commit; nothing was sent", "network", n.net.ID, "signer", u.s.addr, "count", len(u.rows))
 			for _, f := range u.flights {
 				f.update(func(f *flight) { f.dropped = true })
 			}
 		default:
-			e.log.Warn("the unknown settlement write had committed; sending", "network", n.id.ID, "signer", u.s.addr, "count", len(u.rows))
+			e.log.Warn("the unknown settlement write had committed; sending", "network", n.net.ID, "signer", u.s.addr, "count", len(u.rows))
 			for i, f := range u.flights {
 				id := ids[i]
 				f.update(func(f *flight) { f.id = id })
@@ -548,7 +548,7 @@ func (s *sender) enqueue(f *flight) {
 }
 
 // drainQueue sends what is queued now, in batches (the stepped engine's broadcastLoop).
-func (n *network) drainQueue(ctx context.Context) {
+func (n *chainEngine) drainQueue(ctx context.Context) {
 	for {
 		var batch []*flight
 	drain:
@@ -571,7 +571,7 @@ func (n *network) drainQueue(ctx context.Context) {
 // broadcastLoop sends queued transactions in JSON-RPC batches, every key's together: a burst of
 // settlements reaches the node in one request instead of one per key or per transaction, and a
 // node that mines on arrival (anvil) packs them in fewer, fuller blocks.
-func (n *network) broadcastLoop(ctx context.Context) {
+func (n *chainEngine) broadcastLoop(ctx context.Context) {
 	const maxBatch = 200
 	// The loop waits for work, so it beats on a tick too: an idle broadcaster is alive, a stuck
 	// send is not.
@@ -603,7 +603,7 @@ func (n *network) broadcastLoop(ctx context.Context) {
 
 // send broadcasts the latest variant of each flight and records which the node took. Flights
 // whose key this process no longer holds are left to the key's holder.
-func (n *network) send(ctx context.Context, flights []*flight) {
+func (n *chainEngine) send(ctx context.Context, flights []*flight) {
 	e := n.engine
 	elems := make([]rpc.BatchElem, 0, len(flights))
 	txs := make([]*sentTx, 0, len(flights))
@@ -638,7 +638,7 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 	cancel()
 	if err != nil {
 		// The node may or may not have them: the watcher resends after RetryInterval.
-		e.log.Warn("broadcast failed; will resend", "network", n.id.ID, "txs", len(elems), "err", err)
+		e.log.Warn("broadcast failed; will resend", "network", n.net.ID, "txs", len(elems), "err", err)
 		for i, f := range sendable {
 			f.mu.Lock()
 			txs[i].tried = now
@@ -669,9 +669,9 @@ func (n *network) send(ctx context.Context, flights []*flight) {
 			nonce := f.nonce
 			f.mu.Unlock()
 			e.log.Info("node says nonce used; watching receipts", f.logAttrs("tx_nonce", nonce, "signer", f.sender.addr, "tx", txs[i].hash)...)
-			e.cfg.Observer.NonceGap(n.id.ID, f.sender.addr.Hex(), NonceUsed)
+			e.cfg.Observer.NonceGap(n.net.ID, f.sender.addr.Hex(), NonceUsed)
 		case sendNoFunds:
-			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", n.id.ID, "signer", f.sender.addr, "tx", txs[i].hash, "err", elemErr)...)
+			e.log.Error("signer cannot pay for gas: fund it", f.logAttrs("network", n.net.ID, "signer", f.sender.addr, "tx", txs[i].hash, "err", elemErr)...)
 		default:
 			e.log.Warn("node refused transaction; will resend", f.logAttrs("tx", txs[i].hash, "err", elemErr)...)
 		}

@@ -60,7 +60,7 @@ func (s *sender) sign(ctx context.Context, nonce uint64, to common.Address, data
 
 // checkSigned holds a signed transaction to the one asked for.
 func (s *sender) checkSigned(tx *types.Transaction, want types.TxData) error {
-	chainID := new(big.Int).SetUint64(s.net.id.ChainID)
+	chainID := new(big.Int).SetUint64(s.net.net.ChainID)
 	asked := types.NewTx(want)
 	switch {
 	case tx == nil:

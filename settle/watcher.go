@@ -19,7 +19,7 @@ import (
 // watchLoop polls receipts for every transaction this network's flights have signed, resolves
 // outcomes from them, and keeps unmined transactions moving (resend, fee bump). It runs every
 // PollInterval, and at once after a broadcast is accepted (wake).
-func (n *network) watchLoop(ctx context.Context) {
+func (n *chainEngine) watchLoop(ctx context.Context) {
 	t := time.NewTicker(n.engine.cfg.PollInterval)
 	defer t.Stop()
 	for {
@@ -43,7 +43,7 @@ func (n *network) watchLoop(ctx context.Context) {
 //
 // What the round read goes to decide (sendstate.go), one settlement at a time; the round carries
 // out what it answers. polled is a round of the ticker's (not one woken by a broadcast or a head).
-func (n *network) watch(ctx context.Context, polled bool) {
+func (n *chainEngine) watch(ctx context.Context, polled bool) {
 	e := n.engine
 	n.checkUnknown(ctx)
 	e.retryReleases(ctx)
@@ -63,7 +63,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		head = hexutil.Uint64(n.lastBlock)
 	default:
 		if err := n.one(ctx, ethrpc.BlockNumber(&head)); err != nil {
-			e.log.Warn("reading the head", "network", n.id.ID, "err", err)
+			e.log.Warn("reading the head", "network", n.net.ID, "err", err)
 			return
 		}
 	}
@@ -88,7 +88,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			// Every receipt of the new blocks in one call per block: ours among them need no
 			// second round trip.
 			if blockRcpts, err = n.blockReceipts(blocksCtx, n.lastBlock+1, uint64(head)); errors.Is(err, errNoBlockReceipts) {
-				e.log.Info("the node does not serve eth_getBlockReceipts; reading blocks, then receipts", "network", n.id.ID, "err", err)
+				e.log.Info("the node does not serve eth_getBlockReceipts; reading blocks, then receipts", "network", n.net.ID, "err", err)
 				n.noBlockReceipts = true
 			}
 		}
@@ -104,7 +104,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			// The announced head may be gone (a reorganisation to a shorter chain), or the node
 			// answering lags: ask again next time.
 			n.headHint.Store(0)
-			e.log.Warn("reading new blocks", "network", n.id.ID, "err", err)
+			e.log.Warn("reading new blocks", "network", n.net.ID, "err", err)
 			return
 		}
 	default:
@@ -118,8 +118,8 @@ func (n *network) watch(ctx context.Context, polled bool) {
 		want Expected
 	}
 	var works []*work
-	reads := receiptReads{tag: n.id.Finality.Tag}
-	fin := n.id.Finality
+	reads := receiptReads{tag: n.net.Finality.Tag}
+	fin := n.net.Finality
 	// By a tag, a mined settlement is due for its finality read once the tag has reached its block
 	// (as last read); by depth (or while the tag goes unanswered), once that deep.
 	byTag := fin.Tag != "" && n.tagOK.Load()
@@ -180,7 +180,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	// head 26, and a bump went out on reads at 25 for a nonce mined in block 26).
 	n.saw(reads.heads())
 	if err != nil {
-		e.log.Warn("polling receipts", "network", n.id.ID, "err", err)
+		e.log.Warn("polling receipts", "network", n.net.ID, "err", err)
 		return
 	}
 	n.lastBlock = uint64(head)
@@ -241,9 +241,9 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	gaps := map[gapKey]bool{}
 	pinnedAt := make([]bool, len(works)) // the settlement's decision had pinned reads
 	if len(pinned) > 0 {
-		disagreed := func() { e.cfg.Observer.Disagreement(n.id.ID) }
+		disagreed := func() { e.cfg.Observer.Disagreement(n.net.ID) }
 		if err := readCorroborated(ctx, n.chain, n.batchOn, fin.Tag, pinned, disagreed); err != nil {
-			e.log.Warn("pinned chain reads failed; deciding next round", "network", n.id.ID, "err", err)
+			e.log.Warn("pinned chain reads failed; deciding next round", "network", n.net.ID, "err", err)
 			for _, pr := range pinned {
 				pr.read = nil
 			}
@@ -309,9 +309,9 @@ func (n *network) watch(ctx context.Context, polled bool) {
 			}
 		}
 		if len(qrs) > 0 {
-			err := readQuorum(ctx, n.chain, n.batchOn, fin.Tag, qrs, func() { e.cfg.Observer.Disagreement(n.id.ID) })
+			err := readQuorum(ctx, n.chain, n.batchOn, fin.Tag, qrs, func() { e.cfg.Observer.Disagreement(n.net.ID) })
 			if err != nil {
-				e.log.Warn("confirming outcomes with a quorum of providers failed; deciding next round", "network", n.id.ID, "err", err)
+				e.log.Warn("confirming outcomes with a quorum of providers failed; deciding next round", "network", n.net.ID, "err", err)
 			}
 			for j, qr := range qrs {
 				i := qFor[j]
@@ -404,7 +404,7 @@ func (n *network) watch(ctx context.Context, polled bool) {
 	}
 	for _, k := range resignOrder {
 		if err := n.resignBatch(ctx, resignBatches[k], k.nonce, "a foreign transaction took the batch's nonce"); err != nil {
-			e.log.Warn("re-signing a batch's settlements at a new nonce; will retry", "network", n.id.ID, "signer", k.s.addr,
+			e.log.Warn("re-signing a batch's settlements at a new nonce; will retry", "network", n.net.ID, "signer", k.s.addr,
 				"tx_nonce", k.nonce, "members", len(resignBatches[k]), "err", err)
 		}
 	}
@@ -422,22 +422,22 @@ type gapKey struct {
 
 // gapAt reports whether no settlement of the ledger holds the sender's nonce (cached per round
 // in gaps; a ledger that does not answer says no gap).
-func (n *network) gapAt(ctx context.Context, gaps map[gapKey]bool, s *sender, nonce uint64) bool {
+func (n *chainEngine) gapAt(ctx context.Context, gaps map[gapKey]bool, s *sender, nonce uint64) bool {
 	k := gapKey{s, nonce}
 	if g, ok := gaps[k]; ok {
 		return g
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.engine.cfg.RPCTimeout)
-	held, err := n.engine.store.NoncesHeld(rctx, n.id.ID, s.addr, nonce)
+	held, err := n.engine.store.NoncesHeld(rctx, n.net.ID, s.addr, nonce)
 	cancel()
 	gaps[k] = err == nil && (len(held) == 0 || held[0] != nonce)
 	return gaps[k]
 }
 
 // policy is the network's decision policy (sendstate.go).
-func (n *network) policy() policy {
+func (n *chainEngine) policy() policy {
 	c := n.engine.cfg
-	return policy{finality: n.id.Finality, retryInterval: c.RetryInterval, rebroadcastAfter: c.RebroadcastAfter, bumpAfter: c.BumpAfter, resignMargin: resignMargin}
+	return policy{finality: n.net.Finality, retryInterval: c.RetryInterval, rebroadcastAfter: c.RebroadcastAfter, bumpAfter: c.BumpAfter, resignMargin: resignMargin}
 }
 
 // receiptReads gathers a round's reads into one batch: receipts, and a mined settlement's block at
@@ -544,7 +544,7 @@ func (rr *receiptReads) canon(o *observation, number uint64) {
 	rr.after = append(rr.after, func() { o.canon = read() })
 }
 
-func (rr *receiptReads) run(ctx context.Context, n *network) error {
+func (rr *receiptReads) run(ctx context.Context, n *chainEngine) error {
 	return rr.runWith(ctx, n.batch)
 }
 
@@ -586,7 +586,7 @@ type outcome struct {
 // (a commit) and the next receipts overlap, so a receipt does not wait for the previous round's
 // write to be noticed. Writes stay one at a time, in round order; the flights being written are
 // marked resolving, and rounds leave them alone until the write is done.
-func (n *network) recordAsync(ctx context.Context, outcomes []outcome) {
+func (n *chainEngine) recordAsync(ctx context.Context, outcomes []outcome) {
 	if len(outcomes) == 0 {
 		return
 	}
@@ -613,7 +613,7 @@ func (n *network) recordAsync(ctx context.Context, outcomes []outcome) {
 
 // record writes a round's outcomes to the ledger in one statement, then tells the waiters. If the
 // write fails nothing is told: the next round finds the same receipts and tries again.
-func (n *network) record(ctx context.Context, outcomes []outcome) {
+func (n *chainEngine) record(ctx context.Context, outcomes []outcome) {
 	if len(outcomes) == 0 {
 		return
 	}
@@ -625,7 +625,7 @@ func (n *network) record(ctx context.Context, outcomes []outcome) {
 	}
 	moved, claimed, err := e.store.Resolve(ctx, res)
 	if err != nil {
-		e.log.Warn("recording outcomes; will retry", "network", n.id.ID, "count", len(res), "err", err)
+		e.log.Warn("recording outcomes; will retry", "network", n.net.ID, "count", len(res), "err", err)
 		for _, o := range outcomes {
 			o.f.mu.Lock()
 			o.f.resolving = false
@@ -687,7 +687,7 @@ func idSet(ids []int64) map[int64]bool {
 // sync makes f the ledger's row again, after a write of ours matched nothing: another writer
 // moved the settlement. A settlement no longer open is no longer the watcher's (a mined one is
 // watched to finality).
-func (n *network) sync(ctx context.Context, f *flight) {
+func (n *chainEngine) sync(ctx context.Context, f *flight) {
 	e := n.engine
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
 	row, err := e.store.SettlementByID(rctx, f.id)
@@ -726,7 +726,7 @@ func (n *network) sync(ctx context.Context, f *flight) {
 }
 
 // finalize marks a round's settlements final in one statement.
-func (n *network) finalize(ctx context.Context, finals []*flight) {
+func (n *chainEngine) finalize(ctx context.Context, finals []*flight) {
 	if len(finals) == 0 {
 		return
 	}
@@ -737,7 +737,7 @@ func (n *network) finalize(ctx context.Context, finals []*flight) {
 	}
 	moved, err := e.store.MarkFinal(ctx, ids)
 	if err != nil {
-		e.log.Warn("marking settlements final; will retry", "network", n.id.ID, "err", err)
+		e.log.Warn("marking settlements final; will retry", "network", n.net.ID, "err", err)
 		return
 	}
 	done := idSet(moved)
@@ -753,7 +753,7 @@ func (n *network) finalize(ctx context.Context, finals []*flight) {
 
 // reopen moves a mined settlement back to broadcast: its block left the chain, or its
 // transaction was re-included elsewhere and reverted there (the next rounds explain the revert).
-func (n *network) reopen(ctx context.Context, f *flight, d decision) {
+func (n *chainEngine) reopen(ctx context.Context, f *flight, d decision) {
 	e := n.engine
 	err := e.store.Reopen(ctx, f.id, "reorganised: "+d.why)
 	if errors.Is(err, facilitator.ErrNotFound) {
@@ -776,7 +776,7 @@ func (n *network) reopen(ctx context.Context, f *flight, d decision) {
 
 // move records that a mined transaction is now in another block (a reorg re-included it):
 // reopened, then mined where it is now, so its events tell both steps.
-func (n *network) move(ctx context.Context, f *flight, d decision) {
+func (n *chainEngine) move(ctx context.Context, f *flight, d decision) {
 	n.reopen(ctx, f, decision{why: "moved to block " + fmt.Sprint(d.res.BlockNumber)})
 	if f.view().state != facilitator.StateBroadcast {
 		return
@@ -799,7 +799,7 @@ const (
 var errNoBlockReceipts = errors.New("eth_getBlockReceipts refused")
 
 // blockReceipts returns the receipts of every transaction in blocks from..to, by hash.
-func (n *network) blockReceipts(ctx context.Context, from, to uint64) (map[common.Hash]*ethrpc.Receipt, error) {
+func (n *chainEngine) blockReceipts(ctx context.Context, from, to uint64) (map[common.Hash]*ethrpc.Receipt, error) {
 	blocks := make([][]*ethrpc.Receipt, to-from+1)
 	elems := make([]rpc.BatchElem, len(blocks))
 	for i := range blocks {
@@ -827,7 +827,7 @@ func (n *network) blockReceipts(ctx context.Context, from, to uint64) (map[commo
 }
 
 // blockTxs returns the hashes of the transactions in blocks from..to.
-func (n *network) blockTxs(ctx context.Context, from, to uint64) (map[common.Hash]bool, error) {
+func (n *chainEngine) blockTxs(ctx context.Context, from, to uint64) (map[common.Hash]bool, error) {
 	blocks := make([]struct {
 		Txs []common.Hash `json:"transactions"`
 	}, to-from+1)
@@ -850,19 +850,19 @@ func (n *network) blockTxs(ctx context.Context, from, to uint64) (map[common.Has
 	return out, nil
 }
 
-func (n *network) one(ctx context.Context, el rpc.BatchElem) error {
+func (n *chainEngine) one(ctx context.Context, el rpc.BatchElem) error {
 	ctx, cancel := context.WithTimeout(ctx, n.engine.cfg.RPCTimeout)
 	defer cancel()
 	return ethrpc.One(ctx, n.chain, el)
 }
 
 // batch runs elems in chunks, each bounded by the RPC timeout.
-func (n *network) batch(ctx context.Context, elems []rpc.BatchElem) error {
+func (n *chainEngine) batch(ctx context.Context, elems []rpc.BatchElem) error {
 	return n.batchOn(n.chain)(ctx, elems)
 }
 
 // batchOn is batch over one chain (one endpoint of the network's, for corroborated reads).
-func (n *network) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error {
+func (n *chainEngine) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error {
 	return func(ctx context.Context, elems []rpc.BatchElem) error {
 		const chunk = 500
 		for i := 0; i < len(elems); i += chunk {
@@ -882,7 +882,7 @@ func (n *network) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem)
 // basedOn is the variant the decision saw as the newest: the bump is a compare-and-swap on it,
 // so a batch, whose members each decide the bump in the same round, is replaced once (the first
 // member's bump gives every member the new variant; the others find basedOn replaced).
-func (n *network) bump(ctx context.Context, f *flight, basedOn common.Hash) error {
+func (n *chainEngine) bump(ctx context.Context, f *flight, basedOn common.Hash) error {
 	e := n.engine
 	if fam := f.family; fam != nil {
 		fam.mu.Lock()
@@ -949,6 +949,6 @@ func (n *network) bump(ctx context.Context, f *flight, basedOn common.Hash) erro
 		})
 	}
 	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
-	e.cfg.Observer.FeeBumped(n.id.ID)
+	e.cfg.Observer.FeeBumped(n.net.ID)
 	return nil
 }
