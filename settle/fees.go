@@ -1,10 +1,12 @@
 package settle
 
 import (
+	"context"
 	"errors"
 	"math/big"
 	"slices"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -177,4 +179,79 @@ func minBig(a, b *big.Int) *big.Int {
 		return new(big.Int).Set(a)
 	}
 	return new(big.Int).Set(b)
+}
+
+// bump signs a replacement with the same nonce and higher fees, and commits it before it is sent.
+// basedOn is the variant the decision saw as the newest: the bump is a compare-and-swap on it,
+// so a batch, whose members each decide the bump in the same round, is replaced once (the first
+// member's bump gives every member the new variant; the others find basedOn replaced).
+func (n *chainEngine) bump(ctx context.Context, f *flight, basedOn common.Hash) error {
+	e := n.engine
+	if fam := f.family; fam != nil {
+		fam.mu.Lock()
+		defer fam.mu.Unlock()
+	}
+	if f.latest().hash != basedOn {
+		return nil // replaced since the decision
+	}
+	suggested, err := n.fees(ctx)
+	if err != nil && !errors.Is(err, errFeesAboveCap) {
+		return err
+	}
+	// Above the max fee, the suggestion is at the limit: the replacement goes as far as it allows.
+	old := f.latest()
+	fees, ok := BumpFees(old.fees, suggested, n.feePolicy.BumpPercent, n.feePolicy.MaxFee)
+	if !ok {
+		e.log.Warn("fee bump would exceed the max fee; keeping the current fees", f.logAttrs("tx", old.hash, "fee_cap", old.fees.FeeCap, "max_fee", n.feePolicy.MaxFee)...)
+		return nil
+	}
+	s := f.sender
+	l := s.held()
+	if l == nil || f.isDropped() {
+		return errNotLeased // the key's holder bumps it
+	}
+	// A signer that fails leaves the current transaction out there, resent as it is; the bump is
+	// decided again next round.
+	st, err := s.sign(ctx, f.txNonce(), f.target(), f.data, f.gas, fees)
+	if err != nil {
+		return err
+	}
+	tx, raw := st.tx, st.raw
+	// Through the lease: a process that lost the key cannot add a variant its next holder would
+	// not know of.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+	err = l.AddTx(wctx, f.id, facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas})
+	cancel()
+	if errors.Is(err, facilitator.ErrDuplicate) {
+		// Recorded by an earlier bump whose answer was lost (the same fees sign the same bytes).
+		err = nil
+	}
+	if errors.Is(err, facilitator.ErrNotFound) {
+		// No longer open in the ledger (someone else resolved it): nothing to replace.
+		n.sync(ctx, f)
+		return err
+	}
+	members := []*flight{f}
+	if f.family != nil {
+		members = f.family.members
+	}
+	if err != nil {
+		// The write may have committed: the ledger then holds these bytes, and another process
+		// (the reconcile job's resend) may send them. Never sent from here, but ours if they land
+		// (the simulator's seed 2549: taken for another's transaction, a payment we made was
+		// answered "used by a transaction that is not ours").
+		for _, m := range members {
+			m.update(func(m *flight) { m.unsure = append(m.unsure, tx.Hash()) })
+		}
+		return err
+	}
+	now := e.now()
+	for _, m := range members {
+		m.update(func(m *flight) {
+			m.txs = append(m.txs, &sentTx{hash: tx.Hash(), nonce: m.nonce, raw: raw, fees: fees, signedAt: now})
+		})
+	}
+	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
+	e.cfg.Observer.FeeBumped(n.net.ID)
+	return nil
 }

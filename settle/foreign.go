@@ -380,18 +380,6 @@ func regroup(moving []*flight) {
 	linkFamily(moving)
 }
 
-// reload reads the key's next nonce again from the chain and the ledger: it is stale once a
-// foreign transaction used one. Caller holds s.mu.
-func (s *sender) reload(ctx context.Context) error {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.net.engine.cfg.RPCTimeout)
-	defer cancel()
-	if err := s.load(lctx); err != nil {
-		s.nonces.reset()
-		return err
-	}
-	return nil
-}
-
 // nonceTaker finds, by the blocks themselves, the transaction that used signer's nonce by block
 // at: the first block whose count of the signer's transactions passes nonce (the last 32 blocks'
 // counts in one batch, and a binary search below them over the last logLookback blocks), then that

@@ -303,3 +303,32 @@ func raise(a *atomic.Uint64, v uint64) {
 		}
 	}
 }
+
+// one sends el alone, bounded by the RPC timeout.
+func (n *chainEngine) one(ctx context.Context, el rpc.BatchElem) error {
+	ctx, cancel := context.WithTimeout(ctx, n.engine.cfg.RPCTimeout)
+	defer cancel()
+	return ethrpc.One(ctx, n.chain, el)
+}
+
+// batch runs elems in chunks, each bounded by the RPC timeout.
+func (n *chainEngine) batch(ctx context.Context, elems []rpc.BatchElem) error {
+	return n.batchOn(n.chain)(ctx, elems)
+}
+
+// batchOn is batch over one chain (one endpoint of the network's, for corroborated reads).
+func (n *chainEngine) batchOn(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error {
+	return func(ctx context.Context, elems []rpc.BatchElem) error {
+		const chunk = 500
+		for i := 0; i < len(elems); i += chunk {
+			end := min(i+chunk, len(elems))
+			cctx, cancel := context.WithTimeout(ctx, n.engine.cfg.RPCTimeout)
+			err := c.BatchCallContext(cctx, elems[i:end])
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}

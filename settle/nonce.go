@@ -117,3 +117,15 @@ func (s *sender) nextNonce() uint64 {
 	defer s.mu.Unlock()
 	return s.next
 }
+
+// reload reads the key's next nonce again from the chain and the ledger: it is stale once a
+// foreign transaction used one. Caller holds s.mu.
+func (s *sender) reload(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.net.engine.cfg.RPCTimeout)
+	defer cancel()
+	if err := s.load(lctx); err != nil {
+		s.nonces.reset()
+		return err
+	}
+	return nil
+}
