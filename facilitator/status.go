@@ -95,7 +95,7 @@ const (
 	StatusUsed     = "used"
 )
 
-// StatusAdvice says what a merchant or agent should do in each state (README, "Status"): the CLI
+// StatusAdvice says what a merchant or agent should do in each state (docs/api.md, "Status"): the CLI
 // and the console both say it.
 func StatusAdvice(state string) string {
 	switch state {

@@ -19,7 +19,7 @@ import (
 )
 
 // deliberate lists the cases where we answer differently from the official facilitator on
-// purpose (README.md, "Deliberate differences"): ours first, theirs second.
+// purpose (docs/api.md, "Deliberate differences"): ours first, theirs second.
 var deliberate = map[string][2]string{
 	// We normalise v to 27/28 before simulating (and settling), as the v1 packages did; the official
 	// 2.27 verify accepts v = 0/1 in its signature check but then simulates with v = 0/1, which
@@ -193,7 +193,7 @@ func TestDifferentialVerify(t *testing.T) {
 	}
 	t.Logf("differential /verify, %d cases: %d identical, %d documented differences\n| case | ours | official | |\n|---|---|---|---|\n%s",
 		len(cases), same, documented, strings.Join(table, "\n"))
-	// The table is what the README quotes; a run that cannot produce all of it must not pass.
+	// The table is what docs/api.md quotes; a run that cannot produce all of it must not pass.
 	if same+documented != len(cases) {
 		t.Fatalf("%d of %d cases disagree", len(cases)-same-documented, len(cases))
 	}

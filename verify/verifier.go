@@ -123,9 +123,10 @@ func (v *Verifier) Verify(ctx context.Context, p *facilitator.Payment) (facilita
 	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil
 }
 
-// Settleable is Verify for the settle path: the simulation is an eth_estimateGas from the signer
-// that will submit the transaction, so one round trip both proves the transfer would succeed now and
-// sizes its gas. Gas is zero when the payment is invalid.
+// Settleable is Verify for the settle path: the simulation runs from the signer that will submit
+// the transaction, and proves the transfer would succeed now and sizes its gas: an eth_estimateGas
+// the first time for the token, then an eth_call at the gas limit learned (simulation.hint). Gas is
+// zero when the payment is invalid.
 func (v *Verifier) Settleable(ctx context.Context, p *facilitator.Payment, signer common.Address) (res facilitator.VerifyResponse, gas uint64, err error) {
 	res, gas, _, err = v.SettleCheck(ctx, p, signer)
 	return res, gas, err

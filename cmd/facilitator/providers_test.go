@@ -13,7 +13,7 @@ import (
 // reads two providers agree on, and the disagreements are counted. Then the liar goes down (every
 // request refused, as a rate-limited or failing provider does) and settling goes on through the
 // two left. (With two providers and a quorum of two, one provider that lies or is down holds every
-// outcome pending: README, "Several RPC providers".)
+// outcome pending: docs/configuration.md, "Several RPC providers".)
 func TestTwoProviders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()

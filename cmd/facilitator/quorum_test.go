@@ -26,7 +26,7 @@ import (
 )
 
 // liarRPC is a provider in front of the node that lies in the two ways one provider's word must
-// not decide an outcome (the trust model of README "Finality"): it invents a mined receipt, with
+// not decide an outcome (the trust model of docs/configuration.md, "Finality"): it invents a mined receipt, with
 // status 1 and the Transfer log the settlement expects, for a transaction that is only pending;
 // and it answers one request with a head and a "finalized" block far ahead, consistent with each
 // other. Everything else passes through.

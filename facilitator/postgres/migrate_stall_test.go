@@ -16,7 +16,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 )
 
-var stallRows = flag.Int("migrate.rows", 20_000, "settlements in the ledger TestMigrationsKeepServing migrates (the README's figure: 1000000)")
+var stallRows = flag.Int("migrate.rows", 20_000, "settlements in the ledger TestMigrationsKeepServing migrates (docs/migrations.md's figure: 1000000)")
 
 // stallFrom is the last migration an older release applied: the test migrates from there.
 const stallFrom = 14
