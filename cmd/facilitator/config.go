@@ -413,7 +413,18 @@ func (c *Config) Check() error {
 
 // parseServeFlags reads serve's flags; each defaults to its environment variable.
 func parseServeFlags(args []string, getenv func(string) string) (*Config, error) {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs, finish := serveFlags(getenv)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return finish()
+}
+
+// serveFlags declares serve's flags, their environment variables and defaults, on a flag set of
+// their own (what parseServeFlags parses, and what the documentation's table is held to); finish
+// reads the parsed values into a Config.
+func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*Config, error)) {
+	fs = flag.NewFlagSet("serve", flag.ContinueOnError)
 	env := func(key, def string) string {
 		if v := getenv(key); v != "" {
 			return v
@@ -466,118 +477,117 @@ func parseServeFlags(args []string, getenv func(string) string) (*Config, error)
 	minBalance := fs.String("signer-min-balance-wei", env("FACILITATOR_SIGNER_MIN_BALANCE_WEI", "10000000000000000"), "native balance in wei below which a signer takes no new settlement (default 0.01 ether); 0: no minimum (FACILITATOR_SIGNER_MIN_BALANCE_WEI)")
 	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read (FACILITATOR_BALANCE_INTERVAL)")
 	claimLease := fs.String("claim-lease", env("FACILITATOR_CLAIM_LEASE", "15s"), "how long a success claimed for a caller is held for its answer to be written; a process that dies first leaves it to the next identical request after this (FACILITATOR_CLAIM_LEASE)")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	for _, w := range []struct {
-		name string
-		in   string
-		out  **big.Int
-	}{{"wallet-cap-amount", *walletCapAmount, &cfg.WalletCapAmount}, {"key-gas-budget-wei", *keyGasBudget, &cfg.KeyGasBudget}, {"signer-min-balance-wei", *minBalance, &cfg.SignerMinBalance}} {
-		v, ok := new(big.Int).SetString(strings.TrimSpace(w.in), 10)
-		if !ok || v.Sign() < 0 {
-			return nil, fmt.Errorf("%s: %q is not a non-negative integer", w.name, w.in)
-		}
-		if v.Sign() > 0 {
-			*w.out = v
-		}
-	}
-	if cfg.Auth != "keys" && cfg.Auth != "open" {
-		return nil, fmt.Errorf("auth: %q is neither keys nor open", cfg.Auth)
-	}
-	for _, r := range []struct {
-		name string
-		in   string
-		out  *float64
-	}{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}} {
-		v, err := strconv.ParseFloat(r.in, 64)
-		if err != nil || v < 0 {
-			return nil, fmt.Errorf("%s: %q is not a non-negative number", r.name, r.in)
-		}
-		*r.out = v
-	}
-
-	raw := *networksJSON
-	if *networksFile != "" {
-		b, err := os.ReadFile(*networksFile)
-		if err != nil {
-			return nil, fmt.Errorf("reading the networks file: %w", err)
-		}
-		raw = string(b)
-	}
-	if raw != "" {
-		dec := json.NewDecoder(strings.NewReader(raw))
-		dec.DisallowUnknownFields() // a typo in an operator's file should fail loudly
-		if err := dec.Decode(&cfg.Networks); err != nil {
-			return nil, fmt.Errorf("networks JSON: %w", err)
-		}
-		// Presets are filled in here, once, so that everything after reads one complete entry.
-		for i, nc := range cfg.Networks {
-			resolved, err := nc.resolve()
-			if err != nil {
-				return nil, fmt.Errorf("networks[%d]: %w", i, err)
+	return fs, func() (*Config, error) {
+		for _, w := range []struct {
+			name string
+			in   string
+			out  **big.Int
+		}{{"wallet-cap-amount", *walletCapAmount, &cfg.WalletCapAmount}, {"key-gas-budget-wei", *keyGasBudget, &cfg.KeyGasBudget}, {"signer-min-balance-wei", *minBalance, &cfg.SignerMinBalance}} {
+			v, ok := new(big.Int).SetString(strings.TrimSpace(w.in), 10)
+			if !ok || v.Sign() < 0 {
+				return nil, fmt.Errorf("%s: %q is not a non-negative integer", w.name, w.in)
 			}
-			cfg.Networks[i] = resolved
+			if v.Sign() > 0 {
+				*w.out = v
+			}
 		}
-	}
+		if cfg.Auth != "keys" && cfg.Auth != "open" {
+			return nil, fmt.Errorf("auth: %q is neither keys nor open", cfg.Auth)
+		}
+		for _, r := range []struct {
+			name string
+			in   string
+			out  *float64
+		}{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}} {
+			v, err := strconv.ParseFloat(r.in, 64)
+			if err != nil || v < 0 {
+				return nil, fmt.Errorf("%s: %q is not a non-negative number", r.name, r.in)
+			}
+			*r.out = v
+		}
 
-	keys, err := readSignerKeys(getenv("FACILITATOR_SIGNER_KEYS"), *keysFile)
-	if err != nil {
-		return nil, err
-	}
-	cfg.SignerKeys = keys
-	if cfg.RemoteAddresses, err = addressList(*remoteAddrs, "signer address"); err != nil {
-		return nil, err
-	}
-	if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
-		return nil, err
-	}
-	if cfg.RPCTimeout, err = time.ParseDuration(*rpcTimeout); err != nil {
-		return nil, fmt.Errorf("rpc-timeout: %w", err)
-	}
-	if cfg.VerifyTimeout, err = time.ParseDuration(*verifyTimeout); err != nil {
-		return nil, fmt.Errorf("verify-timeout: %w", err)
-	}
-	cfg.Migrate = *migrate != "false" && *migrate != "0"
-	for _, d := range []struct {
-		name string
-		in   string
-		out  *time.Duration
-	}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}} {
-		if *d.out, err = time.ParseDuration(d.in); err != nil {
-			return nil, fmt.Errorf("%s: %w", d.name, err)
+		raw := *networksJSON
+		if *networksFile != "" {
+			b, err := os.ReadFile(*networksFile)
+			if err != nil {
+				return nil, fmt.Errorf("reading the networks file: %w", err)
+			}
+			raw = string(b)
 		}
-	}
-	cfg.MaxInFlight = *maxInFlight
-	cfg.Index = *index != "false" && *index != "0"
-	if cfg.ReadyMaxIndexLag, err = strconv.ParseUint(*readyLag, 10, 64); err != nil {
-		return nil, fmt.Errorf("ready-max-index-lag: %q is not a block count", *readyLag)
-	}
-	if cfg.StatusTimeout, err = time.ParseDuration(*statusTimeout); err != nil || cfg.StatusTimeout <= 0 {
-		return nil, fmt.Errorf("status-timeout: %q is not a positive duration", *statusTimeout)
-	}
-	if cfg.ReadyTimeout, err = time.ParseDuration(*readyTimeout); err != nil || cfg.ReadyTimeout <= 0 {
-		return nil, fmt.Errorf("ready-timeout: %q is not a positive duration", *readyTimeout)
-	}
-	if *maxFeeGwei != "" {
-		f, ok := new(big.Float).SetString(*maxFeeGwei)
-		if !ok || f.Sign() <= 0 {
-			return nil, fmt.Errorf("max-fee-gwei: %q is not a positive number", *maxFeeGwei)
+		if raw != "" {
+			dec := json.NewDecoder(strings.NewReader(raw))
+			dec.DisallowUnknownFields() // a typo in an operator's file should fail loudly
+			if err := dec.Decode(&cfg.Networks); err != nil {
+				return nil, fmt.Errorf("networks JSON: %w", err)
+			}
+			// Presets are filled in here, once, so that everything after reads one complete entry.
+			for i, nc := range cfg.Networks {
+				resolved, err := nc.resolve()
+				if err != nil {
+					return nil, fmt.Errorf("networks[%d]: %w", i, err)
+				}
+				cfg.Networks[i] = resolved
+			}
 		}
-		cfg.MaxFeeCap, _ = new(big.Float).Mul(f, big.NewFloat(1e9)).Int(nil)
+
+		keys, err := readSignerKeys(getenv("FACILITATOR_SIGNER_KEYS"), *keysFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.SignerKeys = keys
+		if cfg.RemoteAddresses, err = addressList(*remoteAddrs, "signer address"); err != nil {
+			return nil, err
+		}
+		if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
+			return nil, err
+		}
+		if cfg.RPCTimeout, err = time.ParseDuration(*rpcTimeout); err != nil {
+			return nil, fmt.Errorf("rpc-timeout: %w", err)
+		}
+		if cfg.VerifyTimeout, err = time.ParseDuration(*verifyTimeout); err != nil {
+			return nil, fmt.Errorf("verify-timeout: %w", err)
+		}
+		cfg.Migrate = *migrate != "false" && *migrate != "0"
+		for _, d := range []struct {
+			name string
+			in   string
+			out  *time.Duration
+		}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}} {
+			if *d.out, err = time.ParseDuration(d.in); err != nil {
+				return nil, fmt.Errorf("%s: %w", d.name, err)
+			}
+		}
+		cfg.MaxInFlight = *maxInFlight
+		cfg.Index = *index != "false" && *index != "0"
+		if cfg.ReadyMaxIndexLag, err = strconv.ParseUint(*readyLag, 10, 64); err != nil {
+			return nil, fmt.Errorf("ready-max-index-lag: %q is not a block count", *readyLag)
+		}
+		if cfg.StatusTimeout, err = time.ParseDuration(*statusTimeout); err != nil || cfg.StatusTimeout <= 0 {
+			return nil, fmt.Errorf("status-timeout: %q is not a positive duration", *statusTimeout)
+		}
+		if cfg.ReadyTimeout, err = time.ParseDuration(*readyTimeout); err != nil || cfg.ReadyTimeout <= 0 {
+			return nil, fmt.Errorf("ready-timeout: %q is not a positive duration", *readyTimeout)
+		}
+		if *maxFeeGwei != "" {
+			f, ok := new(big.Float).SetString(*maxFeeGwei)
+			if !ok || f.Sign() <= 0 {
+				return nil, fmt.Errorf("max-fee-gwei: %q is not a positive number", *maxFeeGwei)
+			}
+			cfg.MaxFeeCap, _ = new(big.Float).Mul(f, big.NewFloat(1e9)).Int(nil)
+		}
+		if cfg.WebhookPollInterval, err = time.ParseDuration(*webhookPoll); err != nil || cfg.WebhookPollInterval <= 0 {
+			return nil, fmt.Errorf("webhook-poll-interval: %q is not a positive duration", *webhookPoll)
+		}
+		cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
+		if cfg.WebhookDeliveryRetention, err = time.ParseDuration(*deliveryRetention); err != nil || cfg.WebhookDeliveryRetention <= 0 {
+			return nil, fmt.Errorf("webhook-delivery-retention: %q is not a positive duration", *deliveryRetention)
+		}
+		if cfg.ConsoleSessionTTL, err = time.ParseDuration(*sessionTTL); err != nil || cfg.ConsoleSessionTTL <= 0 {
+			return nil, fmt.Errorf("console-session-ttl: %q is not a positive duration", *sessionTTL)
+		}
+		cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
+		return cfg, nil
 	}
-	if cfg.WebhookPollInterval, err = time.ParseDuration(*webhookPoll); err != nil || cfg.WebhookPollInterval <= 0 {
-		return nil, fmt.Errorf("webhook-poll-interval: %q is not a positive duration", *webhookPoll)
-	}
-	cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
-	if cfg.WebhookDeliveryRetention, err = time.ParseDuration(*deliveryRetention); err != nil || cfg.WebhookDeliveryRetention <= 0 {
-		return nil, fmt.Errorf("webhook-delivery-retention: %q is not a positive duration", *deliveryRetention)
-	}
-	if cfg.ConsoleSessionTTL, err = time.ParseDuration(*sessionTTL); err != nil || cfg.ConsoleSessionTTL <= 0 {
-		return nil, fmt.Errorf("console-session-ttl: %q is not a positive duration", *sessionTTL)
-	}
-	cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
-	return cfg, nil
 }
 
 // addressList parses comma-separated addresses; what names them in the error.
