@@ -536,7 +536,9 @@ func (s *sender) commitOutcome(ctx context.Context, rows []*facilitator.NewSettl
 	return ids, true
 }
 
-// enqueue hands f to the network's broadcaster. The queue is sized to the in-flight limits, so
+// enqueue hands f to the network's broadcaster: the one hand-off between a committed row and the
+// chain, picked up by broadcastLoop (drainQueue in the stepped engine), which sends it with every
+// other queued transaction in one batch (send). The queue is sized to the in-flight limits, so
 // this only blocks when recovery hands over more than a queue's worth at once. One queue for all
 // of the network's keys keeps each key's transactions in nonce order (a key enqueues under its mu).
 func (s *sender) enqueue(f *flight) {
