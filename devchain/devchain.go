@@ -69,6 +69,8 @@ type Chain struct {
 	wallet      *compiled // SmartWallet build, cached after first use
 	closeOnce   sync.Once
 	closeErr    error
+	stopGuard   context.CancelFunc // ends guardPool (poolguard.go)
+	guardDone   chan struct{}
 }
 
 // InitialUSDC is what each dev account is minted at start: 1,000,000 USDC.
@@ -136,6 +138,12 @@ func Start(ctx context.Context, opts Options) (*Chain, error) {
 	if err := c.setup(ctx, !opts.NoMulticall3); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
+	gctx, stop := context.WithCancel(context.Background())
+	c.stopGuard, c.guardDone = stop, make(chan struct{})
+	go func() {
+		defer close(c.guardDone)
+		c.guardPool(gctx)
+	}()
 	log.Info("devchain ready", "rpc", c.RPCURL, "chainId", c.ChainID, "usdc", c.USDC.Address,
 		"multicall3", c.Multicall3, "took", time.Since(begin).Round(time.Millisecond))
 	return c, nil
@@ -205,6 +213,10 @@ func (c *Chain) fundUSDC(ctx context.Context) error {
 // files. It is safe to call more than once.
 func (c *Chain) Close() error {
 	c.closeOnce.Do(func() {
+		if c.stopGuard != nil {
+			c.stopGuard()
+			<-c.guardDone
+		}
 		if c.RPC != nil {
 			c.RPC.Close()
 		}
