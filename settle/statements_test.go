@@ -118,8 +118,11 @@ func TestStatementsPerSettlement(t *testing.T) {
 // The bounds, with headroom over a run's 2.8 statements in 2.2 round trips: before the success
 // claim went into the outcome write they were 3.9 and 3.3; the claim's confirmation once its
 // answer is written (a crash between the two must not lose the success) added about 0.25 of each,
-// one statement shared by the answers of a burst.
+// one statement shared by the answers of a burst. How many statements share a round trip, and a
+// shared statement's settlements, depends on timing: CI runs measured 3.15-3.19 statements in
+// 2.65-2.79 round trips. A change that adds a statement or a round trip of its own per
+// settlement adds 1.0 and crosses either bound.
 const (
 	maxStatementsPerSettlement = 3.4
-	maxRoundTripsPerSettlement = 2.7
+	maxRoundTripsPerSettlement = 3.0
 )
