@@ -119,10 +119,12 @@ func TestStatementsPerSettlement(t *testing.T) {
 // claim went into the outcome write they were 3.9 and 3.3; the claim's confirmation once its
 // answer is written (a crash between the two must not lose the success) added about 0.25 of each,
 // one statement shared by the answers of a burst. How many statements share a round trip, and a
-// shared statement's settlements, depends on timing: CI runs measured 3.15-3.19 statements in
-// 2.65-2.79 round trips. A change that adds a statement or a round trip of its own per
-// settlement adds 1.0 and crosses either bound.
+// shared statement's settlements, depends on timing: 2.4-2.7 statements in 1.6-2.1 round trips on
+// a quiet machine, 3.15-3.19 in 2.65-2.79 in CI runs beside the other packages. The bounds sit
+// above the loaded figures: a change that adds a statement or a round trip of its own per
+// settlement adds 1.0 and crosses them under load (the profile, docs/profile-settle.md, has the
+// figures to compare with on a quiet machine).
 const (
-	maxStatementsPerSettlement = 3.4
-	maxRoundTripsPerSettlement = 3.0
+	maxStatementsPerSettlement = 4.0
+	maxRoundTripsPerSettlement = 3.5
 )
