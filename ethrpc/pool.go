@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -58,8 +59,12 @@ type Pool struct {
 	// serial: a broadcast reaches its endpoints one after the other (SetSerial).
 	serial bool
 
-	mu   sync.Mutex
-	next int // the endpoint reads start at, rotated so that load spreads
+	mu sync.Mutex
+	// rnd draws the endpoint each pick starts at. At random, not in turn: a caller that makes the
+	// same number of calls every round (a watcher with a few settlements stuck on a quorum) would
+	// otherwise be handed the same endpoints every round, and a quorum that holds a liar would
+	// never form (SetSeed: the simulator's, which must replay).
+	rnd *rand.Rand
 }
 
 type endpoint struct {
@@ -81,7 +86,7 @@ func NewPool(endpoints []Endpoint, obs PoolObserver, now func() time.Time) (*Poo
 	if now == nil {
 		now = time.Now
 	}
-	p := &Pool{obs: obs, now: now, quorum: DefaultQuorum(len(endpoints))}
+	p := &Pool{obs: obs, now: now, quorum: DefaultQuorum(len(endpoints)), rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
 	for _, e := range endpoints {
 		ep := &endpoint{Endpoint: e}
 		if e.Rate > 0 {
@@ -98,6 +103,10 @@ func NewPool(endpoints []Endpoint, obs PoolObserver, now func() time.Time) (*Poo
 // chain, and a seed must not replay differently with the goroutine that reaches the chain first.
 // Call it before the pool is used.
 func (p *Pool) SetSerial() { p.serial = true }
+
+// SetSeed makes the pool's picks of endpoints replay from seed (the simulator). Call it before
+// the pool is used.
+func (p *Pool) SetSeed(seed uint64) { p.rnd = rand.New(rand.NewPCG(seed, seed)) }
 
 // Serial reports whether SetSerial was called: a caller that reads several endpoints at once
 // (settle's quorum reads) reads them one after the other too.
@@ -125,12 +134,12 @@ func (p *Pool) Health() []EndpointHealth {
 	return out
 }
 
-// order is the endpoints to try: the healthy ones from the rotating start, then those left alone,
+// order is the endpoints to try: the healthy ones from a start drawn at random (so that load
+// spreads, and no caller's rhythm meets the same endpoints every time), then those left alone,
 // soonest back first (when every endpoint failed lately, trying beats refusing).
 func (p *Pool) order() []*endpoint {
 	p.mu.Lock()
-	start := p.next
-	p.next = (p.next + 1) % len(p.endpoints)
+	start := p.rnd.IntN(len(p.endpoints))
 	p.mu.Unlock()
 	now := p.now()
 	var healthy, down []*endpoint

@@ -3,6 +3,7 @@ package ethrpc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/big"
 	"strings"
 	"sync"
@@ -95,6 +96,20 @@ func newPool(t *testing.T, c *clock, chains ...ethrpc.Chain) *ethrpc.Pool {
 	return p
 }
 
+// readUntilAsked reads the head through p until e has been asked (reads start at an endpoint
+// drawn at random).
+func readUntilAsked(t *testing.T, p *ethrpc.Pool, e *fakeEndpoint) {
+	t.Helper()
+	for range 64 {
+		var head hexutil.Uint64
+		_ = p.CallContext(context.Background(), &head, "eth_blockNumber")
+		if e.calls.Load() > 0 {
+			return
+		}
+	}
+	t.Fatal("64 reads never reached the endpoint")
+}
+
 // TestPoolFailsOver: a transport failure, an HTTP 429 and a -32005 send the read to the next
 // endpoint, and the failed one is left alone for its back-off (the one a rate limit asks for,
 // when it says); a JSON-RPC error is an answer and is not retried elsewhere.
@@ -114,8 +129,14 @@ func TestPoolFailsOver(t *testing.T) {
 			bad, good := failing(c.err), answering(42)
 			p := newPool(t, clk, bad, good)
 			var head hexutil.Uint64
-			if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil || head != 42 {
-				t.Fatalf("read: %v, head %d; want 42 from the second endpoint", err, head)
+			// Reads start at an endpoint drawn at random: read until one has tried the bad one.
+			for range 64 {
+				if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil || head != 42 {
+					t.Fatalf("read: %v, head %d; want 42 from the good endpoint", err, head)
+				}
+				if bad.calls.Load() > 0 {
+					break
+				}
 			}
 			h := p.Health()
 			if h[0].Healthy || !h[1].Healthy || h[1].Head != 42 {
@@ -142,12 +163,23 @@ func TestPoolFailsOver(t *testing.T) {
 	}
 	t.Run("an answer is not retried", func(t *testing.T) {
 		reverted := &fakeEndpoint{call: func(string, any) error { return rpcErr{code: 3, msg: "execution reverted"} }}
-		other := answering(1)
+		other := &fakeEndpoint{call: func(string, any) error { return nil }}
 		p := newPool(t, &clock{t: time.Unix(1_000, 0)}, reverted, other)
 		var out hexutil.Bytes
-		err := p.CallContext(ctx, &out, "eth_call")
-		if err == nil || !strings.Contains(err.Error(), "execution reverted") || other.calls.Load() != 0 {
-			t.Fatalf("a revert: %v, other endpoint asked %d times; want the revert, no retry", err, other.calls.Load())
+		// Reads start at an endpoint drawn at random: read until one has started at the reverting one.
+		for range 64 {
+			asked := other.calls.Load()
+			err := p.CallContext(ctx, &out, "eth_call")
+			if reverted.calls.Load() == 0 {
+				continue
+			}
+			if err == nil || !strings.Contains(err.Error(), "execution reverted") || other.calls.Load() != asked {
+				t.Fatalf("a revert: %v, other endpoint asked %d more times; want the revert, no retry", err, other.calls.Load()-asked)
+			}
+			break
+		}
+		if reverted.calls.Load() == 0 {
+			t.Fatal("64 reads never started at the first endpoint")
 		}
 		if !p.Health()[0].Healthy {
 			t.Fatal("an endpoint that answered a revert was marked down")
@@ -175,14 +207,45 @@ func TestPoolBroadcastsToEvery(t *testing.T) {
 	}
 }
 
+// TestPoolPicksOutOfStep: a caller that makes the same number of calls between its quorum picks
+// (a watcher whose rounds read a head, a batch of receipts and then a quorum beside the endpoint
+// that answered) is handed each other endpoint in turn over its rounds, not the same one every
+// round: with a liar among three, a pick that always held the liar would hold a settlement pending
+// for ever. (Picks that started where the last left off handed it the same endpoint each round.)
+func TestPoolPicksOutOfStep(t *testing.T) {
+	ctx := context.Background()
+	for calls := range 5 {
+		// Each endpoint answers its own index as the head, which names it.
+		p := newPool(t, &clock{t: time.Unix(1_000, 0)}, answering(0), answering(1), answering(2))
+		named := map[string]int{}
+		for range 64 {
+			var head hexutil.Uint64
+			for range calls {
+				if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eps, ok := p.Several(1, "rpc0")
+			if !ok || len(eps) != 1 {
+				t.Fatalf("no endpoint beside rpc0: %v", eps)
+			}
+			if err := eps[0].CallContext(ctx, &head, "eth_blockNumber"); err != nil {
+				t.Fatal(err)
+			}
+			named[fmt.Sprintf("rpc%d", head)]++
+		}
+		if named["rpc1"] == 0 || named["rpc2"] == 0 || named["rpc0"] != 0 {
+			t.Errorf("with %d calls between picks, 64 picks beside rpc0 named %v; want rpc1 and rpc2 both", calls, named)
+		}
+	}
+}
+
 // TestPoolPair: two different healthy endpoints, or none when fewer are healthy.
 func TestPoolPair(t *testing.T) {
 	clk := &clock{t: time.Unix(1_000, 0)}
 	a, b := answering(7), failing(errors.New("connection refused"))
 	p := newPool(t, clk, a, b)
-	var head hexutil.Uint64
-	_ = p.CallContext(context.Background(), &head, "eth_blockNumber") // may mark b down
-	_ = p.CallContext(context.Background(), &head, "eth_blockNumber")
+	readUntilAsked(t, p, b) // marks b down
 	if _, _, ok := p.Pair(); ok {
 		t.Fatal("a pair with one healthy endpoint")
 	}
@@ -237,10 +300,9 @@ func TestPoolQuorum(t *testing.T) {
 	if len(seen) != 3 {
 		t.Fatalf("Several(3) named %d different endpoints", len(seen))
 	}
-	down := newPool(t, clk, answering(7), failing(errors.New("connection refused")))
-	var head hexutil.Uint64
-	_ = down.CallContext(context.Background(), &head, "eth_blockNumber")
-	_ = down.CallContext(context.Background(), &head, "eth_blockNumber")
+	refusing := failing(errors.New("connection refused"))
+	down := newPool(t, clk, answering(7), refusing)
+	readUntilAsked(t, down, refusing)
 	if _, ok := down.Several(2); ok {
 		t.Fatal("Several(2) with one healthy endpoint")
 	}

@@ -98,6 +98,7 @@ func (w *simWorld) setUpIndexer() bool {
 			panic(err)
 		}
 		pool.SetSerial()
+		pool.SetSeed(w.seed ^ 0x1d8)
 		x.chain = pool
 		if len(x.backends) > 1 && x.r.IntN(2) == 0 {
 			x.liar = x.backends[x.r.IntN(len(x.backends))]

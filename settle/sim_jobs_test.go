@@ -312,6 +312,7 @@ func (w *simWorld) setUpProviders() ethrpc.Chain {
 		panic(err)
 	}
 	pool.SetSerial()   // its broadcasts reach the one simulated chain in a fixed order
+	pool.SetSeed(w.seed ^ 0x9e1)
 	w.backends = p.all // the world's faults reach every provider
 	w.spy.Chain = pool
 	return quorumSpy{w.spy, pool}
