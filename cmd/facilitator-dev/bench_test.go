@@ -29,6 +29,7 @@ func TestBenchEndToEnd(t *testing.T) {
 
 	var stdout, stderr syncBuffer
 	code := run(ctx, []string{"bench", "--url", "http://" + m.Addr, "--rpc", chain.RPCURL, "--duration", "1s",
+		"--verify-rates", "20,max", "--verify-n", "100",
 		"--k", "8", "--webhook-k", "6", "--k-ref", "4", "--c", "4", "--verify-c", "4", "--replays", "5",
 		"--ceiling-n", "20", "--ceiling-batch", "10", "--ceiling-window", "20", "--ceiling-inflight", "4",
 		"--backfill-events", "2000", "--database-url", dbURL, "--facilitator-database-url", dbURL},
@@ -50,6 +51,11 @@ func TestBenchEndToEnd(t *testing.T) {
 		"events stored / emitted  2000 / 2000",
 		"#bench-", // the backfill's own network id
 		"per confirmed settlement (8 ops; official 4)",
+		// /verify at a fixed rate and then in a closed loop, each on payments verified once.
+		"/verify by arrival rate: distinct payments, each verified once",
+		"20/s offered (at most 4 outstanding)",
+		"concurrency 4, ",
+		"facilitator + chain node + Postgres CPU",
 		"per status lookup (",
 		"gas per settlement",
 		"backends of our database counted",
