@@ -358,6 +358,10 @@ func cpuRows(row func(...string), r *Report, refCol func(string) string) {
 	if phases[0].ours == nil && phases[1].ours == nil {
 		return
 	}
+	if v := r.Ours.Verify; v != nil {
+		// The headline /verify is the last arrival rate's; the others are in their own rows.
+		phases[0].name += ", " + verifyLoad(v)
+	}
 	row("CPU ms per operation (utime+stime from /proc/<pid>/stat over the phase / its operations; ratio ours/official, below 1: ours costs less)")
 	for _, ph := range phases {
 		if ph.ours == nil {

@@ -107,6 +107,18 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 }
 
+func TestParseRates(t *testing.T) {
+	got, err := parseRates("50, 12.5,max")
+	if err != nil || len(got) != 3 || got[0] != 50 || got[1] != 12.5 || got[2] != 0 {
+		t.Fatalf("parseRates = %v, %v; want [50 12.5 0]", got, err)
+	}
+	for _, bad := range []string{"", "0", "-5", "fast", "50,,max", "Inf"} {
+		if _, err := parseRates(bad); err == nil {
+			t.Errorf("parseRates(%q) took it", bad)
+		}
+	}
+}
+
 // squeeze collapses runs of spaces so that checks do not depend on column widths.
 func squeeze(s string) string {
 	for strings.Contains(s, "   ") {
