@@ -114,9 +114,12 @@ type Side struct {
 	// VerifyLevels are the /verify phase at each arrival rate, in the order run; Verify and
 	// VerifyCPU are the last one's.
 	VerifyLevels []VerifyLevel
-	Verify       *VerifyResult
-	Settle       *SettleResult
-	Memory       *Memory
+	// IdleCPU is what each process spent in a moment with no request, right before the first
+	// rate: the cost per second a low rate spreads over few verdicts.
+	IdleCPU *CPUPhase
+	Verify  *VerifyResult
+	Settle  *SettleResult
+	Memory  *Memory
 	// Chain is the RPC URL of the chain this side settled on and HeadAtStart its head before the
 	// side's first phase: each side gets a fresh chain, so that neither pays for the other's
 	// blocks.
@@ -363,6 +366,14 @@ func runReference(ctx context.Context, cfg Config, tok token, rep *Report, log *
 // sources' processes over each, and records the levels in side. Each level's payments are signed
 // before its clock starts, and none is sent twice.
 func verifyPhase(ctx context.Context, cfg Config, tok token, p *poster, sources []cpuSource, side *Side, log *slog.Logger) error {
+	log.Info("idle", "side", side.Name, "for", idleWindow)
+	idle := startCPU(ctx, sources, cpuEvery)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(idleWindow):
+	}
+	side.IdleCPU = idle.finish(ctx, 0)
 	for _, offered := range cfg.VerifyRates {
 		n := cfg.VerifyN
 		if offered > 0 {
@@ -382,6 +393,10 @@ func verifyPhase(ctx context.Context, cfg Config, tok token, p *poster, sources 
 	side.Verify, side.VerifyCPU = &last.Result, last.CPU
 	return nil
 }
+
+// idleWindow is how long each side's processes are measured with no request before the /verify
+// rates: long enough for 20 clock ticks at 1 % of a core.
+const idleWindow = 2 * time.Second
 
 // settlePhase runs the settle load, measuring the CPU of the sources' processes over it, and then
 // counts, on chain, what the blocks it spanned hold.

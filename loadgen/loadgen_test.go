@@ -79,6 +79,9 @@ func sampleReport(withRef bool) *Report {
 		Ceiling:   []CeilingResult{{Mode: "one per request", N: 1000, Elapsed: time.Second, Chain: ChainCount{SenderTxs: 1000}}, {Mode: "batches of 100", N: 1000, Elapsed: 500 * time.Millisecond, Chain: ChainCount{SenderTxs: 1000}}},
 		IndexNote: "not measured",
 	}
+	// Idle for 2 s: the facilitator's 10 ticks are 50 ms a second, with the node's and Postgres's 70.
+	r.Ours.IdleCPU = cpuPhase(0, 10, 3, 1)
+	r.Ours.IdleCPU.Elapsed = 2 * time.Second
 	r.Ours.VerifyLevels = []VerifyLevel{
 		// 500 verdicts: the facilitator's 100 ticks are 2 ms each, the node's 50 are 1 ms, Postgres's 5 are 0.1 ms.
 		{Result: VerifyResult{Offered: 50, Concurrency: 32, Payments: 501, Sent: 500, Elapsed: 10 * time.Second, Requests: 500, Latencies: Latencies{ms(3), ms(8)}},
@@ -88,7 +91,8 @@ func sampleReport(withRef bool) *Report {
 	if withRef {
 		r.Backfill = &BackfillResult{Network: "eip155:31337#bench-1", Stored: 100000, Elapsed: 2500 * time.Millisecond,
 			Emitted: Emitted{DeployBlock: 570, Head: 787, Calls: 50, Events: 100000}}
-		r.Ref = Side{Name: "official", Signers: 1,
+		r.Ref = Side{Name: "official", Signers: 1, IdleCPU: &CPUPhase{ClkTck: 100, Elapsed: 2 * time.Second,
+			Roles: []RoleCPU{{Role: RoleFacilitator, Ticks: 40}, {Role: RoleNode, Ticks: 2}, {Role: RolePostgres, Err: "n/a (no database)"}}},
 			VerifyLevels: []VerifyLevel{
 				{Result: VerifyResult{Offered: 50, Concurrency: 32, Payments: 501, Sent: 500, Elapsed: 10 * time.Second, Requests: 500, Latencies: Latencies{ms(40)}},
 					CPU: cpuPhase(500, 3000, 300, 0)},
@@ -158,8 +162,11 @@ func TestRender(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"2 cores, Test CPU", "reference settled K=200", "ours/official for rates",
-		"/verify by arrival rate: distinct payments, each verified once"} {
-		if !strings.Contains(out, s) {
+		"/verify by arrival rate: distinct payments, each verified once",
+		// Idle CPU per second, ours and the official's (whose Postgres is not measured).
+		"idle, 2s with no request before the first rate: CPU ms per second",
+		"facilitator 50.0 ms 200.0 ms", "facilitator + chain node + Postgres 70.0 ms 210.0 ms"} {
+		if !strings.Contains(squeezeSpaces(out), s) {
 			t.Errorf("output lacks %q", s)
 		}
 	}

@@ -283,6 +283,22 @@ func verifyLevelRows(row func(...string), r *Report, refCol func(string) string)
 	}
 	row(heading)
 	server := []string{RoleFacilitator, RoleNode, RolePostgres}
+	if idle := r.Ours.IdleCPU; idle != nil {
+		row(fmt.Sprintf("  idle, %s with no request before the first rate: CPU ms per second", idle.Elapsed.Round(100*time.Millisecond)))
+		for _, c := range []struct {
+			name  string
+			roles []string
+		}{{"facilitator", server[:1]}, {"facilitator + chain node + Postgres", server}} {
+			ours, theirs := "—", "—"
+			if ms, ok := sumMsPerSecond(idle, c.roles); ok {
+				ours = fmtMs(ms)
+			}
+			if ms, ok := sumMsPerSecond(r.Ref.IdleCPU, c.roles); ok {
+				theirs = fmtMs(ms)
+			}
+			row("    "+c.name, ours, refCol(theirs), "")
+		}
+	}
 	for i, lv := range r.Ours.VerifyLevels {
 		var ref *VerifyLevel
 		if i < len(r.Ref.VerifyLevels) {
@@ -330,9 +346,19 @@ func verifyLevelRows(row func(...string), r *Report, refCol func(string) string)
 
 // sumMsPerOp is the CPU milliseconds per operation of the roles that were measured; ok is false
 // when none was.
-func sumMsPerOp(p *CPUPhase, roles []string) (sum float64, ok bool) {
+func sumMsPerOp(p *CPUPhase, roles []string) (float64, bool) { return sumRoles(p.MsPerOp, roles) }
+
+// sumMsPerSecond is sumMsPerOp per second of the phase.
+func sumMsPerSecond(p *CPUPhase, roles []string) (float64, bool) {
+	if p == nil {
+		return 0, false
+	}
+	return sumRoles(p.MsPerSecond, roles)
+}
+
+func sumRoles(f func(role string) (float64, bool), roles []string) (sum float64, ok bool) {
 	for _, role := range roles {
-		if ms, mok := p.MsPerOp(role); mok {
+		if ms, mok := f(role); mok {
 			sum, ok = sum+ms, true
 		}
 	}

@@ -54,6 +54,7 @@ func TestBenchEndToEnd(t *testing.T) {
 		// /verify at a fixed rate and then in a closed loop, each on payments verified once.
 		"/verify by arrival rate: distinct payments, each verified once",
 		"20/s offered (at most 4 outstanding)",
+		"with no request before the first rate: CPU ms per second",
 		"concurrency 4, ",
 		"facilitator + chain node + Postgres CPU",
 		"per status lookup (",
