@@ -299,7 +299,7 @@ func decideOpen(t track, o observation, p policy) decision {
 			break
 		}
 	}
-	bumpDue := o.underpriced || bumpTime(t, o.now, p)
+	bumpDue := dueForBump(t, o, p)
 	expiring := t.validBefore != nil && big.NewInt(o.now.Unix()).Cmp(t.validBefore) >= 0
 	c := o.chain
 	if c == nil {
@@ -394,16 +394,10 @@ func decideOpen(t track, o observation, p policy) decision {
 	if d, ok := fillGap(t, o, p, bumpDue); ok {
 		return d
 	}
-	// The nonce is unused at c.at: a bump replaces an unmined transaction, never a mined one (so
-	// never on reads behind a head the engine has seen: the nonce may be mined there).
 	if bumpDue {
-		if c.at < max(o.highest, c.nodeHead) {
-			return decision{act: actWait, why: "bump due, but the reads are behind the highest head seen"}
-		}
-		// Twice, like every step that rests on "not there": a node on a branch a reorganisation
-		// replaced has the block number too, with our nonce unused in it. Both reads are at the
-		// freshest head (the verdict pins no block), never at an older one.
-		return twice(t, decision{act: actBump, why: "unmined past the bump interval, or underpriced"}, 0, common.Hash{})
+		// The nonce is unused at c.at (the bump rule: fees.go).
+		d, _ := bumpOnReads(t, o, "unmined past the bump interval, or underpriced")
+		return d
 	}
 	return resendTiming(t, o, p, nil)
 }
@@ -481,12 +475,16 @@ func decideClosing(t track, o observation, p policy) decision {
 		}
 		return twice(t, decision{act: actRelease, why: "the nonce is used"}, c.at, c.atHash)
 	}
-	if d, ok := fillGap(t, o, p, o.underpriced || bumpTime(t, o.now, p)); ok {
+	bumpDue := dueForBump(t, o, p)
+	if d, ok := fillGap(t, o, p, bumpDue); ok {
 		return d
 	}
-	if (o.underpriced || bumpTime(t, o.now, p)) && c.at >= max(o.highest, c.nodeHead) {
-		// Priced out (the base fee rose past its cap): the nonce stays a gap unless replaced.
-		return twice(t, decision{act: actBump, why: "closing, unmined past the bump interval, or underpriced"}, 0, common.Hash{})
+	if bumpDue {
+		// Priced out (the base fee rose past its cap): the nonce stays a gap unless replaced. On
+		// reads behind the highest head seen, the transaction is resent as it is.
+		if d, ok := bumpOnReads(t, o, "closing, unmined past the bump interval, or underpriced"); ok {
+			return d
+		}
 	}
 	return resendTiming(t, o, p, nil)
 }
@@ -524,14 +522,6 @@ func resendTiming(t track, o observation, p policy, keep *verdict) decision {
 		return decision{act: actSend, verdict: keep, why: "unmined; a node may have dropped it"}
 	}
 	return decision{act: actWait, verdict: keep}
-}
-
-func bumpTime(t track, now time.Time, p policy) bool {
-	if len(t.variants) == 0 {
-		return false
-	}
-	v := t.variants[len(t.variants)-1]
-	return !v.sentAt.IsZero() && now.Sub(v.signedAt) >= p.bumpAfter
 }
 
 func (t track) has(h common.Hash) bool {
