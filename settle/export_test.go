@@ -7,11 +7,13 @@ import (
 
 // What the simulator (sim_test.go, package settle_test) needs of the engine's insides.
 
-// SetStepped makes e a stepped engine, before Start: no loop runs; the simulator calls Step.
-func (e *Engine) SetStepped() { e.stepped = true }
+// NewStepped builds a stepped engine (stepped.go): no loop runs; the simulator calls Step.
+func NewStepped(cfg Config) (*Engine, error) {
+	return build(cfg, func(e *Engine) runner { return &stepped{e: e} })
+}
 
 // Step is one round of every loop's work, in line.
-func (e *Engine) Step(ctx context.Context) { e.step(ctx) }
+func (e *Engine) Step(ctx context.Context) { e.run.(*stepped).step(ctx) }
 
 // Parked is how many submissions wait for their batch to close, on every key.
 func (e *Engine) Parked() int {

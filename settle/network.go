@@ -1,7 +1,6 @@
 package settle
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,85 +96,6 @@ func (n *chainEngine) wake() {
 	select {
 	case n.kick <- struct{}{}:
 	default:
-	}
-}
-
-// markBroadcast hands ids to markLoop, or records them itself when markLoop is behind.
-func (n *chainEngine) markBroadcast(ctx context.Context, ids []int64) {
-	if n.engine.stepped {
-		n.recordBroadcasts(ctx, ids)
-		return
-	}
-	select {
-	case n.marks <- ids:
-	default:
-		n.recordBroadcasts(ctx, ids)
-	}
-}
-
-// broadcastMarkDelay is how long an accepted broadcast waits before its mark is written. The mark
-// is bookkeeping (recovery treats signed and broadcast alike), and a settlement whose outcome is
-// written meanwhile has the broadcast step written with it (Resolve adds it): on a chain that
-// mines within the delay, the step costs no row update of its own. It is short beside any wait a
-// caller or a subscriber makes (a pending answer comes after the settle deadline, seconds): the
-// step is late by at most this much, never missing.
-const broadcastMarkDelay = 250 * time.Millisecond
-
-// markLoop records accepted broadcasts: everything that arrives within broadcastMarkDelay of the
-// first goes in one statement, less the settlements resolved (or being resolved) meanwhile.
-func (n *chainEngine) markLoop(ctx context.Context) {
-	var (
-		pending []int64
-		due     <-chan time.Time
-	)
-	for {
-		select {
-		case <-ctx.Done():
-			// Stopping: what waits is written now (recordBroadcasts has a bound of its own).
-			if ids := n.unresolved(pending); len(ids) > 0 {
-				n.recordBroadcasts(ctx, ids)
-			}
-			return
-		case ids := <-n.marks:
-			if len(pending) == 0 {
-				due = time.After(broadcastMarkDelay)
-			}
-			pending = append(pending, ids...)
-		case <-due:
-			if ids := n.unresolved(pending); len(ids) > 0 {
-				n.recordBroadcasts(ctx, ids)
-			}
-			pending, due = nil, nil
-		}
-	}
-}
-
-// unresolved keeps the ids whose outcome is not written or being written: a resolved settlement's
-// outcome write recorded its broadcast step. One this process no longer works is kept (the mark
-// moves only a row still signed).
-func (n *chainEngine) unresolved(ids []int64) []int64 {
-	out := ids[:0]
-	for _, id := range ids {
-		if f := n.engine.flight(id); f != nil {
-			f.mu.Lock()
-			done := !f.state.Open() || f.resolving
-			f.mu.Unlock()
-			if done {
-				continue
-			}
-		}
-		out = append(out, id)
-	}
-	return out
-}
-
-func (n *chainEngine) recordBroadcasts(ctx context.Context, ids []int64) {
-	e := n.engine
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
-	defer cancel()
-	if err := e.store.MarkBroadcast(ctx, ids); err != nil {
-		// Only bookkeeping: recovery treats signed and broadcast alike.
-		e.log.Warn("recording broadcasts", "network", n.net.ID, "err", err)
 	}
 }
 

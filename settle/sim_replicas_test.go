@@ -119,11 +119,10 @@ func (w *simWorld) boot(rp *simReplica) {
 }
 
 func (w *simWorld) newEngine(cfg settle.Config) *settle.Engine {
-	e, err := settle.New(cfg)
+	e, err := settle.NewStepped(cfg)
 	if err != nil {
 		panic(err)
 	}
-	e.SetStepped()
 	return e
 }
 

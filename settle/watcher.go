@@ -399,16 +399,11 @@ func (n *chainEngine) recordAsync(ctx context.Context, outcomes []outcome) {
 		f.mu.Unlock()
 	}
 	n.recording.Wait()
-	if n.engine.stepped {
-		n.record(ctx, outcomes)
-		return
-	}
 	n.recording.Add(1)
-	// In the engine's group: Stop awaits the write (called from a loop, so the group is live).
-	n.engine.loops.Go(func() error {
+	// Off the round's path (a stepped engine writes in line): Stop awaits the write.
+	n.engine.run.write(func() {
 		defer n.recording.Done()
 		n.record(ctx, outcomes)
-		return nil
 	})
 }
 
