@@ -7,7 +7,7 @@ import (
 
 // What the simulator (sim_test.go, package settle_test) needs of the engine's insides.
 
-// NewStepped builds a stepped engine (stepped.go): no loop runs; the simulator calls Step.
+// NewStepped builds a stepped engine (stepped_test.go): no loop runs; the simulator calls Step.
 func NewStepped(cfg Config) (*Engine, error) {
 	return build(cfg, func(e *Engine) runner { return &stepped{e: e} })
 }

@@ -13,7 +13,7 @@ import (
 // runner is how the engine's work is driven, chosen when the engine is built; nothing else in
 // the package asks which. The binary's engine is live: its loops run on goroutines, the writes
 // they make go off the caller's path, and callers wait for outcomes. The simulator's is stepped
-// (stepped.go): nothing runs by itself, the simulator calls its step, every write is made in
+// (stepped_test.go): nothing runs by itself, the simulator calls its step, every write is made in
 // line, and callers are answered with what is known now, so that a run is a function of its
 // seed (sim_test.go).
 type runner interface {

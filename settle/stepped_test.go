@@ -9,10 +9,10 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-// stepped is the simulator's runner (sim_test.go): no loop runs; the simulator calls step, which
-// does one round of every loop's work on its goroutine, and every write a loop would make in the
-// background is made in line, so that a run is a function of its seed. The simulator builds it
-// (NewStepped, export_test.go).
+// stepped is the simulator's runner (sim_test.go), kept with the tests so that the binary holds
+// no simulator code: no loop runs; the simulator calls step, which does one round of every loop's
+// work on its goroutine, and every write a loop would make in the background is made in line, so
+// that a run is a function of its seed. The simulator builds it (NewStepped, export_test.go).
 type stepped struct {
 	e *Engine
 	// keepers are the lease loops, run by step in the order of the networks' keys.
