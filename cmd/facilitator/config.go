@@ -541,18 +541,12 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
 			return nil, err
 		}
-		if cfg.RPCTimeout, err = time.ParseDuration(*rpcTimeout); err != nil {
-			return nil, fmt.Errorf("rpc-timeout: %w", err)
-		}
-		if cfg.VerifyTimeout, err = time.ParseDuration(*verifyTimeout); err != nil {
-			return nil, fmt.Errorf("verify-timeout: %w", err)
-		}
 		cfg.Migrate = *migrate != "false" && *migrate != "0"
 		for _, d := range []struct {
 			name string
 			in   string
 			out  *time.Duration
-		}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}} {
+		}{{"rpc-timeout", *rpcTimeout, &cfg.RPCTimeout}, {"verify-timeout", *verifyTimeout, &cfg.VerifyTimeout}, {"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}} {
 			if *d.out, err = time.ParseDuration(d.in); err != nil {
 				return nil, fmt.Errorf("%s: %w", d.name, err)
 			}
@@ -562,11 +556,11 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		if cfg.ReadyMaxIndexLag, err = strconv.ParseUint(*readyLag, 10, 64); err != nil {
 			return nil, fmt.Errorf("ready-max-index-lag: %q is not a block count", *readyLag)
 		}
-		if cfg.StatusTimeout, err = time.ParseDuration(*statusTimeout); err != nil || cfg.StatusTimeout <= 0 {
-			return nil, fmt.Errorf("status-timeout: %q is not a positive duration", *statusTimeout)
+		if cfg.StatusTimeout, err = positiveDuration("status-timeout", *statusTimeout); err != nil {
+			return nil, err
 		}
-		if cfg.ReadyTimeout, err = time.ParseDuration(*readyTimeout); err != nil || cfg.ReadyTimeout <= 0 {
-			return nil, fmt.Errorf("ready-timeout: %q is not a positive duration", *readyTimeout)
+		if cfg.ReadyTimeout, err = positiveDuration("ready-timeout", *readyTimeout); err != nil {
+			return nil, err
 		}
 		if *maxFeeGwei != "" {
 			f, ok := new(big.Float).SetString(*maxFeeGwei)
@@ -575,19 +569,28 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 			}
 			cfg.MaxFeeCap, _ = new(big.Float).Mul(f, big.NewFloat(1e9)).Int(nil)
 		}
-		if cfg.WebhookPollInterval, err = time.ParseDuration(*webhookPoll); err != nil || cfg.WebhookPollInterval <= 0 {
-			return nil, fmt.Errorf("webhook-poll-interval: %q is not a positive duration", *webhookPoll)
+		if cfg.WebhookPollInterval, err = positiveDuration("webhook-poll-interval", *webhookPoll); err != nil {
+			return nil, err
 		}
 		cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
-		if cfg.WebhookDeliveryRetention, err = time.ParseDuration(*deliveryRetention); err != nil || cfg.WebhookDeliveryRetention <= 0 {
-			return nil, fmt.Errorf("webhook-delivery-retention: %q is not a positive duration", *deliveryRetention)
+		if cfg.WebhookDeliveryRetention, err = positiveDuration("webhook-delivery-retention", *deliveryRetention); err != nil {
+			return nil, err
 		}
-		if cfg.ConsoleSessionTTL, err = time.ParseDuration(*sessionTTL); err != nil || cfg.ConsoleSessionTTL <= 0 {
-			return nil, fmt.Errorf("console-session-ttl: %q is not a positive duration", *sessionTTL)
+		if cfg.ConsoleSessionTTL, err = positiveDuration("console-session-ttl", *sessionTTL); err != nil {
+			return nil, err
 		}
 		cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 		return cfg, nil
 	}
+}
+
+// positiveDuration parses the value of the flag name, a duration that must be above zero.
+func positiveDuration(name, in string) (time.Duration, error) {
+	d, err := time.ParseDuration(in)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%s: %q is not a positive duration", name, in)
+	}
+	return d, nil
 }
 
 // addressList parses comma-separated addresses; what names them in the error.

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+// TestDurationFlags: every duration flag parses, and refuses what is not a duration (the
+// positive ones also zero), naming itself in the error.
+func TestDurationFlags(t *testing.T) {
+	none := func(string) string { return "" }
+	cfg, err := parseServeFlags([]string{"--rpc-timeout", "3s", "--verify-timeout", "4s", "--claim-lease", "5s",
+		"--status-timeout", "6s", "--webhook-delivery-retention", "7h", "--console-session-ttl", "8m"}, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RPCTimeout != 3*time.Second || cfg.VerifyTimeout != 4*time.Second || cfg.ClaimLease != 5*time.Second ||
+		cfg.StatusTimeout != 6*time.Second || cfg.WebhookDeliveryRetention != 7*time.Hour || cfg.ConsoleSessionTTL != 8*time.Minute {
+		t.Fatalf("parsed: %+v", cfg)
+	}
+	for _, c := range []struct{ flag, value, want string }{
+		{"--rpc-timeout", "soon", `rpc-timeout: time: invalid duration "soon"`},
+		{"--verify-timeout", "soon", `verify-timeout: time: invalid duration "soon"`},
+		{"--settle-timeout", "soon", `settle-timeout: time: invalid duration "soon"`},
+		{"--claim-lease", "soon", `claim-lease: time: invalid duration "soon"`},
+		{"--status-timeout", "0s", `status-timeout: "0s" is not a positive duration`},
+		{"--ready-timeout", "soon", `ready-timeout: "soon" is not a positive duration`},
+		{"--webhook-poll-interval", "-1s", `webhook-poll-interval: "-1s" is not a positive duration`},
+		{"--webhook-delivery-retention", "0", `webhook-delivery-retention: "0" is not a positive duration`},
+		{"--console-session-ttl", "soon", `console-session-ttl: "soon" is not a positive duration`},
+	} {
+		_, err := parseServeFlags([]string{c.flag, c.value}, none)
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%s %s: error %v, want %s", c.flag, c.value, err, c.want)
+		}
+	}
+}
