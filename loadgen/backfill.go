@@ -17,7 +17,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 )
 
@@ -25,9 +24,17 @@ import (
 // devchain/testdata/Emitter.sol, then indexed into DB under a network id of the phase's own, so
 // that nothing is written under the ids a facilitator uses.
 type Backfill struct {
-	DB     *postgres.DB // migrated
+	DB     BackfillStore // migrated
 	Key    *ecdsa.PrivateKey
 	Events int // at least this many are emitted (whole emitMany calls)
+}
+
+// BackfillStore is the ledger the backfill phase indexes into: the indexer's store, and the
+// network binding and the count of indexed events around it (the dev binary wires Postgres's).
+type BackfillStore interface {
+	indexer.Store
+	BindNetwork(ctx context.Context, id string, chainID uint64, genesis common.Hash) error
+	IndexedEvents(ctx context.Context, network string) (int64, error)
 }
 
 // Emitted is an Emitter contract and the events it emitted, all in final blocks.
@@ -231,7 +238,7 @@ func waitReceipts(ctx context.Context, n *node, hashes []common.Hash) ([]minedRe
 // TimeBackfill binds network (a fresh id) to the chain in db, runs an indexer for e.Contract from
 // e.DeployBlock, times it until its cursor reaches e.Head, stops it, and checks that the rows
 // stored under network are the events emitted.
-func TimeBackfill(ctx context.Context, rc *rpc.Client, timeout time.Duration, db *postgres.DB, network string, e Emitted, log *slog.Logger) (BackfillResult, error) {
+func TimeBackfill(ctx context.Context, rc *rpc.Client, timeout time.Duration, db BackfillStore, network string, e Emitted, log *slog.Logger) (BackfillResult, error) {
 	r := BackfillResult{Network: network, Emitted: e}
 	n := &node{c: rc, timeout: timeout}
 	id, err := n.uint(ctx, "eth_chainId")

@@ -110,11 +110,22 @@ type RoleCPU struct {
 	Err        string // not measured, and why
 }
 
-// CPUPhase is the CPU each role cost during one phase, for Ops operations.
+// CPUPhase is the CPU each role cost during one phase of Elapsed, for Ops operations.
 type CPUPhase struct {
-	Ops    int
-	ClkTck uint64
-	Roles  []RoleCPU
+	Ops     int
+	ClkTck  uint64
+	Elapsed time.Duration
+	Roles   []RoleCPU
+}
+
+// MsPerSecond is a role's CPU milliseconds per second of the phase; ok is false when the role was
+// not measured.
+func (p *CPUPhase) MsPerSecond(role string) (ms float64, ok bool) {
+	r := p.Role(role)
+	if r == nil || r.Err != "" || p.ClkTck == 0 || p.Elapsed <= 0 {
+		return 0, false
+	}
+	return float64(r.Ticks) * 1000 / float64(p.ClkTck) / p.Elapsed.Seconds(), true
 }
 
 // MsPerOp is a role's CPU milliseconds per operation; ok is false when the role was not measured
@@ -162,6 +173,7 @@ type cpuMeter struct {
 	sources []cpuSource
 	every   time.Duration
 	clk     uint64
+	began   time.Time
 
 	mu    sync.Mutex
 	spans []*cpuSpan
@@ -170,7 +182,7 @@ type cpuMeter struct {
 }
 
 func startCPU(ctx context.Context, sources []cpuSource, every time.Duration) *cpuMeter {
-	m := &cpuMeter{sources: sources, every: every, clk: clockTicks(), done: make(chan struct{})}
+	m := &cpuMeter{sources: sources, every: every, clk: clockTicks(), began: time.Now(), done: make(chan struct{})}
 	for range sources {
 		m.spans = append(m.spans, &cpuSpan{first: map[int]uint64{}, last: map[int]uint64{}, seen: map[int]bool{}})
 	}
@@ -262,7 +274,7 @@ func (m *cpuMeter) finish(ctx context.Context, ops int) *CPUPhase {
 	m.poll(ctx, false)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := &CPUPhase{Ops: ops, ClkTck: m.clk}
+	p := &CPUPhase{Ops: ops, ClkTck: m.clk, Elapsed: time.Since(m.began)}
 	for i, s := range m.sources {
 		sp := m.spans[i]
 		r := RoleCPU{Role: s.role, Err: s.err, Came: sp.came, Went: sp.went, PIDs: len(sp.first)}

@@ -236,7 +236,7 @@ func TestRenderCPU(t *testing.T) {
 	out := squeezeSpaces(b.String())
 	t.Log("\n" + b.String())
 	for _, want := range []string{
-		"per valid /verify (20000 ops; official 1000)",
+		"per valid /verify, concurrency 32 (20000 ops; official 1000)",
 		// 1260 ticks / 20000 = 0.63 ms; 1640 / 1000 = 16.4 ms; ratio 0.038
 		"facilitator 0.630 ms 16.4 ms 0.038x",
 		"Postgres (our database's backends) 0.050 ms n/a (no database)",

@@ -62,23 +62,31 @@ func (p *problems) add(format string, args ...any) {
 
 // VerifyResult is one /verify load phase.
 type VerifyResult struct {
+	// Offered is the arrival rate the phase sent at, per second; 0 is a closed loop, each of
+	// Concurrency callers sending again as soon as it is answered.
+	Offered     float64
 	Concurrency int
-	Elapsed     time.Duration // first request to the last answer
-	Requests    int           // answered with isValid:true
-	Failed      int           // transport errors, non-200s and isValid:false
-	FirstFailed string
-	Latencies   Latencies
+	// Payments is how many distinct payments were signed for the phase: each is sent at most once,
+	// so no verdict comes from a cache a merchant's traffic would not hit. Sent is how many were.
+	Payments, Sent int
+	Elapsed        time.Duration // first request to the last answer
+	Requests       int           // answered with isValid:true
+	Failed         int           // transport errors, non-200s and isValid:false
+	FirstFailed    string
+	Latencies      Latencies
 }
 
 // Rate is valid verdicts per second.
 func (r VerifyResult) Rate() float64 { return rate(r.Requests, r.Elapsed) }
 
-// runVerify posts the pool's bodies in turn from c workers until d has passed (a request started
-// before then is waited for and counted).
-func runVerify(ctx context.Context, p *poster, pool []*payment, c int, d time.Duration) VerifyResult {
-	l := runFor(ctx, c, d, func(i int) string {
+// runVerify sends each of pays to /verify once, at offered requests per second (0: as fast as c
+// callers are answered), until every payment has been sent or d has passed (a request started
+// before then is waited for and counted). Every payment is distinct, as every payment of a
+// merchant's traffic is: a verdict is never asked for twice.
+func runVerify(ctx context.Context, p *poster, pays []*payment, offered float64, c int, d time.Duration) VerifyResult {
+	one := func(i int) string {
 		var res facilitator.VerifyResponse
-		status, _, err := p.post(ctx, "/verify", pool[i%len(pool)].Body, &res)
+		status, _, err := p.post(ctx, "/verify", pays[i].Body, &res)
 		switch {
 		case err != nil:
 			return err.Error()
@@ -86,8 +94,15 @@ func runVerify(ctx context.Context, p *poster, pool []*payment, c int, d time.Du
 			return fmt.Sprintf("HTTP %d isValid=%v %s %s", status, res.IsValid, res.InvalidReason, res.InvalidMessage)
 		}
 		return ""
-	})
-	return VerifyResult{Concurrency: c, Elapsed: l.elapsed, Requests: len(l.lats), Failed: l.bad.n, FirstFailed: l.bad.first, Latencies: l.lats}
+	}
+	var l timedLoad
+	if offered > 0 {
+		l = runAt(ctx, offered, c, len(pays), d, one)
+	} else {
+		l = runFor(ctx, c, len(pays), d, one)
+	}
+	return VerifyResult{Offered: offered, Concurrency: c, Payments: len(pays), Sent: len(l.lats) + l.bad.n,
+		Elapsed: l.elapsed, Requests: len(l.lats), Failed: l.bad.n, FirstFailed: l.bad.first, Latencies: l.lats}
 }
 
 // timedLoad is what a load of one kind of request measured: the latencies of those that
@@ -98,9 +113,10 @@ type timedLoad struct {
 	bad     *problems
 }
 
-// runFor calls one with consecutive request numbers from c workers until d has passed (a request
-// started before then is waited for and counted); one answers "" for a success, else what failed.
-func runFor(ctx context.Context, c int, d time.Duration, one func(i int) string) timedLoad {
+// runFor calls one with consecutive request numbers from 0 from c workers until d has passed or,
+// when n > 0, n requests have been made (a request started before then is waited for and
+// counted); one answers "" for a success, else what failed.
+func runFor(ctx context.Context, c, n int, d time.Duration, one func(i int) string) timedLoad {
 	var next atomic.Int64
 	bad := &problems{}
 	lats := make([]Latencies, c)
@@ -112,14 +128,13 @@ func runFor(ctx context.Context, c int, d time.Duration, one func(i int) string)
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(deadline) && ctx.Err() == nil {
-				t0 := time.Now()
-				problem := one(int(next.Add(1)))
-				took := time.Since(t0)
-				if problem != "" {
-					bad.add("%s", problem)
-					continue
+				i := int(next.Add(1)) - 1
+				if n > 0 && i >= n {
+					return
 				}
-				lats[w] = append(lats[w], took)
+				if took, ok := timeOne(one, i, bad); ok {
+					lats[w] = append(lats[w], took)
+				}
 			}
 		}()
 	}
@@ -129,6 +144,64 @@ func runFor(ctx context.Context, c int, d time.Duration, one func(i int) string)
 		r.lats = append(r.lats, l...)
 	}
 	return r
+}
+
+// timeOne makes request i and returns its latency, or false once what failed is noted in bad.
+func timeOne(one func(i int) string, i int, bad *problems) (time.Duration, bool) {
+	t0 := time.Now()
+	problem := one(i)
+	took := time.Since(t0)
+	if problem != "" {
+		bad.add("%s", problem)
+		return 0, false
+	}
+	return took, true
+}
+
+// runAt starts request i (from 0) at i/offered seconds after the start, whether or not the earlier
+// ones have been answered, as independent clients arrive, until n requests have started or d has
+// passed (those started are waited for and counted). At most c are outstanding: an arrival that
+// finds c waits for one of them, so a rate the server cannot answer shows as a lower achieved
+// rate, not as an unbounded queue in this process. A latency is from the request's start.
+func runAt(ctx context.Context, offered float64, c, n int, d time.Duration, one func(i int) string) timedLoad {
+	bad := &problems{}
+	var mu sync.Mutex
+	var lats Latencies
+	slots := make(chan struct{}, c)
+	begin := time.Now()
+	deadline := begin.Add(d)
+	var wg sync.WaitGroup
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		at := begin.Add(time.Duration(float64(i) / offered * float64(time.Second)))
+		if !at.Before(deadline) {
+			break
+		}
+		if wait := time.Until(at); wait > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case slots <- struct{}{}:
+		}
+		if ctx.Err() != nil || !time.Now().Before(deadline) {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if took, ok := timeOne(one, i, bad); ok {
+				mu.Lock()
+				lats = append(lats, took)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return timedLoad{elapsed: time.Since(begin), lats: lats, bad: bad}
 }
 
 // SettleResult is one /settle load phase.

@@ -12,11 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,7 +44,13 @@ type Config struct {
 	CeilingKey *ecdsa.PrivateKey
 	Official   *official.Config // nil: no reference run
 
-	VerifyConcurrency int
+	// VerifyRates are the /verify phase's arrival rates per second, run in turn, each for
+	// VerifyDuration on VerifyN distinct payments at most (fewer when the rate cannot use them):
+	// 0 is a closed loop of VerifyConcurrency callers. The last rate's figures are the table's
+	// headline /verify rows.
+	VerifyRates       []float64
+	VerifyN           int
+	VerifyConcurrency int // the most /verify requests outstanding at once
 	VerifyDuration    time.Duration
 	SettleK, SettleC  int
 	RefK              int // payments the reference settles (at SettleC)
@@ -80,8 +88,11 @@ func (c *Config) Check() error {
 	if len(c.Payers) == 0 || c.CeilingKey == nil {
 		errs = append(errs, errors.New("payer keys and a ceiling sender key are required"))
 	}
-	if c.VerifyConcurrency < 1 || c.SettleC < 1 || c.SettleK < 1 || c.VerifyDuration <= 0 || c.WebhookK < 0 {
-		errs = append(errs, errors.New("concurrencies, K and the verify duration must be positive"))
+	if c.VerifyConcurrency < 1 || c.SettleC < 1 || c.SettleK < 1 || c.VerifyDuration <= 0 || c.WebhookK < 0 || c.VerifyN < 1 {
+		errs = append(errs, errors.New("concurrencies, K, the verify payments and the verify duration must be positive"))
+	}
+	if len(c.VerifyRates) == 0 || slices.ContainsFunc(c.VerifyRates, func(r float64) bool { return r < 0 || math.IsNaN(r) || math.IsInf(r, 0) }) {
+		errs = append(errs, errors.New("the /verify load needs at least one arrival rate, each positive or 0 (a closed loop)"))
 	}
 	if c.CeilingN > 0 && (c.CeilingBatch < 1 || c.CeilingInFlight < 1 || c.CeilingWindow < c.CeilingBatch) {
 		errs = append(errs, errors.New("the ceiling needs a batch size >= 1, in-flight >= 1 and a window >= the batch"))
@@ -100,6 +111,12 @@ type Side struct {
 	Name    string
 	URL     string
 	Signers int // signer keys it settles with
+	// VerifyLevels are the /verify phase at each arrival rate, in the order run; Verify and
+	// VerifyCPU are the last one's.
+	VerifyLevels []VerifyLevel
+	// IdleCPU is what each process spent in a moment with no request, right before the first
+	// rate: the cost per second a low rate spreads over few verdicts.
+	IdleCPU *CPUPhase
 	Verify  *VerifyResult
 	Settle  *SettleResult
 	Memory  *Memory
@@ -117,6 +134,12 @@ type Side struct {
 	// delivered events.
 	Webhook    *WebhookResult
 	WebhookCPU *CPUPhase
+}
+
+// VerifyLevel is the /verify load at one arrival rate and the CPU each process spent on it.
+type VerifyLevel struct {
+	Result VerifyResult
+	CPU    *CPUPhase
 }
 
 // Report is everything one run measured.
@@ -194,16 +217,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	ourCPU := []cpuSource{fixedSource(RoleFacilitator, facPID, facErr), fixedSource(RoleNode, nodePID, nodeErr), pg,
 		fixedSource(RoleLoadgen, os.Getpid(), nil)}
 
-	log.Info("signing", "verifyPool", 256, "settle", cfg.SettleK, "ref", cfg.RefK, "ceiling", 2*cfg.CeilingN)
-	pool, err := signPayments(tok, cfg.Payers, 256, time.Hour)
-	if err != nil {
+	if err := verifyPhase(ctx, cfg, tok, ours, ourCPU, &rep.Ours, log); err != nil {
 		return nil, err
 	}
-	log.Info("verify load", "side", "ours", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
-	cpu := startCPU(ctx, ourCPU, cpuEvery)
-	v := runVerify(ctx, ours, pool, cfg.VerifyConcurrency, cfg.VerifyDuration)
-	rep.Ours.Verify = &v
-	rep.Ours.VerifyCPU = cpu.finish(ctx, v.Requests)
 
 	pays, err := signPayments(tok, cfg.Payers, cfg.SettleK, time.Hour)
 	if err != nil {
@@ -217,7 +233,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// Status lookups of the payments just settled, at the verify phase's concurrency and length.
 	log.Info("status lookups", "side", "ours", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
-	cpu = startCPU(ctx, ourCPU, cpuEvery)
+	cpu := startCPU(ctx, ourCPU, cpuEvery)
 	l := runLookups(ctx, ours, tok, pays, cfg.VerifyConcurrency, cfg.VerifyDuration)
 	rep.Ours.Lookup, rep.Ours.LookupCPU = &l, cpu.finish(ctx, l.Requests)
 
@@ -254,7 +270,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	if cfg.Official != nil {
-		if err := runReference(ctx, cfg, tok, pool, rep, log); err != nil {
+		if err := runReference(ctx, cfg, tok, rep, log); err != nil {
 			return nil, fmt.Errorf("reference: %w", err)
 		}
 	}
@@ -290,7 +306,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 // runReference starts the official facilitator and runs the same verify and settle load on it.
-func runReference(ctx context.Context, cfg Config, tok token, pool []*payment, rep *Report, log *slog.Logger) error {
+func runReference(ctx context.Context, cfg Config, tok token, rep *Report, log *slog.Logger) error {
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	// A fresh anvil of its own, set up as the dev stack sets up ours (the same deployments, so
@@ -326,11 +342,9 @@ func runReference(ctx context.Context, cfg Config, tok token, pool []*payment, r
 	refCPU := []cpuSource{fixedSource(RoleFacilitator, proc.Pid(), nil), fixedSource(RoleNode, chain.PID(), nil),
 		{role: RolePostgres, err: "n/a (no database)"}, fixedSource(RoleLoadgen, os.Getpid(), nil)}
 
-	log.Info("verify load", "side", "official", "c", cfg.VerifyConcurrency, "for", cfg.VerifyDuration)
-	cpu := startCPU(ctx, refCPU, cpuEvery)
-	v := runVerify(ctx, ref, pool, cfg.VerifyConcurrency, cfg.VerifyDuration)
-	rep.Ref.Verify = &v
-	rep.Ref.VerifyCPU = cpu.finish(ctx, v.Requests)
+	if err := verifyPhase(ctx, cfg, tok, ref, refCPU, &rep.Ref, log); err != nil {
+		return err
+	}
 	if cfg.RefK > 0 {
 		pays, err := signPayments(tok, cfg.Payers, cfg.RefK, time.Hour)
 		if err != nil {
@@ -347,6 +361,42 @@ func runReference(ctx context.Context, cfg Config, tok token, pool []*payment, r
 	rep.Ref.Memory = &m
 	return nil
 }
+
+// verifyPhase runs the /verify load at each of cfg.VerifyRates in turn, measuring the CPU of the
+// sources' processes over each, and records the levels in side. Each level's payments are signed
+// before its clock starts, and none is sent twice.
+func verifyPhase(ctx context.Context, cfg Config, tok token, p *poster, sources []cpuSource, side *Side, log *slog.Logger) error {
+	log.Info("idle", "side", side.Name, "for", idleWindow)
+	idle := startCPU(ctx, sources, cpuEvery)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(idleWindow):
+	}
+	side.IdleCPU = idle.finish(ctx, 0)
+	for _, offered := range cfg.VerifyRates {
+		n := cfg.VerifyN
+		if offered > 0 {
+			// What the rate can send in the phase's time, and one more for the request at its start.
+			n = min(n, int(math.Ceil(offered*cfg.VerifyDuration.Seconds()))+1)
+		}
+		pays, err := signPayments(tok, cfg.Payers, n, time.Hour)
+		if err != nil {
+			return err
+		}
+		log.Info("verify load", "side", side.Name, "rate", offered, "c", cfg.VerifyConcurrency, "payments", n, "for", cfg.VerifyDuration)
+		cpu := startCPU(ctx, sources, cpuEvery)
+		v := runVerify(ctx, p, pays, offered, cfg.VerifyConcurrency, cfg.VerifyDuration)
+		side.VerifyLevels = append(side.VerifyLevels, VerifyLevel{Result: v, CPU: cpu.finish(ctx, v.Requests)})
+	}
+	last := &side.VerifyLevels[len(side.VerifyLevels)-1]
+	side.Verify, side.VerifyCPU = &last.Result, last.CPU
+	return nil
+}
+
+// idleWindow is how long each side's processes are measured with no request before the /verify
+// rates: long enough for 20 clock ticks at 1 % of a core.
+const idleWindow = 2 * time.Second
 
 // settlePhase runs the settle load, measuring the CPU of the sources' processes over it, and then
 // counts, on chain, what the blocks it spanned hold.

@@ -79,15 +79,36 @@ func sampleReport(withRef bool) *Report {
 		Ceiling:   []CeilingResult{{Mode: "one per request", N: 1000, Elapsed: time.Second, Chain: ChainCount{SenderTxs: 1000}}, {Mode: "batches of 100", N: 1000, Elapsed: 500 * time.Millisecond, Chain: ChainCount{SenderTxs: 1000}}},
 		IndexNote: "not measured",
 	}
+	// Idle for 2 s: the facilitator's 10 ticks are 50 ms a second, with the node's and Postgres's 70.
+	r.Ours.IdleCPU = cpuPhase(0, 10, 3, 1)
+	r.Ours.IdleCPU.Elapsed = 2 * time.Second
+	r.Ours.VerifyLevels = []VerifyLevel{
+		// 500 verdicts: the facilitator's 100 ticks are 2 ms each, the node's 50 are 1 ms, Postgres's 5 are 0.1 ms.
+		{Result: VerifyResult{Offered: 50, Concurrency: 32, Payments: 501, Sent: 500, Elapsed: 10 * time.Second, Requests: 500, Latencies: Latencies{ms(3), ms(8)}},
+			CPU: cpuPhase(500, 100, 50, 5)},
+		{Result: *r.Ours.Verify, CPU: cpuPhase(20000, 400, 300, 10)},
+	}
 	if withRef {
 		r.Backfill = &BackfillResult{Network: "eip155:31337#bench-1", Stored: 100000, Elapsed: 2500 * time.Millisecond,
 			Emitted: Emitted{DeployBlock: 570, Head: 787, Calls: 50, Events: 100000}}
-		r.Ref = Side{Name: "official", Signers: 1,
+		r.Ref = Side{Name: "official", Signers: 1, IdleCPU: &CPUPhase{ClkTck: 100, Elapsed: 2 * time.Second,
+			Roles: []RoleCPU{{Role: RoleFacilitator, Ticks: 40}, {Role: RoleNode, Ticks: 2}, {Role: RolePostgres, Err: "n/a (no database)"}}},
+			VerifyLevels: []VerifyLevel{
+				{Result: VerifyResult{Offered: 50, Concurrency: 32, Payments: 501, Sent: 500, Elapsed: 10 * time.Second, Requests: 500, Latencies: Latencies{ms(40)}},
+					CPU: cpuPhase(500, 3000, 300, 0)},
+			},
 			Verify: &VerifyResult{Concurrency: 32, Elapsed: 10 * time.Second, Requests: 1000, Latencies: Latencies{ms(50), ms(100)}},
 			Settle: &SettleResult{K: 200, Concurrency: 64, Signers: 1, Elapsed: 4 * time.Second, Confirmed: 200, Latencies: Latencies{ms(800), ms(1600)},
 				Chain: ChainCount{Transfers: 200, SenderTxs: 200}}}
 	}
 	return r
+}
+
+// cpuPhase is a phase of ops operations in which the facilitator, the node and Postgres spent
+// the given ticks (at 100 a second) and the load generator none.
+func cpuPhase(ops int, fac, node, pg uint64) *CPUPhase {
+	return &CPUPhase{Ops: ops, ClkTck: 100, Roles: []RoleCPU{
+		{Role: RoleFacilitator, Ticks: fac}, {Role: RoleNode, Ticks: node}, {Role: RolePostgres, Ticks: pg}, {Role: RoleLoadgen}}}
 }
 
 func TestRender(t *testing.T) {
@@ -129,13 +150,23 @@ func TestRender(t *testing.T) {
 		{"events stored / emitted", []string{"100000", "/", "100000", "(50", "emitMany", "transactions)"}},
 		{"blocks read", []string{"218", "(570..787)"}},
 		{"time", []string{"2500", "ms"}},
+		// The arrival rates: the first level on both sides, the second ours only.
+		{"50/s offered (at most 32 outstanding), 10s: valid verdicts/s", []string{"50.0/s", "50.0/s"}},
+		{"payments sent / signed, failed", []string{"500", "/", "501,", "0", "500", "/", "501,", "0"}},
+		{"facilitator CPU", []string{"2.000", "ms", "60.0", "ms", "0.033x"}},
+		{"facilitator + chain node + Postgres CPU", []string{"3.100", "ms", "66.0", "ms", "0.047x"}},
+		{"concurrency 32, 10s: valid verdicts/s", []string{"2000.0/s", "—"}},
 	} {
 		if got := find(tc.prefix); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 			t.Errorf("%s: %q, want %q", tc.prefix, got, tc.want)
 		}
 	}
-	for _, s := range []string{"2 cores, Test CPU", "reference settled K=200", "ours/official for rates"} {
-		if !strings.Contains(out, s) {
+	for _, s := range []string{"2 cores, Test CPU", "reference settled K=200", "ours/official for rates",
+		"/verify by arrival rate: distinct payments, each verified once",
+		// Idle CPU per second, ours and the official's (whose Postgres is not measured).
+		"idle, 2s with no request before the first rate: CPU ms per second",
+		"facilitator 50.0 ms 200.0 ms", "facilitator + chain node + Postgres 70.0 ms 210.0 ms"} {
+		if !strings.Contains(squeezeSpaces(out), s) {
 			t.Errorf("output lacks %q", s)
 		}
 	}

@@ -35,7 +35,7 @@ func statusPath(t token, p *payment) string {
 // support desk or an agent resolving an unknown outcome would; a lookup counts when it answers 200
 // with a transaction (each of pays was settled before).
 func runLookups(ctx context.Context, p *poster, t token, pays []*payment, c int, d time.Duration) LookupResult {
-	l := runFor(ctx, c, d, func(i int) string {
+	l := runFor(ctx, c, 0, d, func(i int) string {
 		path := statusPath(t, pays[i%len(pays)])
 		st, code, err := p.status(ctx, path)
 		switch {

@@ -30,7 +30,12 @@ func Render(w io.Writer, r *Report) error {
 	row("", "ours", "official (reference)", "ratio")
 	if v := r.Ours.Verify; v != nil {
 		rv := r.Ref.Verify
-		row(fmt.Sprintf("/verify, concurrency %d, %s", v.Concurrency, v.Elapsed.Round(100*time.Millisecond)))
+		took := v.Elapsed.Round(100 * time.Millisecond).String()
+		if rv != nil {
+			// A phase ends when its payments are used up, so the two sides' lengths can differ.
+			took = fmt.Sprintf("ours %s, official %s", took, rv.Elapsed.Round(100*time.Millisecond))
+		}
+		row(fmt.Sprintf("/verify, %s, %s", verifyLoad(v), took))
 		row("  valid verdicts/s", fmtRate(v.Rate()), refCol(optRate(rv, func(x *VerifyResult) float64 { return x.Rate() })),
 			rateRatio(v.Rate(), rv, func(x *VerifyResult) float64 { return x.Rate() }))
 		for _, q := range []float64{0.50, 0.99} {
@@ -40,6 +45,7 @@ func Render(w io.Writer, r *Report) error {
 		}
 		row("  failed (error or not valid)", fmt.Sprint(v.Failed), refCol(optInt(rv, func(x *VerifyResult) int { return x.Failed })), "")
 	}
+	verifyLevelRows(row, r, refCol)
 	if s := r.Ours.Settle; s != nil {
 		rs := r.Ref.Settle
 		row(fmt.Sprintf("/settle, concurrency %d, until all confirmed", s.Concurrency))
@@ -252,6 +258,113 @@ func (t *table) write(b *strings.Builder) {
 	}
 }
 
+// verifyLoad says how a /verify phase sent its requests.
+func verifyLoad(v *VerifyResult) string {
+	if v.Offered > 0 {
+		return fmt.Sprintf("%s/s offered (at most %d outstanding)", strconvRate(v.Offered), v.Concurrency)
+	}
+	return fmt.Sprintf("concurrency %d", v.Concurrency)
+}
+
+// strconvRate prints an offered rate without a needless fraction: 50, 12.5.
+func strconvRate(f float64) string { return strings.TrimSuffix(fmt.Sprintf("%.1f", f), ".0") }
+
+// verifyLevelRows prints, for each arrival rate of the /verify phase, what was answered and the
+// CPU per valid verdict: the facilitator's own, and the server side's (facilitator, chain node and
+// Postgres: the load generator is the clients' cost). Levels are matched by position: both sides
+// run the same rates in the same order.
+func verifyLevelRows(row func(...string), r *Report, refCol func(string) string) {
+	if len(r.Ours.VerifyLevels) == 0 {
+		return
+	}
+	heading := "/verify by arrival rate: distinct payments, each verified once; CPU ms per valid /verify"
+	if len(r.Ref.VerifyLevels) > 0 {
+		heading += " (ratio ours/official, below 1: ours costs less)"
+	}
+	row(heading)
+	server := []string{RoleFacilitator, RoleNode, RolePostgres}
+	if idle := r.Ours.IdleCPU; idle != nil {
+		row(fmt.Sprintf("  idle, %s with no request before the first rate: CPU ms per second", idle.Elapsed.Round(100*time.Millisecond)))
+		for _, c := range []struct {
+			name  string
+			roles []string
+		}{{"facilitator", server[:1]}, {"facilitator + chain node + Postgres", server}} {
+			ours, theirs := "—", "—"
+			if ms, ok := sumMsPerSecond(idle, c.roles); ok {
+				ours = fmtMs(ms)
+			}
+			if ms, ok := sumMsPerSecond(r.Ref.IdleCPU, c.roles); ok {
+				theirs = fmtMs(ms)
+			}
+			row("    "+c.name, ours, refCol(theirs), "")
+		}
+	}
+	for i, lv := range r.Ours.VerifyLevels {
+		var ref *VerifyLevel
+		if i < len(r.Ref.VerifyLevels) {
+			ref = &r.Ref.VerifyLevels[i]
+		}
+		v := lv.Result
+		refResult := func(f func(*VerifyResult) string) string {
+			if ref == nil {
+				return refCol("—")
+			}
+			return refCol(f(&ref.Result))
+		}
+		row(fmt.Sprintf("  %s, %s: valid verdicts/s", verifyLoad(&v), v.Elapsed.Round(100*time.Millisecond)), fmtRate(v.Rate()),
+			refResult(func(x *VerifyResult) string { return fmtRate(x.Rate()) }), "")
+		lat := func(x *VerifyResult) string {
+			return fmtDur(x.Latencies.Percentile(0.50)) + ", " + fmtDur(x.Latencies.Percentile(0.99))
+		}
+		row("    latency p50, p99", lat(&v), refResult(lat), "")
+		sent := func(x *VerifyResult) string { return fmt.Sprintf("%d / %d, %d", x.Sent, x.Payments, x.Failed) }
+		row("    payments sent / signed, failed", sent(&v), refResult(sent), "")
+		var refCPU *CPUPhase
+		if ref != nil {
+			refCPU = ref.CPU
+		}
+		for _, c := range []struct {
+			name  string
+			roles []string
+		}{{"facilitator CPU", server[:1]}, {"facilitator + chain node + Postgres CPU", server}} {
+			o, ook := sumMsPerOp(lv.CPU, c.roles)
+			f, fok := sumMsPerOp(refCPU, c.roles)
+			ours, theirs, ratio := "—", "—", ""
+			if ook {
+				ours = fmtMs(o)
+			}
+			if fok {
+				theirs = fmtMs(f)
+			}
+			if ook && fok && f > 0 {
+				ratio = fmt.Sprintf("%.3fx", o/f)
+			}
+			row("    "+c.name, ours, refCol(theirs), ratio)
+		}
+	}
+}
+
+// sumMsPerOp is the CPU milliseconds per operation of the roles that were measured; ok is false
+// when none was.
+func sumMsPerOp(p *CPUPhase, roles []string) (float64, bool) { return sumRoles(p.MsPerOp, roles) }
+
+// sumMsPerSecond is sumMsPerOp per second of the phase.
+func sumMsPerSecond(p *CPUPhase, roles []string) (float64, bool) {
+	if p == nil {
+		return 0, false
+	}
+	return sumRoles(p.MsPerSecond, roles)
+}
+
+func sumRoles(f func(role string) (float64, bool), roles []string) (sum float64, ok bool) {
+	for _, role := range roles {
+		if ms, mok := f(role); mok {
+			sum, ok = sum+ms, true
+		}
+	}
+	return sum, ok
+}
+
 // cpuRoles are the processes the CPU rows name, in order.
 var cpuRoles = []string{RoleFacilitator, RoleNode, RolePostgres, RoleLoadgen}
 
@@ -270,6 +383,10 @@ func cpuRows(row func(...string), r *Report, refCol func(string) string) {
 	}
 	if phases[0].ours == nil && phases[1].ours == nil {
 		return
+	}
+	if v := r.Ours.Verify; v != nil {
+		// The headline /verify is the last arrival rate's; the others are in their own rows.
+		phases[0].name += ", " + verifyLoad(v)
 	}
 	row("CPU ms per operation (utime+stime from /proc/<pid>/stat over the phase / its operations; ratio ours/official, below 1: ours costs less)")
 	for _, ph := range phases {

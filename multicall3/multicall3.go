@@ -109,7 +109,7 @@ func DecodeAggregate3Calldata(data []byte) ([]Call, bool) {
 }
 
 // The gas aggregate3 costs beyond its calls, measured on anvil with Circle's USDC
-// (TestBatchGas, the figures in BENCHMARKS.md, "Batched settlement (issue #16, point 3)"). A lone call's
+// (TestBatchGas, the figures in docs/benchmark-history.md, "batched settlement"). A lone call's
 // eth_estimateGas includes the 21,000 every transaction pays, which a batch pays once; inside a
 // batch a call pays instead Multicall3's loop, its ABI framing and, for the first call to a
 // target, the cold access to it (the lone transaction's target is warm): 6,189 gas for a batch

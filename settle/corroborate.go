@@ -2,6 +2,7 @@ package settle
 
 import (
 	"context"
+	"slices"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/rpc"
@@ -301,6 +302,46 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		qr.agreed = qr.agreed && c != nil
 	}
 	return nil
+}
+
+// confirmOutcomes is the watcher's round confirming its outcomes: an outcome read from one
+// endpoint (a receipt that makes a settlement mined, the block and tag that make it final or show
+// it gone) is carried out only once a quorum of the network's endpoints agrees with it: one more
+// batch per endpoint, for the round's outcomes together. A decision not confirmed waits, its
+// verdict kept, for a later round.
+func (n *chainEngine) confirmOutcomes(ctx context.Context, r *round) {
+	if quorumSize(n.chain) <= 1 {
+		return
+	}
+	var qrs []*quorumRead
+	var qFor []int
+	from := ""
+	if names := append(r.blocksFrom.Names(), r.readsFrom.Names()...); len(names) > 0 && !slices.ContainsFunc(names, func(s string) bool { return s != names[0] }) {
+		from = names[0] // one endpoint answered every read of the round
+	}
+	for i, w := range r.works {
+		if recordsOutcome(r.decisions[i]) {
+			qr := quorumFor(w.t, w.want)
+			if !r.pinnedAt[i] {
+				qr.beside(from, w.o) // (pinned reads are several endpoints' already)
+			}
+			qrs = append(qrs, qr)
+			qFor = append(qFor, i)
+		}
+	}
+	if len(qrs) == 0 {
+		return
+	}
+	err := readQuorum(ctx, n.chain, n.batchOn, n.net.Finality.Tag, qrs, func() { n.engine.cfg.Observer.Disagreement(n.net.ID) })
+	if err != nil {
+		n.engine.log.Warn("confirming outcomes with a quorum of providers failed; deciding next round", "network", n.net.ID, "err", err)
+	}
+	for j, qr := range qrs {
+		i := qFor[j]
+		if w := r.works[i]; err != nil || !qr.confirmed(w.t, w.o, n.policy(), r.decisions[i]) {
+			r.decisions[i] = keep(w.t, "not confirmed by a quorum of providers: "+r.decisions[i].why)
+		}
+	}
 }
 
 // recordsOutcome reports whether d records what a receipt or a block read says (mined, moved,

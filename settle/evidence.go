@@ -80,122 +80,136 @@ func (pr *pinnedRead) apply(t *track, o *observation) bool {
 // that the evidence and the block it is final below come from the same node; the tag's read
 // failing fails nothing (finality then counts by depth).
 func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, tag string, prs []*pinnedRead) error {
-	type slots struct {
-		header *struct {
-			Hash common.Hash    `json:"hash"`
-			Time hexutil.Uint64 `json:"timestamp"`
-		}
-		count hexutil.Uint64
-		head  hexutil.Uint64
-		state hexutil.Bytes
-		logs  []types.Log
-		rcpts []*ethrpc.Receipt
-		first int
-		tag   int // the tag's element (-1: none)
-		// balance is the payer's balance element, read for a batch's member (-1: none): a call
-		// of its that failed inside the batch is its own failure when the balance is short.
-		balance int
-		bal     hexutil.Bytes
-		rcpt    int // the first receipt's element
-	}
 	var elems []rpc.BatchElem
-	all := make([]*slots, len(prs))
+	all := make([]*pinnedSlots, len(prs))
 	for i, pr := range prs {
-		s := &slots{first: len(elems), rcpts: make([]*ethrpc.Receipt, len(pr.t.variants))}
-		all[i] = s
-		at := hexutil.EncodeUint64(pr.at)
-		key := pr.key
-		from := uint64(0)
-		if pr.at > logLookback {
-			from = pr.at - logLookback
-		}
-		call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(key.Payer, key.Nonce))}
-		filter := map[string]any{
-			"address":   key.Asset,
-			"fromBlock": hexutil.EncodeUint64(from),
-			"toBlock":   at,
-			"topics":    eip3009.AuthorizationTopics(key.Payer, key.Nonce),
-		}
-		elems = append(elems,
-			ethrpc.Block(at, false, &s.header),
-			ethrpc.TransactionCount(pr.signer, at, &s.count),
-			ethrpc.Call(call, at, &s.state),
-			ethrpc.Logs(filter, &s.logs),
-			ethrpc.BlockNumber(&s.head))
-		s.tag = -1
-		if tag != "" {
-			s.tag = len(elems)
-			elems = append(elems, ethrpc.TagElem(tag))
-		}
-		s.balance = -1
-		if pr.want.Batched {
-			s.balance = len(elems)
-			bal := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.BalanceOfCalldata(key.Payer))}
-			elems = append(elems, ethrpc.Call(bal, at, &s.bal))
-		}
-		s.rcpt = len(elems)
-		for j, v := range pr.t.variants {
-			elems = append(elems, ethrpc.TransactionReceipt(v.hash, &s.rcpts[j]))
-		}
+		all[i], elems = pr.queue(elems, tag)
 	}
 	if err := batch(ctx, elems); err != nil {
 		return err
 	}
 	for i, pr := range prs {
-		s := all[i]
-		if el := elems[s.first+4]; el.Error == nil {
-			pr.told = max(pr.told, uint64(s.head))
-		}
-		failed := false
-		for _, el := range elems[s.first : s.first+pinnedElems] {
-			failed = failed || el.Error != nil
-		}
-		if s.balance >= 0 && elems[s.balance].Error != nil {
-			failed = true
-		}
-		if failed || s.header == nil {
-			continue // the node lacks the block (it lags) or did not answer: not known yet
-		}
-		if pr.atHash != (common.Hash{}) && s.header.Hash != pr.atHash {
-			pr.voided = true
-			continue
-		}
-		c := &chainRead{at: pr.at, atHash: s.header.Hash, time: uint64(s.header.Time), keyNonce: uint64(s.count), nodeHead: uint64(s.head),
-			used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
-		if s.tag >= 0 {
-			c.tag = ethrpc.TagAnswer(elems[s.tag])
-		}
-		if s.balance >= 0 {
-			b, ok := eip3009.DecodeBalance(s.bal)
-			if !ok {
-				continue // not a balance: not known
-			}
-			c.balance = b
-		}
-		for _, l := range s.logs {
-			if l.Removed || len(l.Topics) < 3 {
-				continue
-			}
-			c.use = &authLog{tx: l.TxHash, canceled: l.Topics[0] == eip3009.AuthorizationCanceledTopic, block: l.BlockNumber, blockHash: l.BlockHash}
-		}
-		if c.use != nil && !c.used {
-			// A log the node's state does not agree with: its indexes are inconsistent. Not known.
-			continue
-		}
-		want := pr.want
-		pr.receipts = map[common.Hash]receiptRead{}
-		for j, v := range pr.t.variants {
-			el := elems[s.rcpt+j]
-			if el.Error != nil {
-				c.receiptsComplete = false
-				pr.receipts[v.hash] = receiptRead{}
-				continue
-			}
-			pr.receipts[v.hash] = receiptRead{ok: true, r: summarize(s.rcpts[j], want)}
-		}
-		pr.read = c
+		pr.take(all[i], elems)
 	}
 	return nil
+}
+
+// pinnedSlots is where one settlement's pinned reads are in readPinned's batch, and their answers.
+type pinnedSlots struct {
+	header *struct {
+		Hash common.Hash    `json:"hash"`
+		Time hexutil.Uint64 `json:"timestamp"`
+	}
+	count hexutil.Uint64
+	head  hexutil.Uint64
+	state hexutil.Bytes
+	logs  []types.Log
+	rcpts []*ethrpc.Receipt
+	first int
+	tag   int // the tag's element (-1: none)
+	// balance is the payer's balance element, read for a batch's member (-1: none): a call
+	// of its that failed inside the batch is its own failure when the balance is short.
+	balance int
+	bal     hexutil.Bytes
+	rcpt    int // the first receipt's element
+}
+
+// queue appends pr's reads to elems, all pinned at pr.at: the block's header, the signer's nonce,
+// the authorization's state and its use log, the node's head (with the tag's block, and for a
+// batch's member the payer's balance), then every variant's receipt.
+func (pr *pinnedRead) queue(elems []rpc.BatchElem, tag string) (*pinnedSlots, []rpc.BatchElem) {
+	s := &pinnedSlots{first: len(elems), rcpts: make([]*ethrpc.Receipt, len(pr.t.variants))}
+	at := hexutil.EncodeUint64(pr.at)
+	key := pr.key
+	from := uint64(0)
+	if pr.at > logLookback {
+		from = pr.at - logLookback
+	}
+	call := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.AuthorizationStateCalldata(key.Payer, key.Nonce))}
+	filter := map[string]any{
+		"address":   key.Asset,
+		"fromBlock": hexutil.EncodeUint64(from),
+		"toBlock":   at,
+		"topics":    eip3009.AuthorizationTopics(key.Payer, key.Nonce),
+	}
+	elems = append(elems,
+		ethrpc.Block(at, false, &s.header),
+		ethrpc.TransactionCount(pr.signer, at, &s.count),
+		ethrpc.Call(call, at, &s.state),
+		ethrpc.Logs(filter, &s.logs),
+		ethrpc.BlockNumber(&s.head))
+	s.tag = -1
+	if tag != "" {
+		s.tag = len(elems)
+		elems = append(elems, ethrpc.TagElem(tag))
+	}
+	s.balance = -1
+	if pr.want.Batched {
+		s.balance = len(elems)
+		bal := map[string]any{"to": key.Asset, "input": hexutil.Bytes(eip3009.BalanceOfCalldata(key.Payer))}
+		elems = append(elems, ethrpc.Call(bal, at, &s.bal))
+	}
+	s.rcpt = len(elems)
+	for j, v := range pr.t.variants {
+		elems = append(elems, ethrpc.TransactionReceipt(v.hash, &s.rcpts[j]))
+	}
+	return s, elems
+}
+
+// take reads pr's answers from elems (at s): the head they told of, and, when every read came in
+// from a node that has the block (the expected one), the chain read and the variants' receipts.
+func (pr *pinnedRead) take(s *pinnedSlots, elems []rpc.BatchElem) {
+	if el := elems[s.first+4]; el.Error == nil {
+		pr.told = max(pr.told, uint64(s.head))
+	}
+	failed := false
+	for _, el := range elems[s.first : s.first+pinnedElems] {
+		failed = failed || el.Error != nil
+	}
+	if s.balance >= 0 && elems[s.balance].Error != nil {
+		failed = true
+	}
+	if failed || s.header == nil {
+		return // the node lacks the block (it lags) or did not answer: not known yet
+	}
+	if pr.atHash != (common.Hash{}) && s.header.Hash != pr.atHash {
+		pr.voided = true
+		return
+	}
+	c := &chainRead{at: pr.at, atHash: s.header.Hash, time: uint64(s.header.Time), keyNonce: uint64(s.count), nodeHead: uint64(s.head),
+		used: len(s.state) == 32 && s.state[31] == 1, receiptsComplete: true}
+	if s.tag >= 0 {
+		c.tag = ethrpc.TagAnswer(elems[s.tag])
+	}
+	if s.balance >= 0 {
+		b, ok := eip3009.DecodeBalance(s.bal)
+		if !ok {
+			return // not a balance: not known
+		}
+		c.balance = b
+	}
+	for _, l := range s.logs {
+		if l.Removed || len(l.Topics) < 3 {
+			continue
+		}
+		c.use = &authLog{tx: l.TxHash, canceled: l.Topics[0] == eip3009.AuthorizationCanceledTopic, block: l.BlockNumber, blockHash: l.BlockHash}
+	}
+	if c.use != nil && !c.used {
+		// A log the node's state does not agree with: its indexes are inconsistent. Not known.
+		return
+	}
+	want := pr.want
+	pr.receipts = map[common.Hash]receiptRead{}
+	for j, v := range pr.t.variants {
+		el := elems[s.rcpt+j]
+		if el.Error != nil {
+			c.receiptsComplete = false
+			pr.receipts[v.hash] = receiptRead{}
+			continue
+		}
+		pr.receipts[v.hash] = receiptRead{ok: true, r: summarize(s.rcpts[j], want)}
+	}
+	pr.read = c
 }
 
 // Judge decides an open settlement's outcome from the chain alone, the way the watcher does, for

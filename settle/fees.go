@@ -5,10 +5,24 @@ import (
 	"errors"
 	"math/big"
 	"slices"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
+
+// What a settlement's transaction pays, and when and by how much it pays more. A new transaction
+// is priced under the network's fee policy (priceFees) from one reading of the network's fees
+// (fees). The bump rule is all in this file: when an unmined transaction is replaced with higher
+// fees (dueForBump: BumpAfter since it was signed, or a node called it underpriced, the flag the
+// broadcaster raises with wantBump; bumpOnReads: only on pinned reads at the highest head seen,
+// and twice; bumpVetoed: not when a later head was told of since those reads), by how much
+// (BumpFees: the policy's BumpPercent above the old fees and at least the current price, within
+// the max fee), and how the replacement is signed and recorded before it is sent (bump).
 
 // Fees are a transaction's tip and fee cap. A legacy (type-0) transaction's gas price is both:
 // that is how nodes read one (a gas price pays its whole self to the block producer).
@@ -109,6 +123,163 @@ func SuggestFees(baseFee, tip, minTip *big.Int) Fees {
 	return f
 }
 
+// feeTTL bounds how stale a fee suggestion may be; base fees move once per block.
+const feeTTL = 2 * time.Second
+
+// feesRetryAfter is how soon a settlement refused for fees above the max fee may be tried again.
+const feesRetryAfter = 15 * time.Second
+
+// fees returns the current price under the network's fee policy, read at most once per feeTTL in
+// one round trip: eth_feeHistory over the policy's blocks at its percentile, with the latest
+// block's base fee and eth_maxPriorityFeePerGas for a node without it; eth_gasPrice on a legacy
+// network. Fees the max fee cannot pay for come with an error wrapping errFeesAboveCap (and the
+// fees at the limit, which a bump may still use); nothing may be signed for a new settlement then.
+func (n *chainEngine) fees(ctx context.Context) (Fees, error) {
+	n.feeMu.Lock()
+	defer n.feeMu.Unlock()
+	e := n.engine
+	if !n.feeAt.IsZero() && e.now().Sub(n.feeAt) < feeTTL {
+		return n.feeLast, n.feeErr
+	}
+	p := n.feePolicy
+	var (
+		r     feeReading
+		batch []rpc.BatchElem
+		head  struct {
+			BaseFee *hexutil.Big `json:"baseFeePerGas"`
+		}
+		hist struct {
+			BaseFees     []*hexutil.Big   `json:"baseFeePerGas"`
+			GasUsedRatio []float64        `json:"gasUsedRatio"`
+			Reward       [][]*hexutil.Big `json:"reward"`
+		}
+		tip, price hexutil.Big
+	)
+	if p.Legacy {
+		batch = []rpc.BatchElem{ethrpc.GasPrice(&price)}
+	} else {
+		batch = []rpc.BatchElem{
+			ethrpc.FeeHistory(uint64(p.HistoryBlocks), "latest", []float64{p.TipPercentile}, &hist),
+			ethrpc.Block("latest", false, &head),
+			ethrpc.MaxPriorityFeePerGas(&tip),
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
+	defer cancel()
+	err := n.chain.BatchCallContext(cctx, batch)
+	if err == nil && p.Legacy {
+		if err = batch[0].Error; err == nil {
+			r.gasPrice = (*big.Int)(&price)
+		}
+	} else if err == nil {
+		if batch[0].Error == nil && len(hist.BaseFees) == len(hist.GasUsedRatio)+1 && len(hist.Reward) == len(hist.GasUsedRatio) {
+			h := &feeHistory{gasUsedRatio: hist.GasUsedRatio}
+			for _, b := range hist.BaseFees {
+				h.baseFees = append(h.baseFees, (*big.Int)(b))
+			}
+			for _, rw := range hist.Reward {
+				var v *big.Int
+				if len(rw) == 1 {
+					v = (*big.Int)(rw[0])
+				}
+				h.rewards = append(h.rewards, v)
+			}
+			r.history = h
+		}
+		if batch[1].Error == nil && head.BaseFee != nil {
+			r.latestBaseFee = (*big.Int)(head.BaseFee)
+		}
+		if batch[2].Error == nil {
+			r.nodeTip = (*big.Int)(&tip)
+		}
+	}
+	var f Fees
+	if err == nil {
+		f, err = priceFees(p, r)
+	}
+	if err != nil && !errors.Is(err, errFeesAboveCap) {
+		return Fees{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the network's fees; nothing was sent, retry", err)
+	}
+	if err != nil {
+		e.log.Warn("network fees are above the configured max fee; new settlements are refused until they fall",
+			"network", n.net.ID, "max_fee", p.MaxFee, "fee_cap", f.FeeCap, "tip", f.TipCap)
+		err = &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonFeesAboveCap,
+			Message:    "the network's fees are above this facilitator's max fee per gas; nothing was sent, retry later",
+			RetryAfter: feesRetryAfter, Err: err}
+	}
+	n.feeLast, n.feeErr, n.feeAt = f, err, e.now()
+	return f, err
+}
+
+// dueForBump reports whether t's newest variant is due to be replaced with higher fees: a node
+// called it underpriced since the last round (o.underpriced, the flag wantBump raises), or a node
+// took it and BumpAfter has passed since it was signed. The decisions (sendstate.go) then read the
+// chain first, and bump on those reads (bumpOnReads).
+func dueForBump(t track, o observation, p policy) bool {
+	return o.underpriced || bumpTime(t, o.now, p)
+}
+
+func bumpTime(t track, now time.Time, p policy) bool {
+	if len(t.variants) == 0 {
+		return false
+	}
+	v := t.variants[len(t.variants)-1]
+	return !v.sentAt.IsZero() && now.Sub(v.signedAt) >= p.bumpAfter
+}
+
+// bumpOnReads decides a bump that is due, on pinned reads (o.chain) that found the nonce unused. A
+// bump replaces an unmined transaction, never a mined one: so never on reads behind a head the
+// engine has seen, where the nonce may be mined (ok false, with a wait). And twice, like every
+// step that rests on "not there": a node on a branch a reorganisation replaced has the block
+// number too, with our nonce unused in it. Both reads are at the freshest head (the verdict pins
+// no block), never at an older one.
+func bumpOnReads(t track, o observation, why string) (d decision, ok bool) {
+	c := o.chain
+	if c.at < max(o.highest, c.nodeHead) {
+		return decision{act: actWait, why: "bump due, but the reads are behind the highest head seen"}, false
+	}
+	return twice(t, decision{act: actBump, why: why}, 0, common.Hash{}), true
+}
+
+// bumpVetoed reports whether a bump decided on the reads o is to wait: a later head than the
+// reads' was told of since (highest, by another step of the round), where the nonce may be mined.
+// The next round reads again; meanwhile the current transaction is resent.
+func bumpVetoed(o observation, highest uint64) bool {
+	return o.chain != nil && highest > o.chain.at
+}
+
+// wantBump raises f's underpriced flag: a node refused its newest variant as underpriced. The
+// watcher's next round takes it (takeBump) into the settlement's observation, where it makes a
+// bump due at once (dueForBump), without waiting for BumpAfter.
+func (n *chainEngine) wantBump(f *flight) {
+	n.bumpMu.Lock()
+	n.bumps[f.id] = true
+	n.bumpMu.Unlock()
+}
+
+// takeBump lowers f's underpriced flag and reports whether it was raised.
+func (n *chainEngine) takeBump(f *flight) bool {
+	n.bumpMu.Lock()
+	defer n.bumpMu.Unlock()
+	if n.bumps[f.id] {
+		delete(n.bumps, f.id)
+		return true
+	}
+	return false
+}
+
+// carryBump carries out a bump the round decided for f on the reads o, unless they are vetoed
+// (bumpVetoed): it signs the replacement (bump). Either way the caller resends f's newest
+// variant (a failed bump leaves the current transaction out there).
+func (n *chainEngine) carryBump(ctx context.Context, f *flight, t track, o observation) {
+	if bumpVetoed(o, n.maxSeen.Load()) {
+		return
+	}
+	if err := n.bump(ctx, f, t.variants[len(t.variants)-1].hash); err != nil {
+		n.engine.log.Warn("fee bump failed; resending the current transaction", f.logAttrs("err", err)...)
+	}
+}
+
 // BumpFees prices a replacement of old: each of tip and fee cap at least percent above the old
 // one (the pool's replacement rule, rounded up, so that a pool that compares with
 // old*(100+percent)/100 in integers takes it) and at least the current suggestion, with the fee
@@ -140,45 +311,6 @@ func plusPercent(n *big.Int, p uint64) *big.Int {
 		out.Add(n, big.NewInt(1))
 	}
 	return out
-}
-
-func ceilDiv(n *big.Int, d int64) *big.Int {
-	out := new(big.Int).Add(n, big.NewInt(d-1))
-	return out.Div(out, big.NewInt(d))
-}
-
-// median is the middle value (the lower of the two middles), or nil for none.
-func median(vs []*big.Int) *big.Int {
-	if len(vs) == 0 {
-		return nil
-	}
-	s := slices.Clone(vs)
-	slices.SortFunc(s, func(a, b *big.Int) int { return a.Cmp(b) })
-	return new(big.Int).Set(s[(len(s)-1)/2])
-}
-
-func clampTip(tip, lo, hi *big.Int) *big.Int {
-	switch {
-	case lo != nil && tip.Cmp(lo) < 0:
-		return new(big.Int).Set(lo)
-	case hi != nil && tip.Cmp(hi) > 0:
-		return new(big.Int).Set(hi)
-	}
-	return new(big.Int).Set(tip)
-}
-
-func maxBig(a, b *big.Int) *big.Int {
-	if a.Cmp(b) >= 0 {
-		return new(big.Int).Set(a)
-	}
-	return new(big.Int).Set(b)
-}
-
-func minBig(a, b *big.Int) *big.Int {
-	if a.Cmp(b) <= 0 {
-		return new(big.Int).Set(a)
-	}
-	return new(big.Int).Set(b)
 }
 
 // bump signs a replacement with the same nonce and higher fees, and commits it before it is sent.
@@ -254,4 +386,43 @@ func (n *chainEngine) bump(ctx context.Context, f *flight, basedOn common.Hash) 
 	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
 	e.cfg.Observer.FeeBumped(n.net.ID)
 	return nil
+}
+
+func ceilDiv(n *big.Int, d int64) *big.Int {
+	out := new(big.Int).Add(n, big.NewInt(d-1))
+	return out.Div(out, big.NewInt(d))
+}
+
+// median is the middle value (the lower of the two middles), or nil for none.
+func median(vs []*big.Int) *big.Int {
+	if len(vs) == 0 {
+		return nil
+	}
+	s := slices.Clone(vs)
+	slices.SortFunc(s, func(a, b *big.Int) int { return a.Cmp(b) })
+	return new(big.Int).Set(s[(len(s)-1)/2])
+}
+
+func clampTip(tip, lo, hi *big.Int) *big.Int {
+	switch {
+	case lo != nil && tip.Cmp(lo) < 0:
+		return new(big.Int).Set(lo)
+	case hi != nil && tip.Cmp(hi) > 0:
+		return new(big.Int).Set(hi)
+	}
+	return new(big.Int).Set(tip)
+}
+
+func maxBig(a, b *big.Int) *big.Int {
+	if a.Cmp(b) >= 0 {
+		return new(big.Int).Set(a)
+	}
+	return new(big.Int).Set(b)
+}
+
+func minBig(a, b *big.Int) *big.Int {
+	if a.Cmp(b) <= 0 {
+		return new(big.Int).Set(a)
+	}
+	return new(big.Int).Set(b)
 }

@@ -35,7 +35,6 @@ const resignMargin = 30 * time.Second
 // records it in the ledger as the settlement's transaction at that nonce, and queues it. old is
 // the nonce the foreign transaction took.
 func (n *chainEngine) resign(ctx context.Context, f *flight, old uint64, why string, gap *uint64) error {
-	e := n.engine
 	s := f.sender
 	fees, err := n.fees(ctx)
 	if err != nil {
@@ -44,24 +43,9 @@ func (n *chainEngine) resign(ctx context.Context, f *flight, old uint64, why str
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		l := s.held()
-		if l == nil || f.isDropped() {
-			return errNotLeased // the key's holder works it
-		}
-		if f.txNonce() != old {
-			return nil // already moved
-		}
-		if err := s.reload(ctx); err != nil {
+		l, nonce, done, err := n.resignNonce(ctx, f, old, gap)
+		if done || err != nil {
 			return err
-		}
-		nonce := s.next
-		if gap != nil {
-			// Into the gap, and only there (the ledger refuses it as taken if a settlement holds
-			// it by now): moving anywhere else would leave the gap.
-			if *gap >= old {
-				return nil
-			}
-			nonce = *gap
 		}
 		// A signer that fails leaves the settlement as it was: the watcher decides the re-sign
 		// again next round and tries again.
@@ -69,78 +53,131 @@ func (n *chainEngine) resign(ctx context.Context, f *flight, old uint64, why str
 		if err != nil {
 			return err
 		}
-		tx, raw := st.tx, st.raw
-		rec := facilitator.TxRecord{Hash: tx.Hash(), Raw: raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas}
+		rec := facilitator.TxRecord{Hash: st.tx.Hash(), Raw: st.raw, TipCap: fees.TipCap, FeeCap: fees.FeeCap, Gas: f.gas}
 		// Through the lease, before the broadcast: no row, no broadcast.
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
 		err = l.MoveNonce(wctx, f.id, nonce, rec)
 		cancel()
-		if errors.Is(err, facilitator.ErrDuplicate) {
-			// These very bytes are recorded (only this settlement signs this calldata at this nonce
-			// and fee): an earlier move committed and its answer was lost, or they are an older
-			// variant of the settlement at that nonce (a move back down into a gap). The row says.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-			got, rerr := e.store.SettlementByID(rctx, f.id)
-			cancel()
-			switch {
-			case rerr != nil:
-				s.nonces.reset()
-				return rerr
-			case got.TxNonce != nonce && attempt < 3:
-				// New bytes: one wei more of tip and cap.
-				fees = Fees{TipCap: new(big.Int).Add(fees.TipCap, big.NewInt(1)), FeeCap: new(big.Int).Add(fees.FeeCap, big.NewInt(1))}
-				continue
-			case got.TxNonce == nonce:
-				err = nil
-			}
-		}
-		if errors.Is(err, facilitator.ErrNonceTaken) && gap != nil {
-			return nil // someone filled the gap meanwhile
-		}
-		if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
-			e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceTaken)
-			s.nonces.reset()
+		retry, done, err := n.resignWritten(ctx, f, nonce, rec, &fees, err, attempt, gap != nil)
+		if retry {
 			continue
 		}
-		if err != nil && !errors.Is(err, facilitator.ErrNotFound) && !errors.Is(err, facilitator.ErrNonceTaken) {
-			// A write whose answer was lost may have committed: then the transaction is the
-			// ledger's and must go out, or its nonce is a gap holding back the key.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
-			got, rerr := e.store.SettlementByID(rctx, f.id)
-			cancel()
-			// The row's nonce alone says (only this key's holder moves its rows): its hash is
-			// another's once the row failed meanwhile (settled elsewhere names the other party's
-			// transaction), and the moved transaction must go out all the same, or its nonce is
-			// a gap (the simulator's seed 877, with the reconcile job resolving the row first).
-			if rerr == nil && got.TxNonce == nonce {
-				err = nil
-			}
-			if rerr != nil {
-				// Not known either way: the watcher finds out from the row before it decides
-				// anything more about the settlement (settleMove).
-				f.mu.Lock()
-				f.move = &pendingMove{nonce: nonce, tx: &sentTx{hash: rec.Hash, nonce: nonce, raw: raw, fees: fees, signedAt: e.now()}}
-				f.mu.Unlock()
-			}
-		}
-		if err != nil {
-			s.nonces.reset()
+		if done || err != nil {
 			return err
 		}
-		if gap == nil {
-			s.nonces.take(1) // nonce was s.next
-		} else {
-			s.nonces.reset() // the next commit derives the key's next free nonce afresh
-		}
-		f.update(func(f *flight) {
-			f.nonce = nonce
-			f.txs = append(f.txs, &sentTx{hash: rec.Hash, nonce: nonce, raw: raw, fees: fees, signedAt: e.now()})
-		})
-		e.log.Warn("re-signing with a new nonce", f.logAttrs("why", why, "signer", s.addr, "old_tx_nonce", old, "new_tx_nonce", nonce, "tx", rec.Hash)...)
-		e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceForeign)
-		s.enqueue(f)
+		n.resigned(f, old, nonce, rec, fees, why, gap != nil)
 		return nil
 	}
+}
+
+// resignNonce is the nonce f's call is re-signed at, under the key's lease l (the caller holds the
+// key's lock): the key's next nonce, or the gap's. done: nothing to re-sign (f moved already, or
+// the gap is not below old), or not this process's to (errNotLeased), or the nonce not known.
+func (n *chainEngine) resignNonce(ctx context.Context, f *flight, old uint64, gap *uint64) (l facilitator.SignerLease, nonce uint64, done bool, err error) {
+	s := f.sender
+	l = s.held()
+	if l == nil || f.isDropped() {
+		return nil, 0, true, errNotLeased // the key's holder works it
+	}
+	if f.txNonce() != old {
+		return nil, 0, true, nil // already moved
+	}
+	if err := s.reload(ctx); err != nil {
+		return nil, 0, true, err
+	}
+	nonce = s.next
+	if gap != nil {
+		// Into the gap, and only there (the ledger refuses it as taken if a settlement holds
+		// it by now): moving anywhere else would leave the gap.
+		if *gap >= old {
+			return nil, 0, true, nil
+		}
+		nonce = *gap
+	}
+	return l, nonce, false, nil
+}
+
+// resignWritten is what the MoveNonce of f to nonce with rec came to, whose answer was err, at the
+// attempt-th try: retry (these bytes are recorded under another nonce: *fees is raised by one wei;
+// or the nonce was taken), done (failed with the error, or a gap someone filled meanwhile: nil),
+// or neither (the row is at nonce, whatever the answer said). A write that may have committed and
+// that the ledger cannot tell either way leaves f a pending move (settleMove). The key's next
+// nonce is reset whenever the move is not written.
+func (n *chainEngine) resignWritten(ctx context.Context, f *flight, nonce uint64, rec facilitator.TxRecord, fees *Fees, err error, attempt int, intoGap bool) (retry, done bool, _ error) {
+	e := n.engine
+	s := f.sender
+	if errors.Is(err, facilitator.ErrDuplicate) {
+		// These very bytes are recorded (only this settlement signs this calldata at this nonce
+		// and fee): an earlier move committed and its answer was lost, or they are an older
+		// variant of the settlement at that nonce (a move back down into a gap). The row says.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+		got, rerr := e.store.SettlementByID(rctx, f.id)
+		cancel()
+		switch {
+		case rerr != nil:
+			s.nonces.reset()
+			return false, true, rerr
+		case got.TxNonce != nonce && attempt < 3:
+			// New bytes: one wei more of tip and cap.
+			*fees = Fees{TipCap: new(big.Int).Add(fees.TipCap, big.NewInt(1)), FeeCap: new(big.Int).Add(fees.FeeCap, big.NewInt(1))}
+			return true, false, nil
+		case got.TxNonce == nonce:
+			err = nil
+		}
+	}
+	if errors.Is(err, facilitator.ErrNonceTaken) && intoGap {
+		return false, true, nil // someone filled the gap meanwhile
+	}
+	if errors.Is(err, facilitator.ErrNonceTaken) && attempt < 3 {
+		e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceTaken)
+		s.nonces.reset()
+		return true, false, nil
+	}
+	if err != nil && !errors.Is(err, facilitator.ErrNotFound) && !errors.Is(err, facilitator.ErrNonceTaken) {
+		// A write whose answer was lost may have committed: then the transaction is the
+		// ledger's and must go out, or its nonce is a gap holding back the key.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseWriteTimeout)
+		got, rerr := e.store.SettlementByID(rctx, f.id)
+		cancel()
+		// The row's nonce alone says (only this key's holder moves its rows): its hash is
+		// another's once the row failed meanwhile (settled elsewhere names the other party's
+		// transaction), and the moved transaction must go out all the same, or its nonce is
+		// a gap (the simulator's seed 877, with the reconcile job resolving the row first).
+		if rerr == nil && got.TxNonce == nonce {
+			err = nil
+		}
+		if rerr != nil {
+			// Not known either way: the watcher finds out from the row before it decides
+			// anything more about the settlement (settleMove).
+			f.mu.Lock()
+			f.move = &pendingMove{nonce: nonce, tx: &sentTx{hash: rec.Hash, nonce: nonce, raw: rec.Raw, fees: *fees, signedAt: e.now()}}
+			f.mu.Unlock()
+		}
+	}
+	if err != nil {
+		s.nonces.reset()
+		return false, true, err
+	}
+	return false, false, nil
+}
+
+// resigned makes f hold its re-signed transaction rec at nonce, recorded in the ledger, and
+// queues it for the broadcaster.
+func (n *chainEngine) resigned(f *flight, old, nonce uint64, rec facilitator.TxRecord, fees Fees, why string, intoGap bool) {
+	e := n.engine
+	s := f.sender
+	if !intoGap {
+		s.nonces.take(1) // nonce was s.next
+	} else {
+		s.nonces.reset() // the next commit derives the key's next free nonce afresh
+	}
+	f.update(func(f *flight) {
+		f.nonce = nonce
+		f.txs = append(f.txs, &sentTx{hash: rec.Hash, nonce: nonce, raw: rec.Raw, fees: fees, signedAt: e.now()})
+	})
+	e.log.Warn("re-signing with a new nonce", f.logAttrs("why", why, "signer", s.addr, "old_tx_nonce", old, "new_tx_nonce", nonce, "tx", rec.Hash)...)
+	e.cfg.Observer.NonceGap(n.net.ID, s.addr.Hex(), NonceForeign)
+	s.enqueue(f)
 }
 
 // pendingMove is a re-sign whose ledger write's outcome is unknown.

@@ -284,7 +284,7 @@ func decideOpen(t track, o observation, p policy) decision {
 		return decision{act: actResolve, res: minedResolution(r), why: "mined"}
 	}
 	reverted := t.newestReverted(o)
-	bumpDue := o.underpriced || bumpTime(t, o.now, p)
+	bumpDue := dueForBump(t, o, p)
 	c := o.chain
 	if c == nil {
 		return beforeReads(t, o, p, reverted, bumpDue)
@@ -450,16 +450,10 @@ func decideUnmined(t track, o observation, p policy, bumpDue bool) decision {
 	if d, ok := fillGap(t, o, p, bumpDue); ok {
 		return d
 	}
-	// A bump replaces an unmined transaction, never a mined one (so never on reads behind a head
-	// the engine has seen: the nonce may be mined there).
 	if bumpDue {
-		if o.chain.at < max(o.highest, o.chain.nodeHead) {
-			return decision{act: actWait, why: "bump due, but the reads are behind the highest head seen"}
-		}
-		// Twice, like every step that rests on "not there": a node on a branch a reorganisation
-		// replaced has the block number too, with our nonce unused in it. Both reads are at the
-		// freshest head (the verdict pins no block), never at an older one.
-		return twice(t, decision{act: actBump, why: "unmined past the bump interval, or underpriced"}, 0, common.Hash{})
+		// The nonce is unused at the pinned block (the bump rule: fees.go).
+		d, _ := bumpOnReads(t, o, "unmined past the bump interval, or underpriced")
+		return d
 	}
 	return resendTiming(t, o, p, nil)
 }
@@ -543,12 +537,16 @@ func decideClosing(t track, o observation, p policy) decision {
 		}
 		return twice(t, decision{act: actRelease, why: "the nonce is used"}, c.at, c.atHash)
 	}
-	if d, ok := fillGap(t, o, p, o.underpriced || bumpTime(t, o.now, p)); ok {
+	bumpDue := dueForBump(t, o, p)
+	if d, ok := fillGap(t, o, p, bumpDue); ok {
 		return d
 	}
-	if (o.underpriced || bumpTime(t, o.now, p)) && c.at >= max(o.highest, c.nodeHead) {
-		// Priced out (the base fee rose past its cap): the nonce stays a gap unless replaced.
-		return twice(t, decision{act: actBump, why: "closing, unmined past the bump interval, or underpriced"}, 0, common.Hash{})
+	if bumpDue {
+		// Priced out (the base fee rose past its cap): the nonce stays a gap unless replaced. On
+		// reads behind the highest head seen, the transaction is resent as it is.
+		if d, ok := bumpOnReads(t, o, "closing, unmined past the bump interval, or underpriced"); ok {
+			return d
+		}
 	}
 	return resendTiming(t, o, p, nil)
 }
@@ -586,14 +584,6 @@ func resendTiming(t track, o observation, p policy, keep *verdict) decision {
 		return decision{act: actSend, verdict: keep, why: "unmined; a node may have dropped it"}
 	}
 	return decision{act: actWait, verdict: keep}
-}
-
-func bumpTime(t track, now time.Time, p policy) bool {
-	if len(t.variants) == 0 {
-		return false
-	}
-	v := t.variants[len(t.variants)-1]
-	return !v.sentAt.IsZero() && now.Sub(v.signedAt) >= p.bumpAfter
 }
 
 func (t track) has(h common.Hash) bool {

@@ -18,7 +18,7 @@ import (
 // TestStatementsPerSettlement settles a burst through the real engine and ledger with every
 // statement counted, until every row is final, and bounds what a settlement costs Postgres: its
 // statements and round trips, the watcher's ticks included. The table it logs is the profile's
-// (docs/profile-settle.md); the bounds catch a change that adds a statement per settlement.
+// (docs/benchmark-history.md); the bounds catch a change that adds a statement per settlement.
 func TestStatementsPerSettlement(t *testing.T) {
 	const n, c = 48, 16
 	var counter postgres.StatementCounter
@@ -122,7 +122,7 @@ func TestStatementsPerSettlement(t *testing.T) {
 // shared statement's settlements, depends on timing: 2.4-2.7 statements in 1.6-2.1 round trips on
 // a quiet machine, 3.15-3.19 in 2.65-2.79 in CI runs beside the other packages. The bounds sit
 // above the loaded figures: a change that adds a statement or a round trip of its own per
-// settlement adds 1.0 and crosses them under load (the profile, docs/profile-settle.md, has the
+// settlement adds 1.0 and crosses them under load (the profile, docs/benchmark-history.md, has the
 // figures to compare with on a quiet machine).
 const (
 	maxStatementsPerSettlement = 4.0

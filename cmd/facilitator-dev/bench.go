@@ -6,8 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -29,8 +32,10 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	fs.StringVar(&cfg.FacilitatorURL, "url", "http://127.0.0.1:4021", "our facilitator (a running 'make run' stack, open auth)")
 	fs.StringVar(&cfg.RPCURL, "rpc", "http://127.0.0.1:8545", "the anvil the stack settles on")
 	asset := fs.String("asset", "", "the USDC token (default: where 'facilitator-dev dev' deploys it)")
-	fs.DurationVar(&cfg.VerifyDuration, "duration", 10*time.Second, "how long each /verify load runs")
-	fs.IntVar(&cfg.VerifyConcurrency, "verify-c", 32, "concurrent /verify callers")
+	fs.DurationVar(&cfg.VerifyDuration, "duration", 10*time.Second, "how long each /verify load (one per arrival rate) and the status lookups run")
+	fs.IntVar(&cfg.VerifyConcurrency, "verify-c", 32, "concurrent /verify callers in the closed loop, and the most outstanding at a fixed rate")
+	rates := fs.String("verify-rates", "50,200,max", "/verify arrival rates per second, run in turn, each on distinct payments verified once; max: as fast as --verify-c callers are answered (the last rate is the table's headline /verify)")
+	fs.IntVar(&cfg.VerifyN, "verify-n", 10_000, "distinct payments signed per /verify rate at most (each sent once; a rate ends when they are used up or --duration has passed)")
 	fs.IntVar(&cfg.SettleK, "k", 1000, "distinct payments settled by our facilitator")
 	fs.IntVar(&cfg.SettleC, "c", 64, "concurrent /settle callers (both facilitators)")
 	fs.IntVar(&cfg.RefK, "k-ref", 200, "distinct payments settled by the official facilitator")
@@ -57,6 +62,11 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected arguments %v", fs.Args())
 	}
+	verifyRates, err := parseRates(*rates)
+	if err != nil {
+		return err
+	}
+	cfg.VerifyRates = verifyRates
 
 	accounts, err := devchain.DevAccounts()
 	if err != nil {
@@ -123,6 +133,24 @@ func runBench(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	return loadgen.Render(stdout, rep)
+}
+
+// parseRates reads --verify-rates: comma-separated requests per second, "max" for a closed loop.
+func parseRates(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "max" {
+			out = append(out, 0)
+			continue
+		}
+		r, err := strconv.ParseFloat(f, 64)
+		if err != nil || r <= 0 || math.IsInf(r, 0) {
+			return nil, fmt.Errorf("--verify-rates: %q is neither a positive rate nor max", f)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // officialScript finds interop/js/official-facilitator.mjs above the working directory: the

@@ -29,6 +29,7 @@ func TestBenchEndToEnd(t *testing.T) {
 
 	var stdout, stderr syncBuffer
 	code := run(ctx, []string{"bench", "--url", "http://" + m.Addr, "--rpc", chain.RPCURL, "--duration", "1s",
+		"--verify-rates", "20,max", "--verify-n", "100",
 		"--k", "8", "--webhook-k", "6", "--k-ref", "4", "--c", "4", "--verify-c", "4", "--replays", "5",
 		"--ceiling-n", "20", "--ceiling-batch", "10", "--ceiling-window", "20", "--ceiling-inflight", "4",
 		"--backfill-events", "2000", "--database-url", dbURL, "--facilitator-database-url", dbURL},
@@ -50,6 +51,12 @@ func TestBenchEndToEnd(t *testing.T) {
 		"events stored / emitted  2000 / 2000",
 		"#bench-", // the backfill's own network id
 		"per confirmed settlement (8 ops; official 4)",
+		// /verify at a fixed rate and then in a closed loop, each on payments verified once.
+		"/verify by arrival rate: distinct payments, each verified once",
+		"20/s offered (at most 4 outstanding)",
+		"with no request before the first rate: CPU ms per second",
+		"concurrency 4, ",
+		"facilitator + chain node + Postgres CPU",
 		"per status lookup (",
 		"gas per settlement",
 		"backends of our database counted",
@@ -97,6 +104,18 @@ func TestBenchEndToEnd(t *testing.T) {
 			if _, err := fmt.Sscan(strings.Join(f[len(f)-3:], " "), &ours, &ref); err != nil || ours < 21000 || ours > 150000 || ref < 21000 || ref > 150000 {
 				t.Errorf("gas per settlement: %q (%v)", l, err)
 			}
+		}
+	}
+}
+
+func TestParseRates(t *testing.T) {
+	got, err := parseRates("50, 12.5,max")
+	if err != nil || len(got) != 3 || got[0] != 50 || got[1] != 12.5 || got[2] != 0 {
+		t.Fatalf("parseRates = %v, %v; want [50 12.5 0]", got, err)
+	}
+	for _, bad := range []string{"", "0", "-5", "fast", "50,,max", "Inf"} {
+		if _, err := parseRates(bad); err == nil {
+			t.Errorf("parseRates(%q) took it", bad)
 		}
 	}
 }

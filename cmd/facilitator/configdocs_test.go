@@ -3,7 +3,9 @@ package main
 import (
 	"flag"
 	"os"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -59,4 +61,81 @@ func TestConfigurationDocs(t *testing.T) {
 	for name := range rows {
 		t.Errorf("docs/configuration.md has a row for --%s, which serve does not have", name)
 	}
+}
+
+// TestNetworkFieldsDocumented holds the field tables of a networks entry to the structs the JSON
+// is read into, both ways: every JSON field has a row, and every field a row names is read (unknown
+// keys are refused at start, so a documented field that does not exist is a configuration that
+// cannot start).
+func TestNetworkFieldsDocumented(t *testing.T) {
+	for _, tc := range []struct {
+		typ           reflect.Type
+		page, heading string
+	}{
+		{reflect.TypeFor[NetworkConfig](), "configuration.md", "Network entry fields"},
+		{reflect.TypeFor[TokenConfig](), "configuration.md", "Token entry fields"},
+		{reflect.TypeFor[FeesConfig](), "configuration.md", "Fees"},
+		{reflect.TypeFor[BatchConfig](), "settlement.md", "Batched settlement"},
+	} {
+		t.Run(tc.typ.Name(), func(t *testing.T) {
+			documented := fieldTable(t, "../../docs/"+tc.page, tc.heading)
+			for _, f := range reflect.VisibleFields(tc.typ) {
+				name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+				if !f.IsExported() || name == "-" {
+					continue
+				}
+				if name == "" {
+					name = f.Name
+				}
+				if !documented[name] {
+					t.Errorf("%s has the JSON field %q; the table under %q in docs/%s lacks it", tc.typ.Name(), name, tc.heading, tc.page)
+				}
+				delete(documented, name)
+			}
+			for name := range documented {
+				t.Errorf("docs/%s (%q) documents %q; %s has no such JSON field", tc.page, tc.heading, name, tc.typ.Name())
+			}
+		})
+	}
+}
+
+// fieldTable is the set of names in the first column of the first table under a page's heading
+// whose header starts with "field": every code span of the cell (a row may document two fields).
+func fieldTable(t *testing.T, path, heading string) map[string]bool {
+	t.Helper()
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(text), "\n")
+	start := slices.IndexFunc(lines, func(l string) bool {
+		return strings.HasPrefix(l, "#") && strings.TrimSpace(strings.TrimLeft(l, "#")) == heading
+	})
+	if start < 0 {
+		t.Fatalf("%s has no heading %q", path, heading)
+	}
+	quoted := regexp.MustCompile("`([^`]+)`")
+	out := map[string]bool{}
+	in := false
+	for _, l := range lines[start+1:] {
+		if strings.HasPrefix(l, "#") || in && !strings.HasPrefix(l, "|") {
+			break
+		}
+		if !strings.HasPrefix(l, "|") {
+			continue
+		}
+		first := strings.TrimSpace(strings.Split(l, "|")[1])
+		switch {
+		case !in:
+			in = first == "field"
+		case strings.Trim(first, "- ") != "": // not the header's rule
+			for _, m := range quoted.FindAllStringSubmatch(first, -1) {
+				out[m[1]] = true
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no field table under %q", path, heading)
+	}
+	return out
 }

@@ -87,7 +87,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // serviceGCPercent is the garbage collector's target for the long-running service (serve)
 // when GOGC is not set: the live heap is small (about 10 MB), so collecting at four times it
 // instead of Go's default twice costs about 15 MB of RSS and saved 15-25 % of the CPU per /verify
-// and per settlement (BENCHMARKS.md). GOGC, when set, is the operator's and wins.
+// and per settlement (docs/benchmark-history.md). GOGC, when set, is the operator's and wins.
 const serviceGCPercent = 300
 
 // tuneGC applies serviceGCPercent unless GOGC is set, and says what it applied (-1: GOGC's).

@@ -141,8 +141,8 @@ func explain(ctx context.Context, conn *pgx.Conn, st recorded, before string) (p
 // the store's own methods, and explains each with the arguments it was sent with on a ledger much
 // larger than the path's own rows: none may scan a table that grows with the ledger, and each
 // reads a bounded number of buffers. On a fresh database with 20,000 synthetic settlements (CI);
-// with PLAN_DATABASE_URL set, on that ledger instead (x402_scale_10m: the table in BENCHMARKS.md
-// "As the ledger grows"), writing its rows under a network id of its own.
+// with PLAN_DATABASE_URL set, on that ledger instead (x402_scale_10m: the table in
+// docs/benchmark-history.md, "as the ledger grows"), writing its rows under a network id of its own.
 func TestHotPathPlans(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
