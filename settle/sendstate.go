@@ -261,11 +261,7 @@ func decideMined(t track, o observation, p policy) decision {
 			return decision{act: actWait, why: "not final yet"}
 		}
 		if r.success {
-			res := facilitator.Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
-			if !r.transfer {
-				res.ErrorReason, res.ErrorMessage = facilitator.ReasonTransferEventMismatch, "the transaction succeeded without the expected Transfer event"
-			}
-			return twice(t, decision{act: actMove, res: res, why: "re-included in another block"}, r.block, r.blockHash)
+			return twice(t, decision{act: actMove, res: minedResolution(r), why: "re-included in another block"}, r.block, r.blockHash)
 		}
 		return twice(t, decision{act: actReopen, res: facilitator.Resolution{TxHash: r.tx}, why: "re-included in another block, where it reverted"}, r.block, r.blockHash)
 	}
@@ -277,41 +273,21 @@ func decideMined(t track, o observation, p policy) decision {
 	return keep(t, "null receipt from a node that may lag")
 }
 
+// decideOpen decides for a settlement not mined yet, in steps: a receipt that proves it mined;
+// without the pinned reads, whether to make them; with them, who used the authorization, whether
+// it expired, whether ours reverted, whether a transaction that is not ours took the nonce, and
+// otherwise what an unmined transaction needs.
 func decideOpen(t track, o observation, p policy) decision {
 	// Any variant that succeeded is the settlement's transfer, whatever another says: EIP-3009's
 	// nonce lets at most one of them transfer.
-	for _, v := range t.variants {
-		if rr := o.receipts[v.hash]; rr.ok && rr.r != nil && rr.r.success {
-			r := rr.r
-			res := facilitator.Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
-			if !r.transfer {
-				res.ErrorReason, res.ErrorMessage = facilitator.ReasonTransferEventMismatch, "the transaction succeeded without the expected Transfer event"
-			}
-			return decision{act: actResolve, res: res, why: "mined"}
-		}
+	if r := t.succeeded(o); r != nil {
+		return decision{act: actResolve, res: minedResolution(r), why: "mined"}
 	}
-	// The newest variant that reverted: a member settled again alone after its batch failed may
-	// carry the batch's variant too (recovered from the ledger), and its own outcome is the newer.
-	var reverted *receipt
-	for i := len(t.variants) - 1; i >= 0; i-- {
-		if rr := o.receipts[t.variants[i].hash]; rr.ok && rr.r != nil && !rr.r.success {
-			reverted = rr.r
-			break
-		}
-	}
+	reverted := t.newestReverted(o)
 	bumpDue := dueForBump(t, o, p)
-	expiring := t.validBefore != nil && big.NewInt(o.now.Unix()).Cmp(t.validBefore) >= 0
 	c := o.chain
 	if c == nil {
-		switch {
-		case t.verdict != nil:
-			return decision{act: actReadAt, at: t.verdict.at, verdict: t.verdict, why: "second read of a verdict"}
-		case reverted != nil:
-			return decision{act: actReadAt, at: reverted.block, why: "a variant reverted: who used the authorization?"}
-		case o.nonceLow, bumpDue, expiring:
-			return decision{act: actReadAt, why: "nonce called too low, bump due or validBefore passed: read the chain first"}
-		}
-		return resendTiming(t, o, p, t.verdict)
+		return beforeReads(t, o, p, reverted, bumpDue)
 	}
 	// From here on the reads are in: a verdict they do not confirm is dropped (twice compares).
 
@@ -320,86 +296,172 @@ func decideOpen(t track, o observation, p policy) decision {
 		return decision{act: actWait, verdict: &verdict{act: actReadAt, at: reverted.block, atHash: reverted.blockHash},
 			why: "a variant reverted after the block read; reading at its block"}
 	}
-	// The pinned reads are in. The authorization's use log names who used it.
+	if d, ok := decideUse(t, o, p); ok {
+		return d
+	}
+	// Unused at c.at.
+	if t.validBefore != nil && new(big.Int).SetUint64(c.time).Cmp(t.validBefore) >= 0 {
+		return decideExpired(t, o, p, reverted)
+	}
+	if reverted != nil {
+		return decideReverted(t, o, p, reverted)
+	}
+	if c.keyNonce > t.txNonce {
+		return decideNonceTaken(t, o, p)
+	}
+	return decideUnmined(t, o, p, bumpDue)
+}
+
+// succeeded is the receipt of a variant that succeeded, nil when none was read.
+func (t track) succeeded(o observation) *receipt {
+	for _, v := range t.variants {
+		if rr := o.receipts[v.hash]; rr.ok && rr.r != nil && rr.r.success {
+			return rr.r
+		}
+	}
+	return nil
+}
+
+// newestReverted is the receipt of the newest variant that reverted (nil: none read): a member
+// settled again alone after its batch failed may carry the batch's variant too (recovered from the
+// ledger), and its own outcome is the newer.
+func (t track) newestReverted(o observation) *receipt {
+	for i := len(t.variants) - 1; i >= 0; i-- {
+		if rr := o.receipts[t.variants[i].hash]; rr.ok && rr.r != nil && !rr.r.success {
+			return rr.r
+		}
+	}
+	return nil
+}
+
+// minedResolution is the outcome a successful receipt records; one without the expected Transfer
+// log is mined with its error.
+func minedResolution(r *receipt) facilitator.Resolution {
+	res := facilitator.Resolution{State: facilitator.StateMined, TxHash: r.tx, BlockNumber: r.block, BlockHash: r.blockHash}
+	if !r.transfer {
+		res.ErrorReason, res.ErrorMessage = facilitator.ReasonTransferEventMismatch, "the transaction succeeded without the expected Transfer event"
+	}
+	return res
+}
+
+// beforeReads decides for an open settlement without the pinned reads: what would need them asks
+// for them (at the block a verdict or a revert names), and otherwise resends are timed.
+func beforeReads(t track, o observation, p policy, reverted *receipt, bumpDue bool) decision {
+	expiring := t.validBefore != nil && big.NewInt(o.now.Unix()).Cmp(t.validBefore) >= 0
+	switch {
+	case t.verdict != nil:
+		return decision{act: actReadAt, at: t.verdict.at, verdict: t.verdict, why: "second read of a verdict"}
+	case reverted != nil:
+		return decision{act: actReadAt, at: reverted.block, why: "a variant reverted: who used the authorization?"}
+	case o.nonceLow, bumpDue, expiring:
+		return decision{act: actReadAt, why: "nonce called too low, bump due or validBefore passed: read the chain first"}
+	}
+	return resendTiming(t, o, p, t.verdict)
+}
+
+// decideUse decides on the authorization's use at the pinned block: the use log names who used
+// it. ok is false when it is unused there.
+func decideUse(t track, o observation, p policy) (d decision, ok bool) {
+	c := o.chain
 	if u := c.use; u != nil {
 		if !u.canceled && t.has(u.tx) {
 			// Ours: the log is the proof (its receipt may not have been read yet).
-			return decision{act: actResolve, res: facilitator.Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}, why: "the authorization's use log names our transaction"}
+			return decision{act: actResolve, res: facilitator.Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}, why: "the authorization's use log names our transaction"}, true
 		}
 		if u.canceled {
 			return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
-				ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorizer canceled the authorization"}, "canceled by the authorizer")
+				ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorizer canceled the authorization"}, "canceled by the authorizer"), true
 		}
 		return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateSettledElsewhere, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
-			ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorization was used by a transaction that is not ours"}, "used by another transaction")
+			ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorization was used by a transaction that is not ours"}, "used by another transaction"), true
 	}
 	if c.used {
 		// Used, but no log says by whom within the look-back window (or the node's logs lag its
 		// state): nothing is decided; the index answers reconcile later.
-		return waitFor("the authorization is used and no log in the window says by whom")
+		return waitFor("the authorization is used and no log in the window says by whom"), true
 	}
-	// Unused at c.at.
-	if t.validBefore != nil && new(big.Int).SetUint64(c.time).Cmp(t.validBefore) >= 0 {
-		// Every later block is later than validBefore: nothing, ours or anyone's, can use it now.
-		msg := "validBefore passed with the authorization unused"
-		if c.keyNonce > t.txNonce && c.receiptsComplete && !t.mayHaveReceipt(o) {
-			msg += fmt.Sprintf("; the signer's tx nonce %d was taken by a transaction that is not ours", t.txNonce)
-		}
-		res := facilitator.Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore, ErrorMessage: msg}
-		if reverted != nil {
-			// Ours was mined too late, and reverted: the record names it.
-			res.TxHash, res.BlockNumber, res.BlockHash = reverted.tx, reverted.block, reverted.blockHash
-			res.ErrorMessage = "the authorization expired before the transaction was mined"
-		}
-		return t.terminal(o, p, c.at, c.atHash, res, "expired unused")
+	return decision{}, false
+}
+
+// decideExpired decides for an authorization unused at a pinned block past its validBefore: every
+// later block is later than validBefore, so nothing, ours or anyone's, can use it now.
+func decideExpired(t track, o observation, p policy, reverted *receipt) decision {
+	c := o.chain
+	msg := "validBefore passed with the authorization unused"
+	if c.keyNonce > t.txNonce && c.receiptsComplete && !t.mayHaveReceipt(o) {
+		msg += fmt.Sprintf("; the signer's tx nonce %d was taken by a transaction that is not ours", t.txNonce)
 	}
+	res := facilitator.Resolution{State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore, ErrorMessage: msg}
 	if reverted != nil {
-		// Ours reverted with the authorization unused (the payer's balance, a bad signature): a
-		// plain failure, once no other variant of ours can still land.
-		if !t.allNoncesUsed(c.keyNonce) {
-			return waitFor("a variant reverted; another nonce of ours may still land")
-		}
-		res := facilitator.Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
-			ErrorReason: facilitator.ReasonTransactionFailed, ErrorMessage: "the transaction reverted"}
-		if reverted.batchFailed {
-			res.ErrorReason, res.ErrorMessage = facilitator.ReasonBatchCallFailed, "the settlement's call reverted inside the batch transaction (the batch's other settlements stand)"
-		}
-		if t.batched {
-			return t.batchReverted(o, p, res)
-		}
-		return t.terminal(o, p, c.at, c.atHash, res, "reverted")
+		// Ours was mined too late, and reverted: the record names it.
+		res.TxHash, res.BlockNumber, res.BlockHash = reverted.tx, reverted.block, reverted.blockHash
+		res.ErrorMessage = "the authorization expired before the transaction was mined"
 	}
-	if c.keyNonce > t.txNonce {
-		// Something holds the settlement's nonce, mined. If it is ours its receipt is there.
-		if !c.receiptsComplete || t.mayHaveReceipt(o) {
-			return waitFor("the nonce is used; reading our receipts again")
-		}
-		// None of ours: a foreign transaction took the nonce, and the authorization is unused.
-		if t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0 {
-			return waitFor("a foreign transaction took the nonce; too close to validBefore to re-sign")
-		}
-		if t.batched {
-			// The batch can never mine: its members still valid are signed again as a new batch
-			// at a new nonce (a new family for each of them, foreign.go's resignBatch). The
-			// ledger hands the old batch's variants to the members left behind, so the evidence
-			// must be final: the nonce used in a final block, the authorization unused there,
-			// read twice.
-			if !final(c.at, o, p) {
-				return notFinal(o, p, "a foreign transaction took the batch's nonce")
-			}
-			return twice(t, decision{act: actResign, why: "a foreign transaction took the batch's nonce"}, c.at, c.atHash)
-		}
-		return twice(t, decision{act: actResign, why: "a foreign transaction took the nonce"}, c.at, c.atHash)
+	return t.terminal(o, p, c.at, c.atHash, res, "expired unused")
+}
+
+// decideReverted decides for a variant of ours that reverted with the authorization unused and
+// valid (the payer's balance, a bad signature): a plain failure, once no other variant of ours can
+// still land.
+func decideReverted(t track, o observation, p policy, reverted *receipt) decision {
+	c := o.chain
+	if !t.allNoncesUsed(c.keyNonce) {
+		return waitFor("a variant reverted; another nonce of ours may still land")
 	}
+	res := facilitator.Resolution{State: facilitator.StateReverted, TxHash: reverted.tx, BlockNumber: reverted.block, BlockHash: reverted.blockHash,
+		ErrorReason: facilitator.ReasonTransactionFailed, ErrorMessage: "the transaction reverted"}
+	if reverted.batchFailed {
+		res.ErrorReason, res.ErrorMessage = facilitator.ReasonBatchCallFailed, "the settlement's call reverted inside the batch transaction (the batch's other settlements stand)"
+	}
+	if t.batched {
+		return t.batchReverted(o, p, res)
+	}
+	return t.terminal(o, p, c.at, c.atHash, res, "reverted")
+}
+
+// decideNonceTaken decides for a settlement whose nonce something holds, mined, with the
+// authorization unused and valid. If it is ours its receipt is there.
+func decideNonceTaken(t track, o observation, p policy) decision {
+	c := o.chain
+	if !c.receiptsComplete || t.mayHaveReceipt(o) {
+		return waitFor("the nonce is used; reading our receipts again")
+	}
+	// None of ours: a foreign transaction took the nonce, and the authorization is unused.
+	if t.tooLateToResign(c, p) {
+		return waitFor("a foreign transaction took the nonce; too close to validBefore to re-sign")
+	}
+	if t.batched {
+		// The batch can never mine: its members still valid are signed again as a new batch
+		// at a new nonce (a new family for each of them, foreign.go's resignBatch). The
+		// ledger hands the old batch's variants to the members left behind, so the evidence
+		// must be final: the nonce used in a final block, the authorization unused there,
+		// read twice.
+		if !final(c.at, o, p) {
+			return notFinal(o, p, "a foreign transaction took the batch's nonce")
+		}
+		return twice(t, decision{act: actResign, why: "a foreign transaction took the batch's nonce"}, c.at, c.atHash)
+	}
+	return twice(t, decision{act: actResign, why: "a foreign transaction took the nonce"}, c.at, c.atHash)
+}
+
+// decideUnmined decides for a settlement whose nonce is unused at the pinned block: fill a nonce
+// gap below it, bump it, or time its resend.
+func decideUnmined(t track, o observation, p policy, bumpDue bool) decision {
 	if d, ok := fillGap(t, o, p, bumpDue); ok {
 		return d
 	}
 	if bumpDue {
-		// The nonce is unused at c.at (the bump rule: fees.go).
+		// The nonce is unused at the pinned block (the bump rule: fees.go).
 		d, _ := bumpOnReads(t, o, "unmined past the bump interval, or underpriced")
 		return d
 	}
 	return resendTiming(t, o, p, nil)
+}
+
+// tooLateToResign reports whether a transaction signed now could not land before validBefore, by
+// the pinned block's clock and the re-sign margin.
+func (t track) tooLateToResign(c *chainRead, p policy) bool {
+	return t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0
 }
 
 // terminal is a failure outcome, resting on the block at (with hash atHash): carried out only
@@ -432,7 +494,7 @@ func (t track) batchReverted(o observation, p policy, res facilitator.Resolution
 		// the message naming the shortfall.
 		res.ErrorMessage = fmt.Sprintf("%s; the payer's balance at block %d (%s) is short of the payment (%s)", res.ErrorMessage, c.at, c.balance, t.value)
 		return t.terminal(o, p, c.at, c.atHash, res, "reverted inside the batch: the payer's balance is short")
-	case t.validBefore != nil && new(big.Int).SetUint64(c.time+uint64(p.resignMargin/time.Second)).Cmp(t.validBefore) >= 0:
+	case t.tooLateToResign(c, p):
 		return t.terminal(o, p, c.at, c.atHash, res, "reverted inside the batch, too close to validBefore to settle again")
 	case !final(c.at, o, p):
 		return notFinal(o, p, "the batch did not transfer for it")
@@ -543,11 +605,11 @@ func (t track) allNoncesUsed(keyNonce uint64) bool {
 	return true
 }
 
-// mayHaveReceipt reports whether a variant's receipt was not read, or read and present.
 // whyGap is the re-sign that fills a nonce gap below ours (no transaction holds the nonce: nothing
 // to find in the blocks).
 const whyGap = "a nonce gap below ours: no transaction holds it"
 
+// mayHaveReceipt reports whether a variant's receipt was not read, or read and present.
 func (t track) mayHaveReceipt(o observation) bool {
 	for _, v := range t.variants {
 		if rr := o.receipts[v.hash]; !rr.ok || rr.r != nil {

@@ -113,12 +113,12 @@ func (v *Verifier) Verify(ctx context.Context, p *facilitator.Payment) (facilita
 	if err != nil {
 		return facilitator.VerifyResponse{}, err
 	}
-	reason, msg, _, err := v.check(ctx, n, p, simulation{mode: simCall})
+	vd, err := v.check(ctx, n, p, simulation{mode: simCall})
 	if err != nil {
 		return facilitator.VerifyResponse{}, err
 	}
-	if reason != "" {
-		return facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: p.Payer}, nil
+	if vd.reason != "" {
+		return facilitator.VerifyResponse{IsValid: false, InvalidReason: vd.reason, InvalidMessage: vd.msg, Payer: p.Payer}, nil
 	}
 	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, nil
 }
@@ -140,14 +140,14 @@ func (v *Verifier) SettleCheck(ctx context.Context, p *facilitator.Payment, sign
 	if err != nil {
 		return facilitator.VerifyResponse{}, 0, false, err
 	}
-	reason, msg, gas, err := v.check(ctx, n, p, simulation{mode: simEstimate, from: signer, hint: v.gasHint(n.ID, p.Requirements.Asset), wallet: &wallet})
+	vd, err := v.check(ctx, n, p, simulation{mode: simEstimate, from: signer, hint: v.gasHint(n.ID, p.Requirements.Asset), wallet: &wallet})
 	if err != nil {
 		return facilitator.VerifyResponse{}, 0, false, err
 	}
-	if reason != "" {
-		return facilitator.VerifyResponse{IsValid: false, InvalidReason: reason, InvalidMessage: msg, Payer: p.Payer}, 0, false, nil
+	if vd.reason != "" {
+		return facilitator.VerifyResponse{IsValid: false, InvalidReason: vd.reason, InvalidMessage: vd.msg, Payer: p.Payer}, 0, false, nil
 	}
-	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, gas, wallet, nil
+	return facilitator.VerifyResponse{IsValid: true, Payer: p.Payer}, vd.gas, wallet, nil
 }
 
 // Route returns the configured network a payment is for, or an EInvalid error.
@@ -209,222 +209,305 @@ func (v *Verifier) route(p *facilitator.Payment) (*facilitator.Network, error) {
 	return n, nil
 }
 
-// check runs the verify steps in the official order and returns the first failing reason ("" when
-// valid), and the estimated gas when sim asks for an estimate.
-func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilitator.Payment, how simulation) (reason, msg string, gas uint64, err error) {
+// verdict is what check finds: the first failing reason ("" when valid) with its message, and the
+// transfer's gas when the simulation asked for an estimate (zero unless valid).
+type verdict struct {
+	reason, msg string
+	gas         uint64
+}
+
+// check runs the verify steps in the official order and returns the first failing reason, or a
+// valid verdict with the estimated gas when how asks for an estimate. Each step returns the
+// verdict it ends on, or the zero verdict to go on.
+func (v *Verifier) check(ctx context.Context, n *facilitator.Network, p *facilitator.Payment, how simulation) (verdict, error) {
+	if reason, msg := checkPayload(n, p); reason != "" {
+		return verdict{reason: reason, msg: msg}, nil
+	}
+	c, err := v.readState(ctx, n, p, how)
+	if err != nil {
+		return verdict{}, err
+	}
+	if vd, err := v.checkSignature(ctx, c); err != nil || vd.reason != "" {
+		return vd, err
+	}
+	if vd := v.checkTerms(c); vd.reason != "" {
+		return vd, nil
+	}
+	if how.mode == simNone {
+		return verdict{}, nil
+	}
+	return v.checkSimulation(ctx, c)
+}
+
+// checking is one payment between check's steps: what the first batch read, and what the
+// signature step found.
+type checking struct {
+	n      *facilitator.Network
+	p      *facilitator.Payment
+	how    simulation
+	reader Reader
+
+	wrapper   eip3009.Wrapped6492
+	wrapped   bool
+	inner     []byte       // the signature, unwrapped from ERC-6492 when wrapped
+	payerCode *ethrpc.Read // the payer's code
+	assetCode *ethrpc.Read // the token's code, nil when cached
+	accepted  bool         // the token is one this network's configuration accepts
+	sim       *ethrpc.Read // the transfer's simulation, nil when not in the first batch
+	dom       tokenDomain  // the token's own EIP-712 domain, when domKnown
+	domKnown  bool
+
+	deployed       bool // the payer's address holds code
+	counterfactual bool // an ERC-6492 wallet not deployed yet
+	deferred       bool // an EOA's signature left to the token's check in the simulation
+	digest         common.Hash
+	sigChecked     bool
+	sigBad         bool
+}
+
+// checkPayload is the steps that need no read: the payload type, then steps 1-3: scheme, EIP-712
+// domain, network. v1 resolves the chain from the payload's own network name before looking at
+// the domain, and reports an unknown name as a mismatch.
+func checkPayload(n *facilitator.Network, p *facilitator.Payment) (reason, msg string) {
 	if p.Permit2 {
-		return facilitator.ReasonUnsupportedPayloadType, "Permit2 payloads are not supported by this facilitator; use EIP-3009 (transferWithAuthorization)", 0, nil
+		return facilitator.ReasonUnsupportedPayloadType, "Permit2 payloads are not supported by this facilitator; use EIP-3009 (transferWithAuthorization)"
 	}
 	r := p.Requirements
-	a := p.Authorization
-	// Steps 1-3: scheme, EIP-712 domain, network. v1 resolves the chain from the payload's own
-	// network name before looking at the domain, and reports an unknown name as a mismatch.
 	if p.Scheme != facilitator.SchemeExact {
-		return facilitator.ReasonInvalidScheme, "", 0, nil
+		return facilitator.ReasonInvalidScheme, ""
 	}
 	if p.X402Version == 1 {
 		if _, ok := facilitator.V1ChainID(p.Network); !ok && p.Network != n.V1Name {
-			return facilitator.ReasonNetworkMismatch, "", 0, nil
+			return facilitator.ReasonNetworkMismatch, ""
 		}
 	}
 	if r.Name == "" || r.Version == "" {
-		return facilitator.ReasonMissingEIP712Domain, "", 0, nil
+		return facilitator.ReasonMissingEIP712Domain, ""
 	}
 	if p.Network != r.Network {
-		return facilitator.ReasonNetworkMismatch, "", 0, nil
+		return facilitator.ReasonNetworkMismatch, ""
 	}
-	reader := v.readers[n.ID]
+	return "", ""
+}
 
-	// One round trip answers the common case: the payer's code (EOA or contract wallet), the
-	// token's code when not cached, and the simulation, which does not depend on either.
-	wrapper, wrapped := eip3009.Unwrap6492(p.Signature)
-	inner := p.Signature
-	if wrapped {
-		inner = wrapper.Inner
+// readState reads what the later steps decide on. One round trip answers the common case: the
+// payer's code (EOA or contract wallet), the token's code when not cached, and the simulation,
+// which does not depend on either.
+func (v *Verifier) readState(ctx context.Context, n *facilitator.Network, p *facilitator.Payment, how simulation) (*checking, error) {
+	r := p.Requirements
+	a := p.Authorization
+	c := &checking{n: n, p: p, how: how, reader: v.readers[n.ID], inner: p.Signature}
+	c.wrapper, c.wrapped = eip3009.Unwrap6492(p.Signature)
+	if c.wrapped {
+		c.inner = c.wrapper.Inner
 	}
-	payerCode := codeAt(a.From)
-	reads := []*ethrpc.Read{payerCode}
-	var assetCode *ethrpc.Read
+	c.payerCode = codeAt(a.From)
+	reads := []*ethrpc.Read{c.payerCode}
 	if !v.assetKnown(n.ID, r.Asset) {
-		assetCode = codeAt(r.Asset)
-		reads = append(reads, assetCode)
+		c.assetCode = codeAt(r.Asset)
+		reads = append(reads, c.assetCode)
 	}
-	_, accepted := n.Token(r.Asset)
-	var sim *ethrpc.Read
-	if how.mode != simNone && accepted && !wrapped {
-		sim = call(r.Asset, eip3009.TransferCalldata(a, inner))
-		// Shared with concurrent requests' simulations where the node allows (ethrpc's
-		// simulations), with none that could change its outcome: a failure is always judged
-		// alone. Of the state other payments change, an accepted token's transferWithAuthorization
-		// rests on the payer's (its balance, its authorizations' state) and changes the payer's
-		// and the payee's balances. The payee's decides only its gas, by at most PayeeSetGas (a
-		// transfer to an account holding nothing sets the payee's balance slot from zero).
-		sim.Simulate = true
-		sim.Depends = []common.Address{a.From}
-		sim.Changes = []common.Address{a.From, a.To}
-		switch {
-		case how.mode == simEstimate && how.hint > 0:
-			sim.From, sim.GasCap = how.from, eip3009.GasLimit(how.hint)
-			sim.GasDepends, sim.GasSurcharge = []common.Address{a.To}, eip3009.PayeeSetGas
-		case how.mode == simEstimate:
-			sim.Estimate, sim.From = true, how.from
-		}
-		reads = append(reads, sim)
+	_, c.accepted = n.Token(r.Asset)
+	if how.mode != simNone && c.accepted && !c.wrapped {
+		c.sim = transferSimulation(r.Asset, a, c.inner, how)
+		reads = append(reads, c.sim)
 	}
 	// The token's own domain, read with the rest until it is known (then reused like the asset's
 	// code): when the payment's domain is the token's, a simulation that succeeds has had the
 	// token check the signature over the very digest ecrecover would check here.
-	dom, domKnown := v.tokenDomain(n.ID, r.Asset)
+	c.dom, c.domKnown = v.tokenDomain(n.ID, r.Asset)
 	var nameRead, versionRead *ethrpc.Read
-	if sim != nil && !domKnown {
+	if c.sim != nil && !c.domKnown {
 		nameRead, versionRead = domainReads(r.Asset)
 		reads = append(reads, nameRead, versionRead)
 	}
-	if err := reader.Read(ctx, reads...); err != nil {
-		return "", "", 0, v.unavailable(n, "reading payer and token state", err)
+	if err := c.reader.Read(ctx, reads...); err != nil {
+		return nil, v.unavailable(n, "reading payer and token state", err)
 	}
 	if nameRead != nil {
 		if name, version, ok := decodeDomain(nameRead, versionRead); ok {
-			dom, domKnown = tokenDomain{name: name, version: version}, true
-			v.rememberDomain(n.ID, r.Asset, dom)
+			c.dom, c.domKnown = tokenDomain{name: name, version: version}, true
+			v.rememberDomain(n.ID, r.Asset, c.dom)
 		}
 	}
+	return c, nil
+}
 
-	// Steps 5-7: ERC-6492 classification, factory allow-list, signature.
-	deployed := len(payerCode.Out) > 0
-	if how.wallet != nil {
-		*how.wallet = deployed
+// transferSimulation is the read that simulates an accepted token's transferWithAuthorization as
+// how asks.
+func transferSimulation(asset common.Address, a facilitator.Authorization, sig []byte, how simulation) *ethrpc.Read {
+	sim := call(asset, eip3009.TransferCalldata(a, sig))
+	// Shared with concurrent requests' simulations where the node allows (ethrpc's
+	// simulations), with none that could change its outcome: a failure is always judged
+	// alone. Of the state other payments change, an accepted token's transferWithAuthorization
+	// rests on the payer's (its balance, its authorizations' state) and changes the payer's
+	// and the payee's balances. The payee's decides only its gas, by at most PayeeSetGas (a
+	// transfer to an account holding nothing sets the payee's balance slot from zero).
+	sim.Simulate = true
+	sim.Depends = []common.Address{a.From}
+	sim.Changes = []common.Address{a.From, a.To}
+	switch {
+	case how.mode == simEstimate && how.hint > 0:
+		sim.From, sim.GasCap = how.from, eip3009.GasLimit(how.hint)
+		sim.GasDepends, sim.GasSurcharge = []common.Address{a.To}, eip3009.PayeeSetGas
+	case how.mode == simEstimate:
+		sim.Estimate, sim.From = true, how.from
 	}
-	counterfactual := wrapped && !deployed
-	if counterfactual && !v.factories[wrapper.Factory] {
-		return facilitator.ReasonEIP6492FactoryNotAllowed, fmt.Sprintf("factory %s is not on this facilitator's allow-list", wrapper.Factory.Hex()), 0, nil
+	return sim
+}
+
+// checkSignature is steps 5-7: ERC-6492 classification, factory allow-list, signature.
+func (v *Verifier) checkSignature(ctx context.Context, c *checking) (verdict, error) {
+	r := c.p.Requirements
+	a := c.p.Authorization
+	c.deployed = len(c.payerCode.Out) > 0
+	if c.how.wallet != nil {
+		*c.how.wallet = c.deployed
 	}
-	digest := eip3009.AuthorizationDigest(eip3009.DomainSeparator(r.Name, r.Version, n.ChainID, r.Asset), a)
+	c.counterfactual = c.wrapped && !c.deployed
+	if c.counterfactual && !v.factories[c.wrapper.Factory] {
+		return verdict{reason: facilitator.ReasonEIP6492FactoryNotAllowed, msg: fmt.Sprintf("factory %s is not on this facilitator's allow-list", c.wrapper.Factory.Hex())}, nil
+	}
+	c.digest = eip3009.AuthorizationDigest(eip3009.DomainSeparator(r.Name, r.Version, c.n.ChainID, r.Asset), a)
 	// An EOA's signature, when the token will check it in the simulation under the same digest, is
 	// recovered here only if the payment fails on the way (ecrecover was a quarter of a verify's
-	// CPU): every failing answer below first asks badSignature, so the reasons keep the official
-	// order (the signature before recipient, window, amount, asset and simulation), and a valid
-	// answer rests on the token's own check.
-	deferred := !deployed && !wrapped && sim != nil && domKnown && dom.name == r.Name && dom.version == r.Version
-	checked, bad := false, false
-	badSignature := func() bool {
-		if deferred && !checked {
-			checked, bad = true, !recoverEOA(digest, inner, a.From)
-		}
-		return bad
+	// CPU): every failing answer after this step first asks badSignature, so the reasons keep the
+	// official order (the signature before recipient, window, amount, asset and simulation), and a
+	// valid answer rests on the token's own check.
+	c.deferred = !c.deployed && !c.wrapped && c.sim != nil && c.domKnown && c.dom.name == r.Name && c.dom.version == r.Version
+	if c.counterfactual || c.deferred {
+		return verdict{}, nil
 	}
-	fail := func(reason, msg string) (string, string, uint64, error) {
-		if badSignature() {
-			return facilitator.ReasonInvalidSignature, "", 0, nil
+	if !c.deployed {
+		if !recoverEOA(c.digest, c.inner, a.From) {
+			return verdict{reason: facilitator.ReasonInvalidSignature}, nil
 		}
-		return reason, msg, 0, nil
+		return verdict{}, nil
 	}
-	if !counterfactual && !deferred {
-		ok := false
-		if !deployed {
-			ok = recoverEOA(digest, inner, a.From)
-		} else {
-			check := call(a.From, pack("isValidSignature", [32]byte(digest), inner))
-			reads := []*ethrpc.Read{check}
-			var again *ethrpc.Read
-			if sim != nil && sim.Grouped && sim.GasCap == 0 {
-				// The wallet's own isValidSignature, run in the simulation, may read any state,
-				// the group's earlier transfers included: the simulation is judged again alone,
-				// with this call. (A call at a gas limit is estimated alone below.)
-				again = &ethrpc.Read{From: sim.From, To: sim.To, Data: sim.Data}
-				reads = append(reads, again)
-			}
-			if err := reader.Read(ctx, reads...); err != nil {
-				return "", "", 0, v.unavailable(n, "calling isValidSignature on the payer's wallet", err)
-			}
-			if again != nil {
-				sim = again
-			}
-			ok = !check.Reverted && len(check.Out) >= 4 && [4]byte(check.Out[:4]) == [4]byte(erc1271Magic)
-		}
-		if !ok {
-			return facilitator.ReasonInvalidSignature, "", 0, nil
-		}
+	check := call(a.From, pack("isValidSignature", [32]byte(c.digest), c.inner))
+	reads := []*ethrpc.Read{check}
+	var again *ethrpc.Read
+	if c.sim != nil && c.sim.Grouped && c.sim.GasCap == 0 {
+		// The wallet's own isValidSignature, run in the simulation, may read any state,
+		// the group's earlier transfers included: the simulation is judged again alone,
+		// with this call. (A call at a gas limit is estimated alone in checkSimulation.)
+		again = &ethrpc.Read{From: c.sim.From, To: c.sim.To, Data: c.sim.Data}
+		reads = append(reads, again)
 	}
+	if err := c.reader.Read(ctx, reads...); err != nil {
+		return verdict{}, v.unavailable(c.n, "calling isValidSignature on the payer's wallet", err)
+	}
+	if again != nil {
+		c.sim = again
+	}
+	if check.Reverted || len(check.Out) < 4 || [4]byte(check.Out[:4]) != [4]byte(erc1271Magic) {
+		return verdict{reason: facilitator.ReasonInvalidSignature}, nil
+	}
+	return verdict{}, nil
+}
 
-	// Steps 8-11: recipient, validity window (6 s of margin for the settle to land), amount.
+// badSignature recovers a deferred signature, once: whether it is not the payer's.
+func (c *checking) badSignature() bool {
+	if c.deferred && !c.sigChecked {
+		c.sigChecked, c.sigBad = true, !recoverEOA(c.digest, c.inner, c.p.Authorization.From)
+	}
+	return c.sigBad
+}
+
+// fail is a failing verdict after the signature step: a deferred signature that is bad is
+// reported first, as the official order has it.
+func (c *checking) fail(reason, msg string) verdict {
+	if c.badSignature() {
+		return verdict{reason: facilitator.ReasonInvalidSignature}
+	}
+	return verdict{reason: reason, msg: msg}
+}
+
+// checkTerms is steps 8-11: recipient, validity window (6 s of margin for the settle to land),
+// amount; then step 11b (v2 only upstream; we check it for v1 too, it costs nothing once cached):
+// the token is deployed, and one we accept.
+func (v *Verifier) checkTerms(c *checking) verdict {
+	r := c.p.Requirements
+	a := c.p.Authorization
 	if a.To != r.PayTo {
-		return fail(facilitator.ReasonRecipientMismatch, "")
+		return c.fail(facilitator.ReasonRecipientMismatch, "")
 	}
 	now := big.NewInt(v.now().Unix())
 	if a.ValidBefore.Cmp(new(big.Int).Add(now, big.NewInt(6))) < 0 {
-		return fail(facilitator.ReasonValidBefore, "")
+		return c.fail(facilitator.ReasonValidBefore, "")
 	}
 	if a.ValidAfter.Cmp(now) > 0 {
-		return fail(facilitator.ReasonValidAfter, "")
+		return c.fail(facilitator.ReasonValidAfter, "")
 	}
 	if a.Value.Cmp(r.Amount) != 0 {
-		if p.X402Version == 1 {
-			return fail(facilitator.ReasonAuthorizationValue, "")
+		if c.p.X402Version == 1 {
+			return c.fail(facilitator.ReasonAuthorizationValue, "")
 		}
-		return fail(facilitator.ReasonValueMismatch, "")
+		return c.fail(facilitator.ReasonValueMismatch, "")
 	}
-
-	// Step 11b (v2 only upstream; we check it for v1 too, it costs nothing once cached).
-	if assetCode != nil {
-		if len(assetCode.Out) == 0 {
-			return fail(facilitator.ReasonAssetNotDeployed, "")
+	if c.assetCode != nil {
+		if len(c.assetCode.Out) == 0 {
+			return c.fail(facilitator.ReasonAssetNotDeployed, "")
 		}
-		v.rememberAsset(n.ID, r.Asset)
+		v.rememberAsset(c.n.ID, r.Asset)
 	}
-	if !accepted {
+	if !c.accepted {
 		// Settling an arbitrary contract would let anyone spend our gas on it.
-		return fail(facilitator.ReasonEIP3009NotSupported, fmt.Sprintf("asset %s is not an accepted EIP-3009 token on %s (see the facilitator's configuration)", r.Asset.Hex(), n.ID))
+		return c.fail(facilitator.ReasonEIP3009NotSupported, fmt.Sprintf("asset %s is not an accepted EIP-3009 token on %s (see the facilitator's configuration)", r.Asset.Hex(), c.n.ID))
 	}
-	if how.mode == simNone {
-		return "", "", 0, nil
-	}
+	return verdict{}
+}
 
-	// Step 12: simulation, and the diagnosis of a failed one. A deferred signature is checked
-	// here, before any estimate or diagnosis: a simulation that reverts in the end reverted here
-	// (a deferred payer is an EOA, so only a failed hinted call is estimated again).
-	if sim != nil && sim.Reverted && badSignature() {
-		return facilitator.ReasonInvalidSignature, "", 0, nil
+// checkSimulation is step 12: the simulation, and the diagnosis of a failed one. A deferred
+// signature is checked here, before any estimate or diagnosis: a simulation that reverts in the
+// end reverted here (a deferred payer is an EOA, so only a failed hinted call is estimated again).
+func (v *Verifier) checkSimulation(ctx context.Context, c *checking) (verdict, error) {
+	r := c.p.Requirements
+	a := c.p.Authorization
+	sim := c.sim
+	if sim != nil && sim.Reverted && c.badSignature() {
+		return verdict{reason: facilitator.ReasonInvalidSignature}, nil
 	}
 	if sim != nil && sim.GasCap > 0 {
-		if sim.Reverted || deployed {
+		if sim.Reverted || c.deployed {
 			// The call at the hinted limit proves an EOA payer's transfer fits it. It failed (the
 			// authorization is bad, or the transfer needs more gas than the hint), or the payer is
 			// a contract wallet, whose gas the hint says nothing about: estimate, as without a
 			// hint; the estimate's verdict stands and its diagnosis follows.
-			est := &ethrpc.Read{Estimate: true, From: how.from, To: r.Asset, Data: sim.Data}
-			if err := reader.Read(ctx, est); err != nil {
-				return "", "", 0, v.unavailable(n, "estimating the transfer's gas", err)
+			est := &ethrpc.Read{Estimate: true, From: c.how.from, To: r.Asset, Data: sim.Data}
+			if err := c.reader.Read(ctx, est); err != nil {
+				return verdict{}, v.unavailable(c.n, "estimating the transfer's gas", err)
 			}
 			sim = est
 		} else {
-			sim.Gas = how.hint
+			sim.Gas = c.how.hint
 		}
 	}
-	if counterfactual || (wrapped && sim == nil) {
-		if how.mode == simEstimate && counterfactual {
+	if c.counterfactual || (c.wrapped && sim == nil) {
+		if c.how.mode == simEstimate && c.counterfactual {
 			// Settling would first have to deploy the wallet through its factory: not supported yet.
-			return facilitator.ReasonUnsupportedPayloadType, "settling for a counterfactual (ERC-6492, not yet deployed) wallet is not supported", 0, nil
+			return verdict{reason: facilitator.ReasonUnsupportedPayloadType, msg: "settling for a counterfactual (ERC-6492, not yet deployed) wallet is not supported"}, nil
 		}
-		sim, err = v.simulateWrapped(ctx, reader, n, r.Asset, a, wrapper, counterfactual)
+		var err error
+		sim, err = v.simulateWrapped(ctx, c.reader, c.n, r.Asset, a, c.wrapper, c.counterfactual)
 		if err != nil {
-			return "", "", 0, err
+			return verdict{}, err
 		}
-		if how.mode == simEstimate && !sim.Reverted {
-			est := &ethrpc.Read{Estimate: true, From: how.from, To: r.Asset, Data: eip3009.TransferCalldata(a, wrapper.Inner)}
-			if err := reader.Read(ctx, est); err != nil {
-				return "", "", 0, v.unavailable(n, "estimating the transfer's gas", err)
+		if c.how.mode == simEstimate && !sim.Reverted {
+			est := &ethrpc.Read{Estimate: true, From: c.how.from, To: r.Asset, Data: eip3009.TransferCalldata(a, c.wrapper.Inner)}
+			if err := c.reader.Read(ctx, est); err != nil {
+				return verdict{}, v.unavailable(c.n, "estimating the transfer's gas", err)
 			}
 			sim = est
 		}
 	}
 	if !sim.Reverted {
-		if sim.Estimate && !deployed && !wrapped {
-			v.learnGas(n.ID, r.Asset, sim.Gas)
+		if sim.Estimate && !c.deployed && !c.wrapped {
+			v.learnGas(c.n.ID, r.Asset, sim.Gas)
 		}
-		return "", "", sim.Gas, nil
+		return verdict{gas: sim.Gas}, nil
 	}
-	return v.diagnose(ctx, reader, r, a), sim.RevertReason, 0, nil
+	return verdict{reason: v.diagnose(ctx, c.reader, r, a), msg: sim.RevertReason}, nil
 }
 
 // simulateWrapped simulates an ERC-6492 payment. A deployed wallet is simulated like any other;

@@ -478,32 +478,14 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read (FACILITATOR_BALANCE_INTERVAL)")
 	claimLease := fs.String("claim-lease", env("FACILITATOR_CLAIM_LEASE", "15s"), "how long a success claimed for a caller is held for its answer to be written; a process that dies first leaves it to the next identical request after this (FACILITATOR_CLAIM_LEASE)")
 	return fs, func() (*Config, error) {
-		for _, w := range []struct {
-			name string
-			in   string
-			out  **big.Int
-		}{{"wallet-cap-amount", *walletCapAmount, &cfg.WalletCapAmount}, {"key-gas-budget-wei", *keyGasBudget, &cfg.KeyGasBudget}, {"signer-min-balance-wei", *minBalance, &cfg.SignerMinBalance}} {
-			v, ok := new(big.Int).SetString(strings.TrimSpace(w.in), 10)
-			if !ok || v.Sign() < 0 {
-				return nil, fmt.Errorf("%s: %q is not a non-negative integer", w.name, w.in)
-			}
-			if v.Sign() > 0 {
-				*w.out = v
-			}
+		if err := parseFlagValues(nonNegativeInt, []flagValue[*big.Int]{{"wallet-cap-amount", *walletCapAmount, &cfg.WalletCapAmount}, {"key-gas-budget-wei", *keyGasBudget, &cfg.KeyGasBudget}, {"signer-min-balance-wei", *minBalance, &cfg.SignerMinBalance}}); err != nil {
+			return nil, err
 		}
 		if cfg.Auth != "keys" && cfg.Auth != "open" {
 			return nil, fmt.Errorf("auth: %q is neither keys nor open", cfg.Auth)
 		}
-		for _, r := range []struct {
-			name string
-			in   string
-			out  *float64
-		}{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}} {
-			v, err := strconv.ParseFloat(r.in, 64)
-			if err != nil || v < 0 {
-				return nil, fmt.Errorf("%s: %q is not a non-negative number", r.name, r.in)
-			}
-			*r.out = v
+		if err := parseFlagValues(nonNegativeFloat, []flagValue[float64]{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}}); err != nil {
+			return nil, err
 		}
 
 		raw := *networksJSON
@@ -541,32 +523,17 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
 			return nil, err
 		}
-		if cfg.RPCTimeout, err = time.ParseDuration(*rpcTimeout); err != nil {
-			return nil, fmt.Errorf("rpc-timeout: %w", err)
-		}
-		if cfg.VerifyTimeout, err = time.ParseDuration(*verifyTimeout); err != nil {
-			return nil, fmt.Errorf("verify-timeout: %w", err)
-		}
 		cfg.Migrate = *migrate != "false" && *migrate != "0"
-		for _, d := range []struct {
-			name string
-			in   string
-			out  *time.Duration
-		}{{"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}} {
-			if *d.out, err = time.ParseDuration(d.in); err != nil {
-				return nil, fmt.Errorf("%s: %w", d.name, err)
-			}
+		if err := parseFlagValues(time.ParseDuration, []flagValue[time.Duration]{{"rpc-timeout", *rpcTimeout, &cfg.RPCTimeout}, {"verify-timeout", *verifyTimeout, &cfg.VerifyTimeout}, {"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}}); err != nil {
+			return nil, err
 		}
 		cfg.MaxInFlight = *maxInFlight
 		cfg.Index = *index != "false" && *index != "0"
 		if cfg.ReadyMaxIndexLag, err = strconv.ParseUint(*readyLag, 10, 64); err != nil {
 			return nil, fmt.Errorf("ready-max-index-lag: %q is not a block count", *readyLag)
 		}
-		if cfg.StatusTimeout, err = time.ParseDuration(*statusTimeout); err != nil || cfg.StatusTimeout <= 0 {
-			return nil, fmt.Errorf("status-timeout: %q is not a positive duration", *statusTimeout)
-		}
-		if cfg.ReadyTimeout, err = time.ParseDuration(*readyTimeout); err != nil || cfg.ReadyTimeout <= 0 {
-			return nil, fmt.Errorf("ready-timeout: %q is not a positive duration", *readyTimeout)
+		if err := parseFlagValues(positiveDuration, []flagValue[time.Duration]{{"status-timeout", *statusTimeout, &cfg.StatusTimeout}, {"ready-timeout", *readyTimeout, &cfg.ReadyTimeout}}); err != nil {
+			return nil, err
 		}
 		if *maxFeeGwei != "" {
 			f, ok := new(big.Float).SetString(*maxFeeGwei)
@@ -575,19 +542,60 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 			}
 			cfg.MaxFeeCap, _ = new(big.Float).Mul(f, big.NewFloat(1e9)).Int(nil)
 		}
-		if cfg.WebhookPollInterval, err = time.ParseDuration(*webhookPoll); err != nil || cfg.WebhookPollInterval <= 0 {
-			return nil, fmt.Errorf("webhook-poll-interval: %q is not a positive duration", *webhookPoll)
-		}
 		cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
-		if cfg.WebhookDeliveryRetention, err = time.ParseDuration(*deliveryRetention); err != nil || cfg.WebhookDeliveryRetention <= 0 {
-			return nil, fmt.Errorf("webhook-delivery-retention: %q is not a positive duration", *deliveryRetention)
-		}
-		if cfg.ConsoleSessionTTL, err = time.ParseDuration(*sessionTTL); err != nil || cfg.ConsoleSessionTTL <= 0 {
-			return nil, fmt.Errorf("console-session-ttl: %q is not a positive duration", *sessionTTL)
+		if err := parseFlagValues(positiveDuration, []flagValue[time.Duration]{{"webhook-poll-interval", *webhookPoll, &cfg.WebhookPollInterval}, {"webhook-delivery-retention", *deliveryRetention, &cfg.WebhookDeliveryRetention}, {"console-session-ttl", *sessionTTL, &cfg.ConsoleSessionTTL}}); err != nil {
+			return nil, err
 		}
 		cfg.Fault = getenv("FACILITATOR_TEST_FAULT")
 		return cfg, nil
 	}
+}
+
+// flagValue is a flag's text and the field its parsed value goes to.
+type flagValue[T any] struct {
+	name, in string
+	out      *T
+}
+
+// parseFlagValues parses each flag's text into its field, in order: the first that parse refuses
+// is the error, under the flag's name.
+func parseFlagValues[T any](parse func(string) (T, error), values []flagValue[T]) error {
+	for _, v := range values {
+		x, err := parse(v.in)
+		if err != nil {
+			return fmt.Errorf("%s: %w", v.name, err)
+		}
+		*v.out = x
+	}
+	return nil
+}
+
+// nonNegativeInt parses a whole number of any size; zero, which turns what it sets off, is nil.
+func nonNegativeInt(s string) (*big.Int, error) {
+	v, ok := new(big.Int).SetString(strings.TrimSpace(s), 10)
+	if !ok || v.Sign() < 0 {
+		return nil, fmt.Errorf("%q is not a non-negative integer", s)
+	}
+	if v.Sign() == 0 {
+		return nil, nil
+	}
+	return v, nil
+}
+
+func nonNegativeFloat(s string) (float64, error) {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("%q is not a non-negative number", s)
+	}
+	return v, nil
+}
+
+func positiveDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q is not a positive duration", s)
+	}
+	return d, nil
 }
 
 // addressList parses comma-separated addresses; what names them in the error.

@@ -102,6 +102,18 @@ func (f *indexFixture) useOf(t *testing.T, payer common.Address, nonce [32]byte)
 	return u
 }
 
+// holdsNone fails t when the index holds the use of payer's nonce, or a kept block from number
+// from up: what a rewind or a failed commit leaves (where says which, in the failure).
+func (f *indexFixture) holdsNone(t *testing.T, payer common.Address, nonce [32]byte, from uint64, where string) {
+	t.Helper()
+	if u := f.useOf(t, payer, nonce); u != nil {
+		t.Fatalf("a use %s: %+v", where, u)
+	}
+	if kept, _ := f.x.WindowBlocks(f.ctx, f.network, from); len(kept) != 0 {
+		t.Fatalf("blocks from %d %s: %+v", from, where, kept)
+	}
+}
+
 func (f *indexFixture) cursor(t *testing.T) (facilitator.Block, bool) {
 	t.Helper()
 	c, ok, err := f.x.Cursor(f.ctx, f.network)
@@ -209,12 +221,7 @@ func indexRollback(t *testing.T, f *indexFixture) {
 	}
 	// A rewind alone (reconcile's): everything above it goes, and the cursor comes down to it.
 	f.commit(t, facilitator.IndexBatch{RollbackTo: &ancestor, Cursor: ancestor})
-	if u := f.useOf(t, payer, nonce); u != nil {
-		t.Fatalf("use above a rewind: %+v", u)
-	}
-	if kept, _ := f.x.WindowBlocks(f.ctx, f.network, 7); len(kept) != 0 {
-		t.Fatalf("blocks above a rewind: %+v", kept)
-	}
+	f.holdsNone(t, payer, nonce, 7, "above a rewind")
 }
 
 // An event already stored (its transaction and log index) fails the whole commit: nothing of it
@@ -235,12 +242,7 @@ func indexDuplicateFailsWhole(t *testing.T, f *indexFixture) {
 	if c, _ := f.cursor(t); c.Number != 1 {
 		t.Fatalf("cursor %+v after a failed commit, want 1", c)
 	}
-	if u := f.useOf(t, payer, nonce); u != nil {
-		t.Fatalf("a failed commit's use was stored: %+v", u)
-	}
-	if kept, _ := f.x.WindowBlocks(f.ctx, f.network, 2); len(kept) != 0 {
-		t.Fatalf("a failed commit's block was kept: %+v", kept)
-	}
+	f.holdsNone(t, payer, nonce, 2, "after a failed commit")
 }
 
 // Pruning drops the kept blocks below a number, and nothing else.

@@ -116,6 +116,28 @@ type logKey struct {
 	index uint
 }
 
+// appendKeyed appends added to stored as a table keyed (network, tx_hash, log_index) takes them:
+// an event whose key is stored, or added before it, fails (what names it in the error). own, when
+// set, gives the store its own copy of an event.
+func appendKeyed[E any](stored, added []E, what string, key func(E) logKey, own func(E) E) ([]E, error) {
+	seen := map[logKey]bool{}
+	for _, e := range stored {
+		seen[key(e)] = true
+	}
+	for _, e := range added {
+		k := key(e)
+		if seen[k] {
+			return nil, fmt.Errorf("%s %s:%d already stored (duplicate key)", what, k.tx, k.index)
+		}
+		seen[k] = true
+		if own != nil {
+			e = own(e)
+		}
+		stored = append(stored, e)
+	}
+	return stored, nil
+}
+
 // Commit writes one indexer step at once: the rollback above a reorg's ancestor, the events, the
 // window blocks (replacing any at their numbers) and the cursor.
 func (x *IndexStore) Commit(ctx context.Context, network string, b facilitator.IndexBatch) error {
@@ -141,31 +163,17 @@ func (x *IndexStore) Commit(ctx context.Context, network string, b facilitator.I
 			}
 		}
 	}
-	// The primary keys: (network, tx_hash, log_index), in each table.
-	seen := map[logKey]bool{}
-	for _, t := range n.transfers {
-		seen[logKey{t.TxHash, t.LogIndex}] = true
+	var err error
+	n.transfers, err = appendKeyed(n.transfers, b.Events.Transfers, "transfer",
+		func(t facilitator.Transfer) logKey { return logKey{t.TxHash, t.LogIndex} },
+		func(t facilitator.Transfer) facilitator.Transfer { t.Value = new(big.Int).Set(t.Value); return t })
+	if err != nil {
+		return fmt.Errorf("committing the index of %s: %w", network, err)
 	}
-	for _, t := range b.Events.Transfers {
-		k := logKey{t.TxHash, t.LogIndex}
-		if seen[k] {
-			return fmt.Errorf("committing the index of %s: transfer %s:%d already stored (duplicate key)", network, t.TxHash, t.LogIndex)
-		}
-		seen[k] = true
-		t.Value = new(big.Int).Set(t.Value)
-		n.transfers = append(n.transfers, t)
-	}
-	seen = map[logKey]bool{}
-	for _, a := range n.auths {
-		seen[logKey{a.TxHash, a.LogIndex}] = true
-	}
-	for _, a := range b.Events.Auths {
-		k := logKey{a.TxHash, a.LogIndex}
-		if seen[k] {
-			return fmt.Errorf("committing the index of %s: authorization event %s:%d already stored (duplicate key)", network, a.TxHash, a.LogIndex)
-		}
-		seen[k] = true
-		n.auths = append(n.auths, a)
+	n.auths, err = appendKeyed(n.auths, b.Events.Auths, "authorization event",
+		func(a facilitator.AuthorizationEvent) logKey { return logKey{a.TxHash, a.LogIndex} }, nil)
+	if err != nil {
+		return fmt.Errorf("committing the index of %s: %w", network, err)
 	}
 	for _, bl := range b.Blocks {
 		n.blocks[bl.Number] = bl
