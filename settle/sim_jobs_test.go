@@ -311,7 +311,7 @@ func (w *simWorld) setUpProviders() ethrpc.Chain {
 	if err := pool.SetQuorum(2); err != nil {
 		panic(err)
 	}
-	pool.SetSerial()   // its broadcasts reach the one simulated chain in a fixed order
+	pool.SetSerial() // its broadcasts reach the one simulated chain in a fixed order
 	pool.SetSeed(w.seed ^ 0x9e1)
 	w.backends = p.all // the world's faults reach every provider
 	w.spy.Chain = pool
