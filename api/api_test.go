@@ -17,7 +17,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,29 +126,11 @@ func (c *rpcCounter) reset() {
 	c.calls.Store(0)
 }
 
-// syncBuffer collects the server's logs; handlers log from their own goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // stack is the facilitator's HTTP API served by httptest over a real Verifier.
 type stack struct {
 	URL  string
 	RPC  *rpcCounter // nil when the verifier has a custom reader
-	Logs *syncBuffer
+	Logs *stacktest.SyncBuffer
 }
 
 type stackOptions struct {
@@ -165,7 +146,7 @@ func newStack(tb testing.TB, opts stackOptions) *stack {
 	if opts.Network != nil {
 		n = *opts.Network
 	}
-	s := &stack{Logs: &syncBuffer{}}
+	s := &stack{Logs: &stacktest.SyncBuffer{}}
 	o := stacktest.ServerOptions{Network: &n, Reader: opts.Reader, Signers: signers(),
 		Logger: slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Config: func(c *api.Config, _ *stacktest.Server) { c.VerifyTimeout = opts.VerifyTimeout }}

@@ -41,7 +41,7 @@ func ledger(t *testing.T) string { return env.Ledger(t, "api") }
 type settleStack struct {
 	URL    string
 	RPC    *rpcCounter
-	Logs   *syncBuffer
+	Logs   *stacktest.SyncBuffer
 	DB     *postgres.DB
 	Signer common.Address
 
@@ -81,7 +81,7 @@ func newSettleStack(t *testing.T, o settleOptions) *settleStack {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	s := &settleStack{RPC: newRPCCounter(t, chain.RPCURL), Logs: &syncBuffer{}, DB: db, Network: testNetwork(v1Name)}
+	s := &settleStack{RPC: newRPCCounter(t, chain.RPCURL), Logs: &stacktest.SyncBuffer{}, DB: db, Network: testNetwork(v1Name)}
 	s.Client = s.RPC.client(t)
 	s.Reader = &ethrpc.Reader{Chain: s.Client, Timeout: 5 * time.Second}
 	if o.reader != nil {

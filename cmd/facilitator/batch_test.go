@@ -85,7 +85,7 @@ func TestServeRefusesBatchWithoutMulticall3(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := &Main{Config: cfg, Logger: newLogger(&syncBuffer{}, "debug", "json")}
+		m := &Main{Config: cfg, Logger: newLogger(&stacktest.SyncBuffer{}, "debug", "json")}
 		err = m.Run(ctx)
 		t.Cleanup(func() { _ = m.Close() })
 		return m, err

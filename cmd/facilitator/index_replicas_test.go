@@ -24,6 +24,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 const replicaLeadingMsg = "leading this network's indexer"
@@ -444,7 +445,7 @@ func (h *replicaHarness) wantLockHolder(ctx context.Context, t *testing.T, app s
 type indexReplica struct {
 	name   string // also its Postgres application_name
 	cmd    *exec.Cmd
-	logs   *syncBuffer
+	logs   *stacktest.SyncBuffer
 	exited chan struct{}
 }
 
@@ -462,7 +463,7 @@ func startReplica(t *testing.T, bin string, env map[string]string, name string) 
 		childEnv = append(childEnv, k+"="+v)
 	}
 	childEnv = append(childEnv, "PGAPPNAME="+name)
-	r := &indexReplica{name: name, logs: &syncBuffer{}, exited: make(chan struct{})}
+	r := &indexReplica{name: name, logs: &stacktest.SyncBuffer{}, exited: make(chan struct{})}
 	r.cmd = exec.Command(bin, "index")
 	r.cmd.Env = childEnv
 	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,24 +27,6 @@ import (
 func requireStack(t *testing.T) (string, *devchain.Chain) {
 	t.Helper()
 	return stacktest.NewDB(t, "cmd"), stacktest.NewChain(t, devchain.Options{})
-}
-
-// syncBuffer collects logs written from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // configFor is serve's configuration for the in-process tests: serveEnv's, listening on port 0.
@@ -64,7 +45,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &stacktest.SyncBuffer{}
 	m := &Main{Config: cfg, Logger: newLogger(logs, "debug", "json")}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

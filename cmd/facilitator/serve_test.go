@@ -23,6 +23,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The helpers here run the real binary (`facilitator serve`) for the tests that stop, kill or
@@ -61,7 +62,7 @@ func serveEnv(t *testing.T, dbURL string, chain *devchain.Chain, rpcURL string, 
 type child struct {
 	name   string
 	cmd    *exec.Cmd
-	logs   *syncBuffer
+	logs   *stacktest.SyncBuffer
 	exited chan struct{}
 	base   string
 	client *http.Client
@@ -117,7 +118,7 @@ func launch(t *testing.T, bin string, env map[string]string, name, addr string, 
 	for k, v := range env {
 		list = append(list, k+"="+v)
 	}
-	c := &child{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), base: "http://" + addr,
+	c := &child{name: name, logs: &stacktest.SyncBuffer{}, exited: make(chan struct{}), base: "http://" + addr,
 		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
 	c.cmd = exec.Command(bin, args...)
 	c.cmd.Env = list
