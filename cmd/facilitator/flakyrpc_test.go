@@ -19,7 +19,7 @@ import (
 // JSON-RPC only (WebSocket is for the indexer's head subscription), so HTTP is what it proxies.
 type flakyRPC struct {
 	nodeLink
-	flaky  atomic.Bool
+	flaky atomic.Bool
 
 	forwarded, droppedBefore, droppedAfter, delayed atomic.Int64
 }
