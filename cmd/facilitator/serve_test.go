@@ -177,7 +177,13 @@ func (c *child) kill(t *testing.T) {
 	if err := c.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	c.waitExit(t, 10*time.Second)
+	c.waitKilled(t, 10*time.Second)
+}
+
+// waitKilled waits for the process to end and checks that it died of SIGKILL.
+func (c *child) waitKilled(t *testing.T, within time.Duration) {
+	t.Helper()
+	c.waitExit(t, within)
 	if ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 		t.Fatalf("%s ended with %v, want death by SIGKILL", c.name, c.cmd.ProcessState)
 	}
