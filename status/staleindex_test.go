@@ -21,10 +21,7 @@ func TestStatusStaleIndexNotFinal(t *testing.T) {
 	ours := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
 	theirs := env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000)
 	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
-	out := e.MustSettle(t, ours.Body(t))
-	if !out.Response.Success {
-		t.Fatalf("settle: %+v", out.Response)
-	}
+	out := e.MustSucceed(t, ours.Body(t))
 	e.Stop(ctx) // nothing watches the row from here on
 	elsewhere := theirs.SubmitElsewhere(t)
 	first := min(env.Receipt(t, common.HexToHash(out.Response.Transaction)).BlockNumber.Uint64(),
