@@ -74,8 +74,9 @@ func openKeyed(t *testing.T, u, key string) (closeStream func()) {
 	return closeStream
 }
 
-// tryKeyed reports whether a stream with key opens (closing it at once).
-func tryKeyed(t *testing.T, u, key string) bool {
+// getKeyed sends a stream's GET with key and returns the answer; it closes an opened stream at once
+// and reads the body of any other answer.
+func getKeyed(t *testing.T, u, key string) (res *http.Response, body []byte) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -86,25 +87,26 @@ func tryKeyed(t *testing.T, u, key string) bool {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		body, _ = io.ReadAll(res.Body)
+	}
+	return res, body
+}
+
+// tryKeyed reports whether a stream with key opens (closing it at once).
+func tryKeyed(t *testing.T, u, key string) bool {
+	t.Helper()
+	res, _ := getKeyed(t, u, key)
 	return res.StatusCode == http.StatusOK
 }
 
 // refusedStream checks that a stream with key is refused with status and reason, and Retry-After.
 func refusedStream(t *testing.T, u, key string, status int, reason string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
+	res, b := getKeyed(t, u, key)
 	if res.StatusCode == http.StatusOK {
 		t.Fatalf("GET %s: the stream opened, want %d %s", u, status, reason)
 	}
-	b, _ := io.ReadAll(res.Body)
 	var body map[string]string
 	if json.Unmarshal(b, &body) != nil || res.StatusCode != status || body["error"] != reason || body["message"] == "" {
 		t.Fatalf("GET %s: want %d %s, got %d %s", u, status, reason, res.StatusCode, b)
