@@ -47,7 +47,7 @@ func TestStatusLookupsWhenTheNodeFreezes(t *testing.T) {
 		Success     bool   `json:"success"`
 		Transaction string `json:"transaction"`
 	}
-	if err := json.Unmarshal([]byte(post(t, base+"/settle", paymentBody(t, chain, nonce))), &settled); err != nil || !settled.Success {
+	if err := json.Unmarshal([]byte(post(t, base+"/settle", paymentBody(t, chain, chain.Accounts[2].Address, nonce))), &settled); err != nil || !settled.Success {
 		t.Fatalf("settle: %+v %v", settled, err)
 	}
 	proxy.SetMode(stacktest.Freeze)

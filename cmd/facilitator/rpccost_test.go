@@ -105,7 +105,7 @@ func TestRPCCallsPerSettlement(t *testing.T) {
 	const n, clients = 32, 8
 	bodies := make([][]byte, n)
 	for i := range bodies {
-		bodies[i] = paymentBody(t, chain, [32]byte{0x52, 0x50, 0x43, byte(i)})
+		bodies[i] = paymentBody(t, chain, chain.Accounts[2].Address, [32]byte{0x52, 0x50, 0x43, byte(i)})
 	}
 	start := rpcCalls(scrape(t, base))
 	var wg sync.WaitGroup
