@@ -167,7 +167,18 @@ type response struct {
 
 func (r response) String() string { return fmt.Sprintf("HTTP %d %s", r.Status, r.Body) }
 
+// do sends one request, saying its body (if any) is JSON, and reads the answer in full.
 func do(tb testing.TB, method, u string, body []byte) response {
+	tb.Helper()
+	return doWith(tb, method, u, body, func(h http.Header) {
+		if body != nil {
+			h.Set("Content-Type", "application/json")
+		}
+	})
+}
+
+// doWith sends one request with the headers set sets and reads the answer in full.
+func doWith(tb testing.TB, method, u string, body []byte, set func(http.Header)) response {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -179,9 +190,7 @@ func do(tb testing.TB, method, u string, body []byte) response {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
+	set(req.Header)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		tb.Fatalf("%s %s: %v", method, u, err)
@@ -517,32 +526,41 @@ func badInputs(t *testing.T) []badInput {
 	}
 }
 
+// sendBadInput sends one request that cannot be processed and checks what every endpoint's answer
+// to it shares: a 400 without Retry-After that does not echo the input, and no RPC call made for
+// it.
+func sendBadInput(t *testing.T, rpc *rpcCounter, send func() response) response {
+	t.Helper()
+	before := rpc.calls.Load()
+	r := send()
+	if r.Status != http.StatusBadRequest {
+		t.Fatalf("want 400, got %s", r)
+	}
+	if r.Header.Get("Retry-After") != "" {
+		t.Fatalf("Retry-After on a 400")
+	}
+	if len(r.Body) > 1024 {
+		t.Fatalf("a %d-byte answer echoes too much input", len(r.Body))
+	}
+	if got := rpc.calls.Load() - before; got != 0 {
+		t.Fatalf("%d RPC calls for a request that cannot be processed", got)
+	}
+	return r
+}
+
 // TestVerifyBadInput: what cannot be processed is a 400 with a VerifyResponse-shaped body, and
 // touches neither the chain nor anything else.
 func TestVerifyBadInput(t *testing.T) {
 	s := newStack(t, stackOptions{})
 	for _, tc := range badInputs(t) {
 		t.Run(tc.name, func(t *testing.T) {
-			before := s.RPC.calls.Load()
-			r := s.verify(t, tc.body)
-			if r.Status != http.StatusBadRequest {
-				t.Fatalf("want 400, got %s", r)
-			}
-			if r.Header.Get("Retry-After") != "" {
-				t.Fatalf("Retry-After on a 400")
-			}
+			r := sendBadInput(t, s.RPC, func() response { return s.verify(t, tc.body) })
 			res, keys := verdict(t, r)
 			if string(keys["isValid"]) != "false" || res.InvalidReason == "" || res.InvalidMessage == "" {
 				t.Fatalf("want isValid false with a reason and a message, got %s", r)
 			}
 			if res.InvalidReason != tc.reason {
 				t.Fatalf("reason %q, want %q (%s)", res.InvalidReason, tc.reason, r)
-			}
-			if len(r.Body) > 1024 {
-				t.Fatalf("a %d-byte answer echoes too much input", len(r.Body))
-			}
-			if got := s.RPC.calls.Load() - before; got != 0 {
-				t.Fatalf("%d RPC calls for a request that cannot be processed", got)
 			}
 		})
 	}

@@ -277,26 +277,13 @@ func TestSettleBadInput(t *testing.T) {
 	s := newSettleStack(t, settleOptions{})
 	for _, tc := range badInputs(t) {
 		t.Run(tc.name, func(t *testing.T) {
-			before := s.RPC.calls.Load()
-			r := s.settle(t, tc.body)
-			if r.Status != http.StatusBadRequest {
-				t.Fatalf("want 400, got %s", r)
-			}
-			if r.Header.Get("Retry-After") != "" {
-				t.Fatalf("Retry-After on a 400")
-			}
+			r := sendBadInput(t, s.RPC, func() response { return s.settle(t, tc.body) })
 			res, keys := settlement(t, r)
 			if string(keys["success"]) != "false" || res.ErrorReason != tc.reason || res.ErrorMessage == "" {
 				t.Fatalf("want success false %s with a message, got %s", tc.reason, r)
 			}
 			if string(keys["transaction"]) != `""` {
 				t.Fatalf("want transaction \"\", got %s", r)
-			}
-			if len(r.Body) > 1024 {
-				t.Fatalf("a %d-byte answer echoes too much input", len(r.Body))
-			}
-			if got := s.RPC.calls.Load() - before; got != 0 {
-				t.Fatalf("%d RPC calls for a request that cannot be processed", got)
 			}
 		})
 	}
