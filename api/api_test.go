@@ -335,6 +335,14 @@ func edited(tb testing.TB, edit func(m map[string]any)) []byte {
 // verdict decodes a VerifyResponse-shaped body and checks that it has no other keys.
 func verdict(tb testing.TB, r response) (facilitator.VerifyResponse, map[string]json.RawMessage) {
 	tb.Helper()
+	return decodeAnswer[facilitator.VerifyResponse](tb, r, "VerifyResponse",
+		[]string{"isValid", "invalidReason", "invalidMessage", "payer", "extensions", "extra"}, "isValid")
+}
+
+// decodeAnswer decodes an answer's body as a T (kind names it): JSON, an object with no keys
+// but allowed, and each of required present. It returns the keys too.
+func decodeAnswer[T any](tb testing.TB, r response, kind string, allowed []string, required ...string) (T, map[string]json.RawMessage) {
+	tb.Helper()
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 		tb.Fatalf("Content-Type %q, want application/json (%s)", ct, r)
 	}
@@ -343,18 +351,18 @@ func verdict(tb testing.TB, r response) (facilitator.VerifyResponse, map[string]
 		tb.Fatalf("body is not a JSON object: %v (%s)", err, r)
 	}
 	for k := range keys {
-		switch k {
-		case "isValid", "invalidReason", "invalidMessage", "payer", "extensions", "extra":
-		default:
-			tb.Fatalf("unexpected key %q in a VerifyResponse (%s)", k, r)
+		if !slices.Contains(allowed, k) {
+			tb.Fatalf("unexpected key %q in a %s (%s)", k, kind, r)
 		}
 	}
-	if _, ok := keys["isValid"]; !ok {
-		tb.Fatalf("isValid missing (%s)", r)
+	for _, k := range required {
+		if _, ok := keys[k]; !ok {
+			tb.Fatalf("%q missing (%s)", k, r)
+		}
 	}
-	var res facilitator.VerifyResponse
+	var res T
 	if err := json.Unmarshal(r.Body, &res); err != nil {
-		tb.Fatalf("body is not a VerifyResponse: %v (%s)", err, r)
+		tb.Fatalf("body is not a %s: %v (%s)", kind, err, r)
 	}
 	return res, keys
 }

@@ -134,30 +134,9 @@ func (s *settleStack) nonces(tb testing.TB) [2]uint64 {
 // success, transaction and network always present (the official client's schema requires them).
 func settlement(tb testing.TB, r response) (facilitator.SettleResponse, map[string]json.RawMessage) {
 	tb.Helper()
-	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-		tb.Fatalf("Content-Type %q, want application/json (%s)", ct, r)
-	}
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal(r.Body, &keys); err != nil {
-		tb.Fatalf("body is not a JSON object: %v (%s)", err, r)
-	}
-	for k := range keys {
-		switch k {
-		case "success", "errorReason", "errorMessage", "payer", "transaction", "network", "extensions", "extra":
-		default:
-			tb.Fatalf("unexpected key %q in a SettleResponse (%s)", k, r)
-		}
-	}
-	for _, k := range []string{"success", "transaction", "network"} {
-		if _, ok := keys[k]; !ok {
-			tb.Fatalf("%q missing (%s)", k, r)
-		}
-	}
-	var res facilitator.SettleResponse
-	if err := json.Unmarshal(r.Body, &res); err != nil {
-		tb.Fatalf("body is not a SettleResponse: %v (%s)", err, r)
-	}
-	return res, keys
+	return decodeAnswer[facilitator.SettleResponse](tb, r, "SettleResponse",
+		[]string{"success", "errorReason", "errorMessage", "payer", "transaction", "network", "extensions", "extra"},
+		"success", "transaction", "network")
 }
 
 var txHashRE = regexp.MustCompile(`^0x[0-9a-f]{64}$`)
