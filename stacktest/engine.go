@@ -156,6 +156,16 @@ func (e *Engine) SettlePending(t testing.TB, body []byte) common.Hash {
 	return common.HexToHash(out.Response.Transaction)
 }
 
+// SettleAndStop settles body through an engine of its own, which keeps it mined, not final
+// (depth 10), requires success, and stops the engine: nothing watches the row from there on.
+func (e *Env) SettleAndStop(t testing.TB, body []byte) facilitator.SettleOutcome {
+	t.Helper()
+	eng := e.NewEngine(t, EngineOptions{Depth: 10, Deadline: 10 * time.Second})
+	out := eng.MustSucceed(t, body)
+	eng.Stop(context.Background())
+	return out
+}
+
 // SettlePendingAndStop turns mining off and settles body through an engine of its own, which
 // answers settlement_pending and is then stopped, as a process that dies after the broadcast: the
 // ledger holds the pending settlement and nothing watches it. Mining stays off. It returns the

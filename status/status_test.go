@@ -471,9 +471,7 @@ func TestStatusMinedRowReorganisedAway(t *testing.T) {
 	ctx := context.Background()
 	const depth = 3
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
-	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
-	out := e.MustSucceed(t, p.Body(t))
-	e.Stop(ctx) // nothing watches the row from here on
+	out := env.SettleAndStop(t, p.Body(t)) // nothing watches the row from here on
 	rc := env.Receipt(t, common.HexToHash(out.Response.Transaction))
 	env.Reorg(t, env.Head(t)-rc.BlockNumber.Uint64()+1) // our block, and any after it, replaced by empty ones
 	for range depth {
