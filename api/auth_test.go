@@ -575,15 +575,7 @@ func TestAuthWebhooksOwned(t *testing.T) {
 		t.Helper()
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		defer cancel()
-		req, err := http.NewRequestWithContext(sctx, http.MethodGet, s.URL+"/v1/events/payments/"+pid, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+key)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		res := sendKeyed(sctx, t, s.URL+"/v1/events/payments/"+pid, key)
 		defer res.Body.Close()
 		if res.StatusCode != http.StatusOK {
 			return res.StatusCode, ""

@@ -55,13 +55,8 @@ func TestStreamsPerKey(t *testing.T) {
 func openKeyed(t *testing.T, u, key string) (closeStream func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	t.Cleanup(cancel) // also when the request fails
+	res := sendKeyed(ctx, t, u, key)
 	closeStream = func() { cancel(); res.Body.Close() }
 	t.Cleanup(closeStream)
 	if res.StatusCode != http.StatusOK {
@@ -80,17 +75,27 @@ func getKeyed(t *testing.T, u, key string) (res *http.Response, body []byte) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res = sendKeyed(ctx, t, u, key)
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		body, _ = io.ReadAll(res.Body)
 	}
 	return res, body
+}
+
+// sendKeyed sends a GET with key as the bearer and returns the answer; the caller closes its body.
+func sendKeyed(ctx context.Context, t *testing.T, u, key string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }
 
 // tryKeyed reports whether a stream with key opens (closing it at once).
