@@ -76,32 +76,7 @@ func TestCrashWithPaymentID(t *testing.T) {
 
 	// 3. Restart; the merchant retries the same body, same id.
 	second := h.start(ctx, t, "restarted process", "")
-	var final facilitator.SettleResponse
-	attempts, waits := 0, 0
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		attempts++
-		res, status, err := second.settle(body)
-		if err != nil {
-			t.Fatalf("retry %d: %v", attempts, err)
-		}
-		if status == http.StatusOK && res.Success {
-			final = res
-			break
-		}
-		retryable := status >= 500 || (status == http.StatusOK &&
-			(res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight))
-		if !retryable {
-			t.Fatalf("retry %d: a definite answer other than success: %d %+v", attempts, status, res)
-		}
-		if status == http.StatusOK {
-			waits++
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("retry %d: still no final answer after 30s: %d %+v", attempts, status, res)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	final, attempts, waits := retryUntilSuccess(t, second, body, facilitator.ReasonSettlementPending, facilitator.ReasonPaymentInFlight)
 	hash := common.HexToHash(final.Transaction)
 	if hash != crashHash || final.Network != network || !strings.EqualFold(final.Payer, pay.payer.Address.Hex()) {
 		t.Fatalf("success answer %+v; want the transaction committed before the crash %s", final, crashHash)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math/big"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -207,31 +208,7 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 
 	// 3. Restart without the fault and retry the same payload, like a merchant whose call failed.
 	second := h.start(ctx, t, "restarted process", "")
-	var final facilitator.SettleResponse
-	pending, attempts := 0, 0
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		attempts++
-		res, status, err := second.settle(pay.body)
-		if err != nil {
-			t.Fatalf("retry %d: %v", attempts, err)
-		}
-		if status == http.StatusOK && res.Success {
-			final = res
-			break
-		}
-		retryable := status >= 500 || (status == http.StatusOK && res.ErrorReason == facilitator.ReasonSettlementPending)
-		if !retryable {
-			t.Fatalf("retry %d: a definite answer other than success: %d %+v", attempts, status, res)
-		}
-		if status == http.StatusOK {
-			pending++
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("retry %d: still no final answer after 30s: %d %+v", attempts, status, res)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	final, attempts, pending := retryUntilSuccess(t, second, pay.body, facilitator.ReasonSettlementPending)
 	hash := common.HexToHash(final.Transaction)
 	if final.Network != h.network || !strings.EqualFold(final.Payer, pay.payer.Address.Hex()) || hash == (common.Hash{}) {
 		t.Fatalf("success answer: %+v", final)
@@ -279,6 +256,34 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 	second.stop(t)
 	t.Logf("%s: crash left a ledger row: %v; retry answered success after %d attempt(s) (%d settlement_pending); tx %s (nonce %d) %s; %s",
 		point, crashHash != (common.Hash{}), attempts, pending, hash.Hex()[:10], row.TxNonce, row.State, time.Since(began).Round(time.Millisecond))
+}
+
+// retryUntilSuccess sends body to c, as a merchant whose call failed does, until it is answered
+// success (within 30 s); every other answer must be one to retry: a 5xx, or a 200 with one of the
+// reasons waitable. It returns the success, the attempts and how many of them were such a 200.
+func retryUntilSuccess(t *testing.T, c *child, body []byte, waitable ...string) (final facilitator.SettleResponse, attempts, waits int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		attempts++
+		res, status, err := c.settle(body)
+		if err != nil {
+			t.Fatalf("retry %d: %v", attempts, err)
+		}
+		if status == http.StatusOK && res.Success {
+			return res, attempts, waits
+		}
+		if status < 500 && (status != http.StatusOK || !slices.Contains(waitable, res.ErrorReason)) {
+			t.Fatalf("retry %d: a definite answer other than success: %d %+v", attempts, status, res)
+		}
+		if status == http.StatusOK {
+			waits++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retry %d: still no final answer after 30s: %d %+v", attempts, status, res)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // crashStack returns a fresh database and chain (see freshStack).
