@@ -129,31 +129,22 @@ func TestLostResponseRecovered(t *testing.T) {
 
 	// Our facilitator: the first request verified and settled; the retry's verify and settle were
 	// answered as replays of it, and nothing else was asked.
-	calls := f.calls.list()
-	var verifies, settles []lostCall
-	for _, c := range calls {
-		switch c.Path {
-		case "/verify":
-			verifies = append(verifies, c)
-		case "/settle":
-			settles = append(settles, c)
-		}
-	}
+	verifies, settles := f.calls.to("/verify"), f.calls.to("/settle")
 	if len(verifies) != 2 || len(settles) != 2 {
 		t.Fatalf("the merchant called /verify %d times and /settle %d times, want 2 and 2", len(verifies), len(settles))
 	}
 	for i, want := range []bool{false, true} {
-		for _, c := range []lostCall{verifies[i], settles[i]} {
+		for _, c := range []call{verifies[i], settles[i]} {
 			if c.Status != http.StatusOK || c.Replay != want {
-				t.Errorf("%s #%d: %d replay=%v, want 200 replay=%v (%s)", c.Path, i+1, c.Status, c.Replay, want, c.Body)
+				t.Errorf("%s #%d: %d replay=%v, want 200 replay=%v (%s)", c.Path, i+1, c.Status, c.Replay, want, c.Response)
 			}
 		}
 	}
-	if !strings.Contains(settles[0].Body, `"success":true`) || !strings.Contains(settles[1].Body, `"success":true`) {
-		t.Errorf("settle answers: %s / %s", settles[0].Body, settles[1].Body)
+	if !strings.Contains(settles[0].Response, `"success":true`) || !strings.Contains(settles[1].Response, `"success":true`) {
+		t.Errorf("settle answers: %s / %s", settles[0].Response, settles[1].Response)
 	}
-	if !strings.Contains(verifies[1].Body, `"isValid":true`) {
-		t.Errorf("the retry's verify: %s", verifies[1].Body)
+	if !strings.Contains(verifies[1].Response, `"isValid":true`) {
+		t.Errorf("the retry's verify: %s", verifies[1].Response)
 	}
 	if _, replays := f.ids.Counts(); replays != 2 {
 		t.Errorf("the payment-id service counted %d replays, want 2", replays)
@@ -163,12 +154,12 @@ func TestLostResponseRecovered(t *testing.T) {
 // lostFacilitator is the merchant tests' stack with a record of which answers were replays.
 type lostFacilitator struct {
 	*stack
-	calls *lostCalls
+	calls *callLog
 }
 
 func startLostFacilitator(t *testing.T, ctx context.Context) *lostFacilitator {
 	t.Helper()
-	calls := &lostCalls{}
+	calls := &callLog{}
 	s := startStack(t, ctx, stackOptions{db: "interop_lost", settleDeadline: 30 * time.Second, around: calls.wrap})
 	return &lostFacilitator{stack: s, calls: calls}
 }
@@ -191,65 +182,6 @@ func (f *lostFacilitator) settlementsOf(t *testing.T, ctx context.Context, payer
 	}
 	return ids
 }
-
-// lostCall is one request the merchant made to our facilitator, and our answer.
-type lostCall struct {
-	Method, Path string
-	Status       int
-	Replay       bool // answered with Payment-Identifier-Replay: true
-	Body         string
-	Took         time.Duration
-}
-
-// lostCalls records every request to the wrapped handler.
-type lostCalls struct {
-	mu    sync.Mutex
-	calls []lostCall
-}
-
-func (l *lostCalls) wrap(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rw := &lostRecorder{ResponseWriter: w, status: http.StatusOK}
-		start := time.Now()
-		h.ServeHTTP(rw, r)
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.calls = append(l.calls, lostCall{Method: r.Method, Path: r.URL.Path, Status: rw.status,
-			Replay: w.Header().Get(facilitator.ReplayHeader) == "true", Body: strings.TrimSpace(rw.body.String()), Took: time.Since(start)})
-	})
-}
-
-func (l *lostCalls) list() []lostCall {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]lostCall(nil), l.calls...)
-}
-
-func (l *lostCalls) String() string {
-	var b strings.Builder
-	for i, c := range l.list() {
-		fmt.Fprintf(&b, "%d. %s %s -> %d replay=%v (%s) %s\n", i+1, c.Method, c.Path, c.Status, c.Replay, c.Took.Round(time.Millisecond), c.Body)
-	}
-	return b.String()
-}
-
-type lostRecorder struct {
-	http.ResponseWriter
-	status int
-	body   bytes.Buffer
-}
-
-func (r *lostRecorder) WriteHeader(code int) {
-	r.status = code
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *lostRecorder) Write(p []byte) (int, error) {
-	r.body.Write(p)
-	return r.ResponseWriter.Write(p)
-}
-
-func (r *lostRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // startLostMerchant runs js/merchant.mjs with the drop on, and waits for its listening line.
 func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*nodeServer, *lostBuffer) {
