@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"runtime/debug"
@@ -29,6 +30,26 @@ func requireStack(t *testing.T) (string, *devchain.Chain) {
 	return stacktest.NewDB(t, "cmd"), stacktest.NewChain(t, devchain.Options{})
 }
 
+// serveConfig is serve's configuration from env, which must parse.
+func serveConfig(t *testing.T, env map[string]string) *Config {
+	t.Helper()
+	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// startMain runs serve's wiring in this process with cfg, until ctx ends or the caller closes it.
+func startMain(ctx context.Context, t *testing.T, cfg *Config, log *slog.Logger) *Main {
+	t.Helper()
+	m := &Main{Config: cfg, Logger: log}
+	if err := m.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // configFor is serve's configuration for the in-process tests: serveEnv's, listening on port 0.
 func configFor(t *testing.T, dbURL string, chain *devchain.Chain, key *ecdsa.PrivateKey) (*Config, error) {
 	env := serveEnv(t, dbURL, chain, chain.RPCURL, key)
@@ -46,12 +67,9 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &stacktest.SyncBuffer{}
-	m := &Main{Config: cfg, Logger: newLogger(logs, "debug", "json")}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startMain(ctx, t, cfg, newLogger(logs, "debug", "json"))
 	defer m.Close()
 	base := "http://" + m.Addr
 

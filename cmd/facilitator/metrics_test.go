@@ -30,12 +30,9 @@ func TestServeMetricsAndReadiness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &Main{Config: cfg, Logger: newLogger(io.Discard, "error", "text")}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startMain(ctx, t, cfg, newLogger(io.Discard, "error", "text"))
 	defer m.Close()
 	base := "http://" + m.Addr
 	network := facilitator.CAIP2(chain.ChainID)

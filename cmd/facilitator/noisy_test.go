@@ -71,14 +71,8 @@ func TestNoisyNeighbour(t *testing.T) {
 	env["FACILITATOR_RATE_PER_KEY"] = "0"
 	env["FACILITATOR_WEBHOOK_ALLOW_PRIVATE"] = "true" // the receivers are on loopback
 	env["FACILITATOR_WEBHOOK_POLL_INTERVAL"] = "100ms"
-	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &Main{Config: cfg, Logger: newLogger(t.Output(), "warn", "text")}
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cfg := serveConfig(t, env)
+	m := startMain(ctx, t, cfg, newLogger(t.Output(), "warn", "text"))
 	defer m.Close()
 	base := "http://" + m.Addr
 	waitReady(t, base)

@@ -75,16 +75,10 @@ func TestRPCCallsPerSettlement(t *testing.T) {
 	// broadcasts alone, so the counts are the calls those cost, not the ticks of a clock.
 	env["FACILITATOR_POLL_INTERVAL"] = "1h"
 	env["FACILITATOR_NETWORKS"] = strings.Replace(env["FACILITATOR_NETWORKS"], `"rpc":`, `"ws":"`+chain.WSURL+`","rpc":`, 1)
-	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &Main{Config: cfg, Logger: newLogger(io.Discard, "error", "text")}
+	cfg := serveConfig(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startMain(ctx, t, cfg, newLogger(io.Discard, "error", "text"))
 	defer m.Close()
 	base := "http://" + m.Addr
 	for deadline := time.Now().Add(30 * time.Second); ; {
