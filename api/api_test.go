@@ -534,6 +534,17 @@ func badInputs(t *testing.T) []badInput {
 	}
 }
 
+// wantUnavailable fails the test unless r is a 503 with Retry-After.
+func wantUnavailable(t *testing.T, r response) {
+	t.Helper()
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("want 503, got %s", r)
+	}
+	if r.Header.Get("Retry-After") == "" {
+		t.Fatalf("503 without Retry-After")
+	}
+}
+
 // sendBadInput sends one request that cannot be processed and checks what every endpoint's answer
 // to it shares: a 400 without Retry-After that does not echo the input, and no RPC call made for
 // it.
@@ -726,12 +737,7 @@ func TestVerifyRPCDown(t *testing.T) {
 			s := newStack(t, tc.opts)
 			p := newPayment(t, 1)
 			r := s.verify(t, p.body(t))
-			if r.Status != http.StatusServiceUnavailable {
-				t.Fatalf("want 503, got %s", r)
-			}
-			if r.Header.Get("Retry-After") == "" {
-				t.Fatalf("503 without Retry-After")
-			}
+			wantUnavailable(t, r)
 			res, keys := verdict(t, r)
 			if string(keys["isValid"]) != "false" || res.InvalidReason != facilitator.ReasonUnexpectedVerifyError || res.InvalidMessage == "" {
 				t.Fatalf("want isValid false unexpected_verify_error with a message, got %s", r)

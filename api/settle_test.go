@@ -414,12 +414,7 @@ func TestSettleLedgerDown(t *testing.T) {
 			body := p.body(t)
 
 			r := s.settle(t, body)
-			if r.Status != http.StatusServiceUnavailable {
-				t.Fatalf("want 503, got %s", r)
-			}
-			if r.Header.Get("Retry-After") == "" {
-				t.Fatalf("503 without Retry-After")
-			}
+			wantUnavailable(t, r)
 			res, keys := settlement(t, r)
 			if string(keys["success"]) != "false" || res.ErrorReason != facilitator.ReasonUnexpectedSettleError || res.ErrorMessage == "" {
 				t.Fatalf("want success false %s with a message, got %s", facilitator.ReasonUnexpectedSettleError, r)
