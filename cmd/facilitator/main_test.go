@@ -88,20 +88,8 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("supported: %s", body)
 	}
 
-	payer := chain.Accounts[1]
-	a := devchain.TransferAuthorization{From: payer.Address, To: chain.Accounts[2].Address, Value: bigInt(10000),
-		ValidAfter: bigInt(0), ValidBefore: bigInt(time.Now().Unix() + 300), Nonce: [32]byte{1, 2, 3}}
-	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := map[string]any{"scheme": "exact", "network": "eip155:31337", "amount": "10000", "asset": chain.USDC.Address.Hex(),
-		"payTo": a.To.Hex(), "maxTimeoutSeconds": 60, "extra": map[string]any{"name": "USD Coin", "version": "2"}}
-	reqBody, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentRequirements": reqs, "paymentPayload": map[string]any{
-		"x402Version": 2, "accepted": reqs, "resource": map[string]any{"url": "http://merchant.test/x"},
-		"payload": map[string]any{"signature": "0x" + hex.EncodeToString(sig), "authorization": map[string]any{
-			"from": a.From.Hex(), "to": a.To.Hex(), "value": "10000", "validAfter": "0",
-			"validBefore": a.ValidBefore.String(), "nonce": "0x" + hex.EncodeToString(a.Nonce[:])}}}})
+	payer, nonce := chain.Accounts[1].Address, [32]byte{1, 2, 3}
+	reqBody := paymentBody(t, chain, chain.Accounts[2].Address, nonce)
 	res, err = http.Post(base+"/verify", "application/json", bytes.NewReader(reqBody))
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +111,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(string(settled), `"success":true`) {
 		t.Fatalf("settle: %d %s", res.StatusCode, settled)
 	}
-	res, err = http.Get(base + "/console/authorizations/eip155:31337/" + chain.USDC.Address.Hex() + "/" + a.From.Hex() + "/0x" + hex.EncodeToString(a.Nonce[:]))
+	res, err = http.Get(base + "/console/authorizations/eip155:31337/" + chain.USDC.Address.Hex() + "/" + payer.Hex() + "/0x" + hex.EncodeToString(nonce[:]))
 	if err != nil {
 		t.Fatal(err)
 	}
