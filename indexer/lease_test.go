@@ -4,12 +4,12 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestLeaseFailover runs two indexers for one network, as two replicas would (each with its own
@@ -86,7 +86,7 @@ func TestSlowCommitKeepsLease(t *testing.T) {
 	network := bindNetwork(t)
 	cfg := config(network)
 	cfg.StartBlock = head(t) + 1
-	logs := &captured{}
+	logs := &stacktest.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	sender := gasAccount(t)
 	r := start(t, cfg)
@@ -112,22 +112,4 @@ func TestSlowCommitKeepsLease(t *testing.T) {
 	if s := logs.String(); strings.Contains(s, "lost the indexer lease") || strings.Contains(s, "step failed") {
 		t.Errorf("a slow commit cost the lease:\n%s", s)
 	}
-}
-
-// captured collects log output.
-type captured struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (c *captured) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *captured) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
 }

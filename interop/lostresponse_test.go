@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // lostPrice is what the merchant charges for GET /paid, in USDC atomic units.
@@ -184,7 +184,7 @@ func (f *lostFacilitator) settlementsOf(t *testing.T, ctx context.Context, payer
 }
 
 // startLostMerchant runs js/merchant.mjs with the drop on, and waits for its listening line.
-func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*nodeServer, *lostBuffer) {
+func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*nodeServer, *stacktest.SyncBuffer) {
 	t.Helper()
 	m := startNode(t, "js/merchant.mjs", []string{"--facilitator", facilitatorURL, "--chain-id", fmt.Sprint(diffChainID),
 		"--asset", chain.USDC.Address.Hex(), "--pay-to", payTo.Hex(), "--amount", fmt.Sprint(lostPrice),
@@ -244,22 +244,4 @@ func lostRandomHex(t *testing.T, n int) string {
 
 func lostRandomAddress(t *testing.T) common.Address {
 	return common.HexToAddress("0x" + lostRandomHex(t, 20))
-}
-
-// lostBuffer collects output written from several goroutines.
-type lostBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lostBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lostBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

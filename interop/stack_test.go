@@ -58,7 +58,7 @@ type stack struct {
 func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	t.Helper()
 	dbURL := env.Ledger(t, opts.db)
-	logs := &lostBuffer{}
+	logs := &stacktest.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -243,7 +243,7 @@ func parseSettle(t *testing.T, body string) settleAnswer {
 type nodeServer struct {
 	*process
 	name   string
-	stderr *lostBuffer
+	stderr *stacktest.SyncBuffer
 	lines  chan string
 }
 
@@ -253,7 +253,7 @@ func startNode(t *testing.T, script string, args []string, env ...string) *nodeS
 	t.Helper()
 	cmd := exec.Command("node", append([]string{script}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	stderr := &lostBuffer{}
+	stderr := &stacktest.SyncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
