@@ -10,7 +10,6 @@ import (
 	"math/big"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -67,9 +66,7 @@ func bindNetwork(t testing.TB) string {
 type running struct {
 	ix      *indexer.Indexer
 	network string
-	once    sync.Once
-	err     error
-	stopLog func()
+	run     *stacktest.Indexer
 }
 
 // config is the tests' default indexer configuration: USDC, a small finality depth, fast polling.
@@ -92,29 +89,12 @@ func start(t testing.TB, cfg indexer.Config) *running {
 	if cfg.Logger == nil {
 		cfg.Logger = log
 	}
-	r := &running{ix: indexer.New(cfg), network: cfg.Network, stopLog: stopLog}
-	if err := r.ix.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := r.stop(); err != nil && !errors.Is(err, indexer.ErrDeepReorg) {
-			t.Errorf("indexer stopped with %v", err)
-		}
-	})
-	return r
+	run := stacktest.RunIndexer(t, cfg, stopLog, func(err error) bool { return errors.Is(err, indexer.ErrDeepReorg) })
+	return &running{ix: run.Service(), network: cfg.Network, run: run}
 }
 
 // stop stops the indexer and returns what Stop returned.
-func (r *running) stop() error {
-	r.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r.err = r.ix.Stop(ctx)
-		// The loop has returned, but its head follower may still be winding down: drop its last words.
-		r.stopLog()
-	})
-	return r.err
-}
+func (r *running) stop() error { return r.run.Stop() }
 
 // waitCursor waits until the indexer's cursor reaches block n.
 func (r *running) waitCursor(t testing.TB, n uint64, within time.Duration) indexer.Health {
