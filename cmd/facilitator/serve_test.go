@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -109,17 +110,27 @@ func launchServe(t *testing.T, bin string, env map[string]string, name string) *
 // settings), its base URL at addr, and returns at once.
 func launch(t *testing.T, bin string, env map[string]string, name, addr string, args ...string) *child {
 	t.Helper()
+	c := startProcess(t, bin, env, name, nil, args...)
+	c.base, c.client = "http://"+addr, &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	return c
+}
+
+// startProcess runs bin with args and env, and nothing of the test's own FACILITATOR_*,
+// DATABASE_URL or drop (prefixes of "NAME=") settings, and returns at once. Its output is shown
+// if the test fails; it is killed when the test ends.
+func startProcess(t *testing.T, bin string, env map[string]string, name string, drop []string, args ...string) *child {
+	t.Helper()
 	var list []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
+		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") &&
+			!slices.ContainsFunc(drop, func(p string) bool { return strings.HasPrefix(kv, p) }) {
 			list = append(list, kv)
 		}
 	}
 	for k, v := range env {
 		list = append(list, k+"="+v)
 	}
-	c := &child{name: name, logs: &stacktest.SyncBuffer{}, exited: make(chan struct{}), base: "http://" + addr,
-		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
+	c := &child{name: name, logs: &stacktest.SyncBuffer{}, exited: make(chan struct{})}
 	c.cmd = exec.Command(bin, args...)
 	c.cmd.Env = list
 	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
