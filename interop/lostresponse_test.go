@@ -68,23 +68,7 @@ func TestLostResponseRecovered(t *testing.T) {
 	if res.PaymentID != id {
 		t.Errorf("the payload carried payment id %q, want %q", res.PaymentID, id)
 	}
-	if res.Status != http.StatusOK {
-		t.Fatalf("the retry got %d %v, want 200", res.Status, res.Content)
-	}
-	if c, _ := res.Content.(map[string]any); c["content"] != "secret" {
-		t.Errorf("the retry got %v, want the content", res.Content)
-	}
-	pr := res.PaymentResponse
-	if pr == nil {
-		t.Fatal("the retry carried no PAYMENT-RESPONSE")
-	}
-	txHash, _ := pr["transaction"].(string)
-	if pr["success"] != true || len(common.FromHex(txHash)) != 32 || pr["network"] != facilitator.CAIP2(diffChainID) {
-		t.Errorf("PAYMENT-RESPONSE %v: want success with a transaction hash on %s", pr, facilitator.CAIP2(diffChainID))
-	}
-	if payer.Hex() != fmt.Sprint(pr["payer"]) {
-		t.Errorf("PAYMENT-RESPONSE payer %v, want %s", pr["payer"], payer.Hex())
-	}
+	txHash := checkPaidAnswer(t, "the retry", res.Status, res.Content, res.PaymentResponse, payer)
 
 	// The chain: charged exactly once, one transaction sent.
 	if d := new(big.Int).Sub(payerBefore, lostBalance(t, ctx, payer)); d.Cmp(big.NewInt(lostPrice)) != 0 {
