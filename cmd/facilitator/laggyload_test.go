@@ -158,12 +158,18 @@ func (a loadAudit) evidence(ctx context.Context, t *testing.T) {
 // withFinality sets every network of a FACILITATOR_NETWORKS value to depth.
 func withFinality(t *testing.T, networks string, depth uint64) string {
 	t.Helper()
+	return editNetworks(t, networks, func(n map[string]any) { n["finality"] = depth })
+}
+
+// editNetworks applies edit to every network of a FACILITATOR_NETWORKS value.
+func editNetworks(t *testing.T, networks string, edit func(n map[string]any)) string {
+	t.Helper()
 	var nets []map[string]any
 	if err := json.Unmarshal([]byte(networks), &nets); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nets {
-		n["finality"] = depth
+		edit(n)
 	}
 	out, err := json.Marshal(nets)
 	if err != nil {

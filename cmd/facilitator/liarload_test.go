@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -65,16 +64,14 @@ func liarLoad(t *testing.T, name string, batched bool) {
 	// goes to it, so its inventions reach the engine and only the quorum stands between them and
 	// an answer.
 	env := serveEnv(t, dbURL, chain, liarURL, load.key)
-	var nets []map[string]any
-	if err := json.Unmarshal([]byte(withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], proxyLoadFinality), chain.RPCURL, laggyURL)), &nets); err != nil {
-		t.Fatal(err)
-	}
-	nets[0]["finalityTag"] = facilitator.TagFinalized
-	nets[0]["quorum"] = 2
-	if batched {
-		nets[0]["batch"] = map[string]any{"max": 5, "wait": "100ms"}
-	}
-	env["FACILITATOR_NETWORKS"] = string(mustJSON(nets))
+	networks := withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], proxyLoadFinality), chain.RPCURL, laggyURL)
+	env["FACILITATOR_NETWORKS"] = editNetworks(t, networks, func(n map[string]any) {
+		n["finalityTag"] = facilitator.TagFinalized
+		n["quorum"] = 2
+		if batched {
+			n["batch"] = map[string]any{"max": 5, "wait": "100ms"}
+		}
+	})
 	env["FACILITATOR_LOG_LEVEL"] = "info"
 	env["FACILITATOR_BUMP_AFTER"] = proxyLoadBumpAfter
 	env["FACILITATOR_RECONCILE_SCHEDULE"] = "@every 5s"

@@ -291,14 +291,11 @@ func quorumStack(ctx context.Context, t *testing.T, db string, tag string) (*chi
 	load := newFaultLoad(ctx, t, chain, 1)
 	load.idShare = 0
 	env := serveEnv(t, dbURL, chain, chain.RPCURL, load.key)
-	var nets []map[string]any
-	if err := json.Unmarshal([]byte(withRPCs(t, env["FACILITATOR_NETWORKS"], liarURL)), &nets); err != nil {
-		t.Fatal(err)
-	}
-	if tag != "" {
-		nets[0]["finalityTag"] = tag
-	}
-	env["FACILITATOR_NETWORKS"] = string(mustJSON(nets))
+	env["FACILITATOR_NETWORKS"] = editNetworks(t, withRPCs(t, env["FACILITATOR_NETWORKS"], liarURL), func(n map[string]any) {
+		if tag != "" {
+			n["finalityTag"] = tag
+		}
+	})
 	env["FACILITATOR_LOG_LEVEL"] = "info"
 	return startServe(ctx, t, bin, env, "facilitator"), liar, load, chain, dbURL
 }
