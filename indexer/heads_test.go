@@ -17,8 +17,7 @@ import (
 func startProxiedHeads(t *testing.T) (*stacktest.Proxy, indexer.Config, *running, *devchain.Account) {
 	t.Helper()
 	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-	cfg := config(bindNetwork(t))
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
 	cfg.Heads = ethrpc.NewHeads(0, nil, proxy.URL())
 	cfg.PollInterval = 100 * time.Millisecond
 	sender := gasAccount(t)

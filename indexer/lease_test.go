@@ -17,9 +17,8 @@ import (
 // the cursor, and the index stays exactly eth_getLogs. Only the leader beats (on its clock): a
 // waiting replica's silence is not a stall, and a stuck leader's is.
 func TestLeaseFailover(t *testing.T) {
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
+	network := cfg.Network
 	sender := gasAccount(t)
 	skew := 48 * time.Hour
 	cfg.Now = func() time.Time { return time.Now().Add(skew) }
@@ -83,9 +82,7 @@ func TestLeaseFailover(t *testing.T) {
 // TestSlowCommitKeepsLease: a commit that takes a few seconds (here, blocked by a table lock; in
 // production, a large COPY or a busy database) must not cost the leader its lease.
 func TestSlowCommitKeepsLease(t *testing.T) {
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
 	logs := &stacktest.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	sender := gasAccount(t)

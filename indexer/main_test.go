@@ -82,6 +82,14 @@ func config(network string) indexer.Config {
 	}
 }
 
+// freshConfig is config on a network of the test's own, from the chain's next block.
+func freshConfig(t testing.TB) indexer.Config {
+	t.Helper()
+	cfg := config(bindNetwork(t))
+	cfg.StartBlock = head(t) + 1
+	return cfg
+}
+
 // start runs an indexer until the test ends (or stop).
 func start(t testing.TB, cfg indexer.Config) *running {
 	t.Helper()
@@ -156,15 +164,6 @@ func gasAccount(t testing.TB) *devchain.Account {
 	return a
 }
 
-func randomNonce(t testing.TB) [32]byte {
-	t.Helper()
-	var n [32]byte
-	if _, err := rand.Read(n[:]); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func randomAddress(t testing.TB) common.Address {
 	t.Helper()
 	var a common.Address
@@ -191,7 +190,7 @@ func payOnce(t testing.TB, payer *devchain.Account, sender *devchain.Account, am
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	a := devchain.TransferAuthorization{From: payer.Address, To: randomAddress(t), Value: big.NewInt(amount),
-		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: randomNonce(t)}
+		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: stacktest.Random32(t)}
 	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
 	if err != nil {
 		t.Fatal(err)
