@@ -17,7 +17,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,29 +126,11 @@ func (c *rpcCounter) reset() {
 	c.calls.Store(0)
 }
 
-// syncBuffer collects the server's logs; handlers log from their own goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // stack is the facilitator's HTTP API served by httptest over a real Verifier.
 type stack struct {
 	URL  string
 	RPC  *rpcCounter // nil when the verifier has a custom reader
-	Logs *syncBuffer
+	Logs *stacktest.SyncBuffer
 }
 
 type stackOptions struct {
@@ -165,7 +146,7 @@ func newStack(tb testing.TB, opts stackOptions) *stack {
 	if opts.Network != nil {
 		n = *opts.Network
 	}
-	s := &stack{Logs: &syncBuffer{}}
+	s := &stack{Logs: &stacktest.SyncBuffer{}}
 	o := stacktest.ServerOptions{Network: &n, Reader: opts.Reader, Signers: signers(),
 		Logger: slog.New(slog.NewTextHandler(s.Logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Config: func(c *api.Config, _ *stacktest.Server) { c.VerifyTimeout = opts.VerifyTimeout }}
@@ -186,7 +167,18 @@ type response struct {
 
 func (r response) String() string { return fmt.Sprintf("HTTP %d %s", r.Status, r.Body) }
 
+// do sends one request, saying its body (if any) is JSON, and reads the answer in full.
 func do(tb testing.TB, method, u string, body []byte) response {
+	tb.Helper()
+	return doWith(tb, method, u, body, func(h http.Header) {
+		if body != nil {
+			h.Set("Content-Type", "application/json")
+		}
+	})
+}
+
+// doWith sends one request with the headers set sets and reads the answer in full.
+func doWith(tb testing.TB, method, u string, body []byte, set func(http.Header)) response {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -198,9 +190,7 @@ func do(tb testing.TB, method, u string, body []byte) response {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
+	set(req.Header)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		tb.Fatalf("%s %s: %v", method, u, err)
@@ -345,6 +335,14 @@ func edited(tb testing.TB, edit func(m map[string]any)) []byte {
 // verdict decodes a VerifyResponse-shaped body and checks that it has no other keys.
 func verdict(tb testing.TB, r response) (facilitator.VerifyResponse, map[string]json.RawMessage) {
 	tb.Helper()
+	return decodeAnswer[facilitator.VerifyResponse](tb, r, "VerifyResponse",
+		[]string{"isValid", "invalidReason", "invalidMessage", "payer", "extensions", "extra"}, "isValid")
+}
+
+// decodeAnswer decodes an answer's body as a T (kind names it): JSON, an object with no keys
+// but allowed, and each of required present. It returns the keys too.
+func decodeAnswer[T any](tb testing.TB, r response, kind string, allowed []string, required ...string) (T, map[string]json.RawMessage) {
+	tb.Helper()
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 		tb.Fatalf("Content-Type %q, want application/json (%s)", ct, r)
 	}
@@ -353,18 +351,18 @@ func verdict(tb testing.TB, r response) (facilitator.VerifyResponse, map[string]
 		tb.Fatalf("body is not a JSON object: %v (%s)", err, r)
 	}
 	for k := range keys {
-		switch k {
-		case "isValid", "invalidReason", "invalidMessage", "payer", "extensions", "extra":
-		default:
-			tb.Fatalf("unexpected key %q in a VerifyResponse (%s)", k, r)
+		if !slices.Contains(allowed, k) {
+			tb.Fatalf("unexpected key %q in a %s (%s)", k, kind, r)
 		}
 	}
-	if _, ok := keys["isValid"]; !ok {
-		tb.Fatalf("isValid missing (%s)", r)
+	for _, k := range required {
+		if _, ok := keys[k]; !ok {
+			tb.Fatalf("%q missing (%s)", k, r)
+		}
 	}
-	var res facilitator.VerifyResponse
+	var res T
 	if err := json.Unmarshal(r.Body, &res); err != nil {
-		tb.Fatalf("body is not a VerifyResponse: %v (%s)", err, r)
+		tb.Fatalf("body is not a %s: %v (%s)", kind, err, r)
 	}
 	return res, keys
 }
@@ -536,32 +534,52 @@ func badInputs(t *testing.T) []badInput {
 	}
 }
 
+// wantUnavailable fails the test unless r is a 503 with Retry-After.
+func wantUnavailable(t *testing.T, r response) {
+	t.Helper()
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("want 503, got %s", r)
+	}
+	if r.Header.Get("Retry-After") == "" {
+		t.Fatalf("503 without Retry-After")
+	}
+}
+
+// sendBadInput sends one request that cannot be processed and checks what every endpoint's answer
+// to it shares: a 400 without Retry-After that does not echo the input, and no RPC call made for
+// it.
+func sendBadInput(t *testing.T, rpc *rpcCounter, send func() response) response {
+	t.Helper()
+	before := rpc.calls.Load()
+	r := send()
+	if r.Status != http.StatusBadRequest {
+		t.Fatalf("want 400, got %s", r)
+	}
+	if r.Header.Get("Retry-After") != "" {
+		t.Fatalf("Retry-After on a 400")
+	}
+	if len(r.Body) > 1024 {
+		t.Fatalf("a %d-byte answer echoes too much input", len(r.Body))
+	}
+	if got := rpc.calls.Load() - before; got != 0 {
+		t.Fatalf("%d RPC calls for a request that cannot be processed", got)
+	}
+	return r
+}
+
 // TestVerifyBadInput: what cannot be processed is a 400 with a VerifyResponse-shaped body, and
 // touches neither the chain nor anything else.
 func TestVerifyBadInput(t *testing.T) {
 	s := newStack(t, stackOptions{})
 	for _, tc := range badInputs(t) {
 		t.Run(tc.name, func(t *testing.T) {
-			before := s.RPC.calls.Load()
-			r := s.verify(t, tc.body)
-			if r.Status != http.StatusBadRequest {
-				t.Fatalf("want 400, got %s", r)
-			}
-			if r.Header.Get("Retry-After") != "" {
-				t.Fatalf("Retry-After on a 400")
-			}
+			r := sendBadInput(t, s.RPC, func() response { return s.verify(t, tc.body) })
 			res, keys := verdict(t, r)
 			if string(keys["isValid"]) != "false" || res.InvalidReason == "" || res.InvalidMessage == "" {
 				t.Fatalf("want isValid false with a reason and a message, got %s", r)
 			}
 			if res.InvalidReason != tc.reason {
 				t.Fatalf("reason %q, want %q (%s)", res.InvalidReason, tc.reason, r)
-			}
-			if len(r.Body) > 1024 {
-				t.Fatalf("a %d-byte answer echoes too much input", len(r.Body))
-			}
-			if got := s.RPC.calls.Load() - before; got != 0 {
-				t.Fatalf("%d RPC calls for a request that cannot be processed", got)
 			}
 		})
 	}
@@ -719,12 +737,7 @@ func TestVerifyRPCDown(t *testing.T) {
 			s := newStack(t, tc.opts)
 			p := newPayment(t, 1)
 			r := s.verify(t, p.body(t))
-			if r.Status != http.StatusServiceUnavailable {
-				t.Fatalf("want 503, got %s", r)
-			}
-			if r.Header.Get("Retry-After") == "" {
-				t.Fatalf("503 without Retry-After")
-			}
+			wantUnavailable(t, r)
 			res, keys := verdict(t, r)
 			if string(keys["isValid"]) != "false" || res.InvalidReason != facilitator.ReasonUnexpectedVerifyError || res.InvalidMessage == "" {
 				t.Fatalf("want isValid false unexpected_verify_error with a message, got %s", r)

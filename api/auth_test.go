@@ -2,12 +2,10 @@ package api_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -65,32 +63,16 @@ func newKey(t *testing.T, db *postgres.DB, scopes []facilitator.Scope, payTo ...
 	return full, id
 }
 
+// doAuth is do with key as the bearer ("" for none); it says the body is JSON even when there is
+// none.
 func doAuth(tb testing.TB, method, u, key string, body []byte) response {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return response{Status: res.StatusCode, Header: res.Header, Body: b}
+	return doWith(tb, method, u, body, func(h http.Header) {
+		h.Set("Content-Type", "application/json")
+		if key != "" {
+			h.Set("Authorization", "Bearer "+key)
+		}
+	})
 }
 
 func withID(tb testing.TB, p payment, id string) []byte {
@@ -593,15 +575,7 @@ func TestAuthWebhooksOwned(t *testing.T) {
 		t.Helper()
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		defer cancel()
-		req, err := http.NewRequestWithContext(sctx, http.MethodGet, s.URL+"/v1/events/payments/"+pid, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+key)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		res := sendKeyed(sctx, t, s.URL+"/v1/events/payments/"+pid, key)
 		defer res.Body.Close()
 		if res.StatusCode != http.StatusOK {
 			return res.StatusCode, ""

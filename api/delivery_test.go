@@ -59,6 +59,16 @@ func (s *claimingSettler) ReleaseDelivery(ctx context.Context, out facilitator.S
 	return nil
 }
 
+// waitServed waits until the handler of a request has returned.
+func waitServed(t *testing.T, served <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-served:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler never returned")
+	}
+}
+
 // newDeliveryServer serves the API over settler on a real listener; served hears each request's
 // handler return.
 func newDeliveryServer(t *testing.T, settler api.Settler) (hs *httptest.Server, served chan struct{}) {
@@ -116,11 +126,7 @@ func TestSettleReleasesUndelivered(t *testing.T) {
 		settler := newClaimingSettler(true)
 		hs, served := newDeliveryServer(t, settler)
 		sendAndLeave(t, hs.Listener.Addr().String(), body, settler.entered)
-		select {
-		case <-served:
-		case <-time.After(20 * time.Second):
-			t.Fatal("the handler never returned")
-		}
+		waitServed(t, served)
 		// The handler releases before it returns.
 		select {
 		case rel := <-settler.released:
@@ -168,11 +174,7 @@ func TestSettleReleasesUndelivered(t *testing.T) {
 		if r.Header.Get("Content-Length") == "" || len(r.Header.Values("Transfer-Encoding")) != 0 {
 			t.Fatalf("want a plain answer with a length, got headers %v", r.Header)
 		}
-		select {
-		case <-served:
-		case <-time.After(20 * time.Second):
-			t.Fatal("the handler never returned")
-		}
+		waitServed(t, served)
 		select {
 		case rel := <-settler.released:
 			t.Fatalf("released settlement %d, whose success the caller read", rel.id)

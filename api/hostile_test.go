@@ -22,6 +22,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/notify"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
 )
 
@@ -30,7 +31,7 @@ import (
 // ledger. The notify dispatcher is never started: nothing here may register a webhook anyway.
 type hostileStack struct {
 	URL       string
-	Logs      *syncBuffer
+	Logs      *stacktest.SyncBuffer
 	Signer    common.Address
 	LedgerURL string
 }

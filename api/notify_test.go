@@ -28,7 +28,7 @@ func notifyLedger(t *testing.T) string { return env.Ledger(t, "apinotify") }
 // the notify routes, over the shared chain and the apinotify database.
 type notifyStack struct {
 	URL  string
-	Logs *syncBuffer
+	Logs *stacktest.SyncBuffer
 }
 
 type notifyOptions struct {

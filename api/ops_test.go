@@ -66,14 +66,7 @@ func TestAuthOperatorRoutes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req, _ := http.NewRequest(http.MethodGet, hs.URL+path, nil)
-		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: token})
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		return res.StatusCode
+		return getWithSession(t, hs.URL+path, token)
 	}
 	for _, path := range []string{"/console/ops", "/console/ops/overview.json"} {
 		if got := cookie(path, operator); got != http.StatusOK {

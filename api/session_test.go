@@ -49,6 +49,20 @@ func (m *memSessions) RevokeConsoleSession(_ context.Context, hash [32]byte, at 
 	return nil
 }
 
+// getWithSession sends a GET to u with the console's session cookie token and returns the
+// answer's status.
+func getWithSession(t *testing.T, u, token string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, u, nil)
+	req.AddCookie(&http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: token})
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
 // TestConsoleSessionScopes: a session opens what both it and its key may do now: a key that
 // loses a scope after the login loses it in the session too, and a scope added to the key after
 // the login is not in the session.
@@ -66,14 +80,7 @@ func TestConsoleSessionScopes(t *testing.T) {
 	}
 	get := func(path string) int {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, hs.URL+path, nil)
-		req.AddCookie(&http.Cookie{Name: facilitator.ConsoleSessionCookie, Value: token})
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		return res.StatusCode
+		return getWithSession(t, hs.URL+path, token)
 	}
 	if got := get("/console"); got != http.StatusOK {
 		t.Fatalf("/console with the session: %d", got)

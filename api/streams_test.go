@@ -55,13 +55,8 @@ func TestStreamsPerKey(t *testing.T) {
 func openKeyed(t *testing.T, u, key string) (closeStream func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
+	t.Cleanup(cancel) // also when the request fails
+	res := sendKeyed(ctx, t, u, key)
 	closeStream = func() { cancel(); res.Body.Close() }
 	t.Cleanup(closeStream)
 	if res.StatusCode != http.StatusOK {
@@ -74,37 +69,49 @@ func openKeyed(t *testing.T, u, key string) (closeStream func()) {
 	return closeStream
 }
 
-// tryKeyed reports whether a stream with key opens (closing it at once).
-func tryKeyed(t *testing.T, u, key string) bool {
+// getKeyed sends a stream's GET with key and returns the answer; it closes an opened stream at once
+// and reads the body of any other answer.
+func getKeyed(t *testing.T, u, key string) (res *http.Response, body []byte) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	res = sendKeyed(ctx, t, u, key)
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		body, _ = io.ReadAll(res.Body)
+	}
+	return res, body
+}
+
+// sendKeyed sends a GET with key as the bearer and returns the answer; the caller closes its body.
+func sendKeyed(ctx context.Context, t *testing.T, u, key string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	req.Header.Set("Authorization", "Bearer "+key)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	return res
+}
+
+// tryKeyed reports whether a stream with key opens (closing it at once).
+func tryKeyed(t *testing.T, u, key string) bool {
+	t.Helper()
+	res, _ := getKeyed(t, u, key)
 	return res.StatusCode == http.StatusOK
 }
 
 // refusedStream checks that a stream with key is refused with status and reason, and Retry-After.
 func refusedStream(t *testing.T, u, key string, status int, reason string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
+	res, b := getKeyed(t, u, key)
 	if res.StatusCode == http.StatusOK {
 		t.Fatalf("GET %s: the stream opened, want %d %s", u, status, reason)
 	}
-	b, _ := io.ReadAll(res.Body)
 	var body map[string]string
 	if json.Unmarshal(b, &body) != nil || res.StatusCode != status || body["error"] != reason || body["message"] == "" {
 		t.Fatalf("GET %s: want %d %s, got %d %s", u, status, reason, res.StatusCode, b)

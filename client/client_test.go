@@ -57,52 +57,50 @@ func TestSettleRetriesTheSamePayload(t *testing.T) {
 	}
 }
 
+// answeringServer answers every request with status, Retry-After retryAfter ("" for none) and
+// res, until the test ends; calls counts the requests.
+func answeringServer(t *testing.T, status int, retryAfter string, res facilitator.SettleResponse) (url string, calls *int) {
+	calls = new(int)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		*calls++
+		if retryAfter != "" {
+			w.Header().Set("Retry-After", retryAfter)
+		}
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(res)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, calls
+}
+
 // TestSettleStopsAtTheLimit: past its retries the client returns the pending answer with its hash,
 // for the caller to look up later, and does not keep going.
 func TestSettleStopsAtTheLimit(t *testing.T) {
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls++
-		w.Header().Set("Retry-After", "0")
-		_ = json.NewEncoder(w).Encode(facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending, Transaction: "0xcd", Network: "n"})
-	}))
-	defer srv.Close()
-	res, err := client.New(srv.URL, client.WithRetries(2)).Settle(context.Background(), []byte(`{}`))
-	if err != nil || res.ErrorReason != facilitator.ReasonSettlementPending || res.Transaction != "0xcd" || calls != 3 {
-		t.Fatalf("got %+v, %v after %d calls", res, err, calls)
+	url, calls := answeringServer(t, http.StatusOK, "0", facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending, Transaction: "0xcd", Network: "n"})
+	res, err := client.New(url, client.WithRetries(2)).Settle(context.Background(), []byte(`{}`))
+	if err != nil || res.ErrorReason != facilitator.ReasonSettlementPending || res.Transaction != "0xcd" || *calls != 3 {
+		t.Fatalf("got %+v, %v after %d calls", res, err, *calls)
 	}
 }
 
 // TestSettleDefiniteErrors: a 409 or 400 is not retried; the reason reaches the caller.
 func TestSettleDefiniteErrors(t *testing.T) {
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls++
-		w.WriteHeader(http.StatusConflict)
-		_ = json.NewEncoder(w).Encode(facilitator.SettleResponse{ErrorReason: facilitator.ReasonPaymentIdentifierConflict, ErrorMessage: "differs", Network: "n"})
-	}))
-	defer srv.Close()
-	_, err := client.New(srv.URL).Settle(context.Background(), []byte(`{}`))
+	url, calls := answeringServer(t, http.StatusConflict, "", facilitator.SettleResponse{ErrorReason: facilitator.ReasonPaymentIdentifierConflict, ErrorMessage: "differs", Network: "n"})
+	_, err := client.New(url).Settle(context.Background(), []byte(`{}`))
 	var ce *client.Error
-	if !errors.As(err, &ce) || ce.Status != http.StatusConflict || ce.Reason != facilitator.ReasonPaymentIdentifierConflict || calls != 1 {
-		t.Fatalf("got %v after %d calls", err, calls)
+	if !errors.As(err, &ce) || ce.Status != http.StatusConflict || ce.Reason != facilitator.ReasonPaymentIdentifierConflict || *calls != 1 {
+		t.Fatalf("got %v after %d calls", err, *calls)
 	}
 }
 
 // TestSettleHonoursTheDeadline: a Retry-After longer than the caller's deadline ends the retries.
 func TestSettleHonoursTheDeadline(t *testing.T) {
-	calls := 0
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls++
-		w.Header().Set("Retry-After", "60")
-		_ = json.NewEncoder(w).Encode(facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending, Transaction: "0xef", Network: "n"})
-	}))
-	defer srv.Close()
+	url, calls := answeringServer(t, http.StatusOK, "60", facilitator.SettleResponse{ErrorReason: facilitator.ReasonSettlementPending, Transaction: "0xef", Network: "n"})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	res, err := client.New(srv.URL).Settle(ctx, []byte(`{}`))
-	if err != nil || res.Transaction != "0xef" || calls != 1 || ctx.Err() != nil {
-		t.Fatalf("got %+v, %v after %d calls (ctx %v): it must return the pending answer at once, not wait past the deadline", res, err, calls, ctx.Err())
+	res, err := client.New(url).Settle(ctx, []byte(`{}`))
+	if err != nil || res.Transaction != "0xef" || *calls != 1 || ctx.Err() != nil {
+		t.Fatalf("got %+v, %v after %d calls (ctx %v): it must return the pending answer at once, not wait past the deadline", res, err, *calls, ctx.Err())
 	}
 }
 

@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"bytes"
 	"crypto/tls"
 	"io"
 	"log/slog"
@@ -21,31 +20,13 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
-// lockedBuffer is a log sink the server's goroutines share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // consoleStack is the API with the console in keys mode on the real stack, its log (API's and
 // console's) captured, and the handler itself for requests a plain-HTTP test server cannot make
 // (over TLS).
 type consoleStack struct {
 	*stacktest.Server
 	handler http.Handler
-	logs    *lockedBuffer
+	logs    *stacktest.SyncBuffer
 	db      *postgres.DB
 	// clock is the sessions' and the limiters' clock.
 	clock *testClock
@@ -76,7 +57,7 @@ func (c *testClock) Add(d time.Duration) {
 func newConsoleStack(t *testing.T, tune ...func(*api.AuthConfig)) *consoleStack {
 	t.Helper()
 	db := env.OpenDB(t)
-	logs := &lockedBuffer{}
+	logs := &stacktest.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(logs, stacktestWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e := env.NewEngine(t, stacktest.EngineOptions{DB: db, Logger: log})
 	clock := &testClock{now: time.Now()}

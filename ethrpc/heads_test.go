@@ -66,11 +66,7 @@ func TestHeadsShared(t *testing.T) {
 // again.
 func TestHeadsResubscribe(t *testing.T) {
 	t.Parallel()
-	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-	h := ethrpc.NewHeads(5*time.Second, nil, proxy.URL())
-	f := follow(t, h)
-	waitUntil(t, "the subscription", 10*time.Second, h.Subscribed)
-	f.waitHead(t, mine(t), 5*time.Second)
+	proxy, h, f := followThroughProxy(t, 5*time.Second)
 
 	proxy.SetMode(stacktest.Refuse)
 	waitUntil(t, "the subscription to drop", 5*time.Second, func() bool { return !h.Subscribed() })
@@ -93,11 +89,7 @@ func TestHeadsUnresponsive(t *testing.T) {
 	for _, mode := range []stacktest.ProxyMode{stacktest.Freeze, stacktest.Blackhole} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-			h := ethrpc.NewHeads(2*time.Second, nil, proxy.URL())
-			f := follow(t, h)
-			waitUntil(t, "the subscription", 10*time.Second, h.Subscribed)
-			f.waitHead(t, mine(t), 5*time.Second)
+			proxy, h, f := followThroughProxy(t, 2*time.Second)
 			bound := 15 * time.Second // a frozen connection's eth_unsubscribe waits out go-ethereum's 10 s
 			if mode == stacktest.Blackhole {
 				proxy.SetMode(stacktest.Refuse)
@@ -141,6 +133,18 @@ type follower struct {
 
 	mu    sync.Mutex
 	heads []uint64
+}
+
+// followThroughProxy follows heads over a WebSocket through a proxy the test controls (timeout
+// bounds the dial and the subscribe call); it returns once the follower has heard a head.
+func followThroughProxy(t *testing.T, timeout time.Duration) (*stacktest.Proxy, *ethrpc.Heads, *follower) {
+	t.Helper()
+	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
+	h := ethrpc.NewHeads(timeout, nil, proxy.URL())
+	f := follow(t, h)
+	waitUntil(t, "the subscription", 10*time.Second, h.Subscribed)
+	f.waitHead(t, mine(t), 5*time.Second)
+	return proxy, h, f
 }
 
 func follow(t *testing.T, h *ethrpc.Heads) *follower {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestBackfillMatchesGetLogs indexes a chain holding more than 10,000 USDC events (mints,
@@ -60,10 +61,10 @@ func TestBackfillMatchesGetLogs(t *testing.T) {
 	for i := range authCount {
 		payer := payers[i%payerCount]
 		a := devchain.TransferAuthorization{From: payer.Address, To: recipients[i%len(recipients)], Value: big.NewInt(int64(1 + i%997*1000)),
-			ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: randomNonce(t)}
+			ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: stacktest.Random32(t)}
 		txs = append(txs, senders[i%senderCount].sign(t, &chain.USDC.Address, packTransferWithAuthorization(t, payer.Key, a), 150_000))
 		if i%(authCount/cancelCount) == authCount/cancelCount/2 {
-			c := settled{payer: payer.Address, nonce: randomNonce(t)}
+			c := settled{payer: payer.Address, nonce: stacktest.Random32(t)}
 			canceled = append(canceled, c)
 			s := senders[(i+1)%senderCount]
 			txs = append(txs, s.sign(t, &chain.USDC.Address, packCancelAuthorization(t, payer.Key, c.nonce), 100_000))
@@ -237,9 +238,8 @@ func (l *rangeLimiter) BatchCallContext(ctx context.Context, b []rpc.BatchElem) 
 // 128 blocks here, which is also where a restarted indexer lands after a short stop) must be read
 // in ranges the provider accepts, like the backfill's.
 func TestLiveRangeRespectsProviderLimits(t *testing.T) {
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
+	network := cfg.Network
 	sender := gasAccount(t)
 	for i := range 5 {
 		payOnce(t, chain.Accounts[8], sender, int64(1+i))

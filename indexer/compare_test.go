@@ -106,50 +106,51 @@ func fromChain(t testing.TB, tokens []common.Address, from, to uint64) (transfer
 // fromIndex reads the network's indexed events in blocks [from, to], in chain order.
 func fromIndex(t testing.TB, network string, from, to uint64) (transfers, auths []row) {
 	t.Helper()
-	ctx := context.Background()
-	rows, err := pool.Query(ctx, `SELECT block_number, block_hash, block_time, tx_hash, log_index, token, from_addr, to_addr, value::text
-		FROM transfers WHERE network = $1 AND block_number BETWEEN $2 AND $3 ORDER BY block_number, log_index`, network, int64(from), int64(to))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var r row
-		var n int64
-		var idx int32
-		var bh, tx, token, fromA, toA []byte
-		var bt *time.Time
-		if err := rows.Scan(&n, &bh, &bt, &tx, &idx, &token, &fromA, &toA, &r.value); err != nil {
-			t.Fatal(err)
-		}
-		r.block, r.blockHash, r.blockTime, r.tx, r.logIndex = uint64(n), hash32(t, bh), unix(bt), hash32(t, tx), uint(idx)
-		r.token, r.from, r.to = addr20(t, token), addr20(t, fromA), addr20(t, toA)
-		transfers = append(transfers, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	rows, err = pool.Query(ctx, `SELECT block_number, block_hash, block_time, tx_hash, log_index, token, kind, authorizer, nonce
-		FROM authorization_events WHERE network = $1 AND block_number BETWEEN $2 AND $3 ORDER BY block_number, log_index`, network, int64(from), int64(to))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var r row
-		var n int64
-		var idx int32
-		var bh, tx, token, authorizer, nonce []byte
-		var bt *time.Time
-		if err := rows.Scan(&n, &bh, &bt, &tx, &idx, &token, &r.kind, &authorizer, &nonce); err != nil {
-			t.Fatal(err)
-		}
-		r.block, r.blockHash, r.blockTime, r.tx, r.logIndex = uint64(n), hash32(t, bh), unix(bt), hash32(t, tx), uint(idx)
-		r.token, r.authorizer, r.nonce = addr20(t, token), addr20(t, authorizer), hash32(t, nonce)
-		auths = append(auths, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	transfers = indexedRows(t, `SELECT block_number, block_hash, block_time, tx_hash, log_index, token, from_addr, to_addr, value::text
+		FROM transfers WHERE network = $1 AND block_number BETWEEN $2 AND $3 ORDER BY block_number, log_index`, network, from, to,
+		func(r *row) ([]any, func()) {
+			var fromA, toA []byte
+			return []any{&fromA, &toA, &r.value}, func() { r.from, r.to = addr20(t, fromA), addr20(t, toA) }
+		})
+	auths = indexedRows(t, `SELECT block_number, block_hash, block_time, tx_hash, log_index, token, kind, authorizer, nonce
+		FROM authorization_events WHERE network = $1 AND block_number BETWEEN $2 AND $3 ORDER BY block_number, log_index`, network, from, to,
+		func(r *row) ([]any, func()) {
+			var authorizer, nonce []byte
+			return []any{&r.kind, &authorizer, &nonce}, func() { r.authorizer, r.nonce = addr20(t, authorizer), hash32(t, nonce) }
+		})
 	return transfers, auths
+}
+
+// indexedRows runs query, over one events table, for network and blocks [from, to]. Its columns
+// are the ones every event has (block number, hash and time, transaction, log index, token), then
+// the table's own: own gives a row's destinations for those and what completes the row once they
+// are scanned.
+func indexedRows(t testing.TB, query, network string, from, to uint64, own func(r *row) ([]any, func())) []row {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), query, network, int64(from), int64(to))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []row
+	for rows.Next() {
+		var r row
+		var n int64
+		var idx int32
+		var bh, tx, token []byte
+		var bt *time.Time
+		dest, complete := own(&r)
+		if err := rows.Scan(append([]any{&n, &bh, &bt, &tx, &idx, &token}, dest...)...); err != nil {
+			t.Fatal(err)
+		}
+		r.block, r.blockHash, r.blockTime, r.tx, r.logIndex = uint64(n), hash32(t, bh), unix(bt), hash32(t, tx), uint(idx)
+		r.token = addr20(t, token)
+		complete()
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func hash32(t testing.TB, b []byte) common.Hash {

@@ -5,25 +5,32 @@ import (
 	"testing"
 	"time"
 
+	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
-// TestHeadsFallBackToPolling follows heads over a WebSocket that goes through a proxy the test
-// controls: when the proxy drops its connections and refuses new ones, the indexer keeps indexing
-// by polling; when the proxy is back, the subscription is too.
-func TestHeadsFallBackToPolling(t *testing.T) {
+// startProxiedHeads starts an indexer, from the next block, on a network of its own, whose heads
+// come over a WebSocket through a proxy the test controls, polling every 100 ms besides; it
+// returns once the indexer has subscribed, with a sender of gas for the test's payments.
+func startProxiedHeads(t *testing.T) (*stacktest.Proxy, indexer.Config, *running, *devchain.Account) {
+	t.Helper()
 	proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
 	cfg.Heads = ethrpc.NewHeads(0, nil, proxy.URL())
 	cfg.PollInterval = 100 * time.Millisecond
 	sender := gasAccount(t)
 	r := start(t, cfg)
-
 	r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Health) bool { return s.Subscribed })
+	return proxy, cfg, r, sender
+}
+
+// TestHeadsFallBackToPolling follows heads over a WebSocket that goes through a proxy the test
+// controls: when the proxy drops its connections and refuses new ones, the indexer keeps indexing
+// by polling; when the proxy is back, the subscription is too.
+func TestHeadsFallBackToPolling(t *testing.T) {
+	proxy, cfg, r, sender := startProxiedHeads(t)
 	p := payOnce(t, chain.Accounts[6], sender, 1)
 	r.waitCursor(t, p.block, 5*time.Second)
 
@@ -48,7 +55,7 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 		time.Since(backAt).Round(time.Millisecond), time.Since(droppedAt).Round(time.Millisecond), proxy.Accepted())
 	p = payOnce(t, chain.Accounts[6], sender, 3)
 	r.waitCursor(t, p.block, 5*time.Second)
-	c := compareWithChain(t, network, cfg.Tokens, cfg.StartBlock, p.block)
+	c := compareWithChain(t, cfg.Network, cfg.Tokens, cfg.StartBlock, p.block)
 	if c.used != 5 {
 		t.Errorf("indexed %+v, want 5 authorizations", c)
 	}
@@ -61,15 +68,7 @@ func TestHeadsFallBackToPolling(t *testing.T) {
 func TestHeadsUnresponsiveWebSocket(t *testing.T) {
 	for _, mode := range []stacktest.ProxyMode{stacktest.Freeze, stacktest.Blackhole} {
 		t.Run(mode.String(), func(t *testing.T) {
-			proxy := stacktest.NewProxy(t, strings.TrimPrefix(chain.WSURL, "ws://"))
-			network := bindNetwork(t)
-			cfg := config(network)
-			cfg.StartBlock = head(t) + 1
-			cfg.Heads = ethrpc.NewHeads(0, nil, proxy.URL())
-			cfg.PollInterval = 100 * time.Millisecond
-			sender := gasAccount(t)
-			r := start(t, cfg)
-			r.waitFor(t, "the subscription", 10*time.Second, func(s indexer.Health) bool { return s.Subscribed })
+			proxy, _, r, sender := startProxiedHeads(t)
 			if mode == stacktest.Blackhole {
 				// Drop the subscription so that the indexer dials again, into the black hole.
 				proxy.SetMode(stacktest.Refuse)

@@ -19,9 +19,8 @@ import (
 // some providers do). No range may be marked indexed on logs from a node that lacked its blocks:
 // the index must equal the chain's logs.
 func TestLaggingLogsLeaveNoGap(t *testing.T) {
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
+	network := cfg.Network
 	sender := gasAccount(t)
 	for i := range 2 {
 		payOnce(t, chain.Accounts[8], sender, int64(1+i))

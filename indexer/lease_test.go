@@ -4,12 +4,12 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestLeaseFailover runs two indexers for one network, as two replicas would (each with its own
@@ -17,9 +17,8 @@ import (
 // the cursor, and the index stays exactly eth_getLogs. Only the leader beats (on its clock): a
 // waiting replica's silence is not a stall, and a stuck leader's is.
 func TestLeaseFailover(t *testing.T) {
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
+	network := cfg.Network
 	sender := gasAccount(t)
 	skew := 48 * time.Hour
 	cfg.Now = func() time.Time { return time.Now().Add(skew) }
@@ -83,10 +82,8 @@ func TestLeaseFailover(t *testing.T) {
 // TestSlowCommitKeepsLease: a commit that takes a few seconds (here, blocked by a table lock; in
 // production, a large COPY or a busy database) must not cost the leader its lease.
 func TestSlowCommitKeepsLease(t *testing.T) {
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
-	logs := &captured{}
+	cfg := freshConfig(t)
+	logs := &stacktest.SyncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	sender := gasAccount(t)
 	r := start(t, cfg)
@@ -112,22 +109,4 @@ func TestSlowCommitKeepsLease(t *testing.T) {
 	if s := logs.String(); strings.Contains(s, "lost the indexer lease") || strings.Contains(s, "step failed") {
 		t.Errorf("a slow commit cost the lease:\n%s", s)
 	}
-}
-
-// captured collects log output.
-type captured struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (c *captured) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *captured) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
 }

@@ -10,7 +10,6 @@ import (
 	"math/big"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -67,9 +66,7 @@ func bindNetwork(t testing.TB) string {
 type running struct {
 	ix      *indexer.Indexer
 	network string
-	once    sync.Once
-	err     error
-	stopLog func()
+	run     *stacktest.Indexer
 }
 
 // config is the tests' default indexer configuration: USDC, a small finality depth, fast polling.
@@ -85,6 +82,14 @@ func config(network string) indexer.Config {
 	}
 }
 
+// freshConfig is config on a network of the test's own, from the chain's next block.
+func freshConfig(t testing.TB) indexer.Config {
+	t.Helper()
+	cfg := config(bindNetwork(t))
+	cfg.StartBlock = head(t) + 1
+	return cfg
+}
+
 // start runs an indexer until the test ends (or stop).
 func start(t testing.TB, cfg indexer.Config) *running {
 	t.Helper()
@@ -92,29 +97,12 @@ func start(t testing.TB, cfg indexer.Config) *running {
 	if cfg.Logger == nil {
 		cfg.Logger = log
 	}
-	r := &running{ix: indexer.New(cfg), network: cfg.Network, stopLog: stopLog}
-	if err := r.ix.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := r.stop(); err != nil && !errors.Is(err, indexer.ErrDeepReorg) {
-			t.Errorf("indexer stopped with %v", err)
-		}
-	})
-	return r
+	run := stacktest.RunIndexer(t, cfg, stopLog, func(err error) bool { return errors.Is(err, indexer.ErrDeepReorg) })
+	return &running{ix: run.Service(), network: cfg.Network, run: run}
 }
 
 // stop stops the indexer and returns what Stop returned.
-func (r *running) stop() error {
-	r.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r.err = r.ix.Stop(ctx)
-		// The loop has returned, but its head follower may still be winding down: drop its last words.
-		r.stopLog()
-	})
-	return r.err
-}
+func (r *running) stop() error { return r.run.Stop() }
 
 // waitCursor waits until the indexer's cursor reaches block n.
 func (r *running) waitCursor(t testing.TB, n uint64, within time.Duration) indexer.Health {
@@ -176,15 +164,6 @@ func gasAccount(t testing.TB) *devchain.Account {
 	return a
 }
 
-func randomNonce(t testing.TB) [32]byte {
-	t.Helper()
-	var n [32]byte
-	if _, err := rand.Read(n[:]); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func randomAddress(t testing.TB) common.Address {
 	t.Helper()
 	var a common.Address
@@ -211,7 +190,7 @@ func payOnce(t testing.TB, payer *devchain.Account, sender *devchain.Account, am
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	a := devchain.TransferAuthorization{From: payer.Address, To: randomAddress(t), Value: big.NewInt(amount),
-		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: randomNonce(t)}
+		ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: stacktest.Random32(t)}
 	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
 	if err != nil {
 		t.Fatal(err)

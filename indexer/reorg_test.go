@@ -14,16 +14,15 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestReorgRollsBack settles an authorization, lets the indexer store it, then makes the chain
 // drop it: the rows of the abandoned branch must go and the replacement branch must be indexed.
 func TestReorgRollsBack(t *testing.T) {
 	t.Run("evm_revert and a longer branch", func(t *testing.T) {
-		network := bindNetwork(t)
-		ctx := context.Background()
-		cfg := config(network)
-		cfg.StartBlock = head(t) + 1
+		cfg := freshConfig(t)
+		network, ctx := cfg.Network, context.Background()
 		obs := &reorgObserver{}
 		cfg.Observer = obs
 		r := start(t, cfg)
@@ -65,10 +64,8 @@ func TestReorgRollsBack(t *testing.T) {
 	})
 
 	t.Run("anvil_reorg", func(t *testing.T) {
-		network := bindNetwork(t)
-		ctx := context.Background()
-		cfg := config(network)
-		cfg.StartBlock = head(t) + 1
+		cfg := freshConfig(t)
+		network, ctx := cfg.Network, context.Background()
 		r := start(t, cfg)
 		payer, sender := chain.Accounts[3], gasAccount(t)
 		// Funded before the blocks that will be replaced, so it still has ETH on the new branch.
@@ -86,7 +83,7 @@ func TestReorgRollsBack(t *testing.T) {
 		// Replace the blocks from the authorization's up with as many new ones, the first carrying
 		// another transfer (from another gas account: the old sender's nonce is rewound too).
 		a := devchain.TransferAuthorization{From: payer.Address, To: randomAddress(t), Value: big.NewInt(4_000),
-			ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: randomNonce(t)}
+			ValidAfter: big.NewInt(0), ValidBefore: big.NewInt(time.Now().Unix() + 3600), Nonce: stacktest.Random32(t)}
 		tx := other.sign(t, &chain.USDC.Address, packTransferWithAuthorization(t, payer.Key, a), 150_000)
 		raw, err := tx.MarshalBinary()
 		if err != nil {
@@ -113,10 +110,8 @@ func TestReorgRollsBack(t *testing.T) {
 	})
 
 	t.Run("the first indexed block", func(t *testing.T) {
-		network := bindNetwork(t)
-		ctx := context.Background()
-		cfg := config(network)
-		cfg.StartBlock = head(t) + 1
+		cfg := freshConfig(t)
+		network, ctx := cfg.Network, context.Background()
 		payer, sender := chain.Accounts[2], gasAccount(t)
 		snap, err := chain.Snapshot(ctx)
 		if err != nil {
@@ -139,10 +134,8 @@ func TestReorgRollsBack(t *testing.T) {
 	})
 
 	t.Run("deeper than the window", func(t *testing.T) {
-		network := bindNetwork(t)
-		ctx := context.Background()
-		cfg := config(network)
-		cfg.StartBlock = head(t) + 1
+		cfg := freshConfig(t)
+		network, ctx := cfg.Network, context.Background()
 		r := start(t, cfg)
 		payer, sender := chain.Accounts[4], gasAccount(t)
 

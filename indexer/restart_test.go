@@ -13,9 +13,8 @@ import (
 // starts new instances on the same database while the chain moves on: each resumes from the
 // stored cursor, and in the end the index is exactly eth_getLogs, with no gap and no duplicate.
 func TestRestartResumes(t *testing.T) {
-	network := bindNetwork(t)
-	cfg := config(network)
-	cfg.StartBlock = head(t) + 1
+	cfg := freshConfig(t)
+	network := cfg.Network
 	sender := gasAccount(t)
 	pay := func(n int) {
 		for i := range n {
@@ -98,10 +97,8 @@ func TestRestartAfterReorg(t *testing.T) {
 		{"resuming with a backfill", 300},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			network := bindNetwork(t)
-			ctx := context.Background()
-			cfg := config(network)
-			cfg.StartBlock = head(t) + 1
+			cfg := freshConfig(t)
+			network, ctx := cfg.Network, context.Background()
 			payer, sender := chain.Accounts[5], gasAccount(t)
 			first := start(t, cfg)
 			mine(t, 3)

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // lostPrice is what the merchant charges for GET /paid, in USDC atomic units.
@@ -68,23 +68,7 @@ func TestLostResponseRecovered(t *testing.T) {
 	if res.PaymentID != id {
 		t.Errorf("the payload carried payment id %q, want %q", res.PaymentID, id)
 	}
-	if res.Status != http.StatusOK {
-		t.Fatalf("the retry got %d %v, want 200", res.Status, res.Content)
-	}
-	if c, _ := res.Content.(map[string]any); c["content"] != "secret" {
-		t.Errorf("the retry got %v, want the content", res.Content)
-	}
-	pr := res.PaymentResponse
-	if pr == nil {
-		t.Fatal("the retry carried no PAYMENT-RESPONSE")
-	}
-	txHash, _ := pr["transaction"].(string)
-	if pr["success"] != true || len(common.FromHex(txHash)) != 32 || pr["network"] != facilitator.CAIP2(diffChainID) {
-		t.Errorf("PAYMENT-RESPONSE %v: want success with a transaction hash on %s", pr, facilitator.CAIP2(diffChainID))
-	}
-	if payer.Hex() != fmt.Sprint(pr["payer"]) {
-		t.Errorf("PAYMENT-RESPONSE payer %v, want %s", pr["payer"], payer.Hex())
-	}
+	txHash := checkPaidAnswer(t, "the retry", res.Status, res.Content, res.PaymentResponse, payer)
 
 	// The chain: charged exactly once, one transaction sent.
 	if d := new(big.Int).Sub(payerBefore, lostBalance(t, ctx, payer)); d.Cmp(big.NewInt(lostPrice)) != 0 {
@@ -129,31 +113,22 @@ func TestLostResponseRecovered(t *testing.T) {
 
 	// Our facilitator: the first request verified and settled; the retry's verify and settle were
 	// answered as replays of it, and nothing else was asked.
-	calls := f.calls.list()
-	var verifies, settles []lostCall
-	for _, c := range calls {
-		switch c.Path {
-		case "/verify":
-			verifies = append(verifies, c)
-		case "/settle":
-			settles = append(settles, c)
-		}
-	}
+	verifies, settles := f.calls.to("/verify"), f.calls.to("/settle")
 	if len(verifies) != 2 || len(settles) != 2 {
 		t.Fatalf("the merchant called /verify %d times and /settle %d times, want 2 and 2", len(verifies), len(settles))
 	}
 	for i, want := range []bool{false, true} {
-		for _, c := range []lostCall{verifies[i], settles[i]} {
+		for _, c := range []call{verifies[i], settles[i]} {
 			if c.Status != http.StatusOK || c.Replay != want {
-				t.Errorf("%s #%d: %d replay=%v, want 200 replay=%v (%s)", c.Path, i+1, c.Status, c.Replay, want, c.Body)
+				t.Errorf("%s #%d: %d replay=%v, want 200 replay=%v (%s)", c.Path, i+1, c.Status, c.Replay, want, c.Response)
 			}
 		}
 	}
-	if !strings.Contains(settles[0].Body, `"success":true`) || !strings.Contains(settles[1].Body, `"success":true`) {
-		t.Errorf("settle answers: %s / %s", settles[0].Body, settles[1].Body)
+	if !strings.Contains(settles[0].Response, `"success":true`) || !strings.Contains(settles[1].Response, `"success":true`) {
+		t.Errorf("settle answers: %s / %s", settles[0].Response, settles[1].Response)
 	}
-	if !strings.Contains(verifies[1].Body, `"isValid":true`) {
-		t.Errorf("the retry's verify: %s", verifies[1].Body)
+	if !strings.Contains(verifies[1].Response, `"isValid":true`) {
+		t.Errorf("the retry's verify: %s", verifies[1].Response)
 	}
 	if _, replays := f.ids.Counts(); replays != 2 {
 		t.Errorf("the payment-id service counted %d replays, want 2", replays)
@@ -163,12 +138,12 @@ func TestLostResponseRecovered(t *testing.T) {
 // lostFacilitator is the merchant tests' stack with a record of which answers were replays.
 type lostFacilitator struct {
 	*stack
-	calls *lostCalls
+	calls *callLog
 }
 
 func startLostFacilitator(t *testing.T, ctx context.Context) *lostFacilitator {
 	t.Helper()
-	calls := &lostCalls{}
+	calls := &callLog{}
 	s := startStack(t, ctx, stackOptions{db: "interop_lost", settleDeadline: 30 * time.Second, around: calls.wrap})
 	return &lostFacilitator{stack: s, calls: calls}
 }
@@ -192,67 +167,8 @@ func (f *lostFacilitator) settlementsOf(t *testing.T, ctx context.Context, payer
 	return ids
 }
 
-// lostCall is one request the merchant made to our facilitator, and our answer.
-type lostCall struct {
-	Method, Path string
-	Status       int
-	Replay       bool // answered with Payment-Identifier-Replay: true
-	Body         string
-	Took         time.Duration
-}
-
-// lostCalls records every request to the wrapped handler.
-type lostCalls struct {
-	mu    sync.Mutex
-	calls []lostCall
-}
-
-func (l *lostCalls) wrap(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rw := &lostRecorder{ResponseWriter: w, status: http.StatusOK}
-		start := time.Now()
-		h.ServeHTTP(rw, r)
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.calls = append(l.calls, lostCall{Method: r.Method, Path: r.URL.Path, Status: rw.status,
-			Replay: w.Header().Get(facilitator.ReplayHeader) == "true", Body: strings.TrimSpace(rw.body.String()), Took: time.Since(start)})
-	})
-}
-
-func (l *lostCalls) list() []lostCall {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]lostCall(nil), l.calls...)
-}
-
-func (l *lostCalls) String() string {
-	var b strings.Builder
-	for i, c := range l.list() {
-		fmt.Fprintf(&b, "%d. %s %s -> %d replay=%v (%s) %s\n", i+1, c.Method, c.Path, c.Status, c.Replay, c.Took.Round(time.Millisecond), c.Body)
-	}
-	return b.String()
-}
-
-type lostRecorder struct {
-	http.ResponseWriter
-	status int
-	body   bytes.Buffer
-}
-
-func (r *lostRecorder) WriteHeader(code int) {
-	r.status = code
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *lostRecorder) Write(p []byte) (int, error) {
-	r.body.Write(p)
-	return r.ResponseWriter.Write(p)
-}
-
-func (r *lostRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
-
 // startLostMerchant runs js/merchant.mjs with the drop on, and waits for its listening line.
-func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*nodeServer, *lostBuffer) {
+func startLostMerchant(t *testing.T, ctx context.Context, facilitatorURL string, payTo common.Address) (*nodeServer, *stacktest.SyncBuffer) {
 	t.Helper()
 	m := startNode(t, "js/merchant.mjs", []string{"--facilitator", facilitatorURL, "--chain-id", fmt.Sprint(diffChainID),
 		"--asset", chain.USDC.Address.Hex(), "--pay-to", payTo.Hex(), "--amount", fmt.Sprint(lostPrice),
@@ -312,22 +228,4 @@ func lostRandomHex(t *testing.T, n int) string {
 
 func lostRandomAddress(t *testing.T) common.Address {
 	return common.HexToAddress("0x" + lostRandomHex(t, 20))
-}
-
-// lostBuffer collects output written from several goroutines.
-type lostBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lostBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lostBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -57,18 +57,29 @@ func payV2(t *testing.T, ctx context.Context, url string, key string) v2Summary 
 }
 
 // checkV2Paid checks what the v2 client got: 200, the content, and a PAYMENT-RESPONSE saying
-// success with a transaction hash on our network for payer. It returns the hash.
+// success with a transaction hash on our network for payer, for a v2 payload. It returns the hash.
 func checkV2Paid(t *testing.T, res v2Summary, payer common.Address) string {
 	t.Helper()
-	if res.Status != http.StatusOK {
-		t.Fatalf("the client got %d %v, want 200", res.Status, res.Content)
+	txHash := checkPaidAnswer(t, "the client", res.Status, res.Content, res.PaymentResponse, payer)
+	if res.PaymentPayload == nil || res.PaymentPayload["x402Version"] != float64(2) {
+		t.Errorf("the client sent %v, want a v2 payload", res.PaymentPayload)
 	}
-	if c, _ := res.Content.(map[string]any); c["content"] != "secret" {
-		t.Errorf("the client got %v, want the content", res.Content)
+	return txHash
+}
+
+// checkPaidAnswer checks what a v2 client (who, in failures) got, its status, content and
+// PAYMENT-RESPONSE pr: 200, the content, and success with a transaction hash on our network for
+// payer. It returns the hash.
+func checkPaidAnswer(t *testing.T, who string, status int, content any, pr map[string]any, payer common.Address) string {
+	t.Helper()
+	if status != http.StatusOK {
+		t.Fatalf("%s got %d %v, want 200", who, status, content)
 	}
-	pr := res.PaymentResponse
+	if c, _ := content.(map[string]any); c["content"] != "secret" {
+		t.Errorf("%s got %v, want the content", who, content)
+	}
 	if pr == nil {
-		t.Fatal("no PAYMENT-RESPONSE")
+		t.Fatalf("%s got no PAYMENT-RESPONSE", who)
 	}
 	txHash, _ := pr["transaction"].(string)
 	if pr["success"] != true || len(common.FromHex(txHash)) != 32 || pr["network"] != facilitator.CAIP2(diffChainID) {
@@ -76,9 +87,6 @@ func checkV2Paid(t *testing.T, res v2Summary, payer common.Address) string {
 	}
 	if fmt.Sprint(pr["payer"]) != payer.Hex() {
 		t.Errorf("PAYMENT-RESPONSE payer %v, want %s", pr["payer"], payer.Hex())
-	}
-	if res.PaymentPayload == nil || res.PaymentPayload["x402Version"] != float64(2) {
-		t.Errorf("the client sent %v, want a v2 payload", res.PaymentPayload)
 	}
 	return txHash
 }

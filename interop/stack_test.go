@@ -58,7 +58,7 @@ type stack struct {
 func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	t.Helper()
 	dbURL := env.Ledger(t, opts.db)
-	logs := &lostBuffer{}
+	logs := &stacktest.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -147,6 +147,7 @@ type call struct {
 	Method, Path string
 	Request      string
 	Status       int
+	Replay       bool // answered with Payment-Identifier-Replay: true
 	Response     string
 	Took         time.Duration
 }
@@ -165,13 +166,13 @@ func (l *callLog) wrap(h http.Handler) http.Handler {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		rw := &lostRecorder{ResponseWriter: w, status: http.StatusOK}
+		rw := &answerRecorder{ResponseWriter: w, status: http.StatusOK}
 		start := time.Now()
 		h.ServeHTTP(rw, r)
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.calls = append(l.calls, call{Method: r.Method, Path: r.URL.Path, Request: string(body), Status: rw.status,
-			Response: strings.TrimSpace(rw.body.String()), Took: time.Since(start)})
+			Replay: w.Header().Get(facilitator.ReplayHeader) == "true", Response: strings.TrimSpace(rw.body.String()), Took: time.Since(start)})
 	})
 }
 
@@ -195,10 +196,29 @@ func (l *callLog) to(path string) []call {
 func (l *callLog) String() string {
 	var b strings.Builder
 	for i, c := range l.list() {
-		fmt.Fprintf(&b, "%d. %s %s -> %d (%s) %s\n", i+1, c.Method, c.Path, c.Status, c.Took.Round(time.Millisecond), c.Response)
+		fmt.Fprintf(&b, "%d. %s %s -> %d replay=%v (%s) %s\n", i+1, c.Method, c.Path, c.Status, c.Replay, c.Took.Round(time.Millisecond), c.Response)
 	}
 	return b.String()
 }
+
+// answerRecorder passes an answer through and keeps its status and body.
+type answerRecorder struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (r *answerRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *answerRecorder) Write(p []byte) (int, error) {
+	r.body.Write(p)
+	return r.ResponseWriter.Write(p)
+}
+
+func (r *answerRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // settleAnswer is the part of a SettleResponse the merchant tests check.
 type settleAnswer struct {
@@ -223,7 +243,7 @@ func parseSettle(t *testing.T, body string) settleAnswer {
 type nodeServer struct {
 	*process
 	name   string
-	stderr *lostBuffer
+	stderr *stacktest.SyncBuffer
 	lines  chan string
 }
 
@@ -233,7 +253,7 @@ func startNode(t *testing.T, script string, args []string, env ...string) *nodeS
 	t.Helper()
 	cmd := exec.Command("node", append([]string{script}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	stderr := &lostBuffer{}
+	stderr := &stacktest.SyncBuffer{}
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

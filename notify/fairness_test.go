@@ -18,6 +18,32 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
+// deadEndpoint is a receiver that never answers: each request hangs until the test ends, or,
+// once release is closed, is answered 503 at once. started and ended count the requests.
+type deadEndpoint struct {
+	URL            string
+	started, ended atomic.Int64
+}
+
+func newDeadEndpoint(t *testing.T, release <-chan struct{}) *deadEndpoint {
+	d := &deadEndpoint{}
+	hang := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		d.started.Add(1)
+		defer d.ended.Add(1)
+		select {
+		case <-release:
+			http.Error(w, "down", http.StatusServiceUnavailable)
+		case <-hang:
+		case <-req.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(hang) }) // runs before srv.Close, which waits for its handlers
+	d.URL = srv.URL
+	return d
+}
+
 // TestDeadReceiverCannotStarveAnother: one merchant's receiver is unreachable (every attempt
 // hangs until the send timeout) and owes 30 deliveries, all older than another merchant's three.
 // The other merchant's are delivered while the dead receiver holds at most its share of the
@@ -25,17 +51,7 @@ import (
 func TestDeadReceiverCannotStarveAnother(t *testing.T) {
 	r := newRig(t)
 	deadPayTo, livePayTo := stacktest.NewAddress(t), stacktest.NewAddress(t)
-	var started atomic.Int64
-	hang := make(chan struct{})
-	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		started.Add(1)
-		select {
-		case <-hang:
-		case <-req.Context().Done():
-		}
-	}))
-	t.Cleanup(dead.Close)
-	t.Cleanup(func() { close(hang) }) // runs before dead.Close, which waits for its handlers
+	dead := newDeadEndpoint(t, nil)
 	live := newReceiver(t, 0)
 	// Registered through a dispatcher that never runs: the deliveries are all owed when the one
 	// under test starts.
@@ -58,7 +74,7 @@ func TestDeadReceiverCannotStarveAnother(t *testing.T) {
 	})
 	live.await(t, out.SettlementID, settlementTypes...)
 	// One webhook may hold a quarter of the slots (one of four); a claim round or two of slack.
-	if n := started.Load(); n > 3 {
+	if n := dead.started.Load(); n > 3 {
 		t.Fatalf("the live receiver had its deliveries only after %d attempts at the dead one: it waited behind them", n)
 	}
 }
@@ -83,20 +99,8 @@ func TestDeadEndpointOfOneKeyCannotDelayAnother(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var started, ended atomic.Int64
-	hang, release := make(chan struct{}), make(chan struct{})
-	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		started.Add(1)
-		defer ended.Add(1)
-		select {
-		case <-release:
-			http.Error(w, "down", http.StatusServiceUnavailable)
-		case <-hang:
-		case <-req.Context().Done():
-		}
-	}))
-	t.Cleanup(dead.Close)
-	t.Cleanup(func() { close(hang) }) // runs before dead.Close, which waits for its handlers
+	release := make(chan struct{})
+	dead := newDeadEndpoint(t, release)
 	live := newReceiver(t, 0)
 	// Registered through a dispatcher that never runs; C's deliveries are enqueued (now) before
 	// A's settlement exists, so that they are the oldest due.
@@ -139,7 +143,7 @@ func TestDeadEndpointOfOneKeyCannotDelayAnother(t *testing.T) {
 		c.BaseBackoff, c.MaxBackoff, c.MaxAttempts, c.BreakerFailures, c.BreakerCooldown = time.Hour, time.Hour, 2, failures, time.Hour
 	})
 	live.await(t, out.SettlementID, settlementTypes...)
-	if n, e := started.Load(), ended.Load(); n > perOwner || e > 0 {
+	if n, e := dead.started.Load(), dead.ended.Load(); n > perOwner || e > 0 {
 		t.Fatalf("A had its deliveries only after %d attempts at C's dead server (%d ended): it waited behind them", n, e)
 	}
 
@@ -171,7 +175,7 @@ func TestDeadEndpointOfOneKeyCannotDelayAnother(t *testing.T) {
 			}
 		}
 	}
-	if n := started.Load(); n > failures+perOwner-1 || int64(attempts) != n || gaveUp > 0 || pending != 60 {
+	if n := dead.started.Load(); n > failures+perOwner-1 || int64(attempts) != n || gaveUp > 0 || pending != 60 {
 		t.Fatalf("the dead server had %d requests, C's deliveries count %d attempts, %d given up, %d still owed: want at most %d requests "+
 			"(the breaker's threshold, and what was in flight when it opened), each counted once, all 60 still owed",
 			n, attempts, gaveUp, pending, failures+perOwner-1)

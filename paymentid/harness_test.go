@@ -181,18 +181,20 @@ func post(tb testing.TB, url string, body []byte) response {
 
 func (r response) settle(tb testing.TB) facilitator.SettleResponse {
 	tb.Helper()
-	var out facilitator.SettleResponse
-	if err := json.Unmarshal(r.Body, &out); err != nil {
-		tb.Fatalf("not a SettleResponse (%d): %v: %s", r.Status, err, r.Body)
-	}
-	return out
+	return decodeAs[facilitator.SettleResponse](tb, r, "SettleResponse")
 }
 
 func (r response) verify(tb testing.TB) facilitator.VerifyResponse {
 	tb.Helper()
-	var out facilitator.VerifyResponse
+	return decodeAs[facilitator.VerifyResponse](tb, r, "VerifyResponse")
+}
+
+// decodeAs decodes r's body as a T (kind names it in failures).
+func decodeAs[T any](tb testing.TB, r response, kind string) T {
+	tb.Helper()
+	var out T
 	if err := json.Unmarshal(r.Body, &out); err != nil {
-		tb.Fatalf("not a VerifyResponse (%d): %v: %s", r.Status, err, r.Body)
+		tb.Fatalf("not a %s (%d): %v: %s", kind, r.Status, err, r.Body)
 	}
 	return out
 }

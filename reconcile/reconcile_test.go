@@ -41,10 +41,7 @@ func testAfterDeath(t *testing.T, lost bool) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 250_000)
 	p.ID = stacktest.RandomID(t)
 	body := p.Body(t)
-	env.ManualMining(t)
-	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
-	hash := e.SettlePending(t, body)
-	e.Stop(context.Background()) // the process dies after the broadcast
+	_, hash := env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Deadline: pendingDeadline}) // the process dies after the broadcast
 	r := env.Row(t, p.Key())
 	if !r.State.Open() || r.TxHash != hash {
 		t.Fatalf("ledger after the death: %+v, want open with %s", r, hash)
@@ -147,10 +144,7 @@ func TestReconcileSettledElsewhere(t *testing.T) {
 	env.StartIndexer(t)
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)
 	body := p.Body(t)
-	env.ManualMining(t)
-	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
-	ours := e.SettlePending(t, body)
-	e.Stop(context.Background())
+	_, ours := env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Deadline: pendingDeadline})
 	env.DropPool(t) // ours never lands
 	env.SetAutomine(t, true)
 	theirs := p.SubmitElsewhere(t)
@@ -221,10 +215,7 @@ func testExpired(t *testing.T, lostAgain bool) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 100_000)
 	p.ValidBefore = big.NewInt(env.TimeBase(t) + 30)
 	body := p.Body(t)
-	env.ManualMining(t)
-	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
-	hash := e.SettlePending(t, body)
-	e.Stop(context.Background())
+	_, hash := env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Deadline: pendingDeadline})
 	env.DropPool(t)
 
 	j := jobs(t, 2, later)
@@ -311,10 +302,7 @@ func TestReconcileLateTransfer(t *testing.T) {
 			}
 			p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 70_000)
 			body := p.Body(t)
-			env.ManualMining(t)
-			e := env.NewEngine(t, stacktest.EngineOptions{Deadline: 500 * time.Millisecond})
-			hash := e.SettlePending(t, body)
-			e.Stop(context.Background())
+			_, hash := env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Deadline: 500 * time.Millisecond})
 
 			env.Mine(t) // the transfer lands after the pending answer
 			rc := env.Receipt(t, hash)
@@ -365,10 +353,7 @@ func TestReconcileReorg(t *testing.T) {
 	env.StartIndexer(t)
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 123_000)
 	body := p.Body(t)
-	env.ManualMining(t)
-	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
-	hash := e.SettlePending(t, body)
-	e.Stop(context.Background())
+	_, hash := env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Deadline: pendingDeadline})
 
 	snap, err := env.Chain.Snapshot(ctx)
 	if err != nil {
@@ -531,10 +516,7 @@ func TestReconcileCanceled(t *testing.T) {
 	payer := env.FundedPayer(t, 1_000_000)
 	p := env.NewPay(t, payer, 55_000)
 	body := p.Body(t)
-	env.ManualMining(t)
-	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
-	ours := e.SettlePending(t, body)
-	e.Stop(context.Background())
+	_, ours := env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Deadline: pendingDeadline})
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	cancelTx := env.CancelAuthorization(t, payer, p.Nonce)
@@ -570,10 +552,7 @@ func TestReconcileLeavesNoNonceGap(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 10_000)
 	body := p.Body(t)
 	signer := env.NewSigner(t)
-	env.ManualMining(t)
-	e := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
-	e.SettlePending(t, body)
-	e.Stop(context.Background())
+	env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	theirs := p.SubmitElsewhere(t)

@@ -1,7 +1,6 @@
 package reconcile_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -19,15 +18,9 @@ import (
 // batches). By depth alone the index counts from its own head, which a reorg inside the rule
 // cannot make final.
 func TestReconcileStaleIndexNotFinal(t *testing.T) {
-	ctx := context.Background()
 	const depth = 3
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
-	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
-	out := e.MustSettle(t, p.Body(t))
-	if !out.Response.Success {
-		t.Fatalf("settle: %+v", out.Response)
-	}
-	e.Stop(ctx) // nothing watches the row from here on
+	out := env.SettleAndStop(t, p.Body(t)) // nothing watches the row from here on
 	rc := env.Receipt(t, common.HexToHash(out.Response.Transaction))
 
 	ix := env.StartIndexer(t)

@@ -18,10 +18,7 @@ func TestReconcileIndexDoesNotCover(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 77_000)
 	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: pendingDeadline * 20})
-	out := e.MustSettle(t, p.Body(t))
-	if !out.Response.Success {
-		t.Fatalf("settle: %+v, want success", out.Response)
-	}
+	out := e.MustSucceed(t, p.Body(t))
 	e.Stop(ctx) // the engine no longer watches it
 	row := env.Row(t, p.Key())
 	if row.State != facilitator.StateMined {

@@ -135,6 +135,16 @@ func (e *Engine) MustSettle(t testing.TB, body []byte) facilitator.SettleOutcome
 	return out
 }
 
+// MustSucceed is MustSettle that also fails the test unless the settlement succeeded.
+func (e *Engine) MustSucceed(t testing.TB, body []byte) facilitator.SettleOutcome {
+	t.Helper()
+	out := e.MustSettle(t, body)
+	if !out.Response.Success {
+		t.Fatalf("settle: %+v, want success", out.Response)
+	}
+	return out
+}
+
 // SettlePending settles body with mining off and requires the settlement_pending answer; it
 // returns the transaction's hash.
 func (e *Engine) SettlePending(t testing.TB, body []byte) common.Hash {
@@ -144,6 +154,29 @@ func (e *Engine) SettlePending(t testing.TB, body []byte) common.Hash {
 		t.Fatalf("want settlement_pending with a hash, got %+v", out.Response)
 	}
 	return common.HexToHash(out.Response.Transaction)
+}
+
+// SettleAndStop settles body through an engine of its own, which keeps it mined, not final
+// (depth 10), requires success, and stops the engine: nothing watches the row from there on.
+func (e *Env) SettleAndStop(t testing.TB, body []byte) facilitator.SettleOutcome {
+	t.Helper()
+	eng := e.NewEngine(t, EngineOptions{Depth: 10, Deadline: 10 * time.Second})
+	out := eng.MustSucceed(t, body)
+	eng.Stop(context.Background())
+	return out
+}
+
+// SettlePendingAndStop turns mining off and settles body through an engine of its own, which
+// answers settlement_pending and is then stopped, as a process that dies after the broadcast: the
+// ledger holds the pending settlement and nothing watches it. Mining stays off. It returns the
+// stopped engine (a restarted one takes its signers) and the transaction's hash.
+func (e *Env) SettlePendingAndStop(t testing.TB, body []byte, o EngineOptions) (*Engine, common.Hash) {
+	t.Helper()
+	e.ManualMining(t)
+	eng := e.NewEngine(t, o)
+	hash := eng.SettlePending(t, body)
+	eng.Stop(context.Background())
+	return eng, hash
 }
 
 // StopAtCleanup stops a service (an engine, an indexer) when the test ends, and fails the test

@@ -2,6 +2,7 @@ package stacktest
 
 import (
 	"context"
+	"math"
 	"sort"
 	"sync"
 	"testing"
@@ -10,7 +11,9 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/indexer"
@@ -28,26 +31,38 @@ type Indexer struct {
 func (e *Env) StartIndexer(t testing.TB) *Indexer {
 	t.Helper()
 	log, quiet := QuietableLogger(t)
-	ix := indexer.New(indexer.Config{Network: e.Network().ID, Tokens: []common.Address{e.Chain.USDC.Address}, Chain: e.Chain.RPC,
-		Store: e.DB, Finality: facilitator.Finality{Depth: 2}, PollInterval: 50 * time.Millisecond, Logger: log.With("component", "indexer")})
+	return RunIndexer(t, indexer.Config{Network: e.Network().ID, Tokens: []common.Address{e.Chain.USDC.Address}, Chain: e.Chain.RPC,
+		Store: e.DB, Finality: facilitator.Finality{Depth: 2}, PollInterval: 50 * time.Millisecond, Logger: log.With("component", "indexer")},
+		quiet, nil)
+}
+
+// RunIndexer runs an indexer on cfg until the test ends (or Stop); quiet silences its logger once
+// it has stopped. Stopping with an error fails the test, unless expected (if set) accepts it.
+func RunIndexer(t testing.TB, cfg indexer.Config, quiet func(), expected func(error) bool) *Indexer {
+	t.Helper()
+	ix := indexer.New(cfg)
 	if err := ix.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	r := &Indexer{ix: ix, quiet: quiet}
 	t.Cleanup(func() {
-		if err := r.Stop(); err != nil {
-			t.Errorf("indexer: %v", err)
+		if err := r.Stop(); err != nil && (expected == nil || !expected(err)) {
+			t.Errorf("indexer stopped with %v", err)
 		}
 	})
 	return r
 }
 
+// Service is the running indexer.
+func (r *Indexer) Service() *indexer.Indexer { return r.ix }
+
 // Stop stops the indexer and returns what its Stop returned.
 func (r *Indexer) Stop() error {
 	r.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		r.err = r.ix.Stop(ctx)
+		// The loop has returned, but its head follower may still be winding down: drop its last words.
 		r.quiet()
 	})
 	return r.err
@@ -95,10 +110,20 @@ type LogID struct {
 // IndexedLogs is everything the index holds for the network, sorted.
 func (e *Env) IndexedLogs(t testing.TB) []LogID {
 	t.Helper()
-	rows, err := e.Pool.Query(context.Background(), `
-		SELECT block_number, block_hash, tx_hash, log_index FROM transfers WHERE network = $1
+	return IndexedLogsOf(context.Background(), t, e.Pool, e.Network().ID, math.MaxInt64)
+}
+
+// IndexedLogsOf is what the index in db (a pool or a connection) holds for network in blocks
+// 0..to, sorted.
+func IndexedLogsOf(ctx context.Context, t testing.TB, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, network string, to uint64) []LogID {
+	t.Helper()
+	rows, err := db.Query(ctx, `
+		SELECT block_number, block_hash, tx_hash, log_index FROM transfers WHERE network = $1 AND block_number <= $2
 		UNION ALL
-		SELECT block_number, block_hash, tx_hash, log_index FROM authorization_events WHERE network = $1`, e.Network().ID)
+		SELECT block_number, block_hash, tx_hash, log_index FROM authorization_events WHERE network = $1 AND block_number <= $2`,
+		network, int64(min(to, math.MaxInt64)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,10 +148,17 @@ func (e *Env) IndexedLogs(t testing.TB) []LogID {
 // ChainLogs is what eth_getLogs returns for USDC's three indexed events in blocks 0..to.
 func (e *Env) ChainLogs(t testing.TB, to uint64) []LogID {
 	t.Helper()
+	return ChainLogsOf(t, e.Chain, to)
+}
+
+// ChainLogsOf is what eth_getLogs returns for chain's USDC's three indexed events in blocks
+// 0..to, sorted.
+func ChainLogsOf(t testing.TB, chain *devchain.Chain, to uint64) []LogID {
+	t.Helper()
 	var logs []types.Log
-	filter := map[string]any{"fromBlock": "0x0", "toBlock": hexutil.EncodeUint64(to), "address": []common.Address{e.Chain.USDC.Address},
+	filter := map[string]any{"fromBlock": "0x0", "toBlock": hexutil.EncodeUint64(to), "address": []common.Address{chain.USDC.Address},
 		"topics": [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}}}
-	if err := e.Chain.RPC.CallContext(context.Background(), &logs, "eth_getLogs", filter); err != nil {
+	if err := chain.RPC.CallContext(context.Background(), &logs, "eth_getLogs", filter); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]LogID, len(logs))

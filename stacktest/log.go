@@ -1,6 +1,7 @@
 package stacktest
 
 import (
+	"bytes"
 	"log/slog"
 	"sync"
 	"testing"
@@ -45,4 +46,23 @@ func (w *tbWriter) Write(p []byte) (int, error) {
 		w.t.Log(string(p[:len(p)-1]))
 	}
 	return len(p), nil
+}
+
+// SyncBuffer collects output (a server's or a child process's logs) written from several
+// goroutines while the test reads it.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

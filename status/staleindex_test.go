@@ -3,7 +3,6 @@ package status_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 
@@ -20,12 +19,7 @@ func TestStatusStaleIndexNotFinal(t *testing.T) {
 	const depth = 3
 	ours := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
 	theirs := env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000)
-	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
-	out := e.MustSettle(t, ours.Body(t))
-	if !out.Response.Success {
-		t.Fatalf("settle: %+v", out.Response)
-	}
-	e.Stop(ctx) // nothing watches the row from here on
+	out := env.SettleAndStop(t, ours.Body(t)) // nothing watches the row from here on
 	elsewhere := theirs.SubmitElsewhere(t)
 	first := min(env.Receipt(t, common.HexToHash(out.Response.Transaction)).BlockNumber.Uint64(),
 		env.Receipt(t, elsewhere).BlockNumber.Uint64())

@@ -92,10 +92,7 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 	const depth = 3
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 500_000)
 	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second}) // the engine keeps it mined, not final
-	out := e.MustSettle(t, p.Body(t))
-	if !out.Response.Success {
-		t.Fatalf("settle: %+v", out.Response)
-	}
+	out := e.MustSucceed(t, p.Body(t))
 	hash := common.HexToHash(out.Response.Transaction)
 	rc := env.Receipt(t, hash)
 	svc := env.Status(env.DB, depth)
@@ -122,9 +119,7 @@ func TestStatusSettledByFacilitator(t *testing.T) {
 	// The ledger's final counts even where the service's own depth is not reached.
 	q := env.NewPay(t, env.FundedPayer(t, 1_000_000), 600_000)
 	e1 := env.NewEngine(t, stacktest.EngineOptions{Depth: 1, Deadline: 10 * time.Second})
-	if out := e1.MustSettle(t, q.Body(t)); !out.Response.Success {
-		t.Fatalf("settle: %+v", out.Response)
-	}
+	e1.MustSucceed(t, q.Body(t))
 	waitState(t, q.Key(), facilitator.StateFinal)
 	st, _, err = env.Status(env.DB, 100).Authorization(ctx, q.Key())
 	if err != nil || st.State != facilitator.StatusSettled || !st.Final || st.Confirmations >= 100 {
@@ -337,9 +332,7 @@ func TestStatusHeadUnavailable(t *testing.T) {
 	ctx := context.Background()
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 9_000)
 	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
-	if out := e.MustSettle(t, p.Body(t)); !out.Response.Success {
-		t.Fatalf("settle: %+v", out.Response)
-	}
+	e.MustSucceed(t, p.Body(t))
 	env.StartIndexer(t)
 	env.Mine(t)
 	env.WaitIndexed(t, env.Head(t))
@@ -395,10 +388,7 @@ func revertedSettlement(t *testing.T) (stacktest.Pay, common.Hash) {
 	p := env.NewPay(t, payer, 100_000)
 	drain := env.NewPay(t, payer, 100_000)
 	body := p.Body(t)
-	env.ManualMining(t)
-	e := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline})
-	hash := e.SettlePending(t, body)
-	e.Stop(context.Background())
+	e, hash := env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Deadline: pendingDeadline})
 	env.DropPool(t)
 	env.SetAutomine(t, true)
 	drain.SubmitElsewhere(t)
@@ -481,12 +471,7 @@ func TestStatusMinedRowReorganisedAway(t *testing.T) {
 	ctx := context.Background()
 	const depth = 3
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
-	e := env.NewEngine(t, stacktest.EngineOptions{Depth: 10, Deadline: 10 * time.Second})
-	out := e.MustSettle(t, p.Body(t))
-	if !out.Response.Success {
-		t.Fatalf("settle: %+v", out.Response)
-	}
-	e.Stop(ctx) // nothing watches the row from here on
+	out := env.SettleAndStop(t, p.Body(t)) // nothing watches the row from here on
 	rc := env.Receipt(t, common.HexToHash(out.Response.Transaction))
 	env.Reorg(t, env.Head(t)-rc.BlockNumber.Uint64()+1) // our block, and any after it, replaced by empty ones
 	for range depth {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestBenchEndToEnd runs 'facilitator-dev bench' briefly (tiny K, 1 s of /verify, a short ceiling, a
@@ -27,7 +29,7 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 	defer m.Close()
 
-	var stdout, stderr syncBuffer
+	var stdout, stderr stacktest.SyncBuffer
 	code := run(ctx, []string{"bench", "--url", "http://" + m.Addr, "--rpc", chain.RPCURL, "--duration", "1s",
 		"--verify-rates", "20,max", "--verify-n", "100",
 		"--k", "8", "--webhook-k", "6", "--k-ref", "4", "--c", "4", "--verify-c", "4", "--replays", "5",

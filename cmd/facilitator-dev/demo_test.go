@@ -27,7 +27,7 @@ func TestDemo(t *testing.T) {
 		t.Skipf("needs TEST_DATABASE_URL and anvil; run 'make test' (%v)", err)
 	}
 	dbURL := stacktest.NewDB(t, "demo")
-	out, logs := &syncBuffer{}, &syncBuffer{}
+	out, logs := &stacktest.SyncBuffer{}, &stacktest.SyncBuffer{}
 	err := demo.Run(ctx, demo.Options{Start: startDemoStack(facilitatorBin(t), dbURL, logs), LogPath: "(test buffer)"}, out)
 	t.Logf("demo output:\n%s", out.String())
 	var stackErr *demo.StackError

@@ -40,7 +40,7 @@ func TestDevStack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	runCtx, stop := context.WithCancel(ctx)
-	var stdout, stderr syncBuffer
+	var stdout, stderr stacktest.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(runCtx, []string{"dev", "--listen", "127.0.0.1:0", "--anvil-port", "0", "--signers", "2",

@@ -17,6 +17,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The audit: after a fault test has let the facilitator recover, the ledger and the chain must
@@ -400,42 +401,12 @@ func auditIndex(ctx context.Context, t *testing.T, in auditInput, depth uint64, 
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	type logID struct {
-		block uint64
-		hash  common.Hash
-		tx    common.Hash
-		index uint
+	chainSet, indexed := map[stacktest.LogID]bool{}, map[stacktest.LogID]bool{}
+	for _, id := range stacktest.ChainLogsOf(t, in.chain, a.cursor) {
+		chainSet[id] = true
 	}
-	logs, err := in.chain.Client.FilterLogs(ctx, ethereum.FilterQuery{FromBlock: big.NewInt(0), ToBlock: new(big.Int).SetUint64(a.cursor),
-		Addresses: []common.Address{in.chain.USDC.Address},
-		Topics:    [][]common.Hash{{eip3009.TransferTopic, eip3009.AuthorizationUsedTopic, eip3009.AuthorizationCanceledTopic}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chainSet := map[logID]bool{}
-	for _, l := range logs {
-		chainSet[logID{l.BlockNumber, l.BlockHash, l.TxHash, l.Index}] = true
-	}
-	rows, err := conn.Query(ctx, `
-		SELECT block_number, block_hash, tx_hash, log_index FROM transfers WHERE network = $1 AND block_number <= $2
-		UNION ALL
-		SELECT block_number, block_hash, tx_hash, log_index FROM authorization_events WHERE network = $1 AND block_number <= $2`,
-		in.network, int64(a.cursor))
-	if err != nil {
-		t.Fatal(err)
-	}
-	indexed := map[logID]bool{}
-	for rows.Next() {
-		var n int64
-		var bh, tx []byte
-		var i int32
-		if err := rows.Scan(&n, &bh, &tx, &i); err != nil {
-			t.Fatal(err)
-		}
-		indexed[logID{uint64(n), common.BytesToHash(bh), common.BytesToHash(tx), uint(i)}] = true
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+	for _, id := range stacktest.IndexedLogsOf(ctx, t, conn, in.network, a.cursor) {
+		indexed[id] = true
 	}
 	a.onChain, a.indexed = len(chainSet), len(indexed)
 	for id := range chainSet {

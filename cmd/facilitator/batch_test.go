@@ -81,12 +81,9 @@ func TestServeRefusesBatchWithoutMulticall3(t *testing.T) {
 		return env
 	}
 	serve := func(env map[string]string) (*Main, error) {
-		cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := &Main{Config: cfg, Logger: newLogger(&syncBuffer{}, "debug", "json")}
-		err = m.Run(ctx)
+		cfg := serveConfig(t, env)
+		m := &Main{Config: cfg, Logger: newLogger(&stacktest.SyncBuffer{}, "debug", "json")}
+		err := m.Run(ctx)
 		t.Cleanup(func() { _ = m.Close() })
 		return m, err
 	}

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"math/big"
 	"net/http"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,34 +32,19 @@ func TestCrashAfterClaim(t *testing.T) {
 	// several retries fall inside the lease.
 	h.env["FACILITATOR_CLAIM_LEASE"] = "20s"
 	h.env["FACILITATOR_SETTLE_TIMEOUT"] = "3s"
-	chain := h.chain
-	payer := newAccount(t)
-	payee := newAccount(t).Address
-	value := big.NewInt(34_567)
-	if err := chain.USDC.Mint(ctx, payer.Address, big.NewInt(1_000_000)); err != nil {
-		t.Fatal(err)
-	}
-	var nonce [32]byte
-	if _, err := rand.Read(nonce[:]); err != nil {
-		t.Fatal(err)
-	}
-	body := h.payment(t, payer, payee, value, nonce)
-	key := facilitator.AuthorizationKey{Network: h.network, Asset: chain.USDC.Address, Payer: payer.Address, Nonce: nonce}
-	payerBefore, payeeBefore := h.balance(ctx, t, payer.Address), h.balance(ctx, t, payee)
+	pay := h.newPayment(ctx, t, 34_567)
+	payerBefore, payeeBefore := h.balance(ctx, t, pay.payer.Address), h.balance(ctx, t, pay.payee)
 	nonceBefore := h.nonce(ctx, t, false)
 
 	// 1. The process dies between the claim and the answer.
 	first := h.start(ctx, t, "crashing process", string(settle.FaultAfterClaim))
-	if res, status, err := first.settle(body); err == nil {
+	if res, status, err := first.settle(pay.body); err == nil {
 		t.Fatalf("the process set to die after the claim answered %d %+v", status, res)
 	}
-	first.waitExit(t, 15*time.Second)
-	if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("the crashing process ended with %v, want death by SIGKILL", first.cmd.ProcessState)
-	}
+	first.waitKilled(t, 15*time.Second)
 
 	// 2. What it left: the transfer mined, and its success claimed, unconfirmed, under a lease.
-	row, err := h.db.SettlementByKey(ctx, key)
+	row, err := h.db.SettlementByKey(ctx, pay.key)
 	if err != nil {
 		t.Fatalf("no ledger row after the crash: %v", err)
 	}
@@ -93,7 +76,7 @@ func TestCrashAfterClaim(t *testing.T) {
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		attempts++
 		before := leased()
-		res, status, err := second.settle(body)
+		res, status, err := second.settle(pay.body)
 		if err != nil {
 			t.Fatalf("retry %d: %v", attempts, err)
 		}
@@ -121,11 +104,11 @@ func TestCrashAfterClaim(t *testing.T) {
 	}
 
 	// 4. One transfer, one transaction; the success now counts, and is not answered again.
-	if got := h.balance(ctx, t, payee); new(big.Int).Sub(got, payeeBefore).Cmp(value) != 0 {
-		t.Fatalf("payee balance went from %s to %s, want +%s exactly once", payeeBefore, got, value)
+	if got := h.balance(ctx, t, pay.payee); new(big.Int).Sub(got, payeeBefore).Cmp(pay.value) != 0 {
+		t.Fatalf("payee balance went from %s to %s, want +%s exactly once", payeeBefore, got, pay.value)
 	}
-	if got := h.balance(ctx, t, payer.Address); new(big.Int).Sub(payerBefore, got).Cmp(value) != 0 {
-		t.Fatalf("payer balance went from %s to %s, want -%s exactly once", payerBefore, got, value)
+	if got := h.balance(ctx, t, pay.payer.Address); new(big.Int).Sub(payerBefore, got).Cmp(pay.value) != 0 {
+		t.Fatalf("payer balance went from %s to %s, want -%s exactly once", payerBefore, got, pay.value)
 	}
 	if latest := h.nonce(ctx, t, false); latest != nonceBefore+1 {
 		t.Fatalf("signer nonce went from %d to %d, want exactly one transaction", nonceBefore, latest)
@@ -142,10 +125,10 @@ func TestCrashAfterClaim(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if row, err = h.db.SettlementByKey(ctx, key); err != nil || !row.Delivered || row.ClaimTakeovers != 1 {
+	if row, err = h.db.SettlementByKey(ctx, pay.key); err != nil || !row.Delivered || row.ClaimTakeovers != 1 {
 		t.Fatalf("ledger row after the success: %+v, %v; want delivered, the dead claim's takeover counted once", row, err)
 	}
-	again, status, err := second.settle(body)
+	again, status, err := second.settle(pay.body)
 	if err != nil || status != http.StatusOK || again.Success || again.ErrorReason != facilitator.ReasonAlreadySettled ||
 		common.HexToHash(again.Transaction) != row.TxHash {
 		t.Fatalf("a repeat after the success: %d %+v %v; want already_settled with %s", status, again, err, row.TxHash)

@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"math/big"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,21 +29,10 @@ func TestCrashWithPaymentID(t *testing.T) {
 	h := newCrashHarness(ctx, t)
 	chain, signer, network := h.chain, h.signer, h.network
 
-	payer := newAccount(t)
-	payee := newAccount(t).Address
-	value := big.NewInt(23_456)
-	if err := chain.USDC.Mint(ctx, payer.Address, big.NewInt(1_000_000)); err != nil {
-		t.Fatal(err)
-	}
-	var nonce [32]byte
-	if _, err := rand.Read(nonce[:]); err != nil {
-		t.Fatal(err)
-	}
-	id := "crash_" + hex.EncodeToString(nonce[:8])
-	plainBody := h.payment(t, payer, payee, value, nonce)
-	body := withPaymentID(t, plainBody, id)
-	key := facilitator.AuthorizationKey{Network: network, Asset: chain.USDC.Address, Payer: payer.Address, Nonce: nonce}
-	payerBefore, payeeBefore := h.balance(ctx, t, payer.Address), h.balance(ctx, t, payee)
+	pay := h.newPayment(ctx, t, 23_456)
+	id := "crash_" + hex.EncodeToString(pay.nonce[:8])
+	body := withPaymentID(t, pay.body, id)
+	payerBefore, payeeBefore := h.balance(ctx, t, pay.payer.Address), h.balance(ctx, t, pay.payee)
 	nonceBefore := h.nonce(ctx, t, false)
 
 	// 1. The process dies right after the broadcast, before it answers.
@@ -53,13 +40,10 @@ func TestCrashWithPaymentID(t *testing.T) {
 	if res, status, err := first.settle(body); err == nil {
 		t.Fatalf("the process set to die after the broadcast answered %d %+v", status, res)
 	}
-	first.waitExit(t, 15*time.Second)
-	if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("the crashing process ended with %v, want death by SIGKILL", first.cmd.ProcessState)
-	}
+	first.waitKilled(t, 15*time.Second)
 
 	// 2. The crash left the settlement and, bound to it, the id; the transaction reached the node.
-	row, err := h.db.SettlementByKey(ctx, key)
+	row, err := h.db.SettlementByKey(ctx, pay.key)
 	if err != nil {
 		t.Fatalf("no ledger row after the crash: %v", err)
 	}
@@ -70,7 +54,7 @@ func TestCrashWithPaymentID(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the payment id is not bound after the crash: %v", err)
 	}
-	if rec.Settlement.ID != row.ID || rec.Response != nil || rec.Summary["from"] != payer.Address.Hex() {
+	if rec.Settlement.ID != row.ID || rec.Response != nil || rec.Summary["from"] != pay.payer.Address.Hex() {
 		t.Fatalf("id record after the crash: settlement %d (want %d), stored answer %q, summary %v", rec.Settlement.ID, row.ID, rec.Response, rec.Summary)
 	}
 	var crashHash common.Hash
@@ -92,44 +76,19 @@ func TestCrashWithPaymentID(t *testing.T) {
 
 	// 3. Restart; the merchant retries the same body, same id.
 	second := h.start(ctx, t, "restarted process", "")
-	var final facilitator.SettleResponse
-	attempts, waits := 0, 0
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		attempts++
-		res, status, err := second.settle(body)
-		if err != nil {
-			t.Fatalf("retry %d: %v", attempts, err)
-		}
-		if status == http.StatusOK && res.Success {
-			final = res
-			break
-		}
-		retryable := status >= 500 || (status == http.StatusOK &&
-			(res.ErrorReason == facilitator.ReasonSettlementPending || res.ErrorReason == facilitator.ReasonPaymentInFlight))
-		if !retryable {
-			t.Fatalf("retry %d: a definite answer other than success: %d %+v", attempts, status, res)
-		}
-		if status == http.StatusOK {
-			waits++
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("retry %d: still no final answer after 30s: %d %+v", attempts, status, res)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	final, attempts, waits := retryUntilSuccess(t, second, body, facilitator.ReasonSettlementPending, facilitator.ReasonPaymentInFlight)
 	hash := common.HexToHash(final.Transaction)
-	if hash != crashHash || final.Network != network || !strings.EqualFold(final.Payer, payer.Address.Hex()) {
+	if hash != crashHash || final.Network != network || !strings.EqualFold(final.Payer, pay.payer.Address.Hex()) {
 		t.Fatalf("success answer %+v; want the transaction committed before the crash %s", final, crashHash)
 	}
 	firstReplay := facilitator.IsReplay(final.Extensions)
 
 	// 4. One transfer, one transaction; the ledger and the id agree with the chain.
-	if got := h.balance(ctx, t, payee); new(big.Int).Sub(got, payeeBefore).Cmp(value) != 0 {
-		t.Fatalf("payee balance went from %s to %s, want +%s exactly once", payeeBefore, got, value)
+	if got := h.balance(ctx, t, pay.payee); new(big.Int).Sub(got, payeeBefore).Cmp(pay.value) != 0 {
+		t.Fatalf("payee balance went from %s to %s, want +%s exactly once", payeeBefore, got, pay.value)
 	}
-	if got := h.balance(ctx, t, payer.Address); new(big.Int).Sub(payerBefore, got).Cmp(value) != 0 {
-		t.Fatalf("payer balance went from %s to %s, want -%s exactly once", payerBefore, got, value)
+	if got := h.balance(ctx, t, pay.payer.Address); new(big.Int).Sub(payerBefore, got).Cmp(pay.value) != 0 {
+		t.Fatalf("payer balance went from %s to %s, want -%s exactly once", payerBefore, got, pay.value)
 	}
 	if latest, pending := h.nonce(ctx, t, false), h.nonce(ctx, t, true); latest != nonceBefore+1 || pending != latest {
 		t.Fatalf("signer nonce went from %d to latest %d / pending %d, want exactly one transaction", nonceBefore, latest, pending)
@@ -138,7 +97,7 @@ func TestCrashWithPaymentID(t *testing.T) {
 	if err != nil || rcpt.Status != 1 {
 		t.Fatalf("receipt of %s: %v %+v", hash, err, rcpt)
 	}
-	row, err = h.db.SettlementByKey(ctx, key)
+	row, err = h.db.SettlementByKey(ctx, pay.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +118,7 @@ func TestCrashWithPaymentID(t *testing.T) {
 	if err != nil || status != http.StatusOK || !again.Success || common.HexToHash(again.Transaction) != hash || !facilitator.IsReplay(again.Extensions) {
 		t.Fatalf("a retry under the id after the success: %d %+v %v; want the success with %s, replayed", status, again, err, hash)
 	}
-	plain, status, err := second.settle(plainBody)
+	plain, status, err := second.settle(pay.body)
 	if err != nil || status != http.StatusOK || plain.Success || plain.ErrorReason != facilitator.ReasonAlreadySettled || common.HexToHash(plain.Transaction) != hash {
 		t.Fatalf("the same payment without the id: %d %+v %v; want already_settled with %s", status, plain, err, hash)
 	}

@@ -9,8 +9,8 @@ import (
 	"errors"
 	"math/big"
 	"net/http"
+	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -133,21 +133,10 @@ func (h *crashHarness) waitKeyFree(ctx context.Context, t *testing.T) {
 func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.FaultPoint) {
 	began := time.Now()
 	chain := h.chain
-	payer := newAccount(t)
-	payee := newAccount(t).Address
-	value := big.NewInt(12_345)
-	if err := chain.USDC.Mint(ctx, payer.Address, big.NewInt(1_000_000)); err != nil {
-		t.Fatal(err)
-	}
-	var nonce [32]byte
-	if _, err := rand.Read(nonce[:]); err != nil {
-		t.Fatal(err)
-	}
-	body := h.payment(t, payer, payee, value, nonce)
-	key := facilitator.AuthorizationKey{Network: h.network, Asset: chain.USDC.Address, Payer: payer.Address, Nonce: nonce}
+	pay := h.newPayment(ctx, t, 12_345)
 
-	payerBefore := h.balance(ctx, t, payer.Address)
-	payeeBefore := h.balance(ctx, t, payee)
+	payerBefore := h.balance(ctx, t, pay.payer.Address)
+	payeeBefore := h.balance(ctx, t, pay.payee)
 	nonceBefore := h.nonce(ctx, t, false)
 	if pending := h.nonce(ctx, t, true); pending != nonceBefore {
 		t.Fatalf("the signer has transactions in the pool before the test: latest %d pending %d", nonceBefore, pending)
@@ -156,22 +145,18 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 	// 1. The first process dies at the fault point while it handles /settle.
 	h.waitKeyFree(ctx, t)
 	first := h.start(ctx, t, "crashing process", string(point))
-	res, status, err := first.settle(body)
+	res, status, err := first.settle(pay.body)
 	if err == nil {
 		t.Fatalf("the process set to die at %s answered %d %+v", point, status, res)
 	}
-	first.waitExit(t, 15*time.Second)
-	ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("the crashing process ended with %v, want death by SIGKILL", first.cmd.ProcessState)
-	}
+	first.waitKilled(t, 15*time.Second)
 	if !strings.Contains(first.logs.String(), "test fault injection is on") {
 		t.Fatal("the crashing process did not log that fault injection is on")
 	}
 
 	// 2. What the crash left behind, on chain and in the ledger.
-	row, err := h.db.SettlementByKey(ctx, key)
-	used := h.used(ctx, t, payer.Address, nonce)
+	row, err := h.db.SettlementByKey(ctx, pay.key)
+	used := h.used(ctx, t, pay.payer.Address, pay.nonce)
 	pendingNonce := h.nonce(ctx, t, true)
 	var crashHash common.Hash
 	if point == settle.FaultBeforeCommit {
@@ -223,33 +208,9 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 
 	// 3. Restart without the fault and retry the same payload, like a merchant whose call failed.
 	second := h.start(ctx, t, "restarted process", "")
-	var final facilitator.SettleResponse
-	pending, attempts := 0, 0
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		attempts++
-		res, status, err := second.settle(body)
-		if err != nil {
-			t.Fatalf("retry %d: %v", attempts, err)
-		}
-		if status == http.StatusOK && res.Success {
-			final = res
-			break
-		}
-		retryable := status >= 500 || (status == http.StatusOK && res.ErrorReason == facilitator.ReasonSettlementPending)
-		if !retryable {
-			t.Fatalf("retry %d: a definite answer other than success: %d %+v", attempts, status, res)
-		}
-		if status == http.StatusOK {
-			pending++
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("retry %d: still no final answer after 30s: %d %+v", attempts, status, res)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	final, attempts, pending := retryUntilSuccess(t, second, pay.body, facilitator.ReasonSettlementPending)
 	hash := common.HexToHash(final.Transaction)
-	if final.Network != h.network || !strings.EqualFold(final.Payer, payer.Address.Hex()) || hash == (common.Hash{}) {
+	if final.Network != h.network || !strings.EqualFold(final.Payer, pay.payer.Address.Hex()) || hash == (common.Hash{}) {
 		t.Fatalf("success answer: %+v", final)
 	}
 	if crashHash != (common.Hash{}) && hash != crashHash {
@@ -257,13 +218,13 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 	}
 
 	// 4. Exactly one transfer, one transaction, and the ledger agrees with the chain.
-	if got := h.balance(ctx, t, payee); new(big.Int).Sub(got, payeeBefore).Cmp(value) != 0 {
-		t.Fatalf("payee balance went from %s to %s, want +%s exactly once", payeeBefore, got, value)
+	if got := h.balance(ctx, t, pay.payee); new(big.Int).Sub(got, payeeBefore).Cmp(pay.value) != 0 {
+		t.Fatalf("payee balance went from %s to %s, want +%s exactly once", payeeBefore, got, pay.value)
 	}
-	if got := h.balance(ctx, t, payer.Address); new(big.Int).Sub(payerBefore, got).Cmp(value) != 0 {
-		t.Fatalf("payer balance went from %s to %s, want -%s exactly once", payerBefore, got, value)
+	if got := h.balance(ctx, t, pay.payer.Address); new(big.Int).Sub(payerBefore, got).Cmp(pay.value) != 0 {
+		t.Fatalf("payer balance went from %s to %s, want -%s exactly once", payerBefore, got, pay.value)
 	}
-	if !h.used(ctx, t, payer.Address, nonce) {
+	if !h.used(ctx, t, pay.payer.Address, pay.nonce) {
 		t.Fatal("authorizationState is false after a successful settlement")
 	}
 	if latest, pending := h.nonce(ctx, t, false), h.nonce(ctx, t, true); latest != nonceBefore+1 || pending != latest {
@@ -273,7 +234,7 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 	if err != nil || rcpt.Status != 1 {
 		t.Fatalf("receipt of the answered transaction %s: %v %+v", hash, err, rcpt)
 	}
-	row, err = h.db.SettlementByKey(ctx, key)
+	row, err = h.db.SettlementByKey(ctx, pay.key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +244,7 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 	}
 
 	// 5. The success was delivered once: the same payload again gets no second success.
-	again, status, err := second.settle(body)
+	again, status, err := second.settle(pay.body)
 	if err != nil || status != http.StatusOK || again.Success || again.ErrorReason != facilitator.ReasonAlreadySettled ||
 		common.HexToHash(again.Transaction) != hash {
 		t.Fatalf("a repeat after the success: %d %+v %v; want already_settled with %s", status, again, err, hash)
@@ -295,6 +256,34 @@ func (h *crashHarness) run(ctx context.Context, t *testing.T, point settle.Fault
 	second.stop(t)
 	t.Logf("%s: crash left a ledger row: %v; retry answered success after %d attempt(s) (%d settlement_pending); tx %s (nonce %d) %s; %s",
 		point, crashHash != (common.Hash{}), attempts, pending, hash.Hex()[:10], row.TxNonce, row.State, time.Since(began).Round(time.Millisecond))
+}
+
+// retryUntilSuccess sends body to c, as a merchant whose call failed does, until it is answered
+// success (within 30 s); every other answer must be one to retry: a 5xx, or a 200 with one of the
+// reasons waitable. It returns the success, the attempts and how many of them were such a 200.
+func retryUntilSuccess(t *testing.T, c *child, body []byte, waitable ...string) (final facilitator.SettleResponse, attempts, waits int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		attempts++
+		res, status, err := c.settle(body)
+		if err != nil {
+			t.Fatalf("retry %d: %v", attempts, err)
+		}
+		if status == http.StatusOK && res.Success {
+			return res, attempts, waits
+		}
+		if status < 500 && (status != http.StatusOK || !slices.Contains(waitable, res.ErrorReason)) {
+			t.Fatalf("retry %d: a definite answer other than success: %d %+v", attempts, status, res)
+		}
+		if status == http.StatusOK {
+			waits++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retry %d: still no final answer after 30s: %d %+v", attempts, status, res)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // crashStack returns a fresh database and chain (see freshStack).
@@ -310,6 +299,33 @@ func newAccount(t *testing.T) *devchain.Account {
 		t.Fatal(err)
 	}
 	return &devchain.Account{Key: k, Address: crypto.PubkeyToAddress(k.PublicKey)}
+}
+
+// crashPayment is one payment a crash test settles: a fresh payer holding 1,000,000, a fresh
+// payee, a random nonce, the signed /settle body and the authorization's key.
+type crashPayment struct {
+	payer *devchain.Account
+	payee common.Address
+	value *big.Int
+	nonce [32]byte
+	body  []byte
+	key   facilitator.AuthorizationKey
+}
+
+func (h *crashHarness) newPayment(ctx context.Context, t *testing.T, value int64) crashPayment {
+	t.Helper()
+	payer := newAccount(t)
+	if err := h.chain.USDC.Mint(ctx, payer.Address, big.NewInt(1_000_000)); err != nil {
+		t.Fatal(err)
+	}
+	var nonce [32]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		t.Fatal(err)
+	}
+	pay := crashPayment{payer: payer, payee: newAccount(t).Address, value: big.NewInt(value), nonce: nonce}
+	pay.body = h.payment(t, payer, pay.payee, pay.value, nonce)
+	pay.key = facilitator.AuthorizationKey{Network: h.network, Asset: h.chain.USDC.Address, Payer: payer.Address, Nonce: nonce}
+	return pay
 }
 
 // payment is a signed v2 /settle body, as a merchant sends it.

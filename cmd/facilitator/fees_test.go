@@ -23,10 +23,7 @@ func networksWithFees(fees string) map[string]string {
 func TestFeesConfig(t *testing.T) {
 	policy := func(t *testing.T, env map[string]string) facilitator.FeePolicy {
 		t.Helper()
-		cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-		if err != nil {
-			t.Fatal(err)
-		}
+		cfg := serveConfig(t, env)
 		if _, err := cfg.Domain(); err != nil {
 			t.Fatal(err)
 		}

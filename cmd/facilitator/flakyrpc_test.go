@@ -7,7 +7,6 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,9 +18,8 @@ import (
 // answers late (past the caller's RPC timeout, sometimes). The facilitator settles over HTTP
 // JSON-RPC only (WebSocket is for the indexer's head subscription), so HTTP is what it proxies.
 type flakyRPC struct {
-	target string
-	client *http.Client
-	flaky  atomic.Bool
+	nodeLink
+	flaky atomic.Bool
 
 	forwarded, droppedBefore, droppedAfter, delayed atomic.Int64
 }
@@ -35,10 +33,8 @@ const (
 )
 
 func newFlakyRPC(t *testing.T, target string) (*flakyRPC, string) {
-	p := &flakyRPC{target: target, client: &http.Client{Timeout: 30 * time.Second}}
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	return p, srv.URL
+	p := &flakyRPC{nodeLink: newNodeLink(target, true)}
+	return p, serveProxy(t, p)
 }
 
 func (p *flakyRPC) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -28,16 +28,10 @@ func TestStatusLookupsWhenTheNodeFreezes(t *testing.T) {
 	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
 	env["FACILITATOR_LOG_LEVEL"] = "warn"
 	env["FACILITATOR_STATUS_TIMEOUT"] = "2s"
-	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &Main{Config: cfg, Logger: newLogger(t.Output(), "error", "text")}
+	cfg := serveConfig(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startMain(ctx, t, cfg, newLogger(t.Output(), "error", "text"))
 	defer m.Close()
 	base := "http://" + m.Addr
 	waitReady(t, base)
@@ -47,7 +41,7 @@ func TestStatusLookupsWhenTheNodeFreezes(t *testing.T) {
 		Success     bool   `json:"success"`
 		Transaction string `json:"transaction"`
 	}
-	if err := json.Unmarshal([]byte(post(t, base+"/settle", paymentBody(t, chain, nonce))), &settled); err != nil || !settled.Success {
+	if err := json.Unmarshal([]byte(post(t, base+"/settle", paymentBody(t, chain, chain.Accounts[2].Address, nonce))), &settled); err != nil || !settled.Success {
 		t.Fatalf("settle: %+v %v", settled, err)
 	}
 	proxy.SetMode(stacktest.Freeze)

@@ -7,9 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
-	"os"
-	"os/exec"
 	"sort"
 	"strings"
 	"syscall"
@@ -166,13 +165,7 @@ func TestIndexerReplicasFailover(t *testing.T) {
 		t.Fatalf("%s wrote %d time(s) before the leader died", follower.name, n)
 	}
 	killedAt := time.Now()
-	if err := leader.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	leader.waitExit(t, 10*time.Second)
-	if ws, ok := leader.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("%s ended with %v, want death by SIGKILL", leader.name, leader.cmd.ProcessState)
-	}
+	leader.kill(t)
 	var ledAt time.Time
 	for {
 		follower.mustRun(t)
@@ -441,50 +434,15 @@ func (h *replicaHarness) wantLockHolder(ctx context.Context, t *testing.T, app s
 }
 
 // indexReplica is one `facilitator index` process.
-type indexReplica struct {
-	name   string // also its Postgres application_name
-	cmd    *exec.Cmd
-	logs   *syncBuffer
-	exited chan struct{}
-}
+type indexReplica struct{ *child }
 
 // startReplica runs `facilitator index` with env (and PGAPPNAME=name) and nothing else of the
 // test's FACILITATOR_*, DATABASE_URL or PGAPPNAME settings.
 func startReplica(t *testing.T, bin string, env map[string]string, name string) *indexReplica {
 	t.Helper()
-	var childEnv []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "PGAPPNAME=") {
-			childEnv = append(childEnv, kv)
-		}
-	}
-	for k, v := range env {
-		childEnv = append(childEnv, k+"="+v)
-	}
-	childEnv = append(childEnv, "PGAPPNAME="+name)
-	r := &indexReplica{name: name, logs: &syncBuffer{}, exited: make(chan struct{})}
-	r.cmd = exec.Command(bin, "index")
-	r.cmd.Env = childEnv
-	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("%s output:\n%s", r.name, r.logs.String())
-		}
-	})
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = r.cmd.Wait(); close(r.exited) }()
-	// Registered after the log dump, so it runs first: the dump then holds everything.
-	t.Cleanup(func() {
-		select {
-		case <-r.exited:
-		default:
-			_ = r.cmd.Process.Kill()
-			<-r.exited
-		}
-	})
-	return r
+	env = maps.Clone(env)
+	env["PGAPPNAME"] = name // also its Postgres application_name
+	return &indexReplica{startProcess(t, bin, env, name, []string{"PGAPPNAME="}, "index")}
 }
 
 // mustRun fails the test if the replica has exited.
@@ -494,15 +452,6 @@ func (r *indexReplica) mustRun(t *testing.T) {
 	case <-r.exited:
 		t.Fatalf("%s exited: %v", r.name, r.cmd.ProcessState)
 	default:
-	}
-}
-
-func (r *indexReplica) waitExit(t *testing.T, within time.Duration) {
-	t.Helper()
-	select {
-	case <-r.exited:
-	case <-time.After(within):
-		t.Fatalf("%s still runs %s later", r.name, within)
 	}
 }
 

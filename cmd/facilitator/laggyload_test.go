@@ -96,17 +96,7 @@ func TestFaultProxyLoad(t *testing.T) {
 	driven := time.Since(driveStart)
 
 	// The audit, with the provider still faulty for the facilitator; the audit's reads go to anvil.
-	rep := auditLedger(ctx, t, load.auditInput(dbURL))
-	wrong := load.wrongAnswers(rep)
-	txs := minedSignerTxs(ctx, t, chain, load.signer)
-	doubled := doublyCarried(t, txs)
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	bumps, minedBumps := bumpsOfMinedNonces(ctx, t, conn, txs, proxy.heads)
-	statuses := load.statusMismatches(ctx, c, rep)
+	a := load.auditDrive(ctx, t, dbURL, chain, c, proxy.heads)
 	// The index, built through the same faulty provider (a lagging node clips its log ranges):
 	// every log of the token up to its cursor, and nothing else.
 	index := auditIndex(ctx, t, load.auditInput(dbURL), proxyLoadFinality, time.Minute)
@@ -121,25 +111,65 @@ func TestFaultProxyLoad(t *testing.T) {
 	}
 	t.Logf("fault proxy: %s (failures by reason %v); wrong answers %d, doubly-carried authorizations %d, bumps of mined nonces %d (of %d bumps), "+
 		"status mismatches %d; ledger audit: %s; index: %s; ledger events %v; proxy: %s; drove for %s, took %s",
-		load.summary(), failed, len(wrong), len(doubled), len(minedBumps), bumps, len(statuses), rep, index, eventCounts(ctx, t, conn), proxy,
+		load.summary(), failed, len(a.wrong), len(a.doubled), len(a.minedBumps), a.bumps, len(a.statuses), a.rep, index, eventCounts(ctx, t, a.conn), proxy,
 		driven.Round(time.Second), time.Since(began).Round(time.Second))
-	if len(wrong)+len(doubled)+len(minedBumps)+len(statuses)+rep.discrepancies+index.missing+index.unfounded > 0 || load.refused.Load() > 0 {
-		evidence(ctx, t, conn, append(append(append(wrong, doubled...), statuses...), minedBumps...))
+	if len(a.wrong)+len(a.doubled)+len(a.minedBumps)+len(a.statuses)+a.rep.discrepancies+index.missing+index.unfounded > 0 || load.refused.Load() > 0 {
+		a.evidence(ctx, t)
 		t.Fatalf("under the lagging provider: %d wrong answers, %d doubly-carried authorizations, %d bumps of mined nonces, %d status mismatches, "+
-			"%d ledger discrepancies, %d answers not allowed, index: %s", len(wrong), len(doubled), len(minedBumps), len(statuses), rep.discrepancies,
+			"%d ledger discrepancies, %d answers not allowed, index: %s", len(a.wrong), len(a.doubled), len(a.minedBumps), len(a.statuses), a.rep.discrepancies,
 			load.refused.Load(), index)
 	}
 }
 
+// loadAudit is what a fault load's audit found once the drive was over: the ledger audit, the
+// payments answered wrongly, the authorizations carried by more than one mined transaction, the
+// bumps of mined nonces (of bumps in all) and the status answers that disagree with the chain.
+type loadAudit struct {
+	rep                                  auditReport
+	wrong, doubled, minedBumps, statuses []authKey
+	bumps                                int
+	conn                                 *pgx.Conn // to the ledger, until the test ends
+}
+
+// auditDrive audits the load's ledger and answers against the chain (its reads go to anvil), and the
+// status answers of c; heads tells when each block reached the head.
+func (l *faultLoad) auditDrive(ctx context.Context, t *testing.T, dbURL string, chain *devchain.Chain, c *child, heads *headWatch) loadAudit {
+	t.Helper()
+	a := loadAudit{rep: auditLedger(ctx, t, l.auditInput(dbURL))}
+	a.wrong = l.wrongAnswers(a.rep)
+	txs := minedSignerTxs(ctx, t, chain, l.signer)
+	a.doubled = doublyCarried(t, txs)
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	a.conn = conn
+	a.bumps, a.minedBumps = bumpsOfMinedNonces(ctx, t, conn, txs, heads)
+	a.statuses = l.statusMismatches(ctx, c, a.rep)
+	return a
+}
+
+// evidence logs what the ledger and the chain hold of every payment the audit found wrong.
+func (a loadAudit) evidence(ctx context.Context, t *testing.T) {
+	evidence(ctx, t, a.conn, append(append(append(a.wrong, a.doubled...), a.statuses...), a.minedBumps...))
+}
+
 // withFinality sets every network of a FACILITATOR_NETWORKS value to depth.
 func withFinality(t *testing.T, networks string, depth uint64) string {
+	t.Helper()
+	return editNetworks(t, networks, func(n map[string]any) { n["finality"] = depth })
+}
+
+// editNetworks applies edit to every network of a FACILITATOR_NETWORKS value.
+func editNetworks(t *testing.T, networks string, edit func(n map[string]any)) string {
 	t.Helper()
 	var nets []map[string]any
 	if err := json.Unmarshal([]byte(networks), &nets); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nets {
-		n["finality"] = depth
+		edit(n)
 	}
 	out, err := json.Marshal(nets)
 	if err != nil {

@@ -36,8 +36,7 @@ import (
 // hang up without answering. On top of that, any backend may answer null for a receipt it has
 // not indexed. flakyRPC is the network's faults (drops, delays); this is the provider's.
 type laggyRPC struct {
-	target string
-	client *http.Client
+	nodeLink
 	faults atomic.Pointer[laggyFaults] // nil: every request goes to an in-step backend, untouched
 	heads  *headWatch
 
@@ -73,10 +72,8 @@ func newLaggyRPC(t *testing.T, target string) (*laggyRPC, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &laggyRPC{target: target, heads: heads, client: &http.Client{Timeout: 30 * time.Second}}
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	return p, srv.URL
+	p := &laggyRPC{nodeLink: newNodeLink(target, true), heads: heads}
+	return p, serveProxy(t, p)
 }
 
 // set switches the faults (nil: none).
@@ -297,15 +294,38 @@ func (p *laggyRPC) passThrough(w http.ResponseWriter, r *http.Request, body []by
 	_, _ = w.Write(out)
 }
 
-// post sends one body to the node. The caller hanging up does not cancel it: a request the node
-// got is one it works on.
-func (p *laggyRPC) post(ctx context.Context, body []byte) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodPost, p.target, bytes.NewReader(body))
+// nodeLink is a fault proxy's own line to the node behind it: the bodies it forwards, and calls
+// of its own.
+type nodeLink struct {
+	target string
+	client *http.Client
+	// detached: the caller hanging up does not cancel a forwarded request, since a request the
+	// node got is one it works on.
+	detached bool
+}
+
+func newNodeLink(target string, detached bool) nodeLink {
+	return nodeLink{target: target, client: &http.Client{Timeout: 30 * time.Second}, detached: detached}
+}
+
+// serveProxy serves a fault proxy until the test ends and returns its URL.
+func serveProxy(t *testing.T, p http.Handler) string {
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// post sends one body to the node and returns the node's answer and its HTTP status.
+func (l *nodeLink) post(ctx context.Context, body []byte) ([]byte, int, error) {
+	if l.detached {
+		ctx = context.WithoutCancel(ctx)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.target, bytes.NewReader(body))
 	if err != nil {
 		return nil, 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	res, err := p.client.Do(req)
+	res, err := l.client.Do(req)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -315,7 +335,7 @@ func (p *laggyRPC) post(ctx context.Context, body []byte) ([]byte, int, error) {
 }
 
 // call is one JSON-RPC call of the proxy's own to the node (a block hash's number, say).
-func (p *laggyRPC) call(ctx context.Context, result any, method string, params ...any) error {
+func (l *nodeLink) call(ctx context.Context, result any, method string, params ...any) error {
 	raw, err := json.Marshal(params)
 	if err != nil {
 		return err
@@ -324,7 +344,7 @@ func (p *laggyRPC) call(ctx context.Context, result any, method string, params .
 	if err != nil {
 		return err
 	}
-	out, _, err := p.post(ctx, body)
+	out, _, err := l.post(ctx, body)
 	if err != nil {
 		return err
 	}
@@ -333,7 +353,7 @@ func (p *laggyRPC) call(ctx context.Context, result any, method string, params .
 		return err
 	}
 	if m.Error != nil {
-		return errors.New(m.Error.Message)
+		return fmt.Errorf("%s: %s", method, m.Error.Message)
 	}
 	return json.Unmarshal(m.Result, result)
 }

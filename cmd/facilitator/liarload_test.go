@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -66,16 +64,14 @@ func liarLoad(t *testing.T, name string, batched bool) {
 	// goes to it, so its inventions reach the engine and only the quorum stands between them and
 	// an answer.
 	env := serveEnv(t, dbURL, chain, liarURL, load.key)
-	var nets []map[string]any
-	if err := json.Unmarshal([]byte(withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], proxyLoadFinality), chain.RPCURL, laggyURL)), &nets); err != nil {
-		t.Fatal(err)
-	}
-	nets[0]["finalityTag"] = facilitator.TagFinalized
-	nets[0]["quorum"] = 2
-	if batched {
-		nets[0]["batch"] = map[string]any{"max": 5, "wait": "100ms"}
-	}
-	env["FACILITATOR_NETWORKS"] = string(mustJSON(nets))
+	networks := withRPCs(t, withFinality(t, env["FACILITATOR_NETWORKS"], proxyLoadFinality), chain.RPCURL, laggyURL)
+	env["FACILITATOR_NETWORKS"] = editNetworks(t, networks, func(n map[string]any) {
+		n["finalityTag"] = facilitator.TagFinalized
+		n["quorum"] = 2
+		if batched {
+			n["batch"] = map[string]any{"max": 5, "wait": "100ms"}
+		}
+	})
 	env["FACILITATOR_LOG_LEVEL"] = "info"
 	env["FACILITATOR_BUMP_AFTER"] = proxyLoadBumpAfter
 	env["FACILITATOR_RECONCILE_SCHEDULE"] = "@every 5s"
@@ -92,17 +88,7 @@ func liarLoad(t *testing.T, name string, batched bool) {
 	driven := time.Since(driveStart)
 
 	// The audit, with both faulty providers still faulty for the facilitator; its reads go to anvil.
-	rep := auditLedger(ctx, t, load.auditInput(dbURL))
-	wrong := load.wrongAnswers(rep)
-	txs := minedSignerTxs(ctx, t, chain, load.signer)
-	doubled := doublyCarried(t, txs)
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	bumps, minedBumps := bumpsOfMinedNonces(ctx, t, conn, txs, laggy.heads)
-	statuses := load.statusMismatches(ctx, c, rep)
+	a := load.auditDrive(ctx, t, dbURL, chain, c, laggy.heads)
 	var disagreements float64
 	for _, m := range scrape(t, c.base)["facilitator_rpc_disagreements_total"].GetMetric() {
 		disagreements += m.GetCounter().GetValue()
@@ -117,12 +103,12 @@ func liarLoad(t *testing.T, name string, batched bool) {
 		what string
 		n    int
 	}{
-		{"wrong terminal answers", len(wrong)},
+		{"wrong terminal answers", len(a.wrong)},
 		{"successes before the node mined", int(load.premature.Load())},
-		{"authorizations carried twice", len(doubled)},
-		{fmt.Sprintf("bumps of mined nonces (of %d bumps)", bumps), len(minedBumps)},
-		{"status mismatches", len(statuses)},
-		{"ledger discrepancies", rep.discrepancies},
+		{"authorizations carried twice", len(a.doubled)},
+		{fmt.Sprintf("bumps of mined nonces (of %d bumps)", a.bumps), len(a.minedBumps)},
+		{"status mismatches", len(a.statuses)},
+		{"ledger discrepancies", a.rep.discrepancies},
 		{"answers not allowed", int(load.refused.Load())},
 		{"index: chain logs missing below its cursor", index.missing},
 		{"index: rows the chain does not have", index.unfounded},
@@ -135,9 +121,9 @@ func liarLoad(t *testing.T, name string, batched bool) {
 	}
 	fmt.Fprintf(&table, "\n  %-44s %.0f disagreements counted (%d pending answers)", "settlements that waited for quorum", disagreements, load.pending.Load())
 	t.Logf("liar load, %s: %s; ledger audit: %s%s\nliar: %s\nlagging provider: %s\ndrove for %s, took %s",
-		name, load.summary(), rep, table.String(), liar, laggy, driven.Round(time.Second), time.Since(began).Round(time.Second))
+		name, load.summary(), a.rep, table.String(), liar, laggy, driven.Round(time.Second), time.Since(began).Round(time.Second))
 	if bad > 0 {
-		evidence(ctx, t, conn, append(append(append(wrong, doubled...), statuses...), minedBumps...))
+		a.evidence(ctx, t)
 		t.Fatalf("%s, with one provider of three lying: %s", name, table.String())
 	}
 	// The run proves something only if the liar lied and the engine noticed. (Batched settlement

@@ -8,11 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,22 +30,24 @@ func requireStack(t *testing.T) (string, *devchain.Chain) {
 	return stacktest.NewDB(t, "cmd"), stacktest.NewChain(t, devchain.Options{})
 }
 
-// syncBuffer collects logs written from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+// serveConfig is serve's configuration from env, which must parse.
+func serveConfig(t *testing.T, env map[string]string) *Config {
+	t.Helper()
+	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+// startMain runs serve's wiring in this process with cfg, until ctx ends or the caller closes it.
+func startMain(ctx context.Context, t *testing.T, cfg *Config, log *slog.Logger) *Main {
+	t.Helper()
+	m := &Main{Config: cfg, Logger: log}
+	if err := m.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // configFor is serve's configuration for the in-process tests: serveEnv's, listening on port 0.
@@ -64,13 +66,10 @@ func TestServeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
-	m := &Main{Config: cfg, Logger: newLogger(logs, "debug", "json")}
+	logs := &stacktest.SyncBuffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startMain(ctx, t, cfg, newLogger(logs, "debug", "json"))
 	defer m.Close()
 	base := "http://" + m.Addr
 
@@ -89,20 +88,8 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("supported: %s", body)
 	}
 
-	payer := chain.Accounts[1]
-	a := devchain.TransferAuthorization{From: payer.Address, To: chain.Accounts[2].Address, Value: bigInt(10000),
-		ValidAfter: bigInt(0), ValidBefore: bigInt(time.Now().Unix() + 300), Nonce: [32]byte{1, 2, 3}}
-	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := map[string]any{"scheme": "exact", "network": "eip155:31337", "amount": "10000", "asset": chain.USDC.Address.Hex(),
-		"payTo": a.To.Hex(), "maxTimeoutSeconds": 60, "extra": map[string]any{"name": "USD Coin", "version": "2"}}
-	reqBody, _ := json.Marshal(map[string]any{"x402Version": 2, "paymentRequirements": reqs, "paymentPayload": map[string]any{
-		"x402Version": 2, "accepted": reqs, "resource": map[string]any{"url": "http://merchant.test/x"},
-		"payload": map[string]any{"signature": "0x" + hex.EncodeToString(sig), "authorization": map[string]any{
-			"from": a.From.Hex(), "to": a.To.Hex(), "value": "10000", "validAfter": "0",
-			"validBefore": a.ValidBefore.String(), "nonce": "0x" + hex.EncodeToString(a.Nonce[:])}}}})
+	payer, nonce := chain.Accounts[1].Address, [32]byte{1, 2, 3}
+	reqBody := paymentBody(t, chain, chain.Accounts[2].Address, nonce)
 	res, err = http.Post(base+"/verify", "application/json", bytes.NewReader(reqBody))
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +111,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(string(settled), `"success":true`) {
 		t.Fatalf("settle: %d %s", res.StatusCode, settled)
 	}
-	res, err = http.Get(base + "/console/authorizations/eip155:31337/" + chain.USDC.Address.Hex() + "/" + a.From.Hex() + "/0x" + hex.EncodeToString(a.Nonce[:]))
+	res, err = http.Get(base + "/console/authorizations/eip155:31337/" + chain.USDC.Address.Hex() + "/" + payer.Hex() + "/0x" + hex.EncodeToString(nonce[:]))
 	if err != nil {
 		t.Fatal(err)
 	}

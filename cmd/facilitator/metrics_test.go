@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -29,12 +30,9 @@ func TestServeMetricsAndReadiness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &Main{Config: cfg, Logger: newLogger(io.Discard, "error", "text")}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startMain(ctx, t, cfg, newLogger(io.Discard, "error", "text"))
 	defer m.Close()
 	base := "http://" + m.Addr
 	network := facilitator.CAIP2(chain.ChainID)
@@ -58,7 +56,7 @@ func TestServeMetricsAndReadiness(t *testing.T) {
 		}
 	}
 
-	body := paymentBody(t, chain, [32]byte{0x4d, 0x45, 0x54})
+	body := paymentBody(t, chain, chain.Accounts[2].Address, [32]byte{0x4d, 0x45, 0x54})
 	if res := post(t, base+"/verify", body); !strings.Contains(res, `"isValid":true`) {
 		t.Fatalf("verify: %s", res)
 	}
@@ -174,11 +172,11 @@ func getReady(t *testing.T, base string) (int, readyBody) {
 	return res.StatusCode, b
 }
 
-// paymentBody is a v2 /verify and /settle body for 0.01 USDC from account 1 to account 2.
-func paymentBody(t *testing.T, chain *devchain.Chain, nonce [32]byte) []byte {
+// paymentBody is a v2 /verify and /settle body for 0.01 USDC from account 1 to payee.
+func paymentBody(t *testing.T, chain *devchain.Chain, payee common.Address, nonce [32]byte) []byte {
 	t.Helper()
 	payer := chain.Accounts[1]
-	a := devchain.TransferAuthorization{From: payer.Address, To: chain.Accounts[2].Address, Value: bigInt(10000),
+	a := devchain.TransferAuthorization{From: payer.Address, To: payee, Value: bigInt(10000),
 		ValidAfter: bigInt(0), ValidBefore: bigInt(time.Now().Unix() + 300), Nonce: nonce}
 	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
 	if err != nil {

@@ -171,14 +171,11 @@ func TestServeChecksTokenDomain(t *testing.T) {
 			"FACILITATOR_AUTH":        "open",
 			"FACILITATOR_INDEX":       "false",
 		}
-		cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-		if err != nil {
-			t.Fatal(err)
-		}
+		cfg := serveConfig(t, env)
 		m := &Main{Config: cfg, Logger: newLogger(io.Discard, "error", "text")}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		err = m.Run(ctx)
+		err := m.Run(ctx)
 		// Close once: a failed Run is closed as runUntilDone does, a started one when the test ends.
 		if err != nil {
 			m.Close()

@@ -71,14 +71,8 @@ func TestNoisyNeighbour(t *testing.T) {
 	env["FACILITATOR_RATE_PER_KEY"] = "0"
 	env["FACILITATOR_WEBHOOK_ALLOW_PRIVATE"] = "true" // the receivers are on loopback
 	env["FACILITATOR_WEBHOOK_POLL_INTERVAL"] = "100ms"
-	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &Main{Config: cfg, Logger: newLogger(t.Output(), "warn", "text")}
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cfg := serveConfig(t, env)
+	m := startMain(ctx, t, cfg, newLogger(t.Output(), "warn", "text"))
 	defer m.Close()
 	base := "http://" + m.Addr
 	waitReady(t, base)
@@ -114,7 +108,7 @@ func TestNoisyNeighbour(t *testing.T) {
 	settleFor := func(key string, payee common.Address) ([32]byte, time.Time) {
 		nonceNo++
 		nonce := [32]byte{0x4e, 0x4f, 0x49, 0x53, nonceNo}
-		body := paymentTo(t, chain, payee, nonce)
+		body := paymentBody(t, chain, payee, nonce)
 		if code, b := call(t, http.MethodPost, base+"/settle", key, body); code != http.StatusOK || !strings.Contains(b, `"success":true`) {
 			t.Fatalf("settle: %d %s", code, b)
 		}
@@ -247,29 +241,6 @@ func TestNoisyNeighbour(t *testing.T) {
 	if limit := took.Seconds() + 1; readyCalls > limit {
 		t.Errorf("/readyz: %.0f node calls for 500 requests in %v (at most %.0f)", readyCalls, took, limit)
 	}
-}
-
-// paymentTo is paymentBody's payment (0.01 USDC from account 1) paid to payee.
-func paymentTo(t *testing.T, chain *devchain.Chain, payee common.Address, nonce [32]byte) []byte {
-	t.Helper()
-	payer := chain.Accounts[1]
-	a := devchain.TransferAuthorization{From: payer.Address, To: payee, Value: bigInt(10000),
-		ValidAfter: bigInt(0), ValidBefore: bigInt(time.Now().Unix() + 300), Nonce: nonce}
-	sig, err := chain.USDC.SignTransferAuthorization(payer.Key, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := map[string]any{"scheme": "exact", "network": facilitator.CAIP2(chain.ChainID), "amount": "10000", "asset": chain.USDC.Address.Hex(),
-		"payTo": payee.Hex(), "maxTimeoutSeconds": 60, "extra": map[string]any{"name": "USD Coin", "version": "2"}}
-	out, err := json.Marshal(map[string]any{"x402Version": 2, "paymentRequirements": reqs, "paymentPayload": map[string]any{
-		"x402Version": 2, "accepted": reqs, "resource": map[string]any{"url": "http://merchant.test/x"},
-		"payload": map[string]any{"signature": "0x" + hex.EncodeToString(sig), "authorization": map[string]any{
-			"from": a.From.Hex(), "to": payee.Hex(), "value": "10000", "validAfter": "0",
-			"validBefore": a.ValidBefore.String(), "nonce": "0x" + hex.EncodeToString(nonce[:])}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // call sends one request with key and returns the status and body.

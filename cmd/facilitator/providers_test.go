@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 )
@@ -82,16 +81,5 @@ func TestTwoProviders(t *testing.T) {
 // withRPCs adds more RPC endpoints to every network of a FACILITATOR_NETWORKS value.
 func withRPCs(t *testing.T, networks string, urls ...string) string {
 	t.Helper()
-	var nets []map[string]any
-	if err := json.Unmarshal([]byte(networks), &nets); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range nets {
-		n["rpcs"] = urls
-	}
-	out, err := json.Marshal(nets)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
+	return editNetworks(t, networks, func(n map[string]any) { n["rpcs"] = urls })
 }

@@ -9,7 +9,6 @@ import (
 	"math/big"
 	mrand "math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -31,8 +30,7 @@ import (
 // and it answers one request with a head and a "finalized" block far ahead, consistent with each
 // other. Everything else passes through.
 type liarRPC struct {
-	target string
-	client *http.Client
+	nodeLink
 	// invent: answer a null receipt of a pending transaction with an invented one.
 	invent atomic.Bool
 	// ahead is how many more watcher requests (a head, the finalized tag and a block at a height,
@@ -60,10 +58,8 @@ func (p *liarRPC) String() string {
 
 func newLiarRPC(t *testing.T, target string) (*liarRPC, string) {
 	t.Helper()
-	p := &liarRPC{target: target, client: &http.Client{Timeout: 30 * time.Second}}
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	return p, srv.URL
+	p := &liarRPC{nodeLink: newNodeLink(target, false)}
+	return p, serveProxy(t, p)
 }
 
 func (p *liarRPC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -255,44 +251,6 @@ func (p *liarRPC) inventReceipt(ctx context.Context, params json.RawMessage) jso
 	})
 }
 
-func (p *liarRPC) post(ctx context.Context, body []byte) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.target, bytes.NewReader(body))
-	if err != nil {
-		return nil, 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	res, err := p.client.Do(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer res.Body.Close()
-	out, err := io.ReadAll(res.Body)
-	return out, res.StatusCode, err
-}
-
-func (p *liarRPC) call(ctx context.Context, result any, method string, params ...any) error {
-	raw, err := json.Marshal(params)
-	if err != nil {
-		return err
-	}
-	body, err := json.Marshal(&rpcMsg{JSONRPC: "2.0", ID: json.RawMessage("1"), Method: method, Params: raw})
-	if err != nil {
-		return err
-	}
-	out, _, err := p.post(ctx, body)
-	if err != nil {
-		return err
-	}
-	var m rpcMsg
-	if err := json.Unmarshal(out, &m); err != nil {
-		return err
-	}
-	if m.Error != nil {
-		return fmt.Errorf("%s: %s", method, m.Error.Message)
-	}
-	return json.Unmarshal(m.Result, result)
-}
-
 // settleOnce posts body to c's /settle and decodes the answer.
 func settleOnce(t *testing.T, c *child, body []byte) facilitator.SettleResponse {
 	t.Helper()
@@ -333,14 +291,11 @@ func quorumStack(ctx context.Context, t *testing.T, db string, tag string) (*chi
 	load := newFaultLoad(ctx, t, chain, 1)
 	load.idShare = 0
 	env := serveEnv(t, dbURL, chain, chain.RPCURL, load.key)
-	var nets []map[string]any
-	if err := json.Unmarshal([]byte(withRPCs(t, env["FACILITATOR_NETWORKS"], liarURL)), &nets); err != nil {
-		t.Fatal(err)
-	}
-	if tag != "" {
-		nets[0]["finalityTag"] = tag
-	}
-	env["FACILITATOR_NETWORKS"] = string(mustJSON(nets))
+	env["FACILITATOR_NETWORKS"] = editNetworks(t, withRPCs(t, env["FACILITATOR_NETWORKS"], liarURL), func(n map[string]any) {
+		if tag != "" {
+			n["finalityTag"] = tag
+		}
+	})
 	env["FACILITATOR_LOG_LEVEL"] = "info"
 	return startServe(ctx, t, bin, env, "facilitator"), liar, load, chain, dbURL
 }

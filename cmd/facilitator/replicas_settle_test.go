@@ -283,13 +283,7 @@ func TestSettleReplicas(t *testing.T) {
 			killedAt := time.Now()
 			inFlight := inFlightAt[index(victim)].Load()
 			dead.Store(true)
-			if err := victim.cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			victim.waitExit(t, 10*time.Second)
-			if ws, ok := victim.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-				t.Fatalf("%s ended with %v, want death by SIGKILL", victim.name, victim.cmd.ProcessState)
-			}
+			victim.kill(t)
 			t.Logf("killed %s (holder of %s) with %d of its requests in flight, %d open settlements of its key in the ledger, %d payments started",
 				victim.name, victimKey.Hex()[:10], inFlight, open, started.Load())
 			go func() {

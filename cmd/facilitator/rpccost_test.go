@@ -75,16 +75,10 @@ func TestRPCCallsPerSettlement(t *testing.T) {
 	// broadcasts alone, so the counts are the calls those cost, not the ticks of a clock.
 	env["FACILITATOR_POLL_INTERVAL"] = "1h"
 	env["FACILITATOR_NETWORKS"] = strings.Replace(env["FACILITATOR_NETWORKS"], `"rpc":`, `"ws":"`+chain.WSURL+`","rpc":`, 1)
-	cfg, err := parseServeFlags(nil, func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &Main{Config: cfg, Logger: newLogger(io.Discard, "error", "text")}
+	cfg := serveConfig(t, env)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := m.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startMain(ctx, t, cfg, newLogger(io.Discard, "error", "text"))
 	defer m.Close()
 	base := "http://" + m.Addr
 	for deadline := time.Now().Add(30 * time.Second); ; {
@@ -105,7 +99,7 @@ func TestRPCCallsPerSettlement(t *testing.T) {
 	const n, clients = 32, 8
 	bodies := make([][]byte, n)
 	for i := range bodies {
-		bodies[i] = paymentBody(t, chain, [32]byte{0x52, 0x50, 0x43, byte(i)})
+		bodies[i] = paymentBody(t, chain, chain.Accounts[2].Address, [32]byte{0x52, 0x50, 0x43, byte(i)})
 	}
 	start := rpcCalls(scrape(t, base))
 	var wg sync.WaitGroup

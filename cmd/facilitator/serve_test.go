@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // The helpers here run the real binary (`facilitator serve`) for the tests that stop, kill or
@@ -61,7 +63,7 @@ func serveEnv(t *testing.T, dbURL string, chain *devchain.Chain, rpcURL string, 
 type child struct {
 	name   string
 	cmd    *exec.Cmd
-	logs   *syncBuffer
+	logs   *stacktest.SyncBuffer
 	exited chan struct{}
 	base   string
 	client *http.Client
@@ -108,17 +110,27 @@ func launchServe(t *testing.T, bin string, env map[string]string, name string) *
 // settings), its base URL at addr, and returns at once.
 func launch(t *testing.T, bin string, env map[string]string, name, addr string, args ...string) *child {
 	t.Helper()
+	c := startProcess(t, bin, env, name, nil, args...)
+	c.base, c.client = "http://"+addr, &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	return c
+}
+
+// startProcess runs bin with args and env, and nothing of the test's own FACILITATOR_*,
+// DATABASE_URL or drop (prefixes of "NAME=") settings, and returns at once. Its output is shown
+// if the test fails; it is killed when the test ends.
+func startProcess(t *testing.T, bin string, env map[string]string, name string, drop []string, args ...string) *child {
+	t.Helper()
 	var list []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
+		if !strings.HasPrefix(kv, "FACILITATOR_") && !strings.HasPrefix(kv, "DATABASE_URL=") &&
+			!slices.ContainsFunc(drop, func(p string) bool { return strings.HasPrefix(kv, p) }) {
 			list = append(list, kv)
 		}
 	}
 	for k, v := range env {
 		list = append(list, k+"="+v)
 	}
-	c := &child{name: name, logs: &syncBuffer{}, exited: make(chan struct{}), base: "http://" + addr,
-		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}}
+	c := &child{name: name, logs: &stacktest.SyncBuffer{}, exited: make(chan struct{})}
 	c.cmd = exec.Command(bin, args...)
 	c.cmd.Env = list
 	c.cmd.Stdout, c.cmd.Stderr = c.logs, c.logs
@@ -176,7 +188,13 @@ func (c *child) kill(t *testing.T) {
 	if err := c.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	c.waitExit(t, 10*time.Second)
+	c.waitKilled(t, 10*time.Second)
+}
+
+// waitKilled waits for the process to end and checks that it died of SIGKILL.
+func (c *child) waitKilled(t *testing.T, within time.Duration) {
+	t.Helper()
+	c.waitExit(t, within)
 	if ws, ok := c.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 		t.Fatalf("%s ended with %v, want death by SIGKILL", c.name, c.cmd.ProcessState)
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // claimFixture is a database of the test's own (a claim takes every enabled webhook's due
@@ -28,22 +27,9 @@ type claimFixture struct {
 
 func newClaimFixture(t *testing.T) *claimFixture {
 	t.Helper()
-	url := stacktest.NewDB(t, "claims")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	db, err := postgres.Open(ctx, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	db, conn := migratedDB(ctx, t, freshDB(ctx, t, "claims"))
 	l := &ledgerFixture{db: db, ctx: ctx, network: "eip155:31337", signer: common.HexToAddress("0xd")}
 	if err := db.BindNetwork(ctx, l.network, 31337, common.HexToHash("0x03")); err != nil {
 		t.Fatal(err)

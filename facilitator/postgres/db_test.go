@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // openTestDB connects to TEST_DATABASE_URL ('make test' provides a fresh one). Without it the
@@ -34,6 +36,40 @@ func openTestDB(t *testing.T) *postgres.DB {
 	}
 	t.Cleanup(db.Close)
 	return db
+}
+
+// freshDB is a database of the test's own, named by suffix, for a test that must see only its
+// own rows or must not leave its own behind; without Postgres it skips, or fails under CI.
+func freshDB(ctx context.Context, t *testing.T, suffix string) string {
+	t.Helper()
+	url, err := stacktest.FreshDB(ctx, suffix)
+	if err != nil {
+		if err == stacktest.ErrNoDatabase {
+			openTestDB(t) // skips, or fails under CI
+		}
+		t.Fatal(err)
+	}
+	return url
+}
+
+// migratedDB opens url and migrates it, with a plain connection beside the store for the rows
+// and plans a test writes and reads in SQL; both close when the test ends.
+func migratedDB(ctx context.Context, t *testing.T, url string, opts ...postgres.Option) (*postgres.DB, *pgx.Conn) {
+	t.Helper()
+	db, err := postgres.Open(ctx, url, nil, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return db, conn
 }
 
 // TestMigrateConcurrently: replicas starting together apply each migration exactly once.

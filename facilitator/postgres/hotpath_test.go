@@ -18,7 +18,6 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // recorder is a pgx tracer that keeps the first arguments of every distinct statement, so that
@@ -148,28 +147,10 @@ func TestHotPathPlans(t *testing.T) {
 	defer cancel()
 	url := os.Getenv("PLAN_DATABASE_URL")
 	if url == "" {
-		var err error
-		if url, err = stacktest.FreshDB(ctx, "hotpath"); err != nil {
-			if err == stacktest.ErrNoDatabase {
-				openTestDB(t) // skips, or fails under CI
-			}
-			t.Fatal(err)
-		}
+		url = freshDB(ctx, t, "hotpath")
 	}
 	rec := &recorder{}
-	db, err := postgres.Open(ctx, url, nil, postgres.WithTracer(rec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
+	db, conn := migratedDB(ctx, t, url, postgres.WithTracer(rec))
 	deliveries := 200_000
 	if os.Getenv("PLAN_DATABASE_URL") == "" {
 		fill := fmt.Sprintf("fill:hotpath:%d", time.Now().UnixNano())
@@ -213,7 +194,7 @@ func TestHotPathPlans(t *testing.T) {
 	var wid [16]byte
 	_, _ = rand.Read(wid[:])
 	webhook := &facilitator.Webhook{ID: fmt.Sprintf("wh_%x", wid), URL: "http://127.0.0.1:1/hook", Secret: "s"}
-	_, err = db.InsertWebhook(ctx, webhook, 100) // not labeled: setup
+	_, err := db.InsertWebhook(ctx, webhook, 100) // not labeled: setup
 	must(err)
 	// Left disabled, so that no dispatcher sharing the database sends to it.
 	t.Cleanup(func() { _ = db.DisableWebhook(context.Background(), "", webhook.ID) })

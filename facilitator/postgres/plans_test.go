@@ -9,10 +9,8 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
-	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestSettlementByKeyPlan: the lookup by authorization key, the first statement of every
@@ -24,30 +22,11 @@ import (
 func TestSettlementByKeyPlan(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	url, err := stacktest.FreshDB(ctx, "plans")
-	if err != nil {
-		if err == stacktest.ErrNoDatabase {
-			openTestDB(t) // skips, or fails under CI
-		}
-		t.Fatal(err)
-	}
-	db, err := postgres.Open(ctx, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	db, conn := migratedDB(ctx, t, freshDB(ctx, t, "plans"))
 	const network = "eip155:31337"
 	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x03")); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
 	// One payer with 5,000 settlements, and 50 other payers with one each.
 	if _, err := conn.Exec(ctx, `
 		INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
