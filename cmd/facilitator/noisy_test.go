@@ -213,9 +213,12 @@ func TestNoisyNeighbour(t *testing.T) {
 	noisy := hookLatency()
 	t.Logf("C's dead endpoint: %d connections held", deadConns())
 	t.Logf("A's webhook latency, C noisy: %v (quiet %v)", noisy, quiet)
-	// A delivery waits for the dispatcher's next poll: latencies below one poll are noise.
-	if floor := max(quiet, 100*time.Millisecond); noisy > 2*floor {
-		t.Errorf("A's webhook took %v with C's dead webhooks owing deliveries, more than twice its quiet %v", noisy, floor)
+	// Not a speed check: a delivery of A's that waited behind even one of C's attempts would wait
+	// that attempt's whole send timeout (5 s by default; before the fair shares it waited 183 s).
+	// A loaded machine's slowness, well below that, is not what this test is about.
+	const sendTimeout = 5 * time.Second
+	if noisy >= quiet+sendTimeout {
+		t.Errorf("A's webhook took %v with C's dead webhooks owing deliveries (quiet %v): it waited behind C's attempts", noisy, quiet)
 	}
 
 	// /readyz: 500 requests, at most one node check per second.
