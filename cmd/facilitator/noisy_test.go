@@ -213,9 +213,9 @@ func TestNoisyNeighbour(t *testing.T) {
 	noisy := hookLatency()
 	t.Logf("C's dead endpoint: %d connections held", deadConns())
 	t.Logf("A's webhook latency, C noisy: %v (quiet %v)", noisy, quiet)
-	// Not a speed check: a delivery of A's that waited behind even one of C's attempts would wait
-	// that attempt's whole send timeout (5 s by default; before the fair shares it waited 183 s).
-	// A loaded machine's slowness, well below that, is not what this test is about.
+	// Not a speed check: a delivery of A's queued behind C's attempts waits for them to time out
+	// (up to the send timeout, 5 s, each, one slot after another: before the fair shares it waited
+	// 183 s). A loaded machine's slowness, well below that, is not what this test is about.
 	const sendTimeout = 5 * time.Second
 	if noisy >= quiet+sendTimeout {
 		t.Errorf("A's webhook took %v with C's dead webhooks owing deliveries (quiet %v): it waited behind C's attempts", noisy, quiet)
