@@ -45,24 +45,9 @@ func TestBatchForeignNonceResigned(t *testing.T) {
 		}
 	}
 	env.SetAutomine(t, true)
-	deadline := time.Now().Add(40 * time.Second)
-	for {
-		done := 0
-		for i := range pays {
-			s := env.Row(t, pays[i].Key())
-			if (i == usedElsewhere && s.State == facilitator.StateSettledElsewhere) || (i != usedElsewhere && s.State.Succeeded()) {
-				done++
-			}
-		}
-		if done == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the batch's members were not all decided")
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 40*time.Second, "the batch's members are decided", func(i int, s *facilitator.Settlement) bool {
+		return (i == usedElsewhere && s.State == facilitator.StateSettledElsewhere) || (i != usedElsewhere && s.State.Succeeded())
+	})
 
 	var newTx common.Hash
 	slots := map[int]bool{}

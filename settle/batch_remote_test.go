@@ -2,7 +2,6 @@ package settle_test
 
 import (
 	"context"
-	"fmt"
 	"math/big"
 	"testing"
 	"time"
@@ -111,24 +110,9 @@ func testBatchNarrowSignerResignsSubset(t *testing.T, restart bool) {
 		}
 	}
 	env.SetAutomine(t, true)
-	for deadline := time.Now().Add(40 * time.Second); ; {
-		done, states := 0, ""
-		for i := range pays {
-			s := env.Row(t, pays[i].Key())
-			states += fmt.Sprintf(" %d:%s", i, s.State)
-			if (i != moved && s.State == facilitator.StateSettledElsewhere) || (i == moved && s.State.Succeeded()) {
-				done++
-			}
-		}
-		if done == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the batch's members were not all decided:%s", states)
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 40*time.Second, "the batch's members are decided", func(i int, s *facilitator.Settlement) bool {
+		return (i != moved && s.State == facilitator.StateSettledElsewhere) || (i == moved && s.State.Succeeded())
+	})
 
 	for i, p := range pays {
 		if got := env.Balance(t, p.PayTo); got != int64(500_000+i) {

@@ -49,15 +49,7 @@ func TestBatchSunkByGreedyPayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("the batch: status %d, %d gas used", rc.Status, rc.GasUsed)
-	waitFor(t, 60*time.Second, "every member is decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 60*time.Second, "every member is decided", decided)
 	signer := stacktest.AddressOf(r.Signers[0])
 	lone := 0
 	for i, p := range pays {
@@ -117,15 +109,7 @@ func TestBatchMemberShortOfFunds(t *testing.T) {
 	batchTx := settlePendingBatch(t, r, bodies)
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	waitFor(t, 30*time.Second, "every member is decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 30*time.Second, "every member is decided", decided)
 	var short []int
 	for i, p := range pays {
 		s := env.Row(t, p.Key())
@@ -179,15 +163,7 @@ func TestBatchWithoutMulticall3(t *testing.T) {
 			t.Fatalf("member %d answered %+v", i, out.Response)
 		}
 	}
-	waitFor(t, 30*time.Second, "every member is decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 30*time.Second, "every member is decided", decided)
 	for i, p := range pays {
 		s := env.Row(t, p.Key())
 		if !s.State.Succeeded() {

@@ -86,6 +86,32 @@ func settleAll(t *testing.T, r *stacktest.Engine, bodies [][]byte) []facilitator
 	return outs
 }
 
+// waitMembers mines a block and reads every payment's row until done holds of each, for up to
+// within; it fails naming what it waited for and each member's state.
+func waitMembers(t *testing.T, pays []stacktest.Pay, within time.Duration, what string, done func(i int, s *facilitator.Settlement) bool) {
+	t.Helper()
+	began := time.Now()
+	for {
+		env.Mine(t)
+		all, states := true, ""
+		for i, p := range pays {
+			s := env.Row(t, p.Key())
+			states += fmt.Sprintf(" %d:%s", i, s.State)
+			all = done(i, s) && all
+		}
+		if all {
+			return
+		}
+		if time.Since(began) > within {
+			t.Fatalf("%s: not within %s:%s", what, within, states)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// decided is waitMembers' condition that a member left the open states.
+func decided(_ int, s *facilitator.Settlement) bool { return !s.State.Open() }
+
 // TestBatchSettle: five concurrent settlements on a network batching up to five go out as ONE
 // transaction to Multicall3 at one nonce; every member is told success with the batch's hash,
 // every payee is paid exactly once, the ledger holds slots 0..4 at that nonce, and each member's
@@ -182,24 +208,9 @@ func TestBatchMemberUsedElsewhere(t *testing.T) {
 		t.Fatalf("the third party's transfer: %+v, %v", rc, err)
 	}
 	env.SetAutomine(t, true)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		done := 0
-		for i := range pays {
-			s, err := r.DB.SettlementByKey(ctx, pays[i].Key())
-			if err == nil && !s.State.Open() && (i != 1 || s.State == facilitator.StateSettledElsewhere) {
-				done++
-			}
-		}
-		if done == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the batch's members were not all decided")
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 30*time.Second, "the batch's members are decided", func(i int, s *facilitator.Settlement) bool {
+		return !s.State.Open() && (i != 1 || s.State == facilitator.StateSettledElsewhere)
+	})
 	for i, p := range pays {
 		s, _ := r.DB.SettlementByKey(ctx, p.Key())
 		switch {
@@ -229,12 +240,7 @@ func TestBatchFeeBump(t *testing.T) {
 		c.Observer = obs
 	}})
 	ctx := context.Background()
-	var pays []stacktest.Pay
-	var bodies [][]byte
-	for range n {
-		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
-		pays, bodies = append(pays, p), append(bodies, p.Body(t))
-	}
+	pays, bodies := batchPays(t, n, func(int) int64 { return 300_000 }, nil)
 	env.ManualMining(t)
 	settleAll(t, r, bodies)
 	signer := stacktest.AddressOf(r.Signers[0])
@@ -283,19 +289,7 @@ func TestBatchFeeBump(t *testing.T) {
 	}
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	for time.Now().Before(deadline.Add(20 * time.Second)) {
-		settled := 0
-		for _, p := range pays {
-			if s, err := r.DB.SettlementByKey(ctx, p.Key()); err == nil && s.State.Succeeded() {
-				settled++
-			}
-		}
-		if settled == n {
-			break
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 20*time.Second, "the batch's members are mined", func(_ int, s *facilitator.Settlement) bool { return s.State.Succeeded() })
 	for i, p := range pays {
 		if got := env.Balance(t, p.PayTo); got != 300_000 {
 			t.Fatalf("payee %d holds %d, want exactly 300000", i, got)
@@ -359,10 +353,7 @@ func TestBatchCrashAfterCommit(t *testing.T) {
 			}
 		}
 	}
-	n0 := env.Network()
-	n0.Batch = facilitator.BatchPolicy{Max: n, Wait: 2 * time.Second}
-	crashing.Network = &n0
-	a := env.NewEngine(t, crashing)
+	a := batchEngine(t, n, 2*time.Second, crashing)
 	// At the end the dead process's goroutines go on (then its callers return), before a stops:
 	// cleanups run last first.
 	var callers sync.WaitGroup
@@ -401,9 +392,7 @@ func TestBatchCrashAfterCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	recovering := leased(20*time.Second, key)
-	recovering.Network = &n0
-	b := env.NewEngine(t, recovering)
+	b := batchEngine(t, n, 2*time.Second, leased(20*time.Second, key))
 	waitFor(t, 10*time.Second, "the second engine takes the key over", func() bool { return holds(b, key) })
 	var tx string
 	for i, p := range pays {
@@ -456,15 +445,7 @@ func TestBatchMemberExpired(t *testing.T) {
 	if rc, err := env.Chain.Client.TransactionReceipt(ctx, batchTx); err != nil || rc.Status != 1 {
 		t.Fatalf("the batch: %+v, %v; want mined without reverting", rc, err)
 	}
-	waitFor(t, 30*time.Second, "the batch's members are decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 30*time.Second, "the batch's members are decided", decided)
 	for i, p := range pays {
 		s := env.Row(t, p.Key())
 		switch {
@@ -526,15 +507,7 @@ func TestBatchReceiptReadOnce(t *testing.T) {
 	pays, bodies := batchPays(t, n, func(int) int64 { return 50_000 }, nil)
 	outs := settleAll(t, r, bodies)
 	batchTx := common.HexToHash(outs[0].Response.Transaction)
-	waitFor(t, 20*time.Second, "the batch's members are final", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State != facilitator.StateFinal {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 20*time.Second, "the batch's members are final", func(_ int, s *facilitator.Settlement) bool { return s.State == facilitator.StateFinal })
 	counter.mu.Lock()
 	defer counter.mu.Unlock()
 	if counter.reads[batchTx] == 0 {
