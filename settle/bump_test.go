@@ -161,6 +161,21 @@ func (o *recordingObserver) count(k string) int {
 	return o.events[k]
 }
 
+// await waits up to within until k has been reported at least n times.
+func (o *recordingObserver) await(t testing.TB, k string, n int, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); o.count(k) < n; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q reported %d times in %s, want %d; observer saw %v", k, o.count(k), within, n, o.snapshot())
+		}
+	}
+}
+
+// gap is what the observer records for a nonce gap of kind on signer's key on the env's network.
+func gap(signer common.Address, kind string) string {
+	return "gap " + env.Network().ID + " " + signer.Hex() + " " + kind
+}
+
 // TestSettleCapacity: when every signer has MaxInFlightPerSigner unmined transactions, a new
 // payment is refused as unavailable (503 with Retry-After at the API) and nothing is sent for it.
 func TestSettleCapacity(t *testing.T) {

@@ -32,14 +32,8 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	p := env.NewPay(t, payer, 1000)
 	body := p.Body(t)
 	next := env.NewPay(t, payer, 2000)
-	nextBody := next.Body(t)
 	env.ManualMining(t)
-	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
-		Config: func(c *settle.Config) {
-			c.Observer = obs
-			c.RebroadcastAfter = 200 * time.Millisecond
-			c.RetryInterval = 200 * time.Millisecond
-		}})
+	r := resendingEngine(t, signer, obs)
 
 	ours := r.SettlePending(t, body)
 	row := env.Row(t, p.Key())
@@ -53,24 +47,10 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	payerBefore := env.Balance(t, p.From())
 
 	// The engine resends ours, hears nonce too low, and re-signs with a new nonce.
-	for deadline := time.Now().Add(15 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceForeign) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no foreign nonce observed; observer saw %v", obs.snapshot())
-		}
-	}
+	obs.await(t, gap(addr, settle.NonceForeign), 1, 15*time.Second)
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var out facilitator.SettleOutcome
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		out = r.MustSettle(t, body)
-		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still pending: %+v", out.Response)
-		}
-		env.Mine(t)
-	}
+	out := settledPastPending(t, r, body, "after the re-sign")
 	if !out.Response.Success {
 		t.Fatalf("after the re-sign: %+v", out.Response)
 	}
@@ -112,25 +92,52 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	}
 
 	// The key's next settlement takes the nonce after the re-signed one, and is mined.
-	out = r.MustSettle(t, nextBody)
-	for deadline := time.Now().Add(15 * time.Second); out.Response.ErrorReason == facilitator.ReasonSettlementPending; time.Sleep(100 * time.Millisecond) {
+	nextSettles(t, r, next, row.TxNonce)
+}
+
+// resendingEngine is an engine on signer alone, reporting to obs, that answers pending after a
+// second and resends and retries every 200 ms: it hears nonce too low soon after a foreign
+// transaction takes its settlement's nonce.
+func resendingEngine(t *testing.T, signer *ecdsa.PrivateKey, obs *recordingObserver) *stacktest.Engine {
+	return env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
+		Config: func(c *settle.Config) {
+			c.Observer = obs
+			c.RebroadcastAfter = 200 * time.Millisecond
+			c.RetryInterval = 200 * time.Millisecond
+		}})
+}
+
+// settledPastPending asks r to settle body until it answers other than pending, mining a block
+// between the asks, for up to 15 s; what names the answer awaited when it fails.
+func settledPastPending(t *testing.T, r *stacktest.Engine, body []byte, what string) facilitator.SettleOutcome {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out := r.MustSettle(t, body)
+		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
+			return out
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the next settlement is stuck: %+v", out.Response)
+			t.Fatalf("%s: still pending: %+v", what, out.Response)
 		}
 		env.Mine(t)
-		out = r.MustSettle(t, nextBody)
 	}
-	if !out.Response.Success {
+}
+
+// nextSettles checks that the key's next settlement takes the nonce after taken and is mined:
+// the key's mined nonce is then taken+2.
+func nextSettles(t *testing.T, r *stacktest.Engine, next stacktest.Pay, taken uint64) {
+	t.Helper()
+	if out := settledPastPending(t, r, next.Body(t), "the next settlement"); !out.Response.Success {
 		t.Fatalf("the next settlement: %+v", out.Response)
 	}
-	if got := env.Row(t, next.Key()).TxNonce; got != row.TxNonce+1 {
-		t.Fatalf("the next settlement's tx nonce %d, want %d", got, row.TxNonce+1)
+	if got := env.Row(t, next.Key()).TxNonce; got != taken+1 {
+		t.Fatalf("the next settlement's tx nonce %d, want %d", got, taken+1)
 	}
 	if got := env.Balance(t, next.PayTo); got != next.Value {
 		t.Fatalf("the next payee holds %d, want %d", got, next.Value)
 	}
-	if n := nonceOf(t, addr, "latest"); n != row.TxNonce+2 {
-		t.Fatalf("signer's mined nonce %d, want %d", n, row.TxNonce+2)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signer()), "latest"); n != taken+2 {
+		t.Fatalf("signer's mined nonce %d, want %d", n, taken+2)
 	}
 }
 
@@ -211,20 +218,11 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 	p := env.NewPay(t, payer, 1000)
 	body := p.Body(t)
 	env.ManualMining(t)
-	fast := func(c *settle.Config) {
-		c.Observer = obs
-		c.RebroadcastAfter = 200 * time.Millisecond
-		c.RetryInterval = 200 * time.Millisecond
-	}
-	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
+	r := resendingEngine(t, signer, obs)
 	ours := r.SettlePending(t, body)
 	taken := env.Row(t, p.Key()).TxNonce
 	takeNonce(t, signer, taken, openRows(t, addr)[p.Key()].Txs[0], ours)
-	for deadline := time.Now().Add(15 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceForeign) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no foreign nonce observed; observer saw %v", obs.snapshot())
-		}
-	}
+	obs.await(t, gap(addr, settle.NonceForeign), 1, 15*time.Second)
 	r.Stop(context.Background())
 	env.DropPool(t) // the node lost the re-signed transaction too: only the ledger has it
 	moved := openRows(t, addr)[p.Key()]
@@ -232,18 +230,9 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 		t.Fatalf("the ledger after the re-sign: %+v", moved)
 	}
 
-	r2 := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
-	var out facilitator.SettleOutcome
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		env.Mine(t)
-		out = r2.MustSettle(t, body)
-		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still pending after the restart: %+v", out.Response)
-		}
-	}
+	r2 := resendingEngine(t, signer, obs)
+	env.Mine(t)
+	out := settledPastPending(t, r2, body, "after the restart")
 	if !out.Response.Success || common.HexToHash(out.Response.Transaction) != moved.Txs[len(moved.Txs)-1].Hash {
 		t.Fatalf("after the restart: %+v, want the success of %s", out.Response, moved.Txs[len(moved.Txs)-1].Hash)
 	}
@@ -281,12 +270,7 @@ func displace(t *testing.T, p stacktest.Pay) *displaced {
 	signer := env.NewSigner(t)
 	d.addr = stacktest.AddressOf(signer)
 	env.ManualMining(t)
-	d.r = env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
-		Config: func(c *settle.Config) {
-			c.Observer = d.obs
-			c.RebroadcastAfter = 200 * time.Millisecond
-			c.RetryInterval = 200 * time.Millisecond
-		}})
+	d.r = resendingEngine(t, signer, d.obs)
 	d.ours = d.r.SettlePending(t, d.body)
 	d.taken = env.Row(t, p.Key()).TxNonce
 	open := openRows(t, d.addr)[p.Key()]
@@ -316,13 +300,8 @@ func (d *displaced) resolved(t *testing.T) *facilitator.Settlement {
 // (each one makes the next watcher round run the foreign-nonce check).
 func (d *displaced) heardTooLow(t *testing.T, n int) {
 	t.Helper()
-	key := "gap " + env.Network().ID + " " + d.addr.Hex() + " " + settle.NonceUsed
-	want := d.obs.count(key) + n
-	for deadline := time.Now().Add(15 * time.Second); d.obs.count(key) < want; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("nonce too low heard %d times, want %d; observer saw %v", d.obs.count(key), want, d.obs.snapshot())
-		}
-	}
+	key := gap(d.addr, settle.NonceUsed)
+	d.obs.await(t, key, d.obs.count(key)+n, 15*time.Second)
 }
 
 // notResigned checks that the settlement kept its one transaction at the taken nonce: no
@@ -337,38 +316,11 @@ func (d *displaced) notResigned(t *testing.T, id int64) {
 			t.Errorf("renonced event: %v", env.Events(t, id))
 		}
 	}
-	if n := d.obs.count("gap " + env.Network().ID + " " + d.addr.Hex() + " " + settle.NonceForeign); n != 0 {
+	if n := d.obs.count(gap(d.addr, settle.NonceForeign)); n != 0 {
 		t.Errorf("%d foreign re-signs reported", n)
 	}
 	if got := env.Row(t, d.p.Key()).TxNonce; got != d.taken {
 		t.Errorf("ledger tx nonce %d, want the taken %d kept", got, d.taken)
-	}
-}
-
-// nextSettles checks that the key's next settlement takes the nonce after the taken one and is
-// mined.
-func (d *displaced) nextSettles(t *testing.T, next stacktest.Pay) {
-	t.Helper()
-	body := next.Body(t)
-	out := d.r.MustSettle(t, body)
-	for deadline := time.Now().Add(15 * time.Second); out.Response.ErrorReason == facilitator.ReasonSettlementPending; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the next settlement is stuck: %+v", out.Response)
-		}
-		env.Mine(t)
-		out = d.r.MustSettle(t, body)
-	}
-	if !out.Response.Success {
-		t.Fatalf("the next settlement: %+v", out.Response)
-	}
-	if got := env.Row(t, next.Key()).TxNonce; got != d.taken+1 {
-		t.Fatalf("the next settlement's tx nonce %d, want %d", got, d.taken+1)
-	}
-	if got := env.Balance(t, next.PayTo); got != next.Value {
-		t.Fatalf("the next payee holds %d, want %d", got, next.Value)
-	}
-	if n := nonceOf(t, d.addr, "latest"); n != d.taken+2 {
-		t.Fatalf("signer's mined nonce %d, want %d", n, d.taken+2)
 	}
 }
 
@@ -430,7 +382,7 @@ func TestSettleForeignNonceUsedElsewhere(t *testing.T) {
 		t.Fatalf("status %+v, want settled by other in %s at block %d", st, elsewhere, er.BlockNumber)
 	}
 
-	d.nextSettles(t, next)
+	nextSettles(t, d.r, next, d.taken)
 	d.notResigned(t, row.ID)
 }
 
@@ -485,6 +437,6 @@ func TestSettleForeignNonceExpired(t *testing.T) {
 		t.Fatalf("the answer after: %+v", out.Response)
 	}
 
-	d.nextSettles(t, env.NewPay(t, payer, 2000)) // valid from the chain's clock, now past vb
+	nextSettles(t, d.r, env.NewPay(t, payer, 2000), d.taken) // valid from the chain's clock, now past vb
 	d.notResigned(t, row.ID)
 }

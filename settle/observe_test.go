@@ -49,7 +49,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 			t.Fatal("the outside transaction was not mined")
 		}
 	}
-	if got := obs.count("gap " + env.Network().ID + " " + addr.Hex() + " " + settle.NonceUsed); got != 0 {
+	if got := obs.count(gap(addr, settle.NonceUsed)); got != 0 {
 		t.Fatalf("a gap observed before any send: %d", got)
 	}
 
@@ -59,11 +59,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceUsed) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no nonce gap observed; observer saw %v", obs.snapshot())
-		}
-	}
+	obs.await(t, gap(addr, settle.NonceUsed), 1, 10*time.Second)
 	// The nonce went to a transaction that is not ours: the settlement is re-signed with the next
 	// one, and settles.
 	for deadline := time.Now().Add(10 * time.Second); !out.Response.Success; time.Sleep(100 * time.Millisecond) {
@@ -77,7 +73,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 	if got := env.Row(t, p.Key()).TxNonce; got != 1 {
 		t.Fatalf("ledger tx nonce %d, want 1 (0 is the foreign transaction's)", got)
 	}
-	if got := obs.count("gap " + env.Network().ID + " " + addr.Hex() + " " + settle.NonceForeign); got != 1 {
+	if got := obs.count(gap(addr, settle.NonceForeign)); got != 1 {
 		t.Fatalf("foreign nonce observed %d times, want 1", got)
 	}
 }
