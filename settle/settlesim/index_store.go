@@ -116,6 +116,26 @@ type logKey struct {
 	index uint
 }
 
+// insertLogs appends adds to rows as a table keyed by (tx_hash, log_index) inserts them: a log
+// stored already, or twice among adds, fails the insert.
+func insertLogs[E any](rows, adds []E, what string, at func(E) facilitator.LogPosition) ([]E, error) {
+	seen := map[logKey]bool{}
+	for _, e := range rows {
+		p := at(e)
+		seen[logKey{p.TxHash, p.LogIndex}] = true
+	}
+	for _, e := range adds {
+		p := at(e)
+		k := logKey{p.TxHash, p.LogIndex}
+		if seen[k] {
+			return nil, fmt.Errorf("%s %s:%d already stored (duplicate key)", what, p.TxHash, p.LogIndex)
+		}
+		seen[k] = true
+		rows = append(rows, e)
+	}
+	return rows, nil
+}
+
 // Commit writes one indexer step at once: the rollback above a reorg's ancestor, the events, the
 // window blocks (replacing any at their numbers) and the cursor.
 func (x *IndexStore) Commit(ctx context.Context, network string, b facilitator.IndexBatch) error {
@@ -142,30 +162,17 @@ func (x *IndexStore) Commit(ctx context.Context, network string, b facilitator.I
 		}
 	}
 	// The primary keys: (network, tx_hash, log_index), in each table.
-	seen := map[logKey]bool{}
-	for _, t := range n.transfers {
-		seen[logKey{t.TxHash, t.LogIndex}] = true
-	}
-	for _, t := range b.Events.Transfers {
-		k := logKey{t.TxHash, t.LogIndex}
-		if seen[k] {
-			return fmt.Errorf("committing the index of %s: transfer %s:%d already stored (duplicate key)", network, t.TxHash, t.LogIndex)
-		}
-		seen[k] = true
+	adds := make([]facilitator.Transfer, len(b.Events.Transfers))
+	for i, t := range b.Events.Transfers {
 		t.Value = new(big.Int).Set(t.Value)
-		n.transfers = append(n.transfers, t)
+		adds[i] = t
 	}
-	seen = map[logKey]bool{}
-	for _, a := range n.auths {
-		seen[logKey{a.TxHash, a.LogIndex}] = true
+	var err error
+	if n.transfers, err = insertLogs(n.transfers, adds, "transfer", func(t facilitator.Transfer) facilitator.LogPosition { return t.LogPosition }); err != nil {
+		return fmt.Errorf("committing the index of %s: %w", network, err)
 	}
-	for _, a := range b.Events.Auths {
-		k := logKey{a.TxHash, a.LogIndex}
-		if seen[k] {
-			return fmt.Errorf("committing the index of %s: authorization event %s:%d already stored (duplicate key)", network, a.TxHash, a.LogIndex)
-		}
-		seen[k] = true
-		n.auths = append(n.auths, a)
+	if n.auths, err = insertLogs(n.auths, b.Events.Auths, "authorization event", func(a facilitator.AuthorizationEvent) facilitator.LogPosition { return a.LogPosition }); err != nil {
+		return fmt.Errorf("committing the index of %s: %w", network, err)
 	}
 	for _, bl := range b.Blocks {
 		n.blocks[bl.Number] = bl
