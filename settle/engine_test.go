@@ -131,36 +131,8 @@ func TestSettleManyPayers(t *testing.T) {
 	signers := []*ecdsa.PrivateKey{env.NewSigner(t), env.NewSigner(t)}
 	r := env.NewEngine(t, stacktest.EngineOptions{Signers: signers})
 	const total, conc = 200, 32
-	pays := make([]stacktest.Pay, total)
-	bodies := make([][]byte, total)
-	for i := range pays {
-		pays[i] = env.NewPay(t, env.FundedPayer(t, 10_000), 10_000)
-		bodies[i] = pays[i].Body(t)
-	}
-	work := make(chan int)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	failures := []string{}
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				out, err := r.SettleBody(context.Background(), t, bodies[i])
-				if err != nil || !out.Response.Success {
-					mu.Lock()
-					failures = append(failures, fmt.Sprintf("payment %d: %+v %v", i, out.Response, err))
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	for i := range total {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	if len(failures) > 0 {
+	pays, bodies := payersOfTheirOwn(t, total, 10_000)
+	if failures := settleThrough(t, r, bodies, conc); len(failures) > 0 {
 		t.Fatalf("%d of %d failed, first: %s", len(failures), total, failures[0])
 	}
 	for i, p := range pays {
@@ -182,6 +154,47 @@ func TestSettleManyPayers(t *testing.T) {
 	if sent != total {
 		t.Fatalf("signers used %d nonces for %d payments (a gap or a reuse)", sent, total)
 	}
+}
+
+// payersOfTheirOwn are n payments of value, each by a payer funded with exactly value, and their
+// bodies.
+func payersOfTheirOwn(tb testing.TB, n int, value int64) ([]stacktest.Pay, [][]byte) {
+	pays := make([]stacktest.Pay, n)
+	bodies := make([][]byte, n)
+	for i := range pays {
+		pays[i] = env.NewPay(tb, env.FundedPayer(tb, value), value)
+		bodies[i] = pays[i].Body(tb)
+	}
+	return pays, bodies
+}
+
+// settleThrough settles bodies through conc callers at once, each taking the next body when it is
+// answered, and returns the failures (an error, or an answer other than success).
+func settleThrough(tb testing.TB, r *stacktest.Engine, bodies [][]byte, conc int) []string {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []string
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				out, err := r.SettleBody(context.Background(), tb, bodies[i])
+				if err != nil || !out.Response.Success {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("payment %d: %+v %v", i, out.Response, err))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range bodies {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return failures
 }
 
 // TestSettleInvalidLeavesNoRow: a payment that fails verification is answered with the reason and
