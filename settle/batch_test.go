@@ -141,8 +141,8 @@ func TestBatchSettle(t *testing.T) {
 		t.Fatalf("slots %v, want 0..%d", slots, n-1)
 	}
 	signer := stacktest.AddressOf(r.Signers[0])
-	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
-		t.Fatalf("signer sent %d transactions (%v), want exactly 1", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 1 {
+		t.Fatalf("signer sent %d transactions, want exactly 1", nonce)
 	}
 	mined, _, err := env.Chain.Client.TransactionByHash(ctx, common.HexToHash(tx))
 	if err != nil || mined.To() == nil || *mined.To() != multicall3.Address {
@@ -295,8 +295,8 @@ func TestBatchFeeBump(t *testing.T) {
 			t.Fatalf("payee %d holds %d, want exactly 300000", i, got)
 		}
 	}
-	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
-		t.Fatalf("signer used %d nonces (%v), want 1", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 1 {
+		t.Fatalf("signer used %d nonces, want 1", nonce)
 	}
 }
 
@@ -325,8 +325,8 @@ func TestBatchesInARow(t *testing.T) {
 			}
 		}
 	}
-	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 2 {
-		t.Fatalf("signer sent %d transactions (%v), want exactly 2", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 2 {
+		t.Fatalf("signer sent %d transactions, want exactly 2", nonce)
 	}
 }
 

@@ -97,8 +97,8 @@ func TestSettleFeeBump(t *testing.T) {
 	if got := env.Balance(t, p.PayTo); got != 100_000 {
 		t.Fatalf("payee holds %d, want exactly 100000", got)
 	}
-	if n, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
-		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); n != 1 {
+		t.Fatalf("signer nonce %d: the variants must share one nonce", n)
 	}
 	if got := inFlight(r.Engine, stacktest.AddressOf(r.Signers[0])); got != 0 {
 		t.Errorf("in flight once mined: %d, want 0", got)
@@ -193,8 +193,8 @@ func TestSettleCapacity(t *testing.T) {
 	if facilitator.ErrorCode(err) != facilitator.EUnavailable || facilitator.ErrorReason(err, "") != facilitator.ReasonSettlerBusy {
 		t.Fatalf("second, with the only signer full: want unavailable %s, got %v", facilitator.ReasonSettlerBusy, err)
 	}
-	if n, err := env.Chain.Client.PendingNonceAt(ctx, stacktest.AddressOf(r.Signers[0])); err != nil || n != 1 {
-		t.Fatalf("pending nonce %d (%v): the refused payment must send nothing", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "pending"); n != 1 {
+		t.Fatalf("pending nonce %d: the refused payment must send nothing", n)
 	}
 	env.Mine(t)
 	env.SetAutomine(t, true)

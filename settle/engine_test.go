@@ -120,8 +120,8 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 		t.Fatalf("payer holds %d, want 300000", got)
 	}
 	signer := crypto.PubkeyToAddress(r.Signers[0].PublicKey)
-	if nonce, err := env.Chain.Client.NonceAt(context.Background(), signer, nil); err != nil || nonce != 1 {
-		t.Fatalf("signer sent %d transactions (%v), want exactly 1", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 1 {
+		t.Fatalf("signer sent %d transactions, want exactly 1", nonce)
 	}
 }
 
@@ -142,10 +142,7 @@ func TestSettleManyPayers(t *testing.T) {
 	}
 	var sent uint64
 	for _, k := range signers {
-		n, err := env.Chain.Client.NonceAt(context.Background(), crypto.PubkeyToAddress(k.PublicKey), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		n := nonceOf(t, crypto.PubkeyToAddress(k.PublicKey), "latest")
 		if n == 0 {
 			t.Fatalf("signer %s sent nothing: keys are not shared out", crypto.PubkeyToAddress(k.PublicKey))
 		}

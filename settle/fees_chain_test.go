@@ -96,8 +96,8 @@ func settleOnce(t *testing.T, r *stacktest.Engine, p stacktest.Pay, value int64)
 	if got := env.Balance(t, p.PayTo); got != value {
 		t.Fatalf("payee holds %d, want exactly %d", got, value)
 	}
-	if n, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
-		t.Fatalf("signer nonce %d (%v): one transaction", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); n != 1 {
+		t.Fatalf("signer nonce %d: one transaction", n)
 	}
 	return first, tx
 }
@@ -233,8 +233,8 @@ func TestSettleFeesAboveMaxFee(t *testing.T) {
 	if _, err := r.DB.SettlementByKey(ctx, p.Key()); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("ledger row after a refusal: %v", err)
 	}
-	if n, err := env.Chain.Client.PendingNonceAt(ctx, stacktest.AddressOf(r.Signers[0])); err != nil || n != 0 {
-		t.Fatalf("signer's pending nonce %d (%v): something was sent", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "pending"); n != 0 {
+		t.Fatalf("signer's pending nonce %d: something was sent", n)
 	}
 	if got := env.Balance(t, p.PayTo); got != 0 {
 		t.Fatalf("payee holds %d", got)
@@ -303,8 +303,8 @@ func TestSettleFeeBumpPolicy(t *testing.T) {
 			if got := env.Balance(t, p.PayTo); got != 2_000 {
 				t.Fatalf("payee holds %d, want exactly 2000", got)
 			}
-			if n, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
-				t.Fatalf("signer nonce %d (%v): the variants share one nonce", n, err)
+			if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); n != 1 {
+				t.Fatalf("signer nonce %d: the variants share one nonce", n)
 			}
 		})
 	}

@@ -26,6 +26,8 @@ func poolSize(t testing.TB) int {
 	return n
 }
 
+// nonceOf is addr's transaction count at block: "latest", what it had mined; "pending", what it
+// has sent, the pool's included.
 func nonceOf(t testing.TB, addr common.Address, block string) uint64 {
 	t.Helper()
 	var n hexutil.Uint64
