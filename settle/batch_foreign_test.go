@@ -111,14 +111,8 @@ func TestBatchForeignNonceResigned(t *testing.T) {
 	// Exactly one success per moved member: the callers were told pending; the next identical
 	// request gets the success, a later one already_settled.
 	for i, b := range bodies {
-		first, err := r.SettleBody(ctx, t, b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, err := r.SettleBody(ctx, t, b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		first := r.MustSettle(t, b)
+		again := r.MustSettle(t, b)
 		switch {
 		case i == usedElsewhere && (first.Response.Success || again.Response.Success):
 			t.Fatalf("the member used elsewhere was told success: %+v / %+v", first.Response, again.Response)

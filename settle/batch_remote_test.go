@@ -140,14 +140,8 @@ func testBatchNarrowSignerResignsSubset(t *testing.T, restart bool) {
 	if got := nonceOf(t, addr, "latest"); got != old.Nonce()+2 {
 		t.Fatalf("the key's nonce is %d, want %d (the foreign transaction and one new batch)", got, old.Nonce()+2)
 	}
-	first, err := r.SettleBody(ctx, t, bodies[moved])
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := r.SettleBody(ctx, t, bodies[moved])
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := r.MustSettle(t, bodies[moved])
+	again := r.MustSettle(t, bodies[moved])
 	if !first.Response.Success || first.Response.Transaction != newTx.Hex() || again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled {
 		t.Fatalf("the moved member: %+v then %+v; want one success with %s, then already_settled", first.Response, again.Response, newTx)
 	}

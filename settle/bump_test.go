@@ -30,10 +30,7 @@ func TestSettleFeeBump(t *testing.T) {
 	body := p.Body(t)
 	env.ManualMining(t)
 
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction == "" {
 		t.Fatalf("with no blocks, want settlement_pending with a hash: %+v", out.Response)
 	}
@@ -69,10 +66,7 @@ func TestSettleFeeBump(t *testing.T) {
 	env.Mine(t)
 	var final facilitator.SettleOutcome
 	for time.Now().Before(deadline.Add(10 * time.Second)) {
-		final, err = r.SettleBody(ctx, t, body)
-		if err != nil {
-			t.Fatal(err)
-		}
+		final = r.MustSettle(t, body)
 		if final.Response.ErrorReason != facilitator.ReasonSettlementPending {
 			break
 		}

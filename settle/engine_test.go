@@ -24,10 +24,7 @@ func TestSettleOnce(t *testing.T) {
 	p := env.NewPay(t, payer, 1_250_000)
 	body := p.Body(t)
 
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	res := out.Response
 	if !res.Success || res.Transaction == "" || res.Network != env.Network().ID || res.Payer != crypto.PubkeyToAddress(payer.PublicKey).Hex() || !out.Claimed {
 		t.Fatalf("first settle: %+v", out)
@@ -43,10 +40,7 @@ func TestSettleOnce(t *testing.T) {
 		t.Fatalf("ledger row %+v", s)
 	}
 
-	again, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	again := r.MustSettle(t, body)
 	if again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled || again.Response.Transaction != res.Transaction {
 		t.Fatalf("repeat: %+v", again.Response)
 	}
@@ -202,10 +196,7 @@ func TestSettleInvalidLeavesNoRow(t *testing.T) {
 	payer, _ := crypto.GenerateKey() // holds no USDC yet
 	p := env.NewPay(t, payer, 50_000)
 	body := p.Body(t)
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonInsufficientBalance || out.Response.Transaction != "" {
 		t.Fatalf("unfunded payer: %+v", out.Response)
 	}
@@ -216,9 +207,8 @@ func TestSettleInvalidLeavesNoRow(t *testing.T) {
 	if err := env.Chain.USDC.Mint(ctx, key.Payer, big.NewInt(50_000)); err != nil {
 		t.Fatal(err)
 	}
-	out, err = r.SettleBody(ctx, t, body)
-	if err != nil || !out.Response.Success {
-		t.Fatalf("after funding: %+v %v", out.Response, err)
+	if out := r.MustSettle(t, body); !out.Response.Success {
+		t.Fatalf("after funding: %+v", out.Response)
 	}
 }
 

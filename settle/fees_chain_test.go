@@ -77,10 +77,7 @@ func settleOnce(t *testing.T, r *stacktest.Engine, p stacktest.Pay, value int64)
 	t.Helper()
 	ctx := context.Background()
 	body := p.Body(t)
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
 		t.Fatalf("with mining off, want settlement_pending: %+v", out.Response)
 	}

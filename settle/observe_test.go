@@ -55,10 +55,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 
 	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
 	body := p.Body(t)
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	obs.await(t, gap(addr, settle.NonceUsed), 1, 10*time.Second)
 	// The nonce went to a transaction that is not ours: the settlement is re-signed with the next
 	// one, and settles.
