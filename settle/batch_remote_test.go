@@ -12,7 +12,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -79,11 +78,7 @@ func testBatchNarrowSignerResignsSubset(t *testing.T, restart bool) {
 	key := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(key.PublicKey)
 	signers := env.NarrowSigner(t, extsigner.Policy{MaxGas: ceiling, MaxFeeCap: big.NewInt(1e12)}, key)
-	engine := func() *stacktest.Engine {
-		return batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Remote: signers, Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
-			c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
-		}})
-	}
+	engine := func() *stacktest.Engine { return quickBatchEngineOf(t, n, stacktest.EngineOptions{Remote: signers}) }
 	r := engine()
 	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(500_000 + i) }, nil)
 	batchTx := settlePendingBatch(t, r, bodies)

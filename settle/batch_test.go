@@ -32,9 +32,17 @@ func batchEngine(t *testing.T, max int, wait time.Duration, o stacktest.EngineOp
 // quickBatchEngine is batchEngine (batches of up to max, closed after 2 s) answering pending
 // after 1.5 s, and resending and retrying fast: for batches that wait for blocks.
 func quickBatchEngine(t *testing.T, max int) *stacktest.Engine {
-	return batchEngine(t, max, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+	return quickBatchEngineOf(t, max, stacktest.EngineOptions{})
+}
+
+// quickBatchEngineOf is quickBatchEngine with o's other options (its Deadline and Config are
+// quickBatchEngine's).
+func quickBatchEngineOf(t *testing.T, max int, o stacktest.EngineOptions) *stacktest.Engine {
+	o.Deadline = 1500 * time.Millisecond
+	o.Config = func(c *settle.Config) {
 		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
-	}})
+	}
+	return batchEngine(t, max, 2*time.Second, o)
 }
 
 // batchPays are n payments, each by a freshly funded payer, of value(i), edited by edit (nil:

@@ -190,21 +190,28 @@ func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facili
 // of ours, and its hash is returned.
 func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) common.Hash {
 	t.Helper()
-	addr := stacktest.AddressOf(signer)
-	tip := new(big.Int).Mul(ours.TipCap, big.NewInt(2))
-	feeCap := new(big.Int).Mul(ours.FeeCap, big.NewInt(2))
-	foreign, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: 21000, To: &addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Chain.Client.SendTransaction(context.Background(), foreign); err != nil {
-		t.Fatalf("replacing the settlement's transaction: %v", err)
-	}
+	foreign := sendSelfTransfer(t, signer, nonce, new(big.Int).Mul(ours.TipCap, big.NewInt(2)), new(big.Int).Mul(ours.FeeCap, big.NewInt(2)))
 	if env.InPool(t, oursHash) {
 		t.Fatal("the foreign transaction did not replace ours in the pool")
 	}
-	return foreign.Hash()
+	return foreign
+}
+
+// sendSelfTransfer sends, from signer's key outside the engine, a 0-value transfer to itself at
+// nonce with the fees given, and returns its hash.
+func sendSelfTransfer(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, tip, feeCap *big.Int) common.Hash {
+	t.Helper()
+	addr := stacktest.AddressOf(signer)
+	chainID := new(big.Int).SetUint64(env.Chain.ChainID)
+	tx, err := types.SignNewTx(signer, types.LatestSignerForChainID(chainID), &types.DynamicFeeTx{
+		ChainID: chainID, Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: 21000, To: &addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(context.Background(), tx); err != nil {
+		t.Fatalf("sending a self-transfer at nonce %d: %v", nonce, err)
+	}
+	return tx.Hash()
 }
 
 // TestSettleForeignNonceRecovered: a settlement re-signed with a new nonce (a foreign

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -32,15 +31,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: 0, GasTipCap: tip,
-		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))), Gas: 21000, To: &addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Chain.Client.SendTransaction(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
+	sendSelfTransfer(t, signer, 0, tip, new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if n, err := env.Chain.Client.NonceAt(ctx, addr, nil); err == nil && n == 1 {
 			break
