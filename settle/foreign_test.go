@@ -25,50 +25,35 @@ import (
 // one transfer the authorization allows, the ledger keeps every variant and the new tx nonce, and
 // the key's next settlement takes the nonce after it.
 func TestSettleForeignNonceResigned(t *testing.T) {
-	obs := &recordingObserver{}
-	signer := env.NewSigner(t)
-	addr := stacktest.AddressOf(signer)
 	payer := env.FundedPayer(t, 5000)
 	p := env.NewPay(t, payer, 1000)
-	body := p.Body(t)
 	next := env.NewPay(t, payer, 2000)
-	env.ManualMining(t)
-	r := resendingEngine(t, signer, obs)
-
-	ours := r.SettlePending(t, body)
-	row := env.Row(t, p.Key())
-	taken := row.TxNonce
-	open := openRows(t, addr)[p.Key()]
-	if open == nil || len(open.Txs) != 1 {
-		t.Fatalf("open settlement: %+v", open)
-	}
-
-	takeNonce(t, signer, taken, open.Txs[0], ours)
-	payerBefore := env.Balance(t, p.From())
+	d := displace(t, p)
+	d.mineForeign(t)
 
 	// The engine resends ours, hears nonce too low, and re-signs with a new nonce.
-	obs.await(t, gap(addr, settle.NonceForeign), 1, 15*time.Second)
+	d.obs.await(t, gap(d.addr, settle.NonceForeign), 1, 15*time.Second)
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	out := settledPastPending(t, r, body, "after the re-sign")
+	out := settledPastPending(t, d.r, d.body, "after the re-sign")
 	if !out.Response.Success {
 		t.Fatalf("after the re-sign: %+v", out.Response)
 	}
 	mined := common.HexToHash(out.Response.Transaction)
-	if mined == ours {
+	if mined == d.ours {
 		t.Fatal("the answer names the transaction the foreign one replaced")
 	}
-	row = env.Row(t, p.Key())
+	row := env.Row(t, p.Key())
 	if !row.State.Succeeded() || row.TxHash != mined || row.ErrorReason != "" {
 		t.Fatalf("ledger row %+v, answer %s", row, mined)
 	}
-	if row.TxNonce <= taken {
-		t.Fatalf("ledger tx nonce %d, want a new one past the taken %d", row.TxNonce, taken)
+	if row.TxNonce <= d.taken {
+		t.Fatalf("ledger tx nonce %d, want a new one past the taken %d", row.TxNonce, d.taken)
 	}
 	if got := decodeTx(t, txsOf(t, row.ID)[len(txsOf(t, row.ID))-1]).Nonce(); got != row.TxNonce {
 		t.Fatalf("latest variant's nonce %d, ledger's %d", got, row.TxNonce)
 	}
-	if raws := txsOf(t, row.ID); len(raws) < 2 || decodeTx(t, raws[0]).Hash() != ours {
+	if raws := txsOf(t, row.ID); len(raws) < 2 || decodeTx(t, raws[0]).Hash() != d.ours {
 		t.Fatalf("the ledger must keep every variant, the first one first: %d", len(raws))
 	}
 	if rcpt := env.Receipt(t, mined); rcpt == nil || rcpt.Status != types.ReceiptStatusSuccessful {
@@ -77,7 +62,7 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	if got := env.Balance(t, p.PayTo); got != p.Value {
 		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
 	}
-	if got := payerBefore - env.Balance(t, p.From()); got != p.Value {
+	if got := d.payer - env.Balance(t, p.From()); got != p.Value {
 		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, p.Value)
 	}
 	if n := authorizationUses(t, p); n != 1 {
@@ -92,7 +77,7 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	}
 
 	// The key's next settlement takes the nonce after the re-signed one, and is mined.
-	nextSettles(t, r, next, row.TxNonce)
+	nextSettles(t, d.r, next, row.TxNonce)
 }
 
 // resendingEngine is an engine on signer alone, reporting to obs, that answers pending after a
@@ -175,19 +160,8 @@ func authorizationUses(t testing.TB, p stacktest.Pay) int {
 	return len(logs)
 }
 
-// takeNonce plays the key used elsewhere: a 0-value self-transfer at nonce, paying twice our
-// fees, replaces our unmined transaction in the pool (auto-mine off); then it is mined.
-func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) {
-	t.Helper()
-	foreign := replaceNonce(t, signer, nonce, ours, oursHash)
-	env.Mine(t)
-	if rcpt := env.Receipt(t, foreign); rcpt == nil {
-		t.Fatal("the foreign transaction was not mined")
-	}
-}
-
-// replaceNonce is takeNonce without the mining: the foreign transaction is in the pool in place
-// of ours, and its hash is returned.
+// replaceNonce plays the key used elsewhere: a 0-value self-transfer at nonce, paying twice our
+// fees, replaces our unmined transaction in the pool (auto-mine off); its hash is returned.
 func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) common.Hash {
 	t.Helper()
 	foreign := sendSelfTransfer(t, signer, nonce, new(big.Int).Mul(ours.TipCap, big.NewInt(2)), new(big.Int).Mul(ours.FeeCap, big.NewInt(2)))
@@ -218,28 +192,20 @@ func sendSelfTransfer(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, tip,
 // transaction took its first) and not mined yet when its process stops is resumed by the next
 // process from the ledger: at the new nonce, with every variant, and it settles once.
 func TestSettleForeignNonceRecovered(t *testing.T) {
-	obs := &recordingObserver{}
-	signer := env.NewSigner(t)
-	addr := stacktest.AddressOf(signer)
-	payer := env.FundedPayer(t, 1000)
-	p := env.NewPay(t, payer, 1000)
-	body := p.Body(t)
-	env.ManualMining(t)
-	r := resendingEngine(t, signer, obs)
-	ours := r.SettlePending(t, body)
-	taken := env.Row(t, p.Key()).TxNonce
-	takeNonce(t, signer, taken, openRows(t, addr)[p.Key()].Txs[0], ours)
-	obs.await(t, gap(addr, settle.NonceForeign), 1, 15*time.Second)
-	r.Stop(context.Background())
+	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
+	d := displace(t, p)
+	d.mineForeign(t)
+	d.obs.await(t, gap(d.addr, settle.NonceForeign), 1, 15*time.Second)
+	d.r.Stop(context.Background())
 	env.DropPool(t) // the node lost the re-signed transaction too: only the ledger has it
-	moved := openRows(t, addr)[p.Key()]
-	if moved == nil || moved.TxNonce <= taken || len(moved.Txs) < 2 {
+	moved := openRows(t, d.addr)[p.Key()]
+	if moved == nil || moved.TxNonce <= d.taken || len(moved.Txs) < 2 {
 		t.Fatalf("the ledger after the re-sign: %+v", moved)
 	}
 
-	r2 := resendingEngine(t, signer, obs)
+	r2 := resendingEngine(t, d.signer, d.obs)
 	env.Mine(t)
-	out := settledPastPending(t, r2, body, "after the restart")
+	out := settledPastPending(t, r2, d.body, "after the restart")
 	if !out.Response.Success || common.HexToHash(out.Response.Transaction) != moved.Txs[len(moved.Txs)-1].Hash {
 		t.Fatalf("after the restart: %+v, want the success of %s", out.Response, moved.Txs[len(moved.Txs)-1].Hash)
 	}
@@ -255,11 +221,13 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 }
 
 // displaced is a settlement whose unmined transaction a foreign transaction (the signer key used
-// elsewhere) replaced in the pool, not mined yet: auto-mine is off, and the engine rebroadcasts
-// fast, so it hears nonce too low soon after the foreign transaction is mined.
+// elsewhere) replaced in the pool, not mined yet (mineForeign mines it alone; a test may mine it
+// beside something else): auto-mine is off, and the engine rebroadcasts fast, so it hears nonce
+// too low soon after the foreign transaction is mined.
 type displaced struct {
 	r       *stacktest.Engine
 	obs     *recordingObserver
+	signer  *ecdsa.PrivateKey
 	addr    common.Address
 	p       stacktest.Pay
 	body    []byte
@@ -274,10 +242,10 @@ type displaced struct {
 func displace(t *testing.T, p stacktest.Pay) *displaced {
 	t.Helper()
 	d := &displaced{obs: &recordingObserver{}, p: p, body: p.Body(t)}
-	signer := env.NewSigner(t)
-	d.addr = stacktest.AddressOf(signer)
+	d.signer = env.NewSigner(t)
+	d.addr = stacktest.AddressOf(d.signer)
 	env.ManualMining(t)
-	d.r = resendingEngine(t, signer, d.obs)
+	d.r = resendingEngine(t, d.signer, d.obs)
 	d.ours = d.r.SettlePending(t, d.body)
 	d.taken = env.Row(t, p.Key()).TxNonce
 	open := openRows(t, d.addr)[p.Key()]
@@ -285,8 +253,17 @@ func displace(t *testing.T, p stacktest.Pay) *displaced {
 		t.Fatalf("open settlement: %+v", open)
 	}
 	d.payer = env.Balance(t, p.From())
-	d.foreign = replaceNonce(t, signer, d.taken, open.Txs[0], d.ours)
+	d.foreign = replaceNonce(t, d.signer, d.taken, open.Txs[0], d.ours)
 	return d
+}
+
+// mineForeign mines the foreign transaction: the node now calls ours nonce too low.
+func (d *displaced) mineForeign(t *testing.T) {
+	t.Helper()
+	env.Mine(t)
+	if rcpt := env.Receipt(t, d.foreign); rcpt == nil {
+		t.Fatal("the foreign transaction was not mined")
+	}
 }
 
 // resolved waits for the settlement to leave the open states and returns its row.
