@@ -59,15 +59,7 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	if rcpt := env.Receipt(t, mined); rcpt == nil || rcpt.Status != types.ReceiptStatusSuccessful {
 		t.Fatalf("the re-signed transaction's receipt: %+v", rcpt)
 	}
-	if got := env.Balance(t, p.PayTo); got != p.Value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
-	}
-	if got := d.payer - env.Balance(t, p.From()); got != p.Value {
-		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, p.Value)
-	}
-	if n := authorizationUses(t, p); n != 1 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
-	}
+	d.paid(t, 1, p.Value)
 	found := false
 	for _, ev := range env.Events(t, row.ID) {
 		found = found || ev.State == "renonced"
@@ -212,12 +204,7 @@ func TestSettleForeignNonceRecovered(t *testing.T) {
 	if row := env.Row(t, p.Key()); row.TxNonce != moved.TxNonce || !row.State.Succeeded() {
 		t.Fatalf("ledger row %+v", row)
 	}
-	if got := env.Balance(t, p.PayTo); got != p.Value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
-	}
-	if n := authorizationUses(t, p); n != 1 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
-	}
+	d.paid(t, 1, p.Value)
 }
 
 // displaced is a settlement whose unmined transaction a foreign transaction (the signer key used
@@ -263,6 +250,21 @@ func (d *displaced) mineForeign(t *testing.T) {
 	env.Mine(t)
 	if rcpt := env.Receipt(t, d.foreign); rcpt == nil {
 		t.Fatal("the foreign transaction was not mined")
+	}
+}
+
+// paid checks the chain's story of the payment: its authorization used uses times, and value
+// moved from the payer to the payee since it was displaced.
+func (d *displaced) paid(t *testing.T, uses int, value int64) {
+	t.Helper()
+	if n := authorizationUses(t, d.p); n != uses {
+		t.Fatalf("%d AuthorizationUsed logs for the authorization, want %d", n, uses)
+	}
+	if got := env.Balance(t, d.p.PayTo); got != value {
+		t.Fatalf("payee holds %d, want exactly %d", got, value)
+	}
+	if got := d.payer - env.Balance(t, d.p.From()); got != value {
+		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, value)
 	}
 }
 
@@ -338,15 +340,7 @@ func TestSettleForeignNonceUsedElsewhere(t *testing.T) {
 		t.Fatal("our transaction has a receipt")
 	}
 	d.notResigned(t, row.ID)
-	if n := authorizationUses(t, p); n != 1 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
-	}
-	if got := env.Balance(t, p.PayTo); got != p.Value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
-	}
-	if got := d.payer - env.Balance(t, p.From()); got != p.Value {
-		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, p.Value)
-	}
+	d.paid(t, 1, p.Value)
 	out := d.r.MustSettle(t, d.body)
 	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonNonceAlreadyUsed || out.Response.Transaction != "" {
 		t.Fatalf("the answer after: %+v", out.Response)
@@ -407,15 +401,7 @@ func TestSettleForeignNonceExpired(t *testing.T) {
 		t.Fatalf("ledger row %+v, want expired / %s from the foreign-nonce check", row, facilitator.ReasonValidBefore)
 	}
 	d.notResigned(t, row.ID)
-	if n := authorizationUses(t, p); n != 0 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want none", n)
-	}
-	if got := env.Balance(t, p.PayTo); got != 0 {
-		t.Fatalf("payee holds %d, want nothing", got)
-	}
-	if got := env.Balance(t, p.From()); got != d.payer {
-		t.Fatalf("the payer holds %d, want %d untouched", got, d.payer)
-	}
+	d.paid(t, 0, 0)
 	out := d.r.MustSettle(t, d.body)
 	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonValidBefore {
 		t.Fatalf("the answer after: %+v", out.Response)
