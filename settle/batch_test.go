@@ -252,21 +252,7 @@ func TestBatchFeeBump(t *testing.T) {
 	env.ManualMining(t)
 	settleAll(t, r, bodies)
 	signer := stacktest.AddressOf(r.Signers[0])
-	var open []facilitator.OpenSettlement
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		var err error
-		if open, err = r.DB.OpenSettlements(ctx, env.Network().ID, signer); err != nil {
-			t.Fatal(err)
-		}
-		if len(open) == n && len(open[0].Txs) >= 2 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(open) != n || len(open[0].Txs) < 2 {
-		t.Fatal("no replacement of the batch was committed")
-	}
+	open := bumped(t, r, n)
 	for i, o := range open {
 		if len(o.Txs) < len(open[0].Txs) || o.Txs[0].Hash != open[0].Txs[0].Hash || o.Txs[1].Hash != open[0].Txs[1].Hash {
 			t.Fatalf("member %d reads variants %+v, slot 0 %+v", i, o.Txs, open[0].Txs)

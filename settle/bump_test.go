@@ -35,22 +35,7 @@ func TestSettleFeeBump(t *testing.T) {
 		t.Fatalf("with no blocks, want settlement_pending with a hash: %+v", out.Response)
 	}
 	// Let the engine bump at least once, then read the variants it committed.
-	var txs []facilitator.TxRecord
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		open, err := r.DB.OpenSettlements(ctx, env.Network().ID, stacktest.AddressOf(r.Signers[0]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(open) == 1 && len(open[0].Txs) >= 2 {
-			txs = open[0].Txs
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(txs) < 2 {
-		t.Fatal("no replacement transaction was committed")
-	}
+	txs := bumped(t, r, 1)[0].Txs
 	if got := inFlight(r.Engine, stacktest.AddressOf(r.Signers[0])); got != 1 {
 		t.Fatalf("in flight while unmined: %d, want 1", got)
 	}
@@ -64,14 +49,7 @@ func TestSettleFeeBump(t *testing.T) {
 
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var final facilitator.SettleOutcome
-	for time.Now().Before(deadline.Add(10 * time.Second)) {
-		final = r.MustSettle(t, body)
-		if final.Response.ErrorReason != facilitator.ReasonSettlementPending {
-			break
-		}
-		env.Mine(t)
-	}
+	final := settledPastPending(t, r, body, "after mining")
 	if !final.Response.Success {
 		t.Fatalf("after mining: %+v", final.Response)
 	}
@@ -101,6 +79,21 @@ func TestSettleFeeBump(t *testing.T) {
 	if bumps := obs.count("bump " + env.Network().ID); bumps < len(txs)-1 {
 		t.Errorf("observed %d fee bumps; the ledger held %d variants", bumps, len(txs))
 	}
+}
+
+// bumped waits up to 10 s until the open settlements of r's first key are rows many, the first
+// of them holding a replacement (two variants or more) committed by a fee bump; it returns them.
+func bumped(t *testing.T, r *stacktest.Engine, rows int) []facilitator.OpenSettlement {
+	t.Helper()
+	var open []facilitator.OpenSettlement
+	waitFor(t, 10*time.Second, "a replacement is committed", func() bool {
+		var err error
+		if open, err = r.DB.OpenSettlements(context.Background(), env.Network().ID, stacktest.AddressOf(r.Signers[0])); err != nil {
+			t.Fatal(err)
+		}
+		return len(open) == rows && len(open[0].Txs) >= 2
+	})
+	return open
 }
 
 // recordingObserver counts what the engine reports, and keeps each loop's last beat.

@@ -105,16 +105,7 @@ func mineUntilSettled(t *testing.T, r *stacktest.Engine, body []byte) common.Has
 	t.Helper()
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var out facilitator.SettleOutcome
-	for deadline := time.Now().Add(20 * time.Second); !out.Response.Success && time.Now().Before(deadline); {
-		var err error
-		if out, err = r.SettleBody(context.Background(), t, body); err != nil {
-			t.Fatal(err)
-		}
-		if !out.Response.Success {
-			env.Mine(t)
-		}
-	}
+	out := settledPastPending(t, r, body, "after mining")
 	if !out.Response.Success {
 		t.Fatalf("after mining: %+v", out.Response)
 	}
@@ -265,19 +256,7 @@ func TestSettleFeeBumpPolicy(t *testing.T) {
 			if out, err := r.SettleBody(ctx, t, body); err != nil || out.Response.ErrorReason != facilitator.ReasonSettlementPending {
 				t.Fatalf("with no blocks, want settlement_pending: %+v %v", out.Response, err)
 			}
-			var txs []facilitator.TxRecord
-			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && len(txs) < 2; time.Sleep(100 * time.Millisecond) {
-				open, err := r.DB.OpenSettlements(ctx, env.Network().ID, stacktest.AddressOf(r.Signers[0]))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(open) == 1 {
-					txs = open[0].Txs
-				}
-			}
-			if len(txs) < 2 {
-				t.Fatal("no replacement was committed")
-			}
+			txs := bumped(t, r, 1)[0].Txs
 			first, second := decodeTx(t, txs[0].Raw), decodeTx(t, txs[1].Raw)
 			if first.Type() != tc.typ || second.Type() != tc.typ || first.Nonce() != second.Nonce() {
 				t.Fatalf("types %d, %d (want %d), nonces %d, %d", first.Type(), second.Type(), tc.typ, first.Nonce(), second.Nonce())

@@ -85,10 +85,10 @@ func resendingEngine(t *testing.T, signer *ecdsa.PrivateKey, obs *recordingObser
 }
 
 // settledPastPending asks r to settle body until it answers other than pending, mining a block
-// between the asks, for up to 15 s; what names the answer awaited when it fails.
+// between the asks, for up to 20 s; what names the answer awaited when it fails.
 func settledPastPending(t *testing.T, r *stacktest.Engine, body []byte, what string) facilitator.SettleOutcome {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		out := r.MustSettle(t, body)
 		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
 			return out
