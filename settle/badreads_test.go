@@ -87,7 +87,7 @@ func TestNonceCheckBehindLaggingBackend(t *testing.T) {
 			t.Fatalf("re-signed behind a lagging backend: events %v", env.Events(t, row.ID))
 		}
 	}
-	if n := obs.count("gap " + env.Network().ID + " " + stacktest.AddressOf(signer).Hex() + " " + settle.NonceForeign); n != 0 {
+	if n := obs.count(gap(stacktest.AddressOf(signer), settle.NonceForeign)); n != 0 {
 		t.Fatalf("%d foreign re-signs reported", n)
 	}
 	chain.lagBatches.Store(0)

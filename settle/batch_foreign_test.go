@@ -45,24 +45,9 @@ func TestBatchForeignNonceResigned(t *testing.T) {
 		}
 	}
 	env.SetAutomine(t, true)
-	deadline := time.Now().Add(40 * time.Second)
-	for {
-		done := 0
-		for i := range pays {
-			s := env.Row(t, pays[i].Key())
-			if (i == usedElsewhere && s.State == facilitator.StateSettledElsewhere) || (i != usedElsewhere && s.State.Succeeded()) {
-				done++
-			}
-		}
-		if done == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the batch's members were not all decided")
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 40*time.Second, "the batch's members are decided", func(i int, s *facilitator.Settlement) bool {
+		return (i == usedElsewhere && s.State == facilitator.StateSettledElsewhere) || (i != usedElsewhere && s.State.Succeeded())
+	})
 
 	var newTx common.Hash
 	slots := map[int]bool{}
@@ -126,14 +111,8 @@ func TestBatchForeignNonceResigned(t *testing.T) {
 	// Exactly one success per moved member: the callers were told pending; the next identical
 	// request gets the success, a later one already_settled.
 	for i, b := range bodies {
-		first, err := r.SettleBody(ctx, t, b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, err := r.SettleBody(ctx, t, b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		first := r.MustSettle(t, b)
+		again := r.MustSettle(t, b)
 		switch {
 		case i == usedElsewhere && (first.Response.Success || again.Response.Success):
 			t.Fatalf("the member used elsewhere was told success: %+v / %+v", first.Response, again.Response)

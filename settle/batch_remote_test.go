@@ -2,7 +2,6 @@ package settle_test
 
 import (
 	"context"
-	"fmt"
 	"math/big"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
-	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -80,11 +78,7 @@ func testBatchNarrowSignerResignsSubset(t *testing.T, restart bool) {
 	key := env.NewSigner(t)
 	addr := crypto.PubkeyToAddress(key.PublicKey)
 	signers := env.NarrowSigner(t, extsigner.Policy{MaxGas: ceiling, MaxFeeCap: big.NewInt(1e12)}, key)
-	engine := func() *stacktest.Engine {
-		return batchEngine(t, n, 2*time.Second, stacktest.EngineOptions{Remote: signers, Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
-			c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
-		}})
-	}
+	engine := func() *stacktest.Engine { return quickBatchEngineOf(t, n, stacktest.EngineOptions{Remote: signers}) }
 	r := engine()
 	pays, bodies := batchPays(t, n, func(i int) int64 { return int64(500_000 + i) }, nil)
 	batchTx := settlePendingBatch(t, r, bodies)
@@ -111,24 +105,9 @@ func testBatchNarrowSignerResignsSubset(t *testing.T, restart bool) {
 		}
 	}
 	env.SetAutomine(t, true)
-	for deadline := time.Now().Add(40 * time.Second); ; {
-		done, states := 0, ""
-		for i := range pays {
-			s := env.Row(t, pays[i].Key())
-			states += fmt.Sprintf(" %d:%s", i, s.State)
-			if (i != moved && s.State == facilitator.StateSettledElsewhere) || (i == moved && s.State.Succeeded()) {
-				done++
-			}
-		}
-		if done == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the batch's members were not all decided:%s", states)
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 40*time.Second, "the batch's members are decided", func(i int, s *facilitator.Settlement) bool {
+		return (i != moved && s.State == facilitator.StateSettledElsewhere) || (i == moved && s.State.Succeeded())
+	})
 
 	for i, p := range pays {
 		if got := env.Balance(t, p.PayTo); got != int64(500_000+i) {
@@ -156,14 +135,8 @@ func testBatchNarrowSignerResignsSubset(t *testing.T, restart bool) {
 	if got := nonceOf(t, addr, "latest"); got != old.Nonce()+2 {
 		t.Fatalf("the key's nonce is %d, want %d (the foreign transaction and one new batch)", got, old.Nonce()+2)
 	}
-	first, err := r.SettleBody(ctx, t, bodies[moved])
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := r.SettleBody(ctx, t, bodies[moved])
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := r.MustSettle(t, bodies[moved])
+	again := r.MustSettle(t, bodies[moved])
 	if !first.Response.Success || first.Response.Transaction != newTx.Hex() || again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled {
 		t.Fatalf("the moved member: %+v then %+v; want one success with %s, then already_settled", first.Response, again.Response, newTx)
 	}

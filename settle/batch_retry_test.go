@@ -49,15 +49,7 @@ func TestBatchSunkByGreedyPayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("the batch: status %d, %d gas used", rc.Status, rc.GasUsed)
-	waitFor(t, 60*time.Second, "every member is decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 60*time.Second, "every member is decided", decided)
 	signer := stacktest.AddressOf(r.Signers[0])
 	lone := 0
 	for i, p := range pays {
@@ -95,8 +87,8 @@ func TestBatchSunkByGreedyPayer(t *testing.T) {
 	if lone != n-1 {
 		t.Fatalf("%d honest members settled again alone, want all %d (the batch paid none of them)", lone, n-1)
 	}
-	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != uint64(2+lone) {
-		t.Fatalf("the signer sent %d transactions (%v), want the batch and %d lone ones", nonce, err, 1+lone)
+	if nonce := nonceOf(t, signer, "latest"); nonce != uint64(2+lone) {
+		t.Fatalf("the signer sent %d transactions, want the batch and %d lone ones", nonce, 1+lone)
 	}
 }
 
@@ -107,7 +99,6 @@ func TestBatchSunkByGreedyPayer(t *testing.T) {
 func TestBatchMemberShortOfFunds(t *testing.T) {
 	const n = 3
 	r := quickBatchEngine(t, n)
-	ctx := context.Background()
 	payer := env.FundedPayer(t, 400_000)
 	pays := []stacktest.Pay{env.NewPay(t, payer, 400_000), env.NewPay(t, payer, 400_000), env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)}
 	bodies := make([][]byte, n)
@@ -117,15 +108,7 @@ func TestBatchMemberShortOfFunds(t *testing.T) {
 	batchTx := settlePendingBatch(t, r, bodies)
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	waitFor(t, 30*time.Second, "every member is decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 30*time.Second, "every member is decided", decided)
 	var short []int
 	for i, p := range pays {
 		s := env.Row(t, p.Key())
@@ -148,8 +131,8 @@ func TestBatchMemberShortOfFunds(t *testing.T) {
 	if env.Balance(t, stacktest.AddressOf(payer)) != 0 || env.Balance(t, pays[2].PayTo) != 400_000 {
 		t.Fatal("balances moved other than once each for the payments that had funds")
 	}
-	if nonce, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || nonce != 1 {
-		t.Fatalf("the signer sent %d transactions (%v), want only the batch", nonce, err)
+	if nonce := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); nonce != 1 {
+		t.Fatalf("the signer sent %d transactions, want only the batch", nonce)
 	}
 }
 
@@ -179,15 +162,7 @@ func TestBatchWithoutMulticall3(t *testing.T) {
 			t.Fatalf("member %d answered %+v", i, out.Response)
 		}
 	}
-	waitFor(t, 30*time.Second, "every member is decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 30*time.Second, "every member is decided", decided)
 	for i, p := range pays {
 		s := env.Row(t, p.Key())
 		if !s.State.Succeeded() {
@@ -204,8 +179,8 @@ func TestBatchWithoutMulticall3(t *testing.T) {
 			t.Fatalf("member %d answered %+v, then %+v", i, outs[i].Response, out.Response)
 		}
 	}
-	if nonce, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || nonce != 1+n {
-		t.Fatalf("the signer sent %d transactions (%v), want the batch and %d lone ones", nonce, err, n)
+	if nonce := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); nonce != 1+n {
+		t.Fatalf("the signer sent %d transactions, want the batch and %d lone ones", nonce, n)
 	}
 }
 

@@ -32,9 +32,17 @@ func batchEngine(t *testing.T, max int, wait time.Duration, o stacktest.EngineOp
 // quickBatchEngine is batchEngine (batches of up to max, closed after 2 s) answering pending
 // after 1.5 s, and resending and retrying fast: for batches that wait for blocks.
 func quickBatchEngine(t *testing.T, max int) *stacktest.Engine {
-	return batchEngine(t, max, 2*time.Second, stacktest.EngineOptions{Deadline: 1500 * time.Millisecond, Config: func(c *settle.Config) {
+	return quickBatchEngineOf(t, max, stacktest.EngineOptions{})
+}
+
+// quickBatchEngineOf is quickBatchEngine with o's other options (its Deadline and Config are
+// quickBatchEngine's).
+func quickBatchEngineOf(t *testing.T, max int, o stacktest.EngineOptions) *stacktest.Engine {
+	o.Deadline = 1500 * time.Millisecond
+	o.Config = func(c *settle.Config) {
 		c.RetryInterval, c.RebroadcastAfter = 200*time.Millisecond, 300*time.Millisecond
-	}})
+	}
+	return batchEngine(t, max, 2*time.Second, o)
 }
 
 // batchPays are n payments, each by a freshly funded payer, of value(i), edited by edit (nil:
@@ -86,6 +94,32 @@ func settleAll(t *testing.T, r *stacktest.Engine, bodies [][]byte) []facilitator
 	return outs
 }
 
+// waitMembers mines a block and reads every payment's row until done holds of each, for up to
+// within; it fails naming what it waited for and each member's state.
+func waitMembers(t *testing.T, pays []stacktest.Pay, within time.Duration, what string, done func(i int, s *facilitator.Settlement) bool) {
+	t.Helper()
+	began := time.Now()
+	for {
+		env.Mine(t)
+		all, states := true, ""
+		for i, p := range pays {
+			s := env.Row(t, p.Key())
+			states += fmt.Sprintf(" %d:%s", i, s.State)
+			all = done(i, s) && all
+		}
+		if all {
+			return
+		}
+		if time.Since(began) > within {
+			t.Fatalf("%s: not within %s:%s", what, within, states)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// decided is waitMembers' condition that a member left the open states.
+func decided(_ int, s *facilitator.Settlement) bool { return !s.State.Open() }
+
 // TestBatchSettle: five concurrent settlements on a network batching up to five go out as ONE
 // transaction to Multicall3 at one nonce; every member is told success with the batch's hash,
 // every payee is paid exactly once, the ledger holds slots 0..4 at that nonce, and each member's
@@ -115,8 +149,8 @@ func TestBatchSettle(t *testing.T) {
 		t.Fatalf("slots %v, want 0..%d", slots, n-1)
 	}
 	signer := stacktest.AddressOf(r.Signers[0])
-	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
-		t.Fatalf("signer sent %d transactions (%v), want exactly 1", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 1 {
+		t.Fatalf("signer sent %d transactions, want exactly 1", nonce)
 	}
 	mined, _, err := env.Chain.Client.TransactionByHash(ctx, common.HexToHash(tx))
 	if err != nil || mined.To() == nil || *mined.To() != multicall3.Address {
@@ -182,24 +216,9 @@ func TestBatchMemberUsedElsewhere(t *testing.T) {
 		t.Fatalf("the third party's transfer: %+v, %v", rc, err)
 	}
 	env.SetAutomine(t, true)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		done := 0
-		for i := range pays {
-			s, err := r.DB.SettlementByKey(ctx, pays[i].Key())
-			if err == nil && !s.State.Open() && (i != 1 || s.State == facilitator.StateSettledElsewhere) {
-				done++
-			}
-		}
-		if done == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the batch's members were not all decided")
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 30*time.Second, "the batch's members are decided", func(i int, s *facilitator.Settlement) bool {
+		return !s.State.Open() && (i != 1 || s.State == facilitator.StateSettledElsewhere)
+	})
 	for i, p := range pays {
 		s, _ := r.DB.SettlementByKey(ctx, p.Key())
 		switch {
@@ -229,30 +248,11 @@ func TestBatchFeeBump(t *testing.T) {
 		c.Observer = obs
 	}})
 	ctx := context.Background()
-	var pays []stacktest.Pay
-	var bodies [][]byte
-	for range n {
-		p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
-		pays, bodies = append(pays, p), append(bodies, p.Body(t))
-	}
+	pays, bodies := batchPays(t, n, func(int) int64 { return 300_000 }, nil)
 	env.ManualMining(t)
 	settleAll(t, r, bodies)
 	signer := stacktest.AddressOf(r.Signers[0])
-	var open []facilitator.OpenSettlement
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		var err error
-		if open, err = r.DB.OpenSettlements(ctx, env.Network().ID, signer); err != nil {
-			t.Fatal(err)
-		}
-		if len(open) == n && len(open[0].Txs) >= 2 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(open) != n || len(open[0].Txs) < 2 {
-		t.Fatal("no replacement of the batch was committed")
-	}
+	open := bumped(t, r, n)
 	for i, o := range open {
 		if len(o.Txs) < len(open[0].Txs) || o.Txs[0].Hash != open[0].Txs[0].Hash || o.Txs[1].Hash != open[0].Txs[1].Hash {
 			t.Fatalf("member %d reads variants %+v, slot 0 %+v", i, o.Txs, open[0].Txs)
@@ -283,26 +283,14 @@ func TestBatchFeeBump(t *testing.T) {
 	}
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	for time.Now().Before(deadline.Add(20 * time.Second)) {
-		settled := 0
-		for _, p := range pays {
-			if s, err := r.DB.SettlementByKey(ctx, p.Key()); err == nil && s.State.Succeeded() {
-				settled++
-			}
-		}
-		if settled == n {
-			break
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(t, pays, 20*time.Second, "the batch's members are mined", func(_ int, s *facilitator.Settlement) bool { return s.State.Succeeded() })
 	for i, p := range pays {
 		if got := env.Balance(t, p.PayTo); got != 300_000 {
 			t.Fatalf("payee %d holds %d, want exactly 300000", i, got)
 		}
 	}
-	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 1 {
-		t.Fatalf("signer used %d nonces (%v), want 1", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 1 {
+		t.Fatalf("signer used %d nonces, want 1", nonce)
 	}
 }
 
@@ -331,8 +319,8 @@ func TestBatchesInARow(t *testing.T) {
 			}
 		}
 	}
-	if nonce, err := env.Chain.Client.NonceAt(ctx, signer, nil); err != nil || nonce != 2 {
-		t.Fatalf("signer sent %d transactions (%v), want exactly 2", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 2 {
+		t.Fatalf("signer sent %d transactions, want exactly 2", nonce)
 	}
 }
 
@@ -359,10 +347,7 @@ func TestBatchCrashAfterCommit(t *testing.T) {
 			}
 		}
 	}
-	n0 := env.Network()
-	n0.Batch = facilitator.BatchPolicy{Max: n, Wait: 2 * time.Second}
-	crashing.Network = &n0
-	a := env.NewEngine(t, crashing)
+	a := batchEngine(t, n, 2*time.Second, crashing)
 	// At the end the dead process's goroutines go on (then its callers return), before a stops:
 	// cleanups run last first.
 	var callers sync.WaitGroup
@@ -401,9 +386,7 @@ func TestBatchCrashAfterCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	recovering := leased(20*time.Second, key)
-	recovering.Network = &n0
-	b := env.NewEngine(t, recovering)
+	b := batchEngine(t, n, 2*time.Second, leased(20*time.Second, key))
 	waitFor(t, 10*time.Second, "the second engine takes the key over", func() bool { return holds(b, key) })
 	var tx string
 	for i, p := range pays {
@@ -456,15 +439,7 @@ func TestBatchMemberExpired(t *testing.T) {
 	if rc, err := env.Chain.Client.TransactionReceipt(ctx, batchTx); err != nil || rc.Status != 1 {
 		t.Fatalf("the batch: %+v, %v; want mined without reverting", rc, err)
 	}
-	waitFor(t, 30*time.Second, "the batch's members are decided", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State.Open() {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 30*time.Second, "the batch's members are decided", decided)
 	for i, p := range pays {
 		s := env.Row(t, p.Key())
 		switch {
@@ -526,15 +501,7 @@ func TestBatchReceiptReadOnce(t *testing.T) {
 	pays, bodies := batchPays(t, n, func(int) int64 { return 50_000 }, nil)
 	outs := settleAll(t, r, bodies)
 	batchTx := common.HexToHash(outs[0].Response.Transaction)
-	waitFor(t, 20*time.Second, "the batch's members are final", func() bool {
-		env.Mine(t)
-		for _, p := range pays {
-			if env.Row(t, p.Key()).State != facilitator.StateFinal {
-				return false
-			}
-		}
-		return true
-	})
+	waitMembers(t, pays, 20*time.Second, "the batch's members are final", func(_ int, s *facilitator.Settlement) bool { return s.State == facilitator.StateFinal })
 	counter.mu.Lock()
 	defer counter.mu.Unlock()
 	if counter.reads[batchTx] == 0 {

@@ -1,12 +1,9 @@
 package settle_test
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"flag"
-	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,37 +36,10 @@ func BenchmarkSettle(b *testing.B) {
 	}})
 	for range b.N {
 		b.StopTimer()
-		pays := make([]stacktest.Pay, *benchK)
-		bodies := make([][]byte, *benchK)
-		for i := range pays {
-			pays[i] = env.NewPay(b, env.FundedPayer(b, 10_000), 10_000)
-			bodies[i] = pays[i].Body(b)
-		}
+		pays, bodies := payersOfTheirOwn(b, *benchK, 10_000)
 		b.StartTimer()
 		start := time.Now()
-		work := make(chan int)
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var failed []string
-		for range *benchC {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range work {
-					out, err := r.SettleBody(context.Background(), b, bodies[i])
-					if err != nil || !out.Response.Success {
-						mu.Lock()
-						failed = append(failed, fmt.Sprintf("%+v %v", out.Response, err))
-						mu.Unlock()
-					}
-				}
-			}()
-		}
-		for i := range bodies {
-			work <- i
-		}
-		close(work)
-		wg.Wait()
+		failed := settleThrough(b, r, bodies, *benchC)
 		elapsed := time.Since(start)
 		b.StopTimer()
 		if len(failed) > 0 {

@@ -30,30 +30,12 @@ func TestSettleFeeBump(t *testing.T) {
 	body := p.Body(t)
 	env.ManualMining(t)
 
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	if out.Response.ErrorReason != facilitator.ReasonSettlementPending || out.Response.Transaction == "" {
 		t.Fatalf("with no blocks, want settlement_pending with a hash: %+v", out.Response)
 	}
 	// Let the engine bump at least once, then read the variants it committed.
-	var txs []facilitator.TxRecord
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		open, err := r.DB.OpenSettlements(ctx, env.Network().ID, stacktest.AddressOf(r.Signers[0]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(open) == 1 && len(open[0].Txs) >= 2 {
-			txs = open[0].Txs
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(txs) < 2 {
-		t.Fatal("no replacement transaction was committed")
-	}
+	txs := bumped(t, r, 1)[0].Txs
 	if got := inFlight(r.Engine, stacktest.AddressOf(r.Signers[0])); got != 1 {
 		t.Fatalf("in flight while unmined: %d, want 1", got)
 	}
@@ -67,17 +49,7 @@ func TestSettleFeeBump(t *testing.T) {
 
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var final facilitator.SettleOutcome
-	for time.Now().Before(deadline.Add(10 * time.Second)) {
-		final, err = r.SettleBody(ctx, t, body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if final.Response.ErrorReason != facilitator.ReasonSettlementPending {
-			break
-		}
-		env.Mine(t)
-	}
+	final := settledPastPending(t, r, body, "after mining")
 	if !final.Response.Success {
 		t.Fatalf("after mining: %+v", final.Response)
 	}
@@ -97,8 +69,8 @@ func TestSettleFeeBump(t *testing.T) {
 	if got := env.Balance(t, p.PayTo); got != 100_000 {
 		t.Fatalf("payee holds %d, want exactly 100000", got)
 	}
-	if n, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
-		t.Fatalf("signer nonce %d (%v): the variants must share one nonce", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); n != 1 {
+		t.Fatalf("signer nonce %d: the variants must share one nonce", n)
 	}
 	if got := inFlight(r.Engine, stacktest.AddressOf(r.Signers[0])); got != 0 {
 		t.Errorf("in flight once mined: %d, want 0", got)
@@ -107,6 +79,21 @@ func TestSettleFeeBump(t *testing.T) {
 	if bumps := obs.count("bump " + env.Network().ID); bumps < len(txs)-1 {
 		t.Errorf("observed %d fee bumps; the ledger held %d variants", bumps, len(txs))
 	}
+}
+
+// bumped waits up to 10 s until the open settlements of r's first key are rows many, the first
+// of them holding a replacement (two variants or more) committed by a fee bump; it returns them.
+func bumped(t *testing.T, r *stacktest.Engine, rows int) []facilitator.OpenSettlement {
+	t.Helper()
+	var open []facilitator.OpenSettlement
+	waitFor(t, 10*time.Second, "a replacement is committed", func() bool {
+		var err error
+		if open, err = r.DB.OpenSettlements(context.Background(), env.Network().ID, stacktest.AddressOf(r.Signers[0])); err != nil {
+			t.Fatal(err)
+		}
+		return len(open) == rows && len(open[0].Txs) >= 2
+	})
+	return open
 }
 
 // recordingObserver counts what the engine reports, and keeps each loop's last beat.
@@ -161,6 +148,21 @@ func (o *recordingObserver) count(k string) int {
 	return o.events[k]
 }
 
+// await waits up to within until k has been reported at least n times.
+func (o *recordingObserver) await(t testing.TB, k string, n int, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); o.count(k) < n; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q reported %d times in %s, want %d; observer saw %v", k, o.count(k), within, n, o.snapshot())
+		}
+	}
+}
+
+// gap is what the observer records for a nonce gap of kind on signer's key on the env's network.
+func gap(signer common.Address, kind string) string {
+	return "gap " + env.Network().ID + " " + signer.Hex() + " " + kind
+}
+
 // TestSettleCapacity: when every signer has MaxInFlightPerSigner unmined transactions, a new
 // payment is refused as unavailable (503 with Retry-After at the API) and nothing is sent for it.
 func TestSettleCapacity(t *testing.T) {
@@ -178,8 +180,8 @@ func TestSettleCapacity(t *testing.T) {
 	if facilitator.ErrorCode(err) != facilitator.EUnavailable || facilitator.ErrorReason(err, "") != facilitator.ReasonSettlerBusy {
 		t.Fatalf("second, with the only signer full: want unavailable %s, got %v", facilitator.ReasonSettlerBusy, err)
 	}
-	if n, err := env.Chain.Client.PendingNonceAt(ctx, stacktest.AddressOf(r.Signers[0])); err != nil || n != 1 {
-		t.Fatalf("pending nonce %d (%v): the refused payment must send nothing", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "pending"); n != 1 {
+		t.Fatalf("pending nonce %d: the refused payment must send nothing", n)
 	}
 	env.Mine(t)
 	env.SetAutomine(t, true)

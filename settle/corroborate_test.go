@@ -36,38 +36,52 @@ func (n *scriptedNode) CallContext(context.Context, any, string, ...any) error {
 
 func (n *scriptedNode) BatchCallContext(_ context.Context, b []rpc.BatchElem) error {
 	n.callCount++
-	for i := range b {
-		var answer any
-		switch b[i].Method {
-		case "eth_getBlockByNumber":
-			if b[i].Args[0] == facilitator.TagFinalized {
-				if n.finalized > 0 {
-					answer = map[string]any{"number": hexutil.Uint64(n.finalized), "hash": n.hash}
-				}
-			} else if !n.noBlock {
-				answer = map[string]any{"hash": n.hash, "timestamp": hexutil.Uint64(1_000)}
+	return answerBatch(b, n.answer)
+}
+
+func (n *scriptedNode) answer(el *rpc.BatchElem) (any, error) {
+	switch el.Method {
+	case "eth_getBlockByNumber":
+		if el.Args[0] == facilitator.TagFinalized {
+			if n.finalized > 0 {
+				return map[string]any{"number": hexutil.Uint64(n.finalized), "hash": n.hash}, nil
 			}
-		case "eth_getTransactionCount":
-			answer = hexutil.Uint64(n.keyNonce)
-		case "eth_call":
-			word := make([]byte, 32)
-			if n.used {
-				word[31] = 1
-			}
-			answer = hexutil.Bytes(word)
-		case "eth_getLogs":
-			logs := []types.Log{}
-			if n.useTx != (common.Hash{}) {
-				logs = append(logs, types.Log{Address: token, Topics: []common.Hash{eip3009.AuthorizationUsedTopic, common.BytesToHash(payer.Bytes()), {7}},
-					TxHash: n.useTx, BlockNumber: 5, BlockHash: n.hash})
-			}
-			answer = logs
-		case "eth_blockNumber":
-			answer = hexutil.Uint64(n.head)
-		case "eth_getTransactionReceipt":
-			answer = n.receipt
+		} else if !n.noBlock {
+			return map[string]any{"hash": n.hash, "timestamp": hexutil.Uint64(1_000)}, nil
 		}
-		raw, err := json.Marshal(answer)
+	case "eth_getTransactionCount":
+		return hexutil.Uint64(n.keyNonce), nil
+	case "eth_call":
+		word := make([]byte, 32)
+		if n.used {
+			word[31] = 1
+		}
+		return hexutil.Bytes(word), nil
+	case "eth_getLogs":
+		logs := []types.Log{}
+		if n.useTx != (common.Hash{}) {
+			logs = append(logs, types.Log{Address: token, Topics: []common.Hash{eip3009.AuthorizationUsedTopic, common.BytesToHash(payer.Bytes()), {7}},
+				TxHash: n.useTx, BlockNumber: 5, BlockHash: n.hash})
+		}
+		return logs, nil
+	case "eth_blockNumber":
+		return hexutil.Uint64(n.head), nil
+	case "eth_getTransactionReceipt":
+		return n.receipt, nil
+	}
+	return nil, nil
+}
+
+// answerBatch answers each element of a batch as a node's JSON does: what answer gives for it,
+// encoded and decoded into its result; an error of answer's is the element's own.
+func answerBatch(b []rpc.BatchElem, answer func(el *rpc.BatchElem) (any, error)) error {
+	for i := range b {
+		a, err := answer(&b[i])
+		if err != nil {
+			b[i].Error = err
+			continue
+		}
+		raw, err := json.Marshal(a)
 		if err != nil {
 			return err
 		}

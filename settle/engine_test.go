@@ -24,10 +24,7 @@ func TestSettleOnce(t *testing.T) {
 	p := env.NewPay(t, payer, 1_250_000)
 	body := p.Body(t)
 
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	res := out.Response
 	if !res.Success || res.Transaction == "" || res.Network != env.Network().ID || res.Payer != crypto.PubkeyToAddress(payer.PublicKey).Hex() || !out.Claimed {
 		t.Fatalf("first settle: %+v", out)
@@ -43,10 +40,7 @@ func TestSettleOnce(t *testing.T) {
 		t.Fatalf("ledger row %+v", s)
 	}
 
-	again, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	again := r.MustSettle(t, body)
 	if again.Response.Success || again.Response.ErrorReason != facilitator.ReasonAlreadySettled || again.Response.Transaction != res.Transaction {
 		t.Fatalf("repeat: %+v", again.Response)
 	}
@@ -120,8 +114,8 @@ func TestSettleConcurrentDuplicates(t *testing.T) {
 		t.Fatalf("payer holds %d, want 300000", got)
 	}
 	signer := crypto.PubkeyToAddress(r.Signers[0].PublicKey)
-	if nonce, err := env.Chain.Client.NonceAt(context.Background(), signer, nil); err != nil || nonce != 1 {
-		t.Fatalf("signer sent %d transactions (%v), want exactly 1", nonce, err)
+	if nonce := nonceOf(t, signer, "latest"); nonce != 1 {
+		t.Fatalf("signer sent %d transactions, want exactly 1", nonce)
 	}
 }
 
@@ -131,36 +125,8 @@ func TestSettleManyPayers(t *testing.T) {
 	signers := []*ecdsa.PrivateKey{env.NewSigner(t), env.NewSigner(t)}
 	r := env.NewEngine(t, stacktest.EngineOptions{Signers: signers})
 	const total, conc = 200, 32
-	pays := make([]stacktest.Pay, total)
-	bodies := make([][]byte, total)
-	for i := range pays {
-		pays[i] = env.NewPay(t, env.FundedPayer(t, 10_000), 10_000)
-		bodies[i] = pays[i].Body(t)
-	}
-	work := make(chan int)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	failures := []string{}
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				out, err := r.SettleBody(context.Background(), t, bodies[i])
-				if err != nil || !out.Response.Success {
-					mu.Lock()
-					failures = append(failures, fmt.Sprintf("payment %d: %+v %v", i, out.Response, err))
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	for i := range total {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	if len(failures) > 0 {
+	pays, bodies := payersOfTheirOwn(t, total, 10_000)
+	if failures := settleThrough(t, r, bodies, conc); len(failures) > 0 {
 		t.Fatalf("%d of %d failed, first: %s", len(failures), total, failures[0])
 	}
 	for i, p := range pays {
@@ -170,10 +136,7 @@ func TestSettleManyPayers(t *testing.T) {
 	}
 	var sent uint64
 	for _, k := range signers {
-		n, err := env.Chain.Client.NonceAt(context.Background(), crypto.PubkeyToAddress(k.PublicKey), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		n := nonceOf(t, crypto.PubkeyToAddress(k.PublicKey), "latest")
 		if n == 0 {
 			t.Fatalf("signer %s sent nothing: keys are not shared out", crypto.PubkeyToAddress(k.PublicKey))
 		}
@@ -184,6 +147,47 @@ func TestSettleManyPayers(t *testing.T) {
 	}
 }
 
+// payersOfTheirOwn are n payments of value, each by a payer funded with exactly value, and their
+// bodies.
+func payersOfTheirOwn(tb testing.TB, n int, value int64) ([]stacktest.Pay, [][]byte) {
+	pays := make([]stacktest.Pay, n)
+	bodies := make([][]byte, n)
+	for i := range pays {
+		pays[i] = env.NewPay(tb, env.FundedPayer(tb, value), value)
+		bodies[i] = pays[i].Body(tb)
+	}
+	return pays, bodies
+}
+
+// settleThrough settles bodies through conc callers at once, each taking the next body when it is
+// answered, and returns the failures (an error, or an answer other than success).
+func settleThrough(tb testing.TB, r *stacktest.Engine, bodies [][]byte, conc int) []string {
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []string
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				out, err := r.SettleBody(context.Background(), tb, bodies[i])
+				if err != nil || !out.Response.Success {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("payment %d: %+v %v", i, out.Response, err))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range bodies {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return failures
+}
+
 // TestSettleInvalidLeavesNoRow: a payment that fails verification is answered with the reason and
 // nothing is written or sent, so the same authorization can be settled once it becomes valid.
 func TestSettleInvalidLeavesNoRow(t *testing.T) {
@@ -192,10 +196,7 @@ func TestSettleInvalidLeavesNoRow(t *testing.T) {
 	payer, _ := crypto.GenerateKey() // holds no USDC yet
 	p := env.NewPay(t, payer, 50_000)
 	body := p.Body(t)
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonInsufficientBalance || out.Response.Transaction != "" {
 		t.Fatalf("unfunded payer: %+v", out.Response)
 	}
@@ -206,9 +207,8 @@ func TestSettleInvalidLeavesNoRow(t *testing.T) {
 	if err := env.Chain.USDC.Mint(ctx, key.Payer, big.NewInt(50_000)); err != nil {
 		t.Fatal(err)
 	}
-	out, err = r.SettleBody(ctx, t, body)
-	if err != nil || !out.Response.Success {
-		t.Fatalf("after funding: %+v %v", out.Response, err)
+	if out := r.MustSettle(t, body); !out.Response.Success {
+		t.Fatalf("after funding: %+v", out.Response)
 	}
 }
 

@@ -77,10 +77,7 @@ func settleOnce(t *testing.T, r *stacktest.Engine, p stacktest.Pay, value int64)
 	t.Helper()
 	ctx := context.Background()
 	body := p.Body(t)
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := r.MustSettle(t, body)
 	if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
 		t.Fatalf("with mining off, want settlement_pending: %+v", out.Response)
 	}
@@ -96,8 +93,8 @@ func settleOnce(t *testing.T, r *stacktest.Engine, p stacktest.Pay, value int64)
 	if got := env.Balance(t, p.PayTo); got != value {
 		t.Fatalf("payee holds %d, want exactly %d", got, value)
 	}
-	if n, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
-		t.Fatalf("signer nonce %d (%v): one transaction", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); n != 1 {
+		t.Fatalf("signer nonce %d: one transaction", n)
 	}
 	return first, tx
 }
@@ -108,16 +105,7 @@ func mineUntilSettled(t *testing.T, r *stacktest.Engine, body []byte) common.Has
 	t.Helper()
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var out facilitator.SettleOutcome
-	for deadline := time.Now().Add(20 * time.Second); !out.Response.Success && time.Now().Before(deadline); {
-		var err error
-		if out, err = r.SettleBody(context.Background(), t, body); err != nil {
-			t.Fatal(err)
-		}
-		if !out.Response.Success {
-			env.Mine(t)
-		}
-	}
+	out := settledPastPending(t, r, body, "after mining")
 	if !out.Response.Success {
 		t.Fatalf("after mining: %+v", out.Response)
 	}
@@ -233,8 +221,8 @@ func TestSettleFeesAboveMaxFee(t *testing.T) {
 	if _, err := r.DB.SettlementByKey(ctx, p.Key()); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("ledger row after a refusal: %v", err)
 	}
-	if n, err := env.Chain.Client.PendingNonceAt(ctx, stacktest.AddressOf(r.Signers[0])); err != nil || n != 0 {
-		t.Fatalf("signer's pending nonce %d (%v): something was sent", n, err)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "pending"); n != 0 {
+		t.Fatalf("signer's pending nonce %d: something was sent", n)
 	}
 	if got := env.Balance(t, p.PayTo); got != 0 {
 		t.Fatalf("payee holds %d", got)
@@ -268,19 +256,7 @@ func TestSettleFeeBumpPolicy(t *testing.T) {
 			if out, err := r.SettleBody(ctx, t, body); err != nil || out.Response.ErrorReason != facilitator.ReasonSettlementPending {
 				t.Fatalf("with no blocks, want settlement_pending: %+v %v", out.Response, err)
 			}
-			var txs []facilitator.TxRecord
-			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && len(txs) < 2; time.Sleep(100 * time.Millisecond) {
-				open, err := r.DB.OpenSettlements(ctx, env.Network().ID, stacktest.AddressOf(r.Signers[0]))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(open) == 1 {
-					txs = open[0].Txs
-				}
-			}
-			if len(txs) < 2 {
-				t.Fatal("no replacement was committed")
-			}
+			txs := bumped(t, r, 1)[0].Txs
 			first, second := decodeTx(t, txs[0].Raw), decodeTx(t, txs[1].Raw)
 			if first.Type() != tc.typ || second.Type() != tc.typ || first.Nonce() != second.Nonce() {
 				t.Fatalf("types %d, %d (want %d), nonces %d, %d", first.Type(), second.Type(), tc.typ, first.Nonce(), second.Nonce())
@@ -303,8 +279,8 @@ func TestSettleFeeBumpPolicy(t *testing.T) {
 			if got := env.Balance(t, p.PayTo); got != 2_000 {
 				t.Fatalf("payee holds %d, want exactly 2000", got)
 			}
-			if n, err := env.Chain.Client.NonceAt(ctx, stacktest.AddressOf(r.Signers[0]), nil); err != nil || n != 1 {
-				t.Fatalf("signer nonce %d (%v): the variants share one nonce", n, err)
+			if n := nonceOf(t, stacktest.AddressOf(r.Signers[0]), "latest"); n != 1 {
+				t.Fatalf("signer nonce %d: the variants share one nonce", n)
 			}
 		})
 	}

@@ -25,84 +25,41 @@ import (
 // one transfer the authorization allows, the ledger keeps every variant and the new tx nonce, and
 // the key's next settlement takes the nonce after it.
 func TestSettleForeignNonceResigned(t *testing.T) {
-	obs := &recordingObserver{}
-	signer := env.NewSigner(t)
-	addr := stacktest.AddressOf(signer)
 	payer := env.FundedPayer(t, 5000)
 	p := env.NewPay(t, payer, 1000)
-	body := p.Body(t)
 	next := env.NewPay(t, payer, 2000)
-	nextBody := next.Body(t)
-	env.ManualMining(t)
-	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
-		Config: func(c *settle.Config) {
-			c.Observer = obs
-			c.RebroadcastAfter = 200 * time.Millisecond
-			c.RetryInterval = 200 * time.Millisecond
-		}})
-
-	ours := r.SettlePending(t, body)
-	row := env.Row(t, p.Key())
-	taken := row.TxNonce
-	open := openRows(t, addr)[p.Key()]
-	if open == nil || len(open.Txs) != 1 {
-		t.Fatalf("open settlement: %+v", open)
-	}
-
-	takeNonce(t, signer, taken, open.Txs[0], ours)
-	payerBefore := env.Balance(t, p.From())
+	d := displace(t, p)
+	d.mineForeign(t)
 
 	// The engine resends ours, hears nonce too low, and re-signs with a new nonce.
-	for deadline := time.Now().Add(15 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceForeign) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no foreign nonce observed; observer saw %v", obs.snapshot())
-		}
-	}
+	d.obs.await(t, gap(d.addr, settle.NonceForeign), 1, 15*time.Second)
 	env.SetAutomine(t, true)
 	env.Mine(t)
-	var out facilitator.SettleOutcome
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		out = r.MustSettle(t, body)
-		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still pending: %+v", out.Response)
-		}
-		env.Mine(t)
-	}
+	out := settledPastPending(t, d.r, d.body, "after the re-sign")
 	if !out.Response.Success {
 		t.Fatalf("after the re-sign: %+v", out.Response)
 	}
 	mined := common.HexToHash(out.Response.Transaction)
-	if mined == ours {
+	if mined == d.ours {
 		t.Fatal("the answer names the transaction the foreign one replaced")
 	}
-	row = env.Row(t, p.Key())
+	row := env.Row(t, p.Key())
 	if !row.State.Succeeded() || row.TxHash != mined || row.ErrorReason != "" {
 		t.Fatalf("ledger row %+v, answer %s", row, mined)
 	}
-	if row.TxNonce <= taken {
-		t.Fatalf("ledger tx nonce %d, want a new one past the taken %d", row.TxNonce, taken)
+	if row.TxNonce <= d.taken {
+		t.Fatalf("ledger tx nonce %d, want a new one past the taken %d", row.TxNonce, d.taken)
 	}
 	if got := decodeTx(t, txsOf(t, row.ID)[len(txsOf(t, row.ID))-1]).Nonce(); got != row.TxNonce {
 		t.Fatalf("latest variant's nonce %d, ledger's %d", got, row.TxNonce)
 	}
-	if raws := txsOf(t, row.ID); len(raws) < 2 || decodeTx(t, raws[0]).Hash() != ours {
+	if raws := txsOf(t, row.ID); len(raws) < 2 || decodeTx(t, raws[0]).Hash() != d.ours {
 		t.Fatalf("the ledger must keep every variant, the first one first: %d", len(raws))
 	}
 	if rcpt := env.Receipt(t, mined); rcpt == nil || rcpt.Status != types.ReceiptStatusSuccessful {
 		t.Fatalf("the re-signed transaction's receipt: %+v", rcpt)
 	}
-	if got := env.Balance(t, p.PayTo); got != p.Value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
-	}
-	if got := payerBefore - env.Balance(t, p.From()); got != p.Value {
-		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, p.Value)
-	}
-	if n := authorizationUses(t, p); n != 1 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
-	}
+	d.paid(t, 1, p.Value)
 	found := false
 	for _, ev := range env.Events(t, row.ID) {
 		found = found || ev.State == "renonced"
@@ -112,25 +69,52 @@ func TestSettleForeignNonceResigned(t *testing.T) {
 	}
 
 	// The key's next settlement takes the nonce after the re-signed one, and is mined.
-	out = r.MustSettle(t, nextBody)
-	for deadline := time.Now().Add(15 * time.Second); out.Response.ErrorReason == facilitator.ReasonSettlementPending; time.Sleep(100 * time.Millisecond) {
+	nextSettles(t, d.r, next, row.TxNonce)
+}
+
+// resendingEngine is an engine on signer alone, reporting to obs, that answers pending after a
+// second and resends and retries every 200 ms: it hears nonce too low soon after a foreign
+// transaction takes its settlement's nonce.
+func resendingEngine(t *testing.T, signer *ecdsa.PrivateKey, obs *recordingObserver) *stacktest.Engine {
+	return env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
+		Config: func(c *settle.Config) {
+			c.Observer = obs
+			c.RebroadcastAfter = 200 * time.Millisecond
+			c.RetryInterval = 200 * time.Millisecond
+		}})
+}
+
+// settledPastPending asks r to settle body until it answers other than pending, mining a block
+// between the asks, for up to 20 s; what names the answer awaited when it fails.
+func settledPastPending(t *testing.T, r *stacktest.Engine, body []byte, what string) facilitator.SettleOutcome {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out := r.MustSettle(t, body)
+		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
+			return out
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the next settlement is stuck: %+v", out.Response)
+			t.Fatalf("%s: still pending: %+v", what, out.Response)
 		}
 		env.Mine(t)
-		out = r.MustSettle(t, nextBody)
 	}
-	if !out.Response.Success {
+}
+
+// nextSettles checks that the key's next settlement takes the nonce after taken and is mined:
+// the key's mined nonce is then taken+2.
+func nextSettles(t *testing.T, r *stacktest.Engine, next stacktest.Pay, taken uint64) {
+	t.Helper()
+	if out := settledPastPending(t, r, next.Body(t), "the next settlement"); !out.Response.Success {
 		t.Fatalf("the next settlement: %+v", out.Response)
 	}
-	if got := env.Row(t, next.Key()).TxNonce; got != row.TxNonce+1 {
-		t.Fatalf("the next settlement's tx nonce %d, want %d", got, row.TxNonce+1)
+	if got := env.Row(t, next.Key()).TxNonce; got != taken+1 {
+		t.Fatalf("the next settlement's tx nonce %d, want %d", got, taken+1)
 	}
 	if got := env.Balance(t, next.PayTo); got != next.Value {
 		t.Fatalf("the next payee holds %d, want %d", got, next.Value)
 	}
-	if n := nonceOf(t, addr, "latest"); n != row.TxNonce+2 {
-		t.Fatalf("signer's mined nonce %d, want %d", n, row.TxNonce+2)
+	if n := nonceOf(t, stacktest.AddressOf(r.Signer()), "latest"); n != taken+2 {
+		t.Fatalf("signer's mined nonce %d, want %d", n, taken+2)
 	}
 }
 
@@ -168,102 +152,69 @@ func authorizationUses(t testing.TB, p stacktest.Pay) int {
 	return len(logs)
 }
 
-// takeNonce plays the key used elsewhere: a 0-value self-transfer at nonce, paying twice our
-// fees, replaces our unmined transaction in the pool (auto-mine off); then it is mined.
-func takeNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) {
-	t.Helper()
-	foreign := replaceNonce(t, signer, nonce, ours, oursHash)
-	env.Mine(t)
-	if rcpt := env.Receipt(t, foreign); rcpt == nil {
-		t.Fatal("the foreign transaction was not mined")
-	}
-}
-
-// replaceNonce is takeNonce without the mining: the foreign transaction is in the pool in place
-// of ours, and its hash is returned.
+// replaceNonce plays the key used elsewhere: a 0-value self-transfer at nonce, paying twice our
+// fees, replaces our unmined transaction in the pool (auto-mine off); its hash is returned.
 func replaceNonce(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, ours facilitator.TxRecord, oursHash common.Hash) common.Hash {
 	t.Helper()
-	addr := stacktest.AddressOf(signer)
-	tip := new(big.Int).Mul(ours.TipCap, big.NewInt(2))
-	feeCap := new(big.Int).Mul(ours.FeeCap, big.NewInt(2))
-	foreign, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: 21000, To: &addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Chain.Client.SendTransaction(context.Background(), foreign); err != nil {
-		t.Fatalf("replacing the settlement's transaction: %v", err)
-	}
+	foreign := sendSelfTransfer(t, signer, nonce, new(big.Int).Mul(ours.TipCap, big.NewInt(2)), new(big.Int).Mul(ours.FeeCap, big.NewInt(2)))
 	if env.InPool(t, oursHash) {
 		t.Fatal("the foreign transaction did not replace ours in the pool")
 	}
-	return foreign.Hash()
+	return foreign
+}
+
+// sendSelfTransfer sends, from signer's key outside the engine, a 0-value transfer to itself at
+// nonce with the fees given, and returns its hash.
+func sendSelfTransfer(t testing.TB, signer *ecdsa.PrivateKey, nonce uint64, tip, feeCap *big.Int) common.Hash {
+	t.Helper()
+	addr := stacktest.AddressOf(signer)
+	chainID := new(big.Int).SetUint64(env.Chain.ChainID)
+	tx, err := types.SignNewTx(signer, types.LatestSignerForChainID(chainID), &types.DynamicFeeTx{
+		ChainID: chainID, Nonce: nonce, GasTipCap: tip, GasFeeCap: feeCap, Gas: 21000, To: &addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(context.Background(), tx); err != nil {
+		t.Fatalf("sending a self-transfer at nonce %d: %v", nonce, err)
+	}
+	return tx.Hash()
 }
 
 // TestSettleForeignNonceRecovered: a settlement re-signed with a new nonce (a foreign
 // transaction took its first) and not mined yet when its process stops is resumed by the next
 // process from the ledger: at the new nonce, with every variant, and it settles once.
 func TestSettleForeignNonceRecovered(t *testing.T) {
-	obs := &recordingObserver{}
-	signer := env.NewSigner(t)
-	addr := stacktest.AddressOf(signer)
-	payer := env.FundedPayer(t, 1000)
-	p := env.NewPay(t, payer, 1000)
-	body := p.Body(t)
-	env.ManualMining(t)
-	fast := func(c *settle.Config) {
-		c.Observer = obs
-		c.RebroadcastAfter = 200 * time.Millisecond
-		c.RetryInterval = 200 * time.Millisecond
-	}
-	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
-	ours := r.SettlePending(t, body)
-	taken := env.Row(t, p.Key()).TxNonce
-	takeNonce(t, signer, taken, openRows(t, addr)[p.Key()].Txs[0], ours)
-	for deadline := time.Now().Add(15 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceForeign) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no foreign nonce observed; observer saw %v", obs.snapshot())
-		}
-	}
-	r.Stop(context.Background())
+	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
+	d := displace(t, p)
+	d.mineForeign(t)
+	d.obs.await(t, gap(d.addr, settle.NonceForeign), 1, 15*time.Second)
+	d.r.Stop(context.Background())
 	env.DropPool(t) // the node lost the re-signed transaction too: only the ledger has it
-	moved := openRows(t, addr)[p.Key()]
-	if moved == nil || moved.TxNonce <= taken || len(moved.Txs) < 2 {
+	moved := openRows(t, d.addr)[p.Key()]
+	if moved == nil || moved.TxNonce <= d.taken || len(moved.Txs) < 2 {
 		t.Fatalf("the ledger after the re-sign: %+v", moved)
 	}
 
-	r2 := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second, Config: fast})
-	var out facilitator.SettleOutcome
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		env.Mine(t)
-		out = r2.MustSettle(t, body)
-		if out.Response.ErrorReason != facilitator.ReasonSettlementPending {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still pending after the restart: %+v", out.Response)
-		}
-	}
+	r2 := resendingEngine(t, d.signer, d.obs)
+	env.Mine(t)
+	out := settledPastPending(t, r2, d.body, "after the restart")
 	if !out.Response.Success || common.HexToHash(out.Response.Transaction) != moved.Txs[len(moved.Txs)-1].Hash {
 		t.Fatalf("after the restart: %+v, want the success of %s", out.Response, moved.Txs[len(moved.Txs)-1].Hash)
 	}
 	if row := env.Row(t, p.Key()); row.TxNonce != moved.TxNonce || !row.State.Succeeded() {
 		t.Fatalf("ledger row %+v", row)
 	}
-	if got := env.Balance(t, p.PayTo); got != p.Value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
-	}
-	if n := authorizationUses(t, p); n != 1 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
-	}
+	d.paid(t, 1, p.Value)
 }
 
 // displaced is a settlement whose unmined transaction a foreign transaction (the signer key used
-// elsewhere) replaced in the pool, not mined yet: auto-mine is off, and the engine rebroadcasts
-// fast, so it hears nonce too low soon after the foreign transaction is mined.
+// elsewhere) replaced in the pool, not mined yet (mineForeign mines it alone; a test may mine it
+// beside something else): auto-mine is off, and the engine rebroadcasts fast, so it hears nonce
+// too low soon after the foreign transaction is mined.
 type displaced struct {
 	r       *stacktest.Engine
 	obs     *recordingObserver
+	signer  *ecdsa.PrivateKey
 	addr    common.Address
 	p       stacktest.Pay
 	body    []byte
@@ -278,15 +229,10 @@ type displaced struct {
 func displace(t *testing.T, p stacktest.Pay) *displaced {
 	t.Helper()
 	d := &displaced{obs: &recordingObserver{}, p: p, body: p.Body(t)}
-	signer := env.NewSigner(t)
-	d.addr = stacktest.AddressOf(signer)
+	d.signer = env.NewSigner(t)
+	d.addr = stacktest.AddressOf(d.signer)
 	env.ManualMining(t)
-	d.r = env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second,
-		Config: func(c *settle.Config) {
-			c.Observer = d.obs
-			c.RebroadcastAfter = 200 * time.Millisecond
-			c.RetryInterval = 200 * time.Millisecond
-		}})
+	d.r = resendingEngine(t, d.signer, d.obs)
 	d.ours = d.r.SettlePending(t, d.body)
 	d.taken = env.Row(t, p.Key()).TxNonce
 	open := openRows(t, d.addr)[p.Key()]
@@ -294,8 +240,32 @@ func displace(t *testing.T, p stacktest.Pay) *displaced {
 		t.Fatalf("open settlement: %+v", open)
 	}
 	d.payer = env.Balance(t, p.From())
-	d.foreign = replaceNonce(t, signer, d.taken, open.Txs[0], d.ours)
+	d.foreign = replaceNonce(t, d.signer, d.taken, open.Txs[0], d.ours)
 	return d
+}
+
+// mineForeign mines the foreign transaction: the node now calls ours nonce too low.
+func (d *displaced) mineForeign(t *testing.T) {
+	t.Helper()
+	env.Mine(t)
+	if rcpt := env.Receipt(t, d.foreign); rcpt == nil {
+		t.Fatal("the foreign transaction was not mined")
+	}
+}
+
+// paid checks the chain's story of the payment: its authorization used uses times, and value
+// moved from the payer to the payee since it was displaced.
+func (d *displaced) paid(t *testing.T, uses int, value int64) {
+	t.Helper()
+	if n := authorizationUses(t, d.p); n != uses {
+		t.Fatalf("%d AuthorizationUsed logs for the authorization, want %d", n, uses)
+	}
+	if got := env.Balance(t, d.p.PayTo); got != value {
+		t.Fatalf("payee holds %d, want exactly %d", got, value)
+	}
+	if got := d.payer - env.Balance(t, d.p.From()); got != value {
+		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, value)
+	}
 }
 
 // resolved waits for the settlement to leave the open states and returns its row.
@@ -316,13 +286,8 @@ func (d *displaced) resolved(t *testing.T) *facilitator.Settlement {
 // (each one makes the next watcher round run the foreign-nonce check).
 func (d *displaced) heardTooLow(t *testing.T, n int) {
 	t.Helper()
-	key := "gap " + env.Network().ID + " " + d.addr.Hex() + " " + settle.NonceUsed
-	want := d.obs.count(key) + n
-	for deadline := time.Now().Add(15 * time.Second); d.obs.count(key) < want; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("nonce too low heard %d times, want %d; observer saw %v", d.obs.count(key), want, d.obs.snapshot())
-		}
-	}
+	key := gap(d.addr, settle.NonceUsed)
+	d.obs.await(t, key, d.obs.count(key)+n, 15*time.Second)
 }
 
 // notResigned checks that the settlement kept its one transaction at the taken nonce: no
@@ -337,38 +302,11 @@ func (d *displaced) notResigned(t *testing.T, id int64) {
 			t.Errorf("renonced event: %v", env.Events(t, id))
 		}
 	}
-	if n := d.obs.count("gap " + env.Network().ID + " " + d.addr.Hex() + " " + settle.NonceForeign); n != 0 {
+	if n := d.obs.count(gap(d.addr, settle.NonceForeign)); n != 0 {
 		t.Errorf("%d foreign re-signs reported", n)
 	}
 	if got := env.Row(t, d.p.Key()).TxNonce; got != d.taken {
 		t.Errorf("ledger tx nonce %d, want the taken %d kept", got, d.taken)
-	}
-}
-
-// nextSettles checks that the key's next settlement takes the nonce after the taken one and is
-// mined.
-func (d *displaced) nextSettles(t *testing.T, next stacktest.Pay) {
-	t.Helper()
-	body := next.Body(t)
-	out := d.r.MustSettle(t, body)
-	for deadline := time.Now().Add(15 * time.Second); out.Response.ErrorReason == facilitator.ReasonSettlementPending; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the next settlement is stuck: %+v", out.Response)
-		}
-		env.Mine(t)
-		out = d.r.MustSettle(t, body)
-	}
-	if !out.Response.Success {
-		t.Fatalf("the next settlement: %+v", out.Response)
-	}
-	if got := env.Row(t, next.Key()).TxNonce; got != d.taken+1 {
-		t.Fatalf("the next settlement's tx nonce %d, want %d", got, d.taken+1)
-	}
-	if got := env.Balance(t, next.PayTo); got != next.Value {
-		t.Fatalf("the next payee holds %d, want %d", got, next.Value)
-	}
-	if n := nonceOf(t, d.addr, "latest"); n != d.taken+2 {
-		t.Fatalf("signer's mined nonce %d, want %d", n, d.taken+2)
 	}
 }
 
@@ -402,15 +340,7 @@ func TestSettleForeignNonceUsedElsewhere(t *testing.T) {
 		t.Fatal("our transaction has a receipt")
 	}
 	d.notResigned(t, row.ID)
-	if n := authorizationUses(t, p); n != 1 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want 1", n)
-	}
-	if got := env.Balance(t, p.PayTo); got != p.Value {
-		t.Fatalf("payee holds %d, want exactly %d", got, p.Value)
-	}
-	if got := d.payer - env.Balance(t, p.From()); got != p.Value {
-		t.Fatalf("the payer's balance moved by %d, want exactly %d", got, p.Value)
-	}
+	d.paid(t, 1, p.Value)
 	out := d.r.MustSettle(t, d.body)
 	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonNonceAlreadyUsed || out.Response.Transaction != "" {
 		t.Fatalf("the answer after: %+v", out.Response)
@@ -430,7 +360,7 @@ func TestSettleForeignNonceUsedElsewhere(t *testing.T) {
 		t.Fatalf("status %+v, want settled by other in %s at block %d", st, elsewhere, er.BlockNumber)
 	}
 
-	d.nextSettles(t, next)
+	nextSettles(t, d.r, next, d.taken)
 	d.notResigned(t, row.ID)
 }
 
@@ -471,20 +401,12 @@ func TestSettleForeignNonceExpired(t *testing.T) {
 		t.Fatalf("ledger row %+v, want expired / %s from the foreign-nonce check", row, facilitator.ReasonValidBefore)
 	}
 	d.notResigned(t, row.ID)
-	if n := authorizationUses(t, p); n != 0 {
-		t.Fatalf("%d AuthorizationUsed logs for the authorization, want none", n)
-	}
-	if got := env.Balance(t, p.PayTo); got != 0 {
-		t.Fatalf("payee holds %d, want nothing", got)
-	}
-	if got := env.Balance(t, p.From()); got != d.payer {
-		t.Fatalf("the payer holds %d, want %d untouched", got, d.payer)
-	}
+	d.paid(t, 0, 0)
 	out := d.r.MustSettle(t, d.body)
 	if out.Response.Success || out.Response.ErrorReason != facilitator.ReasonValidBefore {
 		t.Fatalf("the answer after: %+v", out.Response)
 	}
 
-	d.nextSettles(t, env.NewPay(t, payer, 2000)) // valid from the chain's clock, now past vb
+	nextSettles(t, d.r, env.NewPay(t, payer, 2000), d.taken) // valid from the chain's clock, now past vb
 	d.notResigned(t, row.ID)
 }

@@ -86,11 +86,7 @@ func TestSettleLostCommitAnswer(t *testing.T) {
 			for e := range errs {
 				t.Fatalf("a concurrent settle failed: %s", e)
 			}
-			n, err := env.Chain.Client.NonceAt(ctx, crypto.PubkeyToAddress(signer.PublicKey), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n != total+1 {
+			if n := nonceOf(t, crypto.PubkeyToAddress(signer.PublicKey), "latest"); n != total+1 {
 				t.Fatalf("the signer's mined nonce is %d after %d settlements (a gap or a reuse)", n, total+1)
 			}
 		})
@@ -239,14 +235,10 @@ func TestGroupCommitWalletCapRefusal(t *testing.T) {
 	}
 	// Every one of the signer's transactions is mined: the pool holds nothing of it beyond a gap.
 	const sent = others + 1
-	if n := pendingNonce(t, addr); n != sent {
+	if n := nonceOf(t, addr, "pending"); n != sent {
 		t.Fatalf("the signer sent %d transactions, want %d", n, sent)
 	}
-	mined, err := env.Chain.Client.NonceAt(ctx, addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mined != sent {
+	if mined := nonceOf(t, addr, "latest"); mined != sent {
 		t.Fatalf("the signer's mined nonce is %d, want %d (a transaction is stuck behind a gap)", mined, sent)
 	}
 	open, err := r.DB.OpenSettlements(ctx, env.Network().ID, addr)

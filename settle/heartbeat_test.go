@@ -29,11 +29,7 @@ func TestLoopsBeat(t *testing.T) {
 	}})
 	id := env.Network().ID
 	for _, loop := range []string{settle.LoopWatch, settle.LoopBroadcast, settle.LoopBalance} {
-		for deadline := time.Now().Add(10 * time.Second); obs.count("beat "+loop+" "+id) < 2; time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("loop %s beat %d times in 10 s; observer saw %v", loop, obs.count("beat "+loop+" "+id), obs.snapshot())
-			}
-		}
+		obs.await(t, "beat "+loop+" "+id, 2, 10*time.Second)
 		if at := obs.lastBeat(loop, id); at.Before(time.Now().Add(23 * time.Hour)) {
 			t.Errorf("loop %s beat at %v, not on the engine's clock", loop, at)
 		}

@@ -2,7 +2,6 @@ package settle
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/big"
 	"testing"
@@ -174,52 +173,42 @@ func (c *receiptChain) CallContext(ctx context.Context, result any, method strin
 }
 
 func (c *receiptChain) BatchCallContext(_ context.Context, elems []rpc.BatchElem) error {
-	for i := range elems {
-		el := &elems[i]
-		var answer any
-		switch el.Method {
-		case "eth_blockNumber":
-			answer = hexutil.Uint64(c.head)
-		case "eth_getTransactionReceipt":
-			if el.Args[0].(common.Hash) == c.rcpt.TxHash {
-				answer = c.rcpt
-			}
-		case "eth_getBlockByNumber":
-			n, err := hexutil.DecodeUint64(el.Args[0].(string))
-			if err != nil {
-				el.Error = err
-				continue
-			}
-			answer = map[string]any{"hash": common.BigToHash(new(big.Int).SetUint64(n + 1000)), "number": hexutil.Uint64(n),
-				"timestamp": hexutil.Uint64(time.Now().Unix())}
-		case "eth_getTransactionCount":
-			answer = hexutil.Uint64(1)
-		case "eth_call":
-			state := make([]byte, 32)
-			if c.used() {
-				state[31] = 1
-			}
-			answer = hexutil.Bytes(state)
-		case "eth_getLogs":
-			logs := []map[string]any{}
-			if c.used() {
-				l := eip3009.AuthorizationLog(c.key.Asset, c.key.Payer, c.key.Nonce, false)
-				logs = append(logs, map[string]any{"address": l.Address, "topics": l.Topics, "data": hexutil.Bytes(l.Data),
-					"blockNumber": hexutil.Uint64(*c.rcpt.BlockNumber), "blockHash": c.rcpt.BlockHash, "transactionHash": c.rcpt.TxHash,
-					"transactionIndex": "0x0", "logIndex": "0x0", "removed": false})
-			}
-			answer = logs
-		default:
-			el.Error = fmt.Errorf("receiptChain: %s is not served", el.Method)
-			continue
+	return answerBatch(elems, c.answer)
+}
+
+func (c *receiptChain) answer(el *rpc.BatchElem) (any, error) {
+	switch el.Method {
+	case "eth_blockNumber":
+		return hexutil.Uint64(c.head), nil
+	case "eth_getTransactionReceipt":
+		if el.Args[0].(common.Hash) == c.rcpt.TxHash {
+			return c.rcpt, nil
 		}
-		b, err := json.Marshal(answer)
+		return nil, nil
+	case "eth_getBlockByNumber":
+		n, err := hexutil.DecodeUint64(el.Args[0].(string))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := json.Unmarshal(b, el.Result); err != nil {
-			el.Error = err
+		return map[string]any{"hash": common.BigToHash(new(big.Int).SetUint64(n + 1000)), "number": hexutil.Uint64(n),
+			"timestamp": hexutil.Uint64(time.Now().Unix())}, nil
+	case "eth_getTransactionCount":
+		return hexutil.Uint64(1), nil
+	case "eth_call":
+		state := make([]byte, 32)
+		if c.used() {
+			state[31] = 1
 		}
+		return hexutil.Bytes(state), nil
+	case "eth_getLogs":
+		logs := []map[string]any{}
+		if c.used() {
+			l := eip3009.AuthorizationLog(c.key.Asset, c.key.Payer, c.key.Nonce, false)
+			logs = append(logs, map[string]any{"address": l.Address, "topics": l.Topics, "data": hexutil.Bytes(l.Data),
+				"blockNumber": hexutil.Uint64(*c.rcpt.BlockNumber), "blockHash": c.rcpt.BlockHash, "transactionHash": c.rcpt.TxHash,
+				"transactionIndex": "0x0", "logIndex": "0x0", "removed": false})
+		}
+		return logs, nil
 	}
-	return nil
+	return nil, fmt.Errorf("receiptChain: %s is not served", el.Method)
 }

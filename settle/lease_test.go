@@ -248,10 +248,7 @@ func TestSignerLeaseTakeover(t *testing.T) {
 	}
 	for i := 1; i < 5; i++ {
 		waitFor(t, 10*time.Second, "payment settles", func() bool {
-			out, err := b.SettleBody(ctx, t, bodies[i])
-			if err != nil {
-				t.Fatal(err)
-			}
+			out := b.MustSettle(t, bodies[i])
 			if out.Response.Transaction != hashes[i] {
 				t.Fatalf("payment %d: transaction %s, want %s", i, out.Response.Transaction, hashes[i])
 			}

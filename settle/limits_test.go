@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
@@ -40,16 +39,6 @@ func wantLimited(t *testing.T, err error, reason string, most time.Duration) {
 	if fe.RetryAfter <= 0 || fe.RetryAfter > most {
 		t.Fatalf("RetryAfter %s, want within (0, %s]", fe.RetryAfter, most)
 	}
-}
-
-// pendingNonce is the signer's transaction count including the pool: what it has sent.
-func pendingNonce(t testing.TB, addr common.Address) uint64 {
-	t.Helper()
-	var n hexutil.Uint64
-	if err := env.Chain.RPC.CallContext(context.Background(), &n, "eth_getTransactionCount", addr, "pending"); err != nil {
-		t.Fatal(err)
-	}
-	return uint64(n)
 }
 
 func mustSucceed(t *testing.T, out facilitator.SettleOutcome, err error) {
@@ -87,7 +76,7 @@ func TestWalletCapCount(t *testing.T) {
 	if _, err := r.DB.SettlementByKey(ctx, key); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("ledger row for the refused payment: %v", err)
 	}
-	if n := pendingNonce(t, signer); n != 2 {
+	if n := nonceOf(t, signer, "pending"); n != 2 {
 		t.Fatalf("signer sent %d transactions, want 2", n)
 	}
 	// The same refusal again (a retry before the window passed), then another wallet settles on
@@ -176,7 +165,7 @@ func TestWalletCapConcurrent(t *testing.T) {
 	}
 	sent := uint64(0)
 	for _, r := range rigs {
-		sent += pendingNonce(t, crypto.PubkeyToAddress(r.Signers[0].PublicKey))
+		sent += nonceOf(t, crypto.PubkeyToAddress(r.Signers[0].PublicKey), "pending")
 	}
 	if sent != 3 {
 		t.Fatalf("signers sent %d transactions, want 3", sent)
@@ -355,13 +344,13 @@ func TestSignerBalanceGuard(t *testing.T) {
 	}
 	waitLow(addrB, true)
 	refused := env.NewPay(t, payer, 1_000)
-	sentA, sentB := pendingNonce(t, addrA), pendingNonce(t, addrB)
+	sentA, sentB := nonceOf(t, addrA, "pending"), nonceOf(t, addrB, "pending")
 	_, err := r.SettleBody(ctx, t, refused.Body(t))
 	var fe *facilitator.Error
 	if !errors.As(err, &fe) || fe.Code != facilitator.EUnavailable || fe.Reason != facilitator.ReasonInsufficientSignerFunds || fe.RetryAfter <= 0 {
 		t.Fatalf("with every signer low: %v", err)
 	}
-	if pendingNonce(t, addrA) != sentA || pendingNonce(t, addrB) != sentB {
+	if nonceOf(t, addrA, "pending") != sentA || nonceOf(t, addrB, "pending") != sentB {
 		t.Fatal("a transaction was sent while every signer was low")
 	}
 	key := facilitator.AuthorizationKey{Network: env.Network().ID, Asset: env.Chain.USDC.Address, Payer: crypto.PubkeyToAddress(payer.PublicKey), Nonce: refused.Nonce}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -32,15 +31,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
-		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: 0, GasTipCap: tip,
-		GasFeeCap: new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))), Gas: 21000, To: &addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Chain.Client.SendTransaction(ctx, tx); err != nil {
-		t.Fatal(err)
-	}
+	sendSelfTransfer(t, signer, 0, tip, new(big.Int).Add(tip, new(big.Int).Mul(head.BaseFee, big.NewInt(2))))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if n, err := env.Chain.Client.NonceAt(ctx, addr, nil); err == nil && n == 1 {
 			break
@@ -49,21 +40,14 @@ func TestSettleNonceGapObserved(t *testing.T) {
 			t.Fatal("the outside transaction was not mined")
 		}
 	}
-	if got := obs.count("gap " + env.Network().ID + " " + addr.Hex() + " " + settle.NonceUsed); got != 0 {
+	if got := obs.count(gap(addr, settle.NonceUsed)); got != 0 {
 		t.Fatalf("a gap observed before any send: %d", got)
 	}
 
 	p := env.NewPay(t, env.FundedPayer(t, 1000), 1000)
 	body := p.Body(t)
-	out, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); obs.count("gap "+env.Network().ID+" "+addr.Hex()+" "+settle.NonceUsed) == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no nonce gap observed; observer saw %v", obs.snapshot())
-		}
-	}
+	out := r.MustSettle(t, body)
+	obs.await(t, gap(addr, settle.NonceUsed), 1, 10*time.Second)
 	// The nonce went to a transaction that is not ours: the settlement is re-signed with the next
 	// one, and settles.
 	for deadline := time.Now().Add(10 * time.Second); !out.Response.Success; time.Sleep(100 * time.Millisecond) {
@@ -77,7 +61,7 @@ func TestSettleNonceGapObserved(t *testing.T) {
 	if got := env.Row(t, p.Key()).TxNonce; got != 1 {
 		t.Fatalf("ledger tx nonce %d, want 1 (0 is the foreign transaction's)", got)
 	}
-	if got := obs.count("gap " + env.Network().ID + " " + addr.Hex() + " " + settle.NonceForeign); got != 1 {
+	if got := obs.count(gap(addr, settle.NonceForeign)); got != 1 {
 		t.Fatalf("foreign nonce observed %d times, want 1", got)
 	}
 }

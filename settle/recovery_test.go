@@ -26,6 +26,8 @@ func poolSize(t testing.TB) int {
 	return n
 }
 
+// nonceOf is addr's transaction count at block: "latest", what it had mined; "pending", what it
+// has sent, the pool's included.
 func nonceOf(t testing.TB, addr common.Address, block string) uint64 {
 	t.Helper()
 	var n hexutil.Uint64
@@ -109,17 +111,11 @@ func TestSettleSlowChainPending(t *testing.T) {
 	env.Mine(t)
 
 	// The official resource server's one retry: the same payload, owed the final outcome.
-	again, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	again := r.MustSettle(t, body)
 	if !again.Response.Success || again.Response.Transaction != hash || again.Response.ErrorReason != "" || !again.Claimed {
 		t.Fatalf("retry after the block: want success with %s, got %+v (claimed %v)", hash, again.Response, again.Claimed)
 	}
-	third, err := r.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	third := r.MustSettle(t, body)
 	if third.Response.Success || third.Response.ErrorReason != facilitator.ReasonAlreadySettled || third.Response.Transaction != hash {
 		t.Fatalf("third call: want already_settled with %s, got %+v", hash, third.Response)
 	}
@@ -357,20 +353,14 @@ func TestSettlePendingSeenByAnotherEngine(t *testing.T) {
 	}
 	hash := first.Response.Transaction
 
-	seen, err := replica.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	seen := replica.MustSettle(t, body)
 	if seen.Response.Success || seen.Response.ErrorReason != facilitator.ReasonSettlementPending || seen.Response.Transaction != hash {
 		t.Fatalf("replica while unmined: want settlement_pending with %s (an open ledger row reads back its latest "+
 			"signed hash), got %+v", hash, seen.Response)
 	}
 
 	env.Mine(t)
-	done, err := replica.SettleBody(ctx, t, body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	done := replica.MustSettle(t, body)
 	if !done.Response.Success || done.Response.Transaction != hash {
 		t.Fatalf("replica after the block: want success with %s, got %+v", hash, done.Response)
 	}

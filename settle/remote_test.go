@@ -49,10 +49,7 @@ func TestRemoteSignerSettleOnce(t *testing.T) {
 			p := env.NewPay(t, env.FundedPayer(t, 2_000_000), 1_250_000)
 			body := p.Body(t)
 
-			out, err := r.SettleBody(ctx, t, body)
-			if err != nil {
-				t.Fatal(err)
-			}
+			out := r.MustSettle(t, body)
 			if !out.Response.Success || out.Response.Transaction == "" || !out.Claimed {
 				t.Fatalf("settle: %+v", out)
 			}

@@ -200,6 +200,46 @@ func authorizationLogs(t testing.TB, p stacktest.Pay, topic common.Hash) []types
 	return logs
 }
 
+// paid checks that the payer paid exactly value since the settlement began, and the payee
+// received it.
+func (d *reorged) paid(t *testing.T, value int64) {
+	t.Helper()
+	if got := env.Balance(t, d.p.PayTo) - d.payees; got != value {
+		t.Errorf("the payee received %d, want exactly %d", got, value)
+	}
+	if got := d.payer - env.Balance(t, d.p.From()); got != value {
+		t.Errorf("the payer paid %d, want exactly %d", got, value)
+	}
+}
+
+// revertedAfterReorg is what the tests whose new branch mines ours reverted (the authorization
+// used or canceled before it, in block ourBlock) check alike: past finality the settlement ends
+// in end, naming a block of the current chain; its events hold no final step and end with end,
+// after the reorganisation; a later /settle of the same payload is no success and no claim but
+// nonce_already_used, not naming our reverted transaction. It returns the row and that answer.
+func (d *reorged) revertedAfterReorg(t *testing.T, ourBlock uint64, end facilitator.State) (*facilitator.Settlement, facilitator.SettleOutcome) {
+	t.Helper()
+	row := d.settleDown(t, ourBlock)
+	if row.State != end {
+		t.Errorf("ledger row %s, want %s", rowString(row), end)
+	}
+	canonicalBlock(t, row)
+
+	evs := env.Events(t, d.id)
+	if n := countState(evs, facilitator.StateFinal); n != 0 {
+		t.Errorf("events %v: %d final steps for a settlement whose transaction reverted", evs, n)
+	}
+	if i := d.afterFirstMined(t, evs); i >= 0 && (i >= len(evs) || evs[len(evs)-1].State != string(end)) {
+		t.Errorf("events %v: want %s last, after the reorganisation", evs, end)
+	}
+
+	out := d.r.MustSettle(t, d.body)
+	if out.Response.Success || out.Claimed || out.Response.ErrorReason != facilitator.ReasonNonceAlreadyUsed || out.Response.Transaction == d.ours.Hash().Hex() {
+		t.Errorf("/settle after: %+v (claimed %v), want nonce_already_used, not naming our reverted %s", out.Response, out.Claimed, d.ours.Hash())
+	}
+	return row, out
+}
+
 // TestReorgMovesTransaction: the first branch mines our transaction in block N; a reorg of depth
 // 2 at head N+1 replaces N and N+1 with an empty N' and an N+1' that mines the same signed
 // transaction again. The settlement must end final in N+1' (row, events, status), answered once
@@ -255,12 +295,7 @@ func TestReorgMovesTransaction(t *testing.T) {
 		t.Errorf("status %+v, want settled by the facilitator with %s in block %d, final", st, d.ours.Hash(), moved)
 	}
 
-	if got := env.Balance(t, d.p.PayTo) - d.payees; got != d.p.Value {
-		t.Errorf("the payee received %d, want exactly %d", got, d.p.Value)
-	}
-	if got := d.payer - env.Balance(t, d.p.From()); got != d.p.Value {
-		t.Errorf("the payer paid %d, want exactly %d", got, d.p.Value)
-	}
+	d.paid(t, d.p.Value)
 	if uses := authorizationLogs(t, d.p, eip3009.AuthorizationUsedTopic); len(uses) != 1 || uses[0].TxHash != d.ours.Hash() || uses[0].BlockNumber != moved {
 		t.Errorf("AuthorizationUsed logs %+v, want one, ours in block %d", uses, moved)
 	}
@@ -282,23 +317,8 @@ func TestReorgReincludedAfterThirdPartyTransfer(t *testing.T) {
 	}
 	newBlock := our.BlockNumber.Uint64()
 
-	row := d.settleDown(t, newBlock)
-	if row.State != facilitator.StateSettledElsewhere || row.ErrorReason != facilitator.ReasonNonceAlreadyUsed {
+	if row, _ := d.revertedAfterReorg(t, newBlock, facilitator.StateSettledElsewhere); row.ErrorReason != facilitator.ReasonNonceAlreadyUsed {
 		t.Errorf("ledger row %s, want settled_elsewhere / %s", rowString(row), facilitator.ReasonNonceAlreadyUsed)
-	}
-	canonicalBlock(t, row)
-
-	evs := env.Events(t, d.id)
-	if n := countState(evs, facilitator.StateFinal); n != 0 {
-		t.Errorf("events %v: %d final steps for a settlement whose transaction reverted", evs, n)
-	}
-	if i := d.afterFirstMined(t, evs); i >= 0 && (i >= len(evs) || evs[len(evs)-1].State != string(facilitator.StateSettledElsewhere)) {
-		t.Errorf("events %v: want settled_elsewhere last, after the reorganisation", evs)
-	}
-
-	out := d.r.MustSettle(t, d.body)
-	if out.Response.Success || out.Claimed || out.Response.ErrorReason != facilitator.ReasonNonceAlreadyUsed || out.Response.Transaction == d.ours.Hash().Hex() {
-		t.Errorf("/settle after: %+v (claimed %v), want nonce_already_used, not naming our reverted %s", out.Response, out.Claimed, d.ours.Hash())
 	}
 
 	st := d.statusNow(t)
@@ -306,12 +326,7 @@ func TestReorgReincludedAfterThirdPartyTransfer(t *testing.T) {
 		t.Errorf("status %+v, want settled by other with %s in block %d", st, theirs.Hash(), newBlock)
 	}
 
-	if got := env.Balance(t, d.p.PayTo) - d.payees; got != d.p.Value {
-		t.Errorf("the payee received %d, want exactly %d", got, d.p.Value)
-	}
-	if got := d.payer - env.Balance(t, d.p.From()); got != d.p.Value {
-		t.Errorf("the payer paid %d, want exactly %d", got, d.p.Value)
-	}
+	d.paid(t, d.p.Value)
 	if uses := authorizationLogs(t, d.p, eip3009.AuthorizationUsedTopic); len(uses) != 1 || uses[0].TxHash != theirs.Hash() {
 		t.Errorf("AuthorizationUsed logs %+v, want one, the third party's %s", uses, theirs.Hash())
 	}
@@ -331,25 +346,8 @@ func TestReorgReincludedAfterCancel(t *testing.T) {
 	}
 	newBlock := our.BlockNumber.Uint64()
 
-	row := d.settleDown(t, newBlock)
-	if row.State != facilitator.StateCanceled {
-		t.Errorf("ledger row %s, want canceled", rowString(row))
-	}
-	canonicalBlock(t, row)
-
-	evs := env.Events(t, d.id)
-	if n := countState(evs, facilitator.StateFinal); n != 0 {
-		t.Errorf("events %v: %d final steps for a settlement whose transaction reverted", evs, n)
-	}
-	if i := d.afterFirstMined(t, evs); i >= 0 && (i >= len(evs) || evs[len(evs)-1].State != string(facilitator.StateCanceled)) {
-		t.Errorf("events %v: want canceled last, after the reorganisation", evs)
-	}
-
-	out := d.r.MustSettle(t, d.body)
-	if out.Response.Success || out.Claimed || out.Response.ErrorReason != facilitator.ReasonNonceAlreadyUsed ||
-		!strings.Contains(out.Response.ErrorMessage, "cancel") || out.Response.Transaction == d.ours.Hash().Hex() {
-		t.Errorf("/settle after: %+v (claimed %v), want nonce_already_used for a canceled authorization, not naming our reverted %s",
-			out.Response, out.Claimed, d.ours.Hash())
+	if _, out := d.revertedAfterReorg(t, newBlock, facilitator.StateCanceled); !strings.Contains(out.Response.ErrorMessage, "cancel") {
+		t.Errorf("/settle after: %+v, want nonce_already_used for a canceled authorization", out.Response)
 	}
 
 	st := d.statusNow(t)
@@ -357,12 +355,7 @@ func TestReorgReincludedAfterCancel(t *testing.T) {
 		t.Errorf("status %+v, want canceled", st)
 	}
 
-	if got := env.Balance(t, d.p.PayTo) - d.payees; got != 0 {
-		t.Errorf("the payee received %d, want nothing", got)
-	}
-	if got := env.Balance(t, d.p.From()); got != d.payer {
-		t.Errorf("the payer holds %d, want %d untouched", got, d.payer)
-	}
+	d.paid(t, 0)
 	if uses := authorizationLogs(t, d.p, eip3009.AuthorizationUsedTopic); len(uses) != 0 {
 		t.Errorf("AuthorizationUsed logs %+v, want none", uses)
 	}

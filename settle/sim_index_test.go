@@ -89,17 +89,7 @@ func (w *simWorld) setUpIndexer() bool {
 	if x.r.IntN(2) == 0 {
 		x.chain = settlesim.NewBalancer(x.r, x.backends...)
 	} else {
-		var eps []ethrpc.Endpoint
-		for _, b := range x.backends {
-			eps = append(eps, ethrpc.Endpoint{Name: b.Name(), Chain: b})
-		}
-		pool, err := ethrpc.NewPool(eps, nil, w.clock.Now)
-		if err != nil {
-			panic(err)
-		}
-		pool.SetSerial()
-		pool.SetSeed(w.seed ^ 0x1d8)
-		x.chain = pool
+		x.chain = w.serialPool(x.backends, w.seed^0x1d8)
 		if len(x.backends) > 1 && x.r.IntN(2) == 0 {
 			x.liar = x.backends[x.r.IntN(len(x.backends))]
 		}

@@ -300,22 +300,30 @@ func (w *simWorld) setUpProviders() ethrpc.Chain {
 		p.all = append(p.all, settlesim.NewBackend(w.chain, fmt.Sprintf("prov%d", i), settlesim.Profile{}, pr))
 	}
 	p.liar = p.all[pr.IntN(len(p.all))]
+	pool := w.serialPool(p.all, w.seed^0x9e1)
+	if err := pool.SetQuorum(2); err != nil {
+		panic(err)
+	}
+	w.backends = p.all // the world's faults reach every provider
+	w.spy.Chain = pool
+	return quorumSpy{w.spy, pool}
+}
+
+// serialPool is the real ethrpc.Pool over backends on the world's clock, its picks of endpoints
+// replayed from seed, reaching its endpoints one after the other: its calls (and its broadcasts)
+// reach the one simulated chain in a fixed order.
+func (w *simWorld) serialPool(backends []*settlesim.Backend, seed uint64) *ethrpc.Pool {
 	var eps []ethrpc.Endpoint
-	for _, b := range p.all {
+	for _, b := range backends {
 		eps = append(eps, ethrpc.Endpoint{Name: b.Name(), Chain: b})
 	}
 	pool, err := ethrpc.NewPool(eps, nil, w.clock.Now)
 	if err != nil {
 		panic(err)
 	}
-	if err := pool.SetQuorum(2); err != nil {
-		panic(err)
-	}
-	pool.SetSerial() // its broadcasts reach the one simulated chain in a fixed order
-	pool.SetSeed(w.seed ^ 0x9e1)
-	w.backends = p.all // the world's faults reach every provider
-	w.spy.Chain = pool
-	return quorumSpy{w.spy, pool}
+	pool.SetSerial()
+	pool.SetSeed(seed)
+	return pool
 }
 
 // setProfile gives b its faults, and the liar its lies on top of them.

@@ -756,21 +756,25 @@ func claimWithResolve(t *testing.T, f *fixture) {
 	}
 }
 
+// atOnce calls f(0) to f(n-1) each on a goroutine of its own, all at once, and waits for them:
+// callers of one ledger from several processes.
+func atOnce(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { f(i) })
+	}
+	wg.Wait()
+}
+
 func concurrentInserts(t *testing.T, f *fixture) {
 	s := f.row(0)
 	const n = 8
 	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := *s
-			c.TxNonce, c.Tx = uint64(i), randomTx()
-			_, errs[i] = f.l.InsertSettlement(f.ctx, &c)
-		}()
-	}
-	wg.Wait()
+	atOnce(n, func(i int) {
+		c := *s
+		c.TxNonce, c.Tx = uint64(i), randomTx()
+		_, errs[i] = f.l.InsertSettlement(f.ctx, &c)
+	})
 	ok := 0
 	for _, err := range errs {
 		switch {
@@ -790,19 +794,13 @@ func concurrentClaims(t *testing.T, f *fixture) {
 	f.resolve(t, mined(id))
 	const n = 8
 	got := make([]bool, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ok, err := f.l.ClaimDelivery(f.ctx, id, "", []byte{byte(i)}, claimLease)
-			if err != nil && !errors.Is(err, facilitator.ErrClaimUndecided) {
-				t.Error(err)
-			}
-			got[i] = ok
-		}()
-	}
-	wg.Wait()
+	atOnce(n, func(i int) {
+		ok, err := f.l.ClaimDelivery(f.ctx, id, "", []byte{byte(i)}, claimLease)
+		if err != nil && !errors.Is(err, facilitator.ErrClaimUndecided) {
+			t.Error(err)
+		}
+		got[i] = ok
+	})
 	if k := len(slices.DeleteFunc(slices.Clone(got), func(b bool) bool { return !b })); k != 1 {
 		t.Fatalf("%d of %d concurrent claims of one success were granted, want exactly one", k, n)
 	}
@@ -812,21 +810,15 @@ func concurrentResolves(t *testing.T, f *fixture) {
 	id := f.insert(t, f.row(0))
 	const n = 8
 	movedBy := make([]int, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := mined(id)
-			r.BlockNumber = uint64(10 + i)
-			moved, _, err := f.l.Resolve(f.ctx, []facilitator.Resolution{r})
-			if err != nil {
-				t.Error(err)
-			}
-			movedBy[i] = len(moved)
-		}()
-	}
-	wg.Wait()
+	atOnce(n, func(i int) {
+		r := mined(id)
+		r.BlockNumber = uint64(10 + i)
+		moved, _, err := f.l.Resolve(f.ctx, []facilitator.Resolution{r})
+		if err != nil {
+			t.Error(err)
+		}
+		movedBy[i] = len(moved)
+	})
 	total, winner := 0, -1
 	for i, k := range movedBy {
 		total += k

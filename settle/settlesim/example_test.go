@@ -31,7 +31,7 @@ func Example() {
 	}
 	var endpoint ethrpc.Chain = settlesim.NewBalancer(r, nodes...)
 	ledger := settlesim.NewLedger(clock, settlesim.LedgerFaults{Fail: 0.05, Ambiguous: 0.05}, r)
-	_ = ledger // the engine's Store, once settle.Store has the new signatures (store_contract.go)
+	_ = ledger // the engine's Store (settle.Config's), as store_contract.go asserts
 
 	signer, _ := crypto.ToECDSA(crypto.Keccak256([]byte("example signer")))
 	payer := common.HexToAddress("0xbeef")

@@ -116,26 +116,24 @@ type logKey struct {
 	index uint
 }
 
-// appendKeyed appends added to stored as a table keyed (network, tx_hash, log_index) takes them:
-// an event whose key is stored, or added before it, fails (what names it in the error). own, when
-// set, gives the store its own copy of an event.
-func appendKeyed[E any](stored, added []E, what string, key func(E) logKey, own func(E) E) ([]E, error) {
+// insertLogs appends adds to rows as a table keyed by (tx_hash, log_index) inserts them: a log
+// stored already, or twice among adds, fails the insert.
+func insertLogs[E any](rows, adds []E, what string, at func(E) facilitator.LogPosition) ([]E, error) {
 	seen := map[logKey]bool{}
-	for _, e := range stored {
-		seen[key(e)] = true
+	for _, e := range rows {
+		p := at(e)
+		seen[logKey{p.TxHash, p.LogIndex}] = true
 	}
-	for _, e := range added {
-		k := key(e)
+	for _, e := range adds {
+		p := at(e)
+		k := logKey{p.TxHash, p.LogIndex}
 		if seen[k] {
-			return nil, fmt.Errorf("%s %s:%d already stored (duplicate key)", what, k.tx, k.index)
+			return nil, fmt.Errorf("%s %s:%d already stored (duplicate key)", what, p.TxHash, p.LogIndex)
 		}
 		seen[k] = true
-		if own != nil {
-			e = own(e)
-		}
-		stored = append(stored, e)
+		rows = append(rows, e)
 	}
-	return stored, nil
+	return rows, nil
 }
 
 // Commit writes one indexer step at once: the rollback above a reorg's ancestor, the events, the
@@ -163,16 +161,17 @@ func (x *IndexStore) Commit(ctx context.Context, network string, b facilitator.I
 			}
 		}
 	}
+	// The primary keys: (network, tx_hash, log_index), in each table.
+	adds := make([]facilitator.Transfer, len(b.Events.Transfers))
+	for i, t := range b.Events.Transfers {
+		t.Value = new(big.Int).Set(t.Value)
+		adds[i] = t
+	}
 	var err error
-	n.transfers, err = appendKeyed(n.transfers, b.Events.Transfers, "transfer",
-		func(t facilitator.Transfer) logKey { return logKey{t.TxHash, t.LogIndex} },
-		func(t facilitator.Transfer) facilitator.Transfer { t.Value = new(big.Int).Set(t.Value); return t })
-	if err != nil {
+	if n.transfers, err = insertLogs(n.transfers, adds, "transfer", func(t facilitator.Transfer) facilitator.LogPosition { return t.LogPosition }); err != nil {
 		return fmt.Errorf("committing the index of %s: %w", network, err)
 	}
-	n.auths, err = appendKeyed(n.auths, b.Events.Auths, "authorization event",
-		func(a facilitator.AuthorizationEvent) logKey { return logKey{a.TxHash, a.LogIndex} }, nil)
-	if err != nil {
+	if n.auths, err = insertLogs(n.auths, b.Events.Auths, "authorization event", func(a facilitator.AuthorizationEvent) facilitator.LogPosition { return a.LogPosition }); err != nil {
 		return fmt.Errorf("committing the index of %s: %w", network, err)
 	}
 	for _, bl := range b.Blocks {

@@ -217,11 +217,12 @@ func cloneTx(t facilitator.TxRecord) facilitator.TxRecord {
 	return facilitator.TxRecord{Hash: t.Hash, Raw: slices.Clone(t.Raw), TipCap: cloneBig(t.TipCap), FeeCap: cloneBig(t.FeeCap), Gas: t.Gas}
 }
 
-// SettlementByKey implements settle.Store.
-func (l *Ledger) SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error) {
+// settlementBy is a read of one row, the one find gives (facilitator.ErrNotFound: none), as the
+// call op, with the ledger's faults.
+func (l *Ledger) settlementBy(ctx context.Context, op string, find func() *ledgerRow) (*facilitator.Settlement, error) {
 	var out *facilitator.Settlement
-	err := l.call(ctx, fmt.Sprintf("by-key %x", key.Nonce[:4]), false, func() error {
-		r := l.byKey[key]
+	err := l.call(ctx, op, false, func() error {
+		r := find()
 		if r == nil {
 			return facilitator.ErrNotFound
 		}
@@ -231,33 +232,20 @@ func (l *Ledger) SettlementByKey(ctx context.Context, key facilitator.Authorizat
 	return out, err
 }
 
+// SettlementByKey implements settle.Store.
+func (l *Ledger) SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error) {
+	return l.settlementBy(ctx, fmt.Sprintf("by-key %x", key.Nonce[:4]), func() *ledgerRow { return l.byKey[key] })
+}
+
 // SettlementByID implements settle.Store.
 func (l *Ledger) SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error) {
-	var out *facilitator.Settlement
-	err := l.call(ctx, fmt.Sprintf("by-id %d", id), false, func() error {
-		r := l.rows[id]
-		if r == nil {
-			return facilitator.ErrNotFound
-		}
-		out = r.settlement()
-		return nil
-	})
-	return out, err
+	return l.settlementBy(ctx, fmt.Sprintf("by-id %d", id), func() *ledgerRow { return l.rows[id] })
 }
 
 // SettlementByTx returns the settlement one of whose transactions has hash h (as the Postgres
 // ledger's, which reconcile uses).
 func (l *Ledger) SettlementByTx(ctx context.Context, h common.Hash) (*facilitator.Settlement, error) {
-	var out *facilitator.Settlement
-	err := l.call(ctx, "by-tx "+h.Hex(), false, func() error {
-		r := l.byTx[h]
-		if r == nil {
-			return facilitator.ErrNotFound
-		}
-		out = r.settlement()
-		return nil
-	})
-	return out, err
+	return l.settlementBy(ctx, "by-tx "+h.Hex(), func() *ledgerRow { return l.byTx[h] })
 }
 
 // InsertSettlement implements settle.Store: the row, its first transaction, its "signed" event

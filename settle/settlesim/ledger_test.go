@@ -15,29 +15,6 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-// newStore is settle.Store with the contract being changed in parallel (store_contract.go):
-// the Ledger must satisfy it now, and settle.Store once it has changed.
-type newStore interface {
-	SettlementByKey(ctx context.Context, key facilitator.AuthorizationKey) (*facilitator.Settlement, error)
-	SettlementByID(ctx context.Context, id int64) (*facilitator.Settlement, error)
-	InsertSettlement(ctx context.Context, s *facilitator.NewSettlement) (int64, error)
-	InsertSettlements(ctx context.Context, rows []*facilitator.NewSettlement) ([]int64, error)
-	AddTx(ctx context.Context, settlementID int64, tx facilitator.TxRecord) error
-	MoveNonce(ctx context.Context, settlementID int64, txNonce uint64, tx facilitator.TxRecord) error
-	MarkBroadcast(ctx context.Context, ids []int64) error
-	Resolve(ctx context.Context, rs []facilitator.Resolution) ([]int64, []int64, error)
-	Reopen(ctx context.Context, id int64, detail string) error
-	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
-	ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error)
-	ConfirmDeliveries(ctx context.Context, ds []facilitator.Delivery) ([]int64, error)
-	ReleaseDelivery(ctx context.Context, id int64, claim []byte) error
-	OpenSettlements(ctx context.Context, network string, signer common.Address) ([]facilitator.OpenSettlement, error)
-	MaxTxNonce(ctx context.Context, network string, signer common.Address) (nonce uint64, ok bool, err error)
-	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g facilitator.Limits) (time.Duration, error)
-}
-
-var _ newStore = (*Ledger)(nil)
-
 const network = "eip155:1337"
 
 var (
