@@ -177,150 +177,206 @@ func (j *Jobs) Settlements(ctx context.Context) (Changes, error) {
 	})
 }
 
+// settlements is the job on one network: it reads the stale settlements and the index's cursor,
+// looks at each settlement in turn, and writes what it decided in one go at the end.
 func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
-	var ch Changes
 	rows, err := j.cfg.Store.StaleSettlements(ctx, n.Network.ID, j.cfg.Now().Add(-j.cfg.StaleAfter), j.cfg.Batch)
 	if err != nil || len(rows) == 0 {
-		return ch, err
+		return Changes{}, err
 	}
 	cursor, _, err := j.cfg.Store.Cursor(ctx, n.Network.ID)
 	if err != nil {
-		return ch, err
+		return Changes{}, err
 	}
-	// A terminal answer from the index rests on a block the index holds, the network's rule calls
-	// final, and the chain still has: an indexer not yet past a reorg keeps the branch it replaced,
-	// however deep its number.
-	fp := j.finalPoint(ctx, n, cursor.Number)
-	final := func(u *facilitator.AuthorizationUse) bool {
-		return u.BlockNumber <= cursor.Number && fp.Covers(u.BlockNumber) && j.stillInBlock(ctx, n, u.BlockNumber, u.BlockHash) == blockFinal
-	}
-	var resolutions []facilitator.Resolution
-	var finals, looked []int64
-	unlanded := map[int64]*facilitator.OpenSettlement{} // resolved without a receipt of ours
+	p := &pass{n: n, cursor: cursor, fp: j.finalPoint(ctx, n, cursor.Number), unlanded: map[int64]*facilitator.OpenSettlement{}}
 	for _, row := range rows {
-		ch.Looked++
-		looked = append(looked, row.ID)
-		ours := map[common.Hash]bool{}
-		for _, t := range row.Txs {
-			ours[t.Hash] = true
-		}
-		use, err := j.cfg.Store.AuthorizationUse(ctx, n.Network.ID, row.Key.Asset, row.Key.Payer, row.Key.Nonce)
-		if err != nil {
-			return ch, err
-		}
-		decided := use != nil && final(use)
-		switch {
-		case row.State.Succeeded():
-			switch {
-			case use != nil && ours[use.TxHash] && use.BlockNumber != row.BlockNumber:
-				// A reorg the ledger did not see moved our transaction to another block: record where
-				// it is now (finality counts from there).
-				if err := j.reopen(ctx, row.ID, "reconcile: the transaction moved to another block"); err != nil {
-					return ch, err
-				}
-				resolutions = append(resolutions, facilitator.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
-					BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
-				ch.Reopened++
-				ch.Mined++
-			case use != nil && ours[use.TxHash] && decided:
-				finals = append(finals, row.ID)
-				ch.Final++
-			case use != nil && !ours[use.TxHash] && decided:
-				// A reorg the ledger did not see put another use of the authorization (a third
-				// party's transfer, the payer's cancel) before ours, which reverted there.
-				if err := j.reopen(ctx, row.ID, "reconcile: another transaction used the authorization first"); err != nil {
-					return ch, err
-				}
-				ch.Reopened++
-				resolutions = append(resolutions, useResolution(row.ID, use))
-				if use.Canceled {
-					ch.Canceled++
-				} else {
-					ch.Elsewhere++
-				}
-			case use == nil && cursor.Number > row.BlockNumber:
-				// Indexed past its block and no use there: the block was reorganised away, or the
-				// index does not hold it (it started above it, or has a gap). Only the chain tells
-				// which: its block at that height, read twice.
-				switch j.stillInBlock(ctx, n, row.BlockNumber, row.BlockHash) {
-				case blockGone:
-					if err := j.reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
-						return ch, err
-					}
-					ch.Reopened++
-					if j.resend(ctx, n, row) {
-						ch.Resent++
-					}
-				case blockFinal:
-					finals = append(finals, row.ID)
-					ch.Final++
-				default:
-					j.log.Warn("a mined settlement's block is above the index's cursor with no use indexed, and the chain still holds it (or did not answer): the index does not cover it",
-						"network", n.Network.ID, "settlement", row.ID, "block", row.BlockNumber, "cursor", cursor.Number)
-				}
-			}
-		case use != nil && !ours[use.TxHash] && !decided:
-			// Someone else's use, in a block a reorg can still take away (and let ours land), or
-			// one already took away: not decided yet; a later run looks again.
-		case use != nil && use.Canceled:
-			resolutions = append(resolutions, useResolution(row.ID, use))
-			ch.Canceled++
-			unlanded[row.ID] = &row
-		case use != nil && ours[use.TxHash]:
-			resolutions = append(resolutions, facilitator.Resolution{ID: row.ID, State: facilitator.StateMined, TxHash: use.TxHash,
-				BlockNumber: use.BlockNumber, BlockHash: use.BlockHash})
-			ch.Mined++
-		case use != nil:
-			resolutions = append(resolutions, useResolution(row.ID, use))
-			ch.Elsewhere++
-			unlanded[row.ID] = &row
-		default:
-			res, ok, err := j.fromReceipts(ctx, n, &row)
-			if err != nil {
-				return ch, err
-			}
-			if ok {
-				resolutions = append(resolutions, res)
-				if res.TxHash == (common.Hash{}) {
-					unlanded[row.ID] = &row
-				}
-				switch res.State {
-				case facilitator.StateMined:
-					ch.Mined++
-				case facilitator.StateExpired:
-					ch.Expired++
-				case facilitator.StateSettledElsewhere:
-					ch.Elsewhere++
-				default:
-					ch.Reverted++
-				}
-			} else if j.resend(ctx, n, row) {
-				ch.Resent++
-			}
+		if err := j.look(ctx, p, row); err != nil {
+			return p.ch, err
 		}
 	}
-	if len(resolutions) > 0 {
-		if _, _, err := j.cfg.Store.Resolve(ctx, resolutions); err != nil {
-			return ch, err
+	err = j.write(ctx, p) // before p.ch is read: write counts what it resends
+	return p.ch, err
+}
+
+// pass is one run of the settlements job over one network: where the index stands, and what the
+// run has seen and decided so far, for the writes at its end.
+type pass struct {
+	n      Network
+	cursor facilitator.Block
+	fp     facilitator.FinalPoint
+	ch     Changes
+
+	resolutions    []facilitator.Resolution
+	finals, looked []int64
+	unlanded       map[int64]*facilitator.OpenSettlement // resolved without a receipt of ours
+}
+
+// terminal says whether an indexed use of the authorization decides the settlement. A terminal
+// answer from the index rests on a block the index holds, the network's rule calls final, and the
+// chain still has: an indexer not yet past a reorg keeps the branch it replaced, however deep its
+// number.
+func (j *Jobs) terminal(ctx context.Context, p *pass, u *facilitator.AuthorizationUse) bool {
+	return u.BlockNumber <= p.cursor.Number && p.fp.Covers(u.BlockNumber) && j.stillInBlock(ctx, p.n, u.BlockNumber, u.BlockHash) == blockFinal
+}
+
+// look reads what the index holds of one settlement's authorization and acts on it: a mined
+// settlement is checked for where its transaction is now, an open one is resolved.
+func (j *Jobs) look(ctx context.Context, p *pass, row facilitator.OpenSettlement) error {
+	p.ch.Looked++
+	p.looked = append(p.looked, row.ID)
+	ours := map[common.Hash]bool{}
+	for _, t := range row.Txs {
+		ours[t.Hash] = true
+	}
+	use, err := j.cfg.Store.AuthorizationUse(ctx, p.n.Network.ID, row.Key.Asset, row.Key.Payer, row.Key.Nonce)
+	if err != nil {
+		return err
+	}
+	decided := use != nil && j.terminal(ctx, p, use)
+	if row.State.Succeeded() {
+		return j.lookMined(ctx, p, row, use, use != nil && ours[use.TxHash], decided)
+	}
+	return j.lookOpen(ctx, p, row, use, use != nil && ours[use.TxHash], decided)
+}
+
+// lookMined checks a mined settlement against the index: still in its block, final, moved by a
+// reorg the ledger did not see, or beaten to the authorization by another use.
+func (j *Jobs) lookMined(ctx context.Context, p *pass, row facilitator.OpenSettlement, use *facilitator.AuthorizationUse, ours, decided bool) error {
+	switch {
+	case use != nil && ours && use.BlockNumber != row.BlockNumber:
+		// A reorg the ledger did not see moved our transaction to another block: record where
+		// it is now (finality counts from there).
+		if err := j.reopen(ctx, row.ID, "reconcile: the transaction moved to another block"); err != nil {
+			return err
+		}
+		p.resolutions = append(p.resolutions, minedResolution(row.ID, use))
+		p.ch.Reopened++
+		p.ch.Mined++
+	case use != nil && ours && decided:
+		p.finals = append(p.finals, row.ID)
+		p.ch.Final++
+	case use != nil && !ours && decided:
+		// A reorg the ledger did not see put another use of the authorization (a third
+		// party's transfer, the payer's cancel) before ours, which reverted there.
+		if err := j.reopen(ctx, row.ID, "reconcile: another transaction used the authorization first"); err != nil {
+			return err
+		}
+		p.ch.Reopened++
+		p.resolutions = append(p.resolutions, useResolution(row.ID, use))
+		if use.Canceled {
+			p.ch.Canceled++
+		} else {
+			p.ch.Elsewhere++
+		}
+	case use == nil && p.cursor.Number > row.BlockNumber:
+		return j.unindexed(ctx, p, row)
+	}
+	return nil
+}
+
+// unindexed handles a mined settlement the index is past with no use there: the block was
+// reorganised away, or the index does not hold it (it started above it, or has a gap). Only the
+// chain tells which: its block at that height, read twice.
+func (j *Jobs) unindexed(ctx context.Context, p *pass, row facilitator.OpenSettlement) error {
+	switch j.stillInBlock(ctx, p.n, row.BlockNumber, row.BlockHash) {
+	case blockGone:
+		if err := j.reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
+			return err
+		}
+		p.ch.Reopened++
+		if j.resend(ctx, p.n, row) {
+			p.ch.Resent++
+		}
+	case blockFinal:
+		p.finals = append(p.finals, row.ID)
+		p.ch.Final++
+	default:
+		j.log.Warn("a mined settlement's block is above the index's cursor with no use indexed, and the chain still holds it (or did not answer): the index does not cover it",
+			"network", p.n.Network.ID, "settlement", row.ID, "block", row.BlockNumber, "cursor", p.cursor.Number)
+	}
+	return nil
+}
+
+// lookOpen resolves a settlement not mined yet: from the index's use of its authorization when
+// there is one, else from our transactions' receipts, else by sending its transaction again.
+func (j *Jobs) lookOpen(ctx context.Context, p *pass, row facilitator.OpenSettlement, use *facilitator.AuthorizationUse, ours, decided bool) error {
+	switch {
+	case use != nil && !ours && !decided:
+		// Someone else's use, in a block a reorg can still take away (and let ours land), or
+		// one already took away: not decided yet; a later run looks again.
+	case use != nil && use.Canceled:
+		p.resolutions = append(p.resolutions, useResolution(row.ID, use))
+		p.ch.Canceled++
+		p.unlanded[row.ID] = &row
+	case use != nil && ours:
+		p.resolutions = append(p.resolutions, minedResolution(row.ID, use))
+		p.ch.Mined++
+	case use != nil:
+		p.resolutions = append(p.resolutions, useResolution(row.ID, use))
+		p.ch.Elsewhere++
+		p.unlanded[row.ID] = &row
+	default:
+		res, ok, err := j.fromReceipts(ctx, p.n, &row)
+		if err != nil {
+			return err
+		}
+		if ok {
+			p.resolutions = append(p.resolutions, res)
+			if res.TxHash == (common.Hash{}) {
+				p.unlanded[row.ID] = &row
+			}
+			p.ch.count(res.State)
+		} else if j.resend(ctx, p.n, row) {
+			p.ch.Resent++
+		}
+	}
+	return nil
+}
+
+// count adds a resolution the receipts proved to the changes, by the state it moves to.
+func (c *Changes) count(s facilitator.State) {
+	switch s {
+	case facilitator.StateMined:
+		c.Mined++
+	case facilitator.StateExpired:
+		c.Expired++
+	case facilitator.StateSettledElsewhere:
+		c.Elsewhere++
+	default:
+		c.Reverted++
+	}
+}
+
+// write records what the pass decided: the resolutions (resending what they leave holding a
+// nonce), the settlements now final, and the time every looked-at settlement was looked at.
+func (j *Jobs) write(ctx context.Context, p *pass) error {
+	if len(p.resolutions) > 0 {
+		if _, _, err := j.cfg.Store.Resolve(ctx, p.resolutions); err != nil {
+			return err
 		}
 		// A resolved settlement none of whose transactions landed still holds its signer's tx
 		// nonce: send the signed bytes once more so that the nonce is used (the transaction can
 		// only revert now), or every later transaction of the signer waits behind the gap.
-		for _, r := range resolutions {
-			if r.State.Succeeded() || unlanded[r.ID] == nil {
+		for _, r := range p.resolutions {
+			if r.State.Succeeded() || p.unlanded[r.ID] == nil {
 				continue
 			}
-			if j.resend(ctx, n, *unlanded[r.ID]) {
-				ch.Resent++
+			if j.resend(ctx, p.n, *p.unlanded[r.ID]) {
+				p.ch.Resent++
 			}
 		}
 	}
-	if len(finals) > 0 {
-		if _, err := j.cfg.Store.MarkFinal(ctx, finals); err != nil {
-			return ch, err
+	if len(p.finals) > 0 {
+		if _, err := j.cfg.Store.MarkFinal(ctx, p.finals); err != nil {
+			return err
 		}
 	}
-	return ch, j.cfg.Store.Touch(ctx, looked)
+	return j.cfg.Store.Touch(ctx, p.looked)
+}
+
+// minedResolution is the outcome an indexed use by our own transaction proves: mined there.
+func minedResolution(id int64, use *facilitator.AuthorizationUse) facilitator.Resolution {
+	return facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: use.TxHash, BlockNumber: use.BlockNumber, BlockHash: use.BlockHash}
 }
 
 // fromReceipts resolves an open settlement the index does not know about (yet) from the chain,

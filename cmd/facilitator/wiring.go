@@ -61,7 +61,8 @@ type Main struct {
 	signers  []*extsigner.Endpoint // the remote signers, where the keys are there
 }
 
-// Run starts the facilitator and returns once it is listening.
+// Run starts the facilitator and returns once it is listening. Each step starts what the next
+// ones use, in this order; Close stops them in reverse.
 func (m *Main) Run(ctx context.Context) error {
 	cfg := m.Config
 	if err := cfg.Check(); err != nil {
@@ -80,55 +81,14 @@ func (m *Main) Run(ctx context.Context) error {
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if m.db, err = openDB(startCtx, cfg.DatabaseURL, log); err != nil {
+	if err := m.openLedger(startCtx); err != nil {
 		return err
 	}
-	if cfg.Migrate {
-		if _, err := m.db.Migrate(startCtx); err != nil {
-			return err
-		}
-	}
-
 	m.metrics = metrics.New()
-	readers := map[string]verify.Reader{}
-	rpcReaders := map[string]*ethrpc.Reader{}
-	for i, n := range networks {
-		pool, genesis, err := m.dialNetwork(startCtx, n, cfg.Networks[i])
-		if err != nil {
-			return err
-		}
-		m.rpcs = append(m.rpcs, pool)
-		m.heads = append(m.heads, ethrpc.NewHeads(cfg.RPCTimeout, log.With("network", n.ID), cfg.Networks[i].wsURLs()...))
-		// A ledger written against one chain is never read against another.
-		if err := m.db.BindNetwork(startCtx, n.ID, n.ChainID, genesis); err != nil {
-			return err
-		}
-		// Each component reads through its own counted view of the pool: the calls metric says
-		// who spends the node's requests.
-		rpcReaders[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "ready"), Timeout: cfg.RPCTimeout}
-		readers[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "verify"), Timeout: cfg.RPCTimeout}
-		for _, t := range n.Tokens {
-			if err := chains.CheckToken(startCtx, rpcReaders[n.ID], n, t); err != nil {
-				return err
-			}
-		}
-		// Batching on a chain without Multicall3 would send every batch to an empty account,
-		// which succeeds transferring nothing: refused, like a token whose domain is wrong.
-		if !cfg.IndexOnly {
-			if err := checkMulticall(startCtx, rpcReaders[n.ID].Chain, n.Batch); err != nil {
-				return fmt.Errorf("%s: batched settlement is configured (\"batch\"), and %w: deploy Multicall3 there or remove the network's batch entry", n.ID, err)
-			}
-		}
+	readers, rpcReaders, err := m.connectNetworks(startCtx, networks)
+	if err != nil {
+		return err
 	}
-	m.metrics.WatchEndpoints(func() []metrics.Endpoint {
-		var out []metrics.Endpoint
-		for i, p := range m.rpcs {
-			for _, h := range p.Health() {
-				out = append(out, metrics.Endpoint{Network: networks[i].ID, Name: h.Name, Up: h.Healthy, Head: h.Head})
-			}
-		}
-		return out
-	})
 	if cfg.IndexOnly {
 		if err := m.startIndexers(startCtx, networks); err != nil {
 			return err
@@ -145,29 +105,135 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	settleNets, signerAddrs, err := m.settleNetworks(startCtx, networks)
+	if err != nil {
+		return err
+	}
+	if err := m.startEngine(startCtx, settleNets, verifier); err != nil {
+		return err
+	}
+	svc, err := m.startServices(startCtx, networks, verifier)
+	if err != nil {
+		return err
+	}
+	if cfg.Index {
+		if err := m.startIndexers(startCtx, networks); err != nil {
+			return err
+		}
+	}
+	srv, err := m.buildAPI(networks, svc, signerAddrs, rpcReaders)
+	if err != nil {
+		return err
+	}
+	if err := m.listen(srv); err != nil {
+		return err
+	}
+
+	ids := make([]string, len(networks))
+	for i, n := range networks {
+		ids[i] = n.ID
+	}
+	log.Info("facilitator listening", "addr", m.Addr, "networks", strings.Join(ids, ","), "signers", len(signerAddrs))
+	return nil
+}
+
+// openLedger opens the database, and migrates it when asked to.
+func (m *Main) openLedger(ctx context.Context) error {
+	var err error
+	if m.db, err = openDB(ctx, m.Config.DatabaseURL, m.Logger); err != nil {
+		return err
+	}
+	if m.Config.Migrate {
+		if _, err := m.db.Migrate(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// connectNetworks dials each network's endpoints into its pool, follows its heads, binds the
+// ledger to its chain and checks its tokens (and Multicall3, where it batches). It returns the
+// readers the verifier and /readyz read each network through.
+func (m *Main) connectNetworks(ctx context.Context, networks []facilitator.Network) (map[string]verify.Reader, map[string]*ethrpc.Reader, error) {
+	cfg, log := m.Config, m.Logger
+	readers := map[string]verify.Reader{}
+	rpcReaders := map[string]*ethrpc.Reader{}
+	for i, n := range networks {
+		pool, genesis, err := m.dialNetwork(ctx, n, cfg.Networks[i])
+		if err != nil {
+			return nil, nil, err
+		}
+		m.rpcs = append(m.rpcs, pool)
+		m.heads = append(m.heads, ethrpc.NewHeads(cfg.RPCTimeout, log.With("network", n.ID), cfg.Networks[i].wsURLs()...))
+		// A ledger written against one chain is never read against another.
+		if err := m.db.BindNetwork(ctx, n.ID, n.ChainID, genesis); err != nil {
+			return nil, nil, err
+		}
+		// Each component reads through its own counted view of the pool: the calls metric says
+		// who spends the node's requests.
+		rpcReaders[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "ready"), Timeout: cfg.RPCTimeout}
+		readers[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "verify"), Timeout: cfg.RPCTimeout}
+		for _, t := range n.Tokens {
+			if err := chains.CheckToken(ctx, rpcReaders[n.ID], n, t); err != nil {
+				return nil, nil, err
+			}
+		}
+		// Batching on a chain without Multicall3 would send every batch to an empty account,
+		// which succeeds transferring nothing: refused, like a token whose domain is wrong.
+		if !cfg.IndexOnly {
+			if err := checkMulticall(ctx, rpcReaders[n.ID].Chain, n.Batch); err != nil {
+				return nil, nil, fmt.Errorf("%s: batched settlement is configured (\"batch\"), and %w: deploy Multicall3 there or remove the network's batch entry", n.ID, err)
+			}
+		}
+	}
+	m.metrics.WatchEndpoints(func() []metrics.Endpoint {
+		var out []metrics.Endpoint
+		for i, p := range m.rpcs {
+			for _, h := range p.Health() {
+				out = append(out, metrics.Endpoint{Network: networks[i].ID, Name: h.Name, Up: h.Healthy, Head: h.Head})
+			}
+		}
+		return out
+	})
+	return readers, rpcReaders, nil
+}
+
+// settleNetworks is each network as the engine settles on it: its signers (the configured keys,
+// and the remote signer's where the keys are there) and its fee policy. It also returns every
+// signer's address, for /supported.
+func (m *Main) settleNetworks(ctx context.Context, networks []facilitator.Network) ([]settle.NetworkConfig, []common.Address, error) {
+	cfg := m.Config
 	var settleNets []settle.NetworkConfig
 	signerAddrs := cfg.SignerAddresses()
 	for i, n := range networks {
 		var remote []settle.Signer
 		if spec, addrs, _ := cfg.remoteSignerOf(cfg.Networks[i]); spec != "" {
 			// The keys are the remote signer's; this process holds only their addresses.
-			ep, keys, err := remoteSigners(startCtx, spec, addrs, n.ChainID, cfg.RPCTimeout)
+			ep, keys, err := remoteSigners(ctx, spec, addrs, n.ChainID, cfg.RPCTimeout)
 			if err != nil {
-				return fmt.Errorf("%s: %w", n.ID, err)
+				return nil, nil, fmt.Errorf("%s: %w", n.ID, err)
 			}
 			m.signers, remote = append(m.signers, ep), keys
 			for _, r := range remote {
 				signerAddrs = append(signerAddrs, r.Address())
 			}
-			log.Info("remote signer", "network", n.ID, "signer", ep.String(), "keys", len(remote))
+			m.Logger.Info("remote signer", "network", n.ID, "signer", ep.String(), "keys", len(remote))
 		}
 		fees, err := cfg.Networks[i].feePolicy()
 		if err != nil {
-			return fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
+			return nil, nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
 		}
 		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "engine"), Signers: cfg.SignerKeys, Remote: remote,
 			Heads: m.heads[i], Fees: fees})
 	}
+	return settleNets, signerAddrs, nil
+}
+
+// startEngine builds and starts the settlement engine, and lets the metrics read its signers,
+// open settlements and claims.
+func (m *Main) startEngine(ctx context.Context, settleNets []settle.NetworkConfig, verifier *verify.Verifier) error {
+	cfg, log := m.Config, m.Logger
+	var err error
 	m.engine, err = settle.New(settle.Config{
 		Networks:             settleNets,
 		Store:                m.db,
@@ -192,13 +258,26 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := m.engine.Start(startCtx); err != nil {
+	if err := m.engine.Start(ctx); err != nil {
 		m.engine = nil
 		return err
 	}
 	m.metrics.WatchSigners(signerSource(m.engine, cfg.SignerMinBalance))
 	m.metrics.WatchSettlements(openSource(m.engine))
 	m.metrics.WatchClaims(m.engine.LapsedClaims)
+	return nil
+}
+
+// services are what the API serves beside the engine.
+type services struct {
+	ids    *paymentid.Service
+	status *status.Service
+}
+
+// startServices builds the services over the engine (payment identifiers, reconcile, status),
+// starts the webhook dispatcher, and schedules the jobs.
+func (m *Main) startServices(ctx context.Context, networks []facilitator.Network, verifier *verify.Verifier) (services, error) {
+	cfg, log := m.Config, m.Logger
 	idsvc := paymentid.New(paymentid.Config{
 		Store:    m.db,
 		Settler:  m.engine,
@@ -227,17 +306,20 @@ func (m *Main) Run(ctx context.Context) error {
 		ncfg.PerOwner = ncfg.Concurrency
 	}
 	m.notifier = notify.New(ncfg)
-	if err := m.notifier.Start(startCtx); err != nil {
-		return err
+	if err := m.notifier.Start(ctx); err != nil {
+		return services{}, err
 	}
+	var err error
 	if m.jobs, err = startJobs(log, cfg, idsvc, rec, m.notifier, m.db, m.metrics); err != nil {
-		return err
+		return services{}, err
 	}
-	if cfg.Index {
-		if err := m.startIndexers(startCtx, networks); err != nil {
-			return err
-		}
-	}
+	return services{ids: idsvc, status: statusSvc}, nil
+}
+
+// buildAPI builds the HTTP API: the operations overview, the console and the endpoints, over the
+// services and the indexers started before it.
+func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddrs []common.Address, rpcReaders map[string]*ethrpc.Reader) (*api.Server, error) {
+	cfg, log := m.Config, m.Logger
 	answers := ops.NewAnswers(nil)
 	chainsByID := map[string]ops.Chain{}
 	for i, n := range networks {
@@ -256,47 +338,56 @@ func (m *Main) Run(ctx context.Context) error {
 	for i, n := range networks {
 		liveHeads[n.ID] = m.heads[i]
 	}
-	con, err := console.New(console.Config{Status: statusSvc, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
+	con, err := console.New(console.Config{Status: svc.status, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
 		Logger: log.With("component", "console"), Merchant: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	srv := api.New(api.Config{
-		Console:       con,
-		Lists:         m.db,
-		Verifier:      idsvc,
-		Settler:       idsvc,
-		Status:        statusSvc,
-		Notify:        m.notifier,
-		Supported:     facilitator.Supported(networks, signerAddrs, []string{facilitator.PaymentIdentifierKey}),
-		VerifyTimeout: cfg.VerifyTimeout,
-		StatusTimeout: cfg.StatusTimeout,
-		Logger:        log,
-		Auth:          authCfg,
-		Observer:      observers{m.metrics, answers},
-		Ops:           overview,
-		Metrics:       m.metrics.Handler(),
-		Ready:         m.readyChecks(rpcReaders),
-		ReadyEndpoints: func() map[string]string {
-			out := map[string]string{}
-			for i, p := range m.rpcs {
-				for _, h := range p.Health() {
-					state := fmt.Sprintf("ok, head %d", h.Head)
-					if !h.Healthy {
-						state = "down: " + h.LastError
-					}
-					out[networks[i].ID+"/"+h.Name] = state
-				}
-			}
-			return out
-		},
-		ReadyTimeout: cfg.ReadyTimeout,
-		Limits:       m.engine,
-	})
+	return api.New(api.Config{
+		Console:        con,
+		Lists:          m.db,
+		Verifier:       svc.ids,
+		Settler:        svc.ids,
+		Status:         svc.status,
+		Notify:         m.notifier,
+		Supported:      facilitator.Supported(networks, signerAddrs, []string{facilitator.PaymentIdentifierKey}),
+		VerifyTimeout:  cfg.VerifyTimeout,
+		StatusTimeout:  cfg.StatusTimeout,
+		Logger:         log,
+		Auth:           authCfg,
+		Observer:       observers{m.metrics, answers},
+		Ops:            overview,
+		Metrics:        m.metrics.Handler(),
+		Ready:          m.readyChecks(rpcReaders),
+		ReadyEndpoints: m.readyEndpoints(networks),
+		ReadyTimeout:   cfg.ReadyTimeout,
+		Limits:         m.engine,
+	}), nil
+}
 
-	ln, err := net.Listen("tcp", cfg.Listen)
+// readyEndpoints is what /readyz says of each endpoint: up at its head, or down and why.
+func (m *Main) readyEndpoints(networks []facilitator.Network) func() map[string]string {
+	return func() map[string]string {
+		out := map[string]string{}
+		for i, p := range m.rpcs {
+			for _, h := range p.Health() {
+				state := fmt.Sprintf("ok, head %d", h.Head)
+				if !h.Healthy {
+					state = "down: " + h.LastError
+				}
+				out[networks[i].ID+"/"+h.Name] = state
+			}
+		}
+		return out
+	}
+}
+
+// listen listens on the configured address and serves the API there in the background; Close
+// shuts it down.
+func (m *Main) listen(srv *api.Server) error {
+	ln, err := net.Listen("tcp", m.Config.Listen)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+		return fmt.Errorf("listening on %s: %w", m.Config.Listen, err)
 	}
 	m.Addr = ln.Addr().String()
 	m.server = &http.Server{
@@ -307,12 +398,6 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.serveErr = make(chan error, 1)
 	go func() { m.serveErr <- m.server.Serve(ln) }()
-
-	ids := make([]string, len(networks))
-	for i, n := range networks {
-		ids[i] = n.ID
-	}
-	log.Info("facilitator listening", "addr", m.Addr, "networks", strings.Join(ids, ","), "signers", len(signerAddrs))
 	return nil
 }
 
