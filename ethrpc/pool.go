@@ -114,7 +114,10 @@ func (p *Pool) Serial() bool { return p.serial }
 
 // EndpointHealth is one endpoint as the pool sees it, for /readyz and metrics.
 type EndpointHealth struct {
-	Name    string
+	Name string
+	// Healthy: its last call answered. A failure makes it false until the endpoint answers again,
+	// not only for its back-off (after which the pool tries it again): a provider that is down
+	// reads down the whole time, and an alert on it does not reset each time a back-off ends.
 	Healthy bool
 	// Head is the highest block number it answered (0 before the first eth_blockNumber).
 	Head uint64
@@ -124,11 +127,10 @@ type EndpointHealth struct {
 
 // Health lists the endpoints in configured order.
 func (p *Pool) Health() []EndpointHealth {
-	now := p.now()
 	out := make([]EndpointHealth, len(p.endpoints))
 	for i, e := range p.endpoints {
 		e.mu.Lock()
-		out[i] = EndpointHealth{Name: e.Name, Healthy: !now.Before(e.downUntil), Head: e.head, LastError: e.lastErr}
+		out[i] = EndpointHealth{Name: e.Name, Healthy: e.failures == 0, Head: e.head, LastError: e.lastErr}
 		e.mu.Unlock()
 	}
 	return out

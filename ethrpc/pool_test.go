@@ -155,8 +155,21 @@ func TestPoolFailsOver(t *testing.T) {
 			if bad.calls.Load() != before {
 				t.Fatalf("the failed endpoint was asked again during its back-off")
 			}
+			// Its back-off over, it still reads down (it has not answered since), and the pool tries
+			// it again.
 			clk.add(c.wait)
-			if !p.Health()[0].Healthy {
+			if p.Health()[0].Healthy {
+				t.Fatalf("read up after its back-off, before it answered again")
+			}
+			for range 64 {
+				if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil {
+					t.Fatal(err)
+				}
+				if bad.calls.Load() > before {
+					break
+				}
+			}
+			if bad.calls.Load() == before {
 				t.Fatalf("still left alone after %s", c.wait)
 			}
 		})

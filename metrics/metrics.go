@@ -258,7 +258,7 @@ type EndpointSource func() []Endpoint
 func (m *Metrics) WatchEndpoints(src EndpointSource) {
 	m.reg.MustRegister(newListCollector(src, []string{"network", "endpoint"},
 		func(e Endpoint) []string { return []string{e.Network, e.Name} },
-		series[Endpoint]{"rpc_endpoint_up", "1 when the RPC endpoint is in use; 0 while it is left alone after a failure.",
+		series[Endpoint]{"rpc_endpoint_up", "1 when the RPC endpoint's last call answered; 0 from a failure until it answers again.",
 			func(e Endpoint) (float64, bool) { return boolValue(e.Up), true }},
 		series[Endpoint]{"rpc_endpoint_head", "The highest block number the RPC endpoint answered.",
 			func(e Endpoint) (float64, bool) { return float64(e.Head), e.Head > 0 }},

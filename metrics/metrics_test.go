@@ -62,7 +62,7 @@ facilitator_payment_id_replays_total 9
 # HELP facilitator_rpc_endpoint_head The highest block number the RPC endpoint answered.
 # TYPE facilitator_rpc_endpoint_head gauge
 facilitator_rpc_endpoint_head{endpoint="rpc0",network="eip155:1337"} 1234
-# HELP facilitator_rpc_endpoint_up 1 when the RPC endpoint is in use; 0 while it is left alone after a failure.
+# HELP facilitator_rpc_endpoint_up 1 when the RPC endpoint's last call answered; 0 from a failure until it answers again.
 # TYPE facilitator_rpc_endpoint_up gauge
 facilitator_rpc_endpoint_up{endpoint="rpc0",network="eip155:1337"} 1
 facilitator_rpc_endpoint_up{endpoint="rpc1",network="eip155:1337"} 0
