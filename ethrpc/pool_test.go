@@ -96,18 +96,23 @@ func newPool(t *testing.T, c *clock, chains ...ethrpc.Chain) *ethrpc.Pool {
 	return p
 }
 
-// readUntilAsked reads the head through p until e has been asked (reads start at an endpoint
-// drawn at random).
-func readUntilAsked(t *testing.T, p *ethrpc.Pool, e *fakeEndpoint) {
+// readUntilAsked reads the head through p until e has been asked once more (reads start at an
+// endpoint drawn at random), each read answered (by another endpoint when e fails), and returns
+// the last head read.
+func readUntilAsked(t *testing.T, p *ethrpc.Pool, e *fakeEndpoint) hexutil.Uint64 {
 	t.Helper()
+	before := e.calls.Load()
 	for range 64 {
 		var head hexutil.Uint64
-		_ = p.CallContext(context.Background(), &head, "eth_blockNumber")
-		if e.calls.Load() > 0 {
-			return
+		if err := p.CallContext(context.Background(), &head, "eth_blockNumber"); err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		if e.calls.Load() > before {
+			return head
 		}
 	}
 	t.Fatal("64 reads never reached the endpoint")
+	return 0
 }
 
 // TestPoolFailsOver: a transport failure, an HTTP 429 and a -32005 send the read to the next
@@ -128,16 +133,10 @@ func TestPoolFailsOver(t *testing.T) {
 			clk := &clock{t: time.Unix(1_000, 0)}
 			bad, good := failing(c.err), answering(42)
 			p := newPool(t, clk, bad, good)
-			var head hexutil.Uint64
-			// Reads start at an endpoint drawn at random: read until one has tried the bad one.
-			for range 64 {
-				if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil || head != 42 {
-					t.Fatalf("read: %v, head %d; want 42 from the good endpoint", err, head)
-				}
-				if bad.calls.Load() > 0 {
-					break
-				}
+			if head := readUntilAsked(t, p, bad); head != 42 {
+				t.Fatalf("the read that tried the bad endpoint: head %d; want 42 from the good one", head)
 			}
+			var head hexutil.Uint64
 			h := p.Health()
 			if h[0].Healthy || !h[1].Healthy || h[1].Head != 42 {
 				t.Fatalf("health after the failure: %+v", h)
@@ -161,17 +160,7 @@ func TestPoolFailsOver(t *testing.T) {
 			if p.Health()[0].Healthy {
 				t.Fatalf("read up after its back-off, before it answered again")
 			}
-			for range 64 {
-				if err := p.CallContext(ctx, &head, "eth_blockNumber"); err != nil {
-					t.Fatal(err)
-				}
-				if bad.calls.Load() > before {
-					break
-				}
-			}
-			if bad.calls.Load() == before {
-				t.Fatalf("still left alone after %s", c.wait)
-			}
+			readUntilAsked(t, p, bad) // fails when it is still left alone
 		})
 	}
 	t.Run("an answer is not retried", func(t *testing.T) {
