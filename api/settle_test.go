@@ -341,18 +341,18 @@ func (b *brokenLedger) Resolve(ctx context.Context, rs []facilitator.Resolution)
 	return b.Store.Resolve(ctx, rs)
 }
 
-func (b *brokenLedger) Reopen(ctx context.Context, id int64, detail string) error {
+func (b *brokenLedger) Reopen(ctx context.Context, m facilitator.MinedIn, detail string) error {
 	if err := b.fail(false); err != nil {
 		return err
 	}
-	return b.Store.Reopen(ctx, id, detail)
+	return b.Store.Reopen(ctx, m, detail)
 }
 
-func (b *brokenLedger) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
+func (b *brokenLedger) MarkFinal(ctx context.Context, finals []facilitator.MinedIn) ([]int64, error) {
 	if err := b.fail(false); err != nil {
 		return nil, err
 	}
-	return b.Store.MarkFinal(ctx, ids)
+	return b.Store.MarkFinal(ctx, finals)
 }
 
 func (b *brokenLedger) ClaimDelivery(ctx context.Context, id int64, keyID string, claim []byte, lease time.Duration) (bool, error) {

@@ -86,6 +86,15 @@ type TxRecord struct {
 	Gas uint64
 }
 
+// MinedIn names a mined settlement and the block it was judged in. A write that rests on that
+// judgement (the block is final; the block left the chain) moves the row only while the ledger
+// still has it in that block: another writer (the reconcile job, another replica) may have moved
+// it to another block since, and a judgement of the old block says nothing of the new one.
+type MinedIn struct {
+	ID        int64
+	BlockHash common.Hash
+}
+
 // Resolution is a settlement's outcome as read from the chain.
 type Resolution struct {
 	ID           int64

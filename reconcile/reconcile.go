@@ -25,8 +25,8 @@ import (
 type Store interface {
 	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]facilitator.OpenSettlement, error)
 	Resolve(ctx context.Context, rs []facilitator.Resolution) (moved, claimed []int64, err error)
-	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
-	Reopen(ctx context.Context, id int64, detail string) error
+	MarkFinal(ctx context.Context, finals []facilitator.MinedIn) ([]int64, error)
+	Reopen(ctx context.Context, m facilitator.MinedIn, detail string) error
 	Touch(ctx context.Context, ids []int64) error
 	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error)
 	Cursor(ctx context.Context, network string) (facilitator.Block, bool, error)
@@ -206,9 +206,10 @@ type pass struct {
 	fp     facilitator.FinalPoint
 	ch     Changes
 
-	resolutions    []facilitator.Resolution
-	finals, looked []int64
-	unlanded       map[int64]*facilitator.OpenSettlement // resolved without a receipt of ours
+	resolutions []facilitator.Resolution
+	finals      []facilitator.MinedIn
+	looked      []int64
+	unlanded    map[int64]*facilitator.OpenSettlement // resolved without a receipt of ours
 }
 
 // terminal says whether an indexed use of the authorization decides the settlement. A terminal
@@ -242,23 +243,28 @@ func (j *Jobs) look(ctx context.Context, p *pass, row facilitator.OpenSettlement
 // lookMined checks a mined settlement against the index: still in its block, final, moved by a
 // reorg the ledger did not see, or beaten to the authorization by another use.
 func (j *Jobs) lookMined(ctx context.Context, p *pass, row facilitator.OpenSettlement, use *facilitator.AuthorizationUse, ours, decided bool) error {
+	at := facilitator.MinedIn{ID: row.ID, BlockHash: row.BlockHash}
 	switch {
-	case use != nil && ours && use.BlockNumber != row.BlockNumber:
-		// A reorg the ledger did not see moved our transaction to another block: record where
-		// it is now (finality counts from there).
-		if err := j.reopen(ctx, row.ID, "reconcile: the transaction moved to another block"); err != nil {
+	case use != nil && ours && (use.BlockNumber != row.BlockNumber || use.BlockHash != row.BlockHash):
+		// The index has our transaction in another block than the ledger: a reorg the ledger did
+		// not see moved it, or the index has not yet followed one the engine did (its use is on
+		// the branch the reorg replaced). Only the chain tells which: the index's block, read twice.
+		if !j.holds(ctx, p.n, use) {
+			return nil
+		}
+		if err := j.reopen(ctx, at, "reconcile: the transaction moved to another block"); err != nil {
 			return err
 		}
 		p.resolutions = append(p.resolutions, minedResolution(row.ID, use))
 		p.ch.Reopened++
 		p.ch.Mined++
 	case use != nil && ours && decided:
-		p.finals = append(p.finals, row.ID)
+		p.finals = append(p.finals, at)
 		p.ch.Final++
 	case use != nil && !ours && decided:
 		// A reorg the ledger did not see put another use of the authorization (a third
 		// party's transfer, the payer's cancel) before ours, which reverted there.
-		if err := j.reopen(ctx, row.ID, "reconcile: another transaction used the authorization first"); err != nil {
+		if err := j.reopen(ctx, at, "reconcile: another transaction used the authorization first"); err != nil {
 			return err
 		}
 		p.ch.Reopened++
@@ -274,13 +280,21 @@ func (j *Jobs) lookMined(ctx context.Context, p *pass, row facilitator.OpenSettl
 	return nil
 }
 
+// holds says whether the chain still has the block an indexed use is in: an index not yet past a
+// reorg keeps the branch it replaced.
+func (j *Jobs) holds(ctx context.Context, n Network, use *facilitator.AuthorizationUse) bool {
+	fate := j.stillInBlock(ctx, n, use.BlockNumber, use.BlockHash)
+	return fate == blockThere || fate == blockFinal
+}
+
 // unindexed handles a mined settlement the index is past with no use there: the block was
 // reorganised away, or the index does not hold it (it started above it, or has a gap). Only the
 // chain tells which: its block at that height, read twice.
 func (j *Jobs) unindexed(ctx context.Context, p *pass, row facilitator.OpenSettlement) error {
+	at := facilitator.MinedIn{ID: row.ID, BlockHash: row.BlockHash}
 	switch j.stillInBlock(ctx, p.n, row.BlockNumber, row.BlockHash) {
 	case blockGone:
-		if err := j.reopen(ctx, row.ID, "reconcile: the transaction left the canonical chain"); err != nil {
+		if err := j.reopen(ctx, at, "reconcile: the transaction left the canonical chain"); err != nil {
 			return err
 		}
 		p.ch.Reopened++
@@ -288,7 +302,7 @@ func (j *Jobs) unindexed(ctx context.Context, p *pass, row facilitator.OpenSettl
 			p.ch.Resent++
 		}
 	case blockFinal:
-		p.finals = append(p.finals, row.ID)
+		p.finals = append(p.finals, at)
 		p.ch.Final++
 	default:
 		j.log.Warn("a mined settlement's block is above the index's cursor with no use indexed, and the chain still holds it (or did not answer): the index does not cover it",
@@ -308,14 +322,16 @@ func (j *Jobs) lookOpen(ctx context.Context, p *pass, row facilitator.OpenSettle
 		p.resolutions = append(p.resolutions, useResolution(row.ID, use))
 		p.ch.Canceled++
 		p.unlanded[row.ID] = &row
-	case use != nil && ours:
+	case use != nil && ours && j.holds(ctx, p.n, use):
 		p.resolutions = append(p.resolutions, minedResolution(row.ID, use))
 		p.ch.Mined++
-	case use != nil:
+	case use != nil && !ours:
 		p.resolutions = append(p.resolutions, useResolution(row.ID, use))
 		p.ch.Elsewhere++
 		p.unlanded[row.ID] = &row
 	default:
+		// No use indexed, or ours in a block the chain no longer has (the index has not followed
+		// a reorg yet): the chain's receipts tell.
 		res, ok, err := j.fromReceipts(ctx, p.n, &row)
 		if err != nil {
 			return err
@@ -390,8 +406,9 @@ func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.OpenS
 type blockFate int
 
 const (
-	blockUnknown blockFate = iota // not read, the reads disagree, or the block is there and not final yet
+	blockUnknown blockFate = iota // not read, or the reads disagree
 	blockGone                     // another block (or none below the node's head) is at that height
+	blockThere                    // the recorded block is there, not final yet by both reads
 	blockFinal                    // the recorded block is there, final by the network's rule
 )
 
@@ -422,14 +439,16 @@ func (j *Jobs) stillInBlock(ctx context.Context, n Network, number uint64, hash 
 		return blockGone
 	case t1 && t2 && p1.Covers(number) && p2.Covers(number):
 		return blockFinal
+	case t1 && t2:
+		return blockThere
 	}
 	return blockUnknown
 }
 
-// reopen moves a mined row back to broadcast; a row no longer mined (the engine moved it first)
-// is left as it is.
-func (j *Jobs) reopen(ctx context.Context, id int64, detail string) error {
-	if err := j.cfg.Store.Reopen(ctx, id, detail); err != nil && !errors.Is(err, facilitator.ErrNotFound) {
+// reopen moves a mined row back to broadcast; a row no longer mined in that block (the engine
+// moved it first) is left as it is.
+func (j *Jobs) reopen(ctx context.Context, at facilitator.MinedIn, detail string) error {
+	if err := j.cfg.Store.Reopen(ctx, at, detail); err != nil && !errors.Is(err, facilitator.ErrNotFound) {
 		return err
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/ethereum/go-ethereum/common"
 
@@ -21,7 +22,8 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 	e := n.engine
 	var resend []*flight
 	var outcomes []outcome
-	var finals []*flight
+	var finals []judgedFinal
+	bumpedOn := map[*flight]observation{}
 	rs := resigns{batches: map[senderNonce][]*flight{}, foreign: map[senderNonce]bool{}}
 	for i, w := range r.works {
 		f, d := w.f, r.decisions[i]
@@ -35,6 +37,7 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 		case actBump:
 			n.carryBump(ctx, f, w.t, w.o)
 			resend = append(resend, f)
+			bumpedOn[f] = w.o
 		case actResign:
 			n.resignAfter(ctx, &rs, w, d)
 		case actResettle:
@@ -46,11 +49,11 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 			o.res.ID = f.id
 			outcomes = append(outcomes, o)
 		case actFinalize:
-			finals = append(finals, f)
+			finals = append(finals, judgedFinal{f: f, at: w.t.mined.blockHash})
 		case actMove:
-			n.move(ctx, f, d)
+			n.move(ctx, f, w.t.mined.blockHash, d)
 		case actReopen:
-			n.reopen(ctx, f, d)
+			n.reopen(ctx, f, w.t.mined.blockHash, d)
 		case actRelease:
 			e.log.Info("closed settlement's nonce is used; no longer watched", f.logAttrs("tx_nonce", w.t.txNonce)...)
 			e.untrack(f)
@@ -59,6 +62,12 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 	n.resignBatches(ctx, &rs)
 	n.recordAsync(ctx, outcomes)
 	n.finalize(ctx, finals)
+	// A bump signed on reads a later head has overtaken since (another step of this round told
+	// of it) waits for the next round's reads: the nonce may be mined there (seed 20495).
+	resend = slices.DeleteFunc(resend, func(f *flight) bool {
+		o, bumped := bumpedOn[f]
+		return bumped && bumpVetoed(o, n.maxSeen.Load())
+	})
 	if len(resend) > 0 {
 		n.send(ctx, resend)
 	}
@@ -165,23 +174,32 @@ func (n *chainEngine) sync(ctx context.Context, f *flight) {
 	}
 }
 
-// finalize marks a round's settlements final in one statement.
-func (n *chainEngine) finalize(ctx context.Context, finals []*flight) {
+// judgedFinal is a settlement the round judged final, and the block it judged (the one the
+// ledger had when the round began).
+type judgedFinal struct {
+	f  *flight
+	at common.Hash
+}
+
+// finalize marks a round's settlements final in one statement. A row the ledger no longer has in
+// the block judged (another writer moved it meanwhile) stays as it is, and is read back.
+func (n *chainEngine) finalize(ctx context.Context, finals []judgedFinal) {
 	if len(finals) == 0 {
 		return
 	}
 	e := n.engine
-	ids := make([]int64, len(finals))
-	for i, f := range finals {
-		ids[i] = f.id
+	in := make([]facilitator.MinedIn, len(finals))
+	for i, j := range finals {
+		in[i] = facilitator.MinedIn{ID: j.f.id, BlockHash: j.at}
 	}
-	moved, err := e.store.MarkFinal(ctx, ids)
+	moved, err := e.store.MarkFinal(ctx, in)
 	if err != nil {
 		e.log.Warn("marking settlements final; will retry", "network", n.net.ID, "err", err)
 		return
 	}
 	done := idSet(moved)
-	for _, f := range finals {
+	for _, j := range finals {
+		f := j.f
 		if !done[f.id] {
 			n.sync(ctx, f)
 			continue
@@ -191,11 +209,12 @@ func (n *chainEngine) finalize(ctx context.Context, finals []*flight) {
 	}
 }
 
-// reopen moves a mined settlement back to broadcast: its block left the chain, or its
-// transaction was re-included elsewhere and reverted there (the next rounds explain the revert).
-func (n *chainEngine) reopen(ctx context.Context, f *flight, d decision) {
+// reopen moves a mined settlement back to broadcast: its block (at, as the round began) left the
+// chain, or its transaction was re-included elsewhere and reverted there (the next rounds explain
+// the revert).
+func (n *chainEngine) reopen(ctx context.Context, f *flight, at common.Hash, d decision) {
 	e := n.engine
-	err := e.store.Reopen(ctx, f.id, "reorganised: "+d.why)
+	err := e.store.Reopen(ctx, facilitator.MinedIn{ID: f.id, BlockHash: at}, "reorganised: "+d.why)
 	if errors.Is(err, facilitator.ErrNotFound) {
 		n.sync(ctx, f)
 		return
@@ -216,8 +235,8 @@ func (n *chainEngine) reopen(ctx context.Context, f *flight, d decision) {
 
 // move records that a mined transaction is now in another block (a reorg re-included it):
 // reopened, then mined where it is now, so its events tell both steps.
-func (n *chainEngine) move(ctx context.Context, f *flight, d decision) {
-	n.reopen(ctx, f, decision{why: "moved to block " + fmt.Sprint(d.res.BlockNumber)})
+func (n *chainEngine) move(ctx context.Context, f *flight, at common.Hash, d decision) {
+	n.reopen(ctx, f, at, decision{why: "moved to block " + fmt.Sprint(d.res.BlockNumber)})
 	if f.view().state != facilitator.StateBroadcast {
 		return
 	}

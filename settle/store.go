@@ -52,10 +52,11 @@ type Store interface {
 	// may have committed: it is released by its token).
 	Resolve(ctx context.Context, rs []facilitator.Resolution) (moved, claimed []int64, err error)
 	// Reopen moves a mined settlement back to broadcast when its block left the canonical chain;
-	// facilitator.ErrNotFound when it is not mined (any more).
-	Reopen(ctx context.Context, id int64, detail string) error
-	// MarkFinal moves mined settlements to final and returns the ids it moved.
-	MarkFinal(ctx context.Context, ids []int64) ([]int64, error)
+	// facilitator.ErrNotFound when it is not mined in that block (any more).
+	Reopen(ctx context.Context, m facilitator.MinedIn, detail string) error
+	// MarkFinal moves mined settlements to final, each only while it is still in the block judged
+	// final, and returns the ids it moved.
+	MarkFinal(ctx context.Context, finals []facilitator.MinedIn) ([]int64, error)
 	// ClaimDelivery records that a caller with API key keyID ("" in open mode) is being answered
 	// success: true. A settlement's success belongs to the key that created it: the claim is made
 	// only for that key ("" only for a settlement created in open mode). It returns false

@@ -223,7 +223,7 @@ func TestHotPathPlans(t *testing.T) {
 	_, err = db.ConfirmDeliveries(ctx, []facilitator.Delivery{{ID: id, Claim: []byte("claim")}})
 	must(err)
 	rec.as("MarkFinal")
-	_, err = db.MarkFinal(ctx, []int64{id})
+	_, err = db.MarkFinal(ctx, []facilitator.MinedIn{{ID: id, BlockHash: common.HexToHash("0x05")}})
 	must(err)
 	// The watcher's and reconcile's per-tick reads.
 	rec.as("OpenSettlements (watcher tick)")

@@ -517,17 +517,17 @@ const resolveSQL = `-- Resolve
 	ORDER BY id, step)
 	SELECT id, take FROM u`
 
-// Reopen moves a mined settlement back to broadcast after a reorg; facilitator.ErrNotFound when
-// the settlement is not mined (any more).
-func (db *DB) Reopen(ctx context.Context, id int64, detail string) error {
+// Reopen moves a mined settlement back to broadcast after a reorg took its block away;
+// facilitator.ErrNotFound when the settlement is not mined in that block (any more).
+func (db *DB) Reopen(ctx context.Context, m facilitator.MinedIn, detail string) error {
 	var n int
 	err := db.pool.QueryRow(ctx, `
 		WITH u AS (
 			UPDATE settlements SET state = 'broadcast', tx_hash = NULL, block_number = NULL, block_hash = NULL,
 				error_reason = NULL, error_message = NULL, updated_at = now()
-			WHERE id = $1 AND state = 'mined' RETURNING id),
+			WHERE id = $1 AND state = 'mined' AND block_hash IS NOT DISTINCT FROM $3 RETURNING id),
 		e AS (INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'broadcast', $2 FROM u)
-		SELECT count(*) FROM u`, id, detail).Scan(&n)
+		SELECT count(*) FROM u`, m.ID, detail, minedBlockHash(m)).Scan(&n)
 	if err != nil {
 		return err
 	}
@@ -537,13 +537,30 @@ func (db *DB) Reopen(ctx context.Context, id int64, detail string) error {
 	return nil
 }
 
-// MarkFinal moves mined settlements to final and returns the ids it moved.
-func (db *DB) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
+// minedBlockHash is the block_hash a row mined where m says has: NULL for a zero hash (rows
+// recorded before block hashes were kept).
+func minedBlockHash(m facilitator.MinedIn) []byte {
+	if m.BlockHash == (common.Hash{}) {
+		return nil
+	}
+	return m.BlockHash.Bytes()
+}
+
+// MarkFinal moves mined settlements to final, each only while it is still in the block judged
+// final, and returns the ids it moved.
+func (db *DB) MarkFinal(ctx context.Context, finals []facilitator.MinedIn) ([]int64, error) {
+	ids := make([]int64, len(finals))
+	hashes := make([][]byte, len(finals))
+	for i, m := range finals {
+		ids[i], hashes[i] = m.ID, minedBlockHash(m)
+	}
 	rows, err := db.pool.Query(ctx, `-- MarkFinal
 		WITH u AS (
-			UPDATE settlements SET state = 'final', updated_at = now() WHERE id = ANY($1) AND state = 'mined' RETURNING id),
+			UPDATE settlements s SET state = 'final', updated_at = now()
+			FROM unnest($1::bigint[], $2::bytea[]) AS j(id, block_hash)
+			WHERE s.id = j.id AND s.state = 'mined' AND s.block_hash IS NOT DISTINCT FROM j.block_hash RETURNING s.id),
 		e AS (INSERT INTO settlement_events (settlement_id, state) SELECT id, 'final' FROM u)
-		SELECT id FROM u`, ids)
+		SELECT id FROM u`, ids, hashes)
 	if err != nil {
 		return nil, err
 	}

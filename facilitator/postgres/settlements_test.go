@@ -263,13 +263,13 @@ func TestWritesThatMatchNoRow(t *testing.T) {
 	if moved, _, err := db.Resolve(ctx, []facilitator.Resolution{expired}); err != nil || len(moved) != 0 {
 		t.Fatalf("Resolve of a mined row moved %v, %v; want nothing", moved, err)
 	}
-	if moved, err := db.MarkFinal(ctx, []int64{open, done}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
+	if moved, err := db.MarkFinal(ctx, []facilitator.MinedIn{{ID: open, BlockHash: mined.BlockHash}, {ID: done, BlockHash: mined.BlockHash}}); err != nil || fmt.Sprint(moved) != fmt.Sprint([]int64{done}) {
 		t.Fatalf("MarkFinal moved %v, %v; want only the mined [%d]", moved, err, done)
 	}
-	if err := db.Reopen(ctx, done, "test"); !errors.Is(err, facilitator.ErrNotFound) {
+	if err := db.Reopen(ctx, facilitator.MinedIn{ID: done, BlockHash: mined.BlockHash}, "test"); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("Reopen of a final row: %v, want ErrNotFound", err)
 	}
-	if err := db.Reopen(ctx, open, "test"); !errors.Is(err, facilitator.ErrNotFound) {
+	if err := db.Reopen(ctx, facilitator.MinedIn{ID: open, BlockHash: mined.BlockHash}, "test"); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("Reopen of an open row: %v, want ErrNotFound", err)
 	}
 	before := len(l.states(t, done, "signed", "broadcast", "mined", "final", "bumped"))
@@ -395,7 +395,7 @@ func TestResolveClaims(t *testing.T) {
 		t.Fatalf("ClaimDelivery by the settlement's key = %v, %v; want true", ok, err)
 	}
 	// A reorganised settlement keeps the success it delivered: mined again, no claim is taken.
-	if err := db.Reopen(ctx, open, "test"); err != nil {
+	if err := db.Reopen(ctx, facilitator.MinedIn{ID: open, BlockHash: common.HexToHash("0x2")}, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if _, claimed, err := db.Resolve(ctx, []facilitator.Resolution{mined(open, "", "t-again")}); err != nil || len(claimed) != 0 {

@@ -63,6 +63,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchSlots", batchSlots},
 		{"Transitions", transitions},
 		{"NoMatchWrites", noMatchWrites},
+		{"JudgedBlock", judgedBlock},
 		{"AddTx", addTx},
 		{"MoveNonce", moveNonce},
 		{"MoveBatch", moveBatch},
@@ -197,6 +198,15 @@ func (f *fixture) confirm(t *testing.T, ds ...facilitator.Delivery) []int64 {
 
 func mined(id int64) facilitator.Resolution {
 	return facilitator.Resolution{ID: id, State: facilitator.StateMined, TxHash: common.HexToHash("0x1"), BlockNumber: 5, BlockHash: common.HexToHash("0x2")}
+}
+
+// minedIn names rows as mined where mined() puts them.
+func minedIn(ids ...int64) []facilitator.MinedIn {
+	out := make([]facilitator.MinedIn, len(ids))
+	for i, id := range ids {
+		out[i] = facilitator.MinedIn{ID: id, BlockHash: mined(id).BlockHash}
+	}
+	return out
 }
 
 func (f *fixture) openIDs(t *testing.T) []int64 {
@@ -424,13 +434,13 @@ func transitions(t *testing.T, f *fixture) {
 	if got := f.openIDs(t); fmt.Sprint(got) != fmt.Sprint([]int64{early, normal}) {
 		t.Fatalf("open %v: mined rows are still watched, failed ones are not", got)
 	}
-	if err := f.l.Reopen(f.ctx, early, "reorganised away"); err != nil {
+	if err := f.l.Reopen(f.ctx, minedIn(early)[0], "reorganised away"); err != nil {
 		t.Fatal(err)
 	}
 	if s := f.get(t, early); s.State != facilitator.StateBroadcast || s.BlockNumber != 0 {
 		t.Fatalf("reopened %+v: want broadcast, no block", s)
 	}
-	finals, err := f.l.MarkFinal(f.ctx, []int64{early, normal, expired})
+	finals, err := f.l.MarkFinal(f.ctx, minedIn(early, normal, expired))
 	if err != nil || !sameSet(finals, []int64{normal}) {
 		t.Fatalf("MarkFinal moved %v %v, want only the mined one", finals, err)
 	}
@@ -445,28 +455,52 @@ func transitions(t *testing.T, f *fixture) {
 	}
 }
 
+// judgedBlock: MarkFinal and Reopen rest on a judgement of the block a settlement was mined in;
+// a row another writer has moved to another block since (a reorg re-included its transaction)
+// stays as it is, and a row still in the judged block moves. Marking a row final by a judgement of
+// a block it has left answered the status of a payment final in a block without its transfer.
+func judgedBlock(t *testing.T, f *fixture) {
+	a, b := f.insert(t, f.row(0)), f.insert(t, f.row(1))
+	f.resolve(t, mined(a), mined(b))
+	elsewhere := func(id int64) facilitator.MinedIn {
+		return facilitator.MinedIn{ID: id, BlockHash: common.HexToHash("0x3")} // the block a reorg took away
+	}
+	if got, err := f.l.MarkFinal(f.ctx, []facilitator.MinedIn{elsewhere(a), minedIn(b)[0]}); err != nil || fmt.Sprint(got) != fmt.Sprint([]int64{b}) {
+		t.Fatalf("MarkFinal by a judgement of another block: moved %v %v, want only [%d]", got, err, b)
+	}
+	if err := f.l.Reopen(f.ctx, elsewhere(a), "reorganised away"); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("Reopen by a judgement of another block: %v, want ErrNotFound", err)
+	}
+	if s := f.get(t, a); s.State != facilitator.StateMined || s.BlockHash != mined(a).BlockHash || f.events(t, a) != "[signed broadcast mined]" {
+		t.Fatalf("after writes judging another block: %+v, events %s; want it mined where it was", s, f.events(t, a))
+	}
+	if got, err := f.l.MarkFinal(f.ctx, minedIn(a)); err != nil || fmt.Sprint(got) != fmt.Sprint([]int64{a}) {
+		t.Fatalf("MarkFinal by a judgement of its block: moved %v %v", got, err)
+	}
+}
+
 // noMatchWrites: a write that finds no row in the state it moves from changes nothing and says
 // so by its result, never by writing anyway.
 func noMatchWrites(t *testing.T, f *fixture) {
 	open, minedRow, final, failed := f.insert(t, f.row(0)), f.insert(t, f.row(1)), f.insert(t, f.row(2)), f.insert(t, f.row(3))
 	f.resolve(t, mined(minedRow), mined(final), facilitator.Resolution{ID: failed, State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed})
-	if got, err := f.l.MarkFinal(f.ctx, []int64{final}); err != nil || len(got) != 1 {
+	if got, err := f.l.MarkFinal(f.ctx, minedIn(final)); err != nil || len(got) != 1 {
 		t.Fatalf("MarkFinal: %v %v", got, err)
 	}
 	before := map[int64]string{}
 	for _, id := range []int64{open, minedRow, final, failed} {
 		before[id] = f.events(t, id)
 	}
-	if err := f.l.Reopen(f.ctx, open, "x"); !errors.Is(err, facilitator.ErrNotFound) {
+	if err := f.l.Reopen(f.ctx, minedIn(open)[0], "x"); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Errorf("Reopen of an open row: %v, want ErrNotFound", err)
 	}
-	if err := f.l.Reopen(f.ctx, failed, "x"); !errors.Is(err, facilitator.ErrNotFound) {
+	if err := f.l.Reopen(f.ctx, minedIn(failed)[0], "x"); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Errorf("Reopen of a failed row: %v, want ErrNotFound", err)
 	}
-	if err := f.l.Reopen(f.ctx, final, "x"); !errors.Is(err, facilitator.ErrNotFound) {
+	if err := f.l.Reopen(f.ctx, minedIn(final)[0], "x"); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Errorf("Reopen of a final row: %v, want ErrNotFound", err)
 	}
-	if got, err := f.l.MarkFinal(f.ctx, []int64{open, failed, final, 999_999}); err != nil || len(got) != 0 {
+	if got, err := f.l.MarkFinal(f.ctx, minedIn(open, failed, final, 999_999)); err != nil || len(got) != 0 {
 		t.Errorf("MarkFinal of rows that are not mined: %v %v", got, err)
 	}
 	if moved, _ := f.resolve(t, mined(minedRow), mined(final), mined(failed), mined(999_999)); len(moved) != 0 {
@@ -674,7 +708,7 @@ func claims(t *testing.T, f *fixture) {
 	// A final row's success is still one to claim, once.
 	fin := f.insert(t, f.row(2))
 	f.resolve(t, mined(fin))
-	f.l.MarkFinal(f.ctx, []int64{fin})
+	f.l.MarkFinal(f.ctx, minedIn(fin))
 	if ok, _ := f.claim(t, fin, "", "h"); !ok {
 		t.Fatal("a final row's success: want the claim")
 	}
@@ -853,7 +887,7 @@ func edgeCases(t *testing.T, f *fixture) {
 		t.Fatal("claim: want it")
 	}
 	f.confirm(t, facilitator.Delivery{ID: b, Claim: []byte("c")})
-	if err := f.l.Reopen(f.ctx, b, "reorganised away"); err != nil {
+	if err := f.l.Reopen(f.ctx, minedIn(b)[0], "reorganised away"); err != nil {
 		t.Fatal(err)
 	}
 	if s := f.get(t, b); s.State != facilitator.StateBroadcast || !s.Delivered {
@@ -887,7 +921,7 @@ func edgeCases(t *testing.T, f *fixture) {
 	}
 	fin := f.insert(t, f.row(9))
 	f.resolve(t, mined(fin))
-	if _, err := f.l.MarkFinal(f.ctx, []int64{fin}); err != nil {
+	if _, err := f.l.MarkFinal(f.ctx, minedIn(fin)); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.l.MoveNonce(f.ctx, fin, 20, randomTx()); !errors.Is(err, facilitator.ErrNotFound) {
@@ -947,7 +981,7 @@ func staleAndTouch(t *testing.T, f *fixture) {
 	f.resolve(t, mined(minedRow), facilitator.Resolution{ID: failed, State: facilitator.StateReverted, ErrorReason: facilitator.ReasonTransactionFailed})
 	fin := f.insert(t, f.row(3))
 	f.resolve(t, mined(fin))
-	f.l.MarkFinal(f.ctx, []int64{fin})
+	f.l.MarkFinal(f.ctx, minedIn(fin))
 	other := f.row(4)
 	other.Key.Network = f.network // another network's rows are never listed: the same network, another signer's are
 	other.Signer = randomAddress()
@@ -1001,7 +1035,7 @@ func settlementEvents(t *testing.T, f *fixture) {
 		t.Fatal(err)
 	}
 	f.resolve(t, mined(id))
-	f.l.MarkFinal(f.ctx, []int64{id})
+	f.l.MarkFinal(f.ctx, minedIn(id))
 	all, err := f.l.SettlementEvents(f.ctx, id, 0, []string{"signed", "broadcast", "mined", "final", "bumped"}, 100)
 	if err != nil {
 		t.Fatal(err)

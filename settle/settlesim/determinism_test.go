@@ -166,13 +166,13 @@ func scenario(t *testing.T, seed uint64, steps, keep int) *Trace {
 		case 10:
 			open, err := ledger.OpenSettlements(ctx, network, addr)
 			trace.Record("open %d %v", len(open), err)
-			var ids []int64
+			var finals []facilitator.MinedIn
 			for _, o := range open {
 				if o.State == facilitator.StateMined {
-					ids = append(ids, o.ID)
+					finals = append(finals, facilitator.MinedIn{ID: o.ID, BlockHash: o.BlockHash})
 				}
 			}
-			moved, err := ledger.MarkFinal(ctx, ids)
+			moved, err := ledger.MarkFinal(ctx, finals)
 			trace.Record("final %v %v", moved, err)
 		case 11: // a rebroadcast of an earlier transaction, or a fee bump of the newest
 			if len(all) == 0 {

@@ -119,10 +119,10 @@ func TestLedgerTransitions(t *testing.T) {
 	if err := l.AddTx(ctx, early, txRec("bump")); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Errorf("AddTx on a mined row: %v, want ErrNotFound", err)
 	}
-	if err := l.Reopen(ctx, expired, "gone"); !errors.Is(err, facilitator.ErrNotFound) {
+	if err := l.Reopen(ctx, facilitator.MinedIn{ID: expired}, "gone"); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Errorf("Reopen of an expired row: %v, want ErrNotFound", err)
 	}
-	if err := l.Reopen(ctx, early, "receipt disappeared: reorganised"); err != nil {
+	if err := l.Reopen(ctx, facilitator.MinedIn{ID: early, BlockHash: mined(early).BlockHash}, "receipt disappeared: reorganised"); err != nil {
 		t.Fatal(err)
 	}
 	s, _ := l.SettlementByID(ctx, early)
@@ -142,7 +142,7 @@ func TestLedgerTransitions(t *testing.T) {
 		t.Fatalf("after the bump: hash %s, %d txs, reserved %s", s.TxHash, len(r.Txs), r.GasReserved)
 	}
 
-	finals, err := l.MarkFinal(ctx, []int64{early, normal, expired})
+	finals, err := l.MarkFinal(ctx, []facilitator.MinedIn{{ID: early, BlockHash: common.HexToHash("0x2")}, {ID: normal, BlockHash: common.HexToHash("0x2")}, {ID: expired, BlockHash: common.HexToHash("0x2")}})
 	if err != nil || fmt.Sprint(finals) != fmt.Sprint([]int64{normal}) {
 		t.Fatalf("MarkFinal moved %v %v, want only the mined one", finals, err)
 	}
@@ -187,7 +187,7 @@ func TestLedgerFaults(t *testing.T) {
 	if _, err := l.InsertSettlement(ctx, row(1, signerA, 0)); !errors.Is(err, ErrLedgerAmbiguous) {
 		t.Fatalf("a duplicate whose answer is lost: %v", err)
 	}
-	if moved, err := l.MarkFinal(ctx, []int64{1}); err == nil || len(moved) != 0 {
+	if moved, err := l.MarkFinal(ctx, []facilitator.MinedIn{{ID: 1}}); err == nil || len(moved) != 0 {
 		t.Fatalf("MarkFinal of a signed row: %v %v", moved, err)
 	}
 

@@ -17,8 +17,8 @@ import (
 // together so that they are easy to adjust. They implement the new signatures:
 //
 //	Resolve(ctx, rs) (moved, claimed []int64, error)   only open rows move; claims as ClaimDelivery's
-//	MarkFinal(ctx, ids) ([]int64, error)    the ids that moved: only mined rows move
-//	Reopen(ctx, id, detail) error           facilitator.ErrNotFound when no mined row matched
+//	MarkFinal(ctx, finals) ([]int64, error) the ids that moved: only rows mined in the block judged
+//	Reopen(ctx, mined, detail) error        facilitator.ErrNotFound when no row is mined in that block
 //	AddTx(ctx, id, tx) error                facilitator.ErrNotFound unless signed or broadcast
 //	ClaimDelivery(ctx, id, keyID, claim, lease) (bool, error)   only when the row's key id is keyID;
 //	                                        facilitator.ErrClaimUndecided while another's claim is leased
@@ -121,13 +121,19 @@ func resolutions(rs []facilitator.Resolution) string {
 	return out
 }
 
-// MarkFinal moves mined settlements to final and returns the ids that moved.
-func (l *Ledger) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
+// MarkFinal moves mined settlements to final, each only while it is still in the block judged
+// final, and returns the ids that moved.
+func (l *Ledger) MarkFinal(ctx context.Context, finals []facilitator.MinedIn) ([]int64, error) {
 	var moved []int64
+	ids := make([]int64, len(finals))
+	in := map[int64]common.Hash{}
+	for i, m := range finals {
+		ids[i], in[m.ID] = m.ID, m.BlockHash
+	}
 	err := l.call(ctx, fmt.Sprintf("mark-final %v", ids), true, func() error {
 		moved = nil
 		for _, id := range dedupe(ids) {
-			if r := l.rows[id]; r != nil && r.s.State == facilitator.StateMined {
+			if r := l.rows[id]; r != nil && r.s.State == facilitator.StateMined && r.blockHash == in[id] {
 				r.s.State, r.updatedAt = facilitator.StateFinal, l.now()
 				l.event(r, string(facilitator.StateFinal), "")
 				moved = append(moved, id)
@@ -142,11 +148,11 @@ func (l *Ledger) MarkFinal(ctx context.Context, ids []int64) ([]int64, error) {
 }
 
 // Reopen moves a mined settlement back to broadcast (its block left the canonical chain),
-// forgetting its outcome; facilitator.ErrNotFound when no mined row matched.
-func (l *Ledger) Reopen(ctx context.Context, id int64, detail string) error {
-	return l.call(ctx, fmt.Sprintf("reopen %d", id), true, func() error {
-		r := l.rows[id]
-		if r == nil || r.s.State != facilitator.StateMined {
+// forgetting its outcome; facilitator.ErrNotFound when no row is mined in that block.
+func (l *Ledger) Reopen(ctx context.Context, m facilitator.MinedIn, detail string) error {
+	return l.call(ctx, fmt.Sprintf("reopen %d", m.ID), true, func() error {
+		r := l.rows[m.ID]
+		if r == nil || r.s.State != facilitator.StateMined || r.blockHash != m.BlockHash {
 			return facilitator.ErrNotFound
 		}
 		r.s.State, r.s.TxHash, r.s.BlockNumber, r.blockHash = facilitator.StateBroadcast, common.Hash{}, 0, common.Hash{}
