@@ -15,8 +15,10 @@ import (
 // outcome: the reads a decision to record one rests on (a receipt that makes a settlement mined,
 // the block and finality tag that make it final, the pinned reads of a terminal failure) are made
 // on a quorum of endpoints at once (ethrpc.Pool's Quorum: two by default), and count only where
-// all of them say the same. Where they disagree the read is "not known": the engine waits, and
-// the disagreement is counted. With one endpoint configured (or a quorum of one: the operator
+// all of them say the same. Where they disagree, the disagreement is counted and the pool's other
+// healthy endpoints are asked too: an answer at least a quorum of them agrees on counts (one liar
+// among three is outvoted, not waited out: the pair picked at random holds it two times in three);
+// with none, the read is "not known" and the engine waits. With one endpoint configured (or a quorum of one: the operator
 // trusts each provider alone), the reads made at different times are the rule, as with one node;
 // with fewer healthy endpoints than the quorum, nothing is decided until enough are back (the
 // ones left could be the ones that lie).
@@ -90,8 +92,9 @@ func quorumSize(chain ethrpc.Chain) int {
 }
 
 // readCorroborated makes the pinned reads of prs through chain: on a quorum of its endpoints
-// when it has several, keeping a read only where they all agree, and calling disagreed for each
-// that they did not. batchOn makes a batch function over one endpoint.
+// when it has several, keeping a read only where a quorum agrees, and calling disagreed for each
+// settlement whose reads the quorum's endpoints told differently. batchOn makes a batch function
+// over one endpoint.
 func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
 	tag string, prs []*pinnedRead, disagreed func()) error {
 	eps, ok := quorumOf(chain)
@@ -104,57 +107,159 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 	case eps == nil:
 		return readPinned(ctx, batchOn(chain), tag, prs)
 	}
-	copies := make([][]*pinnedRead, len(eps))
-	copies[0] = prs
-	for k := 1; k < len(eps); k++ {
-		copies[k] = make([]*pinnedRead, len(prs))
-		for i, pr := range prs {
-			c := *pr
-			c.read, c.receipts, c.voided = nil, nil, false
-			copies[k][i] = &c
+	reads, asked, err := pinnedOn(ctx, chain, batchOn, tag, eps, prs, false)
+	if err != nil {
+		return err
+	}
+	need := len(eps)
+	var split []int
+	for i, pr := range prs {
+		if votePinned(pr, column(reads, i), need) {
+			disagreed()
+			split = append(split, i)
 		}
 	}
-	errs := make([]error, len(eps))
-	each(chain, len(eps), func(k int) { errs[k] = readPinned(ctx, batchOn(eps[k]), tag, copies[k]) })
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	more := restOf(chain, asked, len(split))
+	if len(more) == 0 {
+		return nil
 	}
-	for k := 1; k < len(eps); k++ {
-		mergePinned(prs, copies[k], disagreed)
+	// The quorum disagreed: the other healthy endpoints are asked too, and a read stands where a
+	// quorum of them all agrees (a lying endpoint is outvoted, not waited out).
+	again := make([]*pinnedRead, len(split))
+	for j, i := range split {
+		again[j] = prs[i]
+	}
+	extra, _, _ := pinnedOn(ctx, chain, batchOn, tag, more, again, true)
+	for j, i := range split {
+		votePinned(prs[i], append(column(reads, i), column(extra, j)...), need)
 	}
 	return nil
 }
 
-// mergePinned keeps in prs only what second, another endpoint's reads of the same settlements,
-// agrees with.
-func mergePinned(prs, second []*pinnedRead, disagreed func()) {
-	for i, pr := range prs {
-		other := second[i]
-		pr.told = max(pr.told, other.told)
-		switch {
-		case pr.voided || other.voided:
-			// Either saw another block at the verdict's height: the verdict's block is in doubt.
-			pr.voided, pr.read, pr.receipts = true, nil, nil
-		case pr.read == nil || other.read == nil:
-			pr.read, pr.receipts = nil, nil // one of them lacks the block: not known yet
-		case !sameEvidence(pr, other):
-			pr.read, pr.receipts = nil, nil
-			disagreed()
-		default:
-			// Finality counts from the lower of the two heads and tagged blocks: the block must be
-			// final for both (a tag one of them could not read leaves finality to the depth rule).
-			pr.read.nodeHead = min(pr.read.nodeHead, other.read.nodeHead)
-			pr.read.tag = lowerTag(pr.read.tag, other.read.tag)
-			pr.read.receiptsComplete = pr.read.receiptsComplete && other.read.receiptsComplete
-			for h, r := range other.receipts {
-				if !pr.receipts[h].ok {
-					pr.receipts[h] = r
-				}
+// pinnedOn makes the pinned reads of prs on each endpoint of eps at once, each into copies of its
+// own, and names the endpoints that answered. lenient: an endpoint whose reads failed has no
+// reads (not an error).
+func pinnedOn(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
+	tag string, eps []ethrpc.Chain, prs []*pinnedRead, lenient bool) ([][]*pinnedRead, []string, error) {
+	reads := make([][]*pinnedRead, len(eps))
+	for k := range eps {
+		reads[k] = make([]*pinnedRead, len(prs))
+		for i, pr := range prs {
+			c := *pr
+			c.read, c.receipts, c.voided, c.told = nil, nil, false, 0
+			reads[k][i] = &c
+		}
+	}
+	errs := make([]error, len(eps))
+	asked := make([]*ethrpc.Answered, len(eps))
+	each(chain, len(eps), func(k int) {
+		actx, a := ethrpc.WithAnswered(ctx)
+		asked[k] = a
+		errs[k] = readPinned(actx, batchOn(eps[k]), tag, reads[k])
+	})
+	var names []string
+	for k, err := range errs {
+		names = append(names, asked[k].Names()...)
+		if err == nil {
+			continue
+		}
+		if !lenient {
+			return nil, nil, err
+		}
+		for _, c := range reads[k] {
+			c.read, c.receipts, c.voided = nil, nil, false
+		}
+	}
+	return reads, names, nil
+}
+
+// column is the i-th settlement's reads, one per endpoint.
+func column[T any](reads [][]T, i int) []T {
+	out := make([]T, len(reads))
+	for k := range reads {
+		out[k] = reads[k][i]
+	}
+	return out
+}
+
+// votePinned keeps in pr what at least need of the endpoints' reads of it (reads) agree on, and
+// reports whether they split: reads that differ, and no answer a quorum agrees on.
+func votePinned(pr *pinnedRead, reads []*pinnedRead, need int) (split bool) {
+	pr.read, pr.receipts, pr.voided = nil, nil, false
+	var answered []*pinnedRead
+	for _, r := range reads {
+		pr.told = max(pr.told, r.told)
+		if r.voided {
+			// One saw another block at the verdict's height: the verdict's block is in doubt.
+			pr.voided = true
+		}
+		if r.read != nil {
+			answered = append(answered, r)
+		}
+	}
+	if pr.voided {
+		return false
+	}
+	won, split := agreeing(answered, sameEvidence, need)
+	if won == nil {
+		return split
+	}
+	// Finality counts from the lowest of their heads and tagged blocks: the block must be final
+	// for each (a tag one of them could not read leaves finality to the depth rule).
+	c := *won[0].read
+	pr.receipts = map[common.Hash]receiptRead{}
+	for _, r := range won {
+		c.nodeHead = min(c.nodeHead, r.read.nodeHead)
+		c.tag = lowerTag(c.tag, r.read.tag)
+		c.receiptsComplete = c.receiptsComplete && r.read.receiptsComplete
+		for h, rr := range r.receipts {
+			if !pr.receipts[h].ok {
+				pr.receipts[h] = rr
 			}
 		}
 	}
+	pr.read = &c
+	return false
+}
+
+// agreeing is the answers that agree with one another (by same) and number at least need, when
+// exactly one such group does; split reports answers that differ with no such group. Where the
+// quorum is a majority of the endpoints (two of three), at most one answer can have it.
+func agreeing[T any](answers []T, same func(a, b T) bool, need int) (won []T, split bool) {
+	var groups [][]T
+	for _, a := range answers {
+		placed := false
+		for g := range groups {
+			if same(groups[g][0], a) {
+				groups[g], placed = append(groups[g], a), true
+				break
+			}
+		}
+		if !placed {
+			groups = append(groups, []T{a})
+		}
+	}
+	for _, g := range groups {
+		if len(g) < need {
+			continue
+		}
+		if won != nil {
+			return nil, true // two answers each with a quorum: not known
+		}
+		won = g
+	}
+	return won, won == nil && len(groups) > 1
+}
+
+// restOf is chain's healthy endpoints other than those asked, for reads a quorum of them
+// disagreed on (none when nothing split).
+func restOf(chain ethrpc.Chain, asked []string, split int) []ethrpc.Chain {
+	q, is := chain.(quorate)
+	if !is || split == 0 {
+		return nil
+	}
+	eps, _ := q.Several(q.Endpoints(), asked...)
+	return eps
 }
 
 // lowerTag is the lower of two endpoints' answers for the finality tag (not OK when either is).
@@ -201,9 +306,9 @@ func (qr *quorumRead) beside(from string, o observation) {
 
 // readQuorum makes the reads of qrs on a quorum of chain's endpoints (beside the endpoint a read
 // rests on, which is not asked again), in one batch per endpoint, and keeps what they all say
-// (the lower of their heads and tags). A receipt or block the endpoints answered differently is
-// not known, and disagreed is called for it. With fewer healthy endpoints than the quorum
-// nothing is agreed.
+// (the lower of their heads and tags). Where they answered differently, disagreed is called, the
+// other healthy endpoints are asked, and what a quorum of them all agrees on is kept (else it is
+// not known). With fewer healthy endpoints than the quorum nothing is agreed.
 func readQuorum(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
 	tag string, qrs []*quorumRead, disagreed func()) error {
 	groups := map[string][]*quorumRead{}
@@ -234,6 +339,48 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 	case eps == nil:
 		eps = []ethrpc.Chain{chain}
 	}
+	obs, asked, err := observeOn(ctx, chain, batchOn, tag, eps, qrs, false)
+	if err != nil {
+		return err
+	}
+	if from != "" {
+		// The first read is the quorum's first vote.
+		first := make([]observation, len(qrs))
+		for i, qr := range qrs {
+			first[i] = qr.first
+		}
+		obs = append([][]observation{first}, obs...)
+		asked = append(asked, from)
+	}
+	need := len(obs)
+	var split []int
+	for i, qr := range qrs {
+		if qr.vote(column(obs, i), need) {
+			disagreed()
+			split = append(split, i)
+		}
+	}
+	more := restOf(chain, asked, len(split))
+	if len(more) == 0 {
+		return nil
+	}
+	// The quorum disagreed: the other healthy endpoints are asked too, and an answer stands where
+	// a quorum of them all agrees (a lying endpoint is outvoted, not waited out).
+	again := make([]*quorumRead, len(split))
+	for j, i := range split {
+		again[j] = qrs[i]
+	}
+	extra, _, _ := observeOn(ctx, chain, batchOn, tag, more, again, true)
+	for j, i := range split {
+		qrs[i].vote(append(column(obs, i), column(extra, j)...), need)
+	}
+	return nil
+}
+
+// observeOn makes the reads of qrs on each endpoint of eps at once, and names the endpoints that
+// answered. lenient: an endpoint whose reads failed has none (not an error).
+func observeOn(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
+	tag string, eps []ethrpc.Chain, qrs []*quorumRead, lenient bool) ([][]observation, []string, error) {
 	obs := make([][]observation, len(eps))
 	errs := make([]error, len(eps))
 	reads := make([]*receiptReads, len(eps))
@@ -251,57 +398,78 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		}
 		reads[k] = rr
 	}
-	each(chain, len(eps), func(k int) { errs[k] = reads[k].runWith(ctx, batchOn(eps[k])) })
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	if from != "" {
-		// The first read is the quorum's first vote.
-		first := make([]observation, len(qrs))
-		for i, qr := range qrs {
-			first[i] = qr.first
-		}
-		obs = append([][]observation{first}, obs...)
-	}
-	for i, qr := range qrs {
-		qr.agreed, qr.receipts = true, map[common.Hash]receiptRead{}
-		for _, h := range qr.hashes {
-			r := obs[0][i].receipts[h]
-			agree := r.ok
-			for k := 1; k < len(obs) && agree; k++ {
-				other := obs[k][i].receipts[h]
-				if agree = other.ok; agree && !sameReceipt(r.r, other.r) {
-					agree = false
-					disagreed()
-				}
-			}
-			if !agree {
-				qr.agreed, r = false, receiptRead{}
-			}
-			qr.receipts[h] = r
-		}
-		if qr.at == 0 {
+	asked := make([]*ethrpc.Answered, len(eps))
+	each(chain, len(eps), func(k int) {
+		actx, a := ethrpc.WithAnswered(ctx)
+		asked[k] = a
+		errs[k] = reads[k].runWith(actx, batchOn(eps[k]))
+	})
+	var names []string
+	for k, err := range errs {
+		names = append(names, asked[k].Names()...)
+		if err == nil {
 			continue
 		}
-		c := obs[0][i].canon
-		for k := 1; k < len(obs) && c != nil; k++ {
-			other := obs[k][i].canon
-			switch {
-			case other == nil:
-				c = nil
-			case other.hash != c.hash:
-				c = nil
-				disagreed()
-			default:
-				c = &canonRead{hash: c.hash, head: min(c.head, other.head), tag: lowerTag(c.tag, other.tag)}
-			}
+		if !lenient {
+			return nil, nil, err
 		}
-		qr.canon = c
-		qr.agreed = qr.agreed && c != nil
+		for i := range obs[k] {
+			obs[k][i] = observation{receipts: map[common.Hash]receiptRead{}}
+		}
 	}
-	return nil
+	return obs, names, nil
+}
+
+// vote keeps in qr what at least need of the endpoints' observations (obs) agree on: the same
+// receipts, and the same block at its height (with the lowest of their heads and tags). It
+// reports whether they split: observations that differ, and none a quorum agrees on.
+func (qr *quorumRead) vote(obs []observation, need int) (split bool) {
+	qr.agreed, qr.receipts, qr.canon = false, map[common.Hash]receiptRead{}, nil
+	for _, h := range qr.hashes {
+		qr.receipts[h] = receiptRead{}
+	}
+	var answered []observation
+	for _, o := range obs {
+		if qr.complete(o) {
+			answered = append(answered, o)
+		}
+	}
+	won, split := agreeing(answered, qr.same, need)
+	if won == nil {
+		return split
+	}
+	for _, h := range qr.hashes {
+		qr.receipts[h] = won[0].receipts[h]
+	}
+	if qr.at > 0 {
+		c := *won[0].canon
+		for _, o := range won[1:] {
+			c.head, c.tag = min(c.head, o.canon.head), lowerTag(c.tag, o.canon.tag)
+		}
+		qr.canon = &c
+	}
+	qr.agreed = true
+	return false
+}
+
+// complete reports whether o answered every read of qr (a read that failed is no vote).
+func (qr *quorumRead) complete(o observation) bool {
+	for _, h := range qr.hashes {
+		if !o.receipts[h].ok {
+			return false
+		}
+	}
+	return qr.at == 0 || o.canon != nil
+}
+
+// same reports whether two endpoints' observations say the same of qr's reads.
+func (qr *quorumRead) same(a, b observation) bool {
+	for _, h := range qr.hashes {
+		if !sameReceipt(a.receipts[h].r, b.receipts[h].r) {
+			return false
+		}
+	}
+	return qr.at == 0 || a.canon.hash == b.canon.hash
 }
 
 // confirmOutcomes is the watcher's round confirming its outcomes: an outcome read from one

@@ -380,3 +380,124 @@ var quorumWant = Expected{Key: facilitator.AuthorizationKey{Network: "eip155:1",
 func paidLogs(w Expected) []*types.Log {
 	return []*types.Log{eip3009.AuthorizationLog(w.Key.Asset, w.Key.Payer, w.Key.Nonce, false), eip3009.TransferLog(w.Key.Asset, w.Key.Payer, w.PayTo, w.Value)}
 }
+
+// TestQuorumOutvotesALiar: with three endpoints, a quorum of two, and one that answers every
+// mined receipt as reverted (the authorization unused, no log: TestTwoProviders' liar), the reads
+// an outcome rests on stand on the two honest endpoints whichever pair the pool picks first: where
+// the quorum asked disagrees, the other healthy endpoints are asked, and an answer a quorum agrees
+// on stands. (Asking only the pair picked at random left the outcome unknown whenever it held the
+// liar: two thirds of the picks, and settlements pending for minutes.) Three endpoints answering
+// three ways decide nothing.
+func TestQuorumOutvotesALiar(t *testing.T) {
+	ctx := context.Background()
+	ours := common.Hash{1}
+	blockHash := common.Hash{0xb}
+	mined := func() *types.Receipt {
+		return &types.Receipt{TxHash: ours, Status: 1, BlockNumber: big.NewInt(10), BlockHash: blockHash, Logs: paidLogs(quorumWant)}
+	}
+	reverted := mined()
+	reverted.Status, reverted.Logs = 0, nil
+	honest := func() *scriptedNode {
+		return &scriptedNode{head: 20, hash: blockHash, keyNonce: 4, used: true, useTx: ours, receipt: mined(), finalized: 12}
+	}
+	liar := func() *scriptedNode {
+		return &scriptedNode{head: 20, hash: blockHash, keyNonce: 4, receipt: reverted, finalized: 12}
+	}
+	open := pinned(0).t
+	minedTrack := track{state: facilitator.StateMined, variants: open.variants, mined: minedAt{tx: ours, block: 10, blockHash: blockHash},
+		verdict: &verdict{act: actFinalize, at: 10, atHash: blockHash}}
+	p := policy{finality: facilitator.Finality{Tag: facilitator.TagFinalized, Depth: 64}}
+	newPool := func(t *testing.T, seed uint64, nodes ...*scriptedNode) *ethrpc.Pool {
+		var eps []ethrpc.Endpoint
+		for i, n := range nodes {
+			eps = append(eps, ethrpc.Endpoint{Name: "rpc" + string(rune('0'+i)), Chain: n})
+		}
+		pool, err := ethrpc.NewPool(eps, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool.SetSeed(seed)
+		return pool
+	}
+	// honestRead is what the honest endpoints say of t: the decision a quorum must confirm.
+	honestRead := func(t *testing.T, tr track) (observation, decision) {
+		rr := receiptReads{tag: p.finality.Tag}
+		o := observation{receipts: map[common.Hash]receiptRead{}}
+		qr := quorumFor(tr, quorumWant)
+		for _, h := range qr.hashes {
+			rr.receipt(&o, h, quorumWant)
+		}
+		if qr.at > 0 {
+			rr.canon(&o, qr.at)
+		}
+		if err := rr.runWith(ctx, direct(honest())); err != nil {
+			t.Fatal(err)
+		}
+		d := decide(tr, o, p)
+		if !recordsOutcome(d) {
+			t.Fatalf("the honest read: %v (%s), want an outcome to confirm", d.act, d.why)
+		}
+		return o, d
+	}
+	disagreements := 0
+	for seed := range uint64(12) {
+		for _, c := range []struct {
+			name string
+			t    track
+			from string // the endpoint the first read came from ("": none, the whole quorum is asked)
+		}{
+			{"open", open, ""},
+			{"open, beside rpc0", open, "rpc0"},
+			{"open, beside rpc1", open, "rpc1"},
+			{"mined: final", minedTrack, ""},
+			{"mined: final, beside rpc1", minedTrack, "rpc1"},
+		} {
+			o, d := honestRead(t, c.t)
+			qr := quorumFor(c.t, quorumWant)
+			qr.beside(c.from, o)
+			pool := newPool(t, seed, honest(), honest(), liar())
+			if err := readQuorum(ctx, pool, direct, p.finality.Tag, []*quorumRead{qr}, func() { disagreements++ }); err != nil {
+				t.Fatal(err)
+			}
+			if !qr.confirmed(c.t, o, p, d) {
+				t.Fatalf("seed %d, %s: %v (%s) not confirmed with two honest endpoints of three", seed, c.name, d.act, d.why)
+			}
+		}
+		pr := pinned(10)
+		pool := newPool(t, seed, honest(), honest(), liar())
+		if err := readCorroborated(ctx, pool, direct, p.finality.Tag, []*pinnedRead{pr}, func() { disagreements++ }); err != nil {
+			t.Fatal(err)
+		}
+		if pr.read == nil || !pr.read.used || pr.read.use == nil || pr.read.use.tx != ours || !pr.receipts[ours].ok {
+			t.Fatalf("seed %d: the pinned reads with two honest endpoints of three: %+v", seed, pr.read)
+		}
+	}
+	if disagreements == 0 {
+		t.Fatal("the liar was never asked: no disagreement counted")
+	}
+
+	t.Run("three endpoints, three answers: not known", func(t *testing.T) {
+		nulled := honest()
+		nulled.receipt, nulled.used, nulled.useTx = nil, false, common.Hash{}
+		stranger := honest()
+		stranger.useTx = common.Hash{0xee}
+		for seed := range uint64(6) {
+			o, d := honestRead(t, open)
+			qr := quorumFor(open, quorumWant)
+			n := 0
+			if err := readQuorum(ctx, newPool(t, seed, honest(), nulled, liar()), direct, "", []*quorumRead{qr}, func() { n++ }); err != nil {
+				t.Fatal(err)
+			}
+			if qr.agreed || qr.confirmed(open, o, p, d) || n == 0 {
+				t.Fatalf("seed %d: three receipts told three ways: agreed %v, %d disagreements", seed, qr.agreed, n)
+			}
+			pr := pinned(10)
+			if err := readCorroborated(ctx, newPool(t, seed, honest(), stranger, liar()), direct, "", []*pinnedRead{pr}, func() {}); err != nil {
+				t.Fatal(err)
+			}
+			if pr.read != nil {
+				t.Fatalf("seed %d: pinned reads told three ways were kept: %+v", seed, pr.read)
+			}
+		}
+	})
+}
