@@ -101,7 +101,7 @@ func tuneGC(getenv func(string) string) int {
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	tuneGC(getenv)
-	cfg, err := parseServeFlags(args, getenv)
+	cfg, err := parseCommandFlags("serve", args, getenv, stderr)
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 }
 
 func runIndex(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	cfg, err := parseServeFlags(args, getenv)
+	cfg, err := parseCommandFlags("index", args, getenv, stderr)
 	if err != nil {
 		return err
 	}
@@ -133,8 +133,12 @@ func runUntilDone(ctx context.Context, cfg *Config, stderr io.Writer) error {
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	url := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := noArguments(fs); err != nil {
 		return err
 	}
 	if *url == "" {
