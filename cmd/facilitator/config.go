@@ -703,6 +703,9 @@ func readSignerKeys(fromEnv, file string) ([]*ecdsa.PrivateKey, error) {
 			return nil, fmt.Errorf("reading the signer keys file: %w", err)
 		}
 		defer f.Close()
+		if err := checkKeyFileMode(f); err != nil {
+			return nil, err
+		}
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			line := strings.TrimSpace(sc.Text())
@@ -729,6 +732,20 @@ func readSignerKeys(fromEnv, file string) ([]*ecdsa.PrivateKey, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
+}
+
+// checkKeyFileMode refuses a key file that anyone but its owner may read or write: whoever can
+// read it can spend the signers' gas and settle as the facilitator. It checks the open file, so
+// the mode judged is the file's that is read.
+func checkKeyFileMode(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("reading the signer keys file: %w", err)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("signer keys file %s has mode %#o, open to group or others: it must be 0600 or stricter (chmod 600 %s)", f.Name(), perm, f.Name())
+	}
+	return nil
 }
 
 func atoi(s string) int {
