@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -91,6 +92,9 @@ type Config struct {
 	KeyBurst, ClientBurst int
 	// ConsoleSessionTTL is how long a console login lasts (0: api.DefaultSessionTTL).
 	ConsoleSessionTTL time.Duration
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For the API believes
+	// (api.Config.TrustedProxies); none: the TCP peer is the client.
+	TrustedProxies []netip.Prefix
 
 	// WalletCapCount and WalletCapAmount (token base units) bound each paying wallet's settlements
 	// per network and asset over WalletCapWindow; 0/nil: no cap.
@@ -544,6 +548,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	fs.IntVar(&cfg.KeyBurst, "burst-per-key", atoi(env("FACILITATOR_BURST_PER_KEY", "100")), "burst per API key (FACILITATOR_BURST_PER_KEY)")
 	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
 	sessionTTL := fs.String("console-session-ttl", env("FACILITATOR_CONSOLE_SESSION_TTL", "12h"), "how long a console login lasts before the console asks for the key again (FACILITATOR_CONSOLE_SESSION_TTL)")
+	trustedProxies := fs.String("trusted-proxies", env("FACILITATOR_TRUSTED_PROXIES", ""), "comma-separated CIDRs (or addresses) of the reverse proxies in front; a request from one is keyed on the right-most X-Forwarded-For address outside them; empty: the TCP peer, always (FACILITATOR_TRUSTED_PROXIES)")
 	fs.IntVar(&cfg.ClientBurst, "burst-per-client", atoi(env("FACILITATOR_BURST_PER_CLIENT", "200")), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
 	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", atoi(env("FACILITATOR_WALLET_CAP_COUNT", "0")), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
 	walletCapAmount := fs.String("wallet-cap-amount", env("FACILITATOR_WALLET_CAP_AMOUNT", "0"), "most token base units settled per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_AMOUNT)")
@@ -600,6 +605,9 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		}
 		if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
 			return nil, err
+		}
+		if cfg.TrustedProxies, err = prefixList(*trustedProxies); err != nil {
+			return nil, fmt.Errorf("trusted-proxies: %w", err)
 		}
 		if err := parseFlagValues(time.ParseDuration, []flagValue[time.Duration]{{"rpc-timeout", *rpcTimeout, &cfg.RPCTimeout}, {"verify-timeout", *verifyTimeout, &cfg.VerifyTimeout}, {"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}}); err != nil {
 			return nil, err
@@ -684,6 +692,30 @@ func addressList(list, what string) ([]common.Address, error) {
 			return nil, fmt.Errorf("%s %q is not an address", what, a)
 		}
 		out = append(out, common.HexToAddress(a))
+	}
+	return out, nil
+}
+
+// prefixList parses comma-separated CIDRs; a bare address is the prefix of itself alone.
+func prefixList(list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(s); err == nil {
+			if p != p.Masked() {
+				return nil, fmt.Errorf("%q has host bits set: did you mean %s?", s, p.Masked())
+			}
+			out = append(out, p)
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR (10.0.0.0/8) or an address", s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
 	}
 	return out, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -99,6 +100,39 @@ func TestFlagHelp(t *testing.T) {
 		}
 		if c.command != "serve" && (strings.Contains(out, "Usage of serve") || strings.Contains(out, "facilitator serve")) {
 			t.Errorf("%s -h printed serve's usage", c.command)
+		}
+	}
+}
+
+// TestFlagTrustedProxies: --trusted-proxies takes CIDRs and bare addresses, and refuses what is
+// neither, or a CIDR with host bits (10.0.0.1/8 is most likely a typo for an address or a net).
+func TestFlagTrustedProxies(t *testing.T) {
+	for _, c := range []struct {
+		in, want, wantErr string
+	}{
+		{in: "", want: "[]"},
+		{in: "10.0.0.0/8, 192.0.2.7 ,fd00::/8", want: "[10.0.0.0/8 192.0.2.7/32 fd00::/8]"},
+		{in: "2001:db8::1", want: "[2001:db8::1/128]"},
+		{in: "::ffff:10.1.2.3", want: "[10.1.2.3/32]"},
+		{in: "10.0.0.1/8", wantErr: `trusted-proxies: "10.0.0.1/8" has host bits set: did you mean 10.0.0.0/8?`},
+		{in: "proxy.internal", wantErr: `trusted-proxies: "proxy.internal" is not a CIDR (10.0.0.0/8) or an address`},
+	} {
+		for _, src := range []string{"flag", "env"} {
+			args, env := []string{"--trusted-proxies", c.in}, map[string]string{}
+			if src == "env" {
+				args, env = nil, map[string]string{"FACILITATOR_TRUSTED_PROXIES": c.in}
+			}
+			cfg, err := parseServeFlags(args, func(k string) string { return env[k] })
+			switch {
+			case c.wantErr != "":
+				if err == nil || err.Error() != c.wantErr {
+					t.Errorf("%s %q: error %v, want %s", src, c.in, err, c.wantErr)
+				}
+			case err != nil:
+				t.Errorf("%s %q: %v", src, c.in, err)
+			case fmt.Sprint(cfg.TrustedProxies) != c.want:
+				t.Errorf("%s %q: %v, want %s", src, c.in, cfg.TrustedProxies, c.want)
+			}
 		}
 	}
 }

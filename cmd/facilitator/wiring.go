@@ -368,6 +368,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		ReadyEndpoints: m.readyEndpoints(networks),
 		ReadyTimeout:   cfg.ReadyTimeout,
 		Limits:         m.engine,
+		TrustedProxies: cfg.TrustedProxies,
 	}), nil
 }
 
