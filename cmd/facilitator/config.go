@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"crypto/ecdsa"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -571,20 +570,20 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 			return nil, err
 		}
 
-		raw := *networksJSON
+		raw, source := *networksJSON, "networks JSON (--networks or FACILITATOR_NETWORKS)"
 		if *networksFile != "" {
 			b, err := os.ReadFile(*networksFile)
 			if err != nil {
 				return nil, fmt.Errorf("reading the networks file: %w", err)
 			}
-			raw = string(b)
+			raw, source = string(b), *networksFile
 		}
 		if raw != "" {
-			dec := json.NewDecoder(strings.NewReader(raw))
-			dec.DisallowUnknownFields() // a typo in an operator's file should fail loudly
-			if err := dec.Decode(&cfg.Networks); err != nil {
-				return nil, fmt.Errorf("networks JSON: %w", err)
+			networks, err := decodeNetworks([]byte(raw), source)
+			if err != nil {
+				return nil, err
 			}
+			cfg.Networks = networks
 			// Presets are filled in here, once, so that everything after reads one complete entry.
 			for i, nc := range cfg.Networks {
 				resolved, err := nc.resolve()
