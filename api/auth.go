@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -45,7 +44,8 @@ type AuthConfig struct {
 	// Keys looks keys up (keys mode).
 	Keys auth.Store
 	// PerKey and PerClient limit the keyed routes per key and per client IP (the TCP peer's
-	// address: behind a proxy that is the proxy). A zero Rate is no limit.
+	// address, or behind a trusted proxy the address it forwarded for: Config.TrustedProxies).
+	// A zero Rate is no limit.
 	PerKey    auth.Limit
 	PerClient auth.Limit
 	// Now is the clock of the limiters and of the console's sessions (nil: time.Now).
@@ -121,15 +121,6 @@ func isConsolePage(route string) bool {
 	return route == "/console" || strings.HasPrefix(route, "/console/")
 }
 
-// clientAddress is the TCP peer's IP. Forwarding headers are not trusted: a client could set them.
-func clientAddress(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
 // authenticate is the middleware guarding keyed routes. A refused request never reaches a handler,
 // so nothing is verified or broadcast for it.
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
@@ -141,7 +132,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return next(c)
 		}
 		req := c.Request()
-		if ok, wait := g.perClient.Allow(clientAddress(req)); !ok {
+		if ok, wait := g.perClient.Allow(clientAddressOf(req)); !ok {
 			return s.refuse(c, rateLimited("too many requests from this address", wait))
 		}
 		if g.cfg.Mode != AuthKeys {

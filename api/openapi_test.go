@@ -23,6 +23,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -464,6 +465,8 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f,
 		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler), Now: time.Now,
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
+		// A proxy the test's requests never come from: their client is their peer.
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
 		Supported: facilitator.SupportedResponse{
 			Kinds: []facilitator.SupportedKind{
 				{X402Version: 2, Scheme: "exact", Network: oasNetwork},

@@ -6,6 +6,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -62,6 +63,10 @@ type Config struct {
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For is believed: a request whose
+	// TCP peer is in one of them is keyed (rate limits, logs, console logins) on the right-most
+	// forwarded address outside them. None: the TCP peer, always (client.go).
+	TrustedProxies []netip.Prefix
 	// Now is the clock a claimed success's deadline (facilitator.SettleOutcome.ClaimBy) and the age
 	// of /readyz's last check are read on; nil: time.Now, the settlement engine's own.
 	Now func() time.Time
@@ -139,7 +144,7 @@ func New(cfg Config) *Server {
 	e.HTTPErrorHandler = s.handleHTTPError
 	// Before routing: the headers every answer carries, then the path's one canonical form
 	// (access.go), which both routers and the guard read alike.
-	e.Pre(securityHeaders, s.canonical)
+	e.Pre(securityHeaders, s.canonical, s.clientAddress)
 	e.Use(s.accessLog)
 	// A panic in a handler is a bug: answer 500 through the one error path instead of dropping the
 	// connection, and keep serving.
@@ -239,7 +244,7 @@ func (s *Server) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
 			return nil
 		}
 		attrs := []any{"method", req.Method, "path", req.URL.Path, "status", c.Response().Status,
-			"duration_ms", float64(took.Microseconds()) / 1000}
+			"duration_ms", float64(took.Microseconds()) / 1000, "client", clientAddressOf(req)}
 		if tags.reason != "" {
 			attrs = append(attrs, "reason", tags.reason)
 		}

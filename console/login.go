@@ -85,9 +85,13 @@ func (c *Console) sessionCookie(r *http.Request, token string, maxAge int) *http
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil}
 }
 
-// clientAddress is the TCP peer's IP, by the API guard's rule: forwarding headers are not
-// trusted, a client could set them.
+// clientAddress is the client's address as the API resolved it (the TCP peer's, or behind a
+// trusted proxy the address it forwarded for), so that logins are limited by the API guard's key;
+// the TCP peer's when the console is served without the API in front.
 func clientAddress(r *http.Request) string {
+	if a := facilitator.ClientAddressFrom(r.Context()); a != "" {
+		return a
+	}
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr

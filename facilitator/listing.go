@@ -149,3 +149,18 @@ func ParseStates(s string) (states []State, ok bool) {
 	}
 	return states, true
 }
+
+type clientAddressKey struct{}
+
+// WithClientAddress carries the address a request comes from, as the API resolved it (its TCP
+// peer, or behind a trusted proxy the address the proxy saw), to a handler mounted outside the
+// API's own routes (the console), so that both limit the same client by the same key.
+func WithClientAddress(ctx context.Context, addr string) context.Context {
+	return context.WithValue(ctx, clientAddressKey{}, addr)
+}
+
+// ClientAddressFrom is the address WithClientAddress left; "" without one.
+func ClientAddressFrom(ctx context.Context) string {
+	a, _ := ctx.Value(clientAddressKey{}).(string)
+	return a
+}

@@ -3,11 +3,12 @@ package main
 import (
 	"bufio"
 	"crypto/ecdsa"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/big"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -90,6 +91,9 @@ type Config struct {
 	KeyBurst, ClientBurst int
 	// ConsoleSessionTTL is how long a console login lasts (0: api.DefaultSessionTTL).
 	ConsoleSessionTTL time.Duration
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For the API believes
+	// (api.Config.TrustedProxies); none: the TCP peer is the client.
+	TrustedProxies []netip.Prefix
 
 	// WalletCapCount and WalletCapAmount (token base units) bound each paying wallet's settlements
 	// per network and asset over WalletCapWindow; 0/nil: no cap.
@@ -413,12 +417,72 @@ func (c *Config) Check() error {
 
 // parseServeFlags reads serve's flags; each defaults to its environment variable.
 func parseServeFlags(args []string, getenv func(string) string) (*Config, error) {
+	return parseCommandFlags("serve", args, getenv, os.Stderr)
+}
+
+// parseCommandFlags reads serve's flags for command (serve and index share them), whose name
+// its -h and its errors carry. A positional argument is refused: the flag package stops at it,
+// so every flag after it would be dropped without a word.
+func parseCommandFlags(command string, args []string, getenv func(string) string, stderr io.Writer) (*Config, error) {
 	fs, finish := serveFlags(getenv)
+	fs.Init(command, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: facilitator %s [flags]\n\nflags (most default to the environment variable they name):\n", command)
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := noArguments(fs); err != nil {
 		return nil, err
 	}
 	return finish()
 }
+
+// noArguments refuses what the flag package left over: a stray word ends its parsing, and the
+// flags after it would otherwise be ignored.
+func noArguments(fs *flag.FlagSet) error {
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q (it takes flags only; a flag's value goes as --flag=value)", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+// boolSpellings are the boolean spellings a flag or an environment variable takes
+// (strconv.ParseBool's): anything else is refused rather than read as one or the other.
+const boolSpellings = "1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False"
+
+// parseBool is strconv.ParseBool with an error that says what is accepted.
+func parseBool(s string) (bool, error) {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, fmt.Errorf("%q is not a boolean: want one of %s", s, boolSpellings)
+	}
+	return v, nil
+}
+
+// boolValue is a boolean flag as strict as the flag package's own, but whose default may come
+// from an environment variable: given alone (--index) it is true and takes no argument after it.
+type boolValue struct{ p *bool }
+
+func (b boolValue) Set(s string) error {
+	v, err := parseBool(s)
+	if err != nil {
+		return err
+	}
+	*b.p = v
+	return nil
+}
+
+func (b boolValue) String() string {
+	if b.p == nil {
+		return "false"
+	}
+	return strconv.FormatBool(*b.p)
+}
+
+func (b boolValue) IsBoolFlag() bool { return true }
 
 // serveFlags declares serve's flags, their environment variables and defaults, on a flag set of
 // their own (what parseServeFlags parses, and what the documentation's table is held to); finish
@@ -432,6 +496,20 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		return def
 	}
 	cfg := &Config{}
+	// A boolean environment variable that is no boolean is refused when the flags are read, under
+	// its own name (it is not the flag's value, so the flag package never sees it).
+	var envErrs []error
+	boolFlag := func(p *bool, name, key string, def bool, usage string) {
+		*p = def
+		if v := getenv(key); v != "" {
+			b, err := parseBool(v)
+			if err != nil {
+				envErrs = append(envErrs, fmt.Errorf("%s: %w", key, err))
+			}
+			*p = b
+		}
+		fs.Var(boolValue{p}, name, usage)
+	}
 	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
 	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (networks, presets, every RPC endpoint, token domains, signer keys and their balances, Postgres) and exit: 0 when everything passed")
@@ -443,13 +521,13 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	factories := fs.String("eip6492-factories", env("FACILITATOR_EIP6492_FACTORIES", ""), "comma-separated factory addresses allowed for counterfactual wallets (FACILITATOR_EIP6492_FACTORIES)")
 	rpcTimeout := fs.String("rpc-timeout", env("FACILITATOR_RPC_TIMEOUT", "5s"), "bound on one RPC round trip (FACILITATOR_RPC_TIMEOUT)")
 	verifyTimeout := fs.String("verify-timeout", env("FACILITATOR_VERIFY_TIMEOUT", "10s"), "bound on one /verify (FACILITATOR_VERIFY_TIMEOUT)")
-	migrate := fs.String("migrate", env("FACILITATOR_MIGRATE", "true"), "apply pending migrations at start (FACILITATOR_MIGRATE)")
+	boolFlag(&cfg.Migrate, "migrate", "FACILITATOR_MIGRATE", true, "apply pending migrations at start (FACILITATOR_MIGRATE)")
 	settleTimeout := fs.String("settle-timeout", env("FACILITATOR_SETTLE_TIMEOUT", "30s"), "bound on one /settle; past it the answer is settlement_pending with the hash (FACILITATOR_SETTLE_TIMEOUT)")
 	pollInterval := fs.String("poll-interval", env("FACILITATOR_POLL_INTERVAL", "500ms"), "how often receipts are polled (FACILITATOR_POLL_INTERVAL)")
 	bumpAfter := fs.String("bump-after", env("FACILITATOR_BUMP_AFTER", "90s"), "replace an unmined settlement transaction with 10% higher fees after this long (FACILITATOR_BUMP_AFTER)")
 	idWindow := fs.String("payment-id-window", env("FACILITATOR_PAYMENT_ID_WINDOW", "24h"), "how long the full answer under a payment identifier is kept (FACILITATOR_PAYMENT_ID_WINDOW); the id's link to its settlement stays after it")
 	fs.StringVar(&cfg.RetentionSchedule, "retention-schedule", env("FACILITATOR_RETENTION_SCHEDULE", "@every 10m"), "cron schedule of the payment-identifier retention job (FACILITATOR_RETENTION_SCHEDULE)")
-	index := fs.String("index", env("FACILITATOR_INDEX", "true"), "run the block indexer in this process (FACILITATOR_INDEX)")
+	boolFlag(&cfg.Index, "index", "FACILITATOR_INDEX", true, "run the block indexer in this process (FACILITATOR_INDEX)")
 	readyLag := fs.String("ready-max-index-lag", env("FACILITATOR_READY_MAX_INDEX_LAG", "64"), "blocks an indexer this process leads may lag the head while /readyz answers ready; 0: any (FACILITATOR_READY_MAX_INDEX_LAG)")
 	statusTimeout := fs.String("status-timeout", env("FACILITATOR_STATUS_TIMEOUT", "10s"), "bound on one status lookup, API and console (FACILITATOR_STATUS_TIMEOUT)")
 	readyTimeout := fs.String("ready-timeout", env("FACILITATOR_READY_TIMEOUT", "2s"), "bound on one /readyz, all checks at once (FACILITATOR_READY_TIMEOUT)")
@@ -463,12 +541,13 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
 	deliveryRetention := fs.String("webhook-delivery-retention", env("FACILITATOR_WEBHOOK_DELIVERY_RETENTION", "720h"), "how long delivered or given-up webhook deliveries are kept before the retention job deletes them (FACILITATOR_WEBHOOK_DELIVERY_RETENTION)")
 	webhookPoll := fs.String("webhook-poll-interval", env("FACILITATOR_WEBHOOK_POLL_INTERVAL", "1s"), "how often new settlement events and due webhook deliveries are looked for (FACILITATOR_WEBHOOK_POLL_INTERVAL)")
-	webhookPrivate := fs.String("webhook-allow-private", env("FACILITATOR_WEBHOOK_ALLOW_PRIVATE", "false"), "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")
+	boolFlag(&cfg.WebhookAllowPrivate, "webhook-allow-private", "FACILITATOR_WEBHOOK_ALLOW_PRIVATE", false, "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")
 	fs.StringVar(&cfg.Auth, "auth", env("FACILITATOR_AUTH", "keys"), "keys (merchant API keys required) or open (no keys, local development only) (FACILITATOR_AUTH)")
 	keyRate := fs.String("rate-per-key", env("FACILITATOR_RATE_PER_KEY", "50"), "requests per second per API key, per process; 0: no limit (FACILITATOR_RATE_PER_KEY)")
 	fs.IntVar(&cfg.KeyBurst, "burst-per-key", atoi(env("FACILITATOR_BURST_PER_KEY", "100")), "burst per API key (FACILITATOR_BURST_PER_KEY)")
 	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
 	sessionTTL := fs.String("console-session-ttl", env("FACILITATOR_CONSOLE_SESSION_TTL", "12h"), "how long a console login lasts before the console asks for the key again (FACILITATOR_CONSOLE_SESSION_TTL)")
+	trustedProxies := fs.String("trusted-proxies", env("FACILITATOR_TRUSTED_PROXIES", ""), "comma-separated CIDRs (or addresses) of the reverse proxies in front; a request from one is keyed on the right-most X-Forwarded-For address outside them; empty: the TCP peer, always (FACILITATOR_TRUSTED_PROXIES)")
 	fs.IntVar(&cfg.ClientBurst, "burst-per-client", atoi(env("FACILITATOR_BURST_PER_CLIENT", "200")), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
 	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", atoi(env("FACILITATOR_WALLET_CAP_COUNT", "0")), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
 	walletCapAmount := fs.String("wallet-cap-amount", env("FACILITATOR_WALLET_CAP_AMOUNT", "0"), "most token base units settled per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_AMOUNT)")
@@ -478,6 +557,9 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read (FACILITATOR_BALANCE_INTERVAL)")
 	claimLease := fs.String("claim-lease", env("FACILITATOR_CLAIM_LEASE", "15s"), "how long a success claimed for a caller is held for its answer to be written; a process that dies first leaves it to the next identical request after this (FACILITATOR_CLAIM_LEASE)")
 	return fs, func() (*Config, error) {
+		if len(envErrs) > 0 {
+			return nil, envErrs[0]
+		}
 		if err := parseFlagValues(nonNegativeInt, []flagValue[*big.Int]{{"wallet-cap-amount", *walletCapAmount, &cfg.WalletCapAmount}, {"key-gas-budget-wei", *keyGasBudget, &cfg.KeyGasBudget}, {"signer-min-balance-wei", *minBalance, &cfg.SignerMinBalance}}); err != nil {
 			return nil, err
 		}
@@ -488,20 +570,20 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 			return nil, err
 		}
 
-		raw := *networksJSON
+		raw, source := *networksJSON, "networks JSON (--networks or FACILITATOR_NETWORKS)"
 		if *networksFile != "" {
 			b, err := os.ReadFile(*networksFile)
 			if err != nil {
 				return nil, fmt.Errorf("reading the networks file: %w", err)
 			}
-			raw = string(b)
+			raw, source = string(b), *networksFile
 		}
 		if raw != "" {
-			dec := json.NewDecoder(strings.NewReader(raw))
-			dec.DisallowUnknownFields() // a typo in an operator's file should fail loudly
-			if err := dec.Decode(&cfg.Networks); err != nil {
-				return nil, fmt.Errorf("networks JSON: %w", err)
+			networks, err := decodeNetworks([]byte(raw), source)
+			if err != nil {
+				return nil, err
 			}
+			cfg.Networks = networks
 			// Presets are filled in here, once, so that everything after reads one complete entry.
 			for i, nc := range cfg.Networks {
 				resolved, err := nc.resolve()
@@ -523,12 +605,13 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
 			return nil, err
 		}
-		cfg.Migrate = *migrate != "false" && *migrate != "0"
+		if cfg.TrustedProxies, err = prefixList(*trustedProxies); err != nil {
+			return nil, fmt.Errorf("trusted-proxies: %w", err)
+		}
 		if err := parseFlagValues(time.ParseDuration, []flagValue[time.Duration]{{"rpc-timeout", *rpcTimeout, &cfg.RPCTimeout}, {"verify-timeout", *verifyTimeout, &cfg.VerifyTimeout}, {"settle-timeout", *settleTimeout, &cfg.SettleTimeout}, {"poll-interval", *pollInterval, &cfg.PollInterval}, {"bump-after", *bumpAfter, &cfg.BumpAfter}, {"payment-id-window", *idWindow, &cfg.PaymentIDWindow}, {"reconcile-stale", *reconcileStale, &cfg.ReconcileStale}, {"wallet-cap-window", *walletCapWindow, &cfg.WalletCapWindow}, {"balance-interval", *balanceInterval, &cfg.BalanceInterval}, {"claim-lease", *claimLease, &cfg.ClaimLease}}); err != nil {
 			return nil, err
 		}
 		cfg.MaxInFlight = *maxInFlight
-		cfg.Index = *index != "false" && *index != "0"
 		if cfg.ReadyMaxIndexLag, err = strconv.ParseUint(*readyLag, 10, 64); err != nil {
 			return nil, fmt.Errorf("ready-max-index-lag: %q is not a block count", *readyLag)
 		}
@@ -542,7 +625,6 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 			}
 			cfg.MaxFeeCap, _ = new(big.Float).Mul(f, big.NewFloat(1e9)).Int(nil)
 		}
-		cfg.WebhookAllowPrivate = *webhookPrivate == "true" || *webhookPrivate == "1"
 		if err := parseFlagValues(positiveDuration, []flagValue[time.Duration]{{"webhook-poll-interval", *webhookPoll, &cfg.WebhookPollInterval}, {"webhook-delivery-retention", *deliveryRetention, &cfg.WebhookDeliveryRetention}, {"console-session-ttl", *sessionTTL, &cfg.ConsoleSessionTTL}}); err != nil {
 			return nil, err
 		}
@@ -613,6 +695,30 @@ func addressList(list, what string) ([]common.Address, error) {
 	return out, nil
 }
 
+// prefixList parses comma-separated CIDRs; a bare address is the prefix of itself alone.
+func prefixList(list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(s); err == nil {
+			if p != p.Masked() {
+				return nil, fmt.Errorf("%q has host bits set: did you mean %s?", s, p.Masked())
+			}
+			out = append(out, p)
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR (10.0.0.0/8) or an address", s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
+}
+
 // readSignerKeys reads keys from FACILITATOR_SIGNER_KEYS (comma-separated) and a file (one per
 // line, # comments). Errors name the key's position, never its text.
 func readSignerKeys(fromEnv, file string) ([]*ecdsa.PrivateKey, error) {
@@ -628,6 +734,9 @@ func readSignerKeys(fromEnv, file string) ([]*ecdsa.PrivateKey, error) {
 			return nil, fmt.Errorf("reading the signer keys file: %w", err)
 		}
 		defer f.Close()
+		if err := checkKeyFileMode(f); err != nil {
+			return nil, err
+		}
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			line := strings.TrimSpace(sc.Text())
@@ -654,6 +763,20 @@ func readSignerKeys(fromEnv, file string) ([]*ecdsa.PrivateKey, error) {
 		keys = append(keys, k)
 	}
 	return keys, nil
+}
+
+// checkKeyFileMode refuses a key file that anyone but its owner may read or write: whoever can
+// read it can spend the signers' gas and settle as the facilitator. It checks the open file, so
+// the mode judged is the file's that is read.
+func checkKeyFileMode(f *os.File) error {
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("reading the signer keys file: %w", err)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("signer keys file %s has mode %#o, open to group or others: it must be 0600 or stricter (chmod 600 %s)", f.Name(), perm, f.Name())
+	}
+	return nil
 }
 
 func atoi(s string) int {

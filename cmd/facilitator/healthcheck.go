@@ -21,6 +21,9 @@ func runHealthcheck(ctx context.Context, args []string, getenv func(string) stri
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := noArguments(fs); err != nil {
+		return err
+	}
 	if *url == "" {
 		*url = localHealthz(getenv("FACILITATOR_LISTEN"))
 	}

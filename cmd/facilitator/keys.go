@@ -64,6 +64,10 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	var key facilitator.APIKey
 	var keyID string
 	switch sub {
+	case "list":
+		if err := noArguments(fs); err != nil {
+			return err
+		}
 	case "create":
 		if strings.TrimSpace(*name) == "" {
 			return errors.New("keys create: --name is required")

@@ -8,10 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	"time"
 )
 
 const usage = `usage: facilitator <command> [flags]
@@ -101,7 +103,7 @@ func tuneGC(getenv func(string) string) int {
 
 func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	tuneGC(getenv)
-	cfg, err := parseServeFlags(args, getenv)
+	cfg, err := parseCommandFlags("serve", args, getenv, stderr)
 	if err != nil {
 		return err
 	}
@@ -112,7 +114,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 }
 
 func runIndex(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	cfg, err := parseServeFlags(args, getenv)
+	cfg, err := parseCommandFlags("index", args, getenv, stderr)
 	if err != nil {
 		return err
 	}
@@ -127,14 +129,33 @@ func runUntilDone(ctx context.Context, cfg *Config, stderr io.Writer) error {
 		m.Close()
 		return err
 	}
+	return awaitShutdown(ctx, m.Logger, m.Close)
+}
+
+// awaitShutdown waits for ctx to end (main's signal context: its cause names the signal), then
+// closes, saying so before and after: an operator reading the log of a restart sees that the
+// process was asked to stop, drained, and stopped, rather than a log that just ends.
+func awaitShutdown(ctx context.Context, log *slog.Logger, stop func() error) error {
 	<-ctx.Done()
-	return m.Close()
+	log.Info("shutting down: draining requests in flight, then stopping the engine, indexers and jobs", "cause", context.Cause(ctx).Error())
+	start := time.Now()
+	err := stop()
+	if err != nil {
+		log.Error("stopped, with errors", "took", time.Since(start).Round(time.Millisecond).String(), "err", err)
+		return err
+	}
+	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	url := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := noArguments(fs); err != nil {
 		return err
 	}
 	if *url == "" {

@@ -91,6 +91,9 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := noArguments(fs); err != nil {
+		return err
+	}
 	if !common.IsHexAddress(*token) {
 		return errors.New("signer: --token must be the token's address")
 	}

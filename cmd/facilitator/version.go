@@ -17,6 +17,9 @@ func runVersion(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := noArguments(fs); err != nil {
+		return err
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return errors.New("version: this binary carries no build information")

@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"syscall"
@@ -134,6 +135,11 @@ func (m *Main) Run(ctx context.Context) error {
 		ids[i] = n.ID
 	}
 	log.Info("facilitator listening", "addr", m.Addr, "networks", strings.Join(ids, ","), "signers", len(signerAddrs))
+	if openToNetwork(cfg.Auth, m.Addr) {
+		log.Warn("OPEN AUTH ON A NETWORK ADDRESS: no API key is asked for, so anyone who reaches "+m.Addr+
+			" can verify and settle (spending the signers' gas) and read every status; --auth open is for local development: use --auth keys, or listen on 127.0.0.1",
+			"addr", m.Addr, "auth", cfg.Auth)
+	}
 	return nil
 }
 
@@ -362,6 +368,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		ReadyEndpoints: m.readyEndpoints(networks),
 		ReadyTimeout:   cfg.ReadyTimeout,
 		Limits:         m.engine,
+		TrustedProxies: cfg.TrustedProxies,
 	}), nil
 }
 
@@ -380,6 +387,21 @@ func (m *Main) readyEndpoints(networks []facilitator.Network) func() map[string]
 		}
 		return out
 	}
+}
+
+// openToNetwork reports whether serving in auth mode on the bound address addr (host:port) takes
+// requests without a key from beyond this machine: open mode on anything but a loopback address
+// (":4021" binds every interface, and an address that does not parse is taken as exposed).
+func openToNetwork(auth, addr string) bool {
+	if auth != api.AuthOpen {
+		return false
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.IsLoopback()
 }
 
 // listen listens on the configured address and serves the API there in the background; Close
