@@ -216,6 +216,50 @@ func (m *Metrics) WatchSigners(src SignerSource) {
 	))
 }
 
+// RemoteSigner is one key of a remote signer at scrape time.
+type RemoteSigner struct {
+	Network, Address string
+	// Known: the key was contacted (probed or asked to sign); up is absent before.
+	Known, Up bool
+	// LastSigned is when it last signed a transaction in this process (zero: absent).
+	LastSigned time.Time
+	// Refusals counts the transactions it did not sign, by reason (each reason listed, 0 too).
+	Refusals map[string]uint64
+}
+
+// RemoteSignerSource lists the remote signers' keys; called on every scrape.
+type RemoteSignerSource func() []RemoteSigner
+
+// WatchRemoteSigners exports each remote key's state: up, its last signature's time, and the
+// transactions it did not sign by reason.
+func (m *Metrics) WatchRemoteSigners(src RemoteSignerSource) {
+	m.reg.MustRegister(newListCollector(src, []string{"network", "signer"},
+		func(s RemoteSigner) []string { return []string{s.Network, s.Address} },
+		series[RemoteSigner]{"remote_signer_up", "1 when the remote signer's last answer (a probe every --balance-interval, or a signature) was for this key and the network's chain; 0 when it is unreachable, times out, wants a password, signs for another chain or lacks the key (absent before the first contact).",
+			func(s RemoteSigner) (float64, bool) { return boolValue(s.Up), s.Known }},
+		series[RemoteSigner]{"remote_signer_last_signature_timestamp_seconds", "When the remote signer last signed a transaction of this key for this process (Unix seconds; absent before the first).",
+			func(s RemoteSigner) (float64, bool) { return unixSeconds(s.LastSigned), !s.LastSigned.IsZero() }},
+	), refusalCollector{src, prometheus.NewDesc(namespace+"_remote_signer_refusals_total",
+		"Transactions the remote signer did not sign for this process (settlements, batches, bumps, re-signs; not probes), by reason: unreachable, timeout, unauthorized, wrong_chain, unknown_key, refused (its policy), bad_answer.",
+		[]string{"network", "signer", "reason"}, nil)})
+}
+
+// refusalCollector exports each remote key's refusals by reason, as counters.
+type refusalCollector struct {
+	src  RemoteSignerSource
+	desc *prometheus.Desc
+}
+
+func (c refusalCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c refusalCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.src() {
+		for reason, n := range s.Refusals {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), s.Network, s.Address, reason)
+		}
+	}
+}
+
 // Indexer is one network's block indexer at scrape time.
 type Indexer struct {
 	Network string

@@ -15,6 +15,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
@@ -77,14 +78,20 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		keys := signers
 		if spec, addrs, _ := cfg.remoteSignerOf(nc); spec != "" {
 			ep, remote, err := remoteSigners(ctx, spec, addrs, n.ChainID, cfg.RPCTimeout)
-			if err == nil {
-				report(fmt.Sprintf("%s: remote signer at %s answers for %d key(s)", n.ID, ep.String(), len(remote)), nil)
-				ep.Close()
-			} else {
-				report(fmt.Sprintf("%s: remote signer", n.ID), err)
+			if err != nil {
+				report(fmt.Sprintf("%s: remote signer", n.ID), fmt.Errorf("%w; fix: start the signer, or correct its URL (--signer, or the entry's \"signer\")", err))
 			}
 			for _, r := range remote {
+				// Addresses given are not taken on trust: the signer must answer for each, on
+				// this chain, or every /settle of the key would answer 503 signer_unavailable.
+				pctx, cancelProbe := context.WithTimeout(ctx, cfg.RPCTimeout)
+				err := ep.Probe(pctx, r.Address())
+				cancelProbe()
+				report(fmt.Sprintf("%s: remote signer at %s holds %s and signs for chain %d", n.ID, ep.String(), r.Address().Hex(), n.ChainID), signerFix(err, n.ChainID))
 				keys = append(keys, r.Address())
+			}
+			if ep != nil {
+				ep.Close()
 			}
 		}
 		for _, k := range keys {
@@ -96,6 +103,24 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	}
 	fmt.Fprintln(out, "the configuration is ready to serve")
 	return nil
+}
+
+// signerFix is a failed probe of a remote signer with what to do about it; nil stays nil.
+func signerFix(err error, chainID uint64) error {
+	var se *extsigner.SignError
+	if err == nil || !errors.As(err, &se) {
+		return err
+	}
+	fix := map[string]string{
+		extsigner.ReasonUnreachable:  "start the signer, or correct its host and port (--signer, or the entry's \"signer\")",
+		extsigner.ReasonTimeout:      "the signer did not answer within --rpc-timeout: check that it runs and that nothing between drops the connection",
+		extsigner.ReasonUnauthorized: "give the signer's password in the URL, clef:http://facilitator:<password>@host:port/ (its --password-file)",
+		extsigner.ReasonWrongChain:   fmt.Sprintf("run the signer for chain %d (`facilitator signer --chain-id %d`, Clef's --chainid %d), or give this network the signer of its chain", chainID, chainID, chainID),
+		extsigner.ReasonUnknownKey:   "put the key in the signer (its keys file or keystore), or correct --signer-addresses (the entry's \"signerAddresses\")",
+		extsigner.ReasonRefused:      "the signer refused the probe: check its rules (Clef) or its log",
+		extsigner.ReasonBadAnswer:    "the signer's answer is not a signed transaction: is it a Clef-compatible signer?",
+	}[se.Reason]
+	return fmt.Errorf("%w; fix: %s", err, fix)
 }
 
 func finalityText(tag string, depth uint64) string {

@@ -3,12 +3,20 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"encoding/json"
+	"math/big"
+	"net"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/x402-facilitator/x402-facilitator/extsigner"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
@@ -45,6 +53,41 @@ func TestCheckConfig(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "the configuration is ready to serve") || strings.Contains(out, "FAIL") {
 		t.Fatalf("a good configuration: exit %d\n%s", code, out)
 	}
+	// The key in a narrow signer of the chain's; and in one of another chain's.
+	key := chain.Accounts[0].Key
+	narrow := func(chainID uint64) string {
+		srv, err := extsigner.NewServer(extsigner.Policy{ChainID: chainID, Token: chain.USDC.Address, TokenName: chain.USDC.Name,
+			TokenVersion: chain.USDC.Version, MaxGas: 300_000, MaxFeeCap: big.NewInt(1e12)}, []*ecdsa.PrivateKey{key}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := srv.Handler()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(h)
+		t.Cleanup(hs.Close)
+		return "clef:" + hs.URL + "/"
+	}
+	goodSigner, otherChainSigner := narrow(chain.ChainID), narrow(4242)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	downSigner := "clef:http://" + l.Addr().String() + "/"
+	l.Close()
+	remote := func(spec string, addr common.Address) func(env map[string]string) {
+		return func(env map[string]string) {
+			delete(env, "FACILITATOR_SIGNER_KEYS")
+			env["FACILITATOR_SIGNER"] = spec
+			env["FACILITATOR_SIGNER_ADDRESSES"] = addr.Hex()
+		}
+	}
+	keyAddr := crypto.PubkeyToAddress(key.PublicKey)
+	out, code = check(remote(goodSigner, keyAddr))
+	if code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "holds "+keyAddr.Hex()+" and signs for chain 31337") {
+		t.Fatalf("a remote signer holding the key for the chain: exit %d\n%s", code, out)
+	}
 	for _, c := range []struct {
 		name, want string
 		edit       func(env map[string]string)
@@ -61,6 +104,9 @@ func TestCheckConfig(t *testing.T) {
 			env["FACILITATOR_SIGNER_KEYS"] = "0x" + strings.Repeat("42", 32)
 			env["FACILITATOR_SIGNER_MIN_BALANCE_WEI"] = "0"
 		}},
+		{"a remote signer that is down", "connection refused; fix: start the signer", remote(downSigner, keyAddr)},
+		{"a remote signer without the key", "is not an account of this signer; fix: put the key in the signer", remote(goodSigner, common.HexToAddress("0x42"))},
+		{"a remote signer of another chain", "is not this signer's chain 4242; fix: run the signer for chain 31337", remote(otherChainSigner, keyAddr)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, code := check(c.edit)

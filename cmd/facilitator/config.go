@@ -475,7 +475,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	walletCapWindow := fs.String("wallet-cap-window", env("FACILITATOR_WALLET_CAP_WINDOW", "24h"), "the rolling window of the wallet caps (FACILITATOR_WALLET_CAP_WINDOW)")
 	keyGasBudget := fs.String("key-gas-budget-wei", env("FACILITATOR_KEY_GAS_BUDGET_WEI", "0"), "gas budget in wei per rolling 24 hours of an API key without its own (keys create --gas-budget-wei); 0: unlimited (FACILITATOR_KEY_GAS_BUDGET_WEI)")
 	minBalance := fs.String("signer-min-balance-wei", env("FACILITATOR_SIGNER_MIN_BALANCE_WEI", "10000000000000000"), "native balance in wei below which a signer takes no new settlement (default 0.01 ether); 0: no minimum (FACILITATOR_SIGNER_MIN_BALANCE_WEI)")
-	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read (FACILITATOR_BALANCE_INTERVAL)")
+	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read and the remote signers' keys probed (FACILITATOR_BALANCE_INTERVAL)")
 	claimLease := fs.String("claim-lease", env("FACILITATOR_CLAIM_LEASE", "15s"), "how long a success claimed for a caller is held for its answer to be written; a process that dies first leaves it to the next identical request after this (FACILITATOR_CLAIM_LEASE)")
 	return fs, func() (*Config, error) {
 		if err := parseFlagValues(nonNegativeInt, []flagValue[*big.Int]{{"wallet-cap-amount", *walletCapAmount, &cfg.WalletCapAmount}, {"key-gas-budget-wei", *keyGasBudget, &cfg.KeyGasBudget}, {"signer-min-balance-wei", *minBalance, &cfg.SignerMinBalance}}); err != nil {

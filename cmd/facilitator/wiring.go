@@ -59,6 +59,10 @@ type Main struct {
 	metrics  *metrics.Metrics
 	pprof    *pprofServer
 	signers  []*extsigner.Endpoint // the remote signers, where the keys are there
+	// signerNets are the networks of signers, in order.
+	signerNets []string
+	// stopProbes stops the remote signers' probes (signer.go); nil when none run.
+	stopProbes func()
 }
 
 // Run starts the facilitator and returns once it is listening. Each step starts what the next
@@ -213,7 +217,7 @@ func (m *Main) settleNetworks(ctx context.Context, networks []facilitator.Networ
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s: %w", n.ID, err)
 			}
-			m.signers, remote = append(m.signers, ep), keys
+			m.signers, m.signerNets, remote = append(m.signers, ep), append(m.signerNets, n.ID), keys
 			for _, r := range remote {
 				signerAddrs = append(signerAddrs, r.Address())
 			}
@@ -265,6 +269,8 @@ func (m *Main) startEngine(ctx context.Context, settleNets []settle.NetworkConfi
 	m.metrics.WatchSigners(signerSource(m.engine, cfg.SignerMinBalance))
 	m.metrics.WatchSettlements(openSource(m.engine))
 	m.metrics.WatchClaims(m.engine.LapsedClaims)
+	m.metrics.WatchRemoteSigners(m.remoteSignerHealth)
+	m.startSignerProbes(cfg.BalanceInterval, cfg.RPCTimeout)
 	return nil
 }
 
@@ -360,6 +366,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		Metrics:        m.metrics.Handler(),
 		Ready:          m.readyChecks(rpcReaders),
 		ReadyEndpoints: m.readyEndpoints(networks),
+		ReadySigners:   m.readySigners,
 		ReadyTimeout:   cfg.ReadyTimeout,
 		Limits:         m.engine,
 	}), nil
@@ -540,6 +547,9 @@ func (m *Main) Close() error {
 	}
 	for _, c := range m.clients {
 		c.Close()
+	}
+	if m.stopProbes != nil {
+		m.stopProbes()
 	}
 	for _, s := range m.signers {
 		s.Close()
