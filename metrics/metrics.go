@@ -260,6 +260,35 @@ func (c refusalCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// NetworkFees is a network's max fee and its last fee reading at scrape time, in wei.
+type NetworkFees struct {
+	Network string
+	// MaxFee is the most a transaction offers per gas; HasMax false: no limit (absent).
+	MaxFee float64
+	HasMax bool
+	// Needed is the least fee cap a transaction could be mined at by the last reading (the next
+	// base fee plus the tip, or the gas price), read at ReadAt; ReadAt zero: none yet (absent).
+	Needed float64
+	ReadAt time.Time
+}
+
+// NetworkFeesSource lists the networks' fees; called on every scrape.
+type NetworkFeesSource func() []NetworkFees
+
+// WatchNetworkFees exports each network's max fee beside the fee cap its chain needs now: while
+// the second is above the first, every /settle answers 503 network_fees_above_cap.
+func (m *Metrics) WatchNetworkFees(src NetworkFeesSource) {
+	m.reg.MustRegister(newListCollector(src, []string{"network"},
+		func(f NetworkFees) []string { return []string{f.Network} },
+		series[NetworkFees]{"network_max_fee_wei", "The most a transaction of the network offers per gas, in wei (fees.maxFeeGwei or --max-fee-gwei; absent: no limit).",
+			func(f NetworkFees) (float64, bool) { return f.MaxFee, f.HasMax }},
+		series[NetworkFees]{"network_needed_fee_cap_wei", "The least fee cap (or gas price) a transaction could be mined at, by the network's last fee reading (the next base fee plus the tip), in wei; absent before the first reading (fees are read when a settlement is priced).",
+			func(f NetworkFees) (float64, bool) { return f.Needed, !f.ReadAt.IsZero() }},
+		series[NetworkFees]{"network_fee_read_timestamp_seconds", "When the network's fees were last read (Unix seconds; absent before the first reading).",
+			func(f NetworkFees) (float64, bool) { return unixSeconds(f.ReadAt), !f.ReadAt.IsZero() }},
+	))
+}
+
 // Indexer is one network's block indexer at scrape time.
 type Indexer struct {
 	Network string

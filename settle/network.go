@@ -1,6 +1,7 @@
 package settle
 
 import (
+	"math/big"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,10 @@ type chainEngine struct {
 	feeAt   time.Time
 	feeLast Fees
 	feeErr  error // with feeLast: the fees are above the policy's max fee
+	// feeLeast is the least fee cap the last reading asked of a transaction (nil: none yet), read
+	// at feeLeastAt: for the metrics (Engine.Fees).
+	feeLeast   *big.Int
+	feeLeastAt time.Time
 	// feePolicy prices the network's transactions, its defaults applied.
 	feePolicy facilitator.FeePolicy
 

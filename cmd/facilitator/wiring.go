@@ -270,6 +270,7 @@ func (m *Main) startEngine(ctx context.Context, settleNets []settle.NetworkConfi
 	m.metrics.WatchSettlements(openSource(m.engine))
 	m.metrics.WatchClaims(m.engine.LapsedClaims)
 	m.metrics.WatchRemoteSigners(m.remoteSignerHealth)
+	m.metrics.WatchNetworkFees(feesSource(m.engine))
 	m.startSignerProbes(cfg.BalanceInterval, cfg.RPCTimeout)
 	return nil
 }
@@ -486,6 +487,27 @@ func signerSource(e *settle.Engine, minBalance *big.Int) metrics.SignerSource {
 				sig.BalanceReadAt = st.BalanceReadAt
 			}
 			out = append(out, sig)
+		}
+		return out
+	}
+}
+
+// feesSource reads each network's max fee and last fee reading at scrape time.
+func feesSource(e *settle.Engine) metrics.NetworkFeesSource {
+	wei := func(v *big.Int) float64 { f, _ := new(big.Float).SetInt(v).Float64(); return f }
+	return func() []metrics.NetworkFees {
+		var out []metrics.NetworkFees
+		for _, f := range e.Fees() {
+			nf := metrics.NetworkFees{Network: f.Network, HasMax: f.MaxFee != nil, ReadAt: f.At}
+			if f.MaxFee != nil {
+				nf.MaxFee = wei(f.MaxFee)
+			}
+			if f.Least != nil {
+				nf.Needed = wei(f.Least)
+			} else {
+				nf.ReadAt = time.Time{}
+			}
+			out = append(out, nf)
 		}
 		return out
 	}
