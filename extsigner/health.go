@@ -161,10 +161,8 @@ func (e *Endpoint) probe(ctx context.Context, addr common.Address) *SignError {
 	// Refused after the chain check, which both signers make first (and the narrow signer its
 	// key check before it): a Clef's rules deny the probe before it looks for the key, so the
 	// key is looked for in its list.
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
 	if strings.Contains(strings.ToLower(se.msg), "denied") {
-		addrs, err := e.Accounts(lctx)
+		addrs, err := e.Accounts(ctx)
 		switch {
 		case err != nil:
 			return &SignError{Reason: ReasonRefused, msg: fmt.Sprintf("%s; and its account_list: %v", se.msg, err)}

@@ -14,6 +14,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestProbe: a probe tells a signer that holds the key and signs for the chain from one that is
@@ -127,5 +128,45 @@ func TestProbe(t *testing.T) {
 	}
 	if h := down.Health()[0]; h.Up || h.Refusals[extsigner.ReasonUnreachable] != 1 || !h.LastSigned.IsZero() {
 		t.Fatalf("after an unreachable signer: %+v", h)
+	}
+}
+
+// TestProbeClef: the same probe tells a Clef (whose rules here approve everything, so it signs
+// the probe, which can never be mined) that holds the key for the chain from one asked for
+// another chain or another key.
+func TestProbeClef(t *testing.T) {
+	key, err := crypto.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := crypto.PubkeyToAddress(key.PublicKey)
+	clef := stacktest.StartClef(t, 31337, key)
+	for _, c := range []struct {
+		name    string
+		chainID uint64
+		addr    common.Address
+		reason  string
+	}{
+		{"holds the key, signs for the chain", 31337, addr, ""},
+		{"another chain", 4242, addr, extsigner.ReasonWrongChain},
+		{"another key", 31337, common.HexToAddress("0x42"), extsigner.ReasonUnknownKey},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			ep, err := extsigner.Dial(ctx, clef.URL, c.chainID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ep.Close()
+			err = ep.Probe(ctx, c.addr)
+			var se *extsigner.SignError
+			switch {
+			case c.reason == "" && err != nil:
+				t.Fatalf("probe: %v", err)
+			case c.reason != "" && (!errors.As(err, &se) || se.Reason != c.reason):
+				t.Fatalf("probe: %v, want reason %s", err, c.reason)
+			}
+		})
 	}
 }

@@ -161,7 +161,7 @@ func (n *chainEngine) fees(ctx context.Context) (Fees, error) {
 	if err != nil && !errors.Is(err, errFeesAboveCap) {
 		return Fees{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the network's fees; nothing was sent, retry", err)
 	}
-	n.feeLeast, n.feeLeastAt = least, e.now()
+	n.feeNeeded.Store(&neededFee{least: least, at: e.now()})
 	if err != nil {
 		// Units in the names: these are gwei, as --max-fee-gwei and fees.maxFeeGwei are given.
 		e.log.Warn("network fees are above the configured max fee; new settlements are refused until they fall: raise the network's fees.maxFeeGwei (or --max-fee-gwei)",
@@ -190,10 +190,10 @@ func readFees(ctx context.Context, chain ethrpc.Chain, p facilitator.FeePolicy, 
 			GasUsedRatio []float64        `json:"gasUsedRatio"`
 			Reward       [][]*hexutil.Big `json:"reward"`
 		}
-		tip, price hexutil.Big
+		tip, gasPrice hexutil.Big
 	)
 	if p.Legacy {
-		batch = []rpc.BatchElem{ethrpc.GasPrice(&price)}
+		batch = []rpc.BatchElem{ethrpc.GasPrice(&gasPrice)}
 	} else {
 		batch = []rpc.BatchElem{
 			ethrpc.FeeHistory(uint64(p.HistoryBlocks), "latest", []float64{p.TipPercentile}, &hist),
@@ -206,7 +206,7 @@ func readFees(ctx context.Context, chain ethrpc.Chain, p facilitator.FeePolicy, 
 	err := chain.BatchCallContext(cctx, batch)
 	if err == nil && p.Legacy {
 		if err = batch[0].Error; err == nil {
-			r.gasPrice = (*big.Int)(&price)
+			r.gasPrice = (*big.Int)(&gasPrice)
 		}
 	} else if err == nil {
 		if batch[0].Error == nil && len(hist.BaseFees) == len(hist.GasUsedRatio)+1 && len(hist.Reward) == len(hist.GasUsedRatio) {
@@ -281,9 +281,10 @@ func (e *Engine) Fees() []NetworkFees {
 	out := make([]NetworkFees, 0, len(ids))
 	for _, id := range ids {
 		n := e.networks[id]
-		n.feeMu.Lock()
-		nf := NetworkFees{Network: id, MaxFee: n.feePolicy.MaxFee, Least: n.feeLeast, At: n.feeLeastAt}
-		n.feeMu.Unlock()
+		nf := NetworkFees{Network: id, MaxFee: n.feePolicy.MaxFee}
+		if r := n.feeNeeded.Load(); r != nil {
+			nf.Least, nf.At = r.least, r.at
+		}
 		out = append(out, nf)
 	}
 	return out

@@ -108,6 +108,23 @@ func TestNarrowSignerCommand(t *testing.T) {
 	if n := h.nonce(ctx, t, true); n != 1 {
 		t.Fatalf("the key's pending nonce is %d after a failed sign, want 1", n)
 	}
+	// The metrics say so: the signature that was given, and the one the signer was not there for.
+	res, err = serve.client.Get(serve.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	labels := fmt.Sprintf(`network=%q,signer=%q`, h.network, h.signer.Hex())
+	for _, want := range []string{
+		fmt.Sprintf(`facilitator_remote_signer_refusals_total{network=%q,reason="unreachable",signer=%q} 1`, h.network, h.signer.Hex()),
+		"facilitator_remote_signer_last_signature_timestamp_seconds{" + labels + "} ",
+		"facilitator_remote_signer_up{" + labels + "} 0",
+	} {
+		if !strings.Contains(string(scraped), want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, grepLines(string(scraped), "remote_signer"))
+		}
+	}
 	serve.stop(t)
 
 	bare := strings.TrimPrefix(keyHex, "0x")
