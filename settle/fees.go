@@ -462,7 +462,7 @@ func (n *chainEngine) bump(ctx context.Context, f *flight, basedOn common.Hash) 
 			m.txs = append(m.txs, &sentTx{hash: tx.Hash(), nonce: m.nonce, raw: raw, fees: fees, signedAt: now})
 		})
 	}
-	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
+	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip_gwei", facilitator.Gwei(fees.TipCap), "fee_cap_gwei", facilitator.Gwei(fees.FeeCap))...)
 	e.cfg.Observer.FeeBumped(n.net.ID)
 	return nil
 }

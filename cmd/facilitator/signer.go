@@ -19,6 +19,7 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
@@ -231,7 +232,7 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	slices.Sort(accounts)
 	log.Info("narrow signer listening", "addr", ln.Addr().String(), "chain_id", *chainID, "token", common.HexToAddress(*token),
-		"token_name", name, "token_version", version, "max_gas", *maxGas, "max_fee_cap", feeCap, "allow_contract_wallets", *allowWallets,
+		"token_name", name, "token_version", version, "max_gas", *maxGas, "max_fee_gwei", facilitator.Gwei(feeCap), "allow_contract_wallets", *allowWallets,
 		"window", *window, "max_txs_per_window", *maxTxs, "max_gas_per_window", *maxWindowGas, "accounts", strings.Join(accounts, ","))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
