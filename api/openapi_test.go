@@ -462,6 +462,9 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 		ReadyEndpoints: func() map[string]string {
 			return map[string]string{"eip155:84532/rpc0": "ok, head 12", "eip155:84532/rpc1": "down: rate limited"}
 		},
+		ReadySigners: func() map[string]string {
+			return map[string]string{"eip155:84532/0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266": "down: remote signer http://127.0.0.1:8550: account_signTransaction: connection refused"}
+		},
 		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f,
 		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler), Now: time.Now,
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},

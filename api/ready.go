@@ -31,6 +31,9 @@ type ReadyResponse struct {
 	// Endpoints is each RPC endpoint's state, for operators; it does not make the process
 	// unready (a network serves while any of its endpoints does).
 	Endpoints map[string]string `json:"endpoints,omitempty"`
+	// Signers is each remote signer key's state ("ok, …", "down: …", "not contacted yet"), for
+	// operators; it does not make the process unready (Config.ReadySigners says why).
+	Signers map[string]string `json:"signers,omitempty"`
 }
 
 // maxStateText bounds a state's text in the body.
@@ -135,6 +138,9 @@ func (s *Server) checkReady(parent context.Context) *readyAnswer {
 	}
 	if s.cfg.ReadyEndpoints != nil {
 		res.Endpoints = s.cfg.ReadyEndpoints()
+	}
+	if s.cfg.ReadySigners != nil {
+		res.Signers = s.cfg.ReadySigners()
 	}
 	return &readyAnswer{status: status, body: res}
 }

@@ -158,3 +158,27 @@ func TestReadyz(t *testing.T) {
 		}
 	})
 }
+
+// TestReadyzSigners: /readyz lists each remote signer key's state, and a signer that is down
+// leaves the process ready (it still verifies; /settle answers 503 with Retry-After) while the
+// body says so.
+func TestReadyzSigners(t *testing.T) {
+	signers := map[string]string{"eip155:31337/0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266": "down: unreachable: connection refused"}
+	srv := httptest.NewServer(api.New(api.Config{ReadyTimeout: 500 * time.Millisecond,
+		Ready:        map[string]api.ReadyChecker{"postgres": api.ReadyFunc(func(context.Context) error { return nil })},
+		ReadySigners: func() map[string]string { return signers }}).Handler())
+	defer srv.Close()
+	res, err := http.Get(srv.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var body api.ReadyResponse
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusOK || body.Status != "ready" || len(body.Signers) != 1 ||
+		body.Signers["eip155:31337/0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"] != signers["eip155:31337/0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"] {
+		t.Fatalf("%d %+v", res.StatusCode, body)
+	}
+}

@@ -47,6 +47,12 @@ type Config struct {
 	// ReadyEndpoints, when set, lists each RPC endpoint's state for the /readyz body (named,
 	// never by URL); informational only.
 	ReadyEndpoints func() map[string]string
+	// ReadySigners, when set, lists each remote signer key's state for the /readyz body
+	// ("network/address": "ok, …" or what failed). Like the endpoints, it does not make the process
+	// unready: a process whose signer is down still verifies, and /settle answers 503 with
+	// Retry-After; every replica shares the signer, so taking them all out of service would stop
+	// /verify and the status routes too.
+	ReadySigners func() map[string]string
 	// ReadyTimeout bounds one /readyz, all checks at once (default 2s).
 	ReadyTimeout time.Duration
 	// ReadyEvery is how often, at most, /readyz runs its checks (default 1s): in between, and

@@ -26,6 +26,8 @@ type Endpoint struct {
 	rpc     *rpc.Client
 	where   string
 	chainID *big.Int
+	now     func() time.Time
+	health  health
 }
 
 // Dial prepares the signer at rawURL (http or https; user:password in it is sent as basic auth)
@@ -41,7 +43,7 @@ func Dial(ctx context.Context, rawURL string, chainID uint64) (*Endpoint, error)
 	if err != nil {
 		return nil, fmt.Errorf("remote signer %s: %s", Redact(rawURL), scrub(err))
 	}
-	return &Endpoint{rpc: c, where: Redact(rawURL), chainID: new(big.Int).SetUint64(chainID)}, nil
+	return &Endpoint{rpc: c, where: Redact(rawURL), chainID: new(big.Int).SetUint64(chainID), now: time.Now}, nil
 }
 
 // Close closes the connection.
@@ -60,8 +62,13 @@ func (e *Endpoint) Accounts(ctx context.Context) ([]common.Address, error) {
 	return out, nil
 }
 
-// Signer is the remote key of addr.
-func (e *Endpoint) Signer(addr common.Address) *Client { return &Client{e: e, addr: addr} }
+// Signer is the remote key of addr; its health is listed from now on (Health).
+func (e *Endpoint) Signer(addr common.Address) *Client {
+	e.health.mu.Lock()
+	e.health.key(addr)
+	e.health.mu.Unlock()
+	return &Client{e: e, addr: addr}
+}
 
 // Client signs one remote key's transactions (settle.Signer).
 type Client struct {
@@ -78,16 +85,26 @@ type signResult struct {
 }
 
 // SignTx asks the signer to sign tx (ChainID is set to the endpoint's) and returns the signed
-// transaction it answers. The caller checks that it is the transaction asked for.
+// transaction it answers. The caller checks that it is the transaction asked for. The answer is
+// recorded in the key's health; an error is a *SignError.
 func (c *Client) SignTx(ctx context.Context, tx types.TxData) (*types.Transaction, error) {
+	signed, err := c.signTx(ctx, tx)
+	c.e.record(c.addr, err, true)
+	if err != nil {
+		return nil, err
+	}
+	return signed, nil
+}
+
+func (c *Client) signTx(ctx context.Context, tx types.TxData) (*types.Transaction, *SignError) {
 	args := Args(c.addr, c.e.chainID, tx)
 	var res signResult
 	if err := c.e.rpc.CallContext(ctx, &res, "account_signTransaction", args); err != nil {
-		return nil, fmt.Errorf("remote signer %s: account_signTransaction: %s", c.e.where, scrub(err))
+		return nil, c.e.signError("account_signTransaction", err)
 	}
 	signed := new(types.Transaction)
 	if err := signed.UnmarshalBinary(res.Raw); err != nil {
-		return nil, fmt.Errorf("remote signer %s: the signed transaction does not decode: %w", c.e.where, err)
+		return nil, &SignError{Reason: ReasonBadAnswer, msg: fmt.Sprintf("remote signer %s: the signed transaction does not decode: %v", c.e.where, err)}
 	}
 	return signed, nil
 }

@@ -116,6 +116,14 @@ func (s *Server) Sign(args *apitypes.SendTxArgs) (*types.Transaction, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: from %s is not an account of this signer", ErrRefused, from)
 	}
+	if isProbe(args) {
+		// Checked as a settlement's key and chain are, and then signed never: the narrow signer
+		// signs nothing but settlements.
+		if args.ChainID == nil || args.ChainID.ToInt().Cmp(new(big.Int).SetUint64(s.policy.ChainID)) != 0 {
+			return nil, fmt.Errorf("%w: chainId %s is not this signer's chain %d", ErrRefused, args.ChainID.ToInt(), s.policy.ChainID)
+		}
+		return nil, probeAnswer{s.policy.ChainID}
+	}
 	tx, err := s.policy.Check(args)
 	if err != nil {
 		return nil, err
@@ -148,6 +156,11 @@ type SignTransactionResult struct {
 // ignored: the calldata itself is checked.
 func (a *accountAPI) SignTransaction(_ context.Context, args apitypes.SendTxArgs, _ *string) (*SignTransactionResult, error) {
 	tx, err := a.s.Sign(&args)
+	var probe probeAnswer
+	if errors.As(err, &probe) {
+		a.s.log.Debug("probe answered", "from", args.From.Address())
+		return nil, probe // as it is: its JSON-RPC code is what the prober reads
+	}
 	if err != nil {
 		a.s.log.Warn("signing refused", "from", args.From.Address(), "err", err)
 		return nil, err

@@ -3,6 +3,7 @@ package facilitator
 import (
 	"fmt"
 	"math/big"
+	"strings"
 )
 
 // FeePolicy is how a network's settlement transactions are priced. The zero value is the
@@ -86,4 +87,18 @@ func (p FeePolicy) Check() error {
 		return fmt.Errorf("max fee %s wei is below max tip %s wei", p.MaxFee, p.MaxTip)
 	}
 	return nil
+}
+
+// Gwei is wei in gwei, exact (to the ninth decimal, trailing zeros dropped): how fees are shown
+// beside the settings that give them in gwei (--max-fee-gwei, fees.maxFeeGwei). nil is "none".
+func Gwei(wei *big.Int) string {
+	if wei == nil {
+		return "none"
+	}
+	r := new(big.Rat).SetFrac(wei, big.NewInt(1e9))
+	s := strings.TrimRight(strings.TrimRight(r.FloatString(9), "0"), ".")
+	if s == "" || s == "-" {
+		return "0"
+	}
+	return s
 }

@@ -216,6 +216,79 @@ func (m *Metrics) WatchSigners(src SignerSource) {
 	))
 }
 
+// RemoteSigner is one key of a remote signer at scrape time.
+type RemoteSigner struct {
+	Network, Address string
+	// Known: the key was contacted (probed or asked to sign); up is absent before.
+	Known, Up bool
+	// LastSigned is when it last signed a transaction in this process (zero: absent).
+	LastSigned time.Time
+	// Refusals counts the transactions it did not sign, by reason (each reason listed, 0 too).
+	Refusals map[string]uint64
+}
+
+// RemoteSignerSource lists the remote signers' keys; called on every scrape.
+type RemoteSignerSource func() []RemoteSigner
+
+// WatchRemoteSigners exports each remote key's state: up, its last signature's time, and the
+// transactions it did not sign by reason.
+func (m *Metrics) WatchRemoteSigners(src RemoteSignerSource) {
+	m.reg.MustRegister(newListCollector(src, []string{"network", "signer"},
+		func(s RemoteSigner) []string { return []string{s.Network, s.Address} },
+		series[RemoteSigner]{"remote_signer_up", "1 when the remote signer's last answer (a probe every --balance-interval, or a signature) was for this key and the network's chain; 0 when it is unreachable, times out, wants a password, signs for another chain or lacks the key (absent before the first contact).",
+			func(s RemoteSigner) (float64, bool) { return boolValue(s.Up), s.Known }},
+		series[RemoteSigner]{"remote_signer_last_signature_timestamp_seconds", "When the remote signer last signed a transaction of this key for this process (Unix seconds; absent before the first).",
+			func(s RemoteSigner) (float64, bool) { return unixSeconds(s.LastSigned), !s.LastSigned.IsZero() }},
+	), refusalCollector{src, prometheus.NewDesc(namespace+"_remote_signer_refusals_total",
+		"Transactions the remote signer did not sign for this process (settlements, batches, bumps, re-signs; not probes), by reason: unreachable, timeout, unauthorized, wrong_chain, unknown_key, refused (its policy), bad_answer.",
+		[]string{"network", "signer", "reason"}, nil)})
+}
+
+// refusalCollector exports each remote key's refusals by reason, as counters.
+type refusalCollector struct {
+	src  RemoteSignerSource
+	desc *prometheus.Desc
+}
+
+func (c refusalCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c refusalCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.src() {
+		for reason, n := range s.Refusals {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(n), s.Network, s.Address, reason)
+		}
+	}
+}
+
+// NetworkFees is a network's max fee and its last fee reading at scrape time, in wei.
+type NetworkFees struct {
+	Network string
+	// MaxFee is the most a transaction offers per gas; HasMax false: no limit (absent).
+	MaxFee float64
+	HasMax bool
+	// Needed is the least fee cap a transaction could be mined at by the last reading (the next
+	// base fee plus the tip, or the gas price), read at ReadAt; ReadAt zero: none yet (absent).
+	Needed float64
+	ReadAt time.Time
+}
+
+// NetworkFeesSource lists the networks' fees; called on every scrape.
+type NetworkFeesSource func() []NetworkFees
+
+// WatchNetworkFees exports each network's max fee beside the fee cap its chain needs now: while
+// the second is above the first, every /settle answers 503 network_fees_above_cap.
+func (m *Metrics) WatchNetworkFees(src NetworkFeesSource) {
+	m.reg.MustRegister(newListCollector(src, []string{"network"},
+		func(f NetworkFees) []string { return []string{f.Network} },
+		series[NetworkFees]{"network_max_fee_wei", "The most a transaction of the network offers per gas, in wei (fees.maxFeeGwei or --max-fee-gwei; absent: no limit).",
+			func(f NetworkFees) (float64, bool) { return f.MaxFee, f.HasMax }},
+		series[NetworkFees]{"network_needed_fee_cap_wei", "The least fee cap (or gas price) a transaction could be mined at, by the network's last fee reading (the next base fee plus the tip), in wei; absent before the first reading (fees are read when a settlement is priced).",
+			func(f NetworkFees) (float64, bool) { return f.Needed, !f.ReadAt.IsZero() }},
+		series[NetworkFees]{"network_fee_read_timestamp_seconds", "When the network's fees were last read (Unix seconds; absent before the first reading).",
+			func(f NetworkFees) (float64, bool) { return unixSeconds(f.ReadAt), !f.ReadAt.IsZero() }},
+	))
+}
+
 // Indexer is one network's block indexer at scrape time.
 type Indexer struct {
 	Network string

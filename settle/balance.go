@@ -114,10 +114,10 @@ func (n *chainEngine) readBalances(ctx context.Context) {
 		switch was := s.low.Swap(low); {
 		case low && !was:
 			e.log.Error("signer balance below threshold: fund it; the signer takes no new settlements until then",
-				"network", n.net.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
+				"network", n.net.ID, "signer", s.addr, "balance_wei", bal, "threshold_wei", threshold)
 		case !low && was:
 			e.log.Info("signer balance back above threshold; the signer takes settlements again",
-				"network", n.net.ID, "signer", s.addr, "balance", bal, "threshold", threshold)
+				"network", n.net.ID, "signer", s.addr, "balance_wei", bal, "threshold_wei", threshold)
 		}
 	}
 }

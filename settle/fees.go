@@ -71,15 +71,22 @@ var errNoFeeReading = errors.New("settle: no base fee or gas price in the fee re
 // be mined: the answer is the fees at the limit and errFeesAboveCap (a bump may still go up to
 // the limit; a new settlement is refused).
 func priceFees(p facilitator.FeePolicy, r feeReading) (Fees, error) {
+	f, _, err := price(p, r)
+	return f, err
+}
+
+// price is priceFees, with the least fee cap (or gas price) a transaction could be mined at
+// under p now, whatever the max fee: the next base fee plus the tip, or the gas price.
+func price(p facilitator.FeePolicy, r feeReading) (Fees, *big.Int, error) {
 	if p.Legacy {
 		if r.gasPrice == nil {
-			return Fees{}, errNoFeeReading
+			return Fees{}, nil, errNoFeeReading
 		}
 		price := clampTip(r.gasPrice, p.MinTip, nil)
 		if p.MaxFee != nil && price.Cmp(p.MaxFee) > 0 {
-			return Fees{TipCap: new(big.Int).Set(p.MaxFee), FeeCap: new(big.Int).Set(p.MaxFee)}, errFeesAboveCap
+			return Fees{TipCap: new(big.Int).Set(p.MaxFee), FeeCap: new(big.Int).Set(p.MaxFee)}, price, errFeesAboveCap
 		}
-		return Fees{TipCap: price, FeeCap: new(big.Int).Set(price)}, nil
+		return Fees{TipCap: price, FeeCap: new(big.Int).Set(price)}, price, nil
 	}
 	var baseFee, tip *big.Int
 	if h := r.history; h != nil && len(h.baseFees) > 0 {
@@ -95,7 +102,7 @@ func priceFees(p facilitator.FeePolicy, r feeReading) (Fees, error) {
 		baseFee = r.latestBaseFee
 	}
 	if baseFee == nil {
-		return Fees{}, errNoFeeReading
+		return Fees{}, nil, errNoFeeReading
 	}
 	if tip == nil {
 		tip = r.nodeTip
@@ -107,13 +114,14 @@ func priceFees(p facilitator.FeePolicy, r feeReading) (Fees, error) {
 	feeCap := new(big.Int).Mul(baseFee, new(big.Int).SetUint64(p.FeeCapPercent))
 	feeCap = ceilDiv(feeCap, 100)
 	feeCap.Add(feeCap, tip)
+	least := new(big.Int).Add(baseFee, tip)
 	if p.MaxFee != nil && feeCap.Cmp(p.MaxFee) > 0 {
 		feeCap.Set(p.MaxFee)
-		if least := new(big.Int).Add(baseFee, tip); least.Cmp(p.MaxFee) > 0 {
-			return Fees{TipCap: minBig(tip, p.MaxFee), FeeCap: feeCap}, errFeesAboveCap
+		if least.Cmp(p.MaxFee) > 0 {
+			return Fees{TipCap: minBig(tip, p.MaxFee), FeeCap: feeCap}, least, errFeesAboveCap
 		}
 	}
-	return Fees{TipCap: tip, FeeCap: feeCap}, nil
+	return Fees{TipCap: tip, FeeCap: feeCap}, least, nil
 }
 
 // SuggestFees is the default policy's price, with minimum tip minTip, read the way a node without
@@ -142,6 +150,35 @@ func (n *chainEngine) fees(ctx context.Context) (Fees, error) {
 		return n.feeLast, n.feeErr
 	}
 	p := n.feePolicy
+	r, err := readFees(ctx, n.chain, p, e.cfg.RPCTimeout)
+	var (
+		f     Fees
+		least *big.Int
+	)
+	if err == nil {
+		f, least, err = price(p, r)
+	}
+	if err != nil && !errors.Is(err, errFeesAboveCap) {
+		return Fees{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the network's fees; nothing was sent, retry", err)
+	}
+	n.feeNeeded.Store(&neededFee{least: least, at: e.now()})
+	if err != nil {
+		// Units in the names: these are gwei, as --max-fee-gwei and fees.maxFeeGwei are given.
+		e.log.Warn("network fees are above the configured max fee; new settlements are refused until they fall: raise the network's fees.maxFeeGwei (or --max-fee-gwei)",
+			"network", n.net.ID, "max_fee_gwei", facilitator.Gwei(p.MaxFee), "needed_fee_cap_gwei", facilitator.Gwei(least),
+			"fee_cap_gwei", facilitator.Gwei(f.FeeCap), "tip_gwei", facilitator.Gwei(f.TipCap))
+		err = &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonFeesAboveCap,
+			Message:    "the network's fees are above this facilitator's max fee per gas; nothing was sent, retry later",
+			RetryAfter: feesRetryAfter, Err: err}
+	}
+	n.feeLast, n.feeErr, n.feeAt = f, err, e.now()
+	return f, err
+}
+
+// readFees reads what pricing under p needs, in one round trip bounded by timeout:
+// eth_feeHistory over the policy's blocks at its percentile, with the latest block's base fee and
+// eth_maxPriorityFeePerGas for a node without it; eth_gasPrice on a legacy network.
+func readFees(ctx context.Context, chain ethrpc.Chain, p facilitator.FeePolicy, timeout time.Duration) (feeReading, error) {
 	var (
 		r     feeReading
 		batch []rpc.BatchElem
@@ -153,10 +190,10 @@ func (n *chainEngine) fees(ctx context.Context) (Fees, error) {
 			GasUsedRatio []float64        `json:"gasUsedRatio"`
 			Reward       [][]*hexutil.Big `json:"reward"`
 		}
-		tip, price hexutil.Big
+		tip, gasPrice hexutil.Big
 	)
 	if p.Legacy {
-		batch = []rpc.BatchElem{ethrpc.GasPrice(&price)}
+		batch = []rpc.BatchElem{ethrpc.GasPrice(&gasPrice)}
 	} else {
 		batch = []rpc.BatchElem{
 			ethrpc.FeeHistory(uint64(p.HistoryBlocks), "latest", []float64{p.TipPercentile}, &hist),
@@ -164,12 +201,12 @@ func (n *chainEngine) fees(ctx context.Context) (Fees, error) {
 			ethrpc.MaxPriorityFeePerGas(&tip),
 		}
 	}
-	cctx, cancel := context.WithTimeout(ctx, e.cfg.RPCTimeout)
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	err := n.chain.BatchCallContext(cctx, batch)
+	err := chain.BatchCallContext(cctx, batch)
 	if err == nil && p.Legacy {
 		if err = batch[0].Error; err == nil {
-			r.gasPrice = (*big.Int)(&price)
+			r.gasPrice = (*big.Int)(&gasPrice)
 		}
 	} else if err == nil {
 		if batch[0].Error == nil && len(hist.BaseFees) == len(hist.GasUsedRatio)+1 && len(hist.Reward) == len(hist.GasUsedRatio) {
@@ -193,22 +230,64 @@ func (n *chainEngine) fees(ctx context.Context) (Fees, error) {
 			r.nodeTip = (*big.Int)(&tip)
 		}
 	}
-	var f Fees
-	if err == nil {
-		f, err = priceFees(p, r)
-	}
-	if err != nil && !errors.Is(err, errFeesAboveCap) {
-		return Fees{}, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError, "could not read the network's fees; nothing was sent, retry", err)
-	}
+	return r, err
+}
+
+// FeeQuote is one reading of a network's fees against its policy.
+type FeeQuote struct {
+	// Fees are what a new transaction would offer (at the max fee when Above).
+	Fees Fees
+	// Least is the least fee cap (or gas price) a transaction could be mined at now: the next
+	// block's base fee plus the tip, or the node's gas price.
+	Least *big.Int
+	// Above: Least is above the policy's max fee, so every new settlement is refused
+	// (network_fees_above_cap).
+	Above bool
+}
+
+// QuoteFees reads the network's fees once through chain, as the engine does before it signs, and
+// prices them under p (its defaults applied: facilitator.FeePolicy.WithDefaults): what
+// --check-config compares the max fee with.
+func QuoteFees(ctx context.Context, chain ethrpc.Chain, p facilitator.FeePolicy, timeout time.Duration) (FeeQuote, error) {
+	r, err := readFees(ctx, chain, p, timeout)
 	if err != nil {
-		e.log.Warn("network fees are above the configured max fee; new settlements are refused until they fall",
-			"network", n.net.ID, "max_fee", p.MaxFee, "fee_cap", f.FeeCap, "tip", f.TipCap)
-		err = &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonFeesAboveCap,
-			Message:    "the network's fees are above this facilitator's max fee per gas; nothing was sent, retry later",
-			RetryAfter: feesRetryAfter, Err: err}
+		return FeeQuote{}, err
 	}
-	n.feeLast, n.feeErr, n.feeAt = f, err, e.now()
-	return f, err
+	f, least, err := price(p, r)
+	if err != nil && !errors.Is(err, errFeesAboveCap) {
+		return FeeQuote{}, err
+	}
+	return FeeQuote{Fees: f, Least: least, Above: err != nil}, nil
+}
+
+// NetworkFees is a network's max fee and what its last fee reading asked of a new transaction.
+type NetworkFees struct {
+	Network string
+	// MaxFee is the most a transaction offers per gas, in wei (nil: no limit).
+	MaxFee *big.Int
+	// Least is the least fee cap a transaction could be mined at by the last reading (nil:
+	// none yet), and At when it was read.
+	Least *big.Int
+	At    time.Time
+}
+
+// Fees lists each network's max fee and last fee reading (read at scrape time).
+func (e *Engine) Fees() []NetworkFees {
+	ids := make([]string, 0, len(e.networks))
+	for id := range e.networks {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	out := make([]NetworkFees, 0, len(ids))
+	for _, id := range ids {
+		n := e.networks[id]
+		nf := NetworkFees{Network: id, MaxFee: n.feePolicy.MaxFee}
+		if r := n.feeNeeded.Load(); r != nil {
+			nf.Least, nf.At = r.least, r.at
+		}
+		out = append(out, nf)
+	}
+	return out
 }
 
 // dueForBump reports whether t's newest variant is due to be replaced with higher fees: a node
@@ -334,7 +413,7 @@ func (n *chainEngine) bump(ctx context.Context, f *flight, basedOn common.Hash) 
 	old := f.latest()
 	fees, ok := BumpFees(old.fees, suggested, n.feePolicy.BumpPercent, n.feePolicy.MaxFee)
 	if !ok {
-		e.log.Warn("fee bump would exceed the max fee; keeping the current fees", f.logAttrs("tx", old.hash, "fee_cap", old.fees.FeeCap, "max_fee", n.feePolicy.MaxFee)...)
+		e.log.Warn("fee bump would exceed the max fee; keeping the current fees", f.logAttrs("tx", old.hash, "fee_cap_gwei", facilitator.Gwei(old.fees.FeeCap), "max_fee_gwei", facilitator.Gwei(n.feePolicy.MaxFee))...)
 		return nil
 	}
 	s := f.sender
@@ -383,7 +462,7 @@ func (n *chainEngine) bump(ctx context.Context, f *flight, basedOn common.Hash) 
 			m.txs = append(m.txs, &sentTx{hash: tx.Hash(), nonce: m.nonce, raw: raw, fees: fees, signedAt: now})
 		})
 	}
-	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip", fees.TipCap, "fee_cap", fees.FeeCap)...)
+	e.log.Info("fee bump", f.logAttrs("tx_nonce", f.txNonce(), "tx", tx.Hash(), "replaces", old.hash, "tip_gwei", facilitator.Gwei(fees.TipCap), "fee_cap_gwei", facilitator.Gwei(fees.FeeCap))...)
 	e.cfg.Observer.FeeBumped(n.net.ID)
 	return nil
 }

@@ -3,7 +3,9 @@ package settle_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,11 +208,18 @@ func TestSettleFeesWithoutFeeHistory(t *testing.T) {
 
 // TestSettleFeesAboveMaxFee: when the next base fee and the tip are above the network's max fee,
 // /settle is refused with network_fees_above_cap and a Retry-After: nothing signed, nothing in the
-// ledger, nothing sent.
+// ledger, nothing sent. The warning gives the fees in gwei, named so, and the engine reports the
+// fee cap the chain needs beside the max fee (the metrics' reading).
 func TestSettleFeesAboveMaxFee(t *testing.T) {
 	ctx := context.Background()
 	next := nextBaseFee(t)
-	r := env.NewEngine(t, stacktest.EngineOptions{Config: withFees(facilitator.FeePolicy{MaxFee: new(big.Int).Sub(next, big.NewInt(1))}, nil)})
+	maxFee := new(big.Int).Sub(next, big.NewInt(1))
+	var logs stacktest.SyncBuffer
+	r := env.NewEngine(t, stacktest.EngineOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Config: withFees(facilitator.FeePolicy{MaxFee: maxFee}, nil)})
+	if f := r.Fees(); len(f) != 1 || f[0].MaxFee.Cmp(maxFee) != 0 || f[0].Least != nil {
+		t.Fatalf("before a reading: %+v", f)
+	}
 	payer := env.FundedPayer(t, 1_000)
 	p := env.NewPay(t, payer, 1_000)
 	_, err := r.SettleBody(ctx, t, p.Body(t))
@@ -226,6 +235,13 @@ func TestSettleFeesAboveMaxFee(t *testing.T) {
 	}
 	if got := env.Balance(t, p.PayTo); got != 0 {
 		t.Fatalf("payee holds %d", got)
+	}
+	if f := r.Fees(); len(f) != 1 || f[0].Least == nil || f[0].Least.Cmp(maxFee) <= 0 || f[0].At.IsZero() {
+		t.Fatalf("the reading: %+v, want a needed fee cap above the max fee %s", f, maxFee)
+	}
+	want := "max_fee_gwei=" + facilitator.Gwei(maxFee) + " needed_fee_cap_gwei="
+	if line := logs.String(); !strings.Contains(line, want) || strings.Contains(line, " max_fee=") {
+		t.Fatalf("the warning, want %q (units named):\n%s", want, line)
 	}
 }
 

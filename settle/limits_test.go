@@ -335,7 +335,7 @@ func TestSignerBalanceGuard(t *testing.T) {
 			t.Fatalf("settlement signed by %s, want the funded signer %s", s.Signer, addrB)
 		}
 	}
-	if n := logs.count("level=ERROR", "signer balance below threshold: fund it", strings.ToLower(addrA.Hex()), "balance=500000000000000000", "threshold=1000000000000000000"); n != 1 {
+	if n := logs.count("level=ERROR", "signer balance below threshold: fund it", strings.ToLower(addrA.Hex()), "balance_wei=500000000000000000", "threshold_wei=1000000000000000000"); n != 1 {
 		t.Fatalf("%d ERROR lines for the low signer, want exactly 1", n)
 	}
 

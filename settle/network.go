@@ -1,6 +1,7 @@
 package settle
 
 import (
+	"math/big"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,10 @@ type chainEngine struct {
 	feeAt   time.Time
 	feeLast Fees
 	feeErr  error // with feeLast: the fees are above the policy's max fee
+	// feeNeeded is what the last reading asked of a transaction (nil: none yet), for the metrics
+	// (Engine.Fees): apart from feeMu, which is held across the reading's round trip, so that a
+	// scrape never waits on the node.
+	feeNeeded atomic.Pointer[neededFee]
 	// feePolicy prices the network's transactions, its defaults applied.
 	feePolicy facilitator.FeePolicy
 
@@ -73,6 +78,13 @@ type chainEngine struct {
 	lastBlock       uint64
 	lastSweep       time.Time
 	noBlockReceipts bool // the node refused eth_getBlockReceipts: read blocks, then receipts
+}
+
+// neededFee is the least fee cap a transaction could be mined at by one fee reading (nil when
+// the reading did not tell), and when it was read.
+type neededFee struct {
+	least *big.Int
+	at    time.Time
 }
 
 // pickSender returns the signer this process holds with the fewest transactions in flight, or

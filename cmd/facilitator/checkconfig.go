@@ -2,21 +2,30 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
+	"net"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/robfig/cron/v3"
 
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
 // checkConfig is `serve --check-config`: the start-up checks serve makes, and a few it cannot
@@ -27,10 +36,14 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	failed := 0
+	fail := "FAIL"
+	if terminal(out) {
+		fail = "\x1b[31mFAIL\x1b[0m" // red, for a person at a terminal; plain in a pipeline's log
+	}
 	report := func(what string, err error) {
 		if err != nil {
 			failed++
-			fmt.Fprintf(out, "FAIL  %s: %v\n", what, err)
+			fmt.Fprintf(out, "%s  %s: %v\n", fail, what, err)
 			return
 		}
 		fmt.Fprintf(out, "ok    %s\n", what)
@@ -45,6 +58,11 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		report("networks", err)
 		return err
 	}
+	report(fmt.Sprintf("listen address %s can be bound", cfg.Listen), checkListen(cfg.Listen))
+	for _, j := range []struct{ flag, spec string }{{"reconcile-schedule", cfg.ReconcileSchedule},
+		{"index-health-schedule", cfg.IndexHealthSchedule}, {"retention-schedule", cfg.RetentionSchedule}} {
+		report(fmt.Sprintf("--%s %q is a cron schedule", j.flag, j.spec), checkSchedule(j.spec))
+	}
 
 	m := &Main{Config: cfg, Logger: slog.New(slog.DiscardHandler)}
 	defer func() {
@@ -58,6 +76,9 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		defer db.Close()
 	}
 	report("postgres", err)
+	if err == nil && cfg.Auth == "keys" {
+		report("API keys: at least one merchant key (--auth keys)", checkAPIKeys(ctx, db))
+	}
 
 	signers := cfg.SignerAddresses()
 	for i, n := range networks {
@@ -66,6 +87,15 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d; %s", n.ID, len(nc.urls()), n.ChainID, quorumText(nc.quorum(), len(nc.urls()))), err)
 		if err != nil {
 			continue
+		}
+		for j, u := range nc.wsURLs() {
+			report(fmt.Sprintf("%s: WebSocket ws%d serves chain %d and new heads", n.ID, j, n.ChainID), checkWS(ctx, u, n.ChainID, cfg.RPCTimeout))
+		}
+		if p, err := nc.feePolicy(); err == nil {
+			// As the engine prices: its least tip (1 wei) and --max-fee-gwei where the network sets none.
+			p = p.WithDefaults(big.NewInt(1), cfg.MaxFeeCap)
+			what, err := checkFeeCap(ctx, pool, p, cfg.RPCTimeout)
+			report(fmt.Sprintf("%s: fees: %s", n.ID, what), err)
 		}
 		reader := &ethrpc.Reader{Chain: pool, Timeout: cfg.RPCTimeout}
 		for _, t := range n.Tokens {
@@ -77,14 +107,20 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		keys := signers
 		if spec, addrs, _ := cfg.remoteSignerOf(nc); spec != "" {
 			ep, remote, err := remoteSigners(ctx, spec, addrs, n.ChainID, cfg.RPCTimeout)
-			if err == nil {
-				report(fmt.Sprintf("%s: remote signer at %s answers for %d key(s)", n.ID, ep.String(), len(remote)), nil)
-				ep.Close()
-			} else {
-				report(fmt.Sprintf("%s: remote signer", n.ID), err)
+			if err != nil {
+				report(fmt.Sprintf("%s: remote signer", n.ID), fmt.Errorf("%w; fix: start the signer, or correct its URL (--signer, or the entry's \"signer\")", err))
 			}
 			for _, r := range remote {
+				// Addresses given are not taken on trust: the signer must answer for each, on
+				// this chain, or every /settle of the key would answer 503 signer_unavailable.
+				pctx, cancelProbe := context.WithTimeout(ctx, cfg.RPCTimeout)
+				err := ep.Probe(pctx, r.Address())
+				cancelProbe()
+				report(fmt.Sprintf("%s: remote signer at %s holds %s and signs for chain %d", n.ID, ep.String(), r.Address().Hex(), n.ChainID), signerFix(err, n.ChainID))
 				keys = append(keys, r.Address())
+			}
+			if ep != nil {
+				ep.Close()
 			}
 		}
 		for _, k := range keys {
@@ -96,6 +132,124 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	}
 	fmt.Fprintln(out, "the configuration is ready to serve")
 	return nil
+}
+
+// terminal reports whether w is a character device (a terminal).
+func terminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// checkListen binds addr and lets it go: serve would fail there at start (taken, not an address
+// of this host, a privileged port).
+func checkListen(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%w; fix: stop what holds it, or choose another --listen (FACILITATOR_LISTEN)", err)
+	}
+	return ln.Close()
+}
+
+// checkSchedule parses spec as the jobs' scheduler does (cron.New's parser: five fields, or a
+// descriptor such as @every 30s): serve would otherwise fail at start, after its migrations.
+func checkSchedule(spec string) error {
+	if _, err := cron.ParseStandard(spec); err != nil {
+		return fmt.Errorf("%w; fix: five cron fields (minute hour day-of-month month day-of-week) or a descriptor such as \"@every 30s\"", err)
+	}
+	return nil
+}
+
+// checkAPIKeys refuses keys mode without a key that is not revoked: every route but the open ones
+// would answer 401.
+func checkAPIKeys(ctx context.Context, db *postgres.DB) error {
+	const fix = "fix: create one, `facilitator keys create --name <merchant> --scopes verify,settle,status` (or serve with --auth open, for local development only)"
+	keys, err := db.APIKeys(ctx)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+		return fmt.Errorf("no API key: the database has no schema yet (`facilitator migrate` applies it); %s", fix)
+	case err != nil:
+		return fmt.Errorf("reading the API keys: %w", err)
+	}
+	for _, k := range keys {
+		if k.RevokedAt == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("no API key that is not revoked (%d revoked): every /verify and /settle would answer 401; %s", len(keys), fix)
+}
+
+// checkWS dials a WebSocket endpoint (named, never shown: its URL may hold a key) and asks it for
+// the chain id and a newHeads subscription, within timeout each: one that does not answer leaves
+// the watcher and the indexer on polling alone.
+func checkWS(ctx context.Context, url string, chainID uint64, timeout time.Duration) error {
+	const fix = "fix: correct the network's ws/wss URL, or remove it (polling goes on without it)"
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := rpc.DialContext(dctx, url)
+	if err != nil {
+		return fmt.Errorf("dialing: %s; %s", scrubURL(err, url), fix)
+	}
+	defer c.Close()
+	var id hexutil.Uint64
+	if err := c.CallContext(dctx, &id, "eth_chainId"); err != nil {
+		return fmt.Errorf("eth_chainId: %s; %s", scrubURL(err, url), fix)
+	}
+	if uint64(id) != chainID {
+		return fmt.Errorf("it serves chain %d; %s", uint64(id), fix)
+	}
+	heads := make(chan json.RawMessage, 1)
+	sub, err := c.EthSubscribe(dctx, heads, "newHeads")
+	if err != nil {
+		return fmt.Errorf("subscribing to newHeads: %s; %s", scrubURL(err, url), fix)
+	}
+	sub.Unsubscribe()
+	return nil
+}
+
+// scrubURL is err's text without url, which an error may repeat.
+func scrubURL(err error, url string) string {
+	return strings.ReplaceAll(err.Error(), url, "(the URL)")
+}
+
+// checkFeeCap compares the network's max fee with the fee cap its chain needs now: below it,
+// every /settle answers 503 network_fees_above_cap. Amounts are shown in gwei, as they are given.
+func checkFeeCap(ctx context.Context, c ethrpc.Chain, p facilitator.FeePolicy, timeout time.Duration) (string, error) {
+	q, err := settle.QuoteFees(ctx, c, p, timeout)
+	if err != nil {
+		return "max fee against the chain's fees", fmt.Errorf("reading the network's fees: %w", err)
+	}
+	if p.MaxFee == nil {
+		return fmt.Sprintf("no max fee (fees.maxFeeGwei, --max-fee-gwei); the chain needs a fee cap of %s gwei now", facilitator.Gwei(q.Least)), nil
+	}
+	what := fmt.Sprintf("max fee %s gwei, and the chain needs a fee cap of %s gwei now", facilitator.Gwei(p.MaxFee), facilitator.Gwei(q.Least))
+	if q.Above {
+		return what, fmt.Errorf("the max fee, %s gwei, is below the fee cap the chain needs now, %s gwei (next base fee plus tip): every /settle would answer 503 network_fees_above_cap; fix: raise the network's fees.maxFeeGwei (or --max-fee-gwei) above %s gwei",
+			facilitator.Gwei(p.MaxFee), facilitator.Gwei(q.Least), facilitator.Gwei(q.Least))
+	}
+	return what, nil
+}
+
+// signerFix is a failed probe of a remote signer with what to do about it; nil stays nil.
+func signerFix(err error, chainID uint64) error {
+	var se *extsigner.SignError
+	if err == nil || !errors.As(err, &se) {
+		return err
+	}
+	fix := map[string]string{
+		extsigner.ReasonUnreachable:  "start the signer, or correct its host and port (--signer, or the entry's \"signer\")",
+		extsigner.ReasonTimeout:      "the signer did not answer within --rpc-timeout: check that it runs and that nothing between drops the connection",
+		extsigner.ReasonUnauthorized: "give the signer's password in the URL, clef:http://facilitator:<password>@host:port/ (its --password-file)",
+		extsigner.ReasonWrongChain:   fmt.Sprintf("run the signer for chain %d (`facilitator signer --chain-id %d`, Clef's --chainid %d), or give this network the signer of its chain", chainID, chainID, chainID),
+		extsigner.ReasonUnknownKey:   "put the key in the signer (its keys file or keystore), or correct --signer-addresses (the entry's \"signerAddresses\")",
+		extsigner.ReasonRefused:      "the signer refused the probe: check its rules (Clef) or its log",
+		extsigner.ReasonBadAnswer:    "the signer's answer is not a signed transaction: is it a Clef-compatible signer?",
+	}[se.Reason]
+	return fmt.Errorf("%w; fix: %s", err, fix)
 }
 
 func finalityText(tag string, depth uint64) string {

@@ -512,7 +512,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	}
 	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
-	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (networks, presets, every RPC endpoint, token domains, signer keys and their balances, Postgres) and exit: 0 when everything passed")
+	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, fees, token domains, remote signers, signer keys and their balances, Postgres, API keys) and exit: 0 when everything passed")
 	networksJSON := fs.String("networks", env("FACILITATOR_NETWORKS", ""), "networks as JSON (FACILITATOR_NETWORKS)")
 	networksFile := fs.String("networks-file", env("FACILITATOR_NETWORKS_FILE", ""), "file holding the networks JSON (FACILITATOR_NETWORKS_FILE)")
 	fs.StringVar(&cfg.RemoteSigner, "signer", env("FACILITATOR_SIGNER", ""), "a remote signer holding the keys, clef:<http(s) URL> (FACILITATOR_SIGNER); the URL is never logged")
@@ -554,7 +554,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	walletCapWindow := fs.String("wallet-cap-window", env("FACILITATOR_WALLET_CAP_WINDOW", "24h"), "the rolling window of the wallet caps (FACILITATOR_WALLET_CAP_WINDOW)")
 	keyGasBudget := fs.String("key-gas-budget-wei", env("FACILITATOR_KEY_GAS_BUDGET_WEI", "0"), "gas budget in wei per rolling 24 hours of an API key without its own (keys create --gas-budget-wei); 0: unlimited (FACILITATOR_KEY_GAS_BUDGET_WEI)")
 	minBalance := fs.String("signer-min-balance-wei", env("FACILITATOR_SIGNER_MIN_BALANCE_WEI", "10000000000000000"), "native balance in wei below which a signer takes no new settlement (default 0.01 ether); 0: no minimum (FACILITATOR_SIGNER_MIN_BALANCE_WEI)")
-	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read (FACILITATOR_BALANCE_INTERVAL)")
+	balanceInterval := fs.String("balance-interval", env("FACILITATOR_BALANCE_INTERVAL", "15s"), "how often the signers' native balances are read and the remote signers' keys probed (FACILITATOR_BALANCE_INTERVAL)")
 	claimLease := fs.String("claim-lease", env("FACILITATOR_CLAIM_LEASE", "15s"), "how long a success claimed for a caller is held for its answer to be written; a process that dies first leaves it to the next identical request after this (FACILITATOR_CLAIM_LEASE)")
 	return fs, func() (*Config, error) {
 		if len(envErrs) > 0 {

@@ -93,6 +93,14 @@ func TestServeMetricsAndReadiness(t *testing.T) {
 		t.Errorf("signer balance read at %v, want within the last minute", g.GetValue())
 	}
 	find(t, families, "facilitator_signer_balance_min_wei", signerLabels)
+	// The settlement's fee reading: the fee cap the chain needed, and when (no max fee: absent).
+	if g := find(t, families, "facilitator_network_needed_fee_cap_wei", map[string]string{"network": network}).GetGauge(); g.GetValue() <= 0 {
+		t.Errorf("needed fee cap %v, want the chain's", g.GetValue())
+	}
+	find(t, families, "facilitator_network_fee_read_timestamp_seconds", map[string]string{"network": network})
+	if _, ok := families["facilitator_network_max_fee_wei"]; ok {
+		t.Error("a max fee exported where none is configured")
+	}
 	// Every loop of the process has beaten, lately: the engine's, the leader's indexer, the
 	// webhook dispatcher.
 	for _, l := range []map[string]string{

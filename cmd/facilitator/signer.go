@@ -19,6 +19,8 @@ import (
 
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/settle"
 )
 
@@ -61,6 +63,84 @@ func remoteSigners(ctx context.Context, spec string, addrs []common.Address, cha
 		out[i] = ep.Signer(a)
 	}
 	return ep, out, nil
+}
+
+// startSignerProbes probes every remote signer's keys at once and then every interval (each
+// probe bounded by timeout) until Close: a signer that goes down, or comes back, is seen in
+// /readyz, the metrics and the log before a payment meets it.
+func (m *Main) startSignerProbes(interval, timeout time.Duration) {
+	if len(m.signers) == 0 {
+		return
+	}
+	if interval <= 0 {
+		interval = 15 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	m.stopProbes = func() { cancel(); <-done }
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			for i, ep := range m.signers {
+				for _, k := range ep.Health() {
+					pctx, cancelProbe := context.WithTimeout(ctx, timeout)
+					err := ep.Probe(pctx, k.Address)
+					cancelProbe()
+					switch {
+					case ctx.Err() != nil:
+						return
+					case err != nil && (k.Up || !k.Known):
+						m.Logger.Error("remote signer down: settlements of its key answer 503 signer_unavailable", "network", m.signerNets[i], "signer", k.Address, "err", err)
+					case err == nil && !k.Up && k.Known:
+						m.Logger.Info("remote signer answers again", "network", m.signerNets[i], "signer", k.Address)
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+}
+
+// remoteSignerHealth is every remote key's health, for the metrics.
+func (m *Main) remoteSignerHealth() []metrics.RemoteSigner {
+	var out []metrics.RemoteSigner
+	for i, ep := range m.signers {
+		for _, k := range ep.Health() {
+			out = append(out, metrics.RemoteSigner{Network: m.signerNets[i], Address: k.Address.Hex(), Known: k.Known, Up: k.Up,
+				LastSigned: k.LastSigned, Refusals: k.Refusals})
+		}
+	}
+	return out
+}
+
+// readySigners is what /readyz says of each remote key: "network/address" to its state.
+func (m *Main) readySigners() map[string]string {
+	if len(m.signers) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	now := time.Now()
+	for i, ep := range m.signers {
+		for _, k := range ep.Health() {
+			state := "not contacted yet"
+			switch {
+			case k.Known && k.Up && !k.LastSigned.IsZero():
+				state = fmt.Sprintf("ok, last signature %s ago", now.Sub(k.LastSigned).Round(time.Second))
+			case k.Known && k.Up:
+				state = "ok"
+			case k.Known:
+				state = "down: " + k.State
+			}
+			out[m.signerNets[i]+"/"+k.Address.Hex()] = state
+		}
+	}
+	return out
 }
 
 // runSigner is `facilitator signer`: the narrow signer, holding the keys and signing only
@@ -155,7 +235,7 @@ func runSigner(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	slices.Sort(accounts)
 	log.Info("narrow signer listening", "addr", ln.Addr().String(), "chain_id", *chainID, "token", common.HexToAddress(*token),
-		"token_name", name, "token_version", version, "max_gas", *maxGas, "max_fee_cap", feeCap, "allow_contract_wallets", *allowWallets,
+		"token_name", name, "token_version", version, "max_gas", *maxGas, "max_fee_gwei", facilitator.Gwei(feeCap), "allow_contract_wallets", *allowWallets,
 		"window", *window, "max_txs_per_window", *maxTxs, "max_gas_per_window", *maxWindowGas, "accounts", strings.Join(accounts, ","))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -14,11 +17,14 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
 
+	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestNarrowSignerCommand: `facilitator signer` holds the key and `serve --signer clef:URL`
@@ -101,6 +107,23 @@ func TestNarrowSignerCommand(t *testing.T) {
 	}
 	if n := h.nonce(ctx, t, true); n != 1 {
 		t.Fatalf("the key's pending nonce is %d after a failed sign, want 1", n)
+	}
+	// The metrics say so: the signature that was given, and the one the signer was not there for.
+	res, err = serve.client.Get(serve.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	labels := fmt.Sprintf(`network=%q,signer=%q`, h.network, h.signer.Hex())
+	for _, want := range []string{
+		fmt.Sprintf(`facilitator_remote_signer_refusals_total{network=%q,reason="unreachable",signer=%q} 1`, h.network, h.signer.Hex()),
+		"facilitator_remote_signer_last_signature_timestamp_seconds{" + labels + "} ",
+		"facilitator_remote_signer_up{" + labels + "} 0",
+	} {
+		if !strings.Contains(string(scraped), want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, grepLines(string(scraped), "remote_signer"))
+		}
 	}
 	serve.stop(t)
 
@@ -228,4 +251,106 @@ func TestSignerTokenDomain(t *testing.T) {
 	if _, _, err := signerTokenDomain(31337, common.HexToAddress("0x01"), "", ""); err == nil || !strings.Contains(err.Error(), "--token-name and --token-version are required") {
 		t.Fatalf("no preset, none given: %v", err)
 	}
+}
+
+// TestRemoteSignerHealth: serve probes its remote signer, so a signer that goes down shows in
+// /readyz (which stays ready: /verify still works) and in the metrics before any payment meets
+// it, and so does its coming back.
+func TestRemoteSignerHealth(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dbURL, chain := requireStack(t)
+	key := chain.Accounts[0].Key
+	addr := crypto.PubkeyToAddress(key.PublicKey)
+	srv, err := extsigner.NewServer(extsigner.Policy{ChainID: chain.ChainID, Token: chain.USDC.Address, TokenName: chain.USDC.Name,
+		TokenVersion: chain.USDC.Version, MaxGas: 300_000, MaxFeeCap: big.NewInt(1e12)}, []*ecdsa.PrivateKey{key}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := srv.Handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: h}
+	go func() { _ = hs.Serve(ln) }()
+	defer hs.Close()
+
+	env := serveEnv(t, dbURL, chain, chain.RPCURL)
+	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
+	env["FACILITATOR_SIGNER"] = "clef:http://" + ln.Addr().String() + "/"
+	env["FACILITATOR_SIGNER_ADDRESSES"] = addr.Hex()
+	env["FACILITATOR_BALANCE_INTERVAL"] = "100ms"
+	m := startMain(ctx, t, serveConfig(t, env), stacktest.Logger(t))
+	defer m.Close()
+	base := "http://" + m.Addr
+	get := func(path string) (int, string) {
+		res, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	signerKey := facilitator.CAIP2(chain.ChainID) + "/" + addr.Hex()
+	upSeries := fmt.Sprintf(`facilitator_remote_signer_up{network=%q,signer=%q}`, facilitator.CAIP2(chain.ChainID), addr.Hex())
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				_, ready := get("/readyz")
+				_, metrics := get("/metrics")
+				t.Fatalf("%s: not within 20s\n/readyz: %s\n/metrics (remote signer):\n%s", what, ready, grepLines(metrics, "remote_signer"))
+			}
+		}
+	}
+	readyState := func() (int, string) {
+		status, body := get("/readyz")
+		var r api.ReadyResponse
+		if err := json.Unmarshal([]byte(body), &r); err != nil {
+			t.Fatalf("/readyz: %v: %s", err, body)
+		}
+		return status, r.Signers[signerKey]
+	}
+	metricIs := func(series, value string) func() bool {
+		return func() bool { _, body := get("/metrics"); return strings.Contains(body, series+" "+value+"\n") }
+	}
+	waitFor("the signer up in /readyz", func() bool { status, s := readyState(); return status == http.StatusOK && s == "ok" })
+	waitFor("the signer up in /metrics", metricIs(upSeries, "1"))
+
+	hs.Close()
+	waitFor("the signer down in /readyz, the process still ready", func() bool {
+		status, s := readyState()
+		return status == http.StatusOK && strings.HasPrefix(s, "down: ") && strings.Contains(s, "connection refused")
+	})
+	waitFor("the signer down in /metrics", metricIs(upSeries, "0"))
+	_, body := get("/metrics")
+	if !strings.Contains(body, fmt.Sprintf(`facilitator_remote_signer_refusals_total{network=%q,reason="unreachable",signer=%q} 0`, facilitator.CAIP2(chain.ChainID), addr.Hex())) {
+		t.Fatalf("no refusals series (a probe is not a refusal):\n%s", grepLines(body, "remote_signer"))
+	}
+
+	// Back on the same address.
+	ln2, err := net.Listen("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs2 := &http.Server{Handler: h}
+	go func() { _ = hs2.Serve(ln2) }()
+	defer hs2.Close()
+	waitFor("the signer up again", func() bool { _, s := readyState(); return s == "ok" })
+}
+
+// grepLines are the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

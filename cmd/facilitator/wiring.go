@@ -60,6 +60,10 @@ type Main struct {
 	metrics  *metrics.Metrics
 	pprof    *pprofServer
 	signers  []*extsigner.Endpoint // the remote signers, where the keys are there
+	// signerNets are the networks of signers, in order.
+	signerNets []string
+	// stopProbes stops the remote signers' probes (signer.go); nil when none run.
+	stopProbes func()
 }
 
 // Run starts the facilitator and returns once it is listening. Each step starts what the next
@@ -219,7 +223,7 @@ func (m *Main) settleNetworks(ctx context.Context, networks []facilitator.Networ
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s: %w", n.ID, err)
 			}
-			m.signers, remote = append(m.signers, ep), keys
+			m.signers, m.signerNets, remote = append(m.signers, ep), append(m.signerNets, n.ID), keys
 			for _, r := range remote {
 				signerAddrs = append(signerAddrs, r.Address())
 			}
@@ -271,6 +275,9 @@ func (m *Main) startEngine(ctx context.Context, settleNets []settle.NetworkConfi
 	m.metrics.WatchSigners(signerSource(m.engine, cfg.SignerMinBalance))
 	m.metrics.WatchSettlements(openSource(m.engine))
 	m.metrics.WatchClaims(m.engine.LapsedClaims)
+	m.metrics.WatchRemoteSigners(m.remoteSignerHealth)
+	m.metrics.WatchNetworkFees(feesSource(m.engine))
+	m.startSignerProbes(cfg.BalanceInterval, cfg.RPCTimeout)
 	return nil
 }
 
@@ -366,6 +373,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		Metrics:        m.metrics.Handler(),
 		Ready:          m.readyChecks(rpcReaders),
 		ReadyEndpoints: m.readyEndpoints(networks),
+		ReadySigners:   m.readySigners,
 		ReadyTimeout:   cfg.ReadyTimeout,
 		Limits:         m.engine,
 		TrustedProxies: cfg.TrustedProxies,
@@ -506,6 +514,27 @@ func signerSource(e *settle.Engine, minBalance *big.Int) metrics.SignerSource {
 	}
 }
 
+// feesSource reads each network's max fee and last fee reading at scrape time.
+func feesSource(e *settle.Engine) metrics.NetworkFeesSource {
+	wei := func(v *big.Int) float64 { f, _ := new(big.Float).SetInt(v).Float64(); return f }
+	return func() []metrics.NetworkFees {
+		var out []metrics.NetworkFees
+		for _, f := range e.Fees() {
+			nf := metrics.NetworkFees{Network: f.Network, HasMax: f.MaxFee != nil, ReadAt: f.At}
+			if f.MaxFee != nil {
+				nf.MaxFee = wei(f.MaxFee)
+			}
+			if f.Least != nil {
+				nf.Needed = wei(f.Least)
+			} else {
+				nf.ReadAt = time.Time{}
+			}
+			out = append(out, nf)
+		}
+		return out
+	}
+}
+
 // openSource reads the engine's open settlements at scrape time.
 func openSource(e *settle.Engine) metrics.OpenSource {
 	return func() []metrics.Open {
@@ -562,6 +591,9 @@ func (m *Main) Close() error {
 	}
 	for _, c := range m.clients {
 		c.Close()
+	}
+	if m.stopProbes != nil {
+		m.stopProbes()
 	}
 	for _, s := range m.signers {
 		s.Close()
