@@ -26,8 +26,10 @@ RUN go build -trimpath -ldflags="-s -w" -o /out/facilitator ./cmd/facilitator \
 FROM --platform=linux/amd64 node:20-bookworm-slim AS dev
 WORKDIR /app
 COPY package.json package-lock.json ./
-# No production package in the lockfile has an install script, so none is run. node_modules stays
-# root-owned: the node user only reads it (devchain's scratch files go to /tmp).
+# Install scripts are not run. Of the packages --omit=dev installs, two have one: bufferutil and
+# utf-8-validate, ws's optional native speed-ups, which ship prebuilt (their script only builds
+# where no prebuild fits) and without which ws runs in plain JS. node_modules stays root-owned:
+# the node user only reads it (devchain's scratch files go to /tmp).
 RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund \
  && npm cache clean --force
 # The slim image has no system CA bundle; Go needs one for https RPC endpoints.

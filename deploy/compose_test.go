@@ -430,6 +430,27 @@ func TestComposeFacilitator(t *testing.T) {
 			t.Errorf("facilitator: listens on port %s, which is not published (ports %q)", port, f.Ports)
 		}
 	}
+	// The healthcheck asks the port serve listens on (its comment says so).
+	if hc := f.Healthcheck; hc != nil && listen != "" {
+		if u, ok := flagValue(hc.Test, "url"); ok {
+			_, port, _ := strings.Cut(listen, ":")
+			if hp := regexp.MustCompile(`^https?://[^/:]+:([0-9]+)/`).FindStringSubmatch(u); hp == nil || hp[1] != port {
+				t.Errorf("facilitator: the healthcheck asks %s, not --listen's port %s", u, port)
+			}
+		}
+	}
+	// anvil's published port answers from the host only if anvil binds beyond the loopback.
+	if sub == "dev" {
+		port, ok := flagValue(f.Command, "anvil-port")
+		if !ok {
+			port = "8545"
+		}
+		if slices.Contains(containerPorts(f.Ports), port) {
+			if host, _ := flagValue(f.Command, "anvil-host"); host == "" || host == "127.0.0.1" || host == "localhost" {
+				t.Errorf("facilitator: publishes anvil's port %s, but anvil binds %q (--anvil-host; default 127.0.0.1), unreachable from outside the container", port, host)
+			}
+		}
+	}
 	for k := range f.Environment {
 		if strings.HasPrefix(k, "FACILITATOR_") || k == "DATABASE_URL" {
 			if !strings.Contains(src, `"`+k+`"`) {
@@ -489,6 +510,66 @@ func TestComposeAnvil(t *testing.T) {
 	want := "v" + pkg.Dependencies["@foundry-rs/anvil-linux-amd64"]
 	if _, tag, _ := strings.Cut(path.Base(a.Image), ":"); tag != want {
 		t.Errorf("anvil: image %s, want the tag %s that matches package.json's anvil", a.Image, want)
+	}
+}
+
+// TestComposeCommentURLs: each loopback URL the compose file's comments promise
+// (http://127.0.0.1:4021) is a port some service publishes on the host.
+func TestComposeCommentURLs(t *testing.T) {
+	c := loadCompose(t)
+	published := map[string]bool{}
+	for _, s := range c.Services {
+		for _, p := range s.Ports {
+			p, _, _ = strings.Cut(p, "/")
+			parts := strings.Split(p, ":")
+			if len(parts) >= 2 {
+				published[parts[len(parts)-2]] = true
+			}
+		}
+	}
+	re := regexp.MustCompile(`https?://(?:127\.0\.0\.1|localhost):([0-9]+)`)
+	for i, line := range strings.Split(readRepoFile(t, "docker-compose.yml"), "\n") {
+		_, comment, ok := strings.Cut(line, "#")
+		if !ok {
+			continue
+		}
+		for _, m := range re.FindAllStringSubmatch(comment, -1) {
+			if !published[m[1]] {
+				t.Errorf("docker-compose.yml:%d: the comment points at %s, a port no service publishes on the host", i+1, m[0])
+			}
+		}
+	}
+}
+
+// TestDockerfileInstallScripts: the dev stage's npm ci runs no install script, and the
+// Dockerfile names each package that --omit=dev installs and that has one, so its comment on
+// why skipping them is safe stays true when the lockfile changes.
+func TestDockerfileInstallScripts(t *testing.T) {
+	var lock struct {
+		Packages map[string]struct {
+			Dev              bool `json:"dev"`
+			HasInstallScript bool `json:"hasInstallScript"`
+		} `json:"packages"`
+	}
+	if err := json.Unmarshal([]byte(readRepoFile(t, "package-lock.json")), &lock); err != nil {
+		t.Fatal(err)
+	}
+	df := readRepoFile(t, "Dockerfile")
+	for _, in := range dockerfileInstructions(t) {
+		if line := strings.Join(in, " "); strings.Contains(line, "npm ci") && !strings.Contains(line, "--ignore-scripts") {
+			t.Errorf("Dockerfile: %q runs the packages' install scripts", line)
+		}
+	}
+	for p, pkg := range lock.Packages {
+		// "dev" alone is omitted by --omit=dev; devOptional is installed (it is also an
+		// optional dependency of a production package), as are the rest.
+		if !pkg.HasInstallScript || pkg.Dev {
+			continue
+		}
+		name := p[strings.LastIndex(p, "node_modules/")+len("node_modules/"):]
+		if !strings.Contains(df, name) {
+			t.Errorf("Dockerfile: npm ci --omit=dev installs %s, which has an install script; say in the dev stage's comment why skipping it is safe", name)
+		}
 	}
 }
 
