@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -701,4 +702,22 @@ func containerEnvNames(t *testing.T, objs []*k8sObject, file string, c k8sContai
 	}
 	slices.Sort(names)
 	return names
+}
+
+// TestKustomizeBuild renders kustomization.yaml with kubectl's kustomize, where kubectl is
+// installed: the files it lists parse as Kubernetes objects and build together.
+func TestKustomizeBuild(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl is not installed: kustomization.yaml is checked by TestKubernetesManifests alone")
+	}
+	out, err := exec.Command(kubectl, "kustomize", filepath.Join(root, k8sDir)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v\n%s", k8sDir, err, out)
+	}
+	for _, kind := range []string{"Deployment", "Service", "PodDisruptionBudget", "ConfigMap"} {
+		if !regexp.MustCompile(`(?m)^kind: ` + kind + `$`).Match(out) {
+			t.Errorf("kubectl kustomize %s renders no %s", k8sDir, kind)
+		}
+	}
 }
