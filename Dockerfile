@@ -39,7 +39,7 @@ COPY --from=build /out/facilitator /out/facilitator-dev /usr/local/bin/
 USER node
 EXPOSE 4021 8545
 ENTRYPOINT ["/usr/local/bin/facilitator-dev"]
-CMD ["dev", "--listen", "0.0.0.0:4021"]
+CMD ["dev", "--listen", "0.0.0.0:4021", "--anvil-host", "0.0.0.0"]
 
 # The serve image: static binary, CA certificates and a non-root user, nothing else.
 FROM gcr.io/distroless/static-debian12:nonroot AS serve

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -536,6 +537,98 @@ func TestComposeCommentURLs(t *testing.T) {
 		for _, m := range re.FindAllStringSubmatch(comment, -1) {
 			if !published[m[1]] {
 				t.Errorf("docker-compose.yml:%d: the comment points at %s, a port no service publishes on the host", i+1, m[0])
+			}
+		}
+	}
+}
+
+// TestDockerfileExposedPorts: every port a stage EXPOSEs is one its default command listens on
+// beyond the loopback (serve's --listen or FACILITATOR_LISTEN; dev's --listen, and anvil's
+// --anvil-port when --anvil-host lets it answer from outside), and each command-line flag is one
+// the stage's binary defines.
+func TestDockerfileExposedPorts(t *testing.T) {
+	type stage struct {
+		name       string
+		entrypoint string
+		cmd        []string
+		expose     []string
+		env        map[string]string
+	}
+	var stages []*stage
+	for _, in := range dockerfileInstructions(t) {
+		rest := strings.Join(in[1:], " ")
+		switch strings.ToUpper(in[0]) {
+		case "FROM":
+			st := &stage{env: map[string]string{}}
+			if len(in) >= 4 && strings.EqualFold(in[len(in)-2], "AS") {
+				st.name = in[len(in)-1]
+			}
+			stages = append(stages, st)
+		case "ENTRYPOINT":
+			stages[len(stages)-1].entrypoint = rest
+		case "CMD":
+			var cmd []string
+			if err := json.Unmarshal([]byte(rest), &cmd); err != nil {
+				t.Errorf("Dockerfile: CMD %s is not a JSON list (the exec form): %v", rest, err)
+			}
+			stages[len(stages)-1].cmd = cmd
+		case "EXPOSE":
+			stages[len(stages)-1].expose = append(stages[len(stages)-1].expose, in[1:]...)
+		case "ENV":
+			for _, a := range in[1:] {
+				if k, v, ok := strings.Cut(a, "="); ok {
+					stages[len(stages)-1].env[k] = v
+				}
+			}
+		}
+	}
+	reachable := func(addr string) (string, bool) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return "", false
+		}
+		ip := net.ParseIP(host)
+		return port, host != "localhost" && (ip == nil || !ip.IsLoopback())
+	}
+	for _, st := range stages {
+		if len(st.expose) == 0 {
+			continue
+		}
+		dir := "cmd/facilitator"
+		if strings.Contains(st.entrypoint, "facilitator-dev") {
+			dir = "cmd/facilitator-dev"
+		}
+		src := commandSource(t, dir)
+		for _, a := range st.cmd {
+			if name, ok := strings.CutPrefix(a, "--"); ok {
+				name, _, _ = strings.Cut(name, "=")
+				if !definesFlag(src, name) && !strings.Contains(src, `"`+name+`"`) {
+					t.Errorf("Dockerfile: stage %s: CMD flag --%s is not defined in %s", st.name, name, dir)
+				}
+			}
+		}
+		listening := map[string]bool{}
+		listen, ok := flagValue(st.cmd, "listen")
+		if !ok {
+			listen = st.env["FACILITATOR_LISTEN"]
+		}
+		if port, ok := reachable(listen); ok {
+			listening[port] = true
+		}
+		if dir == "cmd/facilitator-dev" {
+			port, ok := flagValue(st.cmd, "anvil-port")
+			if !ok {
+				port = "8545"
+			}
+			host, _ := flagValue(st.cmd, "anvil-host")
+			if _, ok := reachable(net.JoinHostPort(host, port)); ok && host != "" {
+				listening[port] = true
+			}
+		}
+		for _, p := range st.expose {
+			p, _, _ = strings.Cut(p, "/")
+			if !listening[p] {
+				t.Errorf("Dockerfile: stage %s EXPOSEs %s, but its CMD %q listens there only on the loopback, or not at all", st.name, p, st.cmd)
 			}
 		}
 	}
