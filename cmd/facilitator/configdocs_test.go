@@ -32,7 +32,8 @@ func TestCommandFlagsDocumented(t *testing.T) {
 	none := func(string) string { return "" }
 	statusFS, _, _ := statusFlags(none)
 	for heading, fs := range map[string]*flag.FlagSet{
-		"facilitator status": statusFS,
+		"facilitator status":  statusFS,
+		"facilitator migrate": migrateFlags(none),
 	} {
 		t.Run(heading, func(t *testing.T) { holdFlagTable(t, fs, flagTable(t, string(doc), heading), heading) })
 	}

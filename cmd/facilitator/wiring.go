@@ -147,18 +147,19 @@ func (m *Main) Run(ctx context.Context) error {
 	return nil
 }
 
-// openLedger opens the database, and migrates it when asked to.
+// openLedger opens the database, and migrates it when asked to. Either way a database migrated
+// past what this binary knows refuses the start (postgres.SchemaNewerError).
 func (m *Main) openLedger(ctx context.Context) error {
 	var err error
 	if m.db, err = openDB(ctx, m.Config.DatabaseURL, m.Logger); err != nil {
 		return err
 	}
 	if m.Config.Migrate {
-		if _, err := m.db.Migrate(ctx); err != nil {
-			return err
-		}
+		_, err = m.db.Migrate(ctx)
+	} else {
+		err = m.db.CheckSchema(ctx)
 	}
-	return nil
+	return err
 }
 
 // connectNetworks dials each network's endpoints into its pool, follows its heads, binds the

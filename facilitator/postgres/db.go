@@ -133,8 +133,15 @@ func (db *DB) migrate(ctx context.Context, upTo int) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	for _, v := range versions {
+	ints := make([]int, len(versions))
+	for i, v := range versions {
 		applied[int(v)] = true
+		ints[i] = int(v)
+	}
+	// Checked under the lock, before anything is applied: a binary older than the schema would
+	// otherwise report nothing to apply and go on to serve it.
+	if err := schemaNewer(ints, all); err != nil {
+		return nil, err
 	}
 	var done []int
 	for _, m := range all {
