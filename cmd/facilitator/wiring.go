@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -90,6 +91,9 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.metrics = metrics.New()
+	if info, ok := debug.ReadBuildInfo(); ok {
+		m.metrics.SetBuildInfo(buildLabels(info))
+	}
 	readers, rpcReaders, err := m.connectNetworks(startCtx, networks)
 	if err != nil {
 		return err
