@@ -32,8 +32,9 @@ func TestCommandFlagsDocumented(t *testing.T) {
 	none := func(string) string { return "" }
 	statusFS, _, _ := statusFlags(none)
 	for heading, fs := range map[string]*flag.FlagSet{
-		"facilitator status":  statusFS,
-		"facilitator migrate": migrateFlags(none),
+		"facilitator status":            statusFS,
+		"facilitator migrate":           migrateFlags(none),
+		"facilitator settlements stuck": func() *flag.FlagSet { fs, _ := stuckFlags(none); return fs }(),
 	} {
 		t.Run(heading, func(t *testing.T) { holdFlagTable(t, fs, flagTable(t, string(doc), heading), heading) })
 	}

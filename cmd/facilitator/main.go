@@ -28,6 +28,8 @@ commands:
             finality) a FACILITATOR_NETWORKS entry can name with "preset"
   index     run only the block indexer (same configuration as serve), logging its progress
   keys      create, list and revoke merchant API keys (keys create --name N --scopes verify,settle,...)
+  settlements stuck  list the settlements still open (signed, broadcast, mined and not final)
+            longer than --older-than (10m), by state, from the ledger
   status    look up an authorization, a payment id or a transaction through the status API
   signer    the narrow signer: holds keys and signs only transferWithAuthorization calls of one token
             within gas and fee ceilings, over Clef's external API (serve --signer clef:URL uses it)
@@ -63,6 +65,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runMigrate(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":
 		err = runKeys(ctx, args[1:], getenv, stdout, stderr)
+	case "settlements":
+		err = runSettlements(ctx, args[1:], getenv, stdout, stderr)
 	case "signer":
 		err = runSigner(ctx, args[1:], getenv, stderr)
 	case "networks":
