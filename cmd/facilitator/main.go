@@ -30,6 +30,7 @@ commands:
   keys      create, list and revoke merchant API keys (keys create --name N --scopes verify,settle,...)
   settlements stuck  list the settlements still open (signed, broadcast, mined and not final)
             longer than --older-than (10m), by state, from the ledger
+  webhooks redeliver  send given-up webhook deliveries again (webhooks redeliver <wh_…> <event id>...)
   status    look up an authorization, a payment id or a transaction through the status API
   signer    the narrow signer: holds keys and signs only transferWithAuthorization calls of one token
             within gas and fee ceilings, over Clef's external API (serve --signer clef:URL uses it)
@@ -67,6 +68,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runKeys(ctx, args[1:], getenv, stdout, stderr)
 	case "settlements":
 		err = runSettlements(ctx, args[1:], getenv, stdout, stderr)
+	case "webhooks":
+		err = runWebhooks(ctx, args[1:], getenv, stdout, stderr)
 	case "signer":
 		err = runSigner(ctx, args[1:], getenv, stderr)
 	case "networks":
