@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 )
 
 const webhooksUsage = `usage: facilitator webhooks redeliver [--database-url URL] <webhook id> <event id>...
@@ -74,9 +73,9 @@ func runWebhooks(ctx context.Context, args []string, getenv func(string) string,
 			continue
 		case errors.Is(err, facilitator.ErrNotFound):
 			fmt.Fprintf(stdout, "event %d: no such delivery of %s (or the retention job removed it)\n", ev, webhook)
-		case errors.Is(err, postgres.ErrNotGivenUp):
+		case errors.Is(err, facilitator.ErrDeliveryNotGivenUp):
 			fmt.Fprintf(stdout, "event %d: not given up (delivered, or still being tried): left as it is\n", ev)
-		case errors.Is(err, postgres.ErrWebhookDisabled):
+		case errors.Is(err, facilitator.ErrWebhookDisabled):
 			fmt.Fprintf(stdout, "event %d: %s is disabled: nothing is sent to it\n", ev, webhook)
 		default:
 			return fmt.Errorf("webhooks redeliver: %w", err)

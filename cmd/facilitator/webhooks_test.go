@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +15,7 @@ import (
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
@@ -133,5 +138,61 @@ func TestWebhooksRedeliver(t *testing.T) {
 	}
 	if code, out := cli("wh_nope", ev(0)); code != 1 || !strings.Contains(out, "want a webhook id") {
 		t.Errorf("a malformed webhook id: exit %d\n%s", code, out)
+	}
+
+	// The API: POST /v1/webhooks/{id}/deliveries/{eventId}/redeliver, under --auth keys, only for
+	// the webhook's owner (or an operator key); another merchant's key learns nothing.
+	keyOf := func(name, scopes string) (text, id string) {
+		t.Helper()
+		var out, errs bytes.Buffer
+		if code := run(ctx, []string{"keys", "create", "--name", name, "--scopes", scopes}, func(k string) string {
+			return map[string]string{"DATABASE_URL": dbURL}[k]
+		}, &out, &errs); code != 0 {
+			t.Fatalf("keys create: %s", errs.String())
+		}
+		m := regexp.MustCompile(`created key (\S+)`).FindStringSubmatch(out.String())
+		return regexp.MustCompile(`x402_\S+`).FindString(out.String()), m[1]
+	}
+	owner, ownerID := keyOf("owner", "webhooks")
+	other, _ := keyOf("other", "webhooks")
+	owned := "wh_" + strings.Repeat("c3", 16)
+	if ok, err := db.InsertWebhook(ctx, &facilitator.Webhook{ID: owned, URL: "https://merchant.example/hook", Secret: "s",
+		PayTo: []common.Address{asset}, Owner: ownerID}, 100); err != nil || !ok {
+		t.Fatalf("insert owned webhook: %v %v", ok, err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO webhook_deliveries (webhook_id, event_id, attempts, gave_up_at, next_attempt_at)
+		VALUES ($1, $2, 20, now(), NULL)`, owned, events[1]); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api.New(api.Config{Redeliver: db, Auth: &api.AuthConfig{Mode: api.AuthKeys, Keys: db}}).Handler())
+	defer srv.Close()
+	post := func(key, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(body)
+	}
+	path := "/v1/webhooks/" + owned + "/deliveries/" + ev(1) + "/redeliver"
+	if code, body := post(other, path); code != http.StatusNotFound {
+		t.Errorf("another merchant's key: %d %s, want 404", code, body)
+	}
+	if code, body := post(owner, "/v1/webhooks/"+owned+"/deliveries/"+ev(0)+"/redeliver"); code != http.StatusNotFound {
+		t.Errorf("an event the webhook was never owed: %d %s, want 404", code, body)
+	}
+	code, body := post(owner, path)
+	if code != http.StatusAccepted || !strings.Contains(body, `"webhookId":"`+owned+`"`) || !strings.Contains(body, `"nextAttemptAt":"`) {
+		t.Fatalf("the owner's key: %d %s, want 202", code, body)
+	}
+	if code, body := post(owner, path); code != http.StatusConflict || !strings.Contains(body, "delivery_not_given_up") {
+		t.Errorf("again: %d %s, want 409 delivery_not_given_up", code, body)
+	}
+	if ds := claim(); len(ds) != 1 || ds[0].WebhookID != owned || ds[0].Event.ID != events[1] || ds[0].Attempt != 1 {
+		t.Errorf("after the API's redelivery the claim took %+v, want %s's event %d on its first attempt", ds, owned, events[1])
 	}
 }

@@ -364,6 +364,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 	return api.New(api.Config{
 		Console:        con,
 		Lists:          m.db,
+		Redeliver:      m.db,
 		Verifier:       svc.ids,
 		Settler:        svc.ids,
 		Status:         svc.status,

@@ -274,17 +274,11 @@ func (db *DB) LastSettlementEvent(ctx context.Context, settlementID int64) (int6
 	return id, err
 }
 
-// ErrNotGivenUp is a redelivery asked for a delivery that was not given up: delivered, or still
-// being tried (its next attempt is already scheduled).
-var ErrNotGivenUp = errors.New("postgres: the delivery was not given up: it was delivered, or is still being tried")
-
-// ErrWebhookDisabled is a redelivery asked for a delivery of a disabled (deleted) webhook.
-var ErrWebhookDisabled = errors.New("postgres: the webhook is disabled: nothing is sent to it")
-
 // RedeliverWebhook schedules a given-up delivery again, now, with a fresh count of attempts (the
 // dispatcher's full retry schedule); its last status and error stay until the next attempt.
 // A webhook v does not see (another key's, unless v sees all) is ErrNotFound, like an unknown
-// one; a delivery not given up is ErrNotGivenUp, one of a disabled webhook ErrWebhookDisabled.
+// one; a delivery not given up is facilitator.ErrDeliveryNotGivenUp, one of a disabled webhook
+// facilitator.ErrWebhookDisabled.
 // It returns when the delivery is due.
 func (db *DB) RedeliverWebhook(ctx context.Context, v facilitator.Viewer, webhookID string, eventID int64) (time.Time, error) {
 	var due time.Time
@@ -301,9 +295,9 @@ func (db *DB) RedeliverWebhook(ctx context.Context, v facilitator.Viewer, webhoo
 		case err != nil:
 			return err
 		case disabled:
-			return ErrWebhookDisabled
+			return facilitator.ErrWebhookDisabled
 		case !givenUp:
-			return ErrNotGivenUp
+			return facilitator.ErrDeliveryNotGivenUp
 		}
 		return tx.QueryRow(ctx, `UPDATE webhook_deliveries SET gave_up_at = NULL, attempts = 0, next_attempt_at = now()
 			WHERE webhook_id = $1 AND event_id = $2 RETURNING next_attempt_at`, webhookID, eventID).Scan(&due)
