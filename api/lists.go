@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -133,6 +134,53 @@ func (s *Server) webhookDeliveries(c echo.Context) error {
 			DeliveredAt: utcPtr(d.DeliveredAt), GaveUpAt: utcPtr(d.GaveUpAt), NextAttemptAt: utcPtr(d.NextAttempt)}
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// Redeliverer sends a given-up webhook delivery again (postgres.DB.RedeliverWebhook): due at
+// once, with a fresh count of attempts. It returns when the delivery is due.
+type Redeliverer interface {
+	RedeliverWebhook(ctx context.Context, v facilitator.Viewer, webhookID string, eventID int64) (time.Time, error)
+}
+
+// The refusals of a redelivery.
+const (
+	// ReasonDeliveryNotGivenUp: the delivery was delivered, or is still being tried.
+	ReasonDeliveryNotGivenUp = "delivery_not_given_up"
+	// ReasonWebhookDisabled: the webhook was deleted; nothing is sent to it.
+	ReasonWebhookDisabled = "webhook_disabled"
+)
+
+type redeliveryJSON struct {
+	WebhookID     string    `json:"webhookId"`
+	EventID       int64     `json:"eventId"`
+	NextAttemptAt time.Time `json:"nextAttemptAt"`
+}
+
+// redeliver answers POST /v1/webhooks/{id}/deliveries/{eventId}/redeliver: the webhook's owner
+// (or an operator key) sends a given-up delivery again.
+func (s *Server) redeliver(c echo.Context) error {
+	id := pathParam(c, "id")
+	ev, err := strconv.ParseInt(pathParam(c, "eventId"), 10, 64)
+	if err != nil || ev <= 0 {
+		// No delivery has such an event id: answered like an unknown one.
+		return s.writeError(c, nil, facilitator.ErrNotFound)
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), listTimeout)
+	defer cancel()
+	due, err := s.cfg.Redeliver.RedeliverWebhook(ctx, viewerOf(c), id, ev)
+	switch {
+	case errors.Is(err, facilitator.ErrDeliveryNotGivenUp):
+		err = facilitator.Errorf(facilitator.EConflict, ReasonDeliveryNotGivenUp, "the delivery was not given up: it was delivered, or is still being tried")
+	case errors.Is(err, facilitator.ErrWebhookDisabled):
+		err = facilitator.Errorf(facilitator.EConflict, ReasonWebhookDisabled, "the webhook is deleted: nothing is sent to it")
+	case err != nil && !errors.Is(err, facilitator.ErrNotFound) && facilitator.ErrorCode(err) == facilitator.EInternal:
+		err = facilitator.Unavailable("webhooks_unavailable", "the ledger is unavailable, retry", err)
+	}
+	if err != nil {
+		return s.writeError(c, nil, err)
+	}
+	s.log.InfoContext(c.Request().Context(), "webhook delivery scheduled again", "webhook", id, "event", ev, "api_key", idScope(c))
+	return c.JSON(http.StatusAccepted, redeliveryJSON{WebhookID: id, EventID: ev, NextAttemptAt: due.UTC()})
 }
 
 // listError is a store's failure as the lists answer it: not found stays so, anything else is

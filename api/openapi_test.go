@@ -75,6 +75,7 @@ var oasMirrors = []struct {
 	{"SettlementList", reflect.TypeFor[settlementsJSON](), true},
 	{"Delivery", reflect.TypeFor[deliveryJSON](), true},
 	{"DeliveryList", reflect.TypeFor[deliveriesJSON](), true},
+	{"Redelivery", reflect.TypeFor[redeliveryJSON](), true},
 	{"OpsOverview", reflect.TypeFor[ops.Snapshot](), true},
 	{"OpsQuantiles", reflect.TypeFor[ops.Quantiles](), true},
 	{"OpsSigner", reflect.TypeFor[ops.SignerRow](), true},
@@ -187,6 +188,21 @@ func (f *oasFakes) WebhookDeliveries(_ context.Context, _ facilitator.Viewer, id
 			Key:      facilitator.AuthorizationKey{Network: oasNetwork, Asset: common.HexToAddress(oasAsset), Payer: common.HexToAddress(oasFrom)},
 			Attempts: 2, LastStatus: 500, LastError: "HTTP 500", CreatedAt: at, NextAttempt: &at}},
 		Next: &facilitator.Cursor{ID: 41, At: at}}, nil
+}
+
+// RedeliverWebhook: event 41 of the webhook was given up, 42 delivered; nothing else exists.
+func (f *oasFakes) RedeliverWebhook(_ context.Context, _ facilitator.Viewer, id string, event int64) (time.Time, error) {
+	switch {
+	case f.statusErr != nil:
+		return time.Time{}, f.statusErr
+	case id != oasWebhookID:
+		return time.Time{}, facilitator.ErrNotFound
+	case event == 41:
+		return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), nil
+	case event == 42:
+		return time.Time{}, facilitator.ErrDeliveryNotGivenUp
+	}
+	return time.Time{}, facilitator.ErrNotFound
 }
 
 func (f *oasFakes) CheckLimits(context.Context, *facilitator.Payment) error { return f.limitErr }
@@ -465,7 +481,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 		ReadySigners: func() map[string]string {
 			return map[string]string{"eip155:84532/0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266": "down: remote signer http://127.0.0.1:8550: account_signTransaction: connection refused"}
 		},
-		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f,
+		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f, Redeliver: f,
 		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler), Now: time.Now,
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		// A proxy the test's requests never come from: their client is their peer.
@@ -679,6 +695,10 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "webhook deliveries", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries?limit=5", route: "/v1/webhooks/{id}/deliveries", status: 200},
 		{name: "webhook deliveries bad limit", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries?limit=501", route: "/v1/webhooks/{id}/deliveries", status: 400},
 		{name: "webhook deliveries unknown", method: "GET", url: "/v1/webhooks/wh_nope/deliveries", route: "/v1/webhooks/{id}/deliveries", status: 404},
+		{name: "redeliver", method: "POST", url: "/v1/webhooks/" + oasWebhookID + "/deliveries/41/redeliver", route: "/v1/webhooks/{id}/deliveries/{eventId}/redeliver", status: 202},
+		{name: "redeliver unknown event", method: "POST", url: "/v1/webhooks/" + oasWebhookID + "/deliveries/40/redeliver", route: "/v1/webhooks/{id}/deliveries/{eventId}/redeliver", status: 404},
+		{name: "redeliver not given up", method: "POST", url: "/v1/webhooks/" + oasWebhookID + "/deliveries/42/redeliver", route: "/v1/webhooks/{id}/deliveries/{eventId}/redeliver", status: 409},
+		{name: "redeliver unavailable", method: "POST", url: "/v1/webhooks/" + oasWebhookID + "/deliveries/41/redeliver", route: "/v1/webhooks/{id}/deliveries/{eventId}/redeliver", status: 503, setup: unavailable("webhooks_unavailable")},
 		{name: "webhook deliveries unavailable", method: "GET", url: "/v1/webhooks/" + oasWebhookID + "/deliveries", route: "/v1/webhooks/{id}/deliveries", status: 503, setup: unavailable("status_unavailable")},
 		{name: "ops overview", method: "GET", url: "/v1/ops/overview", status: 200},
 

@@ -64,6 +64,9 @@ type Config struct {
 	// Lists serves GET /v1/settlements, /v1/settlements.csv and /v1/webhooks/{id}/deliveries
 	// (lists.go); nil leaves them out.
 	Lists Lists
+	// Redeliver serves POST /v1/webhooks/{id}/deliveries/{eventId}/redeliver (webhooks scope; the
+	// webhook's owner or an operator key); nil leaves it out.
+	Redeliver Redeliverer
 	// Ops serves GET /v1/ops/overview (operator scope); nil leaves it out.
 	Ops Ops
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
@@ -177,6 +180,9 @@ func New(cfg Config) *Server {
 		e.GET("/v1/settlements", s.listSettlements)
 		e.GET("/v1/settlements.csv", s.settlementsCSV)
 		e.GET("/v1/webhooks/:id/deliveries", s.webhookDeliveries)
+	}
+	if cfg.Redeliver != nil {
+		e.POST("/v1/webhooks/:id/deliveries/:eventId/redeliver", s.redeliver)
 	}
 	if cfg.Notify != nil {
 		e.POST("/v1/webhooks", s.createWebhook)

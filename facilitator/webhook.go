@@ -1,6 +1,7 @@
 package facilitator
 
 import (
+	"errors"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -79,3 +80,10 @@ type DeliveryClaim struct {
 	// Lease is how long a claimed attempt stays hidden from other claimers.
 	Lease time.Duration
 }
+
+// A redelivery (an operator's or the webhook owner's) is refused for a delivery that was not
+// given up (delivered, or still being tried: it is already due) and for a disabled webhook's.
+var (
+	ErrDeliveryNotGivenUp = errors.New("the delivery was not given up: it was delivered, or is still being tried")
+	ErrWebhookDisabled    = errors.New("the webhook is disabled: nothing is sent to it")
+)

@@ -112,3 +112,20 @@ facilitator_success_claims_lapsed_total 2
 		t.Fatalf("lint: %v %v", err, problems)
 	}
 }
+
+// TestBuildInfo: facilitator_build_info is 1 with the build's labels.
+func TestBuildInfo(t *testing.T) {
+	m := New()
+	m.SetBuildInfo("v1.2.3", "04aeb06", "go1.26.0")
+	const want = `
+# HELP facilitator_build_info Always 1; the labels say which build this process runs: the module version, the VCS revision and the Go version.
+# TYPE facilitator_build_info gauge
+facilitator_build_info{go_version="go1.26.0",revision="04aeb06",version="v1.2.3"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), "facilitator_build_info"); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := testutil.GatherAndLint(m.Registry(), "facilitator_build_info"); err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %v", err, problems)
+	}
+}

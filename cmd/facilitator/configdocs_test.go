@@ -19,9 +19,45 @@ func TestConfigurationDocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs, _ := serveFlags(func(string) string { return "" })
-	rows := map[string][3]string{} // flag -> env, default, as the table shows them
+	holdFlagTable(t, fs, flagTable(t, string(doc), "Flags and environment"), "serve")
+}
+
+// TestCommandFlagsDocumented holds the flag tables of the operator's other commands, under
+// "Operator commands" in docs/configuration.md, to their flag sets the same way.
+func TestCommandFlagsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := func(string) string { return "" }
+	statusFS, _, _ := statusFlags(none)
+	for heading, fs := range map[string]*flag.FlagSet{
+		"facilitator status":            statusFS,
+		"facilitator migrate":           migrateFlags(none),
+		"facilitator settlements stuck": func() *flag.FlagSet { fs, _ := stuckFlags(none); return fs }(),
+	} {
+		t.Run(heading, func(t *testing.T) { holdFlagTable(t, fs, flagTable(t, string(doc), heading), heading) })
+	}
+}
+
+// flagTable reads the flag rows under a heading of the page (up to the next heading of the same
+// or a higher level): flag -> env, default, as the table shows them.
+func flagTable(t *testing.T, doc, heading string) map[string][3]string {
+	t.Helper()
+	lines := strings.Split(doc, "\n")
+	start := slices.IndexFunc(lines, func(l string) bool {
+		return strings.HasPrefix(l, "#") && strings.TrimSpace(strings.TrimLeft(l, "#")) == heading
+	})
+	if start < 0 {
+		t.Fatalf("docs/configuration.md has no heading %q", heading)
+	}
+	level := len(lines[start]) - len(strings.TrimLeft(lines[start], "#"))
+	rows := map[string][3]string{}
 	quoted := regexp.MustCompile("`([^`]*)`")
-	for _, line := range strings.Split(string(doc), "\n") {
+	for _, line := range lines[start+1:] {
+		if l := len(line) - len(strings.TrimLeft(line, "#")); l > 0 && l <= level {
+			break
+		}
 		if !strings.HasPrefix(line, "| `--") {
 			continue
 		}
@@ -44,22 +80,30 @@ func TestConfigurationDocs(t *testing.T) {
 			rows[strings.TrimPrefix(f[1], "--")] = row
 		}
 	}
+	return rows
+}
+
+// holdFlagTable checks rows against fs both ways: every flag has a row, every row names a flag,
+// the environment variable a row names is the one the flag reads, and a default shown in code
+// quotes is the flag's default.
+func holdFlagTable(t *testing.T, fs *flag.FlagSet, rows map[string][3]string, what string) {
+	t.Helper()
 	fs.VisitAll(func(f *flag.Flag) {
 		row, ok := rows[f.Name]
 		if !ok {
-			t.Errorf("--%s has no row in docs/configuration.md", f.Name)
+			t.Errorf("%s --%s has no row in docs/configuration.md", what, f.Name)
 			return
 		}
 		delete(rows, f.Name)
 		if row[0] != "" && !regexp.MustCompile(`\(`+row[0]+`[);]`).MatchString(f.Usage) {
-			t.Errorf("--%s: the docs name %s, the flag reads %q", f.Name, row[0], f.Usage)
+			t.Errorf("%s --%s: the docs name %s, the flag reads %q", what, f.Name, row[0], f.Usage)
 		}
 		if row[1] != "" && row[1] != f.DefValue {
-			t.Errorf("--%s: the docs say the default is %q, the flag's is %q", f.Name, row[1], f.DefValue)
+			t.Errorf("%s --%s: the docs say the default is %q, the flag's is %q", what, f.Name, row[1], f.DefValue)
 		}
 	})
 	for name := range rows {
-		t.Errorf("docs/configuration.md has a row for --%s, which serve does not have", name)
+		t.Errorf("docs/configuration.md has a row for %s --%s, which it does not have", what, name)
 	}
 }
 

@@ -69,6 +69,8 @@ func TestFlagStrayArgument(t *testing.T) {
 		{"serve", "stray", "--migrate=false"},
 		{"index", "stray"},
 		{"migrate", "--database-url", "postgres://nowhere", "stray"},
+		{"migrate", "status", "--database-url", "postgres://nowhere", "stray"},
+		{"settlements", "stuck", "stray"},
 		{"version", "stray"},
 		{"healthcheck", "stray"},
 		{"keys", "list", "stray"},
@@ -88,7 +90,10 @@ func TestFlagHelp(t *testing.T) {
 	for _, c := range []struct{ command, want string }{
 		{"serve", "usage: facilitator serve [flags]"},
 		{"index", "usage: facilitator index [flags]"},
-		{"migrate", "Usage of migrate"},
+		{"migrate", "usage: facilitator migrate"},
+		{"settlements", "usage: facilitator settlements stuck"},
+		{"webhooks", "usage: facilitator webhooks redeliver"},
+		{"status", "usage: facilitator status"},
 		{"healthcheck", "Usage of healthcheck"},
 		{"version", "Usage of version"},
 	} {

@@ -13,18 +13,24 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	"text/tabwriter"
 	"time"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 )
 
 const usage = `usage: facilitator <command> [flags]
 
 commands:
   serve     run the facilitator HTTP API (applies pending migrations first unless --migrate=false)
-  migrate   apply pending database migrations and exit
+  migrate   apply pending database migrations and exit (migrate status: list them, change nothing)
   networks  list the network presets (chain id, CAIP-2 id, v1 name, USDC and its EIP-712 domain,
             finality) a FACILITATOR_NETWORKS entry can name with "preset"
   index     run only the block indexer (same configuration as serve), logging its progress
   keys      create, list and revoke merchant API keys (keys create --name N --scopes verify,settle,...)
+  settlements stuck  list the settlements still open (signed, broadcast, mined and not final)
+            longer than --older-than (10m), by state, from the ledger
+  webhooks redeliver  send given-up webhook deliveries again (webhooks redeliver <wh_…> <event id>...)
   status    look up an authorization, a payment id or a transaction through the status API
   signer    the narrow signer: holds keys and signs only transferWithAuthorization calls of one token
             within gas and fee ceilings, over Clef's external API (serve --signer clef:URL uses it)
@@ -60,6 +66,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = runMigrate(ctx, args[1:], getenv, stdout, stderr)
 	case "keys":
 		err = runKeys(ctx, args[1:], getenv, stdout, stderr)
+	case "settlements":
+		err = runSettlements(ctx, args[1:], getenv, stdout, stderr)
+	case "webhooks":
+		err = runWebhooks(ctx, args[1:], getenv, stdout, stderr)
 	case "signer":
 		err = runSigner(ctx, args[1:], getenv, stderr)
 	case "networks":
@@ -148,29 +158,87 @@ func awaitShutdown(ctx context.Context, log *slog.Logger, stop func() error) err
 	return nil
 }
 
+const migrateUsage = `usage: facilitator migrate [--database-url URL] [status]
+
+  (none)  apply the pending migrations and exit
+  status  list the migrations (applied, with when; pending) and the schema version this binary
+          knows, changing nothing; exit 1 when the database is newer than the binary
+
+`
+
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	statusOnly := len(args) > 0 && args[0] == "status"
+	if statusOnly {
+		args = args[1:]
+	}
+	fs := migrateFlags(getenv)
 	fs.SetOutput(stderr)
-	url := fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
+	fs.Usage = func() { fmt.Fprint(stderr, migrateUsage); fs.PrintDefaults() }
+	url := fs.Lookup("database-url").Value
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := noArguments(fs); err != nil {
+	if !statusOnly && fs.NArg() == 1 && fs.Arg(0) == "status" {
+		statusOnly = true
+	} else if err := noArguments(fs); err != nil {
 		return err
 	}
-	if *url == "" {
+	if url.String() == "" {
 		return errors.New("DATABASE_URL is required")
 	}
 	log := newLogger(stderr, "info", "text")
-	db, err := openDB(ctx, *url, log)
+	db, err := openDB(ctx, url.String(), log)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	if statusOnly {
+		return migrationStatus(ctx, db, stdout)
+	}
 	applied, err := db.Migrate(ctx)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
 	return nil
+}
+
+func migrateFlags(getenv func(string) string) *flag.FlagSet {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.String("database-url", getenv("DATABASE_URL"), "Postgres connection string (DATABASE_URL)")
+	return fs
+}
+
+// migrationStatus prints every migration, applied or pending, and the versions of the database
+// and of the binary; a database newer than the binary is the error serve and index would stop on.
+func migrationStatus(ctx context.Context, db *postgres.DB, stdout io.Writer) error {
+	states, err := db.Migrations(ctx)
+	if err != nil {
+		return err
+	}
+	known, err := postgres.KnownSchemaVersion()
+	if err != nil {
+		return err
+	}
+	dbVersion, pending := 0, 0
+	tw := tabwriter.NewWriter(stdout, 0, 2, 2, ' ', 0)
+	fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED")
+	for _, st := range states {
+		applied := "pending"
+		if st.AppliedAt != nil {
+			applied = st.AppliedAt.UTC().Format(time.RFC3339)
+			dbVersion = max(dbVersion, st.Version)
+		} else {
+			pending++
+		}
+		if !st.Known {
+			applied += " (unknown to this binary)"
+		}
+		fmt.Fprintf(tw, "%04d\t%s\t%s\n", st.Version, st.Name, applied)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\ndatabase schema version %d; this binary knows up to %d; %d pending\n", dbVersion, known, pending)
+	return db.CheckSchema(ctx)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -65,6 +66,13 @@ func TestServeMetricsAndReadiness(t *testing.T) {
 	}
 
 	families := scrape(t, base)
+	// The build is named (go test stamps no VCS revision: the test binary's labels).
+	if info, ok := debug.ReadBuildInfo(); ok {
+		v, r, g := buildLabels(info)
+		if got := find(t, families, "facilitator_build_info", map[string]string{"version": v, "revision": r, "go_version": g}).GetGauge().GetValue(); got != 1 {
+			t.Errorf("facilitator_build_info %v, want 1", got)
+		}
+	}
 	if got := counter(t, families, "facilitator_settle_requests_total", map[string]string{"network": network, "reason": "ok"}); got != 1 {
 		t.Errorf("settle ok count %v, want 1", got)
 	}

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"time"
@@ -17,7 +18,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-const statusUsage = `usage: facilitator status [--url URL] [--json] <what>
+const statusUsage = `usage: facilitator status [--url URL] [--api-key KEY] [--json] <what>
 
   authorization <network> <asset> <from> <nonce>   what happened to an EIP-3009 authorization
   payment <payment id>                              the settlement made under a payment-identifier id
@@ -31,15 +32,9 @@ var (
 
 // runStatus prints what the status API answers, for a person or (--json) for a script.
 func runStatus(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs, api, asJSON := statusFlags(getenv)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, statusUsage); fs.PrintDefaults() }
-	base := getenv("FACILITATOR_URL")
-	if base == "" {
-		base = "http://127.0.0.1:4021"
-	}
-	url := fs.String("url", base, "the facilitator's base URL (FACILITATOR_URL)")
-	asJSON := fs.Bool("json", false, "print the API's JSON answer")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,7 +45,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	c := client.New(*url)
+	c := api.client()
 	var st *facilitator.AuthorizationStatus
 	var err error
 	found := true
@@ -76,7 +71,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 		return errors.New("status: the facilitator knows nothing under that key")
 	}
 	if err != nil {
-		return err
+		return keyHint(err, "status")
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -85,6 +80,60 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	client.PrintStatus(stdout, st, found)
 	return nil
+}
+
+// statusFlags is status's flag set: the API's address and key (apiFlags), and --json.
+func statusFlags(getenv func(string) string) (*flag.FlagSet, *apiFlags, *bool) {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	api := addAPIFlags(fs, getenv)
+	return fs, api, fs.Bool("json", false, "print the API's JSON answer")
+}
+
+// apiFlags are the flags of a command that calls the HTTP API: where it is, and the API key its
+// routes ask for under --auth keys (the default).
+type apiFlags struct {
+	url, key *string
+	getenv   func(string) string
+}
+
+func addAPIFlags(fs *flag.FlagSet, getenv func(string) string) *apiFlags {
+	base := getenv("FACILITATOR_URL")
+	if base == "" {
+		base = "http://127.0.0.1:4021"
+	}
+	// The key's default is read after parsing, not given to the flag: a flag's default is printed
+	// by -h, and the key is a secret.
+	return &apiFlags{
+		url:    fs.String("url", base, "the facilitator's base URL (FACILITATOR_URL)"),
+		key:    fs.String("api-key", "", "the API key sent as \"Authorization: Bearer <key>\" (FACILITATOR_API_KEY); none: no header, as --auth open needs"),
+		getenv: getenv,
+	}
+}
+
+// client is the API client the flags describe. The key travels only in the Authorization header:
+// the client's errors carry the answer's status and reason, never the request's headers.
+func (f *apiFlags) client() *client.Client {
+	key := strings.TrimSpace(*f.key)
+	if key == "" {
+		key = strings.TrimSpace(f.getenv("FACILITATOR_API_KEY"))
+	}
+	if key == "" {
+		return client.New(*f.url)
+	}
+	return client.New(*f.url, client.WithHeader("Authorization", "Bearer "+key))
+}
+
+// keyHint adds to a refusal of the key (401: none or not a key; 403: not the scope) what to do,
+// naming the scope the command's route needs.
+func keyHint(err error, scope facilitator.Scope) error {
+	var ce *client.Error
+	switch {
+	case errors.As(err, &ce) && ce.Status == http.StatusUnauthorized:
+		return fmt.Errorf("%w (give an API key with the %s scope: --api-key or FACILITATOR_API_KEY; 'facilitator keys create' makes one)", err, scope)
+	case errors.As(err, &ce) && ce.Status == http.StatusForbidden:
+		return fmt.Errorf("%w (the API key lacks the %s scope, or may not see this payment)", err, scope)
+	}
+	return err
 }
 
 func authorizationKey(args []string) (facilitator.AuthorizationKey, error) {

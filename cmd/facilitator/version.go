@@ -28,6 +28,29 @@ func runVersion(args []string, stdout, stderr io.Writer) error {
 	return err
 }
 
+// buildLabels are the labels of facilitator_build_info: the module version ("(devel)" for a
+// build from a checkout), the VCS revision ("unknown" without VCS information; "-modified" added
+// when the tree had uncommitted changes) and the Go version.
+func buildLabels(info *debug.BuildInfo) (version, revision, goVersion string) {
+	version, revision = info.Main.Version, "unknown"
+	if version == "" {
+		version = "(devel)"
+	}
+	var modified bool
+	for _, kv := range info.Settings {
+		switch kv.Key {
+		case "vcs.revision":
+			revision = kv.Value
+		case "vcs.modified":
+			modified = kv.Value == "true"
+		}
+	}
+	if modified && revision != "unknown" {
+		revision += "-modified"
+	}
+	return version, revision, info.GoVersion
+}
+
 // versionText is the build's description: "facilitator <version>" and, where the toolchain
 // stamped them (a build from a checkout, not `go run` or a test), the revision, its time and
 // whether the tree had uncommitted changes, then the Go version.

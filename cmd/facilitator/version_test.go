@@ -30,6 +30,26 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestBuildLabels: facilitator_build_info's labels are what `facilitator version` prints, in
+// label form.
+func TestBuildLabels(t *testing.T) {
+	for _, tc := range []struct {
+		info                   debug.BuildInfo
+		version, revision, goV string
+	}{
+		{debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v1.2.3"}, Settings: []debug.BuildSetting{
+			{Key: "vcs.revision", Value: "04aeb06"}, {Key: "vcs.modified", Value: "false"}}}, "v1.2.3", "04aeb06", "go1.26.0"},
+		{debug.BuildInfo{GoVersion: "go1.26.0", Settings: []debug.BuildSetting{
+			{Key: "vcs.modified", Value: "true"}, {Key: "vcs.revision", Value: "04aeb06"}}}, "(devel)", "04aeb06-modified", "go1.26.0"},
+		{debug.BuildInfo{GoVersion: "go1.26.0"}, "(devel)", "unknown", "go1.26.0"},
+	} {
+		v, r, g := buildLabels(&tc.info)
+		if v != tc.version || r != tc.revision || g != tc.goV {
+			t.Errorf("buildLabels(%+v) = %q %q %q, want %q %q %q", tc.info, v, r, g, tc.version, tc.revision, tc.goV)
+		}
+	}
+}
+
 // TestHealthcheck: `facilitator healthcheck` exits 0 when /healthz answers 200 and 1 otherwise,
 // and by default asks the loopback at FACILITATOR_LISTEN's port.
 func TestHealthcheck(t *testing.T) {

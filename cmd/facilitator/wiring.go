@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -90,6 +91,9 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.metrics = metrics.New()
+	if info, ok := debug.ReadBuildInfo(); ok {
+		m.metrics.SetBuildInfo(buildLabels(info))
+	}
 	readers, rpcReaders, err := m.connectNetworks(startCtx, networks)
 	if err != nil {
 		return err
@@ -147,18 +151,19 @@ func (m *Main) Run(ctx context.Context) error {
 	return nil
 }
 
-// openLedger opens the database, and migrates it when asked to.
+// openLedger opens the database, and migrates it when asked to. Either way a database migrated
+// past what this binary knows refuses the start (postgres.SchemaNewerError).
 func (m *Main) openLedger(ctx context.Context) error {
 	var err error
 	if m.db, err = openDB(ctx, m.Config.DatabaseURL, m.Logger); err != nil {
 		return err
 	}
 	if m.Config.Migrate {
-		if _, err := m.db.Migrate(ctx); err != nil {
-			return err
-		}
+		_, err = m.db.Migrate(ctx)
+	} else {
+		err = m.db.CheckSchema(ctx)
 	}
-	return nil
+	return err
 }
 
 // connectNetworks dials each network's endpoints into its pool, follows its heads, binds the
@@ -359,6 +364,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 	return api.New(api.Config{
 		Console:        con,
 		Lists:          m.db,
+		Redeliver:      m.db,
 		Verifier:       svc.ids,
 		Settler:        svc.ids,
 		Status:         svc.status,

@@ -100,7 +100,7 @@ func (db *DB) migrate(ctx context.Context, upTo int) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrationLockID); err != nil {
+	if err := takeMigrationLock(ctx, conn); err != nil {
 		conn.Release()
 		return nil, fmt.Errorf("postgres: migrate: taking the lock: %w", err)
 	}
@@ -133,8 +133,15 @@ func (db *DB) migrate(ctx context.Context, upTo int) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	for _, v := range versions {
+	ints := make([]int, len(versions))
+	for i, v := range versions {
 		applied[int(v)] = true
+		ints[i] = int(v)
+	}
+	// Checked under the lock, before anything is applied: a binary older than the schema would
+	// otherwise report nothing to apply and go on to serve it.
+	if err := schemaNewer(ints, all); err != nil {
+		return nil, err
 	}
 	var done []int
 	for _, m := range all {
@@ -186,6 +193,28 @@ func (db *DB) migrate(ctx context.Context, upTo int) ([]int, error) {
 		done = append(done, m.version)
 	}
 	return done, nil
+}
+
+// takeMigrationLock takes the migration lock on conn, trying it between growing pauses rather
+// than waiting in pg_advisory_lock: a session waiting there is a transaction open all the while,
+// and a concurrent index build under the lock (CREATE INDEX CONCURRENTLY) waits for every open
+// transaction to end, so replicas starting together on a fresh database deadlocked, and all but
+// one failed to start.
+func takeMigrationLock(ctx context.Context, conn *pgxpool.Conn) error {
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, migrationLockID).Scan(&got); err != nil {
+			return err
+		}
+		if got {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+	}
 }
 
 // withLockRetry runs step, again after a pause while it fails on its lock timeout (a statement

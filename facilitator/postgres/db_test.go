@@ -99,6 +99,38 @@ func TestMigrateConcurrently(t *testing.T) {
 	}
 }
 
+// TestMigrateFreshReplicas: replicas starting together on a fresh database all start. One
+// waiting for the migration lock inside pg_advisory_lock held a transaction open, which the
+// holder's CREATE INDEX CONCURRENTLY waited for: Postgres broke the deadlock by failing the
+// waiter (40P01), and that replica did not start.
+func TestMigrateFreshReplicas(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := freshDB(ctx, t, "migrate_fresh")
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		db, err := postgres.Open(ctx, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(db.Close)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := db.Migrate(ctx)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func TestBindNetwork(t *testing.T) {
 	db := openTestDB(t)
 	ctx := context.Background()

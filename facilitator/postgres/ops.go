@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -141,6 +142,39 @@ func (db *DB) ReconcileRuns(ctx context.Context, limit int) ([]facilitator.Recon
 			return nil, err
 		}
 		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// StuckSettlement is a settlement still owed an outcome, with its age by the database's clock
+// (every replica's rows, whatever their clocks say).
+type StuckSettlement struct {
+	facilitator.Settlement
+	Age time.Duration
+}
+
+// StuckSettlements lists the settlements of every network still owed an outcome (signed,
+// broadcast, or mined and not yet final) that were signed longer than olderThan ago, by state,
+// oldest first, at most limit of them. The open rows are few whatever the ledger's size: the scan
+// is of the partial index on them (settlements_updated, migration 0005).
+func (db *DB) StuckSettlements(ctx context.Context, olderThan time.Duration, limit int) ([]StuckSettlement, error) {
+	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+`, EXTRACT(EPOCH FROM now() - created_at)::float8
+		FROM settlements
+		WHERE state IN ('signed', 'broadcast', 'mined') AND created_at < now() - make_interval(secs => $1)
+		ORDER BY array_position(ARRAY['signed', 'broadcast', 'mined'], state), created_at, id
+		LIMIT $2`, olderThan.Seconds(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: stuck settlements: %w", err)
+	}
+	defer rows.Close()
+	var out []StuckSettlement
+	for rows.Next() {
+		var age float64
+		s, err := scanSettlementWith(rows, &age)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: stuck settlements: %w", err)
+		}
+		out = append(out, StuckSettlement{Settlement: *s, Age: seconds(age)})
 	}
 	return out, rows.Err()
 }

@@ -273,3 +273,34 @@ func (db *DB) LastSettlementEvent(ctx context.Context, settlementID int64) (int6
 	err := db.pool.QueryRow(ctx, `SELECT COALESCE(max(id), 0) FROM settlement_events WHERE settlement_id = $1`, settlementID).Scan(&id)
 	return id, err
 }
+
+// RedeliverWebhook schedules a given-up delivery again, now, with a fresh count of attempts (the
+// dispatcher's full retry schedule); its last status and error stay until the next attempt.
+// A webhook v does not see (another key's, unless v sees all) is ErrNotFound, like an unknown
+// one; a delivery not given up is facilitator.ErrDeliveryNotGivenUp, one of a disabled webhook
+// facilitator.ErrWebhookDisabled.
+// It returns when the delivery is due.
+func (db *DB) RedeliverWebhook(ctx context.Context, v facilitator.Viewer, webhookID string, eventID int64) (time.Time, error) {
+	var due time.Time
+	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		var givenUp, disabled bool
+		// The row lock holds off a claim or an attempt's record while this decides.
+		err := tx.QueryRow(ctx, `SELECT d.gave_up_at IS NOT NULL, w.disabled_at IS NOT NULL
+			FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
+			WHERE d.webhook_id = $1 AND d.event_id = $2 AND ($3 OR w.api_key = $4)
+			FOR UPDATE OF d`, webhookID, eventID, v.All, v.Key).Scan(&givenUp, &disabled)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return facilitator.ErrNotFound
+		case err != nil:
+			return err
+		case disabled:
+			return facilitator.ErrWebhookDisabled
+		case !givenUp:
+			return facilitator.ErrDeliveryNotGivenUp
+		}
+		return tx.QueryRow(ctx, `UPDATE webhook_deliveries SET gave_up_at = NULL, attempts = 0, next_attempt_at = now()
+			WHERE webhook_id = $1 AND event_id = $2 RETURNING next_attempt_at`, webhookID, eventID).Scan(&due)
+	})
+	return due, err
+}
