@@ -95,8 +95,8 @@ func beforeReads(t track, o observation, p policy, reverted *receipt, bumpDue bo
 		return decision{act: actReadAt, at: t.verdict.at, verdict: t.verdict, why: "second read of a verdict"}
 	case reverted != nil:
 		return decision{act: actReadAt, at: reverted.block, why: "a variant reverted: who used the authorization?"}
-	case o.nonceLow, bumpDue, expiring:
-		return decision{act: actReadAt, why: "nonce called too low, bump due or validBefore passed: read the chain first"}
+	case o.nonceLow, bumpDue, expiring, unsentBump(t):
+		return decision{act: actReadAt, why: "nonce called too low, bump due or not sent yet, or validBefore passed: read the chain first"}
 	}
 	return resendTiming(t, o, p, t.verdict)
 }
@@ -196,6 +196,9 @@ func decideUnmined(t track, o observation, p policy, bumpDue bool) decision {
 		// The nonce is unused at the pinned block (the bump rule: fees.go).
 		d, _ := bumpOnReads(t, o, "unmined past the bump interval, or underpriced")
 		return d
+	}
+	if unsentBump(t) {
+		return sendBumpOnReads(o)
 	}
 	return resendTiming(t, o, p, nil)
 }

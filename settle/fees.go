@@ -320,6 +320,27 @@ func bumpOnReads(t track, o observation, why string) (d decision, ok bool) {
 	return twice(t, decision{act: actBump, why: why}, 0, common.Hash{}), true
 }
 
+// unsentBump reports whether t's newest variant is a replacement no node was asked to take yet:
+// its send waited (bumpVetoed after signing), or the process that signed it stopped first. Its
+// first send is the bump's, so it rests on what a bump rests on: pinned reads at the highest head
+// seen that found the nonce unused (sendBumpOnReads), never on a resend's timing alone (the
+// simulator's seed 23543: a bump held back for a later head went out a round later on the
+// resend timer, its nonce mined in that head by a foreign transaction).
+func unsentBump(t track) bool {
+	n := len(t.variants)
+	return n > 1 && t.variants[n-1].sentAt.IsZero() && t.variants[n-1].tried.IsZero()
+}
+
+// sendBumpOnReads sends a bump not sent yet, on pinned reads that found the nonce unused, when
+// they are at the highest head seen; behind it, it waits for fresher reads.
+func sendBumpOnReads(o observation) decision {
+	c := o.chain
+	if c.at < max(o.highest, c.nodeHead) {
+		return decision{act: actWait, why: "a bump not sent yet, on reads behind the highest head seen"}
+	}
+	return decision{act: actSend, why: "a bump not sent yet, on reads at the highest head seen"}
+}
+
 // bumpVetoed reports whether a bump decided on the reads o is to wait: a later head than the
 // reads' was told of since (highest, by another step of the round), where the nonce may be mined.
 // The next round reads again; meanwhile the current transaction is resent.

@@ -318,6 +318,9 @@ func decideClosing(t track, o observation, p policy) decision {
 			return d
 		}
 	}
+	if unsentBump(t) {
+		return sendBumpOnReads(o)
+	}
 	return resendTiming(t, o, p, nil)
 }
 

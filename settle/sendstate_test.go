@@ -25,6 +25,9 @@ func TestDecide(t *testing.T) {
 	open := track{state: facilitator.StateBroadcast, txNonce: 5, validBefore: vb, variants: []variant{sent(ours, 5)}}
 	twoVariants := open
 	twoVariants.variants = []variant{sent(ours, 5), sent(bumped, 5)}
+	// A bump signed whose send waited (a later head overtook its reads): no node was asked yet.
+	unsentBump := open
+	unsentBump.variants = []variant{sent(ours, 5), {hash: bumped, nonce: 5, signedAt: t0}}
 	batchedOpen := open
 	batchedOpen.batched = true
 	batchedOpen.value = big.NewInt(1000)
@@ -145,6 +148,16 @@ func TestDecide(t *testing.T) {
 			o.now = t0.Add(91 * time.Second)
 			return o
 		}(), want{act: actWait}},
+		{"a bump not sent yet, no pinned reads: read first (seed 23543)", unsentBump, obs(map[common.Hash]receiptRead{ours: ok(nil), bumped: ok(nil)}),
+			want{act: actReadAt}},
+		{"a bump not sent yet, the nonce unused on reads behind the highest head seen: wait", unsentBump, func() observation {
+			o := pinned(obs(map[common.Hash]receiptRead{ours: ok(nil), bumped: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 5})
+			o.highest = 112
+			return o
+		}(), want{act: actWait}},
+		{"a bump not sent yet, the nonce unused on reads at the highest head seen: send it", unsentBump,
+			pinned(obs(map[common.Hash]receiptRead{ours: ok(nil), bumped: ok(nil)}), chainRead{at: 110, time: uint64(t0.Unix()), keyNonce: 5}),
+			want{act: actSend}},
 		{"bump due, no pinned reads yet: read first", open, func() observation {
 			o := obs(map[common.Hash]receiptRead{ours: ok(nil)})
 			o.now = t0.Add(91 * time.Second)
