@@ -48,12 +48,12 @@ type Main struct {
 	// Addr is the address actually listened on, known once Run returns (useful with port 0).
 	Addr string
 
-	db       *postgres.DB
-	clients  []*checkedEndpoint // every endpoint's, to close
+	db      *postgres.DB
+	clients []*checkedEndpoint // every endpoint's, to close
 	// gates say which networks serve: all but those none of whose endpoints answered at start,
 	// until one does (startup.go).
 	gates    map[string]*netGate
-	quit     chan struct{} // closed by Close: the background start-up of a network ends
+	quit     chan struct{}   // closed by Close: the background start-up of a network ends
 	rpcs     []*ethrpc.Pool  // each network's endpoints
 	heads    []*ethrpc.Heads // per network, shared by the engine and the indexer
 	engine   *settle.Engine
