@@ -77,6 +77,14 @@ func (e *checkedEndpoint) check(ctx context.Context) (*rpc.Client, error) {
 	if e.ok {
 		return e.client, nil
 	}
+	// Not checked yet: most likely still silent. The check takes half of what the caller has
+	// left, so that the pool can still ask the next endpoint within the caller's bound (a read
+	// bounded by --rpc-timeout would otherwise fail each time the back-off lets this one be tried).
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
+		defer cancel()
+	}
 	if e.client == nil {
 		c, err := dialRPC(ctx, e.url)
 		if err != nil {

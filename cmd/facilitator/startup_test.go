@@ -23,13 +23,17 @@ func TestServeStartsDegraded(t *testing.T) {
 	down, downURL := newLaggyRPC(t, chainB.RPCURL)
 	down.set(&laggyFaults{Error: 1})
 	hole, _ := blackhole(t)
+	// A third endpoint of the first network is another chain's, refusing everything at start: once
+	// it answers, its chain is checked before it serves, and it is kept out.
+	wrong, wrongURL := newLaggyRPC(t, chainB.RPCURL)
+	wrong.set(&laggyFaults{Error: 1})
 	hole += "/v2/SECRETKEY" // a provider's API key, which must appear in no log line
 
 	env := serveEnv(t, dbURL, chainA, chainA.RPCURL, chainA.Accounts[0].Key)
 	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
 	env["FACILITATOR_RPC_TIMEOUT"] = "1s"
 	env["FACILITATOR_NETWORKS"] = `[` +
-		`{"id":"eip155:31337","rpcs":["` + chainA.RPCURL + `","` + hole + `"],"quorum":1,"finality":1,"tokens":[{"address":"` + chainA.USDC.Address.Hex() + `","name":"` + chainA.USDC.Name + `","version":"` + chainA.USDC.Version + `"}]},` +
+		`{"id":"eip155:31337","rpcs":["` + chainA.RPCURL + `","` + hole + `","` + wrongURL + `"],"quorum":1,"finality":1,"tokens":[{"address":"` + chainA.USDC.Address.Hex() + `","name":"` + chainA.USDC.Name + `","version":"` + chainA.USDC.Version + `"}]},` +
 		`{"id":"eip155:31338","rpc":"` + downURL + `","finality":1,"tokens":[{"address":"` + chainB.USDC.Address.Hex() + `","name":"` + chainB.USDC.Name + `","version":"` + chainB.USDC.Version + `"}]}]`
 	cfg := serveConfig(t, env)
 	logs := &stacktest.SyncBuffer{}
@@ -87,8 +91,21 @@ func TestServeStartsDegraded(t *testing.T) {
 		t.Fatalf("/readyz: %d %s", res.StatusCode, ready)
 	}
 
-	// Its provider comes back: the network serves, no restart.
+	res, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsText, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if !hasLine(string(metricsText), "facilitator_rpc_endpoint_up{", `endpoint="rpc1"`, `network="eip155:31337"`, "} 0") ||
+		!hasLine(string(metricsText), "facilitator_rpc_endpoint_up{", `endpoint="rpc0"`, `network="eip155:31337"`, "} 1") {
+		t.Fatalf("/metrics does not show rpc1 down and rpc0 up:\n%s", metricsText)
+	}
+
+	// Its provider comes back: the network serves, no restart. The other chain's endpoint answers
+	// too, and is kept out.
 	down.set(nil)
+	wrong.set(nil)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		code, body := post("/verify", bodyB)
@@ -100,7 +117,48 @@ func TestServeStartsDegraded(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if code, body := post("/settle", bodyB); code != 200 || !strings.Contains(body, `"success":true`) {
-		t.Fatalf("settle once the network is up: %d %s", code, body)
+	// The signer key is recovered by the engine's lease loop (every second), so a /settle may
+	// meet it not yet held: a 503 to retry.
+	for {
+		code, body := post("/settle", bodyB)
+		if code == 200 && strings.Contains(body, `"success":true`) {
+			break
+		}
+		if code != 503 || time.Now().After(deadline) {
+			t.Fatalf("settle once the network is up: %d %s", code, body)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
+	for i := byte(0); ; i++ {
+		if code, body := post("/verify", paymentBody(t, chainA, chainA.Accounts[2].Address, [32]byte{3, i})); code != 200 || !strings.Contains(body, `"isValid":true`) {
+			t.Fatalf("verify with another chain's endpoint answering: %d %s", code, body)
+		}
+		res, err := http.Get(base + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if strings.Contains(string(ready), "the RPC serves chain 31338") {
+			break
+		}
+		if time.Now().After(deadline.Add(20 * time.Second)) {
+			t.Fatalf("/readyz never said rpc2 serves another chain: %s", ready)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// hasLine reports whether text has a line holding every part.
+func hasLine(text string, parts ...string) bool {
+	for _, l := range strings.Split(text, "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(l, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
