@@ -193,7 +193,7 @@ func (m *Main) connectNetworks(ctx context.Context, networks []facilitator.Netwo
 			gate.wait("no RPC endpoint has answered since start")
 			log.Error("no RPC endpoint of the network answered: serving the other networks; this one answers 503 "+facilitator.ReasonNetworkUnavailable+" until one answers",
 				"network", n.ID, "endpoints", pool.Endpoints())
-			go m.awaitNetwork(n, cfg.Networks[i], pool, genesis, gate)
+			go m.awaitNetwork(n, pool, genesis, gate)
 			continue
 		}
 		if err := m.startChecks(ctx, n, pool, genesis); err != nil {
@@ -253,7 +253,7 @@ func (m *Main) startChecks(ctx context.Context, n facilitator.Network, pool *eth
 // the network's start-up checks pass, opens its gate. A check that fails on an answer (a token's
 // wrong domain) keeps the network closed with that reason, loudly; serve would have refused
 // to start on it.
-func (m *Main) awaitNetwork(n facilitator.Network, nc NetworkConfig, pool *ethrpc.Pool, genesis *genesisOf, gate *netGate) {
+func (m *Main) awaitNetwork(n facilitator.Network, pool *ethrpc.Pool, genesis *genesisOf, gate *netGate) {
 	cfg, log := m.Config, m.Logger
 	every := min(max(cfg.RPCTimeout, time.Second), 5*time.Second)
 	for {
