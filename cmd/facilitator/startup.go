@@ -170,27 +170,43 @@ func (g *netGate) err(network string) error {
 		Message: fmt.Sprintf("network %s is not serving yet: %s; retry", network, reason), RetryAfter: 5 * time.Second}
 }
 
-// gatedChain is a network's pool as the components see it: nothing is read from it, or sent
+// gatedPool is a network's pool as the components see it: nothing is read from it, or sent
 // through it, before the network's start-up checks passed (its ledger bound to its chain, its
-// tokens checked).
-type gatedChain struct {
-	ethrpc.Chain
+// tokens checked). It keeps the pool's Pair, Several and Quorum, which settle's corroborated reads
+// look for: a view without them would be taken for a single endpoint, and its quorum for one.
+type gatedPool struct {
+	*ethrpc.Pool
 	gate    *netGate
 	network string
 }
 
-func (c gatedChain) CallContext(ctx context.Context, result any, method string, args ...any) error {
+func (c gatedPool) CallContext(ctx context.Context, result any, method string, args ...any) error {
 	if err := c.gate.err(c.network); err != nil {
 		return err
 	}
-	return c.Chain.CallContext(ctx, result, method, args...)
+	return c.Pool.CallContext(ctx, result, method, args...)
 }
 
-func (c gatedChain) BatchCallContext(ctx context.Context, b []rpc.BatchElem) error {
+func (c gatedPool) BatchCallContext(ctx context.Context, b []rpc.BatchElem) error {
 	if err := c.gate.err(c.network); err != nil {
 		return err
 	}
-	return c.Chain.BatchCallContext(ctx, b)
+	return c.Pool.BatchCallContext(ctx, b)
+}
+
+// Pair and Several name no endpoint while the network is closed.
+func (c gatedPool) Pair() (a, b ethrpc.Chain, ok bool) {
+	if c.gate.err(c.network) != nil {
+		return nil, nil, false
+	}
+	return c.Pool.Pair()
+}
+
+func (c gatedPool) Several(n int, except ...string) ([]ethrpc.Chain, bool) {
+	if c.gate.err(c.network) != nil {
+		return nil, false
+	}
+	return c.Pool.Several(n, except...)
 }
 
 // gatedAPI refuses /verify and /settle for a network that is not serving yet, with its reason,

@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/rpc"
+
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
+	"github.com/x402-facilitator/x402-facilitator/metrics"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -161,4 +165,38 @@ func hasLine(text string, parts ...string) bool {
 		}
 	}
 	return false
+}
+
+// TestGatedViewKeepsQuorum: each component's view of a pool (gated, counted) still offers the
+// pool's corroborated reads. A view that hid them was taken by settle for a single endpoint, and
+// one lying provider's receipt made a settlement "mined" (TestQuorumInventedReceipt).
+func TestGatedViewKeepsQuorum(t *testing.T) {
+	var none ethrpc.Chain = (*rpc.Client)(nil)
+	pool, err := ethrpc.NewPool([]ethrpc.Endpoint{{Name: "rpc0", Chain: none}, {Name: "rpc1", Chain: none}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &netGate{}
+	for _, withMetrics := range []bool{false, true} {
+		m := &Main{gates: map[string]*netGate{"eip155:1": gate}}
+		if withMetrics {
+			m.metrics = metrics.New()
+		}
+		view := m.counted(pool, "eip155:1", "engine")
+		q, ok := view.(interface {
+			Quorum() int
+			Several(n int, except ...string) ([]ethrpc.Chain, bool)
+		})
+		if !ok || q.Quorum() != 2 {
+			t.Fatalf("metrics %v: the engine's view of a two-endpoint pool lost its quorum (%T)", withMetrics, view)
+		}
+		if _, ok := q.Several(2); ok {
+			t.Fatalf("metrics %v: a closed network's view names endpoints", withMetrics)
+		}
+		gate.open()
+		if _, ok := q.Several(2); !ok {
+			t.Fatalf("metrics %v: an open network's view names no endpoints", withMetrics)
+		}
+		gate = &netGate{}
+	}
 }

@@ -755,11 +755,11 @@ func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc Networ
 // and refused while the network is not serving (its gate).
 func (m *Main) counted(pool *ethrpc.Pool, network, component string) ethrpc.Chain {
 	var c ethrpc.Chain = pool
-	if m.metrics != nil {
-		c = ethrpc.Counted(pool, network, component, m.metrics)
-	}
 	if g := m.gates[network]; g != nil {
-		c = gatedChain{Chain: c, gate: g, network: network}
+		c = gatedPool{Pool: pool, gate: g, network: network}
+	}
+	if m.metrics != nil {
+		c = ethrpc.Counted(c, network, component, m.metrics)
 	}
 	return c
 }
