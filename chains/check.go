@@ -25,6 +25,10 @@ type Caller interface {
 	CallContext(ctx context.Context, result any, method string, args ...any) error
 }
 
+// ErrWrongChain is CheckChain's refusal of a node that answered for another chain (or without a
+// genesis block): a configuration fault, unlike a node that does not answer.
+var ErrWrongChain = errors.New("the RPC serves another chain")
+
 // CheckChain refuses a node that serves another chain than the network's (everything read from
 // it would be another chain's), and returns the chain's genesis hash, which the ledger is bound to.
 func CheckChain(ctx context.Context, c Caller, n facilitator.Network) (genesis common.Hash, err error) {
@@ -33,7 +37,7 @@ func CheckChain(ctx context.Context, c Caller, n facilitator.Network) (genesis c
 		return common.Hash{}, fmt.Errorf("%s: reading the chain id: %w", n.ID, withoutURL(err))
 	}
 	if uint64(id) != n.ChainID {
-		return common.Hash{}, fmt.Errorf("%s: the RPC serves chain %d, not %d: check the network's RPC URL (or its preset)", n.ID, uint64(id), n.ChainID)
+		return common.Hash{}, fmt.Errorf("%s: the RPC serves chain %d, not %d: check the network's RPC URL (or its preset)%w", n.ID, uint64(id), n.ChainID, quiet{ErrWrongChain})
 	}
 	var block struct {
 		Hash *common.Hash `json:"hash"`
@@ -42,7 +46,7 @@ func CheckChain(ctx context.Context, c Caller, n facilitator.Network) (genesis c
 		return common.Hash{}, fmt.Errorf("%s: reading the genesis block: %w", n.ID, withoutURL(err))
 	}
 	if block.Hash == nil {
-		return common.Hash{}, fmt.Errorf("%s: the RPC has no genesis block (a pruned or partial node?)", n.ID)
+		return common.Hash{}, fmt.Errorf("%s: the RPC has no genesis block (a pruned or partial node?)%w", n.ID, quiet{ErrWrongChain})
 	}
 	return *block.Hash, nil
 }
@@ -142,6 +146,12 @@ func CompareDomain(n facilitator.Network, t facilitator.Token, d Domain) error {
 			"is this an EIP-3009 token, on this chain, at this address?")
 	}
 }
+
+// quiet wraps a sentinel without adding its text: the message already says it.
+type quiet struct{ err error }
+
+func (quiet) Error() string   { return "" }
+func (q quiet) Unwrap() error { return q.err }
 
 // withoutURL drops the URL a transport error repeats: an RPC URL can hold a provider's API key.
 func withoutURL(err error) error {

@@ -38,6 +38,10 @@ type Endpoint struct {
 	// bursts of Burst (at least 1).
 	Rate  float64
 	Burst int
+	// Down, when set, is why the endpoint failed before the pool was made (serve's start-up
+	// checks): it starts left alone, as after a failure, so that the first reads do not wait on
+	// an endpoint already known not to answer.
+	Down error
 }
 
 // PoolObserver hears the pool's endpoint changes (metrics); it must not block.
@@ -93,6 +97,9 @@ func NewPool(endpoints []Endpoint, obs PoolObserver, now func() time.Time) (*Poo
 			ep.limit = rate.NewLimiter(rate.Limit(e.Rate), max(e.Burst, 1))
 		}
 		p.endpoints = append(p.endpoints, ep)
+		if e.Down != nil {
+			p.down(ep, e.Down)
+		}
 	}
 	return p, nil
 }
@@ -518,12 +525,20 @@ func askedWait(err error) (time.Duration, bool) {
 	return 0, false
 }
 
+// ErrUnfit marks the failure of an endpoint that answered but must not serve: it serves another
+// chain than its pool's. The pool treats it as a failure (the endpoint is left alone, and another
+// asked), never as an answer.
+var ErrUnfit = errors.New("ethrpc: the endpoint must not serve this network")
+
 // retryable reports whether another endpoint may answer where this one failed: the transport
 // failed, the call timed out, or the provider limited us. A JSON-RPC error is an answer, and the
 // same on any honest node.
 func retryable(err error) bool {
 	if err == nil {
 		return false
+	}
+	if errors.Is(err, ErrUnfit) {
+		return true
 	}
 	if limited(err) {
 		return true

@@ -357,3 +357,49 @@ func TestPoolOnAnvil(t *testing.T) {
 		t.Fatalf("health: %+v", h)
 	}
 }
+
+// TestPoolStartsDown: an endpoint known down when the pool is made (serve's start-up checks found
+// it silent) starts left alone: reads go to the others without waiting on it first, and it reads
+// down in Health. One that answers as unfit (ErrUnfit: another chain) is a failure, not an
+// answer: the read goes on to the next endpoint and the unfit one is left alone.
+func TestPoolStartsDown(t *testing.T) {
+	silent := &fakeEndpoint{call: func(string, any) error { return errors.New("unreachable: must not be asked") }}
+	good := answering(7)
+	pool, err := ethrpc.NewPool([]ethrpc.Endpoint{
+		{Name: "rpc0", Chain: silent, Down: errors.New("no answer within --rpc-timeout")},
+		{Name: "rpc1", Chain: good},
+	}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 { // whichever endpoint the pool draws first
+		var head hexutil.Uint64
+		if err := pool.CallContext(context.Background(), &head, "eth_blockNumber"); err != nil || head != 7 {
+			t.Fatalf("read with rpc0 down from the start: %v, %d", err, head)
+		}
+	}
+	if n := silent.calls.Load(); n != 0 {
+		t.Fatalf("the endpoint down from the start was asked %d times during its back-off", n)
+	}
+	if h := pool.Health(); h[0].Healthy || !strings.Contains(h[0].LastError, "--rpc-timeout") || !h[1].Healthy {
+		t.Fatalf("health: %+v", h)
+	}
+
+	unfit := &fakeEndpoint{call: func(string, any) error { return fmt.Errorf("%w: serves chain 1", ethrpc.ErrUnfit) }}
+	pool, err = ethrpc.NewPool([]ethrpc.Endpoint{{Name: "rpc0", Chain: unfit}, {Name: "rpc1", Chain: answering(9)}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		var head hexutil.Uint64
+		if err := pool.CallContext(context.Background(), &head, "eth_blockNumber"); err != nil || head != 9 {
+			t.Fatalf("read beside an unfit endpoint: %v, %d", err, head)
+		}
+	}
+	if n := unfit.calls.Load(); n != 1 {
+		t.Fatalf("the unfit endpoint was asked %d times; want once, then left alone", n)
+	}
+	if h := pool.Health(); h[0].Healthy {
+		t.Fatalf("the unfit endpoint reads healthy: %+v", h)
+	}
+}

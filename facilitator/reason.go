@@ -93,6 +93,12 @@ const ReasonSettlerBusy = "settlement_capacity_exceeded"
 // or sent. Ours, additive.
 const ReasonSignerUnavailable = "signer_unavailable"
 
+// ReasonNetworkUnavailable answers a /verify or /settle for a network that is not serving yet:
+// none of its RPC endpoints has answered since the process started, so its start-up checks (the
+// chain, the tokens' domains) have not passed (HTTP 503 with Retry-After). Nothing was read or
+// sent. Ours, additive.
+const ReasonNetworkUnavailable = "network_unavailable"
+
 // Limits and guards (ours, additive). Each refuses a /settle before anything is signed.
 const (
 	// ReasonWalletCapExceeded: the paying wallet reached its cap of settlements (count or amount)

@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/npm.sh
+go build -o bin/ ./cmd/facilitator ./cmd/facilitator-dev
+# Before the database is recreated: a stack already running (its anvil, its facilitator) would lose
+# its ledger to --fresh, and a new anvil cannot take the port anyway.
+bin/facilitator-dev dev --check-ports "$@"
 DATABASE_URL="$(scripts/postgres.sh x402_dev --fresh)"
 export DATABASE_URL
-go build -o bin/ ./cmd/facilitator ./cmd/facilitator-dev
 exec bin/facilitator-dev dev "$@"

@@ -304,6 +304,13 @@ func (e *Engine) Start(ctx context.Context) error {
 			}
 			if err := e.takeKey(ctx, s, l); err != nil {
 				l.Release()
+				if e.cfg.Leaser != nil && ctx.Err() == nil {
+					// The key's recovery reads its chain: a network whose RPC does not answer yet
+					// must not keep the others from starting. The lease loop takes the key again
+					// every LeaseRetry, as it takes one another replica gave up.
+					e.log.Warn("signer key not recovered at start; retrying it in the background", "network", n.net.ID, "signer", s.addr, "err", err)
+					continue
+				}
 				e.releaseAll(initial)
 				return err
 			}

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/ethereum/go-ethereum/crypto"
@@ -34,11 +36,24 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	batchMax := fs.Int("batch-max", 0, "batch up to this many settlements per Multicall3 transaction (0: off; the network's \"batch\" entry)")
 	batchWait := fs.Duration("batch-wait", 150*time.Millisecond, "with --batch-max: the longest a batch's first settlement waits for others")
 	binary := fs.String("facilitator", "", "the production binary to serve with (default: 'facilitator' beside this one, else on PATH)")
+	checkPorts := fs.Bool("check-ports", false, "check that anvil's port and the listen address are free, and exit ('make run' asks before it recreates the database)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *nSigners < 1 {
 		return fmt.Errorf("--signers must be at least 1, got %d", *nSigners)
+	}
+	// Before anything starts: a taken port is refused at once, by name.
+	if *port != 0 {
+		if err := checkPortFree("anvil", net.JoinHostPort(*host, strconv.Itoa(*port)), "--anvil-port"); err != nil {
+			return err
+		}
+	}
+	if err := checkPortFree("the facilitator", *listen, "--listen"); err != nil {
+		return err
+	}
+	if *checkPorts {
+		return nil
 	}
 	if *dbURL == "" {
 		return errors.New("dev: DATABASE_URL is required ('make run' makes one)")

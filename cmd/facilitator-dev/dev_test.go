@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -84,5 +88,46 @@ func TestDevStack(t *testing.T) {
 	}
 	if _, err := http.Get(url + "/healthz"); err == nil {
 		t.Error("the facilitator still answers after dev stopped")
+	}
+}
+
+// TestDevRefusesTakenPort: `facilitator-dev dev` (make run) on a port something else holds, anvil's
+// or the facilitator's, stops at once naming the port and its holder, before anvil starts (it
+// used to deploy USDC onto the other process's node and die on an address mismatch).
+func TestDevRefusesTakenPort(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	addr := taken.Addr().String()
+	_, port, _ := net.SplitHostPort(addr)
+	holder := fmt.Sprintf("held by pid %d (", os.Getpid())
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"anvil's port", []string{"--anvil-port", port}, "anvil's address " + addr + " is taken (" + holder},
+		{"the listen address", []string{"--anvil-port", "0", "--listen", addr}, "the facilitator's address " + addr + " is taken (" + holder},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			began := time.Now()
+			err := runDev(ctx, append(c.args, "--database-url", "postgres://unused", "--facilitator", "/nonexistent"),
+				func(string) string { return "" }, io.Discard, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), c.want) || time.Since(began) > 2*time.Second {
+				t.Fatalf("dev %v with %s taken: %v after %s; want at once %q", c.args, addr, err, time.Since(began), c.want)
+			}
+			// make run asks the same before it recreates the database.
+			if err := runDev(ctx, append(c.args, "--check-ports"), func(string) string { return "" }, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("dev --check-ports %v with %s taken: %v", c.args, addr, err)
+			}
+		})
+	}
+	if err := runDev(context.Background(), []string{"--check-ports", "--anvil-port", "0", "--listen", "127.0.0.1:0"},
+		func(string) string { return "" }, io.Discard, io.Discard); err != nil {
+		t.Fatalf("dev --check-ports on free ports, without a database: %v", err)
 	}
 }

@@ -83,10 +83,23 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	signers := cfg.SignerAddresses()
 	for i, n := range networks {
 		nc := cfg.Networks[i]
-		pool, _, err := m.dialNetwork(ctx, n, nc)
+		pool, genesis, downs, err := m.dialNetwork(ctx, n, nc)
+		for _, d := range downs {
+			report(fmt.Sprintf("%s: RPC endpoint %s answers", n.ID, d.name), fmt.Errorf("%w; serve starts without it and tries it again in the background; fix: start it, or correct its URL", d.err))
+		}
+		if err == nil && !genesisKnown(genesis) {
+			err = errors.New("no endpoint answered: serve would start without this network, answering 503 " + facilitator.ReasonNetworkUnavailable + " for it until one does")
+		}
 		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d; %s", n.ID, len(nc.urls()), n.ChainID, quorumText(nc.quorum(), len(nc.urls()))), err)
 		if err != nil {
 			continue
+		}
+		// Each read below is bounded by --rpc-timeout: an endpoint that never answers is a
+		// failed check, not a hang.
+		bounded := func(check func(ctx context.Context) error) error {
+			cctx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
+			defer cancel()
+			return check(cctx)
 		}
 		for j, u := range nc.wsURLs() {
 			report(fmt.Sprintf("%s: WebSocket ws%d serves chain %d and new heads", n.ID, j, n.ChainID), checkWS(ctx, u, n.ChainID, cfg.RPCTimeout))
@@ -102,8 +115,10 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 			report(fmt.Sprintf("%s: token %s signs under %q version %q", n.ID, t.Address.Hex(), t.Name, t.Version),
 				chains.CheckToken(ctx, reader, n, t))
 		}
-		report(fmt.Sprintf("%s: finality %s", n.ID, finalityText(n.Finality.Tag, n.Finality.Depth)), checkTag(ctx, pool, n.Finality.Tag))
-		report(fmt.Sprintf("%s: batched settlement %s", n.ID, batchText(n.Batch)), checkMulticall(ctx, pool, n.Batch))
+		report(fmt.Sprintf("%s: finality %s", n.ID, finalityText(n.Finality.Tag, n.Finality.Depth)),
+			bounded(func(ctx context.Context) error { return checkTag(ctx, pool, n.Finality.Tag) }))
+		report(fmt.Sprintf("%s: batched settlement %s", n.ID, batchText(n.Batch)),
+			bounded(func(ctx context.Context) error { return checkMulticall(ctx, pool, n.Batch) }))
 		keys := signers
 		if spec, addrs, _ := cfg.remoteSignerOf(nc); spec != "" {
 			ep, remote, err := remoteSigners(ctx, spec, addrs, n.ChainID, cfg.RPCTimeout)
@@ -124,7 +139,7 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 			}
 		}
 		for _, k := range keys {
-			report(fmt.Sprintf("%s: signer %s funded for gas", n.ID, k.Hex()), checkBalance(ctx, pool, k, cfg.SignerMinBalance))
+			report(fmt.Sprintf("%s: signer %s funded for gas", n.ID, k.Hex()), bounded(func(ctx context.Context) error { return checkBalance(ctx, pool, k, cfg.SignerMinBalance) }))
 		}
 	}
 	if failed > 0 {
@@ -132,6 +147,11 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	}
 	fmt.Fprintln(out, "the configuration is ready to serve")
 	return nil
+}
+
+func genesisKnown(g *genesisOf) bool {
+	_, ok := g.known()
+	return ok
 }
 
 // terminal reports whether w is a character device (a terminal).

@@ -216,3 +216,31 @@ func TestCheckConfigAPIKeys(t *testing.T) {
 		t.Fatalf("keys mode with a key: exit %d\n%s", code, out)
 	}
 }
+
+// TestCheckConfigSilentEndpoint: an RPC endpoint that accepts connections and never answers is
+// one failed check within --rpc-timeout, named rpc1 and never by its URL; the network's other
+// endpoint carries the remaining checks. (It used to hang the check for two minutes.)
+func TestCheckConfigSilentEndpoint(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dbURL, chain := requireStack(t)
+	hole, _ := blackhole(t)
+	hole += "/v2/SECRETKEY"
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, chain.Accounts[0].Key)
+	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
+	env["FACILITATOR_RPC_TIMEOUT"] = "1s"
+	env["FACILITATOR_NETWORKS"] = withRPCs(t, env["FACILITATOR_NETWORKS"], hole)
+	var out bytes.Buffer
+	began := time.Now()
+	code := run(ctx, []string{"serve", "--check-config"}, func(k string) string { return env[k] }, &out, &out)
+	took := time.Since(began)
+	report := out.String()
+	if took > 20*time.Second {
+		t.Fatalf("the check took %s with --rpc-timeout 1s:\n%s", took, report)
+	}
+	if code == 0 || !strings.Contains(report, "FAIL  eip155:31337: RPC endpoint rpc1 answers: RPC endpoint rpc1: no answer within --rpc-timeout (1s)") ||
+		!strings.Contains(report, "ok    eip155:31337: 2 RPC endpoint(s) serve chain 31337") ||
+		!strings.Contains(report, "ok    eip155:31337: token "+chain.USDC.Address.Hex()) || strings.Contains(report, "SECRETKEY") {
+		t.Fatalf("exit %d after %s:\n%s", code, took, report)
+	}
+}

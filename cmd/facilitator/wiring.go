@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/robfig/cron/v3"
 
@@ -48,8 +49,12 @@ type Main struct {
 	// Addr is the address actually listened on, known once Run returns (useful with port 0).
 	Addr string
 
-	db       *postgres.DB
-	clients  []*rpc.Client   // every endpoint's, to close
+	db      *postgres.DB
+	clients []*checkedEndpoint // every endpoint's, to close
+	// gates say which networks serve: all but those none of whose endpoints answered at start,
+	// until one does (startup.go).
+	gates    map[string]*netGate
+	quit     chan struct{}   // closed by Close: the background start-up of a network ends
 	rpcs     []*ethrpc.Pool  // each network's endpoints
 	heads    []*ethrpc.Heads // per network, shared by the engine and the indexer
 	engine   *settle.Engine
@@ -85,6 +90,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}
 
+	m.quit = make(chan struct{})
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := m.openLedger(startCtx); err != nil {
@@ -168,38 +174,37 @@ func (m *Main) openLedger(ctx context.Context) error {
 
 // connectNetworks dials each network's endpoints into its pool, follows its heads, binds the
 // ledger to its chain and checks its tokens (and Multicall3, where it batches). It returns the
-// readers the verifier and /readyz read each network through.
+// readers the verifier and /readyz read each network through. A network none of whose endpoints
+// answers does not stop the start: it waits in the background (awaitNetwork).
 func (m *Main) connectNetworks(ctx context.Context, networks []facilitator.Network) (map[string]verify.Reader, map[string]*ethrpc.Reader, error) {
 	cfg, log := m.Config, m.Logger
 	readers := map[string]verify.Reader{}
 	rpcReaders := map[string]*ethrpc.Reader{}
+	m.gates = map[string]*netGate{}
 	for i, n := range networks {
-		pool, genesis, err := m.dialNetwork(ctx, n, cfg.Networks[i])
+		pool, genesis, _, err := m.dialNetwork(ctx, n, cfg.Networks[i])
 		if err != nil {
 			return nil, nil, err
 		}
 		m.rpcs = append(m.rpcs, pool)
 		m.heads = append(m.heads, ethrpc.NewHeads(cfg.RPCTimeout, log.With("network", n.ID), cfg.Networks[i].wsURLs()...))
-		// A ledger written against one chain is never read against another.
-		if err := m.db.BindNetwork(ctx, n.ID, n.ChainID, genesis); err != nil {
-			return nil, nil, err
-		}
+		gate := &netGate{}
+		m.gates[n.ID] = gate
 		// Each component reads through its own counted view of the pool: the calls metric says
 		// who spends the node's requests.
 		rpcReaders[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "ready"), Timeout: cfg.RPCTimeout}
 		readers[n.ID] = &ethrpc.Reader{Chain: m.counted(pool, n.ID, "verify"), Timeout: cfg.RPCTimeout}
-		for _, t := range n.Tokens {
-			if err := chains.CheckToken(ctx, rpcReaders[n.ID], n, t); err != nil {
-				return nil, nil, err
-			}
+		if _, ok := genesis.known(); !ok {
+			gate.wait("no RPC endpoint has answered since start")
+			log.Error("no RPC endpoint of the network answered: serving the other networks; this one answers 503 "+facilitator.ReasonNetworkUnavailable+" until one answers",
+				"network", n.ID, "endpoints", pool.Endpoints())
+			go m.awaitNetwork(n, pool, genesis, gate)
+			continue
 		}
-		// Batching on a chain without Multicall3 would send every batch to an empty account,
-		// which succeeds transferring nothing: refused, like a token whose domain is wrong.
-		if !cfg.IndexOnly {
-			if err := checkMulticall(ctx, rpcReaders[n.ID].Chain, n.Batch); err != nil {
-				return nil, nil, fmt.Errorf("%s: batched settlement is configured (\"batch\"), and %w: deploy Multicall3 there or remove the network's batch entry", n.ID, err)
-			}
+		if err := m.startChecks(ctx, n, pool, genesis); err != nil {
+			return nil, nil, err
 		}
+		gate.open()
 	}
 	m.metrics.WatchEndpoints(func() []metrics.Endpoint {
 		var out []metrics.Endpoint
@@ -211,6 +216,76 @@ func (m *Main) connectNetworks(ctx context.Context, networks []facilitator.Netwo
 		return out
 	})
 	return readers, rpcReaders, nil
+}
+
+// startChecks are a network's checks once an endpoint answered: the ledger bound to its chain,
+// its tokens' domains, Multicall3 where it batches. Each call is bounded by --rpc-timeout.
+func (m *Main) startChecks(ctx context.Context, n facilitator.Network, pool *ethrpc.Pool, genesis *genesisOf) error {
+	cfg, log := m.Config, m.Logger
+	g, _ := genesis.known()
+	// A ledger written against one chain is never read against another.
+	if err := m.db.BindNetwork(ctx, n.ID, n.ChainID, g); err != nil {
+		return err
+	}
+	// Read through the pool itself, not the gated views: the gate opens once these pass.
+	var chain ethrpc.Chain = pool
+	if m.metrics != nil {
+		chain = ethrpc.Counted(pool, n.ID, "ready", m.metrics)
+	}
+	reader := &ethrpc.Reader{Chain: chain, Timeout: cfg.RPCTimeout}
+	for _, t := range n.Tokens {
+		log.Info("waiting for the RPC: the token's EIP-712 domain", "network", n.ID, "token", t.Address, "timeout", cfg.RPCTimeout)
+		if err := chains.CheckToken(ctx, reader, n, t); err != nil {
+			return err
+		}
+	}
+	// Batching on a chain without Multicall3 would send every batch to an empty account,
+	// which succeeds transferring nothing: refused, like a token whose domain is wrong.
+	if !cfg.IndexOnly && n.Batch.On() {
+		log.Info("waiting for the RPC: Multicall3's code", "network", n.ID, "timeout", cfg.RPCTimeout)
+		cctx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
+		err := checkMulticall(cctx, reader.Chain, n.Batch)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: batched settlement is configured (\"batch\"), and %w: deploy Multicall3 there or remove the network's batch entry", n.ID, err)
+		}
+	}
+	return nil
+}
+
+// awaitNetwork brings up a network none of whose endpoints answered at start: it asks them
+// again every few seconds (each endpoint is checked as it first answers) and, once one did and
+// the network's start-up checks pass, opens its gate. A check that fails on an answer (a token's
+// wrong domain) keeps the network closed with that reason, loudly; serve would have refused
+// to start on it.
+func (m *Main) awaitNetwork(n facilitator.Network, pool *ethrpc.Pool, genesis *genesisOf, gate *netGate) {
+	cfg, log := m.Config, m.Logger
+	every := min(max(cfg.RPCTimeout, time.Second), 5*time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.RPCTimeout)
+		var id hexutil.Uint64
+		err := ethrpc.One(ctx, pool, ethrpc.ChainID(&id))
+		cancel()
+		if _, ok := genesis.known(); ok && err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.RPCTimeout*time.Duration(1+len(n.Tokens)))
+			err = m.startChecks(ctx, n, pool, genesis)
+			cancel()
+			if err == nil {
+				gate.open()
+				log.Info("network serving: an RPC endpoint answered and its start-up checks passed", "network", n.ID)
+				return
+			}
+			log.Error("network not serving: a start-up check failed", "network", n.ID, "err", err)
+			gate.wait(facilitator.StripURLs(err.Error()))
+		} else if err != nil {
+			gate.wait("no RPC endpoint has answered since start: " + facilitator.StripURLs(err.Error()))
+		}
+		select {
+		case <-m.quit:
+			return
+		case <-time.After(every):
+		}
+	}
 }
 
 // settleNetworks is each network as the engine settles on it: its signers (the configured keys,
@@ -351,6 +426,13 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		RPCTimeout: cfg.RPCTimeout,
 		Logger:     log.With("component", "ops")})
 	authCfg := authConfig(cfg, m.db)
+	apiGates := map[string]*netGate{}
+	for _, n := range networks {
+		apiGates[n.ID] = m.gates[n.ID]
+		if n.V1Name != "" {
+			apiGates[n.V1Name] = m.gates[n.ID]
+		}
+	}
 	// Live pages follow the heads the engine and the indexer follow: no socket of their own.
 	liveHeads := map[string]console.Heads{}
 	for i, n := range networks {
@@ -365,8 +447,8 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		Console:        con,
 		Lists:          m.db,
 		Redeliver:      m.db,
-		Verifier:       svc.ids,
-		Settler:        svc.ids,
+		Verifier:       gatedAPI{svc.ids, apiGates},
+		Settler:        gatedAPI{svc.ids, apiGates},
 		Status:         svc.status,
 		Notify:         m.notifier,
 		Supported:      facilitator.Supported(networks, signerAddrs, []string{facilitator.PaymentIdentifierKey}),
@@ -567,6 +649,9 @@ func indexerSource(networks []facilitator.Network, ixs []*indexer.Indexer) metri
 // Close stops serving (letting requests in flight finish) and closes everything Run opened.
 func (m *Main) Close() error {
 	var errs []error
+	if m.quit != nil {
+		close(m.quit)
+	}
 	// Event streams only end on their own after their lifetime: end them (and the webhook loop)
 	// first, so that the server's shutdown does not wait on them.
 	if m.notifier != nil {
@@ -613,46 +698,76 @@ func (m *Main) Close() error {
 	return errors.Join(errs...)
 }
 
-// dialNetwork dials every RPC endpoint of a network into one pool, after checking that each
-// serves the network's chain: an endpoint of another chain (a copy-pasted URL) must never answer
-// for this one. Endpoints are named rpc0, rpc1… in configured order, never by URL. It returns the
-// chain's genesis hash, which the ledger is bound to.
-func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc NetworkConfig) (*ethrpc.Pool, common.Hash, error) {
+// endpointDown is an endpoint that did not answer at start, and why.
+type endpointDown struct {
+	name string
+	err  error
+}
+
+// dialNetwork puts every RPC endpoint of a network into one pool, after checking, within
+// --rpc-timeout each, that it serves the network's chain: an endpoint of another chain (a
+// copy-pasted URL) must never answer for this one, and stops the start. One that does not answer
+// joins the pool as down, and is checked when it first answers. Endpoints are named rpc0,
+// rpc1… in configured order, never by URL. The genesis is known once an endpoint answered;
+// downs are the endpoints that did not.
+func (m *Main) dialNetwork(ctx context.Context, n facilitator.Network, nc NetworkConfig) (*ethrpc.Pool, *genesisOf, []endpointDown, error) {
+	timeout := m.Config.RPCTimeout
+	genesis := &genesisOf{}
+	urls := nc.urls()
+	checked := make([]*checkedEndpoint, len(urls))
+	errs := make([]error, len(urls))
+	for j, u := range urls {
+		checked[j] = &checkedEndpoint{name: fmt.Sprintf("rpc%d", j), net: n, url: u, genesis: genesis}
+		m.clients = append(m.clients, checked[j])
+	}
+	// At once: a network waits --rpc-timeout at most, however many of its endpoints are silent.
+	ethrpc.Each(false, len(checked), func(j int) {
+		m.Logger.Info("waiting for an RPC endpoint: its chain id and genesis block", "network", n.ID, "endpoint", checked[j].name, "timeout", timeout)
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		_, errs[j] = checked[j].check(cctx)
+		cancel()
+	})
 	var eps []ethrpc.Endpoint
-	var genesis common.Hash
-	for j, u := range nc.urls() {
-		name := fmt.Sprintf("rpc%d", j)
-		client, err := dialRPC(ctx, u)
+	var downs []endpointDown
+	for j, ep := range checked {
+		err := errs[j]
+		if errors.Is(err, chains.ErrWrongChain) {
+			return nil, nil, nil, err
+		}
 		if err != nil {
-			return nil, common.Hash{}, fmt.Errorf("%s: dialing RPC endpoint %s: %w", n.ID, name, err)
+			if ctx.Err() != nil {
+				return nil, nil, nil, fmt.Errorf("%s: %w", n.ID, err)
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("RPC endpoint %s: no answer within --rpc-timeout (%s)", ep.name, timeout)
+			}
+			m.Logger.Warn("RPC endpoint did not answer: serving without it, and trying it again in the background", "network", n.ID, "endpoint", ep.name, "err", err)
+			downs = append(downs, endpointDown{ep.name, err})
 		}
-		m.clients = append(m.clients, client)
-		g, err := chains.CheckChain(ctx, client, n)
-		switch {
-		case err != nil:
-			return nil, common.Hash{}, fmt.Errorf("RPC endpoint %s: %w", name, err)
-		case j > 0 && g != genesis:
-			return nil, common.Hash{}, fmt.Errorf("%s: RPC endpoint %s serves another chain than rpc0 (genesis %s, not %s)", n.ID, name, g, genesis)
-		}
-		genesis = g
-		eps = append(eps, ethrpc.Endpoint{Name: name, Chain: client, Rate: nc.RPCRate, Burst: nc.RPCBurst})
+		ep.log = m.Logger
+		eps = append(eps, ethrpc.Endpoint{Name: ep.name, Chain: ep, Rate: nc.RPCRate, Burst: nc.RPCBurst, Down: err})
 	}
 	pool, err := ethrpc.NewPool(eps, endpointObserver{m.metrics, n.ID}, nil)
 	if err != nil {
-		return nil, common.Hash{}, err
+		return nil, nil, nil, err
 	}
 	if err := pool.SetQuorum(nc.quorum()); err != nil {
-		return nil, common.Hash{}, fmt.Errorf("%s: %w", n.ID, err)
+		return nil, nil, nil, fmt.Errorf("%s: %w", n.ID, err)
 	}
-	return pool, genesis, nil
+	return pool, genesis, downs, nil
 }
 
-// counted is the network's pool as one component sees it: its calls counted under its name.
+// counted is the network's pool as one component sees it: its calls counted under its name,
+// and refused while the network is not serving (its gate).
 func (m *Main) counted(pool *ethrpc.Pool, network, component string) ethrpc.Chain {
-	if m.metrics == nil {
-		return pool
+	var c ethrpc.Chain = pool
+	if g := m.gates[network]; g != nil {
+		c = gatedPool{Pool: pool, gate: g, network: network}
 	}
-	return ethrpc.Counted(pool, network, component, m.metrics)
+	if m.metrics != nil {
+		c = ethrpc.Counted(c, network, component, m.metrics)
+	}
+	return c
 }
 
 // endpointObserver counts a network's endpoint failures in metrics.
