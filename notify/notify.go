@@ -191,10 +191,13 @@ type Dispatcher struct {
 	// failing is the endpoint of each webhook seen at an endpoint whose breaker is not closed:
 	// the webhooks a claim passes over while it is open.
 	failing map[string]string
-	// backlog is set when the loop's last claim filled every free slot (more may be due); wake
-	// is how an ending attempt then calls the loop back before its next tick.
+	// backlog is set when the loop's last claim filled every free slot, or a webhook's or an
+	// owner's share (more may be due); wake is how an ending attempt then calls the loop back
+	// before its next tick. ended counts ended attempts, so that the loop can tell that a share
+	// freed while it decided there was no backlog.
 	backlog atomic.Bool
 	wake    chan struct{}
+	ended   atomic.Int64
 
 	streams *facilitator.Slots
 	mu      sync.Mutex
