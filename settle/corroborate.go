@@ -111,29 +111,38 @@ func readCorroborated(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 	if err != nil {
 		return err
 	}
-	need := len(eps)
+	outvote(chain, asked, prs, reads, len(eps), votePinned, disagreed, func(more []ethrpc.Chain, again []*pinnedRead) [][]*pinnedRead {
+		extra, _, _ := pinnedOn(ctx, chain, batchOn, tag, more, again, true)
+		return extra
+	})
+	return nil
+}
+
+// outvote keeps for each item what at least need of its reads (one per endpoint asked) agree on
+// (vote), calling disagreed for each item whose reads split. Where any split, the chain's other
+// healthy endpoints are asked (readRest, for those items only) and every item that split votes
+// again with their reads too: a lying endpoint is outvoted, not waited out.
+func outvote[T, R any](chain ethrpc.Chain, asked []string, items []T, reads [][]R, need int,
+	vote func(T, []R, int) bool, disagreed func(), readRest func([]ethrpc.Chain, []T) [][]R) {
 	var split []int
-	for i, pr := range prs {
-		if votePinned(pr, column(reads, i), need) {
+	for i, it := range items {
+		if vote(it, column(reads, i), need) {
 			disagreed()
 			split = append(split, i)
 		}
 	}
 	more := restOf(chain, asked, len(split))
 	if len(more) == 0 {
-		return nil
+		return
 	}
-	// The quorum disagreed: the other healthy endpoints are asked too, and a read stands where a
-	// quorum of them all agrees (a lying endpoint is outvoted, not waited out).
-	again := make([]*pinnedRead, len(split))
+	again := make([]T, len(split))
 	for j, i := range split {
-		again[j] = prs[i]
+		again[j] = items[i]
 	}
-	extra, _, _ := pinnedOn(ctx, chain, batchOn, tag, more, again, true)
+	extra := readRest(more, again)
 	for j, i := range split {
-		votePinned(prs[i], append(column(reads, i), column(extra, j)...), need)
+		vote(items[i], append(column(reads, i), column(extra, j)...), need)
 	}
-	return nil
 }
 
 // pinnedOn makes the pinned reads of prs on each endpoint of eps at once, each into copies of its
@@ -352,28 +361,10 @@ func readQuorumBeside(ctx context.Context, chain ethrpc.Chain, batchOn func(ethr
 		obs = append([][]observation{first}, obs...)
 		asked = append(asked, from)
 	}
-	need := len(obs)
-	var split []int
-	for i, qr := range qrs {
-		if qr.vote(column(obs, i), need) {
-			disagreed()
-			split = append(split, i)
-		}
-	}
-	more := restOf(chain, asked, len(split))
-	if len(more) == 0 {
-		return nil
-	}
-	// The quorum disagreed: the other healthy endpoints are asked too, and an answer stands where
-	// a quorum of them all agrees (a lying endpoint is outvoted, not waited out).
-	again := make([]*quorumRead, len(split))
-	for j, i := range split {
-		again[j] = qrs[i]
-	}
-	extra, _, _ := observeOn(ctx, chain, batchOn, tag, more, again, true)
-	for j, i := range split {
-		qrs[i].vote(append(column(obs, i), column(extra, j)...), need)
-	}
+	outvote(chain, asked, qrs, obs, len(obs), (*quorumRead).vote, disagreed, func(more []ethrpc.Chain, again []*quorumRead) [][]observation {
+		extra, _, _ := observeOn(ctx, chain, batchOn, tag, more, again, true)
+		return extra
+	})
 	return nil
 }
 

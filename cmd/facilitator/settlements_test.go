@@ -14,6 +14,7 @@ import (
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -22,26 +23,8 @@ import (
 // first, with id, network, payer, nonce, state, age and transaction hash; resolved ones and
 // younger ones are left out.
 func TestSettlementsStuck(t *testing.T) {
-	dbURL := stacktest.NewDB(t, "opcli_stuck")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := openDB(ctx, dbURL, newLogger(&bytes.Buffer{}, "warn", "text"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	const network = "eip155:31337"
-	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x01")); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	ctx, dbURL, _, conn := opsLedger(t, "opcli_stuck")
+	const network = opsNetwork
 	asset, signer := common.HexToAddress("0xa5"), common.HexToAddress("0x51")
 
 	type settlement struct {
@@ -138,4 +121,34 @@ func TestSettlementsStuck(t *testing.T) {
 	if code, out = cli("--older-than", "-1s"); code != 1 || !strings.Contains(out, "must not be negative") {
 		t.Errorf("--older-than -1s: exit %d\n%s", code, out)
 	}
+}
+
+// opsNetwork is the network opsLedger binds.
+const opsNetwork = "eip155:31337"
+
+// opsLedger is a migrated ledger of the test's own, bound to opsNetwork, and a connection to it
+// for the rows a test writes directly: the operator commands read the database, as these tests
+// do. Everything is closed when the test ends; ctx bounds it to a minute.
+func opsLedger(t *testing.T, name string) (context.Context, string, *postgres.DB, *pgx.Conn) {
+	t.Helper()
+	dbURL := stacktest.NewDB(t, name)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	db, err := openDB(ctx, dbURL, newLogger(&bytes.Buffer{}, "warn", "text"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.BindNetwork(ctx, opsNetwork, 31337, common.HexToHash("0x01")); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return ctx, dbURL, db, conn
 }

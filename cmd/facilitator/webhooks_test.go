@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,37 +12,17 @@ import (
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
 // TestWebhooksRedeliver: `facilitator webhooks redeliver` puts a given-up delivery back in the
 // queue, due now with a fresh count of attempts, so that the dispatcher's next claim takes it;
 // a delivered one, an unknown one and one of a disabled webhook are left alone and said so.
 func TestWebhooksRedeliver(t *testing.T) {
-	dbURL := stacktest.NewDB(t, "opcli_redeliver")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := openDB(ctx, dbURL, newLogger(&bytes.Buffer{}, "warn", "text"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	const network = "eip155:31337"
-	if err := db.BindNetwork(ctx, network, 31337, common.HexToHash("0x01")); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	ctx, dbURL, db, conn := opsLedger(t, "opcli_redeliver")
+	const network = opsNetwork
 	hook := func(id string) string {
 		t.Helper()
 		if ok, err := db.InsertWebhook(ctx, &facilitator.Webhook{ID: id, URL: "https://merchant.example/hook", Secret: "s"}, 100); err != nil || !ok {
