@@ -465,6 +465,22 @@ func TestPruneKeepsWhatIsOwed(t *testing.T) {
 // waited for the next tick (delivery capped at Concurrency per PollInterval: 16/s by default,
 // below what the engine settles), and four would have.
 func TestFreedSlotClaimsAtOnce(t *testing.T) {
+	deliverNineBetweenTicks(t, func(c *notify.Config) { c.Concurrency, c.PollInterval = 1, 10*time.Second })
+}
+
+// A webhook's backlog beyond its share of the slots (PerWebhook) is claimed as its attempts end,
+// not one share per poll tick: with the share full, the next round's claim finds nothing and the
+// loop went back to sleep until the tick, so one merchant's webhook got PerWebhook deliveries per
+// PollInterval (the load bench: 496 of 3,000 events delivered in two minutes, p50 62 s). Nine
+// events, a share of one, 10 s ticks: well within the wait, which a tick per event would not be.
+func TestFullShareClaimsAsAttemptsEnd(t *testing.T) {
+	deliverNineBetweenTicks(t, func(c *notify.Config) { c.Concurrency, c.PerWebhook, c.PollInterval = 4, 1, 10*time.Second })
+}
+
+// deliverNineBetweenTicks settles three payments to one webhook, then starts a dispatcher set up
+// by configure, whose ticks are too far apart to deliver their nine events in the wait one or a
+// share per tick: each must be claimed as an attempt ends.
+func deliverNineBetweenTicks(t *testing.T, configure func(*notify.Config)) {
 	r := newRig(t)
 	payTo := stacktest.NewAddress(t)
 	rec := newReceiver(t, 0)
@@ -477,30 +493,7 @@ func TestFreedSlotClaimsAtOnce(t *testing.T) {
 		want[r.settle(t, newPayment(t, payTo)).SettlementID] = settlementTypes
 	}
 	r.waitFinal(t, slices.Collect(maps.Keys(want))...)
-	r.dispatcher(t, r.db, func(c *notify.Config) { c.Concurrency, c.PollInterval = 1, 10*time.Second })
-	rec.awaitAll(t, want)
-	if requests, processed, bad := rec.counts(); processed != 9 || bad != 0 || len(requests) != 9 {
-		t.Fatalf("processed %d events in %d ids, %d bad signatures; want 9, 9, 0", processed, len(requests), bad)
-	}
-}
-
-// A webhook's backlog beyond its share of the slots (PerWebhook) is claimed as its attempts end,
-// not one share per poll tick: with the share full, the next round's claim finds nothing and the
-// loop went back to sleep until the tick, so one merchant's webhook got PerWebhook deliveries per
-// PollInterval (the load bench: 496 of 3,000 events delivered in two minutes, p50 62 s). Nine
-// events, a share of one, 10 s ticks: well within the wait, which a tick per event would not be.
-func TestFullShareClaimsAsAttemptsEnd(t *testing.T) {
-	r := newRig(t)
-	payTo := stacktest.NewAddress(t)
-	rec := newReceiver(t, 0)
-	idle := notify.New(notify.Config{Store: r.db, Status: r.status, AllowPrivateTargets: true})
-	register(t, idle, rec, payTo)
-	want := map[int64][]string{}
-	for range 3 {
-		want[r.settle(t, newPayment(t, payTo)).SettlementID] = settlementTypes
-	}
-	r.waitFinal(t, slices.Collect(maps.Keys(want))...)
-	r.dispatcher(t, r.db, func(c *notify.Config) { c.Concurrency, c.PerWebhook, c.PollInterval = 4, 1, 10*time.Second })
+	r.dispatcher(t, r.db, configure)
 	rec.awaitAll(t, want)
 	if requests, processed, bad := rec.counts(); processed != 9 || bad != 0 || len(requests) != 9 {
 		t.Fatalf("processed %d events in %d ids, %d bad signatures; want 9, 9, 0", processed, len(requests), bad)
