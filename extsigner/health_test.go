@@ -65,21 +65,7 @@ func TestProbe(t *testing.T) {
 		{"a password not given", serve(t, 31337, "pw"), addr, extsigner.ReasonUnauthorized},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			ep, err := extsigner.Dial(ctx, c.url, 31337)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ep.Close()
-			err = ep.Probe(ctx, c.addr)
-			var se *extsigner.SignError
-			switch {
-			case c.reason == "" && err != nil:
-				t.Fatalf("probe: %v", err)
-			case c.reason != "" && (!errors.As(err, &se) || se.Reason != c.reason):
-				t.Fatalf("probe: %v, want reason %s", err, c.reason)
-			}
+			ep := probeWants(t, 5*time.Second, c.url, 31337, c.addr, c.reason)
 			h := ep.Health()
 			if len(h) != 1 || !h[0].Known || h[0].Up != (c.reason == "") || h[0].Address != c.addr {
 				t.Fatalf("health after the probe: %+v", h)
@@ -152,21 +138,29 @@ func TestProbeClef(t *testing.T) {
 		{"another key", 31337, common.HexToAddress("0x42"), extsigner.ReasonUnknownKey},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			ep, err := extsigner.Dial(ctx, clef.URL, c.chainID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ep.Close()
-			err = ep.Probe(ctx, c.addr)
-			var se *extsigner.SignError
-			switch {
-			case c.reason == "" && err != nil:
-				t.Fatalf("probe: %v", err)
-			case c.reason != "" && (!errors.As(err, &se) || se.Reason != c.reason):
-				t.Fatalf("probe: %v, want reason %s", err, c.reason)
-			}
+			probeWants(t, 20*time.Second, clef.URL, c.chainID, c.addr, c.reason)
 		})
 	}
+}
+
+// probeWants dials the signer at url for chainID, probes addr within timeout and fails the test
+// unless the probe ends with reason ("": success). The endpoint is closed when the test ends.
+func probeWants(t *testing.T, timeout time.Duration, url string, chainID uint64, addr common.Address, reason string) *extsigner.Endpoint {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ep, err := extsigner.Dial(ctx, url, chainID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	err = ep.Probe(ctx, addr)
+	var se *extsigner.SignError
+	switch {
+	case reason == "" && err != nil:
+		t.Fatalf("probe: %v", err)
+	case reason != "" && (!errors.As(err, &se) || se.Reason != reason):
+		t.Fatalf("probe: %v, want reason %s", err, reason)
+	}
+	return ep
 }
