@@ -40,6 +40,9 @@ type AuthorizationStatus struct {
 	// is by transaction and the transaction is a batch's (the answer's own fields are then its
 	// first settlement's). Absent otherwise.
 	Batch []BatchSettlement `json:"batch,omitempty"`
+	// Delivery is what the settling merchant recorded it served for this payment (nil: nothing
+	// recorded, or not ours).
+	Delivery *DeliveryRecord `json:"delivery,omitempty"`
 }
 
 // BatchSettlement is one settlement of a batch's transaction, as the status by transaction lists it.
