@@ -28,17 +28,26 @@ type privatePostgres struct {
 	started   bool
 }
 
-// startPrivatePostgres runs initdb in a temporary directory and starts the cluster on a free
-// port. It needs root (to act as the postgres user) and Postgres's server binaries: without them
-// it skips, and fails under CI=true.
-func startPrivatePostgres(t *testing.T) *privatePostgres {
+// pgSite is where a test's own clusters live: a temporary directory owned by the postgres user,
+// the server's binaries, and one socket directory for them all (each cluster's socket is named
+// after its port).
+type pgSite struct {
+	t        *testing.T
+	bin      string
+	root     string
+	uid, gid int
+}
+
+// newPgSite checks that the test can run clusters of its own: it needs root (to act as the
+// postgres user) and Postgres's server binaries. Without them it skips, and fails under CI=true.
+func newPgSite(t *testing.T) *pgSite {
 	t.Helper()
 	missing := func(why string) {
 		t.Helper()
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("the Postgres restart test needs its own cluster: %s", why)
+			t.Fatalf("this test needs Postgres clusters of its own: %s", why)
 		}
-		t.Skipf("needs its own Postgres cluster: %s", why)
+		t.Skipf("needs Postgres clusters of its own: %s", why)
 	}
 	if os.Geteuid() != 0 {
 		missing("not root (initdb and pg_ctl run as the postgres user)")
@@ -52,47 +61,84 @@ func startPrivatePostgres(t *testing.T) *privatePostgres {
 	if err != nil {
 		missing("no postgres user")
 	}
-	uid, _ := strconv.Atoi(pgUser.Uid)
-	gid, _ := strconv.Atoi(pgUser.Gid)
-
-	root, err := os.MkdirTemp("", "x402-pgfault-")
-	if err != nil {
+	s := &pgSite{t: t, bin: filepath.Dir(initdbs[len(initdbs)-1])}
+	s.uid, _ = strconv.Atoi(pgUser.Uid)
+	s.gid, _ = strconv.Atoi(pgUser.Gid)
+	if s.root, err = os.MkdirTemp("", "x402-pgfault-"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	for _, d := range []string{root, filepath.Join(root, "data"), filepath.Join(root, "sock")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(d, uid, gid); err != nil {
-			t.Fatal(err)
-		}
+	t.Cleanup(func() { _ = os.RemoveAll(s.root) })
+	for _, d := range []string{s.root, filepath.Join(s.root, "sock")} {
+		s.own(d)
 	}
-	p := &privatePostgres{t: t, bin: filepath.Dir(initdbs[len(initdbs)-1]), dir: filepath.Join(root, "data"),
-		socketDir: filepath.Join(root, "sock")}
-	if out, err := p.asPostgres(filepath.Join(p.bin, "initdb"), "-D", p.dir, "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
+	return s
+}
+
+// own creates d (if missing) as the postgres user's.
+func (s *pgSite) own(d string) {
+	s.t.Helper()
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		s.t.Fatal(err)
 	}
-	_, portStr, _ := net.SplitHostPort(freeAddr(t))
+	if err := os.Chown(d, s.uid, s.gid); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// cluster is the cluster in the data directory name (made by initdb or copied there), on a free
+// port, not started; it is stopped at cleanup if it runs then.
+func (s *pgSite) cluster(name, db string) *privatePostgres {
+	s.t.Helper()
+	_, portStr, _ := net.SplitHostPort(freeAddr(s.t))
+	p := &privatePostgres{t: s.t, bin: s.bin, dir: filepath.Join(s.root, name), socketDir: filepath.Join(s.root, "sock")}
 	p.port, _ = strconv.Atoi(portStr)
-	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/x402_faults?sslmode=disable", p.port)
-	p.start()
-	t.Cleanup(func() {
+	p.URL = p.url(db)
+	s.t.Cleanup(func() {
 		if p.started {
 			p.stop("immediate")
 		}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return p
+}
+
+// initdb makes a new cluster in name, starts it and creates db.
+func (s *pgSite) initdb(name, db string) *privatePostgres {
+	s.t.Helper()
+	p := s.cluster(name, db)
+	s.own(p.dir)
+	if out, err := p.asPostgres(filepath.Join(p.bin, "initdb"), "-D", p.dir, "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
+		s.t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	p.start()
+	p.exec(`CREATE DATABASE ` + db)
+	return p
+}
+
+// startPrivatePostgres runs initdb in a temporary directory and starts the cluster on a free
+// port, with the database x402_faults (see newPgSite for what it needs).
+func startPrivatePostgres(t *testing.T) *privatePostgres {
+	t.Helper()
+	return newPgSite(t).initdb("data", "x402_faults")
+}
+
+// url is the address of database db on the cluster, as the superuser.
+func (p *privatePostgres) url(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", p.port, db)
+}
+
+// exec runs statements as the superuser in the cluster's postgres database.
+func (p *privatePostgres) exec(sql string, args ...any) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port))
+	conn, err := pgx.Connect(ctx, p.url("postgres"))
 	if err != nil {
-		t.Fatal(err)
+		p.t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE DATABASE x402_faults`); err != nil {
-		t.Fatal(err)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		p.t.Fatalf("%s: %v", sql, err)
 	}
-	return p
 }
 
 func (p *privatePostgres) asPostgres(name string, args ...string) *exec.Cmd {
