@@ -70,7 +70,7 @@ func TestDatabaseFailoverDrill(t *testing.T) {
 	_, chain := faultStack(ctx, t, "")
 	bin := buildFacilitator(ctx, t)
 	var reports []drillReport
-	for _, kind := range []string{"async", "sync", "restore"} {
+	for _, kind := range []string{"async", "sync", "restore", "inplace"} {
 		t.Run(kind, func(t *testing.T) {
 			d := &drill{t: t, kind: kind, site: site, chain: chain, bin: bin}
 			reports = append(reports, d.run(ctx))
@@ -165,23 +165,27 @@ func (d *drill) run(ctx context.Context) drillReport {
 	d.waitAnswered(ctx, drillBeforeCut)
 	var backup string
 	switch d.kind {
-	case "async":
+	case "async", "inplace":
 		d.cutOff(primary, standby)
 		d.waitAnswered(ctx, drillBeforeCut+drillAfterCut)
 	case "restore":
 		backup = d.baseBackup(primary)
 		d.waitAnswered(ctx, drillBeforeCut+drillAfterCut)
 	}
+	// The ids the old primary had given, read as late as it answers (a few commits may follow).
+	gave := ledgerSnapshot(ctx, t, primary.URL)
 	primary.stop("immediate") // the primary dies under load
 	time.Sleep(time.Second)   // requests keep coming to a service without its database
 	close(stop)
 	load.Wait()
-	halt(t, first)
+	if d.kind != "inplace" {
+		halt(t, first)
+	}
 	before := len(d.payments) - d.unsent()
 
 	var next *privatePostgres
 	switch d.kind {
-	case "async", "sync":
+	case "async", "sync", "inplace":
 		standby.exec(`SELECT pg_promote(true, 60)`)
 		next = standby
 	case "restore":
@@ -192,12 +196,22 @@ func (d *drill) run(ctx context.Context) drillReport {
 		next.start()
 	}
 	// What the new primary's ledger holds before the service touches it, and how far the dead
-	// service's transactions go: each key's pending nonce, with nothing of ours left running.
+	// service's transactions go: each key's pending nonce (the first service, without a database,
+	// commits no row and so sends no new transaction).
 	snap := ledgerSnapshot(ctx, t, next.URL)
 	snap.sent = d.pendingNonces(ctx)
 
-	env["DATABASE_URL"] = next.URL
-	second := startServe(ctx, t, d.bin, env, d.kind+"-after")
+	second := first
+	if d.kind == "inplace" {
+		// The promoted standby takes the old primary's address: the running service's database
+		// went back in time under it, at the same URL.
+		next.stop("fast")
+		next.port, next.URL = primary.port, primary.URL
+		next.start()
+	} else {
+		env["DATABASE_URL"] = next.URL
+		second = startServe(ctx, t, d.bin, env, d.kind+"-after")
+	}
 	recovered := time.Now()
 	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
 	d.drive(rctx, second, 1, nil).Wait()
@@ -205,6 +219,8 @@ func (d *drill) run(ctx context.Context) drillReport {
 	retried := time.Since(recovered)
 
 	rep := d.check(ctx, next.URL, snap)
+	end := ledgerSnapshot(ctx, t, next.URL)
+	rep.reusedIDs, rep.marked = snap.reused(gave, end), end.marked
 	rep.kind, rep.sentBefore, rep.took, rep.retried = d.kind, before, time.Since(began), retried
 	second.stop(t)
 	t.Logf("%s drill: %s", d.kind, rep)
@@ -421,8 +437,12 @@ func halt(t *testing.T, c *child) {
 // signed.
 type ledgerRows struct {
 	rows   map[authKey]*auditRow
+	byID   map[int64]authKey
 	maxID  int64
 	states map[facilitator.State]int
+	// marked is how many rows carry adopted_at (-1: the ledger has no such column): the service's
+	// own count of the rows it rebuilt from the chain.
+	marked int
 	// sent is each signer key's pending nonce when the ledger was read: the transactions below it
 	// were sent by the service before the fault.
 	sent map[common.Address]uint64
@@ -448,7 +468,7 @@ func ledgerSnapshot(ctx context.Context, t *testing.T, dbURL string) ledgerRows 
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	out := ledgerRows{rows: map[authKey]*auditRow{}, states: map[facilitator.State]int{}}
+	out := ledgerRows{rows: map[authKey]*auditRow{}, byID: map[int64]authKey{}, states: map[facilitator.State]int{}}
 	var migrated bool
 	if err := conn.QueryRow(ctx, `SELECT to_regclass('settlements') IS NOT NULL`).Scan(&migrated); err != nil || !migrated {
 		return out
@@ -457,12 +477,49 @@ func ledgerSnapshot(ctx context.Context, t *testing.T, dbURL string) ledgerRows 
 	if err := conn.QueryRow(ctx, `SELECT coalesce(min(network), '') FROM settlements`).Scan(&network); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range auditRows(ctx, t, conn, network) {
+	out.marked = -1
+	var marker bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_name = 'settlements' AND column_name = 'adopted_at')`).Scan(&marker); err != nil {
+		t.Fatal(err)
+	}
+	if marker {
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM settlements WHERE adopted_at IS NOT NULL`).Scan(&out.marked); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := auditRows(ctx, t, conn, network)
+	// A batch's transactions are recorded under its first member (slot 0); the others find them
+	// by the signer and tx nonce they share.
+	type at struct {
+		signer common.Address
+		nonce  uint64
+	}
+	shared := map[at][]common.Hash{}
+	for _, r := range rows {
+		shared[at{r.signer, r.txNonce}] = append(shared[at{r.signer, r.txNonce}], r.txs...)
+	}
+	for _, r := range rows {
+		r.txs = shared[at{r.signer, r.txNonce}]
 		out.rows[r.key] = r
+		out.byID[r.id] = r.key
 		out.maxID = max(out.maxID, r.id)
 		out.states[r.state]++
 	}
 	return out
+}
+
+// reused counts the settlement ids that gave (the old primary's ledger) had given to one payment
+// and end (the recovered ledger, later) gives to another: ids past what the recovered ledger
+// started with (snap) come from its sequence, which went back with the database.
+func (snap ledgerRows) reused(gave, end ledgerRows) int {
+	n := 0
+	for id, k := range end.byID {
+		if was, ok := gave.byID[id]; ok && id > snap.maxID && was != k {
+			n++
+		}
+	}
+	return n
 }
 
 // signs reports whether the row signed tx.
@@ -487,6 +544,8 @@ type drillReport struct {
 	wrong                     int // answers telling a terminal failure for a payment that moved, or success naming another transaction
 	gaps                      int // stuck nonces and rows open at a nonce the chain will not reach
 	unanswered                int // payments whose last answer is not the truth (no final answer, or failure for an unused authorization)
+	marked                    int // rows the service marked adopted (adopted_at; -1: no such column)
+	reusedIDs                 int // settlement ids the old primary gave one payment that the recovered ledger gave another
 	repeatedSuccess           int // payments answered success:true more than once, not as a payment identifier's replay (the success claim was lost)
 	answers, lostAnswers      int
 	took, retried             time.Duration
@@ -495,17 +554,17 @@ type drillReport struct {
 
 func (r drillReport) String() string {
 	return fmt.Sprintf("%d payments (%d sent before the fault), %d moved on chain, %d answered settled with the chain's transaction; "+
-		"ledger lost %d rows, adopted %d; %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
-		"%d payments told success twice; %d answers (%d without HTTP answer); retries took %s, drill %s",
-		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.adopted, r.duplicates, r.wrong, r.gaps, r.unanswered,
-		r.repeatedSuccess, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
+		"ledger lost %d rows, adopted %d (%d marked adopted_at); %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
+		"%d payments told success twice, %d settlement ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
+		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.adopted, r.marked, r.duplicates, r.wrong, r.gaps, r.unanswered,
+		r.repeatedSuccess, r.reusedIDs, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
 }
 
 func drillTable(reports []drillReport) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-8s %8s %8s %9s %8s %10s %6s %5s %10s %13s\n", "drill", "payments", "settled", "lost rows", "adopted", "duplicates", "wrong", "gaps", "unanswered", "success twice")
+	fmt.Fprintf(&b, "%-8s %8s %8s %9s %8s %10s %6s %5s %10s %13s %10s\n", "drill", "payments", "settled", "lost rows", "adopted", "duplicates", "wrong", "gaps", "unanswered", "success twice", "ids reused")
 	for _, r := range reports {
-		fmt.Fprintf(&b, "%-8s %8d %8d %9d %8d %10d %6d %5d %10d %13d\n", r.kind, r.payments, r.successes, r.lostRows, r.adopted, r.duplicates, r.wrong, r.gaps, r.unanswered, r.repeatedSuccess)
+		fmt.Fprintf(&b, "%-8s %8d %8d %9d %8d %10d %6d %5d %10d %13d %10d\n", r.kind, r.payments, r.successes, r.lostRows, r.adopted, r.duplicates, r.wrong, r.gaps, r.unanswered, r.repeatedSuccess, r.reusedIDs)
 	}
 	return b.String()
 }
