@@ -1,4 +1,4 @@
-.PHONY: test run demo build fuzz bench bench-settle bench-replay bench-index bench-load
+.PHONY: test run demo drill build fuzz bench bench-settle bench-replay bench-index bench-load
 
 # Run every test on real Postgres and anvil (installs npm packages and starts Postgres itself).
 test:
@@ -14,6 +14,11 @@ run:
 demo:
 	scripts/npm.sh && go build -o bin/ ./cmd/facilitator ./cmd/facilitator-dev \
 	  && DATABASE_URL="$$(scripts/postgres.sh x402_demo --fresh)" bin/facilitator-dev demo
+
+# The database failover and restore drills (docs/operating.md): Postgres clusters of their own,
+# so run as root; about 100 s. Prints each drill's figures.
+drill:
+	scripts/npm.sh && CI=true go test -count=1 -timeout 15m ./cmd/facilitator -run '^TestDatabaseFailoverDrill$$' -drill -v
 
 # The production binary (bin/facilitator) and the dev tools beside it (bin/facilitator-dev).
 build:

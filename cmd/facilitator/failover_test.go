@@ -79,6 +79,13 @@ func TestDatabaseFailoverDrill(t *testing.T) {
 	t.Logf("database drills:\n%s", drillTable(reports))
 }
 
+// advanceSequences moves every id sequence of the ledger a million past its value, as the
+// operator does on a recovered database before the service starts on it: the ids the old
+// primary gave after the recovery point (settlements, their events: webhook event ids that
+// merchants deduplicate on) would otherwise be given again to other payments.
+const advanceSequences = `SELECT setval(format('%I.%I', schemaname, sequencename), coalesce(last_value, 0) + 1000000)
+	FROM pg_sequences WHERE schemaname = 'public'`
+
 // drill is one run: its clusters, keys, payers and payments.
 type drill struct {
 	t     *testing.T
@@ -202,6 +209,10 @@ func (d *drill) run(ctx context.Context) drillReport {
 	snap.sent = d.pendingNonces(ctx)
 
 	second := first
+	if d.kind != "inplace" {
+		// The runbook's step (docs/operating.md): ids the lost commits took must not be given again.
+		next.execIn("x402_drill", advanceSequences)
+	}
 	if d.kind == "inplace" {
 		// The promoted standby takes the old primary's address: the running service's database
 		// went back in time under it, at the same URL.
@@ -220,7 +231,8 @@ func (d *drill) run(ctx context.Context) drillReport {
 
 	rep := d.check(ctx, next.URL, snap)
 	end := ledgerSnapshot(ctx, t, next.URL)
-	rep.reusedIDs, rep.marked = snap.reused(gave, end), end.marked
+	rep.reusedIDs, rep.reusedEvents = snap.reused(gave, end)
+	rep.marked = end.marked
 	rep.kind, rep.sentBefore, rep.took, rep.retried = d.kind, before, time.Since(began), retried
 	second.stop(t)
 	t.Logf("%s drill: %s", d.kind, rep)
@@ -436,10 +448,12 @@ func halt(t *testing.T, c *child) {
 // ledgerRows is what a ledger holds: its rows by authorization, with every transaction each
 // signed.
 type ledgerRows struct {
-	rows   map[authKey]*auditRow
-	byID   map[int64]authKey
-	maxID  int64
-	states map[facilitator.State]int
+	rows     map[authKey]*auditRow
+	byID     map[int64]authKey
+	events   map[int64]bool // settlement_events ids
+	maxEvent int64
+	maxID    int64
+	states   map[facilitator.State]int
 	// marked is how many rows carry adopted_at (-1: the ledger has no such column): the service's
 	// own count of the rows it rebuilt from the chain.
 	marked int
@@ -468,7 +482,7 @@ func ledgerSnapshot(ctx context.Context, t *testing.T, dbURL string) ledgerRows 
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	out := ledgerRows{rows: map[authKey]*auditRow{}, byID: map[int64]authKey{}, states: map[facilitator.State]int{}}
+	out := ledgerRows{rows: map[authKey]*auditRow{}, byID: map[int64]authKey{}, events: map[int64]bool{}, states: map[facilitator.State]int{}}
 	var migrated bool
 	if err := conn.QueryRow(ctx, `SELECT to_regclass('settlements') IS NOT NULL`).Scan(&migrated); err != nil || !migrated {
 		return out
@@ -487,6 +501,20 @@ func ledgerSnapshot(ctx context.Context, t *testing.T, dbURL string) ledgerRows 
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM settlements WHERE adopted_at IS NOT NULL`).Scan(&out.marked); err != nil {
 			t.Fatal(err)
 		}
+	}
+	evs, err := conn.Query(ctx, `SELECT id FROM settlement_events`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for evs.Next() {
+		var id int64
+		if err := evs.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		out.events[id], out.maxEvent = true, max(out.maxEvent, id)
+	}
+	if err := evs.Err(); err != nil {
+		t.Fatal(err)
 	}
 	rows := auditRows(ctx, t, conn, network)
 	// A batch's transactions are recorded under its first member (slot 0); the others find them
@@ -510,16 +538,21 @@ func ledgerSnapshot(ctx context.Context, t *testing.T, dbURL string) ledgerRows 
 }
 
 // reused counts the settlement ids that gave (the old primary's ledger) had given to one payment
-// and end (the recovered ledger, later) gives to another: ids past what the recovered ledger
-// started with (snap) come from its sequence, which went back with the database.
-func (snap ledgerRows) reused(gave, end ledgerRows) int {
-	n := 0
+// and end (the recovered ledger, later) gives to another, and the settlement event ids both
+// gave: ids past what the recovered ledger started with (snap) come from its sequences, which
+// went back with the database.
+func (snap ledgerRows) reused(gave, end ledgerRows) (settlements, events int) {
 	for id, k := range end.byID {
 		if was, ok := gave.byID[id]; ok && id > snap.maxID && was != k {
-			n++
+			settlements++
 		}
 	}
-	return n
+	for id := range end.events {
+		if gave.events[id] && id > snap.maxEvent {
+			events++
+		}
+	}
+	return settlements, events
 }
 
 // signs reports whether the row signed tx.
@@ -546,6 +579,7 @@ type drillReport struct {
 	unanswered                int // payments whose last answer is not the truth (no final answer, or failure for an unused authorization)
 	marked                    int // rows the service marked adopted (adopted_at; -1: no such column)
 	reusedIDs                 int // settlement ids the old primary gave one payment that the recovered ledger gave another
+	reusedEvents              int // settlement event ids (webhook event ids) both gave
 	repeatedSuccess           int // payments answered success:true more than once, not as a payment identifier's replay (the success claim was lost)
 	answers, lostAnswers      int
 	took, retried             time.Duration
@@ -555,16 +589,16 @@ type drillReport struct {
 func (r drillReport) String() string {
 	return fmt.Sprintf("%d payments (%d sent before the fault), %d moved on chain, %d answered settled with the chain's transaction; "+
 		"ledger lost %d rows, adopted %d (%d marked adopted_at); %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
-		"%d payments told success twice, %d settlement ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
+		"%d payments told success twice, %d settlement ids and %d event ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
 		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.adopted, r.marked, r.duplicates, r.wrong, r.gaps, r.unanswered,
-		r.repeatedSuccess, r.reusedIDs, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
+		r.repeatedSuccess, r.reusedIDs, r.reusedEvents, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
 }
 
 func drillTable(reports []drillReport) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-8s %8s %8s %9s %8s %10s %6s %5s %10s %13s %10s\n", "drill", "payments", "settled", "lost rows", "adopted", "duplicates", "wrong", "gaps", "unanswered", "success twice", "ids reused")
+	fmt.Fprintf(&b, "%-8s %8s %8s %9s %8s %10s %6s %5s %10s %13s %10s %16s\n", "drill", "payments", "settled", "lost rows", "adopted", "duplicates", "wrong", "gaps", "unanswered", "success twice", "ids reused", "event ids reused")
 	for _, r := range reports {
-		fmt.Fprintf(&b, "%-8s %8d %8d %9d %8d %10d %6d %5d %10d %13d %10d\n", r.kind, r.payments, r.successes, r.lostRows, r.adopted, r.duplicates, r.wrong, r.gaps, r.unanswered, r.repeatedSuccess, r.reusedIDs)
+		fmt.Fprintf(&b, "%-8s %8d %8d %9d %8d %10d %6d %5d %10d %13d %10d %16d\n", r.kind, r.payments, r.successes, r.lostRows, r.adopted, r.duplicates, r.wrong, r.gaps, r.unanswered, r.repeatedSuccess, r.reusedIDs, r.reusedEvents)
 	}
 	return b.String()
 }

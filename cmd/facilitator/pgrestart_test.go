@@ -129,9 +129,15 @@ func (p *privatePostgres) url(db string) string {
 // exec runs statements as the superuser in the cluster's postgres database.
 func (p *privatePostgres) exec(sql string, args ...any) {
 	p.t.Helper()
+	p.execIn("postgres", sql, args...)
+}
+
+// execIn runs statements as the superuser in database db.
+func (p *privatePostgres) execIn(db, sql string, args ...any) {
+	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, p.url("postgres"))
+	conn, err := pgx.Connect(ctx, p.url(db))
 	if err != nil {
 		p.t.Fatal(err)
 	}
