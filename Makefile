@@ -16,7 +16,7 @@ demo:
 	  && DATABASE_URL="$$(scripts/postgres.sh x402_demo --fresh)" bin/facilitator-dev demo
 
 # The database failover and restore drills (docs/operating.md): Postgres clusters of their own,
-# so run as root; about 100 s. Prints each drill's figures.
+# so run as root; about 150 s. Prints each drill's figures.
 drill:
 	scripts/npm.sh && CI=true go test -count=1 -timeout 15m ./cmd/facilitator -run '^TestDatabaseFailoverDrill$$' -drill -v
 

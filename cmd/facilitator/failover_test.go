@@ -27,6 +27,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -39,7 +40,7 @@ import (
 // terminal failure for a payment that moved (or success naming another transaction), and every
 // signer key's nonces run on without a gap.
 
-var drillFlag = flag.Bool("drill", false, "run TestDatabaseFailoverDrill (or FACILITATOR_DRILL=1): Postgres failover and restore drills, about 100 s")
+var drillFlag = flag.Bool("drill", false, "run TestDatabaseFailoverDrill (or FACILITATOR_DRILL=1): Postgres failover and restore drills, about 150 s")
 
 // The load of one drill: payments from drillPayers payers through drillWorkers concurrent callers,
 // half of them with a payment identifier. The fault comes once drillBeforeCut payments have their
@@ -67,7 +68,7 @@ const (
 //	make drill (CI=true go test ./cmd/facilitator -run '^TestDatabaseFailoverDrill$' -drill -v)
 func TestDatabaseFailoverDrill(t *testing.T) {
 	if !*drillFlag && os.Getenv("FACILITATOR_DRILL") != "1" {
-		t.Skip("the database drills run with -drill or FACILITATOR_DRILL=1 (about 100 s; make drill)")
+		t.Skip("the database drills run with -drill or FACILITATOR_DRILL=1 (about 150 s; make drill)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
@@ -242,7 +243,7 @@ func (d *drill) run(ctx context.Context) drillReport {
 	recovered := time.Now()
 	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
 	d.drive(rctx, second, 1, rest, nil).Wait()
-	heldLost, heldFound := d.waitFound(ctx, next.URL, snap, held, drillFindWithin)
+	heldLost, heldFound, statusWrong := d.waitFound(ctx, second, next.URL, snap, held, drillFindWithin)
 	d.drive(rctx, second, 1, held, nil).Wait()
 	rcancel()
 	retried := time.Since(recovered)
@@ -251,7 +252,7 @@ func (d *drill) run(ctx context.Context) drillReport {
 	end := ledgerSnapshot(ctx, t, next.URL)
 	rep.reusedIDs, rep.reusedEvents = snap.reused(gave, end)
 	rep.marked = end.marked
-	rep.heldLost, rep.heldFound = heldLost, heldFound
+	rep.heldLost, rep.heldFound, rep.statusWrong = heldLost, heldFound, statusWrong
 	rep.kind, rep.sentBefore, rep.took, rep.retried = d.kind, before, time.Since(began), retried
 	second.stop(t)
 	t.Logf("%s drill: %s", d.kind, rep)
@@ -602,6 +603,7 @@ type drillReport struct {
 	gaps                      int // stuck nonces and rows open at a nonce the chain will not reach
 	unanswered                int // payments whose last answer is not the truth (no final answer, or failure for an unused authorization)
 	heldLost, heldFound       int // lost rows of payments nobody retried yet, and those the service adopted unasked
+	statusWrong               int // of those not adopted, the status API's answers that are not the chain's truth
 	marked                    int // rows the service marked adopted (adopted_at; -1: no such column)
 	reusedIDs                 int // settlement ids the old primary gave one payment that the recovered ledger gave another
 	reusedEvents              int // settlement event ids (webhook event ids) both gave
@@ -613,17 +615,17 @@ type drillReport struct {
 
 func (r drillReport) String() string {
 	return fmt.Sprintf("%d payments (%d sent before the fault), %d moved on chain, %d answered settled with the chain's transaction; "+
-		"ledger lost %d rows, adopted %d (%d marked adopted_at; %d of %d found before any retry); %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
+		"ledger lost %d rows, adopted %d (%d marked adopted_at; %d of %d found before any retry, %d of the others with a wrong status); %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
 		"%d payments told success twice, %d settlement ids and %d event ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
-		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.adopted, r.marked, r.heldFound, r.heldLost, r.duplicates, r.wrong, r.gaps, r.unanswered,
+		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.adopted, r.marked, r.heldFound, r.heldLost, r.statusWrong, r.duplicates, r.wrong, r.gaps, r.unanswered,
 		r.repeatedSuccess, r.reusedIDs, r.reusedEvents, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
 }
 
 func drillTable(reports []drillReport) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-8s %8s %8s %9s %8s %10s %6s %5s %10s %13s %10s %16s %13s\n", "drill", "payments", "settled", "lost rows", "adopted", "duplicates", "wrong", "gaps", "unanswered", "success twice", "ids reused", "event ids reused", "found unasked")
+	fmt.Fprintf(&b, "%-8s %8s %8s %9s %8s %10s %6s %5s %10s %13s %10s %16s %28s\n", "drill", "payments", "settled", "lost rows", "adopted", "duplicates", "wrong", "gaps", "unanswered", "success twice", "ids reused", "event ids reused", "found unasked (wrong status)")
 	for _, r := range reports {
-		fmt.Fprintf(&b, "%-8s %8d %8d %9d %8d %10d %6d %5d %10d %13d %10d %16d %13s\n", r.kind, r.payments, r.successes, r.lostRows, r.adopted, r.duplicates, r.wrong, r.gaps, r.unanswered, r.repeatedSuccess, r.reusedIDs, r.reusedEvents, fmt.Sprintf("%d of %d", r.heldFound, r.heldLost))
+		fmt.Fprintf(&b, "%-8s %8d %8d %9d %8d %10d %6d %5d %10d %13d %10d %16d %28s\n", r.kind, r.payments, r.successes, r.lostRows, r.adopted, r.duplicates, r.wrong, r.gaps, r.unanswered, r.repeatedSuccess, r.reusedIDs, r.reusedEvents, fmt.Sprintf("%d of %d (%d)", r.heldFound, r.heldLost, r.statusWrong))
 	}
 	return b.String()
 }
@@ -689,11 +691,14 @@ func (d *drill) chainUses(ctx context.Context, snap ledgerRows) chainUses {
 // waitFound waits (up to within) for the service to adopt, without being asked, the lost rows of
 // held (payments whose callers have not retried yet), and returns how many of them were lost and
 // how many it found.
-func (d *drill) waitFound(ctx context.Context, dbURL string, snap ledgerRows, held []*drillPayment, within time.Duration) (lost, found int) {
+// Those it did not find are looked up in the status API, whose answers are logged and counted
+// in statusWrong unless they say settled by the facilitator with the chain's transaction.
+func (d *drill) waitFound(ctx context.Context, svc *child, dbURL string, snap ledgerRows, held []*drillPayment, within time.Duration) (lost, found, statusWrong int) {
 	c := d.chainUses(ctx, snap)
+	var missing []*drillPayment
 	for deadline := time.Now().Add(within); ; time.Sleep(500 * time.Millisecond) {
 		end := ledgerSnapshot(ctx, d.t, dbURL)
-		lost, found = 0, 0
+		lost, found, missing = 0, 0, nil
 		for _, p := range held {
 			if !c.lost(snap, p.key) {
 				continue
@@ -701,12 +706,26 @@ func (d *drill) waitFound(ctx context.Context, dbURL string, snap ledgerRows, he
 			lost++
 			if r := end.rows[p.key]; r != nil && r.state.Succeeded() && r.txHash == c.used[p.key][0] {
 				found++
+			} else {
+				missing = append(missing, p)
 			}
 		}
 		if found == lost || time.Now().After(deadline) {
-			return lost, found
+			break
 		}
 	}
+	api := client.New(svc.base, client.WithRetries(5))
+	network := facilitator.CAIP2(d.chain.ChainID)
+	for _, p := range missing {
+		st, ok, err := api.Authorization(ctx, facilitator.AuthorizationKey{Network: network, Asset: d.chain.USDC.Address, Payer: p.key.payer, Nonce: p.key.nonce})
+		if err == nil && ok && st.State == facilitator.StatusSettled && st.SettledBy == "facilitator" && common.HexToHash(st.Transaction) == c.used[p.key][0] {
+			continue
+		}
+		statusWrong++
+		d.t.Logf("lost payment %s/%s not adopted unasked; its status reads %+v (found %v, %v); the chain has %s",
+			p.key.payer.Hex()[:10], p.key.nonce.Hex()[:10], st, ok, err, c.used[p.key][0].Hex()[:10])
+	}
+	return lost, found, statusWrong
 }
 
 // check is the oracle: it waits for the service to settle what it took, reads the chain's
