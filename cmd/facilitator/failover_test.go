@@ -636,6 +636,8 @@ type chainUses struct {
 	ours map[common.Hash]bool      // those one of our keys signed
 	// before: those the service sent before the fault (below the nonce the recovery began at).
 	before map[common.Hash]bool
+	from   map[common.Hash]common.Address
+	nonce  map[common.Hash]uint64
 }
 
 // lost reports whether k moved by a transaction the service sent before the fault, which the
@@ -661,7 +663,8 @@ func (d *drill) chainUses(ctx context.Context, snap ledgerRows) chainUses {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := chainUses{used: map[authKey][]common.Hash{}, ours: map[common.Hash]bool{}, before: map[common.Hash]bool{}}
+	c := chainUses{used: map[authKey][]common.Hash{}, ours: map[common.Hash]bool{}, before: map[common.Hash]bool{},
+		from: map[common.Hash]common.Address{}, nonce: map[common.Hash]uint64{}}
 	for _, l := range logs {
 		if !l.Removed {
 			k := authKey{common.BytesToAddress(l.Topics[1][:]), l.Topics[2]}
@@ -683,6 +686,7 @@ func (d *drill) chainUses(ctx context.Context, snap ledgerRows) chainUses {
 				t.Fatal(err)
 			}
 			c.ours[h], c.before[h] = d.signers[from], d.signers[from] && tx.Nonce() < snap.sent[from]
+			c.from[h], c.nonce[h] = from, tx.Nonce()
 		}
 	}
 	return c
@@ -717,13 +721,14 @@ func (d *drill) waitFound(ctx context.Context, svc *child, dbURL string, snap le
 	api := client.New(svc.base, client.WithRetries(5))
 	network := facilitator.CAIP2(d.chain.ChainID)
 	for _, p := range missing {
+		tx := c.used[p.key][0]
 		st, ok, err := api.Authorization(ctx, facilitator.AuthorizationKey{Network: network, Asset: d.chain.USDC.Address, Payer: p.key.payer, Nonce: p.key.nonce})
-		if err == nil && ok && st.State == facilitator.StatusSettled && st.SettledBy == "facilitator" && common.HexToHash(st.Transaction) == c.used[p.key][0] {
-			continue
+		right := err == nil && ok && st.State == facilitator.StatusSettled && st.SettledBy == "facilitator" && common.HexToHash(st.Transaction) == tx
+		if !right {
+			statusWrong++
 		}
-		statusWrong++
-		d.t.Logf("lost payment %s/%s not adopted unasked; its status reads %+v (found %v, %v); the chain has %s",
-			p.key.payer.Hex()[:10], p.key.nonce.Hex()[:10], st, ok, err, c.used[p.key][0].Hex()[:10])
+		d.t.Logf("lost payment %s/%s (tx %s at nonce %d of %s) not adopted unasked within %s; its status reads %s by %q with %s (found %v, %v; the chain's truth: %v)",
+			p.key.payer.Hex()[:10], p.key.nonce.Hex()[:10], tx.Hex()[:10], c.nonce[tx], c.from[tx].Hex()[:10], within, st.State, st.SettledBy, st.Transaction, ok, err, right)
 	}
 	return lost, found, statusWrong
 }
