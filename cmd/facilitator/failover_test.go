@@ -253,6 +253,7 @@ func (d *drill) run(ctx context.Context) drillReport {
 	rep.reusedIDs, rep.reusedEvents = snap.reused(gave, end)
 	rep.marked = end.marked
 	rep.heldLost, rep.heldFound, rep.statusWrong = heldLost, heldFound, statusWrong
+	rep.adoptedBy = adoptionsLogged(second.logs.String())
 	rep.kind, rep.sentBefore, rep.took, rep.retried = d.kind, before, time.Since(began), retried
 	second.stop(t)
 	t.Logf("%s drill: %s", d.kind, rep)
@@ -590,24 +591,42 @@ func (r *auditRow) signs(tx common.Hash) bool {
 	return r.txHash == tx
 }
 
+// adoptionsLogged counts the service's log lines of adopted authorizations by their "by"
+// attribute (which path adopted: a retry, the watcher, the reconcile job).
+func adoptionsLogged(logs string) map[string]int {
+	out := map[string]int{}
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, "adopted a transaction of our key the ledger lacked") {
+			continue
+		}
+		by := "?"
+		if _, rest, ok := strings.Cut(line, " by="); ok {
+			by, _, _ = strings.Cut(rest, " ")
+		}
+		out[by]++
+	}
+	return out
+}
+
 // drillReport is one drill's figures.
 type drillReport struct {
 	kind                      string
 	payments, sentBefore      int
-	successes                 int // payments answered settled (success or already_settled) with the chain's transaction
-	moved                     int // payments whose authorization a transaction of our keys used
-	lostRows                  int // those the ledger had no row with that transaction for when it came back
-	adopted                   int // of those, rows the recovered ledger has with that transaction at the end
-	duplicates                int // authorizations used more than once, or money moved beyond the payments
-	wrong                     int // answers telling a terminal failure for a payment that moved, or success naming another transaction
-	gaps                      int // stuck nonces and rows open at a nonce the chain will not reach
-	unanswered                int // payments whose last answer is not the truth (no final answer, or failure for an unused authorization)
-	heldLost, heldFound       int // lost rows of payments nobody retried yet, and those the service adopted unasked
-	statusWrong               int // of those not adopted, the status API's answers that are not the chain's truth
-	marked                    int // rows the service marked adopted (adopted_at; -1: no such column)
-	reusedIDs                 int // settlement ids the old primary gave one payment that the recovered ledger gave another
-	reusedEvents              int // settlement event ids (webhook event ids) both gave
-	repeatedSuccess           int // payments answered success:true more than once, not as a payment identifier's replay (the success claim was lost)
+	successes                 int            // payments answered settled (success or already_settled) with the chain's transaction
+	moved                     int            // payments whose authorization a transaction of our keys used
+	lostRows                  int            // those the ledger had no row with that transaction for when it came back
+	adopted                   int            // of those, rows the recovered ledger has with that transaction at the end
+	duplicates                int            // authorizations used more than once, or money moved beyond the payments
+	wrong                     int            // answers telling a terminal failure for a payment that moved, or success naming another transaction
+	gaps                      int            // stuck nonces and rows open at a nonce the chain will not reach
+	unanswered                int            // payments whose last answer is not the truth (no final answer, or failure for an unused authorization)
+	heldLost, heldFound       int            // lost rows of payments nobody retried yet, and those the service adopted unasked
+	statusWrong               int            // of those not adopted, the status API's answers that are not the chain's truth
+	adoptedBy                 map[string]int // the service's adoption log lines, by what adopted
+	marked                    int            // rows the service marked adopted (adopted_at; -1: no such column)
+	reusedIDs                 int            // settlement ids the old primary gave one payment that the recovered ledger gave another
+	reusedEvents              int            // settlement event ids (webhook event ids) both gave
+	repeatedSuccess           int            // payments answered success:true more than once, not as a payment identifier's replay (the success claim was lost)
 	answers, lostAnswers      int
 	took, retried             time.Duration
 	wrongSamples, gapsSamples []string
@@ -616,9 +635,9 @@ type drillReport struct {
 func (r drillReport) String() string {
 	return fmt.Sprintf("%d payments (%d sent before the fault), %d moved on chain, %d answered settled with the chain's transaction; "+
 		"ledger lost %d rows, adopted %d (%d marked adopted_at; %d of %d found before any retry, %d of the others with a wrong status); %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
-		"%d payments told success twice, %d settlement ids and %d event ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
+		"adoptions logged %v; %d payments told success twice, %d settlement ids and %d event ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
 		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.adopted, r.marked, r.heldFound, r.heldLost, r.statusWrong, r.duplicates, r.wrong, r.gaps, r.unanswered,
-		r.repeatedSuccess, r.reusedIDs, r.reusedEvents, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
+		r.adoptedBy, r.repeatedSuccess, r.reusedIDs, r.reusedEvents, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
 }
 
 func drillTable(reports []drillReport) string {
