@@ -254,6 +254,13 @@ func (d *drill) run(ctx context.Context) drillReport {
 	rep.marked = end.marked
 	rep.heldLost, rep.heldFound, rep.statusWrong = heldLost, heldFound, statusWrong
 	rep.adoptedBy = adoptionsLogged(second.logs.String())
+	rep.adoptedMetric = -1 // the binary has no such metric
+	if f := scrape(t, second.base)["facilitator_adopted_transactions_total"]; f != nil {
+		rep.adoptedMetric = 0
+		for _, m := range f.GetMetric() {
+			rep.adoptedMetric += int(m.GetCounter().GetValue())
+		}
+	}
 	rep.kind, rep.sentBefore, rep.took, rep.retried = d.kind, before, time.Since(began), retried
 	second.stop(t)
 	t.Logf("%s drill: %s", d.kind, rep)
@@ -623,6 +630,8 @@ type drillReport struct {
 	heldLost, heldFound       int            // lost rows of payments nobody retried yet, and those the service adopted unasked
 	statusWrong               int            // of those not adopted, the status API's answers that are not the chain's truth
 	adoptedBy                 map[string]int // the service's adoption log lines, by what adopted
+	adoptedMetric             int            // facilitator_adopted_transactions_total (-1: not exported)
+	lostTxs                   int            // distinct transactions of the lost rows
 	marked                    int            // rows the service marked adopted (adopted_at; -1: no such column)
 	reusedIDs                 int            // settlement ids the old primary gave one payment that the recovered ledger gave another
 	reusedEvents              int            // settlement event ids (webhook event ids) both gave
@@ -634,10 +643,10 @@ type drillReport struct {
 
 func (r drillReport) String() string {
 	return fmt.Sprintf("%d payments (%d sent before the fault), %d moved on chain, %d answered settled with the chain's transaction; "+
-		"ledger lost %d rows, adopted %d (%d marked adopted_at; %d of %d found before any retry, %d of the others with a wrong status); %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
-		"adoptions logged %v; %d payments told success twice, %d settlement ids and %d event ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
-		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.adopted, r.marked, r.heldFound, r.heldLost, r.statusWrong, r.duplicates, r.wrong, r.gaps, r.unanswered,
-		r.adoptedBy, r.repeatedSuccess, r.reusedIDs, r.reusedEvents, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
+		"ledger lost %d rows (%d transactions), adopted %d (%d marked adopted_at; %d of %d found before any retry, %d of the others with a wrong status); %d duplicates, %d wrong terminal answers, %d nonce gaps, %d without a true final answer; "+
+		"adoptions logged %v, counted in the metric %d; %d payments told success twice, %d settlement ids and %d event ids reused; %d answers (%d without HTTP answer); retries took %s, drill %s",
+		r.payments, r.sentBefore, r.moved, r.successes, r.lostRows, r.lostTxs, r.adopted, r.marked, r.heldFound, r.heldLost, r.statusWrong, r.duplicates, r.wrong, r.gaps, r.unanswered,
+		r.adoptedBy, r.adoptedMetric, r.repeatedSuccess, r.reusedIDs, r.reusedEvents, r.answers, r.lostAnswers, r.retried.Round(time.Millisecond), r.took.Round(time.Second))
 }
 
 func drillTable(reports []drillReport) string {
@@ -764,6 +773,7 @@ func (d *drill) check(ctx context.Context, dbURL string, snap ledgerRows) drillR
 	used, ours := c.used, c.ours
 	end := ledgerSnapshot(ctx, t, dbURL)
 	moved := new(big.Int)
+	lostTxs := map[common.Hash]bool{}
 	for _, p := range d.payments {
 		txs := used[p.key]
 		if len(txs) > 1 {
@@ -777,6 +787,7 @@ func (d *drill) check(ctx context.Context, dbURL string, snap ledgerRows) drillR
 			rep.moved++
 			if c.lost(snap, p.key) {
 				rep.lostRows++
+				lostTxs[txs[0]] = true
 				if r := end.rows[p.key]; r != nil && r.state.Succeeded() && r.txHash == txs[0] {
 					rep.adopted++
 				}
@@ -825,6 +836,7 @@ func (d *drill) check(ctx context.Context, dbURL string, snap ledgerRows) drillR
 			}
 		}
 	}
+	rep.lostTxs = len(lostTxs)
 	bal, err := d.chain.USDC.BalanceOf(ctx, d.merchant)
 	if err != nil {
 		t.Fatal(err)
