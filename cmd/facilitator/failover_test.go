@@ -173,10 +173,55 @@ func (d *drill) run(ctx context.Context) drillReport {
 	env["FACILITATOR_RECONCILE_STALE"] = "10s"
 	first := startServe(ctx, t, d.bin, env, d.kind+"-before")
 
+	backup, gave := d.fault(ctx, first, primary, standby)
+	if d.kind != "inplace" {
+		halt(t, first)
+	}
+	before := len(d.payments) - d.unsent()
+	next := d.recover(primary, standby, backup)
+	// What the new primary's ledger holds before the service touches it, and how far the dead
+	// service's transactions go: each key's pending nonce (the first service, without a database,
+	// commits no row and so sends no new transaction).
+	snap := ledgerSnapshot(ctx, t, next.URL)
+	snap.sent = d.pendingNonces(ctx)
+
+	second := first
+	if d.kind == "inplace" {
+		// The promoted standby takes the old primary's address: the running service's database
+		// went back in time under it, at the same URL, and no operator step comes first.
+		next.stop("fast")
+		next.port, next.URL = primary.port, primary.URL
+		next.start()
+	} else {
+		// The runbook's step (docs/operating.md): ids the lost commits took must not be given again.
+		next.execIn("x402_drill", advanceSequences)
+		env["DATABASE_URL"] = next.URL
+		second = startServe(ctx, t, d.bin, env, d.kind+"-after")
+	}
+
+	recovered := time.Now()
+	lost, found, wrongStatus := d.retryAll(ctx, second, next.URL, snap)
+	retried := time.Since(recovered)
+	rep := d.measure(ctx, second, next.URL, snap, gave)
+	rep.heldLost, rep.heldFound, rep.statusWrong = lost, found, wrongStatus
+	rep.kind, rep.sentBefore, rep.took, rep.retried = d.kind, before, time.Since(began), retried
+	second.stop(t)
+	t.Logf("%s drill: %s", d.kind, rep)
+	if rep.duplicates != 0 || rep.wrong != 0 || rep.gaps != 0 || rep.unanswered != 0 {
+		t.Errorf("%s drill: %d duplicates, %d wrong terminal answers, %d nonce gaps, %d payments without a true final answer; want 0 each",
+			d.kind, rep.duplicates, rep.wrong, rep.gaps, rep.unanswered)
+	}
+	return rep
+}
+
+// fault drives the load through svc on primary and strikes mid-load: the async drills cut the
+// standby off, the restore drill takes its base backup, and once more payments are answered
+// (lost to the standby or the backup) the primary dies. It returns the backup's directory and
+// what the old primary's ledger held as late as it answered.
+func (d *drill) fault(ctx context.Context, svc *child, primary, standby *privatePostgres) (backup string, gave ledgerRows) {
 	stop := make(chan struct{})
-	load := d.drive(ctx, first, 0, d.payments, stop)
+	load := d.drive(ctx, svc, 0, d.payments, stop)
 	d.waitAnswered(ctx, drillBeforeCut)
-	var backup string
 	switch d.kind {
 	case "async", "inplace":
 		d.cutOff(primary, standby)
@@ -185,53 +230,34 @@ func (d *drill) run(ctx context.Context) drillReport {
 		backup = d.baseBackup(primary)
 		d.waitAnswered(ctx, drillBeforeCut+drillAfterCut)
 	}
-	// The ids the old primary had given, read as late as it answers (a few commits may follow).
-	gave := ledgerSnapshot(ctx, t, primary.URL)
-	primary.stop("immediate") // the primary dies under load
-	time.Sleep(time.Second)   // requests keep coming to a service without its database
+	gave = ledgerSnapshot(ctx, d.t, primary.URL) // a few commits may follow
+	primary.stop("immediate")
+	time.Sleep(time.Second) // requests keep coming to a service without its database
 	close(stop)
 	load.Wait()
-	if d.kind != "inplace" {
-		halt(t, first)
-	}
-	before := len(d.payments) - d.unsent()
+	return backup, gave
+}
 
-	var next *privatePostgres
-	switch d.kind {
-	case "async", "sync", "inplace":
+// recover makes the new primary: the standby promoted, or the backup copied into a new data
+// directory and started.
+func (d *drill) recover(primary, standby *privatePostgres, backup string) *privatePostgres {
+	if d.kind != "restore" {
 		standby.exec(`SELECT pg_promote(true, 60)`)
-		next = standby
-	case "restore":
-		next = d.site.cluster(d.kind+"-restored", "x402_drill")
-		if out, err := next.asPostgres("cp", "-a", backup, next.dir).CombinedOutput(); err != nil {
-			t.Fatalf("copying the base backup: %v\n%s", err, out)
-		}
-		next.start()
+		return standby
 	}
-	// What the new primary's ledger holds before the service touches it, and how far the dead
-	// service's transactions go: each key's pending nonce (the first service, without a database,
-	// commits no row and so sends no new transaction).
-	snap := ledgerSnapshot(ctx, t, next.URL)
-	snap.sent = d.pendingNonces(ctx)
+	next := d.site.cluster(d.kind+"-restored", "x402_drill")
+	if out, err := next.asPostgres("cp", "-a", backup, next.dir).CombinedOutput(); err != nil {
+		d.t.Fatalf("copying the base backup: %v\n%s", err, out)
+	}
+	next.start()
+	return next
+}
 
-	second := first
-	if d.kind != "inplace" {
-		// The runbook's step (docs/operating.md): ids the lost commits took must not be given again.
-		next.execIn("x402_drill", advanceSequences)
-	}
-	if d.kind == "inplace" {
-		// The promoted standby takes the old primary's address: the running service's database
-		// went back in time under it, at the same URL.
-		next.stop("fast")
-		next.port, next.URL = primary.port, primary.URL
-		next.start()
-	} else {
-		env["DATABASE_URL"] = next.URL
-		second = startServe(ctx, t, d.bin, env, d.kind+"-after")
-	}
-	// Every third payment sent before the fault is held back from the retries at first: the
-	// service must find those it lost on its own (from the chain and the index), since a caller
-	// may never come back.
+// retryAll has every caller send its payment again to svc until it has a final answer. Every
+// third payment sent before the fault is held back at first: the service must find the ones it
+// lost on its own (from the chain and the index), since a caller may never come back. It
+// returns what waitFound counted of those.
+func (d *drill) retryAll(ctx context.Context, svc *child, dbURL string, snap ledgerRows) (lost, found, wrongStatus int) {
 	var held, rest []*drillPayment
 	for i, p := range d.payments {
 		if i%3 == 0 && p.sent() {
@@ -240,33 +266,28 @@ func (d *drill) run(ctx context.Context) drillReport {
 			rest = append(rest, p)
 		}
 	}
-	recovered := time.Now()
-	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
-	d.drive(rctx, second, 1, rest, nil).Wait()
-	heldLost, heldFound, statusWrong := d.waitFound(ctx, second, next.URL, snap, held, drillFindWithin)
-	d.drive(rctx, second, 1, held, nil).Wait()
-	rcancel()
-	retried := time.Since(recovered)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	d.drive(ctx, svc, 1, rest, nil).Wait()
+	lost, found, wrongStatus = d.waitFound(ctx, svc, dbURL, snap, held, drillFindWithin)
+	d.drive(ctx, svc, 1, held, nil).Wait()
+	return lost, found, wrongStatus
+}
 
-	rep := d.check(ctx, next.URL, snap)
-	end := ledgerSnapshot(ctx, t, next.URL)
+// measure is the oracle's figures (check), the ids the recovered sequences gave again, and what
+// the service says it adopted (adopted_at, its log, its metric).
+func (d *drill) measure(ctx context.Context, svc *child, dbURL string, snap, gave ledgerRows) drillReport {
+	rep := d.check(ctx, dbURL, snap)
+	end := ledgerSnapshot(ctx, d.t, dbURL)
 	rep.reusedIDs, rep.reusedEvents = snap.reused(gave, end)
 	rep.marked = end.marked
-	rep.heldLost, rep.heldFound, rep.statusWrong = heldLost, heldFound, statusWrong
-	rep.adoptedBy = adoptionsLogged(second.logs.String())
+	rep.adoptedBy = adoptionsLogged(svc.logs.String())
 	rep.adoptedMetric = -1 // the binary has no such metric
-	if f := scrape(t, second.base)["facilitator_adopted_transactions_total"]; f != nil {
+	if f := scrape(d.t, svc.base)["facilitator_adopted_transactions_total"]; f != nil {
 		rep.adoptedMetric = 0
 		for _, m := range f.GetMetric() {
 			rep.adoptedMetric += int(m.GetCounter().GetValue())
 		}
-	}
-	rep.kind, rep.sentBefore, rep.took, rep.retried = d.kind, before, time.Since(began), retried
-	second.stop(t)
-	t.Logf("%s drill: %s", d.kind, rep)
-	if rep.duplicates != 0 || rep.wrong != 0 || rep.gaps != 0 || rep.unanswered != 0 {
-		t.Errorf("%s drill: %d duplicates, %d wrong terminal answers, %d nonce gaps, %d payments without a true final answer; want 0 each",
-			d.kind, rep.duplicates, rep.wrong, rep.gaps, rep.unanswered)
 	}
 	return rep
 }
