@@ -282,9 +282,7 @@ func (d *drill) measure(ctx context.Context, svc *child, dbURL string, snap, gav
 	rep.reusedIDs, rep.reusedEvents = snap.reused(gave, end)
 	rep.marked = end.marked
 	rep.adoptedBy = adoptionsLogged(svc.logs.String())
-	rep.adoptedMetric = -1 // the binary has no such metric
 	if f := scrape(d.t, svc.base)["facilitator_adopted_transactions_total"]; f != nil {
-		rep.adoptedMetric = 0
 		for _, m := range f.GetMetric() {
 			rep.adoptedMetric += int(m.GetCounter().GetValue())
 		}
@@ -651,7 +649,7 @@ type drillReport struct {
 	heldLost, heldFound       int            // lost rows of payments nobody retried yet, and those the service adopted unasked
 	statusWrong               int            // of those not adopted, the status API's answers that are not the chain's truth
 	adoptedBy                 map[string]int // the service's adoption log lines, by what adopted
-	adoptedMetric             int            // facilitator_adopted_transactions_total (-1: not exported)
+	adoptedMetric             int            // facilitator_adopted_transactions_total (absent: 0)
 	lostTxs                   int            // distinct transactions of the lost rows
 	marked                    int            // rows the service marked adopted (adopted_at; -1: no such column)
 	reusedIDs                 int            // settlement ids the old primary gave one payment that the recovered ledger gave another
