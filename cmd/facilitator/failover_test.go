@@ -253,14 +253,29 @@ func (d *drill) recover(primary, standby *privatePostgres, backup string) *priva
 	return next
 }
 
-// retryAll has every caller send its payment again to svc until it has a final answer. Every
-// third payment sent before the fault is held back at first: the service must find the ones it
-// lost on its own (from the chain and the index), since a caller may never come back. It
-// returns what waitFound counted of those.
+// retryAll has every caller send its payment again to svc until it has a final answer. The
+// payments of every other lost transaction are held back at first, all of a batch's together
+// (a retry of one member adopts the whole transaction): the service must find those on its own
+// (from the chain and the index), since a caller may never come back. It returns what waitFound
+// counted of those.
 func (d *drill) retryAll(ctx context.Context, svc *child, dbURL string, snap ledgerRows) (lost, found, wrongStatus int) {
+	d.waitPoolEmpty(ctx) // the dead service's last transactions mine, or the loss is not known yet
+	c := d.chainUses(ctx, snap)
+	heldTx := map[common.Hash]bool{}
+	var lostTxs int
+	for _, p := range d.payments {
+		if !c.lost(snap, p.key) {
+			continue
+		}
+		tx := c.used[p.key][0]
+		if _, seen := heldTx[tx]; !seen {
+			heldTx[tx] = lostTxs%2 == 0
+			lostTxs++
+		}
+	}
 	var held, rest []*drillPayment
-	for i, p := range d.payments {
-		if i%3 == 0 && p.sent() {
+	for _, p := range d.payments {
+		if txs := c.used[p.key]; len(txs) == 1 && heldTx[txs[0]] {
 			held = append(held, p)
 		} else {
 			rest = append(rest, p)
@@ -272,6 +287,24 @@ func (d *drill) retryAll(ctx context.Context, svc *child, dbURL string, snap led
 	lost, found, wrongStatus = d.waitFound(ctx, svc, dbURL, snap, held, drillFindWithin)
 	d.drive(ctx, svc, 1, held, nil).Wait()
 	return lost, found, wrongStatus
+}
+
+// waitPoolEmpty waits (up to 10 s) until no transaction of the drill's keys waits in the pool.
+func (d *drill) waitPoolEmpty(ctx context.Context) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		pending := d.pendingNonces(ctx)
+		empty := true
+		for addr, n := range pending {
+			latest, err := d.chain.Client.NonceAt(ctx, addr, nil)
+			if err != nil {
+				d.t.Fatal(err)
+			}
+			empty = empty && latest == n
+		}
+		if empty {
+			return
+		}
+	}
 }
 
 // measure is the oracle's figures (check), the ids the recovered sequences gave again, and what
