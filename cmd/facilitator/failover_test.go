@@ -184,6 +184,9 @@ func (d *drill) run(ctx context.Context) drillReport {
 	// commits no row and so sends no new transaction).
 	snap := ledgerSnapshot(ctx, t, next.URL)
 	snap.sent = d.pendingNonces(ctx)
+	// What a process could tell the change by: the timeline (promotion starts a new one; a backup
+	// started without archive recovery keeps its own) and the system identifier (kept by both).
+	t.Logf("new primary: timeline and system identifier %s (the old primary's: %s)", d.timeline(next), gave.timeline)
 
 	second := first
 	if d.kind == "inplace" {
@@ -231,6 +234,7 @@ func (d *drill) fault(ctx context.Context, svc *child, primary, standby *private
 		d.waitAnswered(ctx, drillBeforeCut+drillAfterCut)
 	}
 	gave = ledgerSnapshot(ctx, d.t, primary.URL) // a few commits may follow
+	gave.timeline = d.timeline(primary)
 	primary.stop("immediate")
 	time.Sleep(time.Second) // requests keep coming to a service without its database
 	close(stop)
@@ -405,6 +409,24 @@ func (d *drill) cutOff(primary, standby *privatePostgres) {
 	d.t.Logf("standby cut off with %d payments answered", d.answered.Load())
 }
 
+// timeline is p's current WAL timeline and its system identifier, as the ledger's own role can
+// read them.
+func (d *drill) timeline(p *privatePostgres) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.url("postgres"))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var tl, id string
+	if err := conn.QueryRow(ctx, `SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int::text,
+		(SELECT system_identifier::text FROM pg_control_system())`).Scan(&tl, &id); err != nil {
+		d.t.Fatal(err)
+	}
+	return tl + "/" + id
+}
+
 // waitSQL polls a boolean query on p's postgres database for up to 30 s.
 func (d *drill) waitSQL(p *privatePostgres, query string, args ...any) {
 	d.t.Helper()
@@ -542,6 +564,8 @@ type ledgerRows struct {
 	// marked is how many rows carry adopted_at (-1: the ledger has no such column): the service's
 	// own count of the rows it rebuilt from the chain.
 	marked int
+	// timeline is the cluster's timeline and system identifier, as read by the drill.
+	timeline string
 	// sent is each signer key's pending nonce when the ledger was read: the transactions below it
 	// were sent by the service before the fault.
 	sent map[common.Address]uint64
