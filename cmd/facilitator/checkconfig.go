@@ -76,6 +76,7 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		defer db.Close()
 	}
 	report("postgres", err)
+	dbUp := err == nil
 	if err == nil && cfg.Auth == "keys" {
 		report("API keys: at least one merchant key (--auth keys)", checkAPIKeys(ctx, db))
 	}
@@ -93,6 +94,10 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d; %s", n.ID, len(nc.urls()), n.ChainID, quorumText(nc.quorum(), len(nc.urls()))), err)
 		if err != nil {
 			continue
+		}
+		if dbUp {
+			g, _ := genesis.known()
+			report(fmt.Sprintf("%s: the database's ledger belongs to this chain", n.ID), checkBinding(ctx, db, n, g))
 		}
 		// Each read below is bounded by --rpc-timeout: an endpoint that never answers is a
 		// failed check, not a hang.
@@ -152,6 +157,25 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 func genesisKnown(g *genesisOf) bool {
 	_, ok := g.known()
 	return ok
+}
+
+// checkBinding compares the chain a network id's ledger was written against (serve binds it at
+// its first start) with the chain the endpoints serve: serve refuses to start on a mismatch,
+// since a ledger of one chain read against another would answer for transactions that chain
+// never saw.
+func checkBinding(ctx context.Context, db *postgres.DB, n facilitator.Network, genesis common.Hash) error {
+	chainID, bound, found, err := db.NetworkBinding(ctx, n.ID)
+	switch {
+	case err != nil:
+		return err
+	case !found:
+		return nil // the first start binds it
+	case chainID != n.ChainID || bound != genesis:
+		return fmt.Errorf("the database was bound to chain %d with genesis %s, but the RPC serves chain %d with genesis %s; "+
+			"fix: point the network's rpc at a node of the chain the database belongs to (a testnet reset or a copy-pasted URL shows as this), or give the new chain a fresh database",
+			chainID, bound.Hex(), n.ChainID, genesis.Hex())
+	}
+	return nil
 }
 
 // terminal reports whether w is a character device (a terminal).

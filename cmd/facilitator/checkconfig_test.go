@@ -244,3 +244,45 @@ func TestCheckConfigSilentEndpoint(t *testing.T) {
 		t.Fatalf("exit %d after %s:\n%s", code, took, report)
 	}
 }
+
+// TestCheckConfigGenesisBinding: a database whose ledger serve bound to one chain fails the check
+// when the network's endpoints serve another chain under the same id (a reset testnet, a
+// copy-pasted URL): serve would refuse to start on it. Bound to the chain served, it passes, and
+// a database no serve has bound yet passes too.
+func TestCheckConfigGenesisBinding(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, chain := requireStack(t)
+	dbURL := stacktest.NewDB(t, "cmdgenesis")
+	db, err := postgres.Open(ctx, dbURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, chain.Accounts[0].Key)
+	env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
+	check := func() (string, int) {
+		var out bytes.Buffer
+		code := run(ctx, []string{"serve", "--check-config"}, func(k string) string { return env[k] }, &out, &out)
+		return out.String(), code
+	}
+	const line = "eip155:31337: the database's ledger belongs to this chain"
+	if out, code := check(); code != 0 || !strings.Contains(out, "ok    "+line) {
+		t.Fatalf("a database not bound yet: exit %d\n%s", code, out)
+	}
+	stale := common.HexToHash("0x0be5")
+	if err := db.BindNetwork(ctx, "eip155:31337", chain.ChainID, stale); err != nil {
+		t.Fatal(err)
+	}
+	out, code := check()
+	if code == 0 || !strings.Contains(out, "FAIL  "+line+": the database was bound to chain 31337 with genesis "+stale.Hex()) ||
+		!strings.Contains(out, "fix: point the network's rpc at a node of the chain the database belongs to") {
+		t.Fatalf("a database bound to another genesis: exit %d\n%s", code, out)
+	}
+	if strings.Contains(out, chain.RPCURL) {
+		t.Fatalf("the report carries the RPC URL:\n%s", out)
+	}
+}
