@@ -510,6 +510,16 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		}
 		fs.Var(boolValue{p}, name, usage)
 	}
+	// The same for a whole number: a word there would otherwise reach Check as some number and be
+	// refused for its sign, under the flag's name, misleading whoever set the variable.
+	envInt := func(key, def string) int {
+		v := env(key, def)
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("%s=%q is not a whole number", key, v))
+		}
+		return n
+	}
 	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
 	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, fees, token domains, remote signers, signer keys and their balances, Postgres and the chain its ledger is bound to, API keys) and exit: 0 when everything passed")
@@ -535,7 +545,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	fs.StringVar(&cfg.IndexHealthSchedule, "index-health-schedule", env("FACILITATOR_INDEX_HEALTH_SCHEDULE", "@every 5m"), "cron schedule of the index health check (FACILITATOR_INDEX_HEALTH_SCHEDULE)")
 	reconcileStale := fs.String("reconcile-stale", env("FACILITATOR_RECONCILE_STALE", "2m"), "how long a settlement goes without an update before the reconcile job looks at it (FACILITATOR_RECONCILE_STALE)")
 	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "most a transaction may offer per gas (fee cap, or gas price on a legacy network), in gwei, on networks whose fees set no maxFeeGwei; a settlement the chain's fees do not fit under is refused (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
-	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
+	maxInFlight := fs.Int("max-in-flight", envInt("FACILITATOR_MAX_IN_FLIGHT", "128"), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
 	fs.StringVar(&cfg.Pprof, "pprof", env("FACILITATOR_PPROF", ""), "serve net/http/pprof on this loopback address, e.g. 127.0.0.1:6060 (FACILITATOR_PPROF; empty: off)")
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
@@ -544,12 +554,12 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	boolFlag(&cfg.WebhookAllowPrivate, "webhook-allow-private", "FACILITATOR_WEBHOOK_ALLOW_PRIVATE", false, "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")
 	fs.StringVar(&cfg.Auth, "auth", env("FACILITATOR_AUTH", "keys"), "keys (merchant API keys required) or open (no keys, local development only) (FACILITATOR_AUTH)")
 	keyRate := fs.String("rate-per-key", env("FACILITATOR_RATE_PER_KEY", "50"), "requests per second per API key, per process; 0: no limit (FACILITATOR_RATE_PER_KEY)")
-	fs.IntVar(&cfg.KeyBurst, "burst-per-key", atoi(env("FACILITATOR_BURST_PER_KEY", "100")), "burst per API key (FACILITATOR_BURST_PER_KEY)")
+	fs.IntVar(&cfg.KeyBurst, "burst-per-key", envInt("FACILITATOR_BURST_PER_KEY", "100"), "burst per API key (FACILITATOR_BURST_PER_KEY)")
 	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
 	sessionTTL := fs.String("console-session-ttl", env("FACILITATOR_CONSOLE_SESSION_TTL", "12h"), "how long a console login lasts before the console asks for the key again (FACILITATOR_CONSOLE_SESSION_TTL)")
 	trustedProxies := fs.String("trusted-proxies", env("FACILITATOR_TRUSTED_PROXIES", ""), "comma-separated CIDRs (or addresses) of the reverse proxies in front; a request from one is keyed on the right-most X-Forwarded-For address outside them; empty: the TCP peer, always (FACILITATOR_TRUSTED_PROXIES)")
-	fs.IntVar(&cfg.ClientBurst, "burst-per-client", atoi(env("FACILITATOR_BURST_PER_CLIENT", "200")), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
-	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", atoi(env("FACILITATOR_WALLET_CAP_COUNT", "0")), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
+	fs.IntVar(&cfg.ClientBurst, "burst-per-client", envInt("FACILITATOR_BURST_PER_CLIENT", "200"), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
+	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", envInt("FACILITATOR_WALLET_CAP_COUNT", "0"), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
 	walletCapAmount := fs.String("wallet-cap-amount", env("FACILITATOR_WALLET_CAP_AMOUNT", "0"), "most token base units settled per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_AMOUNT)")
 	walletCapWindow := fs.String("wallet-cap-window", env("FACILITATOR_WALLET_CAP_WINDOW", "24h"), "the rolling window of the wallet caps (FACILITATOR_WALLET_CAP_WINDOW)")
 	keyGasBudget := fs.String("key-gas-budget-wei", env("FACILITATOR_KEY_GAS_BUDGET_WEI", "0"), "gas budget in wei per rolling 24 hours of an API key without its own (keys create --gas-budget-wei); 0: unlimited (FACILITATOR_KEY_GAS_BUDGET_WEI)")
@@ -777,12 +787,4 @@ func checkKeyFileMode(f *os.File) error {
 		return fmt.Errorf("signer keys file %s has mode %#o, open to group or others: it must be 0600 or stricter (chmod 600 %s)", f.Name(), perm, f.Name())
 	}
 	return nil
-}
-
-func atoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return -1 // Check reports it
-	}
-	return n
 }
