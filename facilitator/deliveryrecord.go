@@ -76,7 +76,7 @@ func DeliveryTarget(members []DeliveryCandidate, a DeliveryAttachment) (Delivery
 	var m *DeliveryCandidate
 	switch {
 	case len(members) == 0:
-		return DeliveryCandidate{}, ErrNotFound
+		return DeliveryCandidate{}, &Error{Code: ENotFound, Reason: ReasonNotFound, Message: "no settlement of ours was made with this transaction", Err: ErrNotFound}
 	case a.Authorization != nil:
 		for i := range members {
 			if members[i].Key == *a.Authorization {
