@@ -101,7 +101,8 @@ func checkContentType(ct string) error {
 			return errors.New("contentType must be printable ASCII")
 		}
 	}
-	if _, _, err := mime.ParseMediaType(ct); err != nil || ct != strings.TrimSpace(ct) {
+	mt, _, err := mime.ParseMediaType(ct)
+	if typ, sub, ok := strings.Cut(mt, "/"); err != nil || !ok || typ == "" || sub == "" || ct != strings.TrimSpace(ct) {
 		return errors.New(`contentType must be a media type, e.g. "application/json; charset=utf-8"`)
 	}
 	return nil
