@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -114,4 +116,37 @@ func newAPIKey(t *testing.T, ctx context.Context, db *postgres.DB, scopes ...fac
 		t.Fatal(err)
 	}
 	return full
+}
+
+// TestReadmeDeliverySnippet: the README's @x402/express snippet is the hook the tested merchant
+// (js/merchant-delivery.mjs) runs, line for line, so the README shows what the test runs.
+func TestReadmeDeliverySnippet(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := os.ReadFile("js/merchant-delivery.mjs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	between := func(text, from, to string) []string {
+		t.Helper()
+		i := strings.Index(text, from)
+		j := strings.Index(text[max(i, 0):], to)
+		if i < 0 || j < 0 {
+			t.Fatalf("no %q … %q", from, to)
+		}
+		var out []string
+		for _, l := range strings.Split(text[i:i+j], "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	shown := between(string(readme), "const auth = { Authorization", "// app.use(paymentMiddleware(routes, server)) as usual")
+	run := between(string(script), "const auth = { Authorization", "// --- the README's snippet ends here ---")
+	if !slices.Equal(shown, run) {
+		t.Errorf("the README's snippet:\n%s\n\nis not what js/merchant-delivery.mjs runs:\n%s", strings.Join(shown, "\n"), strings.Join(run, "\n"))
+	}
 }

@@ -22,7 +22,7 @@
 //
 // Once it listens on 127.0.0.1, exactly one line is written to stdout:
 //   listening http://127.0.0.1:<port>
-// Diagnostics go to stderr, one "merchant: ..." line per record: "delivery <tx> <status> <sha256>".
+// Diagnostics go to stderr: a record the facilitator did not take is logged there.
 
 import { createHash, randomUUID } from "node:crypto";
 import http from "node:http";
@@ -35,10 +35,6 @@ import { parseArgs } from "./args.mjs";
 function fail(message) {
   process.stderr.write(`merchant: ${message}\n`);
   process.exit(2);
-}
-
-function log(message) {
-  process.stderr.write(`merchant: ${message}\n`);
 }
 
 async function main() {
@@ -56,7 +52,7 @@ async function main() {
   const facilitatorURL = args.facilitator.replace(/\/+$/, "");
 
   // --- the README's snippet starts here ---
-  const auth = { Authorization: `Bearer ${apiKey}` };
+  const auth = { Authorization: `Bearer ${process.env.FACILITATOR_API_KEY}` };
   const facilitator = new HTTPFacilitatorClient({
     url: facilitatorURL,
     createAuthHeaders: async () => ({ verify: auth, settle: auth, supported: auth }),
@@ -80,9 +76,7 @@ async function main() {
       method: "POST",
       headers: { ...auth, "Content-Type": "application/json" },
       body: JSON.stringify(record),
-    })
-      .then((res) => log(`delivery ${result.transaction} ${res.status} ${record.sha256}`))
-      .catch((err) => log(`delivery ${result.transaction} failed: ${err.message}`));
+    }).catch((err) => console.error("delivery record", err));
   });
   // --- the README's snippet ends here ---
 
