@@ -14,7 +14,7 @@ import (
 // AttachDelivery records what the merchant delivered for one settlement of the transaction a.Tx,
 // once: the settlement is picked and checked by facilitator.DeliveryTarget, a first record is
 // kept (created), the same record again answers the one kept, and a different one is a
-// delivery_conflict. Two merchants' requests racing meet on the table's key: one inserts, the
+// delivery_conflict. Two requests racing meet on the table's key: one inserts, the
 // other reads what it inserted.
 func (db *DB) AttachDelivery(ctx context.Context, a facilitator.DeliveryAttachment) (facilitator.DeliveryCandidate, facilitator.DeliveryRecord, bool, error) {
 	var (
@@ -72,15 +72,15 @@ func (db *DB) DeliveryRecord(ctx context.Context, settlementID int64) (*facilita
 	return deliveryRecord(ctx, db.pool, settlementID)
 }
 
-// deliveryCandidates lists the settlements of the transaction tx (any fee-bump variant) in batch
+// deliveryCandidates lists the settlements of the transaction hash (any fee-bump variant) in batch
 // order: the settlement the transaction was signed for and every member at its nonce, as
 // BatchMembers reads them.
-func deliveryCandidates(ctx context.Context, q pgx.Tx, tx common.Hash) ([]facilitator.DeliveryCandidate, error) {
-	rows, err := q.Query(ctx, `-- deliveryCandidates
+func deliveryCandidates(ctx context.Context, tx pgx.Tx, hash common.Hash) ([]facilitator.DeliveryCandidate, error) {
+	rows, err := tx.Query(ctx, `-- deliveryCandidates
 		SELECT s.id, s.network, s.asset, s.payer, s.auth_nonce, s.state, COALESCE(s.api_key, '')
 		FROM settlements f JOIN settlements s ON s.network = f.network AND s.signer = f.signer AND s.tx_nonce = f.tx_nonce
 		WHERE f.id = (SELECT settlement_id FROM settlement_txs WHERE tx_hash = $1)
-		ORDER BY s.batch_slot LIMIT 100`, tx[:])
+		ORDER BY s.batch_slot LIMIT 100`, hash[:])
 	if err != nil {
 		return nil, err
 	}
