@@ -76,6 +76,10 @@ var oasMirrors = []struct {
 	{"Delivery", reflect.TypeFor[deliveryJSON](), true},
 	{"DeliveryList", reflect.TypeFor[deliveriesJSON](), true},
 	{"Redelivery", reflect.TypeFor[redeliveryJSON](), true},
+	{"DeliveryRecord", reflect.TypeFor[facilitator.DeliveryRecord](), true},
+	{"DeliveryRecordAnswer", reflect.TypeFor[facilitator.DeliveryAnswer](), true},
+	{"DeliveryRecordRequest", reflect.TypeFor[deliveryBody](), false},
+	{"DeliveryAuthorization", reflect.TypeFor[deliveryAuthority](), false},
 	{"OpsOverview", reflect.TypeFor[ops.Snapshot](), true},
 	{"OpsQuantiles", reflect.TypeFor[ops.Quantiles](), true},
 	{"OpsSigner", reflect.TypeFor[ops.SignerRow](), true},
@@ -161,6 +165,9 @@ type oasFakes struct {
 	limitErr     error // the read-only limit check /verify makes
 	perKey       auth.Limit
 	perClient    auth.Limit
+	// deliveryErr is AttachDelivery's refusal; deliveryKept answers the record as already kept.
+	deliveryErr  error
+	deliveryKept bool
 }
 
 // The lists: one settlement and one delivery, with a next page.
@@ -203,6 +210,25 @@ func (f *oasFakes) RedeliverWebhook(_ context.Context, _ facilitator.Viewer, id 
 		return time.Time{}, facilitator.ErrDeliveryNotGivenUp
 	}
 	return time.Time{}, facilitator.ErrNotFound
+}
+
+// AttachDelivery keeps the record for the status's authorization, or refuses it as set up.
+func (f *oasFakes) AttachDelivery(_ context.Context, a facilitator.DeliveryAttachment) (facilitator.DeliveryCandidate, facilitator.DeliveryRecord, bool, error) {
+	switch {
+	case f.statusErr != nil:
+		return facilitator.DeliveryCandidate{}, facilitator.DeliveryRecord{}, false, f.statusErr
+	case f.deliveryErr != nil:
+		return facilitator.DeliveryCandidate{}, facilitator.DeliveryRecord{}, false, f.deliveryErr
+	case f.noSettlement:
+		return facilitator.DeliveryCandidate{}, facilitator.DeliveryRecord{}, false, facilitator.ErrNotFound
+	}
+	key, err := status.ParseKey(oasNetwork, oasAsset, oasFrom, oasNonce)
+	if err != nil {
+		panic(err)
+	}
+	rec := a.Record
+	rec.RecordedAt = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	return facilitator.DeliveryCandidate{ID: 42, Key: key, State: facilitator.StateMined}, rec, !f.deliveryKept, nil
 }
 
 func (f *oasFakes) CheckLimits(context.Context, *facilitator.Payment) error { return f.limitErr }
@@ -481,7 +507,7 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 		ReadySigners: func() map[string]string {
 			return map[string]string{"eip155:84532/0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266": "down: remote signer http://127.0.0.1:8550: account_signTransaction: connection refused"}
 		},
-		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f, Redeliver: f,
+		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f, Redeliver: f, Deliveries: f,
 		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler), Now: time.Now,
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		// A proxy the test's requests never come from: their client is their peer.
@@ -602,6 +628,14 @@ func oasProbes(t *testing.T) []oasProbe {
 		}
 	}
 	notFound := func(f *oasFakes) { f.found, f.noSettlement = false, true }
+	refused := func(code facilitator.Code, reason string) func(*oasFakes) {
+		return func(f *oasFakes) { f.deliveryErr = facilitator.Errorf(code, reason, "refused") }
+	}
+	const (
+		deliveryRoute = "/v1/settlements/{tx}/delivery"
+		deliveryURL   = "/v1/settlements/" + oasTx + "/delivery"
+		deliveryRec   = `{"sha256": "0x9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "contentType": "application/json", "size": 57, "authorization": {"network": "` + oasNetwork + `", "asset": "` + oasAsset + `", "from": "` + oasFrom + `", "nonce": "` + oasNonce + `"}}`
+	)
 	probes := []oasProbe{
 		{name: "verify valid", method: "POST", url: "/verify", body: pay, status: 200},
 		{name: "verify invalid", method: "POST", url: "/verify", body: pay, status: 200, setup: func(f *oasFakes) {
@@ -666,6 +700,19 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "settlement unknown", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 404, setup: notFound},
 		{name: "settlement unavailable", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 503, setup: unavailable("status_unavailable")},
 		{name: "settlement internal", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 500, setup: internal},
+
+		{name: "attach delivery", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 201},
+		{name: "attach delivery again", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 200, setup: func(f *oasFakes) { f.deliveryKept = true }},
+		{name: "attach delivery malformed", method: "POST", url: deliveryURL, route: deliveryRoute, body: `{"sha256": "0x12"}`, status: 400},
+		{name: "attach delivery bad hash", method: "POST", url: "/v1/settlements/0x12/delivery", route: deliveryRoute, body: deliveryRec, status: 400},
+		{name: "attach delivery unknown", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 404, setup: notFound},
+		{name: "attach delivery another key's", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 403, setup: refused(facilitator.EForbidden, facilitator.ReasonNotSettlingKey)},
+		{name: "attach delivery pending", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 409, setup: refused(facilitator.EConflict, facilitator.ReasonSettlementPending)},
+		{name: "attach delivery failed", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 409, setup: refused(facilitator.EConflict, facilitator.ReasonSettlementNotSucceeded)},
+		{name: "attach delivery conflict", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 409, setup: refused(facilitator.EConflict, facilitator.ReasonDeliveryConflict)},
+		{name: "attach delivery unavailable", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 503, setup: unavailable("ledger_unavailable")},
+		// An untyped failure of the ledger is a ledger not answering: 503, the same record may be sent again.
+		{name: "attach delivery ledger error", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 503, setup: internal},
 
 		{name: "create webhook", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasAsset + `"]}`, status: 201},
 		{name: "create webhook malformed", method: "POST", url: "/v1/webhooks", body: `{"url": 1}`, status: 400},
@@ -756,7 +803,9 @@ func oasProbes(t *testing.T) []oasProbe {
 		probes[n-9].header = map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}
 		probes[n-4].header = map[string]string{"X-API-Key": oasKeyAll.full}
 		probes[n-3].before, probes[n-2].before = 1, 1
-		if scope == facilitator.ScopeVerify || scope == facilitator.ScopeSettle {
+		if base.route == "/verify" || base.route == "/settle" {
+			// A payment's payee is checked against the key's allow-list; a delivery record is
+			// checked against the settlement's own key instead.
 			probes = append(probes,
 				refusal("payTo not allowed", 403, oasKeyOtherTo.full, nil),
 				refusal("payTo allowed", base.status, oasKeyPayTo.full, nil))

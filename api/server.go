@@ -69,6 +69,9 @@ type Config struct {
 	Redeliver Redeliverer
 	// Ops serves GET /v1/ops/overview (operator scope); nil leaves it out.
 	Ops Ops
+	// Deliveries serves POST /v1/settlements/{tx}/delivery (settle scope; the settling key only:
+	// deliveryrecord.go); nil leaves it out.
+	Deliveries Deliveries
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
@@ -175,6 +178,9 @@ func New(cfg Config) *Server {
 		e.GET("/v1/authorizations/:network/:asset/:from/:nonce", s.authorizationStatus)
 		e.GET("/v1/payments/:id", s.paymentStatus)
 		e.GET("/v1/settlements/:tx", s.settlementStatus)
+	}
+	if cfg.Deliveries != nil {
+		e.POST("/v1/settlements/:tx/delivery", s.attachDelivery)
 	}
 	if cfg.Lists != nil {
 		e.GET("/v1/settlements", s.listSettlements)

@@ -3,6 +3,7 @@ package client
 import (
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -46,6 +47,17 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 		row("paid", fmt.Sprintf("%s to %s", st.Value, st.To))
 	}
 	row("reason", st.Reason)
+	if d := st.Delivery; d != nil {
+		// The merchant's word on what it served: a payer compares it with the SHA-256 of what it got.
+		what := "sha256 " + d.SHA256
+		if d.ContentType != "" {
+			what += ", " + d.ContentType
+		}
+		if d.Size != nil {
+			what += fmt.Sprintf(", %d bytes", *d.Size)
+		}
+		row("delivered", what+", recorded "+d.RecordedAt.UTC().Format(time.RFC3339)+" by the merchant")
+	}
 	row("read from", fmt.Sprintf("%s, indexed head %d, chain head %d", st.Basis, st.IndexedHead, st.Head))
 	if len(st.Batch) > 0 {
 		// The answer's own fields are the batch's first settlement's: the others are only named

@@ -9,6 +9,7 @@ package demo
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -305,6 +306,13 @@ func (d *run) story(ctx context.Context) error {
 		return fmt.Errorf("status by payment id: %w", err)
 	}
 	o.kv("by payment id", describeStatus(byID))
+	// What the merchant recorded it served, against what the agent received: the agent can prove
+	// which answer it paid for.
+	received := sha256.Sum256(body)
+	if d := byNonce.Delivery; d == nil || d.SHA256 != hexutil.Encode(received[:]) {
+		return fmt.Errorf("the merchant's delivery record %+v is not the SHA-256 of the %d bytes the agent received (%s)", d, len(body), hexutil.Encode(received[:]))
+	}
+	o.kv("delivered", fmt.Sprintf("sha256 %s, recorded by the merchant = the hash of the %d bytes received", short(byNonce.Delivery.SHA256), len(body)))
 
 	// 8. Balances after, and the ledger against the chain.
 	o.step(8, "Balances after, and the ledger against the chain")

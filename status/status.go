@@ -34,6 +34,15 @@ type Store interface {
 	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error)
 }
 
+// Deliveries reads what merchants recorded they delivered for settlements (postgres.DB). It is
+// not part of Store: a Store that also reads them (the Postgres ledger) is used for them, so every
+// status answer over the ledger carries the record without each caller wiring it, and a Store
+// that keeps none (the simulator's ledger, whose merchants record nothing) need not pretend to.
+type Deliveries interface {
+	// DeliveryRecord returns a settlement's record, nil when none was attached.
+	DeliveryRecord(ctx context.Context, settlementID int64) (*facilitator.DeliveryRecord, error)
+}
+
 // Head reads the chain: its head and finality tag (in one request), recent logs.
 type Head interface {
 	CallContext(ctx context.Context, result any, method string, args ...any) error
@@ -50,8 +59,9 @@ type Network struct {
 
 // Service answers status queries.
 type Service struct {
-	store    Store
-	networks map[string]Network
+	store      Store
+	deliveries Deliveries // nil: the store keeps no delivery records
+	networks   map[string]Network
 	// floors is each network's highest tagged final block answered consistently: a lower answer
 	// is a node gone backwards, and says nothing.
 	floors map[string]*facilitator.FinalityFloor
@@ -64,6 +74,7 @@ func New(store Store, networks []Network, now func() time.Time) *Service {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.deliveries, _ = store.(Deliveries)
 	for _, n := range networks {
 		if n.Timeout <= 0 {
 			n.Timeout = 5 * time.Second
@@ -243,6 +254,15 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 	case facilitator.StateMined, facilitator.StateFinal:
 		st.State, st.SettledBy = facilitator.StatusSettled, "facilitator"
 		s.confirm(n, &st, row.BlockNumber)
+		if s.deliveries != nil {
+			// Only a transfer of ours carries the merchant's record: a row a reorg took back to
+			// reverted or settled elsewhere keeps it in the ledger, but nothing was paid through it.
+			rec, err := s.deliveries.DeliveryRecord(ctx, row.ID)
+			if err != nil {
+				return st, true, unavailable(err)
+			}
+			st.Delivery = rec
+		}
 		if row.State == facilitator.StateFinal {
 			st.Final = true
 		} else if st.Final {

@@ -122,6 +122,33 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("console page: %d %v\n%s", res.StatusCode, res.Header, page)
 	}
 
+	// What the merchant delivered, as the binary wires it (open mode: without a key), on the
+	// authorization's status.
+	var sr facilitator.SettleResponse
+	if err := json.Unmarshal(settled, &sr); err != nil {
+		t.Fatal(err)
+	}
+	digest := "0x" + strings.Repeat("ab", 32)
+	res, err = http.Post(base+"/v1/settlements/"+sr.Transaction+"/delivery", "application/json", strings.NewReader(`{"sha256":"`+digest+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("delivery record: %d %s", res.StatusCode, recorded)
+	}
+	res, err = http.Get(base + "/v1/authorizations/eip155:31337/" + chain.USDC.Address.Hex() + "/" + payer.Hex() + "/0x" + hex.EncodeToString(nonce[:]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st facilitator.AuthorizationStatus
+	err = json.NewDecoder(res.Body).Decode(&st)
+	res.Body.Close()
+	if err != nil || st.Delivery == nil || st.Delivery.SHA256 != digest {
+		t.Fatalf("the status after the delivery record: %+v, %v", st, err)
+	}
+
 	// The operations overview as the binary wires it: the answer just given is counted, the
 	// signer key is listed, and the ledger sections are read.
 	res, err = http.Get(base + "/v1/ops/overview")

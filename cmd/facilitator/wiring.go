@@ -447,6 +447,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		Console:        con,
 		Lists:          m.db,
 		Redeliver:      m.db,
+		Deliveries:     m.db,
 		Verifier:       gatedAPI{svc.ids, apiGates},
 		Settler:        gatedAPI{svc.ids, apiGates},
 		Status:         svc.status,
