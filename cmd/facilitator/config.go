@@ -162,6 +162,8 @@ type NetworkConfig struct {
 	// presetFinality is the preset's finality rule, set by resolve when the entry names a preset
 	// and gives no finality of its own.
 	presetFinality *facilitator.Finality
+	// presetExplorer is the preset's block explorer (chains.Preset.Explorer), set by resolve.
+	presetExplorer string
 }
 
 // feePolicy is the network's fee policy: the defaults with the configured fields set.
@@ -261,6 +263,7 @@ func (nc NetworkConfig) resolve() (NetworkConfig, error) {
 		rule := p.Finality
 		nc.presetFinality = &rule
 	}
+	nc.presetExplorer = p.Explorer
 	return nc, nil
 }
 
@@ -308,7 +311,7 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		if _, err := nc.feePolicy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, nc.ID, err)
 		}
-		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID)}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID), Explorer: nc.presetExplorer}
 		if n.Batch, err = nc.Batch.policy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): batch: %w", i, nc.ID, err)
 		}
