@@ -326,6 +326,7 @@ type page struct {
 	List     *listView
 	Webhooks *webhooksView
 	Ops      *opsView
+	Receipt  *receiptView
 }
 
 type answerView struct {

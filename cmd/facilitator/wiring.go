@@ -443,7 +443,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 	if err != nil {
 		return nil, err
 	}
-	return api.New(api.Config{
+	acfg := api.Config{
 		Console:        con,
 		Lists:          m.db,
 		Redeliver:      m.db,
@@ -465,7 +465,13 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		ReadyTimeout:   cfg.ReadyTimeout,
 		Limits:         m.engine,
 		TrustedProxies: cfg.TrustedProxies,
-	}), nil
+		PaymentIDs:     m.db,
+	}
+	if cfg.PublicReceipts {
+		acfg.Receipts, acfg.ReceiptPage = svc.status, con
+		acfg.PublicPerClient = auth.Limit{Rate: cfg.PublicRate, Burst: cfg.PublicBurst}
+	}
+	return api.New(acfg), nil
 }
 
 // readyEndpoints is what /readyz says of each endpoint: up at its head, or down and why.
