@@ -9,8 +9,11 @@ import (
 	"io"
 	"os"
 
+	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/demo"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 )
 
 // runDemo is `facilitator-dev demo`: flags, the log file, then the story on a stack startDemoStack builds.
@@ -43,10 +46,11 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	return demo.Run(ctx, demo.Options{Start: startDemoStack(bin, *dbURL, f), LogPath: f.Name()}, stdout)
 }
 
-// startDemoStack starts the stack `facilitator-dev dev` runs, on free ports: a fresh anvil with
-// Circle's USDC, and the production binary serving on dbURL (an empty database: it is bound to
-// that fresh chain) signing with dev account #0. Both log to logs; the demo reads the ledger
-// through a connection of its own.
+// startDemoStack starts the stack `facilitator-dev dev` runs, on free ports, but under --auth keys
+// as production serves: a fresh anvil with Circle's USDC, and the production binary serving on
+// dbURL (an empty database: it is bound to that fresh chain) signing with dev account #0, with one
+// merchant API key made for the story's merchant (the agent has none). Both log to logs; the demo
+// reads the ledger through a connection of its own.
 func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 	return func(ctx context.Context) (*demo.Stack, error) {
 		log := newLogger(logs, "info")
@@ -55,7 +59,7 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 			return nil, &demo.StackError{Err: err}
 		}
 		srv, err := startServe(ctx, stackConfig{Binary: bin, Listen: "127.0.0.1:0", DBURL: dbURL, LogLevel: "info",
-			Chain: chain, Signers: []*ecdsa.PrivateKey{chain.Accounts[0].Key}}, logs)
+			Chain: chain, Signers: []*ecdsa.PrivateKey{chain.Accounts[0].Key}, Keys: true}, logs)
 		if err != nil {
 			_ = chain.Close()
 			return nil, &demo.StackError{Err: err}
@@ -67,9 +71,17 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 			_ = chain.Close()
 			return nil, &demo.StackError{Err: err}
 		}
+		key, err := merchantKey(ctx, db)
+		if err != nil {
+			db.Close()
+			_ = srv.Close()
+			_ = chain.Close()
+			return nil, &demo.StackError{Err: err}
+		}
 		return &demo.Stack{
 			Chain:          chain,
 			FacilitatorURL: "http://" + srv.Addr,
+			MerchantKey:    key,
 			Ledger:         db,
 			Close: func() error {
 				db.Close()
@@ -77,4 +89,19 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 			},
 		}, nil
 	}
+}
+
+// merchantKey makes the demo merchant's API key in the ledger, as `facilitator keys create` does:
+// it verifies, settles and reads statuses (its payment ids among them).
+func merchantKey(ctx context.Context, db *postgres.DB) (string, error) {
+	full, id, hash, err := auth.Generate()
+	if err != nil {
+		return "", err
+	}
+	k := &facilitator.APIKey{ID: id, Hash: hash, Name: "demo merchant",
+		Scopes: []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle, facilitator.ScopeStatus}}
+	if err := db.InsertAPIKey(ctx, k); err != nil {
+		return "", fmt.Errorf("making the merchant's API key: %w", err)
+	}
+	return full, nil
 }
