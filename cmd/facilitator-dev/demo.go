@@ -8,12 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"regexp"
 
-	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/demo"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
-	"github.com/x402-facilitator/x402-facilitator/facilitator"
-	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 )
 
 // runDemo is `facilitator-dev demo`: flags, the log file, then the story on a stack startDemoStack builds.
@@ -71,7 +70,7 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 			_ = chain.Close()
 			return nil, &demo.StackError{Err: err}
 		}
-		key, err := merchantKey(ctx, db)
+		key, err := merchantKey(ctx, bin, dbURL)
 		if err != nil {
 			db.Close()
 			_ = srv.Close()
@@ -91,17 +90,18 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 	}
 }
 
-// merchantKey makes the demo merchant's API key in the ledger, as `facilitator keys create` does:
-// it verifies, settles and reads statuses (its payment ids among them).
-func merchantKey(ctx context.Context, db *postgres.DB) (string, error) {
-	full, id, hash, err := auth.Generate()
+// merchantKey makes the demo merchant's API key with the production binary's own `keys create`
+// (verify, settle and status: its payment ids among them), and returns the key's text.
+func merchantKey(ctx context.Context, bin, dbURL string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, "keys", "create", "--name", "demo merchant", "--scopes", "verify,settle,status")
+	cmd.Env = append(cmd.Environ(), "DATABASE_URL="+dbURL)
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("making the merchant's API key: %w: %s", err, out)
 	}
-	k := &facilitator.APIKey{ID: id, Hash: hash, Name: "demo merchant",
-		Scopes: []facilitator.Scope{facilitator.ScopeVerify, facilitator.ScopeSettle, facilitator.ScopeStatus}}
-	if err := db.InsertAPIKey(ctx, k); err != nil {
-		return "", fmt.Errorf("making the merchant's API key: %w", err)
+	key := regexp.MustCompile(`x402_[0-9a-f]{12}_[0-9a-f]{64}`).Find(out)
+	if key == nil {
+		return "", fmt.Errorf("making the merchant's API key: keys create printed no key")
 	}
-	return full, nil
+	return string(key), nil
 }
