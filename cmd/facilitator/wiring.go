@@ -439,7 +439,7 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		liveHeads[n.ID] = m.heads[i]
 	}
 	con, err := console.New(console.Config{Status: svc.status, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
-		Logger: log.With("component", "console"), Merchant: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
+		Logger: log.With("component", "console"), Merchant: m.db, PaymentIDs: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
 	if err != nil {
 		return nil, err
 	}
