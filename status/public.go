@@ -39,7 +39,8 @@ func (s *Service) PublicSettlement(ctx context.Context, tx common.Hash) (facilit
 }
 
 // publicLedger decides whether the public view may read our ledger row: only once its transaction
-// has left us. sent says whether the row's events record a broadcast (or a fee bump, which is one).
+// has left us. sent says whether the row's events record a broadcast (a node accepted one of its
+// transactions; a fee bump's event is written before its replacement is sent, so it is no proof).
 // A mined or reverted row is on chain whatever its events say (a recovery may find the receipt of
 // a transaction whose broadcast it never recorded).
 func publicLedger(state facilitator.State, sent bool) bool {
@@ -51,7 +52,7 @@ func publicLedger(state facilitator.State, sent bool) bool {
 }
 
 // sentStates are the events that say a settlement's transaction reached a node.
-var sentStates = []string{string(facilitator.StateBroadcast), "bumped"}
+var sentStates = []string{string(facilitator.StateBroadcast)}
 
 // readable is the ledger row the answer may read: row itself for the full view, and for the
 // public view row only when publicLedger says so (else nil: as if there were none).
