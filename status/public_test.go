@@ -100,3 +100,40 @@ func TestPublicLedgerRule(t *testing.T) {
 		}
 	}
 }
+
+// TestPublicViewSentNotSettled: once our transaction left us, the public view carries our own
+// state of it: pending (broadcast, not mined) with its hash, and failed (mined and reverted) with
+// our reason; each the full view's public fields.
+func TestPublicViewSentNotSettled(t *testing.T) {
+	ctx := context.Background()
+	svc := env.Status(env.DB, 2)
+	same := func(name string, key facilitator.AuthorizationKey, state string) facilitator.Receipt {
+		t.Helper()
+		full, _, err := svc.Authorization(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, found, err := svc.Public(ctx, key)
+		if err != nil || !found || pub.State != state {
+			t.Fatalf("%s: public view %+v, found %v, err %v; want %s", name, pub, found, err, state)
+		}
+		full.Head, full.Confirmations, full.Finality = pub.Head, pub.Confirmations, pub.Finality
+		if want := facilitator.PublicReceipt(full); !reflect.DeepEqual(want, pub) {
+			t.Fatalf("%s: public view %+v, want the full view's public fields %+v", name, pub, want)
+		}
+		return pub
+	}
+
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 42_000)
+	env.ManualMining(t)
+	hash := env.NewEngine(t, stacktest.EngineOptions{Deadline: pendingDeadline}).SettlePending(t, p.Body(t))
+	if pub := same("pending", p.Key(), facilitator.StatusPending); pub.Transaction != hash.Hex() || pub.Value != "42000" {
+		t.Fatalf("pending: %+v, want %s", pub, hash)
+	}
+	env.SetAutomine(t, true)
+
+	failed, reverted := revertedSettlement(t)
+	if pub := same("failed", failed.Key(), facilitator.StatusFailed); pub.Transaction != reverted.Hex() || pub.Reason != facilitator.ReasonTransactionFailed {
+		t.Fatalf("failed: %+v, want %s with our reason", pub, reverted)
+	}
+}
