@@ -138,6 +138,14 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if g.cfg.Mode != AuthKeys {
 			return next(c)
 		}
+		if s.cfg.Receipts != nil && publicRoute(c.Path()) && noCredential(req) {
+			// No credential at all: the public view, under its own limit (receipt.go).
+			if err := s.allowPublic(c); err != nil {
+				return s.refuse(c, err)
+			}
+			c.Set(publicViewKey, true)
+			return next(c)
+		}
 		key, err := g.credential(req, isConsolePage(c.Path()))
 		if err != nil {
 			return s.refuse(c, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
+	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -79,6 +80,19 @@ type Config struct {
 	// TCP peer is in one of them is keyed (rate limits, logs, console logins) on the right-most
 	// forwarded address outside them. None: the TCP peer, always (client.go).
 	TrustedProxies []netip.Prefix
+	// Receipts serves the public view (receipt.go): under --auth keys, GET /v1/authorizations/…
+	// and GET /v1/settlements/{tx} sent with no credential at all, and in every mode the receipt
+	// pages GET /r/{network}/{asset}/{from}/{nonce}; nil (--public-receipts=false): none, and a
+	// status lookup without a key is 401 in keys mode.
+	Receipts Receipts
+	// PublicPerClient limits the public view's lookups per client address, on top of the
+	// per-client limit of every route; a zero Rate is no limit.
+	PublicPerClient auth.Limit
+	// ReceiptPage renders the receipt pages; nil: /r/… answers JSON only.
+	ReceiptPage ReceiptPage
+	// PaymentIDs lists, on the full status views, the payment ids that resolved to the
+	// authorization; nil: none listed.
+	PaymentIDs PaymentIDs
 	// Now is the clock a claimed success's deadline (facilitator.SettleOutcome.ClaimBy) and the age
 	// of /readyz's last check are read on; nil: time.Now, the settlement engine's own.
 	Now func() time.Time
@@ -113,6 +127,8 @@ type Server struct {
 	echo  *echo.Echo
 	guard *authGuard
 	ready readyCache
+	// publicLimit is the public view's per-client limit (Config.PublicPerClient).
+	publicLimit *auth.Limiter
 	// networks are the network names /supported lists: the values the Observer's network takes.
 	networks map[string]bool
 }
@@ -146,7 +162,7 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, networks: map[string]bool{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, networks: map[string]bool{}, publicLimit: auth.NewLimiter(cfg.PublicPerClient, cfg.Now)}
 	for _, k := range cfg.Supported.Kinds {
 		s.networks[k.Network] = true
 	}
@@ -181,6 +197,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Deliveries != nil {
 		e.POST("/v1/settlements/:tx/delivery", s.attachDelivery)
+	}
+	if cfg.Receipts != nil {
+		e.GET("/r/:network/:asset/:from/:nonce", s.receipt)
 	}
 	if cfg.Lists != nil {
 		e.GET("/v1/settlements", s.listSettlements)

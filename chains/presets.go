@@ -37,6 +37,10 @@ type Preset struct {
 	// usually carry, and the start-up check (which reads it from the contract and refuses to start
 	// on a mismatch) is what stands behind it.
 	DomainConfirmed bool
+	// Explorer is the chain's block explorer (no trailing slash), where a transaction is at
+	// Explorer+"/tx/<hash>" and a block at Explorer+"/block/<number>"; "" where there is none (the
+	// local devchain) or none is listed.
+	Explorer string
 }
 
 // CAIP2 is the preset's CAIP-2 network id.
@@ -139,6 +143,36 @@ func table() []entry {
 	}
 }
 
+// explorer is the block explorer of the preset named name, "" where it has none: each is the
+// Etherscan-family explorer of its chain (Basescan for Base), whose /tx/<hash> and
+// /block/<number> paths the receipt page links to. None for the chains whose explorers use other
+// paths, nor for the local devchain.
+func explorer(name string) string {
+	switch name {
+	case "base":
+		return "https://basescan.org"
+	case "base-sepolia":
+		return "https://sepolia.basescan.org"
+	case "ethereum":
+		return "https://etherscan.io"
+	case "ethereum-sepolia":
+		return "https://sepolia.etherscan.io"
+	case "arbitrum":
+		return "https://arbiscan.io"
+	case "arbitrum-sepolia":
+		return "https://sepolia.arbiscan.io"
+	case "optimism":
+		return "https://optimistic.etherscan.io"
+	case "optimism-sepolia":
+		return "https://sepolia-optimism.etherscan.io"
+	case "polygon":
+		return "https://polygonscan.com"
+	case "polygon-amoy":
+		return "https://amoy.polygonscan.com"
+	}
+	return ""
+}
+
 // Presets returns every preset, in the order `facilitator networks` prints them.
 func Presets() []Preset {
 	rows := table()
@@ -146,7 +180,7 @@ func Presets() []Preset {
 	for i, e := range rows {
 		out[i] = Preset{Name: e.name, Title: e.title, ChainID: e.chainID, V1Name: e.v1Name,
 			USDC:     facilitator.Token{Address: common.HexToAddress(e.usdc), Name: e.usdcName, Version: e.usdcVersion, Decimals: 6},
-			Finality: e.finality, DomainConfirmed: e.domainConfirmed}
+			Finality: e.finality, DomainConfirmed: e.domainConfirmed, Explorer: explorer(e.name)}
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package chains
 
 import (
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -168,5 +169,25 @@ func nodeModules(t *testing.T) string {
 			t.Skip("no node_modules with @x402/evm (run npm ci in the module root)")
 		}
 		dir = parent
+	}
+}
+
+// TestPresetExplorers: Base's and Base Sepolia's receipts link to Basescan; the local devchain has
+// no explorer; every explorer is an https origin with no trailing slash (a path is appended).
+func TestPresetExplorers(t *testing.T) {
+	for name, want := range map[string]string{"base": "https://basescan.org", "base-sepolia": "https://sepolia.basescan.org", "anvil": ""} {
+		p, err := Lookup(name)
+		if err != nil || p.Explorer != want {
+			t.Errorf("%s: explorer %q (%v), want %q", name, p.Explorer, err, want)
+		}
+	}
+	for _, p := range Presets() {
+		if p.Explorer == "" {
+			continue
+		}
+		u, err := url.Parse(p.Explorer)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" || u.RawQuery != "" {
+			t.Errorf("%s: explorer %q is not an https origin", p.Name, p.Explorer)
+		}
 	}
 }

@@ -88,6 +88,12 @@ func New(store Store, networks []Network, now func() time.Time) *Service {
 // Authorization answers for one authorization. found is false when neither the ledger nor the
 // index has seen it; the answer then still carries the chain's word (unused or used).
 func (s *Service) Authorization(ctx context.Context, key facilitator.AuthorizationKey) (st facilitator.AuthorizationStatus, found bool, err error) {
+	return s.authorization(ctx, key, false)
+}
+
+// authorization answers for one authorization; public reads the ledger only as the public view
+// may (public.go).
+func (s *Service) authorization(ctx context.Context, key facilitator.AuthorizationKey, public bool) (st facilitator.AuthorizationStatus, found bool, err error) {
 	n, ok := s.networks[key.Network]
 	if !ok {
 		return st, false, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network %q is not served here", key.Network)
@@ -97,10 +103,13 @@ func (s *Service) Authorization(ctx context.Context, key facilitator.Authorizati
 		return st, false, err
 	}
 	row, err := s.store.SettlementByKey(ctx, key)
+	if err == nil {
+		row, err = s.readable(ctx, row, public)
+	}
 	switch {
-	case err == nil:
+	case err == nil && row != nil:
 		return s.fromLedger(ctx, n, st, row)
-	case !errors.Is(err, facilitator.ErrNotFound):
+	case err != nil && !errors.Is(err, facilitator.ErrNotFound):
 		return st, false, unavailable(err)
 	}
 	if found, err := s.fromIndex(ctx, n, &st, key); err != nil || found {
@@ -127,14 +136,23 @@ func (s *Service) Payment(ctx context.Context, scope, id string) (facilitator.Au
 // is answered with its first settlement's status and the list of all of its settlements, each
 // with its own status path.
 func (s *Service) Settlement(ctx context.Context, tx common.Hash) (facilitator.AuthorizationStatus, error) {
+	return s.settlement(ctx, tx, false)
+}
+
+// settlement answers for one of our transactions; public: as the public view may (public.go),
+// not found until the transaction left us.
+func (s *Service) settlement(ctx context.Context, tx common.Hash, public bool) (facilitator.AuthorizationStatus, error) {
 	row, err := s.store.SettlementByTx(ctx, tx)
-	if errors.Is(err, facilitator.ErrNotFound) {
+	if err == nil {
+		row, err = s.readable(ctx, row, public)
+	}
+	if errors.Is(err, facilitator.ErrNotFound) || err == nil && row == nil {
 		return facilitator.AuthorizationStatus{}, facilitator.ErrNotFound
 	}
 	if err != nil {
 		return facilitator.AuthorizationStatus{}, unavailable(err)
 	}
-	st, _, err := s.Authorization(ctx, row.Key)
+	st, _, err := s.authorization(ctx, row.Key, public)
 	if err != nil {
 		return st, err
 	}

@@ -89,6 +89,12 @@ type Config struct {
 	// limits, per process (rate per second; 0: no limit).
 	KeyRate, ClientRate   float64
 	KeyBurst, ClientBurst int
+	// PublicReceipts serves the public view of an authorization without a key (api.Config.Receipts):
+	// the status routes under --auth keys, and the receipt pages; PublicRate/PublicBurst limit its
+	// lookups per client address (rate per second; 0: no limit).
+	PublicReceipts bool
+	PublicRate     float64
+	PublicBurst    int
 	// ConsoleSessionTTL is how long a console login lasts (0: api.DefaultSessionTTL).
 	ConsoleSessionTTL time.Duration
 	// TrustedProxies are the reverse proxies whose X-Forwarded-For the API believes
@@ -162,6 +168,8 @@ type NetworkConfig struct {
 	// presetFinality is the preset's finality rule, set by resolve when the entry names a preset
 	// and gives no finality of its own.
 	presetFinality *facilitator.Finality
+	// presetExplorer is the preset's block explorer (chains.Preset.Explorer), set by resolve.
+	presetExplorer string
 }
 
 // feePolicy is the network's fee policy: the defaults with the configured fields set.
@@ -261,6 +269,7 @@ func (nc NetworkConfig) resolve() (NetworkConfig, error) {
 		rule := p.Finality
 		nc.presetFinality = &rule
 	}
+	nc.presetExplorer = p.Explorer
 	return nc, nil
 }
 
@@ -308,7 +317,7 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		if _, err := nc.feePolicy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, nc.ID, err)
 		}
-		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID)}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID), Explorer: nc.presetExplorer}
 		if n.Batch, err = nc.Batch.policy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): batch: %w", i, nc.ID, err)
 		}
@@ -556,6 +565,9 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	keyRate := fs.String("rate-per-key", env("FACILITATOR_RATE_PER_KEY", "50"), "requests per second per API key, per process; 0: no limit (FACILITATOR_RATE_PER_KEY)")
 	fs.IntVar(&cfg.KeyBurst, "burst-per-key", envInt("FACILITATOR_BURST_PER_KEY", "100"), "burst per API key (FACILITATOR_BURST_PER_KEY)")
 	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
+	boolFlag(&cfg.PublicReceipts, "public-receipts", "FACILITATOR_PUBLIC_RECEIPTS", true, "answer an authorization's public view (state, transaction, payer, payee, amount; never payment ids, keys or webhooks) without an API key: GET /v1/authorizations/… and /v1/settlements/{tx} under --auth keys, and the receipt pages /r/… (FACILITATOR_PUBLIC_RECEIPTS)")
+	publicRate := fs.String("rate-public-per-client", env("FACILITATOR_RATE_PUBLIC_PER_CLIENT", "2"), "public receipt lookups per second per client IP, per process, on top of --rate-per-client; 0: no limit (FACILITATOR_RATE_PUBLIC_PER_CLIENT)")
+	fs.IntVar(&cfg.PublicBurst, "burst-public-per-client", envInt("FACILITATOR_BURST_PUBLIC_PER_CLIENT", "20"), "burst of public receipt lookups per client IP (FACILITATOR_BURST_PUBLIC_PER_CLIENT)")
 	sessionTTL := fs.String("console-session-ttl", env("FACILITATOR_CONSOLE_SESSION_TTL", "12h"), "how long a console login lasts before the console asks for the key again (FACILITATOR_CONSOLE_SESSION_TTL)")
 	trustedProxies := fs.String("trusted-proxies", env("FACILITATOR_TRUSTED_PROXIES", ""), "comma-separated CIDRs (or addresses) of the reverse proxies in front; a request from one is keyed on the right-most X-Forwarded-For address outside them; empty: the TCP peer, always (FACILITATOR_TRUSTED_PROXIES)")
 	fs.IntVar(&cfg.ClientBurst, "burst-per-client", envInt("FACILITATOR_BURST_PER_CLIENT", "200"), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
@@ -576,7 +588,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		if cfg.Auth != "keys" && cfg.Auth != "open" {
 			return nil, fmt.Errorf("auth: %q is neither keys nor open", cfg.Auth)
 		}
-		if err := parseFlagValues(nonNegativeFloat, []flagValue[float64]{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}}); err != nil {
+		if err := parseFlagValues(nonNegativeFloat, []flagValue[float64]{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}, {"rate-public-per-client", *publicRate, &cfg.PublicRate}}); err != nil {
 			return nil, err
 		}
 

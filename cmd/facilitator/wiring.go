@@ -439,11 +439,11 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		liveHeads[n.ID] = m.heads[i]
 	}
 	con, err := console.New(console.Config{Status: svc.status, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
-		Logger: log.With("component", "console"), Merchant: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
+		Logger: log.With("component", "console"), Merchant: m.db, PaymentIDs: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
 	if err != nil {
 		return nil, err
 	}
-	return api.New(api.Config{
+	acfg := api.Config{
 		Console:        con,
 		Lists:          m.db,
 		Redeliver:      m.db,
@@ -466,7 +466,13 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		ReadyTimeout:   cfg.ReadyTimeout,
 		Limits:         m.engine,
 		TrustedProxies: cfg.TrustedProxies,
-	}), nil
+		PaymentIDs:     m.db,
+	}
+	if cfg.PublicReceipts {
+		acfg.Receipts, acfg.ReceiptPage = svc.status, con
+		acfg.PublicPerClient = auth.Limit{Rate: cfg.PublicRate, Burst: cfg.PublicBurst}
+	}
+	return api.New(acfg), nil
 }
 
 // readyEndpoints is what /readyz says of each endpoint: up at its head, or down and why.
