@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -21,7 +22,8 @@ import (
 func TestDeliveryRecord(t *testing.T) {
 	s := newSettleStack(t, settleOptions{database: "apideliveryrecord", server: func(cfg *api.Config, s *settleStack) {
 		cfg.Limits = nil
-		cfg.Status = status.New(s.DB, []status.Network{{Network: s.Network, Head: s.Client}}, nil)
+		svc := status.New(s.DB, []status.Network{{Network: s.Network, Head: s.Client}}, nil)
+		cfg.Status, cfg.Receipts = svc, svc
 		cfg.Deliveries = s.DB
 		cfg.Auth = &api.AuthConfig{Mode: api.AuthKeys, Keys: s.DB}
 	}})
@@ -65,6 +67,18 @@ func TestDeliveryRecord(t *testing.T) {
 		if d := st.Delivery; d == nil || d.SHA256 != hexutil.Encode(digest[:]) || d.ContentType != "application/json" ||
 			d.Size == nil || *d.Size != int64(len(served)) || !d.RecordedAt.Equal(ans.Delivery.RecordedAt) {
 			t.Fatalf("%s carries %+v, want the record %+v", path, st.Delivery, ans.Delivery)
+		}
+	}
+	// The payer, with no key, reads the same record on its public receipt: by authorization, by
+	// transaction and on the receipt page's JSON.
+	for _, path := range []string{authPath, "/v1/settlements/" + res.Transaction, "/r" + strings.TrimPrefix(authPath, "/v1/authorizations") + ".json"} {
+		r := doAuth(t, http.MethodGet, s.URL+path, "", nil)
+		var rc facilitator.Receipt
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &rc) != nil || rc.View != facilitator.ViewPublic {
+			t.Fatalf("GET %s without a key: want the public view, got %s", path, r)
+		}
+		if d := rc.Delivery; d == nil || d.SHA256 != hexutil.Encode(digest[:]) || !d.RecordedAt.Equal(ans.Delivery.RecordedAt) {
+			t.Fatalf("the public view at %s carries %+v, want the record %+v", path, rc.Delivery, ans.Delivery)
 		}
 	}
 
