@@ -76,6 +76,7 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		defer db.Close()
 	}
 	report("postgres", err)
+	dbOK := err == nil
 	if err == nil && cfg.Auth == "keys" {
 		report("API keys: at least one merchant key (--auth keys)", checkAPIKeys(ctx, db))
 	}
@@ -93,6 +94,14 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d; %s", n.ID, len(nc.urls()), n.ChainID, quorumText(nc.quorum(), len(nc.urls()))), err)
 		if err != nil {
 			continue
+		}
+		g, _ := genesis.known()
+		if p, ok := chains.ByChainID(n.ChainID); ok && p.Genesis != (common.Hash{}) {
+			report(fmt.Sprintf("%s: genesis %s is %s's", n.ID, g.Hex(), p.Title), chains.CheckGenesis(n, g))
+		}
+		if dbOK {
+			what, err := checkBinding(ctx, db, n, g)
+			report(fmt.Sprintf("%s: %s", n.ID, what), err)
 		}
 		// Each read below is bounded by --rpc-timeout: an endpoint that never answers is a
 		// failed check, not a hang.
@@ -152,6 +161,22 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 func genesisKnown(g *genesisOf) bool {
 	_, ok := g.known()
 	return ok
+}
+
+// checkBinding compares the chain an endpoint serves with the one the ledger is bound to for the
+// network's id: serve refuses to start on another (postgres.ErrNetworkMismatch).
+func checkBinding(ctx context.Context, db *postgres.DB, n facilitator.Network, genesis common.Hash) (string, error) {
+	chainID, bound, err := db.NetworkBinding(ctx, n.ID)
+	switch {
+	case errors.Is(err, facilitator.ErrNotFound):
+		return fmt.Sprintf("the ledger is not bound to a chain yet: serve binds it to genesis %s", genesis.Hex()), nil
+	case err != nil:
+		return "the ledger's chain", err
+	case chainID != n.ChainID || bound != genesis:
+		return "the ledger's chain", fmt.Errorf("the ledger is bound to chain %d with genesis %s, and the RPC serves chain %d with genesis %s: serve would refuse to start (a dev chain restarted from genesis, or an RPC of another chain); fix: point the network's RPC at the chain the ledger was written against, or give the network a database of its own",
+			chainID, bound.Hex(), n.ChainID, genesis.Hex())
+	}
+	return fmt.Sprintf("the ledger is bound to this chain (genesis %s)", genesis.Hex()), nil
 }
 
 // terminal reports whether w is a character device (a terminal).

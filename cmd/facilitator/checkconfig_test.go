@@ -16,6 +16,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 
@@ -242,5 +243,60 @@ func TestCheckConfigSilentEndpoint(t *testing.T) {
 		!strings.Contains(report, "ok    eip155:31337: 2 RPC endpoint(s) serve chain 31337") ||
 		!strings.Contains(report, "ok    eip155:31337: token "+chain.USDC.Address.Hex()) || strings.Contains(report, "SECRETKEY") {
 		t.Fatalf("exit %d after %s:\n%s", code, took, report)
+	}
+}
+
+// TestCheckConfigGenesis: a node that answers a preset's chain id with another chain's genesis
+// (here an anvil started as chain 84532, Base Sepolia's id) is a red line naming Base Sepolia's
+// genesis and the fix; and a ledger bound to another genesis than the endpoint's (a dev chain
+// restarted from genesis), on which serve would refuse to start, is one too. Nothing is bound.
+func TestCheckConfigGenesis(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, chain := requireStack(t)
+	check := func(env map[string]string) (string, int) {
+		t.Helper()
+		env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
+		var out bytes.Buffer
+		code := run(ctx, []string{"serve", "--check-config"}, func(k string) string { return env[k] }, &out, &out)
+		return out.String(), code
+	}
+
+	sepolia, _ := chains.Lookup("base-sepolia")
+	fake := stacktest.NewChain(t, devchain.Options{ChainID: sepolia.ChainID})
+	out, code := check(serveEnv(t, stacktest.NewDB(t, "cmdgenesis"), fake, fake.RPCURL, fake.Accounts[0].Key))
+	want := "FAIL  eip155:84532: genesis 0x"
+	fix := "not Base Sepolia's " + sepolia.Genesis.Hex() + " (chain 84532): point the network's RPC at a Base Sepolia node"
+	if code == 0 || !strings.Contains(out, want) || !strings.Contains(out, fix) {
+		t.Fatalf("an anvil claiming Base Sepolia's chain id: exit %d, want %q ... %q:\n%s", code, want, fix, out)
+	}
+
+	dbURL := stacktest.NewDB(t, "cmdbinding")
+	db, err := postgres.Open(ctx, dbURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, chain.Accounts[0].Key)
+	if out, _ = check(env); !strings.Contains(out, "ok    eip155:31337: the ledger is not bound to a chain yet: serve binds it to genesis 0x") {
+		t.Fatalf("a fresh database:\n%s", out)
+	}
+	if strings.Contains(out, "is anvil") {
+		t.Fatalf("a genesis line for a preset that knows none:\n%s", out)
+	}
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := common.HexToHash("0x01")
+	if err := db.BindNetwork(ctx, "eip155:31337", chain.ChainID, old); err != nil {
+		t.Fatal(err)
+	}
+	out, code = check(env)
+	if code == 0 || !strings.Contains(out, "FAIL  eip155:31337: the ledger's chain: the ledger is bound to chain 31337 with genesis "+old.Hex()) ||
+		!strings.Contains(out, "fix: point the network's RPC at the chain the ledger was written against") {
+		t.Fatalf("a ledger bound to another genesis: exit %d\n%s", code, out)
+	}
+	if _, g, err := db.NetworkBinding(ctx, "eip155:31337"); err != nil || g != old {
+		t.Fatalf("the check changed the binding: %s, %v", g, err)
 	}
 }

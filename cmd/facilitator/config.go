@@ -512,7 +512,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	}
 	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
-	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, fees, token domains, remote signers, signer keys and their balances, Postgres, API keys) and exit: 0 when everything passed")
+	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, each chain's genesis and the ledger's binding, fees, token domains, remote signers, signer keys and their balances, Postgres, API keys) and exit: 0 when everything passed")
 	networksJSON := fs.String("networks", env("FACILITATOR_NETWORKS", ""), "networks as JSON (FACILITATOR_NETWORKS)")
 	networksFile := fs.String("networks-file", env("FACILITATOR_NETWORKS_FILE", ""), "file holding the networks JSON (FACILITATOR_NETWORKS_FILE)")
 	fs.StringVar(&cfg.RemoteSigner, "signer", env("FACILITATOR_SIGNER", ""), "a remote signer holding the keys, clef:<http(s) URL> (FACILITATOR_SIGNER); the URL is never logged")
