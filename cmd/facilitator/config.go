@@ -38,9 +38,9 @@ type Config struct {
 	// it has open to the end from itself, and reports draining (/readyz, metrics), so that it can
 	// be removed once drained (docs/operating.md, rotating a signer key).
 	RetireSigners []common.Address
-	Factories       []common.Address
-	RPCTimeout      time.Duration
-	VerifyTimeout   time.Duration
+	Factories     []common.Address
+	RPCTimeout    time.Duration
+	VerifyTimeout time.Duration
 	// StatusTimeout bounds one status lookup, API and console alike.
 	StatusTimeout time.Duration
 	Migrate       bool
