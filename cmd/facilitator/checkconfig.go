@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -82,6 +83,9 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 	}
 
 	signers := cfg.SignerAddresses()
+	// signed are the keys of every network, checkedAll whether every network's were read.
+	var signed []common.Address
+	checkedAll := true
 	for i, n := range networks {
 		nc := cfg.Networks[i]
 		pool, genesis, downs, err := m.dialNetwork(ctx, n, nc)
@@ -93,6 +97,7 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		}
 		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d; %s", n.ID, len(nc.urls()), n.ChainID, quorumText(nc.quorum(), len(nc.urls()))), err)
 		if err != nil {
+			checkedAll = false // its remote signer's keys are not known: a retired one may be among them
 			continue
 		}
 		g, _ := genesis.known()
@@ -148,7 +153,24 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 			}
 		}
 		for _, k := range keys {
-			report(fmt.Sprintf("%s: signer %s funded for gas", n.ID, k.Hex()), bounded(func(ctx context.Context) error { return checkBalance(ctx, pool, k, cfg.SignerMinBalance) }))
+			retiring := ""
+			if slices.Contains(cfg.RetireSigners, k) {
+				retiring = " (retiring: it takes no new settlement, and finishes what it has open)"
+			}
+			report(fmt.Sprintf("%s: signer %s funded for gas%s", n.ID, k.Hex(), retiring), bounded(func(ctx context.Context) error { return checkBalance(ctx, pool, k, cfg.SignerMinBalance) }))
+		}
+		if len(cfg.RetireSigners) > 0 {
+			report(fmt.Sprintf("%s: a signer key that is not retiring", n.ID), checkNotAllRetiring(keys, cfg.RetireSigners))
+		}
+		signed = append(signed, keys...)
+	}
+	if len(cfg.RetireSigners) > 0 && checkedAll {
+		for _, a := range cfg.RetireSigners {
+			var err error
+			if !slices.Contains(signed, a) {
+				err = errors.New("it is not a signer key of any network: serve would refuse to start; fix: correct the address, or drop it from --retire-signers (FACILITATOR_RETIRE_SIGNERS) once the key is removed")
+			}
+			report(fmt.Sprintf("--retire-signers %s is a signer key", a.Hex()), err)
 		}
 	}
 	if failed > 0 {
@@ -161,6 +183,17 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 func genesisKnown(g *genesisOf) bool {
 	_, ok := g.known()
 	return ok
+}
+
+// checkNotAllRetiring refuses a network whose every signer key is retiring: every /settle would
+// answer 503 signers_retiring.
+func checkNotAllRetiring(keys, retiring []common.Address) error {
+	for _, k := range keys {
+		if !slices.Contains(retiring, k) {
+			return nil
+		}
+	}
+	return fmt.Errorf("every signer key of the network is in --retire-signers: every /settle would answer 503 %s; fix: add the new key (FACILITATOR_SIGNER_KEYS, or the remote signer's) before retiring the last old one", facilitator.ReasonSignersRetiring)
 }
 
 // checkBinding compares the chain an endpoint serves with the one the ledger is bound to for the

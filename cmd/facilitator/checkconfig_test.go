@@ -113,6 +113,15 @@ func TestCheckConfig(t *testing.T) {
 		}
 	}
 	keyAddr := crypto.PubkeyToAddress(key.PublicKey)
+	out, code = check(func(env map[string]string) {
+		env["FACILITATOR_SIGNER_KEYS"] += ",0x" + strings.Repeat("42", 32)
+		env["FACILITATOR_SIGNER_MIN_BALANCE_WEI"] = "0"
+		env["FACILITATOR_RETIRE_SIGNERS"] = keyAddr.Hex()
+	})
+	if !strings.Contains(out, "ok    eip155:31337: signer "+keyAddr.Hex()+" funded for gas (retiring: it takes no new settlement") ||
+		!strings.Contains(out, "ok    eip155:31337: a signer key that is not retiring") || !strings.Contains(out, "ok    --retire-signers "+keyAddr.Hex()+" is a signer key") {
+		t.Fatalf("retiring one of two keys: exit %d\n%s", code, out)
+	}
 	out, code = check(remote(goodSigner, keyAddr))
 	if code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "holds "+keyAddr.Hex()+" and signs for chain 31337") {
 		t.Fatalf("a remote signer holding the key for the chain: exit %d\n%s", code, out)
@@ -150,6 +159,12 @@ func TestCheckConfig(t *testing.T) {
 		}},
 		{"keys mode without a schema", "no API key: the database has no schema yet", func(env map[string]string) {
 			env["FACILITATOR_AUTH"] = "keys"
+		}},
+		{"every signer key retiring", "a signer key that is not retiring: every signer key of the network is in --retire-signers: every /settle would answer 503 signers_retiring; fix: add the new key", func(env map[string]string) {
+			env["FACILITATOR_RETIRE_SIGNERS"] = keyAddr.Hex()
+		}},
+		{"retiring an address that is no signer", "--retire-signers 0x0000000000000000000000000000000000000042 is a signer key: it is not a signer key of any network", func(env map[string]string) {
+			env["FACILITATOR_RETIRE_SIGNERS"] = "0x0000000000000000000000000000000000000042"
 		}},
 		{"a remote signer that is down", "connection refused; fix: start the signer", remote(downSigner, keyAddr)},
 		{"a remote signer without the key", "is not an account of this signer; fix: put the key in the signer", remote(goodSigner, common.HexToAddress("0x42"))},
