@@ -264,8 +264,11 @@ type simStats struct {
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
 	lostAnswers, lostConfirms int
-	verify                    verifyStats
-	index                     indexStats
+	// retired: worlds whose first key was retired partway; retiredOpen: the settlements it had
+	// open then, which it finished.
+	retired, retiredOpen int
+	verify               verifyStats
+	index                indexStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -309,6 +312,8 @@ func (s *simStats) add(o simStats) {
 	s.cuts += o.cuts
 	s.takeovers += o.takeovers
 	s.seconds += o.seconds
+	s.retired += o.retired
+	s.retiredOpen += o.retiredOpen
 }
 
 func (s simStats) String() string {
@@ -319,11 +324,11 @@ func (s simStats) String() string {
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
 		"%d successes lost before their answer, %d after it and before their confirmation; %s; "+
-		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %s",
+		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %d worlds retiring a key (%d settlements open on it then, finished from it); %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
 		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify,
-		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.index)
+		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.retired, s.retiredOpen, s.index)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -368,6 +373,7 @@ type simWorld struct {
 	verifying      simVerifying
 	replicas       simReplicas
 	indexing       simIndexing
+	retiring       simRetiring
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -451,6 +457,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 		// After every draw of the main stream's set-up: a stream of its own. Not in the batched
 		// worlds, whose callers run concurrently on one engine (sim_batch_test.go).
 		w.setUpReplicas()
+		w.setUpRetiring()
 	}
 	w.setUpJobs()
 	w.setUpAdversaries()
@@ -496,6 +503,7 @@ func (w *simWorld) run() error {
 		if err := w.replicaStep(); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
+		w.retireStep(i)
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range append(w.backends, w.verifying.engineNodes...) {
@@ -516,6 +524,9 @@ func (w *simWorld) run() error {
 		w.settle(p) // the honest final retry: an unanswered success is owed to it
 	}
 	if err := w.checkInvariants(); err != nil {
+		return err
+	}
+	if err := w.checkRetiring(); err != nil {
 		return err
 	}
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
