@@ -91,7 +91,7 @@ func (e *Engine) openBySender() map[*sender]int {
 	out := map[*sender]int{}
 	for _, f := range flights {
 		f.mu.Lock()
-		open := !f.dropped && f.state.Open()
+		open := !f.dropped && slices.Contains(openStates, f.state) // mined too: a reorg may need it sent again
 		f.mu.Unlock()
 		if open && f.sender != nil {
 			out[f.sender]++

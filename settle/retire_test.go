@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
@@ -52,5 +53,53 @@ func TestAllSignersRetiring(t *testing.T) {
 		Signers: []*ecdsa.PrivateKey{a}, Retiring: []common.Address{stranger}}}})
 	if err == nil || !strings.Contains(err.Error(), "retires signer "+stranger.Hex()+", which is not one of its signers") {
 		t.Fatalf("retiring an address that is not a signer: %v", err)
+	}
+}
+
+// TestRetiringKeyDrains: a key retired while it has a settlement mined and not yet final (a
+// reorg could still need it sent again) counts it open after the restart that retires it, settles
+// the next payment with the other key, and reports nothing open once the settlement is final.
+func TestRetiringKeyDrains(t *testing.T) {
+	a, b := env.NewSigner(t), env.NewSigner(t)
+	addrA, addrB := crypto.PubkeyToAddress(a.PublicKey), crypto.PubkeyToAddress(b.PublicKey)
+	ctx := context.Background()
+	payer := env.FundedPayer(t, 10_000)
+	first := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{a}, Depth: 3})
+	out, err := first.SettleBody(ctx, t, env.NewPay(t, payer, 1_000).Body(t))
+	mustSucceed(t, out, err)
+	if err := first.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{a, b}, Depth: 3, DB: first.DB, Config: func(c *settle.Config) {
+		c.Networks[0].Retiring = []common.Address{addrA}
+	}})
+	health := func(addr common.Address) settle.SignerHealth {
+		for _, s := range r.Engine.Signers() {
+			if s.Address == addr {
+				return s
+			}
+		}
+		t.Fatalf("no signer %s", addr)
+		return settle.SignerHealth{}
+	}
+	if s, err := r.DB.SettlementByID(ctx, out.SettlementID); err != nil || s.State != facilitator.StateMined {
+		t.Fatalf("the first settlement: %+v, %v; want it mined, not final", s, err)
+	}
+	if h := health(addrA); !h.Retiring || !h.Leased || h.Open != 1 {
+		t.Fatalf("the retiring key with a mined settlement not yet final: %+v, want 1 open", h)
+	}
+	next, err := r.SettleBody(ctx, t, env.NewPay(t, payer, 1_000).Body(t))
+	mustSucceed(t, next, err)
+	if s, err := r.DB.SettlementByID(ctx, next.SettlementID); err != nil || s.Signer != addrB {
+		t.Fatalf("the next settlement: %+v, %v; want it on %s", s, err, addrB)
+	}
+	for deadline := time.Now().Add(20 * time.Second); health(addrA).Open != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the retiring key never drained: %+v", health(addrA))
+		}
+		env.Mine(t)
+	}
+	if s, err := r.DB.SettlementByID(ctx, out.SettlementID); err != nil || s.State != facilitator.StateFinal || s.Signer != addrA {
+		t.Fatalf("the drained key's settlement: %+v, %v; want final, from %s", s, err, addrA)
 	}
 }

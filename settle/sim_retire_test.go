@@ -7,6 +7,8 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // simRetiring is a world of replicas with two keys in which the operator retires the first key
@@ -45,7 +47,7 @@ func (w *simWorld) retireStep(step int) {
 	rt.done = true
 	for _, r := range w.ledger.Rows() {
 		rt.lastID = max(rt.lastID, r.Settlement.ID)
-		if st := r.Settlement.State; r.Settlement.Signer == rt.key && st.Open() {
+		if st := r.Settlement.State; r.Settlement.Signer == rt.key && (st.Open() || st == facilitator.StateMined) {
 			rt.open++
 		}
 	}
