@@ -189,16 +189,20 @@ func TestSimulation(t *testing.T) {
 // worlds where the real indexer keeps the index: the engines' and the indexer's logs (without
 // their wall-clock stamps), the counts, with replicas the leaser's journal, and with the indexer
 // the index it kept must be the same, or a failing seed could not be replayed.
+// Worlds retiring a key are among them: their restarts must replay too.
 func TestSimulationReplay(t *testing.T) {
-	var replicas, liars, indexers int
+	var replicas, liars, indexers, retiring int
 	// The first three of each kind, and three that parted before the pool's broadcasts were
 	// made serial in the simulator (a liar's world, with replicas too for 233).
 	kept := map[uint64]bool{178: true, 200: true, 233: true}
 	for seed := uint64(1); seed < 300; seed++ {
 		probe := newSimWorld(seed)
-		rep, liar, ix := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on
-		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || kept[seed]) {
+		rep, liar, ix, ret := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on, probe.retiring.on
+		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || ret && retiring < 2 || kept[seed]) {
 			continue
+		}
+		if ret {
+			retiring++
 		}
 		if ix {
 			indexers++
@@ -237,8 +241,8 @@ func TestSimulationReplay(t *testing.T) {
 			t.Fatalf("seed %d ran twice: the engines' logs have %d and %d lines", seed, len(a), len(b))
 		}
 	}
-	if replicas < 3 || liars < 3 || indexers < 3 {
-		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer; want 3 of each", replicas, liars, indexers)
+	if replicas < 3 || liars < 3 || indexers < 3 || retiring < 2 {
+		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer, %d retiring a key; want 3 of each (2 retiring)", replicas, liars, indexers, retiring)
 	}
 }
 
