@@ -19,6 +19,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/migrations"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
@@ -230,6 +231,23 @@ func TestCheckConfigAPIKeys(t *testing.T) {
 	}
 	if out, code := check(); code != 0 || !strings.Contains(out, "ok    API keys: at least one merchant key") {
 		t.Fatalf("keys mode with a key: exit %d\n%s", code, out)
+	}
+	// A database a migration behind (here, before key rotation's columns: what serve applies at
+	// start) still has its keys counted: the check reads no column a later migration adds.
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	down, err := migrations.FS.ReadFile("0021_key_rotation.down.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, string(down)); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := check(); code != 0 || !strings.Contains(out, "ok    API keys: at least one merchant key") {
+		t.Fatalf("keys mode with a key, a migration behind: exit %d\n%s", code, out)
 	}
 }
 

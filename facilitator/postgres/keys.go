@@ -120,6 +120,13 @@ func (db *DB) RevokeAPIKey(ctx context.Context, id string, now time.Time) (time.
 	return at, err
 }
 
+// CountAPIKeys counts the keys, and those not revoked. It reads only what every schema since the
+// keys' first migration has, so that a check run before pending migrations can still count them.
+func (db *DB) CountAPIKeys(ctx context.Context) (all, live int, err error) {
+	err = db.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE revoked_at IS NULL) FROM api_keys`).Scan(&all, &live)
+	return all, live, err
+}
+
 // RotateAPIKey gives a key that is not revoked a new secret (its hash) at now, keeping everything
 // else of it. The secret it replaces stays accepted until now+grace (grace 0: refused at once),
 // and a secret an earlier rotation replaced stops at once: a key has at most two. The key's
