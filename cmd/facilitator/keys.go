@@ -147,7 +147,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	case "list":
 		keys, err := db.APIKeys(ctx)
 		if err != nil {
-			return fmt.Errorf("keys list: %w", err)
+			return fmt.Errorf("keys list: %w (has 'facilitator migrate' run?)", err)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 2, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tPAY-TO\tGAS-BUDGET-WEI\tCREATED\tROTATED\tREVOKED")
