@@ -239,7 +239,7 @@ func TestCheckConfigAPIKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	down, err := migrations.FS.ReadFile("0021_key_rotation.down.sql")
+	down, err := migrations.FS.ReadFile("0022_key_rotation.down.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
