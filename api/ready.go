@@ -37,7 +37,8 @@ type ReadyResponse struct {
 	// Endpoints is each RPC endpoint's state, for operators; it does not make the process
 	// unready (a network serves while any of its endpoints does).
 	Endpoints map[string]string `json:"endpoints,omitempty"`
-	// Signers is each remote signer key's state ("ok, …", "down: …", "not contacted yet"), for
+	// Signers is each remote signer key's state ("ok, …", "down: …", "not contacted yet"), and
+	// each retiring key's ("retiring: n open settlement(s) …", "retiring: drained …"), for
 	// operators; it does not make the process unready (Config.ReadySigners says why).
 	Signers map[string]string `json:"signers,omitempty"`
 }

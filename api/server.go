@@ -48,7 +48,7 @@ type Config struct {
 	// ReadyEndpoints, when set, lists each RPC endpoint's state for the /readyz body (named,
 	// never by URL); informational only.
 	ReadyEndpoints func() map[string]string
-	// ReadySigners, when set, lists each remote signer key's state for the /readyz body
+	// ReadySigners, when set, lists each remote signer key's state, and each retiring key's, for the /readyz body
 	// ("network/address": "ok, …" or what failed). Like the endpoints, it does not make the process
 	// unready: a process whose signer is down still verifies, and /settle answers 503 with
 	// Retry-After; every replica shares the signer, so taking them all out of service would stop

@@ -206,6 +206,12 @@ type Signer struct {
 	// MinBalanceWei is the balance below which the key takes no new settlement (0: none), so
 	// that an alert can tell how soon a draining key reaches it.
 	MinBalanceWei float64
+	// Retiring: the key takes no new settlement (--retire-signers). Held: this process holds the
+	// key, and Open, its settlements this process still works, is known (absent elsewhere): a
+	// retiring key whose holder reports 0 is drained.
+	Retiring bool
+	Held     bool
+	Open     int
 }
 
 // SignerSource lists the signer keys; it is called on every scrape, so it must be cheap.
@@ -225,6 +231,10 @@ func (m *Metrics) WatchSigners(src SignerSource) {
 			func(s Signer) (float64, bool) { return unixSeconds(s.BalanceReadAt), s.BalanceKnown }},
 		series[Signer]{"signer_balance_min_wei", "The balance below which the signer key takes no new settlement, in wei (0: no minimum).",
 			func(s Signer) (float64, bool) { return s.MinBalanceWei, true }},
+		series[Signer]{"signer_retiring", "1 when the signer key is retiring (--retire-signers): it takes no new settlement and finishes what it has open.",
+			func(s Signer) (float64, bool) { return boolValue(s.Retiring), true }},
+		series[Signer]{"signer_open_settlements", "Settlements of the signer key this process still works (signed, broadcast, or mined and not yet final); absent where another process holds the key. A retiring key at 0 is drained.",
+			func(s Signer) (float64, bool) { return float64(s.Open), s.Held }},
 	))
 }
 

@@ -100,6 +100,12 @@ type NetworkConfig struct {
 	// Fees prices the network's transactions (fees.go); its nil MinTip and MaxFee take the
 	// engine's MinTip and MaxFeeCap.
 	Fees facilitator.FeePolicy
+	// Retiring are signers of the network (of Signers or Remote) that take no new settlement:
+	// what they have open is worked to the end from them (fee bumps, re-signs and resends go out
+	// from the same key, at its own nonces), so that the key can be removed once it has nothing
+	// open (SignerHealth.Open; docs/operating.md, rotating a signer key). With a Leaser, whichever
+	// process holds such a key works it the same way, if it is configured the same.
+	Retiring []common.Address
 }
 
 // Config configures the engine. Zero durations take the defaults in New.
@@ -269,7 +275,13 @@ func build(cfg Config, run func(*Engine) runner) (*Engine, error) {
 				return nil, fmt.Errorf("settle: network %s lists signer %s twice", nc.Network.ID, s.addr)
 			}
 			seen[s.addr] = true
+			s.retiring = slices.Contains(nc.Retiring, s.addr)
 			n.senders = append(n.senders, s)
+		}
+		for _, a := range nc.Retiring {
+			if !seen[a] {
+				return nil, fmt.Errorf("settle: network %s retires signer %s, which is not one of its signers", nc.Network.ID, a)
+			}
 		}
 		n.queue = make(chan *flight, cfg.MaxInFlightPerSigner*len(n.senders))
 		e.networks[nc.Network.ID] = n

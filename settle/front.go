@@ -116,9 +116,14 @@ func (e *Engine) pickKey(n *chainEngine) (*sender, error) {
 	if s := n.pickSender(); s != nil {
 		return s, nil
 	}
-	if n.leased() == 0 {
+	if n.allRetiring() {
+		// Not a wait that passes: the operator retired every key without adding one.
+		return nil, &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonSignersRetiring,
+			Message: "every settlement signer of this network is retiring and takes no new settlement; nothing was sent (the operator must add a signer key that is not retiring)"}
+	}
+	if n.usable() == 0 {
 		return nil, facilitator.Unavailable(facilitator.ReasonSettlerBusy,
-			"no settlement signer of this network is held by this instance right now (another instance holds them); nothing was sent, retry shortly", nil)
+			"no settlement signer of this network that takes new settlements is held by this instance right now (another instance holds them); nothing was sent, retry shortly", nil)
 	}
 	if n.allLow() {
 		// The operator was alerted (balance.go); the balance is read again every BalanceInterval.

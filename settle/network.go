@@ -88,12 +88,12 @@ type neededFee struct {
 }
 
 // pickSender returns the signer this process holds with the fewest transactions in flight, or
-// nil when it holds none or all are at the limit or below their minimum balance (back-pressure:
-// the caller answers 503 with Retry-After rather than queue forever).
+// nil when it holds none that is not retiring, or all are at the limit or below their minimum
+// balance (back-pressure: the caller answers 503 with Retry-After rather than queue forever).
 func (n *chainEngine) pickSender() *sender {
 	var best *sender
 	for _, s := range n.senders {
-		if s.held() == nil || s.low.Load() || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
+		if s.retiring || s.held() == nil || s.low.Load() || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
 			continue
 		}
 		if best == nil || s.inFlight.Load() < best.inFlight.Load() {

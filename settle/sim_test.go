@@ -189,16 +189,20 @@ func TestSimulation(t *testing.T) {
 // worlds where the real indexer keeps the index: the engines' and the indexer's logs (without
 // their wall-clock stamps), the counts, with replicas the leaser's journal, and with the indexer
 // the index it kept must be the same, or a failing seed could not be replayed.
+// Worlds retiring a key are among them: their restarts must replay too.
 func TestSimulationReplay(t *testing.T) {
-	var replicas, liars, indexers int
+	var replicas, liars, indexers, retiring int
 	// The first three of each kind, and three that parted before the pool's broadcasts were
 	// made serial in the simulator (a liar's world, with replicas too for 233).
 	kept := map[uint64]bool{178: true, 200: true, 233: true}
 	for seed := uint64(1); seed < 300; seed++ {
 		probe := newSimWorld(seed)
-		rep, liar, ix := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on
-		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || kept[seed]) {
+		rep, liar, ix, ret := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on, probe.retiring.on
+		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || ret && retiring < 2 || kept[seed]) {
 			continue
+		}
+		if ret {
+			retiring++
 		}
 		if ix {
 			indexers++
@@ -237,8 +241,8 @@ func TestSimulationReplay(t *testing.T) {
 			t.Fatalf("seed %d ran twice: the engines' logs have %d and %d lines", seed, len(a), len(b))
 		}
 	}
-	if replicas < 3 || liars < 3 || indexers < 3 {
-		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer; want 3 of each", replicas, liars, indexers)
+	if replicas < 3 || liars < 3 || indexers < 3 || retiring < 2 {
+		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer, %d retiring a key; want 3 of each (2 retiring)", replicas, liars, indexers, retiring)
 	}
 }
 
@@ -264,8 +268,11 @@ type simStats struct {
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
 	lostAnswers, lostConfirms int
-	verify                    verifyStats
-	index                     indexStats
+	// retired: worlds whose first key was retired partway; retiredOpen: the settlements it had
+	// open then, which it finished.
+	retired, retiredOpen int
+	verify               verifyStats
+	index                indexStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -309,6 +316,8 @@ func (s *simStats) add(o simStats) {
 	s.cuts += o.cuts
 	s.takeovers += o.takeovers
 	s.seconds += o.seconds
+	s.retired += o.retired
+	s.retiredOpen += o.retiredOpen
 }
 
 func (s simStats) String() string {
@@ -319,11 +328,11 @@ func (s simStats) String() string {
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
 		"%d successes lost before their answer, %d after it and before their confirmation; %s; "+
-		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %s",
+		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %d worlds retiring a key (%d settlements open on it then, finished from it); %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
 		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify,
-		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.index)
+		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.retired, s.retiredOpen, s.index)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -368,6 +377,7 @@ type simWorld struct {
 	verifying      simVerifying
 	replicas       simReplicas
 	indexing       simIndexing
+	retiring       simRetiring
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -451,6 +461,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 		// After every draw of the main stream's set-up: a stream of its own. Not in the batched
 		// worlds, whose callers run concurrently on one engine (sim_batch_test.go).
 		w.setUpReplicas()
+		w.setUpRetiring()
 	}
 	w.setUpJobs()
 	w.setUpAdversaries()
@@ -496,6 +507,7 @@ func (w *simWorld) run() error {
 		if err := w.replicaStep(); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
+		w.retireStep(i)
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range append(w.backends, w.verifying.engineNodes...) {
@@ -516,6 +528,9 @@ func (w *simWorld) run() error {
 		w.settle(p) // the honest final retry: an unanswered success is owed to it
 	}
 	if err := w.checkInvariants(); err != nil {
+		return err
+	}
+	if err := w.checkRetiring(); err != nil {
 		return err
 	}
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged

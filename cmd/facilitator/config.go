@@ -34,9 +34,13 @@ type Config struct {
 	// empty, whatever its account_list answers at start.
 	RemoteSigner    string
 	RemoteAddresses []common.Address
-	Factories       []common.Address
-	RPCTimeout      time.Duration
-	VerifyTimeout   time.Duration
+	// RetireSigners are signer keys (local or remote) that take no new settlement: each works what
+	// it has open to the end from itself, and reports draining (/readyz, metrics), so that it can
+	// be removed once drained (docs/operating.md, rotating a signer key).
+	RetireSigners []common.Address
+	Factories     []common.Address
+	RPCTimeout    time.Duration
+	VerifyTimeout time.Duration
 	// StatusTimeout bounds one status lookup, API and console alike.
 	StatusTimeout time.Duration
 	Migrate       bool
@@ -531,12 +535,13 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	}
 	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
-	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, fees, token domains, remote signers, signer keys and their balances, Postgres and the chain its ledger is bound to, API keys) and exit: 0 when everything passed")
+	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, each chain's genesis and the ledger's binding, fees, token domains, remote signers, signer keys and their balances, Postgres, API keys) and exit: 0 when everything passed")
 	networksJSON := fs.String("networks", env("FACILITATOR_NETWORKS", ""), "networks as JSON (FACILITATOR_NETWORKS)")
 	networksFile := fs.String("networks-file", env("FACILITATOR_NETWORKS_FILE", ""), "file holding the networks JSON (FACILITATOR_NETWORKS_FILE)")
 	fs.StringVar(&cfg.RemoteSigner, "signer", env("FACILITATOR_SIGNER", ""), "a remote signer holding the keys, clef:<http(s) URL> (FACILITATOR_SIGNER); the URL is never logged")
 	remoteAddrs := fs.String("signer-addresses", env("FACILITATOR_SIGNER_ADDRESSES", ""), "comma-separated addresses of the remote signer's keys; empty: ask it (account_list) at start (FACILITATOR_SIGNER_ADDRESSES)")
 	keysFile := fs.String("signer-keys-file", env("FACILITATOR_SIGNER_KEYS_FILE", ""), "file with one hex private key per line (FACILITATOR_SIGNER_KEYS_FILE)")
+	retire := fs.String("retire-signers", env("FACILITATOR_RETIRE_SIGNERS", ""), "comma-separated signer addresses to retire: they take no new settlement and finish what they have open (FACILITATOR_RETIRE_SIGNERS)")
 	factories := fs.String("eip6492-factories", env("FACILITATOR_EIP6492_FACTORIES", ""), "comma-separated factory addresses allowed for counterfactual wallets (FACILITATOR_EIP6492_FACTORIES)")
 	rpcTimeout := fs.String("rpc-timeout", env("FACILITATOR_RPC_TIMEOUT", "5s"), "bound on one RPC round trip (FACILITATOR_RPC_TIMEOUT)")
 	verifyTimeout := fs.String("verify-timeout", env("FACILITATOR_VERIFY_TIMEOUT", "10s"), "bound on one /verify (FACILITATOR_VERIFY_TIMEOUT)")
@@ -622,6 +627,9 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		}
 		cfg.SignerKeys = keys
 		if cfg.RemoteAddresses, err = addressList(*remoteAddrs, "signer address"); err != nil {
+			return nil, err
+		}
+		if cfg.RetireSigners, err = addressList(*retire, "retire-signers address"); err != nil {
 			return nil, err
 		}
 		if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {

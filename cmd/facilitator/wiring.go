@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -314,9 +315,28 @@ func (m *Main) settleNetworks(ctx context.Context, networks []facilitator.Networ
 			return nil, nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
 		}
 		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "engine"), Signers: cfg.SignerKeys, Remote: remote,
-			Heads: m.heads[i], Fees: fees})
+			Heads: m.heads[i], Fees: fees, Retiring: retiringOf(cfg.RetireSigners, cfg.SignerAddresses(), remote)})
+	}
+	// A remote signer's keys are known only once it answered: an address to retire is checked here.
+	for _, a := range cfg.RetireSigners {
+		if !slices.Contains(signerAddrs, a) {
+			return nil, nil, fmt.Errorf("--retire-signers: %s is not a signer key of any network (FACILITATOR_SIGNER_KEYS, the remote signers' keys)", a.Hex())
+		}
 	}
 	return settleNets, signerAddrs, nil
+}
+
+// retiringOf is the addresses of retire that are signers of a network with the local keys and
+// remote's.
+func retiringOf(retire, local []common.Address, remote []settle.Signer) []common.Address {
+	var out []common.Address
+	for _, a := range retire {
+		mine := slices.Contains(local, a) || slices.ContainsFunc(remote, func(r settle.Signer) bool { return r.Address() == a })
+		if mine {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // startEngine builds and starts the settlement engine, and lets the metrics read its signers,
@@ -595,7 +615,7 @@ func signerSource(e *settle.Engine, minBalance *big.Int) metrics.SignerSource {
 		var out []metrics.Signer
 		for _, st := range e.Signers() {
 			sig := metrics.Signer{Network: st.Network, Address: st.Address.Hex(), InFlight: st.InFlight, BalanceLow: st.BalanceLow,
-				MinBalanceWei: minWei}
+				MinBalanceWei: minWei, Retiring: st.Retiring, Held: st.Leased, Open: st.Open}
 			// A key another replica holds is that replica's to report: the balance this process
 			// read before losing it only ages.
 			if st.Balance != nil && st.Leased {
