@@ -1,0 +1,137 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+)
+
+// AdoptSettlements records a mined transaction of one of our signer keys that the ledger lost
+// (facilitator.Adoption), in one transaction, and returns each member's settlement id in the
+// order of a.Members. A member whose authorization has no row gets one, mined and marked
+// adopted; an open row of the authorization (its mined variant was lost: a bump, a re-sign)
+// takes the transaction as its variant and is resolved mined; a row already mined by this
+// transaction is left as it is (adopting twice is adopting once). Errors, with nothing written:
+// facilitator.ErrDuplicate when a member's row is resolved otherwise (mined by another
+// transaction, or failed), facilitator.ErrNonceTaken when another settlement holds the member's
+// (signer, tx nonce, slot).
+func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error) {
+	ids := make([]int64, len(a.Members))
+	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		for i, m := range a.Members {
+			id, err := adoptMember(ctx, tx, a, m)
+			if err != nil {
+				return err
+			}
+			ids[i] = id
+		}
+		// The transaction is recorded once, under the lowest slot at its nonce (slot 0, where
+		// the batch's variants live, whenever it is there).
+		_, err := tx.Exec(ctx, `
+			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
+			SELECT $1, id, $2, $3, $4 FROM settlements WHERE network = $5 AND signer = $6 AND tx_nonce = $7
+			ORDER BY batch_slot LIMIT 1
+			ON CONFLICT (tx_hash) DO NOTHING`,
+			a.Tx.Hash[:], a.Tx.Raw, numeric(orZero(a.Tx.TipCap)), numeric(orZero(a.Tx.FeeCap)), a.Network, a.Signer[:], int64(a.TxNonce))
+		return err
+	})
+	if err != nil {
+		return nil, insertError(err)
+	}
+	return ids, nil
+}
+
+// errAdoptRace: the member's row was inserted by a concurrent adoption between the look and
+// the insert; looked at again.
+var errAdoptRace = errors.New("adopted concurrently")
+
+func adoptMember(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (int64, error) {
+	for try := 0; ; try++ {
+		id, err := adoptOnce(ctx, tx, a, m)
+		if !errors.Is(err, errAdoptRace) || try > 0 {
+			return id, err
+		}
+	}
+}
+
+func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (int64, error) {
+	k := m.Key
+	detail := fmt.Sprintf("adopted: tx %s nonce %d block %d (the ledger had lost its record)", a.Tx.Hash.Hex(), a.TxNonce, a.BlockNumber)
+	var (
+		id     int64
+		state  string
+		txHash []byte
+	)
+	err := tx.QueryRow(ctx, `SELECT id, state, tx_hash FROM settlements
+		WHERE network = $1 AND asset = $2 AND payer = $3 AND auth_nonce = $4 FOR UPDATE`,
+		k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]).Scan(&id, &state, &txHash)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		request := m.Request
+		if request == nil {
+			request = []byte("{}")
+		}
+		err := tx.QueryRow(ctx, `
+			WITH s AS (
+				INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
+					valid_before, x402_version, request, signer, tx_nonce, state, tx_hash, block_number, block_hash,
+					api_key, gas_reserved, batch_slot, adopted_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'mined', $14, $15, $16,
+					NULLIF($17, ''), 0, $18, now())
+				ON CONFLICT (network, asset, payer, auth_nonce) DO NOTHING
+				RETURNING id),
+			e AS (INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $19 FROM s)
+			SELECT id FROM s`,
+			k.Network, k.Asset[:], k.Payer[:], k.Nonce[:], m.Fingerprint[:], m.PayTo[:], numeric(orZero(m.Value)),
+			numeric(orZero(m.ValidAfter)), numeric(orZero(m.ValidBefore)), int16(m.X402Version), request,
+			a.Signer[:], int64(a.TxNonce), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], m.KeyID, int16(m.Slot), detail).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, errAdoptRace
+		}
+		return id, err
+	case err != nil:
+		return 0, err
+	}
+	switch facilitator.State(state) {
+	case facilitator.StateMined, facilitator.StateFinal:
+		if common.BytesToHash(txHash) == a.Tx.Hash {
+			return id, nil
+		}
+		return 0, facilitator.ErrDuplicate
+	case facilitator.StateSigned, facilitator.StateBroadcast:
+		// The row survived and the variant that mined did not (a bump, a re-sign at another
+		// nonce or slot): the row moves to where the chain has it.
+		_, err := tx.Exec(ctx, `
+			WITH u AS (
+				UPDATE settlements SET state = 'mined', tx_nonce = $2, batch_slot = $3, tx_hash = $4, block_number = $5,
+					block_hash = $6, error_reason = NULL, error_message = NULL, adopted_at = now(), updated_at = now()
+				WHERE id = $1 RETURNING id)
+			INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $7 FROM u`,
+			id, int64(a.TxNonce), int16(m.Slot), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
+		return id, err
+	}
+	return 0, facilitator.ErrDuplicate
+}
+
+// BindAdopted gives an adopted row that no request made (its fingerprint zero: the adoption
+// found it on chain) the request now asking for it: its fingerprint, API key, version and body,
+// so that the request and its retries follow it as their own. It reports whether the row took
+// them (false: not such a row, or another request's took it first).
+func (db *DB) BindAdopted(ctx context.Context, id int64, fp facilitator.Fingerprint, keyID string, x402Version int, request []byte) (bool, error) {
+	if request == nil {
+		request = []byte("{}")
+	}
+	tag, err := db.pool.Exec(ctx, `
+		UPDATE settlements SET fingerprint = $2, api_key = NULLIF($3, ''), x402_version = $4, request = $5, updated_at = now()
+		WHERE id = $1 AND adopted_at IS NOT NULL AND fingerprint = $6`,
+		id, fp[:], keyID, int16(x402Version), request, make([]byte, 32))
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
