@@ -199,3 +199,13 @@ type AdoptedMember struct {
 	X402Version int
 	Request     []byte
 }
+
+// Has reports whether the adoption records the authorization of key.
+func (a *Adoption) Has(key AuthorizationKey) bool {
+	for _, m := range a.Members {
+		if m.Key == key {
+			return true
+		}
+	}
+	return false
+}

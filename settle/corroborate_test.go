@@ -109,7 +109,7 @@ var (
 func pinned(at uint64) *pinnedRead {
 	key := facilitator.AuthorizationKey{Network: "eip155:1", Asset: token, Payer: payer, Nonce: [32]byte{7}}
 	t := track{state: facilitator.StateBroadcast, variants: []variant{{hash: common.Hash{1}, nonce: 3}}, validBefore: big.NewInt(1 << 40)}
-	return newPinnedRead(key, common.Address{9}, Expected{Key: key}, t, at)
+	return newPinnedRead(key, common.Address{9}, nil, Expected{Key: key}, t, at)
 }
 
 func direct(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error { return c.BatchCallContext }

@@ -70,6 +70,13 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 		if existing, err := e.store.SettlementByKey(waitCtx, key); err == nil {
 			return e.follow(ctx, waitCtx, p, fp, existing)
 		}
+		if res.InvalidReason == facilitator.ReasonNonceAlreadyUsed {
+			// Used, and no row: possibly by a transaction of our key whose row the ledger lost
+			// (a failover, a restore). Then the payment moved, and it is adopted and followed.
+			if out, ours, err := e.adoptUsed(ctx, waitCtx, n, p, key, fp); ours || err != nil {
+				return out, err
+			}
+		}
 		return fail(p, res.InvalidReason, res.InvalidMessage, common.Hash{}), nil
 	}
 	data := eip3009.TransferCalldata(p.Authorization, eip3009.SettlementSignature(p.Signature))
@@ -147,6 +154,18 @@ func (e *Engine) submitNew(waitCtx context.Context, n *chainEngine, s *sender, r
 
 // follow answers a request for an authorization that already has a settlement.
 func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp facilitator.Fingerprint, s *facilitator.Settlement) (facilitator.SettleOutcome, error) {
+	if s.Adopted && s.Fingerprint == (facilitator.Fingerprint{}) && adoptedTerms(s, p) {
+		// Adopted from the chain with no request (the reconcile job found it): the first request
+		// for its authorization with its terms is the one that made it, and takes it.
+		if _, err := e.store.BindAdopted(waitCtx, s.ID, fp, p.KeyID, p.X402Version, p.Body); err != nil {
+			return facilitator.SettleOutcome{}, ledgerDown(err)
+		}
+		next, err := e.store.SettlementByID(waitCtx, s.ID)
+		if err != nil {
+			return facilitator.SettleOutcome{}, ledgerDown(err)
+		}
+		s = next
+	}
 	if s.Fingerprint != fp {
 		// Someone else's request for the same authorization (a different signature or requirements):
 		// it gets no success and does not wait.
@@ -157,6 +176,14 @@ func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp
 	}
 	// Not ours in memory: another process's, or resolved.
 	return e.poll(ctx, waitCtx, p, s)
+}
+
+// adoptedTerms reports whether p asks for what the adopted row's transaction did: the payee and
+// the amount its authorization names (the payer and nonce are the row's key).
+func adoptedTerms(s *facilitator.Settlement, p *facilitator.Payment) bool {
+	a := p.Authorization
+	return a.To == s.PayTo && a.Value != nil && s.Value != nil && a.Value.Cmp(s.Value) == 0 &&
+		a.ValidBefore != nil && s.ValidBefore != nil && a.ValidBefore.Cmp(s.ValidBefore) == 0
 }
 
 // poll reads the ledger every PollInterval until the settlement is settled or the deadline passes
