@@ -2,8 +2,12 @@ package settle_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"math/big"
 	"testing"
+	"time"
 
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -76,5 +80,66 @@ func TestSettleForeignUseStillFails(t *testing.T) {
 	}
 	if _, err := ours.DB.SettlementByKey(context.Background(), p.Key()); err == nil {
 		t.Fatal("a foreign key's transaction was adopted")
+	}
+}
+
+// TestWatcherAdoptsLostVariant: the ledger keeps a settlement's row but loses the record of the
+// variant that mined (a fee bump whose AddTx commit a failover lost). The restarted engine's
+// pinned reads find the authorization used by a transaction that is none of the row's variants,
+// signed by its own key: the variant is adopted and the settlement resolved mined, not
+// settled_elsewhere, and a retry gets the success with that variant's hash.
+func TestWatcherAdoptsLostVariant(t *testing.T) {
+	ctx := context.Background()
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second}
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 250_000)
+	body := p.Body(t)
+	_, first := env.SettlePendingAndStop(t, body, opts)
+
+	// The lost variant: the same call at the same nonce with higher fees, signed by the key and
+	// mined in place of the recorded one.
+	row := openRows(t, addr)[p.Key()]
+	var old types.Transaction
+	if err := old.UnmarshalBinary(row.Txs[0].Raw); err != nil {
+		t.Fatal(err)
+	}
+	bumped, err := types.SignNewTx(signer, types.LatestSignerForChainID(old.ChainId()), &types.DynamicFeeTx{
+		ChainID: old.ChainId(), Nonce: old.Nonce(), To: old.To(), Data: old.Data(), Gas: old.Gas(),
+		GasTipCap: new(big.Int).Mul(old.GasTipCap(), big.NewInt(2)), GasFeeCap: new(big.Int).Mul(old.GasFeeCap(), big.NewInt(2)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(ctx, bumped); err != nil {
+		t.Fatal(err)
+	}
+	env.Mine(t)
+	if r := env.Receipt(t, bumped.Hash()); r == nil || r.Status != 1 {
+		t.Fatalf("the bumped variant did not mine: %+v", r)
+	}
+
+	env.NewEngine(t, opts)
+	limit := time.Now().Add(20 * time.Second)
+	var got *facilitator.Settlement
+	for {
+		got = env.Row(t, p.Key())
+		if !got.State.Open() || time.Now().After(limit) {
+			break
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !got.State.Succeeded() || got.TxHash != bumped.Hash() || !got.Adopted {
+		t.Fatalf("row %+v, want mined by the lost variant %s (first %s), adopted", got, bumped.Hash(), first)
+	}
+	env.SetAutomine(t, true)
+	retry := env.NewEngine(t, opts).MustSettle(t, body)
+	if !retry.Response.Success || retry.Response.Transaction != bumped.Hash().Hex() {
+		t.Fatalf("retry: %+v, want success with %s", retry.Response, bumped.Hash())
+	}
+	if got := env.Balance(t, p.PayTo); got != 250_000 {
+		t.Fatalf("payee holds %d", got)
 	}
 }
