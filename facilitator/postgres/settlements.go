@@ -792,3 +792,17 @@ func (db *DB) tryLock(ctx context.Context, key int64) (release func(), ok bool, 
 		conn.Release()
 	}, true, nil
 }
+
+// NewestMinedBlock is the highest block the ledger has one of the signer's settlements mined in
+// (mined or final); ok is false when it has none.
+func (db *DB) NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+	var n *int64
+	if err := db.pool.QueryRow(ctx, `SELECT max(block_number) FROM settlements
+		WHERE network = $1 AND signer = $2 AND state IN ('mined', 'final')`, network, signer[:]).Scan(&n); err != nil {
+		return 0, false, err
+	}
+	if n == nil {
+		return 0, false, nil
+	}
+	return uint64(*n), true, nil
+}

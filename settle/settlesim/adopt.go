@@ -6,6 +6,8 @@ import (
 	"math/big"
 	"slices"
 
+	"github.com/ethereum/go-ethereum/common"
+
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -117,4 +119,23 @@ func orZero(b *big.Int) *big.Int {
 		return new(big.Int)
 	}
 	return b
+}
+
+// NewestMinedBlock is the highest block the ledger has one of the signer's settlements mined in,
+// as the Postgres ledger's.
+func (l *Ledger) NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+	var (
+		top uint64
+		ok  bool
+	)
+	err := l.call(ctx, "newest-mined "+signer.Hex(), false, func() error {
+		top, ok = 0, false
+		for _, r := range l.rows {
+			if r.s.Key.Network == network && r.s.Signer == signer && r.s.State.Succeeded() && (!ok || r.s.BlockNumber > top) {
+				top, ok = r.s.BlockNumber, true
+			}
+		}
+		return nil
+	})
+	return top, ok, err
 }
