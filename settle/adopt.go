@@ -156,9 +156,12 @@ func (e *Engine) adoptUsed(ctx, waitCtx context.Context, n *chainEngine, p *faci
 	switch {
 	case err == nil:
 		adopted(e.log, e.cfg.Observer, a, "settle")
+		n.trackAdopted(waitCtx, a)
 	case errors.Is(err, facilitator.ErrDuplicate), errors.Is(err, facilitator.ErrNonceTaken):
 		// Adopted (or settled) meanwhile, or the ledger holds another settlement at its nonce:
 		// the row, if any, answers.
+		e.log.Warn("a transaction of our key the ledger lacked could not be adopted", "network", a.Network, "signer", a.Signer,
+			"tx", a.Tx.Hash, "tx_nonce", a.TxNonce, "err", err)
 	default:
 		return facilitator.SettleOutcome{}, true, ledgerDown(err)
 	}
@@ -172,6 +175,39 @@ func (e *Engine) adoptUsed(ctx, waitCtx context.Context, n *chainEngine, p *faci
 	}
 	out, err = e.follow(ctx, waitCtx, p, fp, s)
 	return out, true, err
+}
+
+// trackAdopted watches the rows an adoption recorded when this process holds their key: the
+// watcher takes them to final, or back should a reorganisation take their block away, as it does
+// the rows recovery resumes. A key held elsewhere is its holder's (and the reconcile job's).
+func (n *chainEngine) trackAdopted(ctx context.Context, a *facilitator.Adoption) {
+	var s *sender
+	for _, x := range n.senders {
+		if x.addr == a.Signer && x.held() != nil {
+			s = x
+		}
+	}
+	if s == nil {
+		return
+	}
+	e := n.engine
+	var flights []*flight
+	for _, m := range a.Members {
+		row, err := e.store.SettlementByKey(ctx, m.Key)
+		if err != nil || !row.State.Succeeded() || row.TxHash != a.Tx.Hash || e.flight(row.ID) != nil {
+			continue // not read (the reconcile job finalizes it), or already watched
+		}
+		f, err := recovered(s, &facilitator.OpenSettlement{Settlement: *row, Txs: []facilitator.TxRecord{a.Tx}})
+		if err != nil {
+			continue
+		}
+		f.minedHash, f.block, f.blockHash = row.TxHash, row.BlockNumber, row.BlockHash
+		flights = append(flights, f)
+	}
+	linkFamilies(flights)
+	for _, f := range flights {
+		e.track(f)
+	}
 }
 
 // findUse finds the transaction that used the authorization of key (its AuthorizationUsed log)

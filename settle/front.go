@@ -70,9 +70,9 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 		if existing, err := e.store.SettlementByKey(waitCtx, key); err == nil {
 			return e.follow(ctx, waitCtx, p, fp, existing)
 		}
-		if res.InvalidReason == facilitator.ReasonNonceAlreadyUsed {
-			// Used, and no row: possibly by a transaction of our key whose row the ledger lost
-			// (a failover, a restore). Then the payment moved, and it is adopted and followed.
+		if mayBeUsed(res.InvalidReason) {
+			// Possibly used, and no row: perhaps by a transaction of our key whose row the ledger
+			// lost (a failover, a restore). Then the payment moved, and it is adopted and followed.
 			if out, ours, err := e.adoptUsed(ctx, waitCtx, n, p, key, fp); ours || err != nil {
 				return out, err
 			}
@@ -97,6 +97,17 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 	}
 	e.log.Info("settlement signed", f.logAttrs("network", id.ID, "signer", s.addr, "tx_nonce", f.txNonce(), "tx", f.view().hash)...)
 	return e.await(ctx, waitCtx, p, f), nil
+}
+
+// mayBeUsed reports whether a payment verify refused for reason may have been transferred
+// already: the authorization used (verify names that first only while validBefore is ahead),
+// expired, the payer's balance short (moved by that transfer), or a simulation that failed.
+func mayBeUsed(reason string) bool {
+	switch reason {
+	case facilitator.ReasonNonceAlreadyUsed, facilitator.ReasonValidBefore, facilitator.ReasonInsufficientBalance, facilitator.ReasonSimulationFailed:
+		return true
+	}
+	return false
 }
 
 // newRow is the ledger row of p's new settlement before it is signed: the sender fills in the
