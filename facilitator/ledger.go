@@ -198,6 +198,9 @@ type AdoptedMember struct {
 	KeyID       string
 	X402Version int
 	Request     []byte
+	// PaymentID, when the request carried one, is bound to the new row as an insert binds it
+	// (an id bound already, to anything, is left as it is).
+	PaymentID *PaymentIDBinding
 }
 
 // Has reports whether the adoption records the authorization of key.

@@ -149,7 +149,8 @@ func (e *Engine) adoptUsed(ctx, waitCtx context.Context, n *chainEngine, p *faci
 	}
 	for i := range a.Members {
 		if m := &a.Members[i]; m.Key == key {
-			m.Fingerprint, m.KeyID, m.X402Version, m.Request = fp, p.KeyID, p.X402Version, p.Body
+			row := newRow(p, key, fp, e.cfg.Limits)
+			m.Fingerprint, m.KeyID, m.X402Version, m.Request, m.PaymentID = fp, p.KeyID, p.X402Version, row.Request, row.PaymentID
 		}
 	}
 	_, err = e.store.AdoptSettlements(waitCtx, *a)

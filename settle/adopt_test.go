@@ -23,6 +23,7 @@ func TestSettleAdoptsLostSettlement(t *testing.T) {
 	first := env.NewEngine(t, stacktest.EngineOptions{})
 	payer := env.FundedPayer(t, 2_000_000)
 	p := env.NewPay(t, payer, 400_000)
+	p.ID = stacktest.RandomID(t)
 	body := p.Body(t)
 	out := first.MustSucceed(t, body)
 	if err := first.Stop(context.Background()); err != nil {
@@ -41,6 +42,9 @@ func TestSettleAdoptsLostSettlement(t *testing.T) {
 	row := env.Row(t, p.Key())
 	if !row.Adopted || !row.State.Succeeded() || row.TxHash.Hex() != out.Response.Transaction || !row.Delivered {
 		t.Fatalf("adopted row %+v", row)
+	}
+	if rec, err := again.DB.PaymentID(context.Background(), "", p.ID); err != nil || rec.Settlement.ID != row.ID {
+		t.Fatalf("the payment id after the adoption: %+v %v, want bound to settlement %d", rec, err, row.ID)
 	}
 	if rep := again.MustSettle(t, body); rep.Response.Success || rep.Response.ErrorReason != facilitator.ReasonAlreadySettled ||
 		rep.Response.Transaction != out.Response.Transaction {

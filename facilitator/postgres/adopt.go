@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -76,6 +77,18 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 		if request == nil {
 			request = []byte("{}")
 		}
+		var (
+			scope                  string
+			pid                    *string
+			idFingerprint, summary []byte
+		)
+		if b := m.PaymentID; b != nil {
+			var err error
+			if summary, err = json.Marshal(b.Summary); err != nil {
+				return 0, err
+			}
+			scope, pid, idFingerprint = b.Scope, &b.ID, b.Fingerprint[:]
+		}
 		err := tx.QueryRow(ctx, `
 			WITH s AS (
 				INSERT INTO settlements (network, asset, payer, auth_nonce, fingerprint, pay_to, value, valid_after,
@@ -85,11 +98,16 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 					NULLIF($17, ''), 0, $18, now())
 				ON CONFLICT (network, asset, payer, auth_nonce) DO NOTHING
 				RETURNING id),
-			e AS (INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $19 FROM s)
+			e AS (INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $19 FROM s),
+			p AS (
+				INSERT INTO payment_ids (scope, id, fingerprint, settlement_id, summary)
+				SELECT $20::text, $21::text, $22::bytea, id, $23::jsonb FROM s WHERE $21::text IS NOT NULL
+				ON CONFLICT DO NOTHING)
 			SELECT id FROM s`,
 			k.Network, k.Asset[:], k.Payer[:], k.Nonce[:], m.Fingerprint[:], m.PayTo[:], numeric(orZero(m.Value)),
 			numeric(orZero(m.ValidAfter)), numeric(orZero(m.ValidBefore)), int16(m.X402Version), request,
-			a.Signer[:], int64(a.TxNonce), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], m.KeyID, int16(m.Slot), detail).Scan(&id)
+			a.Signer[:], int64(a.TxNonce), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], m.KeyID, int16(m.Slot), detail,
+			scope, pid, idFingerprint, summary).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, errAdoptRace
 		}

@@ -31,6 +31,7 @@ type Ledger interface {
 	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error)
 	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]facilitator.OpenSettlement, error)
 	Touch(ctx context.Context, ids []int64) error
+	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
 }
 
 // Harness makes the ledgers under test.
@@ -82,6 +83,7 @@ func Run(t *testing.T, h Harness) {
 		{"Adopt", adopt},
 		{"AdoptBatch", adoptBatch},
 		{"ConcurrentAdopts", concurrentAdopts},
+		{"AdoptPaymentID", adoptPaymentID},
 	} {
 		if c.name == "SignerLeases" && h.Leasers == nil {
 			continue
@@ -1331,5 +1333,28 @@ func concurrentAdopts(t *testing.T, f *fixture) {
 	}
 	if held, err := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); err != nil || !slices.Equal(held, []uint64{2}) {
 		t.Fatalf("NoncesHeld %v %v", held, err)
+	}
+}
+
+// adoptPaymentID: an adopted row takes its request's payment id, as an insert does; an id bound
+// already is left to its settlement, and the adoption goes on.
+func adoptPaymentID(t *testing.T, f *fixture) {
+	bound := f.row(0)
+	bound.PaymentID = &facilitator.PaymentIDBinding{Scope: "", ID: randomID(), Fingerprint: facilitator.Fingerprint{7}, Summary: map[string]string{"a": "b"}}
+	boundID := f.insert(t, bound)
+
+	a := f.adoption(3, f.row(0), f.row(0))
+	fresh := randomID()
+	a.Members[0].PaymentID = &facilitator.PaymentIDBinding{ID: fresh, Fingerprint: facilitator.Fingerprint{8}, Summary: map[string]string{"c": "d"}}
+	a.Members[1].PaymentID = &facilitator.PaymentIDBinding{ID: bound.PaymentID.ID, Fingerprint: facilitator.Fingerprint{9}}
+	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil {
+		t.Fatalf("AdoptSettlements: %v", err)
+	}
+	if rec, err := f.l.PaymentID(f.ctx, "", fresh); err != nil || rec.Settlement.ID != ids[0] || rec.Fingerprint != (facilitator.Fingerprint{8}) {
+		t.Fatalf("the adopted row's id: %+v %v", rec, err)
+	}
+	if rec, err := f.l.PaymentID(f.ctx, "", bound.PaymentID.ID); err != nil || rec.Settlement.ID != boundID {
+		t.Fatalf("an id bound already: %+v %v, want still settlement %d", rec, err, boundID)
 	}
 }

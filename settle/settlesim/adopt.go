@@ -65,6 +65,12 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 			}
 			l.rows[r.s.ID] = r
 			l.byKey[m.Key] = r
+			if b := m.PaymentID; b != nil && l.pids[pidKey{b.Scope, b.ID}] == nil {
+				p := *b
+				p.Summary = cloneSummary(p.Summary)
+				r.paymentID = &p
+				l.pids[pidKey{p.Scope, p.ID}] = r
+			}
 		case r.s.State.Succeeded():
 			ids[i] = r.s.ID
 			continue
