@@ -153,11 +153,11 @@ func (e *Engine) adoptUsed(ctx, waitCtx context.Context, n *chainEngine, p *faci
 			m.Fingerprint, m.KeyID, m.X402Version, m.Request, m.PaymentID = fp, p.KeyID, p.X402Version, row.Request, row.PaymentID
 		}
 	}
-	_, err = e.store.AdoptSettlements(waitCtx, *a)
+	ids, err := e.store.AdoptSettlements(waitCtx, *a)
 	switch {
 	case err == nil:
 		adopted(e.log, e.cfg.Observer, a, "settle")
-		n.trackAdopted(waitCtx, a)
+		n.trackAdopted(a, ids)
 	case errors.Is(err, facilitator.ErrDuplicate), errors.Is(err, facilitator.ErrNonceTaken):
 		// Adopted (or settled) meanwhile, or the ledger holds another settlement at its nonce:
 		// the row, if any, answers.
@@ -178,31 +178,33 @@ func (e *Engine) adoptUsed(ctx, waitCtx context.Context, n *chainEngine, p *faci
 	return out, true, err
 }
 
-// trackAdopted watches the rows an adoption recorded when this process holds their key: the
-// watcher takes them to final, or back should a reorganisation take their block away, as it does
-// the rows recovery resumes. A key held elsewhere is its holder's (and the reconcile job's).
-func (n *chainEngine) trackAdopted(ctx context.Context, a *facilitator.Adoption) {
+// trackAdopted watches the rows an adoption recorded (ids, in the order of a's members) when
+// this process holds their key: the watcher takes them to final, or back should a
+// reorganisation take their block away, as it does the rows recovery resumes. A key held
+// elsewhere is its holder's (and the reconcile job's).
+func (n *chainEngine) trackAdopted(a *facilitator.Adoption, ids []int64) {
 	var s *sender
 	for _, x := range n.senders {
 		if x.addr == a.Signer && x.held() != nil {
 			s = x
 		}
 	}
-	if s == nil {
+	if s == nil || len(ids) != len(a.Members) {
 		return
 	}
 	e := n.engine
 	var flights []*flight
-	for _, m := range a.Members {
-		row, err := e.store.SettlementByKey(ctx, m.Key)
-		if err != nil || !row.State.Succeeded() || row.TxHash != a.Tx.Hash || e.flight(row.ID) != nil {
-			continue // not read (the reconcile job finalizes it), or already watched
+	for i, m := range a.Members {
+		if e.flight(ids[i]) != nil {
+			continue // already watched
 		}
-		f, err := recovered(s, &facilitator.OpenSettlement{Settlement: *row, Txs: []facilitator.TxRecord{a.Tx}})
+		row := facilitator.Settlement{ID: ids[i], Key: m.Key, Fingerprint: m.Fingerprint, PayTo: m.PayTo, Value: m.Value, ValidBefore: m.ValidBefore,
+			Signer: a.Signer, TxNonce: a.TxNonce, BatchSlot: m.Slot, State: facilitator.StateMined, CreatedAt: e.now()}
+		f, err := recovered(s, &facilitator.OpenSettlement{Settlement: row, Txs: []facilitator.TxRecord{a.Tx}})
 		if err != nil {
 			continue
 		}
-		f.minedHash, f.block, f.blockHash = row.TxHash, row.BlockNumber, row.BlockHash
+		f.minedHash, f.block, f.blockHash = a.Tx.Hash, a.BlockNumber, a.BlockHash
 		flights = append(flights, f)
 	}
 	linkFamilies(flights)

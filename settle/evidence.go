@@ -99,8 +99,10 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 // readSenders reads, for each settlement whose authorization a transaction that is none of its
 // variants used, who signed that transaction: one of our keys (the ledger lost the variant that
 // mined) or not. Only then, so a round costs what it did without a loss. The sender is
-// recovered from the transaction's signature, not taken from the node (ethrpc.Verified); a
-// transaction the node does not give makes the reads not known this round.
+// recovered from the transaction's signature, not taken from the node (ethrpc.Verified), so a
+// node can withhold a transaction of ours but never make one ours. A request that failed makes
+// the reads not known this round; a transaction the node does not give (or not the one named)
+// is not shown ours, as before: its verdict must still be read twice, on a quorum, final.
 func readSenders(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, prs []*pinnedRead) error {
 	var asks []*pinnedRead
 	var elems []rpc.BatchElem
@@ -122,12 +124,10 @@ func readSenders(ctx context.Context, batch func(context.Context, []rpc.BatchEle
 	for i, pr := range asks {
 		tx := *elems[i].Result.(**types.Transaction)
 		if elems[i].Error != nil || tx == nil {
-			pr.read, pr.receipts = nil, nil
 			continue
 		}
 		_, from, err := ethrpc.Verified(tx, pr.read.use.tx)
 		if err != nil {
-			pr.read, pr.receipts = nil, nil
 			continue
 		}
 		use := *pr.read.use

@@ -72,16 +72,15 @@ func (w *simWorld) lossStep() error {
 	return err
 }
 
-// nonceLost reports whether the tx nonce of our transaction h is held in the ledger by a failed
-// settlement of another authorization.
+// nonceLost reports whether the tx nonce of our transaction h is held in the ledger by another
+// settlement (h's authorization has no row).
 func nonceLost(c *settlesim.Chain, rows []settlesim.LedgerRow, h common.Hash) bool {
 	info, ok := c.Tx(h)
 	if !ok {
 		return false
 	}
 	for _, r := range rows {
-		s := r.Settlement
-		if s.Signer == info.From && s.TxNonce == info.Nonce && !s.State.Open() && !s.State.Succeeded() {
+		if s := r.Settlement; s.Signer == info.From && s.TxNonce == info.Nonce {
 			return true
 		}
 	}

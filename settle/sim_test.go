@@ -911,7 +911,7 @@ func (w *simWorld) checkInvariants() error {
 		switch {
 		case byUs && !hasRow && w.losses.count > 0 && nonceLost(w.chain, rows, use.TxHash):
 			// A transaction the lost ledger lacked, whose nonce the restarted engine gave another
-			// settlement (signed while the lost one waited in a pool) that then failed there: the
+			// settlement (signed while the lost one waited in a pool) that then ended there: the
 			// ledger cannot adopt it at that nonce (invariant 7's key), and its callers are told
 			// pending, never a failure (checked above).
 			w.stats.adoptBlocked++

@@ -24,22 +24,29 @@ import (
 func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error) {
 	ids := make([]int64, len(a.Members))
 	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		home, homeSlot := int64(0), 0
 		for i, m := range a.Members {
-			id, err := adoptMember(ctx, tx, a, m)
+			id, placed, err := adoptMember(ctx, tx, a, m)
 			if err != nil {
 				return err
 			}
 			ids[i] = id
+			switch {
+			case placed && (home == 0 || m.Slot < homeSlot):
+				home, homeSlot = id, m.Slot
+			case !placed:
+				// Resolved where it is: the transaction is one of its family's variants.
+				if err := recordAdoptedTx(ctx, tx, a.Tx, `SELECT `+familyID+` FROM settlements WHERE id = $5`, id); err != nil {
+					return err
+				}
+			}
+		}
+		if home == 0 {
+			return nil
 		}
 		// The transaction is recorded once, under the lowest slot at its nonce (slot 0, where
 		// the batch's variants live, whenever it is there).
-		_, err := tx.Exec(ctx, `
-			INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
-			SELECT $1, id, $2, $3, $4 FROM settlements WHERE network = $5 AND signer = $6 AND tx_nonce = $7
-			ORDER BY batch_slot LIMIT 1
-			ON CONFLICT (tx_hash) DO NOTHING`,
-			a.Tx.Hash[:], a.Tx.Raw, numeric(orZero(a.Tx.TipCap)), numeric(orZero(a.Tx.FeeCap)), a.Network, a.Signer[:], int64(a.TxNonce))
-		return err
+		return recordAdoptedTx(ctx, tx, a.Tx, `SELECT $5::bigint`, home)
 	})
 	if err != nil {
 		return nil, insertError(err)
@@ -47,30 +54,42 @@ func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]i
 	return ids, nil
 }
 
+// recordAdoptedTx records an adopted transaction under the settlement the query owner (with
+// $5) names; one recorded already is left as it is.
+func recordAdoptedTx(ctx context.Context, tx pgx.Tx, t facilitator.TxRecord, owner string, arg any) error {
+	_, err := tx.Exec(ctx, `INSERT INTO settlement_txs (tx_hash, settlement_id, raw, gas_tip_cap, gas_fee_cap)
+		SELECT $1, (`+owner+`), $2, $3, $4 ON CONFLICT (tx_hash) DO NOTHING`,
+		t.Hash[:], t.Raw, numeric(orZero(t.TipCap)), numeric(orZero(t.FeeCap)), arg)
+	return err
+}
+
 // errAdoptRace: the member's row was inserted by a concurrent adoption between the look and
 // the insert; looked at again.
 var errAdoptRace = errors.New("adopted concurrently")
 
-func adoptMember(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (int64, error) {
+// adoptMember adopts one member; placed reports that its row is at the transaction's (signer,
+// tx nonce, slot).
+func adoptMember(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (id int64, placed bool, err error) {
 	for try := 0; ; try++ {
-		id, err := adoptOnce(ctx, tx, a, m)
+		id, placed, err = adoptOnce(ctx, tx, a, m)
 		if !errors.Is(err, errAdoptRace) || try > 0 {
-			return id, err
+			return id, placed, err
 		}
 	}
 }
 
-func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (int64, error) {
+func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (int64, bool, error) {
 	k := m.Key
 	detail := fmt.Sprintf("adopted: tx %s nonce %d block %d (the ledger had lost its record)", a.Tx.Hash.Hex(), a.TxNonce, a.BlockNumber)
 	var (
-		id     int64
-		state  string
-		txHash []byte
+		id, txNonce int64
+		slot        int16
+		state       string
+		txHash      []byte
 	)
-	err := tx.QueryRow(ctx, `SELECT id, state, tx_hash FROM settlements
+	err := tx.QueryRow(ctx, `SELECT id, state, tx_hash, tx_nonce, batch_slot FROM settlements
 		WHERE network = $1 AND asset = $2 AND payer = $3 AND auth_nonce = $4 FOR UPDATE`,
-		k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]).Scan(&id, &state, &txHash)
+		k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]).Scan(&id, &state, &txHash, &txNonce, &slot)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		request := m.Request
@@ -85,7 +104,7 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 		if b := m.PaymentID; b != nil {
 			var err error
 			if summary, err = json.Marshal(b.Summary); err != nil {
-				return 0, err
+				return 0, false, err
 			}
 			scope, pid, idFingerprint = b.Scope, &b.ID, b.Fingerprint[:]
 		}
@@ -109,31 +128,46 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 			a.Signer[:], int64(a.TxNonce), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], m.KeyID, int16(m.Slot), detail,
 			scope, pid, idFingerprint, summary).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, errAdoptRace
+			return 0, false, errAdoptRace
 		}
-		return id, err
+		return id, true, err
 	case err != nil:
-		return 0, err
+		return 0, false, err
 	}
+	placed := txNonce == int64(a.TxNonce) && int(slot) == m.Slot
 	switch facilitator.State(state) {
 	case facilitator.StateMined, facilitator.StateFinal:
 		if common.BytesToHash(txHash) == a.Tx.Hash {
-			return id, nil
+			return id, placed, nil
 		}
-		return 0, facilitator.ErrDuplicate
+		return 0, false, facilitator.ErrDuplicate
 	case facilitator.StateSigned, facilitator.StateBroadcast:
-		// The row survived and the variant that mined did not (a bump, a re-sign at another
-		// nonce or slot): the row moves to where the chain has it.
-		_, err := tx.Exec(ctx, `
-			WITH u AS (
-				UPDATE settlements SET state = 'mined', tx_nonce = $2, batch_slot = $3, tx_hash = $4, block_number = $5,
-					block_hash = $6, error_reason = NULL, error_message = NULL, adopted_at = now(), updated_at = now()
-				WHERE id = $1 RETURNING id)
-			INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $7 FROM u`,
-			id, int64(a.TxNonce), int16(m.Slot), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
-		return id, err
+	default:
+		return 0, false, facilitator.ErrDuplicate
 	}
-	return 0, facilitator.ErrDuplicate
+	// The row survived and the variant that mined did not (a bump, a re-sign at another nonce or
+	// slot): the row moves to where the chain has it, unless another settlement holds that place
+	// (one signed there after the loss, while the lost transaction waited in a pool: it cannot
+	// mine there now, and moves on when the engine re-signs it). Then the row is resolved where it
+	// is, the transaction recorded among its variants.
+	resolve := `WITH u AS (
+			UPDATE settlements SET state = 'mined', tx_nonce = $2, batch_slot = $3, tx_hash = $4, block_number = $5,
+				block_hash = $6, error_reason = NULL, error_message = NULL, adopted_at = now(), updated_at = now()
+			WHERE id = $1 RETURNING id)
+		INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $7 FROM u`
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	_, err = sp.Exec(ctx, resolve, id, int64(a.TxNonce), int16(m.Slot), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
+	if err == nil {
+		return id, true, sp.Commit(ctx)
+	}
+	if rerr := sp.Rollback(ctx); rerr != nil || !errors.Is(insertError(err), facilitator.ErrNonceTaken) {
+		return 0, false, errors.Join(err, rerr)
+	}
+	_, err = tx.Exec(ctx, resolve, id, txNonce, slot, a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
+	return id, placed, err
 }
 
 // BindAdopted gives an adopted row that no request made (its fingerprint zero: the adoption

@@ -84,6 +84,7 @@ func Run(t *testing.T, h Harness) {
 		{"AdoptBatch", adoptBatch},
 		{"ConcurrentAdopts", concurrentAdopts},
 		{"AdoptPaymentID", adoptPaymentID},
+		{"AdoptInPlace", adoptInPlace},
 	} {
 		if c.name == "SignerLeases" && h.Leasers == nil {
 			continue
@@ -1356,5 +1357,32 @@ func adoptPaymentID(t *testing.T, f *fixture) {
 	}
 	if rec, err := f.l.PaymentID(f.ctx, "", bound.PaymentID.ID); err != nil || rec.Settlement.ID != boundID {
 		t.Fatalf("an id bound already: %+v %v, want still settlement %d", rec, err, boundID)
+	}
+}
+
+// adoptInPlace: an open row whose mined transaction is at a nonce another settlement holds (one
+// signed there after the loss, while the lost transaction waited in a pool) is resolved mined
+// where it is, the transaction among its variants; the other settlement keeps its nonce.
+func adoptInPlace(t *testing.T, f *fixture) {
+	open := f.row(1)
+	openID := f.insert(t, open)
+	other := f.insert(t, f.row(2))
+	a := f.adoption(2, open)
+	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || !slices.Equal(ids, []int64{openID}) {
+		t.Fatalf("AdoptSettlements: %v %v", ids, err)
+	}
+	s := f.get(t, openID)
+	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != a.Tx.Hash || s.TxNonce != 1 {
+		t.Fatalf("the row resolved in place: %+v", s)
+	}
+	if o := f.get(t, other); o.TxNonce != 2 || o.State.Succeeded() {
+		t.Fatalf("the other settlement: %+v", o)
+	}
+	if byTx, err := f.l.SettlementByTx(f.ctx, a.Tx.Hash); err != nil || byTx.ID != openID {
+		t.Fatalf("SettlementByTx: %+v %v", byTx, err)
+	}
+	if again, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) {
+		t.Fatalf("adopting again: %v %v", again, err)
 	}
 }

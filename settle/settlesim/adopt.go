@@ -29,8 +29,9 @@ func (l *Ledger) AdoptSettlements(ctx context.Context, a facilitator.Adoption) (
 
 func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 	// Checked first, written after: the Postgres transaction rolls back on the first failure.
-	moved := map[nonceKey]bool{} // the members' new places
-	for _, m := range a.Members {
+	taken := map[nonceKey]bool{} // the members' new places
+	stay := map[int]bool{}       // open rows resolved where they are: another settlement holds the place
+	for i, m := range a.Members {
 		nk := nonceKey{a.Network, a.Signer, a.TxNonce, m.Slot}
 		r := l.byKey[m.Key]
 		switch {
@@ -39,14 +40,20 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 		case r != nil && !r.s.State.Open():
 			return nil, facilitator.ErrDuplicate
 		}
-		if h := l.byNonce[nk]; (h != nil && h != r) || moved[nk] {
-			return nil, facilitator.ErrNonceTaken
+		if h := l.byNonce[nk]; (h != nil && h != r) || taken[nk] {
+			if r == nil {
+				return nil, facilitator.ErrNonceTaken
+			}
+			stay[i] = true
+			continue
 		}
-		moved[nk] = true
+		taken[nk] = true
 	}
 	now := l.now()
 	detail := fmt.Sprintf("adopted: tx %s nonce %d block %d (the ledger had lost its record)", a.Tx.Hash.Hex(), a.TxNonce, a.BlockNumber)
 	ids := make([]int64, len(a.Members))
+	var home *ledgerRow
+	var placed []*ledgerRow
 	for i, m := range a.Members {
 		r := l.byKey[m.Key]
 		nk := nonceKey{a.Network, a.Signer, a.TxNonce, m.Slot}
@@ -73,6 +80,20 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 			}
 		case r.s.State.Succeeded():
 			ids[i] = r.s.ID
+			if r.s.TxNonce == a.TxNonce && r.s.BatchSlot == m.Slot && (home == nil || m.Slot < home.s.BatchSlot) {
+				home = r
+			}
+			continue
+		case stay[i]:
+			// Resolved where it is, the transaction among its family's variants.
+			r.s.State, r.s.TxHash, r.s.BlockNumber, r.blockHash = facilitator.StateMined, a.Tx.Hash, a.BlockNumber, a.BlockHash
+			r.s.ErrorReason, r.s.ErrorMessage = "", ""
+			r.adopted, r.updatedAt = true, now
+			l.event(r, string(facilitator.StateMined), detail)
+			if l.byTx[a.Tx.Hash] == nil {
+				l.addTxLocked(r, a.Tx)
+			}
+			ids[i] = r.s.ID
 			continue
 		default:
 			delete(l.byNonce, nonceKey{r.s.Key.Network, r.s.Signer, r.s.TxNonce, r.s.BatchSlot})
@@ -84,22 +105,24 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 		l.byNonce[nk] = r
 		l.event(r, string(facilitator.StateMined), detail)
 		ids[i] = r.s.ID
-	}
-	// The transaction once, under the lowest slot at its nonce; a member past it reads it there.
-	var first *ledgerRow
-	for _, r := range l.rows {
-		if r.s.Key.Network == a.Network && r.s.Signer == a.Signer && r.s.TxNonce == a.TxNonce && (first == nil || r.s.BatchSlot < first.s.BatchSlot) {
-			first = r
+		placed = append(placed, r)
+		if home == nil || m.Slot < home.s.BatchSlot {
+			home = r
 		}
 	}
-	for _, id := range ids {
-		if r := l.rows[id]; r != first {
-			r.family = first
+	// A member past slot 0 reads its batch's transactions at the slot-0 row of its nonce.
+	for _, r := range placed {
+		r.family = nil
+		if r.s.BatchSlot > 0 {
+			r.family = l.byNonce[nonceKey{a.Network, a.Signer, a.TxNonce, 0}]
 		}
 	}
-	if first != nil && l.byTx[a.Tx.Hash] == nil {
-		first.family = nil
-		l.addTxLocked(first, a.Tx)
+	// The transaction once, under the lowest slot placed at its nonce.
+	if home != nil && l.byTx[a.Tx.Hash] == nil {
+		rec := cloneTx(a.Tx)
+		rec.Gas = 0
+		home.txs = append(home.txs, LedgerTx{TxRecord: rec, CreatedAt: now})
+		l.byTx[a.Tx.Hash] = home
 	}
 	return ids, nil
 }
