@@ -213,6 +213,39 @@ func (n *chainEngine) trackAdopted(a *facilitator.Adoption, ids []int64) {
 	}
 }
 
+// watchAdopted watches an adopted row, mined, that this process holds the key of and does not
+// watch yet: its adoption's write answered an error though it committed, or the reconcile job
+// adopted it. Read back from the ledger with its transactions, as recovery reads a row.
+func (e *Engine) watchAdopted(ctx context.Context, row *facilitator.Settlement) {
+	if !row.Adopted || row.State != facilitator.StateMined || e.flight(row.ID) != nil {
+		return
+	}
+	n := e.networks[row.Key.Network]
+	if n == nil {
+		return
+	}
+	for _, s := range n.senders {
+		if s.addr != row.Signer || s.held() == nil {
+			continue
+		}
+		open, err := e.store.OpenSettlements(ctx, n.net.ID, s.addr)
+		if err != nil {
+			return // the reconcile job finalizes it, or a later request watches it
+		}
+		for _, o := range open {
+			if o.ID != row.ID || len(o.Txs) == 0 || !o.State.Succeeded() {
+				continue
+			}
+			f, err := recovered(s, &o)
+			if err != nil {
+				return
+			}
+			f.minedHash, f.block, f.blockHash = o.TxHash, o.BlockNumber, o.BlockHash
+			e.track(f)
+		}
+	}
+}
+
 // findUse finds the transaction that used the authorization of key (its AuthorizationUsed log)
 // within logLookback blocks of the head. One node's word names it only: whose it is and whether
 // it transferred are read from the transaction itself and judged (AdoptionOf).

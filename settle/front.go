@@ -182,6 +182,7 @@ func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp
 		// it gets no success and does not wait.
 		return fail(p, facilitator.ReasonNonceAlreadyUsed, "this authorization is already being settled from a different request", s.TxHash), nil
 	}
+	e.watchAdopted(waitCtx, s)
 	if f := e.flight(s.ID); f != nil {
 		return e.await(ctx, waitCtx, p, f), nil
 	}

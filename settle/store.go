@@ -90,10 +90,11 @@ type Store interface {
 	NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error)
 	// AdoptSettlements records a mined transaction of one of our keys that the ledger lost (a
 	// failover, a restore), all members or none, and returns their ids: a member with no row gets
-	// one, mined and marked adopted; an open row takes the transaction and is resolved mined; a
-	// row already mined by it is left alone. facilitator.ErrDuplicate: a member's row is resolved
-	// otherwise; facilitator.ErrNonceTaken: another settlement holds a member's (signer, tx nonce,
-	// slot).
+	// one, mined and marked adopted; an open row takes the transaction and is resolved mined (at
+	// the transaction's nonce and slot, or where it is when another settlement holds that place);
+	// a row already mined by it is left alone. facilitator.ErrDuplicate: a member's row is
+	// resolved otherwise; facilitator.ErrNonceTaken: another settlement holds a new member's
+	// (signer, tx nonce, slot).
 	AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error)
 	// BindAdopted gives an adopted row that no request made (zero fingerprint) the request now
 	// asking for it; false when the row is not such a row (any more).

@@ -16,11 +16,12 @@ import (
 // (facilitator.Adoption), in one transaction, and returns each member's settlement id in the
 // order of a.Members. A member whose authorization has no row gets one, mined and marked
 // adopted; an open row of the authorization (its mined variant was lost: a bump, a re-sign)
-// takes the transaction as its variant and is resolved mined; a row already mined by this
-// transaction is left as it is (adopting twice is adopting once). Errors, with nothing written:
+// takes the transaction as its variant and is resolved mined, moved to the transaction's nonce
+// and slot unless another settlement holds them; a row already mined by this transaction is
+// left as it is (adopting twice is adopting once). Errors, with nothing written:
 // facilitator.ErrDuplicate when a member's row is resolved otherwise (mined by another
-// transaction, or failed), facilitator.ErrNonceTaken when another settlement holds the member's
-// (signer, tx nonce, slot).
+// transaction, or failed), facilitator.ErrNonceTaken when another settlement holds a new
+// member's (signer, tx nonce, slot).
 func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error) {
 	ids := make([]int64, len(a.Members))
 	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
