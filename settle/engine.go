@@ -49,6 +49,10 @@ type Observer interface {
 	// A loop that is stuck stops beating, which an alert on the beat's age sees; a flag the
 	// stuck loop would have to clear itself could not say so.
 	Beat(loop, network string, at time.Time)
+	// Adopted: a mined transaction of signer's that the ledger lacked (it lost its newest
+	// commits: a failover, a restore) was recorded as the settlement of each authorization it
+	// used.
+	Adopted(network, signer string)
 }
 
 // The loops that beat.
@@ -72,6 +76,7 @@ func (noObserver) FeeBumped(string)                {}
 func (noObserver) NonceGap(string, string, string) {}
 func (noObserver) Disagreement(string)             {}
 func (noObserver) Beat(string, string, time.Time)  {}
+func (noObserver) Adopted(string, string)          {}
 
 // FaultPoint names a step of a settlement at which a crash test kills the process.
 type FaultPoint string

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -118,6 +120,17 @@ func (n *chainEngine) sawFinal(head uint64, tag facilitator.TagRead) {
 
 // saw records that an answer told of head h.
 func (n *chainEngine) saw(h uint64) { raise(&n.maxSeen, h) }
+
+// isSigner reports whether addr is one of the network's signer keys (held by this process or
+// not): a transaction it signed is ours, whether or not the ledger still has it.
+func (n *chainEngine) isSigner(addr common.Address) bool {
+	for _, s := range n.senders {
+		if s.addr == addr {
+			return true
+		}
+	}
+	return false
+}
 
 // raise sets a to v if v is higher, whoever else raises it meanwhile.
 func raise(a *atomic.Uint64, v uint64) {

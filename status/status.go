@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -55,6 +56,10 @@ type Network struct {
 	Head    Head
 	// Timeout bounds each request to the chain (default 5 s).
 	Timeout time.Duration
+	// Signers are the network's signer keys' addresses: a use by a transaction one of them
+	// signed is the facilitator's, though the ledger has no row of it (it lost its newest
+	// commits: a failover, a restore; the reconcile job adopts it).
+	Signers []common.Address
 }
 
 // Service answers status queries.
@@ -384,11 +389,28 @@ func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.Auth
 		st.State = facilitator.StatusCanceled
 		return true, nil
 	}
-	st.State, st.SettledBy = facilitator.StatusSettled, "other"
+	st.State, st.SettledBy = facilitator.StatusSettled, s.settledBy(ctx, n, use.TxHash)
 	if use.To != (common.Address{}) {
 		st.To, st.Value = use.To.Hex(), use.Value.String()
 	}
 	return true, nil
+}
+
+// settledBy names who sent tx, a use of an authorization the ledger does not have as ours:
+// "facilitator" when one of the network's signer keys signed it (read from the transaction's
+// own signature, ethrpc.SignedTx), else "other" (a transaction that could not be read too: the
+// answer is then the one the ledger and the index give).
+func (s *Service) settledBy(ctx context.Context, n Network, tx common.Hash) string {
+	if len(n.Signers) == 0 {
+		return "other"
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.Timeout)
+	defer cancel()
+	_, from, err := ethrpc.SignedTx(ctx, n.Head, tx)
+	if err == nil && slices.Contains(n.Signers, from) {
+		return "facilitator"
+	}
+	return "other"
 }
 
 // fromChain asks the chain directly: the index may lag, or may not cover the authorization's block.
@@ -454,7 +476,7 @@ func (s *Service) chainUse(ctx context.Context, n Network, st *facilitator.Autho
 		if l.Topics[0] == eip3009.AuthorizationCanceledTopic {
 			st.State = facilitator.StatusCanceled
 		} else {
-			st.State, st.SettledBy = facilitator.StatusSettled, "other"
+			st.State, st.SettledBy = facilitator.StatusSettled, s.settledBy(ctx, n, l.TxHash)
 		}
 		return nil
 	}

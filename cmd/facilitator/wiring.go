@@ -399,15 +399,22 @@ func (m *Main) startServices(ctx context.Context, networks []facilitator.Network
 		Logger:   log,
 	})
 	m.metrics.WatchPaymentIDs(idsvc.Counts)
+	// Each network's signer keys, held here or by another replica: a transaction one of them
+	// signed is ours even when the ledger lost it (a failover, a restore).
+	signers := map[string][]common.Address{}
+	for _, s := range m.engine.Signers() {
+		signers[s.Network] = append(signers[s.Network], s.Address)
+	}
 	var recNets []reconcile.Network
 	for i, n := range networks {
-		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "reconcile")})
+		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "reconcile"), Signers: signers[n.ID]})
 	}
 	rec := reconcile.New(reconcile.Config{Store: m.db, Networks: recNets, StaleAfter: cfg.ReconcileStale,
-		RPCTimeout: cfg.RPCTimeout, Logger: log})
+		RPCTimeout: cfg.RPCTimeout, Logger: log, Observer: m.metrics})
 	var statusNets []status.Network
 	for i, n := range networks {
-		statusNets = append(statusNets, status.Network{Network: n, Head: m.counted(m.rpcs[i], n.ID, "status"), Timeout: cfg.RPCTimeout})
+		statusNets = append(statusNets, status.Network{Network: n, Head: m.counted(m.rpcs[i], n.ID, "status"), Timeout: cfg.RPCTimeout,
+			Signers: signers[n.ID]})
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
 	ncfg := notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
