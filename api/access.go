@@ -28,6 +28,9 @@ func accessScope(path string) facilitator.Scope {
 		return facilitator.ScopeVerify
 	case within(p, "/settle"):
 		return facilitator.ScopeSettle
+	case isDeliveryPath(p):
+		// What a merchant delivered for its settlement is recorded with the key that settled it.
+		return facilitator.ScopeSettle
 	case strings.HasPrefix(p, "/v1/ops"), strings.HasPrefix(p, "/console/ops"):
 		// Operator data, and anything spelled like it.
 		return facilitator.ScopeOperator
@@ -40,6 +43,12 @@ func accessScope(path string) facilitator.Scope {
 		return facilitator.ScopeStatus
 	}
 	return ""
+}
+
+// isDeliveryPath reports whether path (lower case) is /v1/settlements/{tx}/delivery.
+func isDeliveryPath(p string) bool {
+	segs := strings.Split(p, "/")
+	return len(segs) == 5 && segs[1] == "v1" && segs[2] == "settlements" && segs[4] == "delivery"
 }
 
 // within reports whether path is prefix or lies under it.

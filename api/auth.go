@@ -104,7 +104,7 @@ func (g *authGuard) credential(r *http.Request, console bool) (*facilitator.APIK
 		return nil, &facilitator.Error{Code: facilitator.EUnauthenticated, Reason: facilitator.ReasonUnauthorized,
 			Message: "an API key is required (Authorization: Bearer <key>)"}
 	}
-	return auth.Authenticate(r.Context(), g.cfg.Keys, text)
+	return auth.Authenticate(r.Context(), g.cfg.Keys, text, g.now())
 }
 
 func (g *authGuard) now() time.Time {
@@ -136,6 +136,14 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return s.refuse(c, rateLimited("too many requests from this address", wait))
 		}
 		if g.cfg.Mode != AuthKeys {
+			return next(c)
+		}
+		if s.cfg.Receipts != nil && publicRoute(c.Path()) && noCredential(req) {
+			// No credential at all: the public view, under its own limit (receipt.go).
+			if err := s.allowPublic(c); err != nil {
+				return s.refuse(c, err)
+			}
+			c.Set(publicViewKey, true)
 			return next(c)
 		}
 		key, err := g.credential(req, isConsolePage(c.Path()))
@@ -203,14 +211,20 @@ func (s *consoleSessions) Login(ctx context.Context, client, text string) (strin
 	if s.guard.cfg.Sessions == nil {
 		return "", time.Time{}, facilitator.Unavailable("", "console sessions are not configured", errors.New("api: AuthConfig.Sessions is nil"))
 	}
-	key, err := auth.Authenticate(ctx, s.guard.cfg.Keys, text)
+	now := s.guard.now()
+	key, err := auth.Authenticate(ctx, s.guard.cfg.Keys, text, now)
 	if err != nil {
 		return "", time.Time{}, err
 	}
 	if !key.Has(facilitator.ScopeStatus) {
 		return "", time.Time{}, facilitator.Errorf(facilitator.EForbidden, facilitator.ReasonForbiddenScope, "the API key lacks the %s scope", facilitator.ScopeStatus)
 	}
-	token, session, err := auth.OpenSession(ctx, s.guard.cfg.Sessions, key, s.guard.now(), s.ttl)
+	ttl := s.ttl
+	if end, ok := auth.GraceEnd(key, text, now); ok && end.Sub(now) < ttl {
+		// A rotated key's old secret opens no session that outlives it.
+		ttl = end.Sub(now)
+	}
+	token, session, err := auth.OpenSession(ctx, s.guard.cfg.Sessions, key, now, ttl)
 	if err != nil {
 		return "", time.Time{}, err
 	}

@@ -41,12 +41,13 @@ type fuzzRecorder struct {
 	inserted  []facilitator.Webhook
 	disabled  []string
 	lastEvent int64
+	attached  []facilitator.DeliveryAttachment // Deliveries.AttachDelivery
 }
 
 func (r *fuzzRecorder) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.keys, r.ids, r.txs, r.after, r.inserted, r.disabled, r.lastEvent = nil, nil, nil, nil, nil, nil, 41
+	r.keys, r.ids, r.txs, r.after, r.inserted, r.disabled, r.lastEvent, r.attached = nil, nil, nil, nil, nil, nil, 41, nil
 }
 
 func (r *fuzzRecorder) record(f func()) {
@@ -158,8 +159,22 @@ func newFuzzAPI(f *testing.F) *fuzzAPI {
 	d := notify.New(notify.Config{Store: fuzzStore{r: rec}, Status: st, StreamPoll: time.Hour, KeepAlive: time.Hour, MaxStreams: 4})
 	f.Cleanup(d.Stop)
 	srv := api.New(api.Config{Verifier: fuzzVerifier{}, Settler: fuzzVerifier{}, Status: st, Notify: d,
-		Supported: facilitator.Supported(nil, nil, nil)})
+		Deliveries: fuzzDeliveries{r: rec}, Supported: facilitator.Supported(nil, nil, nil)})
 	return &fuzzAPI{h: srv.Handler(), rec: rec}
+}
+
+// fuzzDeliveries is api.Deliveries: every record is kept, for the authorization named or a lone one.
+type fuzzDeliveries struct{ r *fuzzRecorder }
+
+func (d fuzzDeliveries) AttachDelivery(_ context.Context, a facilitator.DeliveryAttachment) (facilitator.DeliveryCandidate, facilitator.DeliveryRecord, bool, error) {
+	d.r.record(func() { d.r.attached = append(d.r.attached, a) })
+	c := facilitator.DeliveryCandidate{ID: 1, State: facilitator.StateMined}
+	if a.Authorization != nil {
+		c.Key = *a.Authorization
+	}
+	rec := a.Record
+	rec.RecordedAt = time.Unix(1, 0).UTC()
+	return c, rec, true, nil
 }
 
 // serve answers one request. The request's context is already canceled, so an event stream ends
@@ -525,6 +540,76 @@ func FuzzWebhookRegistration(f *testing.F) {
 			if p != stored.PayTo[i].Hex() {
 				t.Fatalf("payTo %q answered, %s stored", p, stored.PayTo[i].Hex())
 			}
+		}
+	})
+}
+
+// FuzzDeliveryBody: POST /v1/settlements/{tx}/delivery answers 201 or 400 (invalid_delivery, or
+// for a malformed authorization the status routes' invalid_parameter and invalid_network), never
+// anything else; a refused body never reaches the ledger; and what reaches it is a lowercase
+// 0x-prefixed 32-byte digest, a printable media type of at most 255 characters (or none), a size
+// of 0 or more (or none), and a well-formed authorization (or none), from a body of at most 4 KiB.
+func FuzzDeliveryBody(f *testing.F) {
+	digest := "0x" + strings.Repeat("ab", 32)
+	auth := `{"network":"eip155:8453","asset":"0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913","from":"0x70997970C51812dc3A010C7d01b50e0d17dc79C8","nonce":"0x` + strings.Repeat("01", 32) + `"}`
+	for _, s := range []string{
+		`{"sha256":"` + digest + `"}`,
+		`{"sha256":"` + strings.ToUpper(digest) + `","contentType":"application/json; charset=utf-8","size":123}`,
+		`{"sha256":"` + digest + `","authorization":` + auth + `}`,
+		`{"sha256":"` + digest + `","authorization":{"network":"base"}}`,
+		`{"sha256":"` + digest + `","contentType":"json"}`,
+		`{"sha256":"` + digest + `","contentType":" text/plain"}`,
+		`{"sha256":"` + digest + `","contentType":"text/plain; charset=\"a\u00e9\""}`,
+		`{"sha256":"` + digest + `","size":-1}`,
+		`{"sha256":"` + digest + `","size":1e3}`,
+		`{"sha256":"` + digest + `","size":9223372036854775808}`,
+		`{"sha256":"` + digest + `","sha256":"0x12"}`,
+		`{"SHA256":"` + digest + `"}`,
+		`{"sha256":"` + digest + `"}{}`,
+		`{"sha256":"0x12"}`, `null`, `[]`, ``, `{}`,
+	} {
+		f.Add([]byte(s))
+	}
+	a := newFuzzAPI(f)
+	target := "/v1/settlements/0x" + strings.Repeat("cd", 32) + "/delivery"
+	digestRE := regexp.MustCompile(`^0x[0-9a-f]{64}$`)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		w, _, ok := a.serve(t, http.MethodPost, target, map[string]string{"Content-Type": "application/json"}, body)
+		if !ok {
+			t.Fatal("the request could not be built")
+		}
+		if w.Code != http.StatusCreated {
+			var e map[string]string
+			_ = json.Unmarshal(w.Body.Bytes(), &e)
+			switch e["error"] {
+			case facilitator.ReasonInvalidDelivery, "invalid_parameter", facilitator.ReasonInvalidNetwork:
+				fuzzErrorBody(t, w, http.StatusBadRequest, e["error"])
+			default:
+				t.Fatalf("HTTP %d %s", w.Code, w.Body)
+			}
+			if len(a.rec.attached) != 0 {
+				t.Fatalf("refused, yet recorded: %+v", a.rec.attached)
+			}
+			return
+		}
+		if len(body) > 4<<10 || len(a.rec.attached) != 1 {
+			t.Fatalf("201 for a %d-byte body after %d records", len(body), len(a.rec.attached))
+		}
+		r := a.rec.attached[0].Record
+		if !digestRE.MatchString(r.SHA256) || len(r.ContentType) > 255 || (r.Size != nil && *r.Size < 0) {
+			t.Fatalf("recorded %+v", r)
+		}
+		for _, c := range []byte(r.ContentType) {
+			if c < 0x20 || c > 0x7e {
+				t.Fatalf("recorded content type %q", r.ContentType)
+			}
+		}
+		if k := a.rec.attached[0].Authorization; k != nil && !fuzzNetworkRE.MatchString(k.Network) {
+			t.Fatalf("recorded authorization %+v", k)
+		}
+		var ans facilitator.DeliveryAnswer
+		if err := json.Unmarshal(w.Body.Bytes(), &ans); err != nil || ans.Delivery.SHA256 != r.SHA256 {
+			t.Fatalf("answer %s", w.Body)
 		}
 	})
 }

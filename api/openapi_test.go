@@ -69,6 +69,8 @@ var oasMirrors = []struct {
 	{"SupportedKind", reflect.TypeFor[facilitator.SupportedKind](), true},
 	{"AuthorizationStatus", reflect.TypeFor[facilitator.AuthorizationStatus](), true},
 	{"StatusFinality", reflect.TypeFor[facilitator.StatusFinality](), true},
+	{"Receipt", reflect.TypeFor[facilitator.Receipt](), true},
+	{"DeliveryRecord", reflect.TypeFor[facilitator.DeliveryRecord](), true},
 	{"Webhook", reflect.TypeFor[webhookJSON](), true},
 	{"WebhookEvent", reflect.TypeFor[notify.Message](), true},
 	{"SettlementItem", reflect.TypeFor[status.SettlementItem](), true},
@@ -76,6 +78,10 @@ var oasMirrors = []struct {
 	{"Delivery", reflect.TypeFor[deliveryJSON](), true},
 	{"DeliveryList", reflect.TypeFor[deliveriesJSON](), true},
 	{"Redelivery", reflect.TypeFor[redeliveryJSON](), true},
+	{"DeliveryRecord", reflect.TypeFor[facilitator.DeliveryRecord](), true},
+	{"DeliveryRecordAnswer", reflect.TypeFor[facilitator.DeliveryAnswer](), true},
+	{"DeliveryRecordRequest", reflect.TypeFor[deliveryBody](), false},
+	{"DeliveryAuthorization", reflect.TypeFor[deliveryAuthority](), false},
 	{"OpsOverview", reflect.TypeFor[ops.Snapshot](), true},
 	{"OpsQuantiles", reflect.TypeFor[ops.Quantiles](), true},
 	{"OpsSigner", reflect.TypeFor[ops.SignerRow](), true},
@@ -161,6 +167,10 @@ type oasFakes struct {
 	limitErr     error // the read-only limit check /verify makes
 	perKey       auth.Limit
 	perClient    auth.Limit
+	// deliveryErr is AttachDelivery's refusal; deliveryKept answers the record as already kept.
+	deliveryErr  error
+	deliveryKept bool
+	perPublic    auth.Limit // the public view's own limit
 }
 
 // The lists: one settlement and one delivery, with a next page.
@@ -203,6 +213,25 @@ func (f *oasFakes) RedeliverWebhook(_ context.Context, _ facilitator.Viewer, id 
 		return time.Time{}, facilitator.ErrDeliveryNotGivenUp
 	}
 	return time.Time{}, facilitator.ErrNotFound
+}
+
+// AttachDelivery keeps the record for the status's authorization, or refuses it as set up.
+func (f *oasFakes) AttachDelivery(_ context.Context, a facilitator.DeliveryAttachment) (facilitator.DeliveryCandidate, facilitator.DeliveryRecord, bool, error) {
+	switch {
+	case f.statusErr != nil:
+		return facilitator.DeliveryCandidate{}, facilitator.DeliveryRecord{}, false, f.statusErr
+	case f.deliveryErr != nil:
+		return facilitator.DeliveryCandidate{}, facilitator.DeliveryRecord{}, false, f.deliveryErr
+	case f.noSettlement:
+		return facilitator.DeliveryCandidate{}, facilitator.DeliveryRecord{}, false, facilitator.ErrNotFound
+	}
+	key, err := status.ParseKey(oasNetwork, oasAsset, oasFrom, oasNonce)
+	if err != nil {
+		panic(err)
+	}
+	rec := a.Record
+	rec.RecordedAt = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	return facilitator.DeliveryCandidate{ID: 42, Key: key, State: facilitator.StateMined}, rec, !f.deliveryKept, nil
 }
 
 func (f *oasFakes) CheckLimits(context.Context, *facilitator.Payment) error { return f.limitErr }
@@ -300,6 +329,22 @@ func (f *oasFakes) Settlement(ctx context.Context, _ common.Hash) (facilitator.A
 		st.Batch[1].Reason = facilitator.ReasonValidBefore
 	}
 	return st, err
+}
+
+// Public answers the public view of the status.
+func (f *oasFakes) Public(context.Context, facilitator.AuthorizationKey) (facilitator.Receipt, bool, error) {
+	return facilitator.PublicReceipt(f.status), f.found, f.statusErr
+}
+
+// PublicSettlement answers the public view of Settlement.
+func (f *oasFakes) PublicSettlement(ctx context.Context, tx common.Hash) (facilitator.Receipt, error) {
+	st, err := f.Settlement(ctx, tx)
+	return facilitator.PublicReceipt(st), err
+}
+
+// PaymentIDsOf: the one payment id the status names.
+func (f *oasFakes) PaymentIDsOf(context.Context, facilitator.AuthorizationKey, facilitator.Viewer) ([]string, error) {
+	return []string{oasPayID}, f.statusErr
 }
 
 // oasNotify is the real notify.Dispatcher over oasStore, with errors injected in front of it.
@@ -429,6 +474,20 @@ func (oasConsole) Refused(w http.ResponseWriter, _ *http.Request, _ error) {
 	w.WriteHeader(http.StatusUnauthorized)
 }
 
+func (oasConsole) ServeReceipt(w http.ResponseWriter, _ *http.Request, _ facilitator.Receipt, found bool) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if !found {
+		w.WriteHeader(http.StatusNotFound)
+	}
+	io.WriteString(w, "<!doctype html><title>Receipt</title>")
+}
+
+func (oasConsole) ReceiptError(w http.ResponseWriter, _ *http.Request, err error) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(HTTPStatus(err))
+	io.WriteString(w, "<!doctype html><title>Error</title>")
+}
+
 // oasOverview stands in for the operations overview: the real one over an empty ledger and one signer.
 type oasOverview struct{}
 
@@ -481,8 +540,9 @@ func oasServer(t *testing.T, f *oasFakes) *Server {
 		ReadySigners: func() map[string]string {
 			return map[string]string{"eip155:84532/0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266": "down: remote signer http://127.0.0.1:8550: account_signTransaction: connection refused"}
 		},
-		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f, Redeliver: f,
+		Verifier: f, Settler: f, Status: f, Notify: oasNotify{f: f, d: d}, Limits: f, Lists: f, Redeliver: f, Deliveries: f,
 		Console: oasConsole{}, Ops: oasOverview{}, Logger: slog.New(slog.DiscardHandler), Now: time.Now,
+		Receipts: f, ReceiptPage: oasConsole{}, PaymentIDs: f, PublicPerClient: f.perPublic,
 		Auth: &AuthConfig{Mode: AuthKeys, Keys: oasKeyStore{f: f}, PerKey: f.perKey, PerClient: f.perClient},
 		// A proxy the test's requests never come from: their client is their peer.
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
@@ -554,6 +614,9 @@ func oasProbes(t *testing.T) []oasProbe {
 		authURL     = "/v1/authorizations/" + oasNetwork + "/" + oasAsset + "/" + oasFrom + "/" + oasNonce
 		eventsRoute = "/v1/events/authorizations/{network}/{asset}/{from}/{nonce}"
 		eventsURL   = "/v1/events/authorizations/" + oasNetwork + "/" + oasAsset + "/" + oasFrom + "/" + oasNonce
+		// The receipt page: open in every mode, so no refusal probes.
+		receiptRoute = "/r/{network}/{asset}/{from}/{nonce}"
+		receiptURL   = "/r/" + oasNetwork + "/" + oasAsset + "/" + oasFrom + "/" + oasNonce
 	)
 	unavailable := func(reason string) func(*oasFakes) {
 		return func(f *oasFakes) {
@@ -602,6 +665,14 @@ func oasProbes(t *testing.T) []oasProbe {
 		}
 	}
 	notFound := func(f *oasFakes) { f.found, f.noSettlement = false, true }
+	refused := func(code facilitator.Code, reason string) func(*oasFakes) {
+		return func(f *oasFakes) { f.deliveryErr = facilitator.Errorf(code, reason, "refused") }
+	}
+	const (
+		deliveryRoute = "/v1/settlements/{tx}/delivery"
+		deliveryURL   = "/v1/settlements/" + oasTx + "/delivery"
+		deliveryRec   = `{"sha256": "0x9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "contentType": "application/json", "size": 57, "authorization": {"network": "` + oasNetwork + `", "asset": "` + oasAsset + `", "from": "` + oasFrom + `", "nonce": "` + oasNonce + `"}}`
+	)
 	probes := []oasProbe{
 		{name: "verify valid", method: "POST", url: "/verify", body: pay, status: 200},
 		{name: "verify invalid", method: "POST", url: "/verify", body: pay, status: 200, setup: func(f *oasFakes) {
@@ -655,6 +726,30 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "authorization unavailable", method: "GET", url: authURL, route: authRoute, status: 503, setup: unavailable("status_unavailable")},
 		{name: "authorization internal", method: "GET", url: authURL, route: authRoute, status: 500, setup: internal},
 
+		// Without any credential: the public view, under its own per-client limit.
+		{name: "authorization public", method: "GET", url: authURL, route: authRoute, status: 200, key: oasNoKey},
+		{name: "authorization public unseen", method: "GET", url: authURL, route: authRoute, status: 404, key: oasNoKey, setup: func(f *oasFakes) {
+			f.found = false
+			f.status = facilitator.AuthorizationStatus{State: facilitator.StatusUnused, Network: oasNetwork, Asset: oasAsset,
+				Authorizer: oasFrom, Nonce: oasNonce, Basis: "chain", IndexedHead: 12, Head: 12, Finality: facilitator.StatusFinality{Rule: "depth:12"}}
+		}},
+		{name: "authorization public rate limited", method: "GET", url: authURL, route: authRoute, status: 429, key: oasNoKey, before: 1,
+			setup: func(f *oasFakes) { f.perPublic = auth.Limit{Rate: 0.01, Burst: 1} }},
+		{name: "authorization public unavailable", method: "GET", url: authURL, route: authRoute, status: 503, key: oasNoKey, setup: unavailable("status_unavailable")},
+		{name: "settlement public", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 200, key: oasNoKey},
+		{name: "settlement public unknown", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 404, key: oasNoKey, setup: notFound},
+
+		{name: "receipt page", method: "GET", url: receiptURL, route: receiptRoute, status: 200, key: oasNoKey},
+		{name: "receipt JSON", method: "GET", url: receiptURL + ".json", route: receiptRoute, status: 200, key: oasNoKey},
+		{name: "receipt JSON by Accept", method: "GET", url: receiptURL, route: receiptRoute, status: 200, key: oasNoKey, header: map[string]string{"Accept": "application/json"}},
+		{name: "receipt page unseen", method: "GET", url: receiptURL, route: receiptRoute, status: 404, key: oasNoKey, setup: notFound},
+		{name: "receipt JSON unseen", method: "GET", url: receiptURL + ".json", route: receiptRoute, status: 404, key: oasNoKey, setup: notFound},
+		{name: "receipt bad nonce", method: "GET", url: "/r/" + oasNetwork + "/" + oasAsset + "/" + oasFrom + "/0x12.json", route: receiptRoute, status: 400, key: oasNoKey},
+		{name: "receipt rate limited", method: "GET", url: receiptURL + ".json", route: receiptRoute, status: 429, key: oasNoKey, before: 1,
+			setup: func(f *oasFakes) { f.perPublic = auth.Limit{Rate: 0.01, Burst: 1} }},
+		{name: "receipt unavailable", method: "GET", url: receiptURL + ".json", route: receiptRoute, status: 503, key: oasNoKey, setup: unavailable("status_unavailable")},
+		{name: "receipt internal", method: "GET", url: receiptURL + ".json", route: receiptRoute, status: 500, key: oasNoKey, setup: internal},
+
 		{name: "payment", method: "GET", url: "/v1/payments/" + oasPayID, route: "/v1/payments/{id}", status: 200},
 		{name: "payment bad id", method: "GET", url: "/v1/payments/short", route: "/v1/payments/{id}", status: 400},
 		{name: "payment unknown", method: "GET", url: "/v1/payments/" + oasPayID, route: "/v1/payments/{id}", status: 404, setup: notFound},
@@ -666,6 +761,19 @@ func oasProbes(t *testing.T) []oasProbe {
 		{name: "settlement unknown", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 404, setup: notFound},
 		{name: "settlement unavailable", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 503, setup: unavailable("status_unavailable")},
 		{name: "settlement internal", method: "GET", url: "/v1/settlements/" + oasTx, route: "/v1/settlements/{tx}", status: 500, setup: internal},
+
+		{name: "attach delivery", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 201},
+		{name: "attach delivery again", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 200, setup: func(f *oasFakes) { f.deliveryKept = true }},
+		{name: "attach delivery malformed", method: "POST", url: deliveryURL, route: deliveryRoute, body: `{"sha256": "0x12"}`, status: 400},
+		{name: "attach delivery bad hash", method: "POST", url: "/v1/settlements/0x12/delivery", route: deliveryRoute, body: deliveryRec, status: 400},
+		{name: "attach delivery unknown", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 404, setup: notFound},
+		{name: "attach delivery another key's", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 403, setup: refused(facilitator.EForbidden, facilitator.ReasonNotSettlingKey)},
+		{name: "attach delivery pending", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 409, setup: refused(facilitator.EConflict, facilitator.ReasonSettlementPending)},
+		{name: "attach delivery failed", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 409, setup: refused(facilitator.EConflict, facilitator.ReasonSettlementNotSucceeded)},
+		{name: "attach delivery conflict", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 409, setup: refused(facilitator.EConflict, facilitator.ReasonDeliveryConflict)},
+		{name: "attach delivery unavailable", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 503, setup: unavailable("ledger_unavailable")},
+		// An untyped failure of the ledger is a ledger not answering: 503, the same record may be sent again.
+		{name: "attach delivery ledger error", method: "POST", url: deliveryURL, route: deliveryRoute, body: deliveryRec, status: 503, setup: internal},
 
 		{name: "create webhook", method: "POST", url: "/v1/webhooks", body: `{"url": "https://merchant.example/hook", "payTo": ["` + oasAsset + `"]}`, status: 201},
 		{name: "create webhook malformed", method: "POST", url: "/v1/webhooks", body: `{"url": 1}`, status: 400},
@@ -753,16 +861,27 @@ func oasProbes(t *testing.T) []oasProbe {
 			refusal("key store down", 503, "", func(f *oasFakes) { f.keysDown = true }),
 		)
 		n := len(probes)
+		if oasPublicRoute(base.route) {
+			// No credential at all is the public view; every other refusal stands.
+			probes[n-10].status = base.status
+		}
 		probes[n-9].header = map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}
 		probes[n-4].header = map[string]string{"X-API-Key": oasKeyAll.full}
 		probes[n-3].before, probes[n-2].before = 1, 1
-		if scope == facilitator.ScopeVerify || scope == facilitator.ScopeSettle {
+		if base.route == "/verify" || base.route == "/settle" {
+			// A payment's payee is checked against the key's allow-list; a delivery record is
+			// checked against the settlement's own key instead.
 			probes = append(probes,
 				refusal("payTo not allowed", 403, oasKeyOtherTo.full, nil),
 				refusal("payTo allowed", base.status, oasKeyPayTo.full, nil))
 		}
 	}
 	return probes
+}
+
+// oasPublicRoute reports whether an OpenAPI path is a route answering the public view without a key.
+func oasPublicRoute(path string) bool {
+	return publicRoute(regexp.MustCompile(`\{([^}]+)\}`).ReplaceAllString(path, ":$1"))
 }
 
 // TestOpenAPIRoutes: every route New registers, with every optional group on, is in the
@@ -866,7 +985,18 @@ func TestOpenAPISecurity(t *testing.T) {
 			continue
 		}
 		list, _ := sec.([]any)
-		scope := accessScope(strings.SplitN(key, " ", 2)[1])
+		path := strings.SplitN(key, " ", 2)[1]
+		scope := accessScope(path)
+		if oasPublicRoute(path) {
+			// The public view: no key at all is one of the ways in ({}), first.
+			if len(list) == 0 || len(list[0].(map[string]any)) != 0 {
+				t.Errorf("%s answers the public view without a key: its security must start with {}, got %v", key, sec)
+			} else {
+				list = list[1:]
+			}
+		} else if slices.ContainsFunc(list, func(r any) bool { m, _ := r.(map[string]any); return len(m) == 0 }) {
+			t.Errorf("%s names {} (no key) in its security, and its route has no public view", key)
+		}
 		if scope == "" {
 			if len(list) != 0 {
 				t.Errorf("%s needs no key, the document requires %v", key, sec)
@@ -1133,6 +1263,10 @@ func TestOpenAPIResponses(t *testing.T) {
 			case "text/plain":
 				if len(body) == 0 {
 					t.Errorf("%s: empty text body", key)
+				}
+			case "text/html":
+				if !bytes.HasPrefix(body, []byte("<!doctype html>")) {
+					t.Errorf("%s: not a page: %s", key, body)
 				}
 			default:
 				t.Errorf("%s: no check for %s", key, mediaType)

@@ -58,7 +58,7 @@ func TestAuthOperatorRoutes(t *testing.T) {
 		t.Helper()
 		// A session opened for the key as the login form opens one (an operator-only key lacks
 		// the status scope the form asks for).
-		k, err := auth.Authenticate(context.Background(), keys, key)
+		k, err := auth.Authenticate(context.Background(), keys, key, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,15 +25,20 @@ type ReadyFunc func(ctx context.Context) error
 // Ready implements ReadyChecker.
 func (f ReadyFunc) Ready(ctx context.Context) error { return f(ctx) }
 
-// ReadyResponse is the /readyz body: "ready" or "unready", and each check's state ("ok",
-// "timeout", or what failed).
+// ReadyResponse is the /readyz body: "ready", "degraded" or "unready", and each check's state
+// ("ok", "timeout", or what failed).
 type ReadyResponse struct {
 	Status string            `json:"status"`
 	Checks map[string]string `json:"checks"`
+	// Degraded lists the networks a check of which failed while another network serves: the
+	// process stays ready (200) for the others, which an orchestrator taking it out of service
+	// would stop too. Absent when every network passes.
+	Degraded []string `json:"degraded,omitempty"`
 	// Endpoints is each RPC endpoint's state, for operators; it does not make the process
 	// unready (a network serves while any of its endpoints does).
 	Endpoints map[string]string `json:"endpoints,omitempty"`
-	// Signers is each remote signer key's state ("ok, …", "down: …", "not contacted yet"), for
+	// Signers is each remote signer key's state ("ok, …", "down: …", "not contacted yet"), and
+	// each retiring key's ("retiring: n open settlement(s) …", "retiring: drained …"), for
 	// operators; it does not make the process unready (Config.ReadySigners says why).
 	Signers map[string]string `json:"signers,omitempty"`
 }
@@ -55,7 +62,8 @@ type readyAnswer struct {
 }
 
 // readyz answers from the last run of the checks while it is younger than ReadyEvery, else from a
-// new run (shared by everyone asking meanwhile): 200 when all pass, else 503. Unlike /healthz (is
+// new run (shared by everyone asking meanwhile): 200 when all pass or some network is degraded
+// while another serves (readiness), else 503. Unlike /healthz (is
 // the process alive), it says whether this process should get traffic.
 func (s *Server) readyz(c echo.Context) error {
 	ctx := c.Request().Context()
@@ -130,10 +138,15 @@ func (s *Server) checkReady(parent context.Context) *readyAnswer {
 		}
 	}
 	status := http.StatusOK
+	switch verdict, degraded := readiness(res.Checks); verdict {
+	case "unready":
+		res.Status, status = verdict, http.StatusServiceUnavailable
+	case "degraded":
+		res.Status, res.Degraded = verdict, degraded
+	}
 	for name, state := range res.Checks {
 		if state != "ok" {
-			res.Status, status = "unready", http.StatusServiceUnavailable
-			s.log.WarnContext(parent, "not ready", "check", name, "state", state)
+			s.log.WarnContext(parent, "not ready", "check", name, "state", state, "status", res.Status)
 		}
 	}
 	if s.cfg.ReadyEndpoints != nil {
@@ -143,4 +156,40 @@ func (s *Server) checkReady(parent context.Context) *readyAnswer {
 		res.Signers = s.cfg.ReadySigners()
 	}
 	return &readyAnswer{status: status, body: res}
+}
+
+// readiness judges the checks' states. A check named "<kind>:<network>" (rpc:eip155:8453,
+// indexer:eip155:8453) is one network's: while another network passes all of its own, a network
+// that fails one is degraded, not the process: one provider's outage must not take every
+// network's service away. A check of no network (postgres), or every network failing, is unready.
+func readiness(checks map[string]string) (verdict string, degraded []string) {
+	networks := map[string]bool{} // network: all its checks passed
+	unready := false
+	for name, state := range checks {
+		ok := state == "ok"
+		_, network, scoped := strings.Cut(name, ":")
+		if !scoped {
+			unready = unready || !ok
+			continue
+		}
+		if passed, seen := networks[network]; !seen || passed {
+			networks[network] = ok
+		}
+	}
+	serving := 0
+	for network, passed := range networks {
+		if passed {
+			serving++
+		} else {
+			degraded = append(degraded, network)
+		}
+	}
+	sort.Strings(degraded)
+	switch {
+	case unready || (len(networks) > 0 && serving == 0):
+		return "unready", nil
+	case len(degraded) > 0:
+		return "degraded", degraded
+	}
+	return "ready", nil
 }

@@ -3,6 +3,8 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -101,9 +103,11 @@ func TestReadyz(t *testing.T) {
 		}
 	})
 	t.Run("rpc refused", func(t *testing.T) {
+		// One network of two down: the other still serves, so the process stays in service,
+		// degraded, naming the network.
 		status, body, raw, _ := readyz(t, map[string]api.ReadyChecker{
 			"postgres": api.ReadyFunc(db.Ping), "rpc:eip155:31337": reader(chain.RPCURL), "rpc:eip155:8453": reader(closedURL)})
-		if status != http.StatusServiceUnavailable || body.Status != "unready" {
+		if status != http.StatusOK || body.Status != "degraded" || fmt.Sprint(body.Degraded) != "[eip155:8453]" {
 			t.Fatalf("%d %s", status, raw)
 		}
 		if body.Checks["postgres"] != "ok" || body.Checks["rpc:eip155:31337"] != "ok" {
@@ -114,6 +118,21 @@ func TestReadyz(t *testing.T) {
 		}
 		if strings.Contains(raw, "secret-provider-key") || strings.Contains(raw, "http://") {
 			t.Errorf("the body shows the RPC URL, which can hold a provider key: %s", raw)
+		}
+	})
+	t.Run("every network down", func(t *testing.T) {
+		status, body, raw, _ := readyz(t, map[string]api.ReadyChecker{"postgres": api.ReadyFunc(db.Ping),
+			"rpc:eip155:8453": reader(closedURL), "rpc:eip155:31337": reader(closedURL), "indexer:eip155:31337": api.ReadyFunc(func(context.Context) error { return nil })})
+		if status != http.StatusServiceUnavailable || body.Status != "unready" || body.Degraded != nil {
+			t.Fatalf("%d %s", status, raw)
+		}
+	})
+	t.Run("one network's indexer lagging", func(t *testing.T) {
+		status, body, raw, _ := readyz(t, map[string]api.ReadyChecker{"postgres": api.ReadyFunc(db.Ping),
+			"rpc:eip155:31337": reader(chain.RPCURL), "indexer:eip155:31337": api.ReadyFunc(func(context.Context) error { return nil }),
+			"rpc:eip155:8453": reader(chain.RPCURL), "indexer:eip155:8453": api.ReadyFunc(func(context.Context) error { return errors.New("lagging: 140 blocks") })})
+		if status != http.StatusOK || body.Status != "degraded" || fmt.Sprint(body.Degraded) != "[eip155:8453]" || body.Checks["indexer:eip155:8453"] != "lagging: 140 blocks" {
+			t.Fatalf("%d %s", status, raw)
 		}
 	})
 	t.Run("rpc silent", func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
+	"github.com/x402-facilitator/x402-facilitator/auth"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -47,7 +48,7 @@ type Config struct {
 	// ReadyEndpoints, when set, lists each RPC endpoint's state for the /readyz body (named,
 	// never by URL); informational only.
 	ReadyEndpoints func() map[string]string
-	// ReadySigners, when set, lists each remote signer key's state for the /readyz body
+	// ReadySigners, when set, lists each remote signer key's state, and each retiring key's, for the /readyz body
 	// ("network/address": "ok, …" or what failed). Like the endpoints, it does not make the process
 	// unready: a process whose signer is down still verifies, and /settle answers 503 with
 	// Retry-After; every replica shares the signer, so taking them all out of service would stop
@@ -69,6 +70,9 @@ type Config struct {
 	Redeliver Redeliverer
 	// Ops serves GET /v1/ops/overview (operator scope); nil leaves it out.
 	Ops Ops
+	// Deliveries serves POST /v1/settlements/{tx}/delivery (settle scope; the settling key only:
+	// deliveryrecord.go); nil leaves it out.
+	Deliveries Deliveries
 	// Limits, when set, is asked after a valid /verify verdict whether /settle's limits would
 	// refuse the payment now (read-only); a refusal answers like /settle's (429, Retry-After).
 	Limits Limits
@@ -76,6 +80,19 @@ type Config struct {
 	// TCP peer is in one of them is keyed (rate limits, logs, console logins) on the right-most
 	// forwarded address outside them. None: the TCP peer, always (client.go).
 	TrustedProxies []netip.Prefix
+	// Receipts serves the public view (receipt.go): under --auth keys, GET /v1/authorizations/…
+	// and GET /v1/settlements/{tx} sent with no credential at all, and in every mode the receipt
+	// pages GET /r/{network}/{asset}/{from}/{nonce}; nil (--public-receipts=false): none, and a
+	// status lookup without a key is 401 in keys mode.
+	Receipts Receipts
+	// PublicPerClient limits the public view's lookups per client address, on top of the
+	// per-client limit of every route; a zero Rate is no limit.
+	PublicPerClient auth.Limit
+	// ReceiptPage renders the receipt pages; nil: /r/… answers JSON only.
+	ReceiptPage ReceiptPage
+	// PaymentIDs lists, on the full status views, the payment ids that resolved to the
+	// authorization; nil: none listed.
+	PaymentIDs PaymentIDs
 	// Now is the clock a claimed success's deadline (facilitator.SettleOutcome.ClaimBy) and the age
 	// of /readyz's last check are read on; nil: time.Now, the settlement engine's own.
 	Now func() time.Time
@@ -110,6 +127,8 @@ type Server struct {
 	echo  *echo.Echo
 	guard *authGuard
 	ready readyCache
+	// publicLimit is the public view's per-client limit (Config.PublicPerClient).
+	publicLimit *auth.Limiter
 	// networks are the network names /supported lists: the values the Observer's network takes.
 	networks map[string]bool
 }
@@ -143,7 +162,7 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, networks: map[string]bool{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, networks: map[string]bool{}, publicLimit: auth.NewLimiter(cfg.PublicPerClient, cfg.Now)}
 	for _, k := range cfg.Supported.Kinds {
 		s.networks[k.Network] = true
 	}
@@ -175,6 +194,12 @@ func New(cfg Config) *Server {
 		e.GET("/v1/authorizations/:network/:asset/:from/:nonce", s.authorizationStatus)
 		e.GET("/v1/payments/:id", s.paymentStatus)
 		e.GET("/v1/settlements/:tx", s.settlementStatus)
+	}
+	if cfg.Deliveries != nil {
+		e.POST("/v1/settlements/:tx/delivery", s.attachDelivery)
+	}
+	if cfg.Receipts != nil {
+		e.GET("/r/:network/:asset/:from/:nonce", s.receipt)
 	}
 	if cfg.Lists != nil {
 		e.GET("/v1/settlements", s.listSettlements)

@@ -99,3 +99,51 @@ func TestConsoleSessionScopes(t *testing.T) {
 		t.Errorf("/console with a session whose key lost the status scope: %d, want 403", got)
 	}
 }
+
+// TestRotatedKeyGrace: on the API's clock (AuthConfig.Now), a rotated key's old secret passes the
+// guard through the grace and is refused from its end, the new one passes throughout; and a
+// console session opened with the old secret ends with the grace, not a session's length later.
+func TestRotatedKeyGrace(t *testing.T) {
+	keys := &memKeys{keys: map[string]*facilitator.APIKey{}}
+	sessions := &memSessions{}
+	t0 := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	now := t0
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	set := func(d time.Duration) { mu.Lock(); now = t0.Add(d); mu.Unlock() }
+	cfg := &api.AuthConfig{Mode: api.AuthKeys, Keys: keys, Sessions: sessions, Now: clock, SessionTTL: 12 * time.Hour}
+	srv := api.New(api.Config{Verifier: &stubVerifier{}, Ops: emptyOps{}, Console: okConsole{}, Auth: cfg})
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+
+	old := keys.add(t, facilitator.ScopeVerify, facilitator.ScopeStatus)
+	id, _ := auth.ParseID(old)
+	fresh, hash, err := auth.NewSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := t0.Add(time.Hour)
+	keys.mu.Lock()
+	k := keys.keys[id]
+	oldHash := k.Hash
+	k.Hash, k.RotatedAt, k.PreviousHash, k.PreviousUntil = hash, &t0, &oldHash, &until
+	keys.mu.Unlock()
+
+	body := newPayment(t, 1).body(t)
+	verify := func(key string) int {
+		t.Helper()
+		return doAuth(t, http.MethodPost, hs.URL+"/verify", key, body).Status
+	}
+	set(30 * time.Minute)
+	token, expires, err := api.ConsoleSessions(cfg).Login(context.Background(), "192.0.2.1", old)
+	if err != nil || !expires.Equal(until) {
+		t.Fatalf("login with the old secret in the grace: expires %s, want the grace's end %s (%v)", expires, until, err)
+	}
+	if a, b, c := verify(old), verify(fresh), getWithSession(t, hs.URL+"/console", token); a != 200 || b != 200 || c != 200 {
+		t.Fatalf("inside the grace: old %d, new %d, session %d; want 200s", a, b, c)
+	}
+	set(time.Hour)
+	if a, b, c := verify(old), verify(fresh), getWithSession(t, hs.URL+"/console", token); a != 401 || b != 200 || c != 401 {
+		t.Fatalf("at the grace's end: old %d (want 401), new %d (want 200), old's session %d (want 401)", a, b, c)
+	}
+}

@@ -31,7 +31,20 @@ func (s *Server) authorizationStatus(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StatusTimeout)
 	defer cancel()
+	if isPublicView(c) {
+		rc, found, err := s.cfg.Receipts.Public(ctx, key)
+		if err != nil {
+			return s.writeError(c, nil, facilitator.Bounded(ctx, err))
+		}
+		if !found {
+			return c.JSON(http.StatusNotFound, rc)
+		}
+		return c.JSON(http.StatusOK, rc)
+	}
 	st, found, err := s.cfg.Status.Authorization(ctx, key)
+	if err == nil {
+		err = s.withPaymentIDs(ctx, c, &st)
+	}
 	if err != nil {
 		return s.writeError(c, nil, facilitator.Bounded(ctx, err))
 	}
@@ -50,6 +63,9 @@ func (s *Server) paymentStatus(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StatusTimeout)
 	defer cancel()
 	st, err := s.cfg.Status.Payment(ctx, idScope(c), id)
+	if err == nil {
+		err = s.withPaymentIDs(ctx, c, &st)
+	}
 	if err != nil {
 		return s.writeError(c, nil, facilitator.Bounded(ctx, err))
 	}
@@ -63,7 +79,17 @@ func (s *Server) settlementStatus(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StatusTimeout)
 	defer cancel()
+	if isPublicView(c) {
+		rc, err := s.cfg.Receipts.PublicSettlement(ctx, tx)
+		if err != nil {
+			return s.writeError(c, nil, facilitator.Bounded(ctx, err))
+		}
+		return c.JSON(http.StatusOK, rc)
+	}
 	st, err := s.cfg.Status.Settlement(ctx, tx)
+	if err == nil {
+		err = s.withPaymentIDs(ctx, c, &st)
+	}
 	if err != nil {
 		return s.writeError(c, nil, facilitator.Bounded(ctx, err))
 	}

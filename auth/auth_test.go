@@ -60,7 +60,7 @@ func TestAuthenticate(t *testing.T) {
 	now := time.Now()
 	s := store{id: {ID: id, Hash: hash, Scopes: []facilitator.Scope{facilitator.ScopeVerify}},
 		revokedID: {ID: revokedID, Hash: revokedHash, Scopes: []facilitator.Scope{facilitator.ScopeVerify}, RevokedAt: &now}}
-	k, err := auth.Authenticate(ctx, s, full)
+	k, err := auth.Authenticate(ctx, s, full, time.Now())
 	if err != nil || k.ID != id {
 		t.Fatalf("good key: %v %v", k, err)
 	}
@@ -68,12 +68,12 @@ func TestAuthenticate(t *testing.T) {
 	flipped := full[:len(full)-1] + map[bool]string{true: "1", false: "0"}[last == '0']
 	other, _, _, _ := auth.Generate()
 	for name, text := range map[string]string{"revoked": revokedFull, "wrong secret": flipped, "unknown": other, "malformed": "Bearer x", "empty": ""} {
-		if _, err := auth.Authenticate(ctx, s, text); !errors.Is(err, auth.ErrUnauthorized) ||
+		if _, err := auth.Authenticate(ctx, s, text, time.Now()); !errors.Is(err, auth.ErrUnauthorized) ||
 			facilitator.ErrorCode(err) != facilitator.EUnauthenticated || facilitator.ErrorReason(err, "") != facilitator.ReasonUnauthorized {
 			t.Errorf("%s: want an unauthenticated refusal wrapping ErrUnauthorized, got %v", name, err)
 		}
 	}
-	if _, err := auth.Authenticate(ctx, downStore{}, full); err == nil || errors.Is(err, auth.ErrUnauthorized) ||
+	if _, err := auth.Authenticate(ctx, downStore{}, full, time.Now()); err == nil || errors.Is(err, auth.ErrUnauthorized) ||
 		facilitator.ErrorCode(err) != facilitator.EUnavailable {
 		t.Fatalf("store down: want an unavailable store error, got %v", err)
 	}
@@ -142,5 +142,48 @@ func TestLimiter(t *testing.T) {
 	var none *auth.Limiter = auth.NewLimiter(auth.Limit{}, nil)
 	if ok, _ := none.Allow("a"); !ok {
 		t.Fatal("a zero limit refuses")
+	}
+}
+
+// TestAuthenticateRotated: a rotated key opens with its new secret always, with the secret the
+// rotation replaced until the grace ends (at that instant it is refused), and GraceEnd tells which
+// one was presented.
+func TestAuthenticateRotated(t *testing.T) {
+	ctx := context.Background()
+	old, id, oldHash, _ := auth.Generate()
+	fresh, freshHash, err := auth.NewSecret(id)
+	if err != nil || fresh == old || !strings.HasPrefix(fresh, "x402_"+id+"_") || freshHash != auth.Hash(fresh) {
+		t.Fatalf("NewSecret(%s) = %q, %v", id, fresh, err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	until := t0.Add(time.Hour)
+	s := store{id: {ID: id, Hash: freshHash, Scopes: []facilitator.Scope{facilitator.ScopeVerify}, RotatedAt: &t0, PreviousHash: &oldHash, PreviousUntil: &until}}
+	for _, c := range []struct {
+		name string
+		key  string
+		at   time.Time
+		ok   bool
+	}{
+		{"new secret in the grace", fresh, t0.Add(time.Minute), true},
+		{"old secret in the grace", old, until.Add(-time.Nanosecond), true},
+		{"old secret at the grace's end", old, until, false},
+		{"old secret after the grace", old, until.Add(time.Hour), false},
+		{"new secret after the grace", fresh, until.Add(time.Hour), true},
+	} {
+		k, err := auth.Authenticate(ctx, s, c.key, c.at)
+		if c.ok != (err == nil) || (!c.ok && !errors.Is(err, auth.ErrUnauthorized)) || (c.ok && k.ID != id) {
+			t.Errorf("%s: %+v, %v", c.name, k, err)
+		}
+	}
+	if end, ok := auth.GraceEnd(s[id], old, t0); !ok || !end.Equal(until) {
+		t.Errorf("GraceEnd(old) = %s, %v; want %s", end, ok, until)
+	}
+	if _, ok := auth.GraceEnd(s[id], fresh, t0); ok {
+		t.Error("GraceEnd(new): the current secret has no grace")
+	}
+	// Rotated with no grace: the old secret is refused at once.
+	s[id].PreviousHash, s[id].PreviousUntil = nil, nil
+	if _, err := auth.Authenticate(ctx, s, old, t0); !errors.Is(err, auth.ErrUnauthorized) {
+		t.Errorf("old secret without a grace: %v", err)
 	}
 }

@@ -4,7 +4,9 @@
 //
 // A key is x402_<id>_<secret>: id is 12 hex characters (public, it names the key in logs, the CLI
 // and as the payment-identifier scope), secret is 32 random bytes in hex. Only the SHA-256 of the
-// whole key is stored; the key itself is shown once, when it is created.
+// whole key is stored; the key itself is shown once, when it is created. A rotation gives the key
+// a new secret under the same id (so that everything bound to the id, its payment ids, webhooks
+// and budget, stays the key's), and the secret it replaced keeps working through a grace.
 package auth
 
 import (
@@ -17,6 +19,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ethereum/go-ethereum/common"
 
@@ -32,16 +35,23 @@ const (
 // Generate makes a new key: the full text (to show once) and its id and hash (to store).
 func Generate() (full, id string, hash [32]byte, err error) {
 	var idb [idLen / 2]byte
-	var secret [secretLen / 2]byte
 	if _, err := rand.Read(idb[:]); err != nil {
 		return "", "", hash, fmt.Errorf("auth: generating a key: %w", err)
 	}
-	if _, err := rand.Read(secret[:]); err != nil {
-		return "", "", hash, fmt.Errorf("auth: generating a key: %w", err)
-	}
 	id = hex.EncodeToString(idb[:])
+	full, hash, err = NewSecret(id)
+	return full, id, hash, err
+}
+
+// NewSecret makes a new secret for the key id: the full text (to show once) and its hash (to
+// store). Generate uses it for a new key, a rotation for an existing one.
+func NewSecret(id string) (full string, hash [32]byte, err error) {
+	var secret [secretLen / 2]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return "", hash, fmt.Errorf("auth: generating a key: %w", err)
+	}
 	full = prefix + id + "_" + hex.EncodeToString(secret[:])
-	return full, id, Hash(full), nil
+	return full, Hash(full), nil
 }
 
 // Hash is what is stored for a key.
@@ -73,10 +83,26 @@ func isLowerHex(s string) bool {
 	return true
 }
 
-// matches reports, in constant time, whether full is k's key.
-func matches(k *facilitator.APIKey, full string) bool {
+// matches reports, in constant time, whether full is k's key at now: its secret, or the one its
+// latest rotation replaced while the grace runs.
+func matches(k *facilitator.APIKey, full string, now time.Time) bool {
 	h := Hash(full)
-	return subtle.ConstantTimeCompare(h[:], k.Hash[:]) == 1
+	current := subtle.ConstantTimeCompare(h[:], k.Hash[:]) == 1
+	return current || isPrevious(k, h, now)
+}
+
+func isPrevious(k *facilitator.APIKey, h [32]byte, now time.Time) bool {
+	return k.InGrace(now) && subtle.ConstantTimeCompare(h[:], k.PreviousHash[:]) == 1
+}
+
+// GraceEnd is when full stops opening k: the end of the grace when it is the secret k's rotation
+// replaced; ok is false for k's current secret (which lasts until it is rotated or revoked). A
+// console session opened with the old secret ends with it.
+func GraceEnd(k *facilitator.APIKey, full string, now time.Time) (end time.Time, ok bool) {
+	if isPrevious(k, Hash(full), now) {
+		return *k.PreviousUntil, true
+	}
+	return time.Time{}, false
 }
 
 // ParseScopes reads a comma-separated scope list; it must name at least one known scope.
@@ -129,10 +155,11 @@ type Store interface {
 	APIKey(ctx context.Context, id string) (*facilitator.APIKey, error)
 }
 
-// Authenticate checks a presented key text against store. A key that must be refused is an
+// Authenticate checks a presented key text against store at now (the previous secret of a rotated
+// key opens it until its grace ends). A key that must be refused is an
 // unauthenticated facilitator.Error wrapping ErrUnauthorized; a store that could not answer is an
 // unavailable one wrapping the store's error, whose text stays out of the answer.
-func Authenticate(ctx context.Context, store Store, presented string) (*facilitator.APIKey, error) {
+func Authenticate(ctx context.Context, store Store, presented string, now time.Time) (*facilitator.APIKey, error) {
 	id, ok := ParseID(presented)
 	if !ok {
 		return nil, refused()
@@ -144,7 +171,7 @@ func Authenticate(ctx context.Context, store Store, presented string) (*facilita
 	if err != nil {
 		return nil, facilitator.Unavailable("", "checking the API key failed; retry later", fmt.Errorf("auth: looking up key %s: %w", id, err))
 	}
-	if !matches(k, presented) || k.Revoked() {
+	if !matches(k, presented, now) || k.Revoked() {
 		return nil, refused()
 	}
 	return k, nil

@@ -160,3 +160,16 @@ func withoutURL(err error) error {
 	}
 	return err
 }
+
+// CheckGenesis refuses a genesis that is not the one the preset of n's chain id knows: a node that
+// answers the right chain id for another chain (a dev chain or a private network started with a
+// public chain's id) would have the facilitator settle on a chain the payers never signed for.
+// A chain without a preset, or whose preset knows no genesis, passes: its id is all there is.
+func CheckGenesis(n facilitator.Network, genesis common.Hash) error {
+	p, ok := ByChainID(n.ChainID)
+	if !ok || p.Genesis == (common.Hash{}) || p.Genesis == genesis {
+		return nil
+	}
+	return fmt.Errorf("%s: the RPC serves a chain with genesis %s, not %s's %s (chain %d): point the network's RPC at a %s node (a fork of %s keeps its genesis)%w",
+		n.ID, genesis.Hex(), p.Title, p.Genesis.Hex(), p.ChainID, p.Title, p.Title, quiet{ErrWrongChain})
+}

@@ -1,6 +1,8 @@
 package chains
 
 import (
+	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -168,5 +170,59 @@ func nodeModules(t *testing.T) string {
 			t.Skip("no node_modules with @x402/evm (run npm ci in the module root)")
 		}
 		dir = parent
+	}
+}
+
+// TestPresetExplorers: Base's and Base Sepolia's receipts link to Basescan; the local devchain has
+// no explorer; every explorer is an https origin with no trailing slash (a path is appended).
+func TestPresetExplorers(t *testing.T) {
+	for name, want := range map[string]string{"base": "https://basescan.org", "base-sepolia": "https://sepolia.basescan.org", "anvil": ""} {
+		p, err := Lookup(name)
+		if err != nil || p.Explorer != want {
+			t.Errorf("%s: explorer %q (%v), want %q", name, p.Explorer, err, want)
+		}
+	}
+	for _, p := range Presets() {
+		if p.Explorer == "" {
+			continue
+		}
+		u, err := url.Parse(p.Explorer)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" || u.RawQuery != "" {
+			t.Errorf("%s: explorer %q is not an https origin", p.Name, p.Explorer)
+		}
+	}
+}
+
+// TestPresetGenesis: a preset's genesis, where it has one, is a block hash written in full, and
+// the ones go-ethereum also states are its; the local devchain has none (each anvil run makes its
+// own).
+func TestPresetGenesis(t *testing.T) {
+	for _, e := range table() {
+		if e.genesis != "" && !regexp.MustCompile(`^0x[0-9a-f]{64}$`).MatchString(e.genesis) {
+			t.Errorf("%s: genesis %q is not a 32-byte lower-case hex hash", e.name, e.genesis)
+		}
+	}
+	for name, want := range map[string]common.Hash{"ethereum": params.MainnetGenesisHash, "ethereum-sepolia": params.SepoliaGenesisHash, "anvil": {}} {
+		if p, err := Lookup(name); err != nil || p.Genesis != want {
+			t.Errorf("%s: genesis %s, want %s (%v)", name, p.Genesis, want, err)
+		}
+	}
+	base, _ := Lookup("base")
+	if p, ok := ByChainID(8453); !ok || p.Name != "base" || p.Genesis != base.Genesis || base.Genesis == (common.Hash{}) {
+		t.Errorf("ByChainID(8453) = %+v, %v", p, ok)
+	}
+	if _, ok := ByChainID(4242); ok {
+		t.Error("ByChainID(4242): a preset for a chain there is none of")
+	}
+	n := facilitator.Network{ID: "eip155:8453", ChainID: 8453}
+	if err := CheckGenesis(n, base.Genesis); err != nil {
+		t.Errorf("Base's own genesis refused: %v", err)
+	}
+	err := CheckGenesis(n, common.HexToHash("0x01"))
+	if !errors.Is(err, ErrWrongChain) || !strings.Contains(err.Error(), "not Base's "+base.Genesis.Hex()) || !strings.Contains(err.Error(), "point the network's RPC at a Base node") {
+		t.Errorf("another genesis for Base's chain id: %v", err)
+	}
+	if err := CheckGenesis(facilitator.Network{ID: "eip155:31337", ChainID: 31337}, common.HexToHash("0x01")); err != nil {
+		t.Errorf("a devchain's genesis refused: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -161,6 +162,63 @@ func (c *Client) Payment(ctx context.Context, id string) (*facilitator.Authoriza
 func (c *Client) Settlement(ctx context.Context, tx common.Hash) (*facilitator.AuthorizationStatus, error) {
 	var res facilitator.AuthorizationStatus
 	return &res, c.get(ctx, "/v1/settlements/"+tx.Hex(), &res)
+}
+
+// AttachDelivery records, with the key that made the settlement of transaction tx, what the
+// merchant served for it: body's SHA-256 and size, and contentType ("" for none). auth names the
+// settlement among a batch's (nil: the transaction's only one). The record is kept once: the same
+// record again answers the one kept (a retry after a lost answer is safe, and 503s are retried
+// like a lookup's), a different one is an *Error with reason delivery_conflict. Call it after
+// the paid response was written: the payer can then hash what it received and compare with the
+// record on the authorization's status.
+func (c *Client) AttachDelivery(ctx context.Context, tx common.Hash, auth *facilitator.AuthorizationKey, body []byte, contentType string) (*facilitator.DeliveryAnswer, error) {
+	digest := sha256.Sum256(body)
+	size := int64(len(body))
+	req := deliveryRequest{SHA256: hexutil.Encode(digest[:]), ContentType: contentType, Size: &size}
+	if auth != nil {
+		req.Authorization = &deliveryAuthorization{Network: auth.Network, Asset: auth.Asset.Hex(), From: auth.Payer.Hex(), Nonce: hexutil.Encode(auth.Nonce[:])}
+	}
+	raw, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	path := "/v1/settlements/" + tx.Hex() + "/delivery"
+	for attempt := 0; ; attempt++ {
+		// One of the two shapes: the answer, or a refusal's {error, message}.
+		var res struct {
+			facilitator.DeliveryAnswer
+			Error   string `json:"error"`
+			Message string `json:"message"`
+		}
+		status, h, err := c.do(ctx, http.MethodPost, path, raw, &res)
+		switch {
+		case err != nil:
+			return nil, err
+		case status == http.StatusOK || status == http.StatusCreated:
+			return &res.DeliveryAnswer, nil
+		case status == http.StatusServiceUnavailable && attempt < c.retries && c.wait(ctx, h.Get("Retry-After"), attempt):
+			continue
+		}
+		if res.Error == "" {
+			res.Error, res.Message = http.StatusText(status), "POST "+path
+		}
+		return nil, &Error{Status: status, Reason: res.Error, Message: res.Message}
+	}
+}
+
+// deliveryRequest is POST /v1/settlements/{tx}/delivery's body.
+type deliveryRequest struct {
+	SHA256        string                 `json:"sha256"`
+	ContentType   string                 `json:"contentType,omitempty"`
+	Size          *int64                 `json:"size,omitempty"`
+	Authorization *deliveryAuthorization `json:"authorization,omitempty"`
+}
+
+type deliveryAuthorization struct {
+	Network string `json:"network"`
+	Asset   string `json:"asset"`
+	From    string `json:"from"`
+	Nonce   string `json:"nonce"`
 }
 
 // ErrNotFound is returned by the status lookups for what the facilitator has never seen.

@@ -3,14 +3,19 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
 
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -144,5 +149,58 @@ func TestLookupsAskAgainAfter503(t *testing.T) {
 	var e *client.Error
 	if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || calls != 2 {
 		t.Fatalf("with 1 retry: %v after %d calls; want the 503 after 2", err, calls)
+	}
+}
+
+// TestAttachDelivery: AttachDelivery posts the body's SHA-256 and size, the content type and the
+// authorization to /v1/settlements/{tx}/delivery; it sends the same record again after a 503
+// (it is kept once, so a resend is safe), and a refusal is an *Error with the facilitator's reason.
+func TestAttachDelivery(t *testing.T) {
+	served := []byte(`{"city":"Lisbon"}` + "\n")
+	sum := sha256.Sum256(served)
+	tx := common.HexToHash("0xcd")
+	key := facilitator.AuthorizationKey{Network: "eip155:8453", Asset: common.HexToAddress("0xa"), Payer: common.HexToAddress("0xb"), Nonce: [32]byte{7}}
+	var mu sync.Mutex
+	var bodies []map[string]any
+	statuses := []int{http.StatusServiceUnavailable, http.StatusCreated, http.StatusConflict}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&b)
+		mu.Lock()
+		i := len(bodies)
+		bodies = append(bodies, b)
+		mu.Unlock()
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/settlements/"+tx.Hex()+"/delivery" {
+			t.Errorf("%s %s", r.Method, r.URL.Path)
+		}
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(statuses[i])
+		switch statuses[i] {
+		case http.StatusCreated:
+			_ = json.NewEncoder(w).Encode(facilitator.DeliveryAnswer{Network: key.Network, Status: "/v1/authorizations/x",
+				Delivery: facilitator.DeliveryRecord{SHA256: b["sha256"].(string), RecordedAt: time.Unix(1, 0).UTC()}})
+		default:
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": "delivery_conflict", "message": "a different delivery"})
+		}
+	}))
+	defer srv.Close()
+	c := client.New(srv.URL)
+
+	ans, err := c.AttachDelivery(context.Background(), tx, &key, served, "application/json")
+	if err != nil || ans.Delivery.SHA256 != hexutil.Encode(sum[:]) || ans.Status != "/v1/authorizations/x" {
+		t.Fatalf("got %+v, %v", ans, err)
+	}
+	want := map[string]any{"sha256": hexutil.Encode(sum[:]), "contentType": "application/json", "size": float64(len(served)),
+		"authorization": map[string]any{"network": key.Network, "asset": key.Asset.Hex(), "from": key.Payer.Hex(), "nonce": hexutil.Encode(key.Nonce[:])}}
+	if len(bodies) != 2 || !reflect.DeepEqual(bodies[0], want) || !reflect.DeepEqual(bodies[1], want) {
+		t.Fatalf("sent %v, want twice %v", bodies, want)
+	}
+	_, err = c.AttachDelivery(context.Background(), tx, nil, []byte("another"), "")
+	var e *client.Error
+	if !errors.As(err, &e) || e.Status != http.StatusConflict || e.Reason != "delivery_conflict" {
+		t.Fatalf("a refusal: %v", err)
+	}
+	if _, ok := bodies[2]["authorization"]; ok {
+		t.Fatalf("without an authorization, sent %v", bodies[2])
 	}
 }

@@ -3,6 +3,8 @@ package client
 import (
 	"fmt"
 	"io"
+	"strings"
+	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -27,6 +29,9 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 	}
 	row("authorization", fmt.Sprintf("%s %s from %s nonce %s", st.Network, st.Asset, st.Authorizer, st.Nonce))
 	row("payment id", st.PaymentID)
+	if len(st.PaymentIDs) > 0 {
+		row("payment ids", strings.Join(st.PaymentIDs, ", "))
+	}
 	row("transaction", st.Transaction)
 	if st.BlockNumber > 0 {
 		final := "not final yet"
@@ -46,7 +51,24 @@ func PrintStatus(w io.Writer, st *facilitator.AuthorizationStatus, found bool) {
 		row("paid", fmt.Sprintf("%s to %s", st.Value, st.To))
 	}
 	row("reason", st.Reason)
-	row("read from", fmt.Sprintf("%s, indexed head %d, chain head %d", st.Basis, st.IndexedHead, st.Head))
+	if d := st.Delivery; d != nil {
+		// The merchant's word on what it served: a payer compares it with the SHA-256 of what it got.
+		what := "sha256 " + d.SHA256
+		if d.ContentType != "" {
+			what += ", " + d.ContentType
+		}
+		if d.Size != nil {
+			what += fmt.Sprintf(", %d bytes", *d.Size)
+		}
+		row("delivered", what+", recorded "+d.RecordedAt.UTC().Format(time.RFC3339)+" by the merchant")
+	}
+	if st.View == facilitator.ViewPublic {
+		// Asked without an API key: no payment ids, and our ledger only once our transaction was sent.
+		row("view", "public (no API key)")
+		row("read from", fmt.Sprintf("%s, chain head %d", st.Basis, st.Head))
+	} else {
+		row("read from", fmt.Sprintf("%s, indexed head %d, chain head %d", st.Basis, st.IndexedHead, st.Head))
+	}
 	if len(st.Batch) > 0 {
 		// The answer's own fields are the batch's first settlement's: the others are only named
 		// here, each with the path of its own full answer.

@@ -3,6 +3,7 @@ package client_test
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -11,6 +12,7 @@ import (
 // TestPrintStatus pins what 'facilitator status' prints for a person: only the fields the answer
 // has, the state's advice, and the note when only the chain knows the authorization.
 func TestPrintStatus(t *testing.T) {
+	size := int64(57)
 	for _, c := range []struct {
 		name  string
 		st    facilitator.AuthorizationStatus
@@ -29,6 +31,16 @@ block         20 (3 confirmations, final)
 finality      tag:finalized, final up to block 20
 paid          10000 to 0xC
 read from     ledger, indexed head 21, chain head 22
+`},
+		{"delivered", facilitator.AuthorizationStatus{State: "settled", SettledBy: "facilitator", Network: "eip155:1", Asset: "0xA", Authorizer: "0xB", Nonce: "0x01",
+			Transaction: "0xT", Basis: "ledger", Delivery: &facilitator.DeliveryRecord{SHA256: "0xab", ContentType: "application/json", Size: &size,
+				RecordedAt: time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)}}, true,
+			`state         settled (by facilitator)
+meaning       the payment happened
+authorization eip155:1 0xA from 0xB nonce 0x01
+transaction   0xT
+delivered     sha256 0xab, application/json, 57 bytes, recorded 2026-12-03T12:00:00Z by the merchant
+read from     ledger, indexed head 0, chain head 0
 `},
 		{"unseen", facilitator.AuthorizationStatus{State: "unused", Network: "eip155:1", Asset: "0xA", Authorizer: "0xB", Nonce: "0x02", Basis: "chain", Head: 5}, false,
 			`state         unused

@@ -31,7 +31,7 @@ func serve(t *testing.T, svc console.Status) (*stacktest.Server, *stacktest.Engi
 	t.Helper()
 	e := env.NewEngine(t, stacktest.EngineOptions{Depth: finalityDepth})
 	con, err := console.New(console.Config{Status: svc, HTTPStatus: api.HTTPStatus, Poll: 100 * time.Millisecond,
-		Networks: []facilitator.Network{env.Network()}})
+		Networks: []facilitator.Network{env.Network()}, PaymentIDs: env.DB})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +196,10 @@ func TestPages(t *testing.T) {
 	res, body := get(t, page)
 	if res.StatusCode != 200 || res.Header.Get("Content-Security-Policy") != console.CSP {
 		t.Fatalf("answer page: %d, CSP %q", res.StatusCode, res.Header.Get("Content-Security-Policy"))
+	}
+	// Open mode sees every key's payment ids: the one this payment was settled under.
+	if !strings.Contains(body, `id="payment-ids">`+p.ID+`</dd>`) {
+		t.Fatalf("the answer page does not list the payment id %s:\n%s", p.ID, body)
 	}
 	if strings.Count(body, "<script") != 1 || !strings.Contains(body, `<script src="/console/static/console.js"></script>`) {
 		t.Fatalf("the page's scripts are not exactly the one external file:\n%s", body)

@@ -46,6 +46,9 @@ type Config struct {
 	StreamFor time.Duration
 	// Merchant serves the merchant's pages (merchant.go); nil leaves them out.
 	Merchant Merchant
+	// PaymentIDs lists on an answer page the payment ids that resolved to it, as the page's viewer
+	// may see them (postgres.DB); nil: none listed.
+	PaymentIDs PaymentIDs
 	// Sessions opens and ends the login sessions (api.ConsoleSessions); nil is open mode, where
 	// the login page says no key is needed.
 	Sessions Sessions
@@ -147,6 +150,11 @@ func New(cfg Config) (*Console, error) {
 		c.errorPage(w, r, "", facilitator.ErrNotFound)
 	})
 	return c, nil
+}
+
+// PaymentIDs lists the payment-identifier ids that resolved to an authorization, as v may see them.
+type PaymentIDs interface {
+	PaymentIDsOf(ctx context.Context, key facilitator.AuthorizationKey, v facilitator.Viewer) ([]string, error)
 }
 
 type scopeKey struct{}
@@ -275,6 +283,13 @@ func (c *Console) answer(w http.ResponseWriter, r *http.Request, ctx context.Con
 			c.errorPage(w, r, "", facilitator.Bounded(ctx, err))
 			return
 		}
+		if c.cfg.PaymentIDs != nil {
+			// The ids of the page's viewer (the API's guard put it on the request): a merchant's own.
+			if st.PaymentIDs, err = c.cfg.PaymentIDs.PaymentIDsOf(ctx, key, facilitator.ViewerFrom(r.Context())); err != nil {
+				c.errorPage(w, r, "", facilitator.Unavailable("status_unavailable", "the ledger is unavailable, retry", err))
+				return
+			}
+		}
 	}
 	self := authorizationPath(st.Network, st.Asset, st.Authorizer, st.Nonce)
 	p := page{Title: "Authorization " + shortHex(st.Nonce), Query: strings.Join([]string{st.Network, st.Asset, st.Authorizer, st.Nonce}, " "),
@@ -326,6 +341,7 @@ type page struct {
 	List     *listView
 	Webhooks *webhooksView
 	Ops      *opsView
+	Receipt  *receiptView
 }
 
 type answerView struct {

@@ -1,7 +1,8 @@
 // Package demo tells the story the payment-identifier extension exists for, on a local stack it
 // is handed: an agent pays a merchant's endpoint, the paid response is lost on the way back, the
 // agent resends the very same payment (same authorization, same payment id), gets its answer
-// without paying again, and looks the payment up; at the end the ledger is checked against the
+// without paying again, and reads its own receipt without an API key (the merchant, with its key,
+// finds the same receipt from its payment id); at the end the ledger is checked against the
 // chain. The merchant, the agent and the printer of what happens live here; how the stack is
 // built is the caller's (the binary's `demo` command builds the real one).
 package demo
@@ -9,6 +10,7 @@ package demo
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -40,8 +43,11 @@ type Stack struct {
 	// Chain is anvil with Circle's USDC. The facilitator signs with dev account #0 alone; the
 	// story pays from #1 to #2.
 	Chain *devchain.Chain
-	// FacilitatorURL is the facilitator's base URL, serving without API keys.
+	// FacilitatorURL is the facilitator's base URL.
 	FacilitatorURL string
+	// MerchantKey is the merchant's API key when the facilitator serves under --auth keys (verify,
+	// settle and status scopes); "" when it serves open. The agent never has one.
+	MerchantKey string
 	// Ledger is the facilitator's own ledger, read for the final comparison with the chain.
 	Ledger Ledger
 	// Close stops the facilitator and the chain.
@@ -158,7 +164,7 @@ func (d *run) story(ctx context.Context) error {
 		PayTo: payTo.Hex(), MaxTimeoutSeconds: 60,
 		Extra: mustJSON(map[string]string{"name": chain.USDC.Name, "version": chain.USDC.Version}),
 	}
-	d.merchant = &merchant{fac: client.New(stack.FacilitatorURL), reqs: reqs, say: func(format string, args ...any) {
+	d.merchant = &merchant{fac: merchantClient(stack), reqs: reqs, say: func(format string, args ...any) {
 		o.kv("merchant", fmt.Sprintf(format, args...))
 	}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -175,6 +181,9 @@ func (d *run) story(ctx context.Context) error {
 	o.kv("anvil", fmt.Sprintf("%s   chain id %d (%s)", chain.RPCURL, chain.ChainID, network))
 	o.kv("USDC", chain.USDC.Address.Hex())
 	o.kv("facilitator", fmt.Sprintf("%s   signer %s (dev account #0)", stack.FacilitatorURL, chain.Accounts[0].Address.Hex()))
+	if stack.MerchantKey != "" {
+		o.kv("", "--auth keys: the merchant holds an API key, the agent none")
+	}
 	o.kv("merchant", fmt.Sprintf("%s/weather   0.01 USDC to %s (dev account #2)", d.shopURL, payTo.Hex()))
 	o.kv("agent", fmt.Sprintf("%s (dev account #1)", agent.Address.Hex()))
 	if d.opts.LogPath != "" {
@@ -288,8 +297,9 @@ func (d *run) story(ctx context.Context) error {
 	}
 	o.kv("result", "retry succeeded as a replay: the agent has its weather")
 
-	// 7. The agent looks the payment up.
-	o.step(7, "Agent looks the payment up in the facilitator's status API")
+	// 7. The agent reads its own receipt: no API key, only its authorization's key, which it
+	// signed; the merchant finds the same receipt from the payment id, with its key.
+	o.step(7, "Agent looks the payment up in the facilitator's status API, with no API key")
 	fc := client.New(stack.FacilitatorURL)
 	key := facilitator.AuthorizationKey{Network: network, Asset: chain.USDC.Address, Payer: agent.Address, Nonce: nonce}
 	byNonce, found, err := fc.Authorization(ctx, key)
@@ -299,12 +309,25 @@ func (d *run) story(ctx context.Context) error {
 	if !found {
 		return fmt.Errorf("status by nonce: the facilitator has never seen the authorization (state %s)", byNonce.State)
 	}
+	view := "full view: the facilitator serves open"
+	if byNonce.View == facilitator.ViewPublic {
+		view = "public view: no payment id, no key, no webhook"
+	}
 	o.kv("by nonce", describeStatus(byNonce))
-	byID, err := fc.Payment(ctx, paymentID)
+	o.kv("", view)
+	o.kv("receipt", stack.FacilitatorURL+"/r/"+url.PathEscape(network)+"/"+key.Asset.Hex()+"/"+key.Payer.Hex()+"/"+hexutil.Encode(nonce[:])+"   (a page to keep; .json for JSON)")
+	byID, err := merchantClient(stack).Payment(ctx, paymentID)
 	if err != nil {
 		return fmt.Errorf("status by payment id: %w", err)
 	}
-	o.kv("by payment id", describeStatus(byID))
+	o.kv("by payment id", describeStatus(byID)+"   (the merchant, with its key)")
+	// What the merchant recorded it served, against what the agent received: the agent can prove
+	// which answer it paid for.
+	received := sha256.Sum256(body)
+	if d := byNonce.Delivery; d == nil || d.SHA256 != hexutil.Encode(received[:]) {
+		return fmt.Errorf("the merchant's delivery record %+v is not the SHA-256 of the %d bytes the agent received (%s)", d, len(body), hexutil.Encode(received[:]))
+	}
+	o.kv("delivered", fmt.Sprintf("sha256 %s, recorded by the merchant = the hash of the %d bytes received", short(byNonce.Delivery.SHA256), len(body)))
 
 	// 8. Balances after, and the ledger against the chain.
 	o.step(8, "Balances after, and the ledger against the chain")
@@ -365,6 +388,11 @@ func (d *run) story(ctx context.Context) error {
 	check(strings.EqualFold(receipt.Transaction, row.TxHash.Hex()), "the retry's PAYMENT-RESPONSE names %s, the ledger %s", receipt.Transaction, row.TxHash.Hex())
 	for _, s := range d.merchant.settlements() {
 		check(strings.EqualFold(s, row.TxHash.Hex()), "the merchant was told transaction %s, the ledger says %s", s, row.TxHash.Hex())
+	}
+	if stack.MerchantKey != "" {
+		check(byNonce.View == facilitator.ViewPublic && byNonce.PaymentID == "" && len(byNonce.PaymentIDs) == 0,
+			"the agent's key-less lookup is not the public view, or shows payment ids: view %q, ids %q %v", byNonce.View, byNonce.PaymentID, byNonce.PaymentIDs)
+		check(len(byID.PaymentIDs) == 1 && byID.PaymentIDs[0] == paymentID, "the merchant's view lists payment ids %v, want %s", byID.PaymentIDs, paymentID)
 	}
 	for name, st := range map[string]*facilitator.AuthorizationStatus{"by nonce": byNonce, "by payment id": byID} {
 		check(st.State == facilitator.StatusSettled && st.SettledBy == "facilitator", "the status %s is %s (settled by %q), want settled by the facilitator", name, st.State, st.SettledBy)
@@ -428,4 +456,12 @@ func (d *run) transfers(ctx context.Context, from, to common.Address) (int, erro
 		return 0, fmt.Errorf("reading Transfer logs: %w", err)
 	}
 	return len(logs), nil
+}
+
+// merchantClient is the merchant's client of the facilitator: with its key when it has one.
+func merchantClient(stack *Stack) *client.Client {
+	if stack.MerchantKey == "" {
+		return client.New(stack.FacilitatorURL)
+	}
+	return client.New(stack.FacilitatorURL, client.WithHeader("Authorization", "Bearer "+stack.MerchantKey))
 }

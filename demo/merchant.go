@@ -1,12 +1,16 @@
 package demo
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
 
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -29,7 +33,8 @@ type paymentRequired struct {
 }
 
 // merchant is a paid endpoint that does what the official x402 middleware does with a payment:
-// verify it with the facilitator, produce the content, settle, and answer with PAYMENT-RESPONSE.
+// verify it with the facilitator, produce the content, settle, and answer with PAYMENT-RESPONSE;
+// then it records with the facilitator the SHA-256 of what it served.
 type merchant struct {
 	fac      *client.Client
 	reqs     facilitator.PaymentRequirements
@@ -111,11 +116,36 @@ func (m *merchant) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		m.say("could not drop the connection; answering normally")
 	}
+	served := append(content, '\n')
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set(headerPaymentResponse, base64.StdEncoding.EncodeToString(mustJSON(sr)))
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(append(content, '\n'))
+	_, _ = w.Write(served)
 	m.say("answers 200 with the weather and a PAYMENT-RESPONSE header")
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	m.recordDelivery(ctx, sr.Transaction, body, served)
+}
+
+// recordDelivery records with the facilitator what was served for the payment settled by tx: the
+// SHA-256 of served, which the agent can compare with the hash of what it received. It runs
+// before the handler returns, so the response's last chunk, and so the agent's read, wait for
+// it: the agent's lookup then finds the record. A merchant that would not delay its answer
+// records it after, in the background. A failure is said, not answered: the content was served.
+func (m *merchant) recordDelivery(ctx context.Context, tx string, request, served []byte) {
+	var key *facilitator.AuthorizationKey
+	if p, err := facilitator.DecodeRequest(request); err == nil {
+		key = &facilitator.AuthorizationKey{Network: p.Network, Asset: p.Requirements.Asset, Payer: p.Authorization.From, Nonce: p.Authorization.Nonce}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	ans, err := m.fac.AttachDelivery(ctx, common.HexToHash(tx), key, served, "application/json")
+	if err != nil {
+		m.say("delivery → not recorded: %v", err)
+		return
+	}
+	m.say("delivery → recorded sha256 %s of the %d bytes served", short(ans.Delivery.SHA256), len(served))
 }
 
 // paymentRequired answers 402 with the x402 v2 PaymentRequired in its header (and, for people

@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
 
 	"github.com/x402-facilitator/x402-facilitator/client"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
@@ -23,11 +27,22 @@ import (
 func TestMerchant(t *testing.T) {
 	var mu sync.Mutex
 	calls := map[string]int{}
+	var recorded []string // the digests the merchant recorded as delivered
 	fac := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		calls[r.URL.Path]++
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/delivery") {
+			var rec struct{ SHA256 string }
+			_ = json.NewDecoder(r.Body).Decode(&rec)
+			mu.Lock()
+			recorded = append(recorded, rec.SHA256)
+			mu.Unlock()
+			w.WriteHeader(http.StatusCreated)
+			_ = json.NewEncoder(w).Encode(facilitator.DeliveryAnswer{Delivery: facilitator.DeliveryRecord{SHA256: rec.SHA256}})
+			return
+		}
 		switch r.URL.Path {
 		case "/verify":
 			_, _ = w.Write([]byte(`{"isValid":true,"payer":"0x70997970C51812dc3A010C7d01b50e0d17dc79C8"}`))
@@ -96,6 +111,11 @@ func TestMerchant(t *testing.T) {
 	defer mu.Unlock()
 	if calls["/verify"] != 2 || calls["/settle"] != 2 {
 		t.Errorf("facilitator calls: %v (the mismatched payment must reach neither)", calls)
+	}
+	// Recorded once, for the response served (none for the dropped one), as the agent received it.
+	sum := sha256.Sum256(body)
+	if len(recorded) != 1 || recorded[0] != hexutil.Encode(sum[:]) || calls["/v1/settlements/"+common.HexToHash("0xabc").Hex()+"/delivery"] != 1 {
+		t.Errorf("delivery records %v (calls %v), want one of %s", recorded, calls, hexutil.Encode(sum[:]))
 	}
 	if !strings.Contains(said.String(), "the response is lost") {
 		t.Errorf("the merchant did not say it dropped the response:\n%s", said.String())

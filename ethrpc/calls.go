@@ -63,6 +63,12 @@ func TransactionReceipt(tx common.Hash, out any) rpc.BatchElem {
 	return rpc.BatchElem{Method: "eth_getTransactionReceipt", Args: []any{tx}, Result: out}
 }
 
+// TransactionByHash reads the transaction tx, signature included, null when the node does not
+// know it (eth_getTransactionByHash); out points to the caller's *types.Transaction.
+func TransactionByHash(tx common.Hash, out any) rpc.BatchElem {
+	return rpc.BatchElem{Method: "eth_getTransactionByHash", Args: []any{tx}, Result: out}
+}
+
 // BlockReceipts reads every receipt of the block at (eth_getBlockReceipts), which not every
 // node serves.
 func BlockReceipts(at string, out *[]*Receipt) rpc.BatchElem {

@@ -38,6 +38,13 @@ type APIKey struct {
 	GasBudgetWei *big.Int
 	CreatedAt    time.Time
 	RevokedAt    *time.Time
+	// RotatedAt is when the key last had its secret replaced (`facilitator keys rotate`), nil if
+	// never. PreviousHash is the hash of the secret that rotation replaced, still accepted until
+	// PreviousUntil (the grace, so that a merchant can deploy the new secret before the old one
+	// stops); both nil when it was refused at once.
+	RotatedAt     *time.Time
+	PreviousHash  *[32]byte
+	PreviousUntil *time.Time
 }
 
 // Has reports whether k carries scope.
@@ -50,6 +57,11 @@ func (k *APIKey) AllowsPayTo(addr common.Address) bool {
 
 // Revoked reports whether k has been revoked.
 func (k *APIKey) Revoked() bool { return k.RevokedAt != nil }
+
+// InGrace reports whether k's previous secret is still accepted at now.
+func (k *APIKey) InGrace(now time.Time) bool {
+	return k.PreviousHash != nil && k.PreviousUntil != nil && now.Before(*k.PreviousUntil)
+}
 
 // ConsoleSession is a console login as the ledger stores it: the hash of its random token (the
 // token itself lives only in the browser's cookie), the key that logged in and the scopes it had

@@ -166,3 +166,49 @@ type SignerLease interface {
 	// Release gives the lease up. It is safe to call more than once.
 	Release()
 }
+
+// Adoption is a mined transaction of one of a network's signer keys that the ledger lacks: the
+// ledger lost its newest commits (an asynchronous standby promoted, a restore from a backup)
+// while the chain kept what they recorded. Adopting it records the settlements it made, mined,
+// so that no authorization of theirs is settled twice and every retry is told the truth.
+type Adoption struct {
+	Network     string
+	Signer      common.Address
+	TxNonce     uint64
+	Tx          TxRecord
+	BlockNumber uint64
+	BlockHash   common.Hash
+	// Members are the authorizations the transaction used, each at its place in the
+	// transaction (a batch's slot; 0 for a lone transferWithAuthorization).
+	Members []AdoptedMember
+}
+
+// AdoptedMember is one authorization an adopted transaction used.
+type AdoptedMember struct {
+	Key         AuthorizationKey
+	Slot        int
+	PayTo       common.Address
+	Value       *big.Int
+	ValidAfter  *big.Int
+	ValidBefore *big.Int
+	// Fingerprint, KeyID, X402Version and Request are the request's, when a retry of it brought
+	// the adoption about; zero otherwise (the request is unknown: the first request for the
+	// authorization that matches its terms takes the row, BindAdopted).
+	Fingerprint Fingerprint
+	KeyID       string
+	X402Version int
+	Request     []byte
+	// PaymentID, when the request carried one, is bound to the new row as an insert binds it
+	// (an id bound already, to anything, is left as it is).
+	PaymentID *PaymentIDBinding
+}
+
+// Has reports whether the adoption records the authorization of key.
+func (a *Adoption) Has(key AuthorizationKey) bool {
+	for _, m := range a.Members {
+		if m.Key == key {
+			return true
+		}
+	}
+	return false
+}

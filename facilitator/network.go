@@ -22,6 +22,9 @@ type Network struct {
 	Finality Finality
 	// Batch batches the network's settlements through Multicall3 (batch.go); zero: off.
 	Batch BatchPolicy
+	// Explorer is the chain's block explorer, from its preset (chains.Preset.Explorer): a
+	// transaction is at Explorer+"/tx/<hash>"; "" for none.
+	Explorer string
 }
 
 // Finality is how a network's blocks become final: by the chain's own word where its nodes serve

@@ -110,6 +110,9 @@ const (
 	// ReasonInsufficientSignerFunds: every settlement signer of the network is below its minimum
 	// native balance; the operator must fund them (HTTP 503 with Retry-After).
 	ReasonInsufficientSignerFunds = "insufficient_signer_funds"
+	// ReasonSignersRetiring: every settlement signer of the network is retiring (the operator is
+	// rotating its keys and left it none that takes new settlements); nothing was signed (HTTP 503).
+	ReasonSignersRetiring = "signers_retiring"
 	// ReasonFeesAboveCap: the network's next base fee and the least tip are above the network's
 	// max fee per gas (FeePolicy.MaxFee), so no transaction within it could be mined; nothing was
 	// signed (HTTP 503 with Retry-After: fees fall again).

@@ -67,7 +67,10 @@ type Settlement struct {
 	// unconfirmed (its process died before its answer was written, or just after: then two
 	// callers were told success). It bounds the successes answered twice.
 	ClaimTakeovers int
-	CreatedAt      time.Time
+	// Adopted: the ledger recorded this settlement from the chain after it had lost the row
+	// (Adoption), not before the broadcast.
+	Adopted   bool
+	CreatedAt time.Time
 }
 
 // SettleOutcome is the settlement service's answer to a /settle: the x402 response, and whether it

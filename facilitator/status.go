@@ -28,7 +28,11 @@ type AuthorizationStatus struct {
 	Value       string `json:"value,omitempty"`
 	ValidBefore string `json:"validBefore,omitempty"`
 	PaymentID   string `json:"paymentId,omitempty"`
-	Reason      string `json:"reason,omitempty"`
+	// PaymentIDs are the payment-identifier ids that resolved to this authorization, as far as the
+	// reading key may see them (its own; every key's for an operator key or in open mode). Never
+	// in the public view.
+	PaymentIDs []string `json:"paymentIds,omitempty"`
+	Reason     string   `json:"reason,omitempty"`
 	// Basis says what the answer was read from: "ledger" (our settlements), "index" (indexed
 	// chain events) or "chain" (a direct authorizationState read, when neither knows it).
 	Basis string `json:"basis"`
@@ -43,6 +47,8 @@ type AuthorizationStatus struct {
 	// Delivery is what the settling merchant recorded it served for this payment (nil: nothing
 	// recorded, or not ours).
 	Delivery *DeliveryRecord `json:"delivery,omitempty"`
+	// View is "public" on an answer given without an API key (Receipt); absent on the full view.
+	View string `json:"view,omitempty"`
 }
 
 // BatchSettlement is one settlement of a batch's transaction, as the status by transaction lists it.

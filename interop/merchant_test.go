@@ -36,6 +36,7 @@ type v2Summary struct {
 	PaymentResponse map[string]any `json:"paymentResponse"`
 	PaymentPayload  map[string]any `json:"paymentPayload"`
 	Requests        int            `json:"requests"`
+	BodySHA256      string         `json:"bodySha256"`
 }
 
 // startV2Merchant runs js/merchant.mjs (@x402/express 2.27) on eip155:<chainID>, charging

@@ -23,6 +23,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/x402-facilitator/x402-facilitator/api"
 	"github.com/x402-facilitator/x402-facilitator/eip3009"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
@@ -40,6 +41,8 @@ type stackOptions struct {
 	// around wraps our API inside the request log, so the log holds exactly what the merchant
 	// sent and got.
 	around func(http.Handler) http.Handler
+	// config finishes the API's configuration (API keys, the status routes), given the ledger.
+	config func(*api.Config, *postgres.DB)
 }
 
 // stack is our whole facilitator (verify, settle, payment ids, the HTTP API) wired as
@@ -79,6 +82,11 @@ func startStack(t *testing.T, ctx context.Context, opts stackOptions) *stack {
 	}})
 	calls := &callLog{}
 	srv := env.NewServer(t, stacktest.ServerOptions{Engine: engine, PaymentIDs: &paymentid.Config{}, Logger: log,
+		Config: func(cfg *api.Config, _ *stacktest.Server) {
+			if opts.config != nil {
+				opts.config(cfg, db)
+			}
+		},
 		Handler: func(h http.Handler) http.Handler {
 			if opts.around != nil {
 				h = opts.around(h)

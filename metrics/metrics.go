@@ -28,6 +28,8 @@ type Metrics struct {
 
 	nonceGaps *prometheus.CounterVec
 	feeBumps  *prometheus.CounterVec
+	// adopted counts transactions of our keys the ledger had lost and recorded again from the chain.
+	adopted *prometheus.CounterVec
 	// disagreements counts corroborated reads two RPC endpoints answered differently.
 	disagreements *prometheus.CounterVec
 	endpoints     *prometheus.CounterVec
@@ -75,6 +77,11 @@ func New() *Metrics {
 			"nonce or the ledger moved it), nonce_used (a node refused a send as nonce too low), nonce_taken " +
 			"(the ledger already had the nonce).",
 	}, []string{"network", "signer", "kind"})
+	m.adopted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "adopted_transactions_total",
+		Help: "Mined transactions of a signer key that the ledger lacked (it lost its newest commits: a failover to an asynchronous " +
+			"standby, a restore from a backup), recorded again from the chain as the settlements of the authorizations they used.",
+	}, []string{"network", "signer"})
 	m.feeBumps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "fee_bumps_total",
 		Help: "Settlement transactions replaced with higher fees (same nonce).",
@@ -113,7 +120,7 @@ func New() *Metrics {
 		Help: "When the loop last finished an iteration (Unix seconds); alert on its age, which grows when the loop is stuck. " +
 			"network is empty for loops that are not per network (webhooks, jobs).",
 	}, []string{"loop", "network"})
-	m.reg.MustRegister(m.loops, m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps, m.disagreements, m.endpoints, m.rpcCalls,
+	m.reg.MustRegister(m.loops, m.verifyDuration, m.verifyTotal, m.settleDuration, m.settleTotal, m.nonceGaps, m.feeBumps, m.adopted, m.disagreements, m.endpoints, m.rpcCalls,
 		m.reorgs, m.reorgDepth, m.webhooks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -158,6 +165,10 @@ func (m *Metrics) FeeBumped(network string) { m.feeBumps.WithLabelValues(network
 func (m *Metrics) NonceGap(network, signer, kind string) {
 	m.nonceGaps.WithLabelValues(network, signer, kind).Inc()
 }
+
+// Adopted records a transaction of signer's the ledger had lost, recorded again from the chain
+// (settle.Observer, reconcile.Observer).
+func (m *Metrics) Adopted(network, signer string) { m.adopted.WithLabelValues(network, signer).Inc() }
 
 // Disagreement records a corroborated read two RPC endpoints answered differently
 // (settle.Observer).
@@ -206,6 +217,12 @@ type Signer struct {
 	// MinBalanceWei is the balance below which the key takes no new settlement (0: none), so
 	// that an alert can tell how soon a draining key reaches it.
 	MinBalanceWei float64
+	// Retiring: the key takes no new settlement (--retire-signers). Held: this process holds the
+	// key, and Open, its settlements this process still works, is known (absent elsewhere): a
+	// retiring key whose holder reports 0 is drained.
+	Retiring bool
+	Held     bool
+	Open     int
 }
 
 // SignerSource lists the signer keys; it is called on every scrape, so it must be cheap.
@@ -225,6 +242,10 @@ func (m *Metrics) WatchSigners(src SignerSource) {
 			func(s Signer) (float64, bool) { return unixSeconds(s.BalanceReadAt), s.BalanceKnown }},
 		series[Signer]{"signer_balance_min_wei", "The balance below which the signer key takes no new settlement, in wei (0: no minimum).",
 			func(s Signer) (float64, bool) { return s.MinBalanceWei, true }},
+		series[Signer]{"signer_retiring", "1 when the signer key is retiring (--retire-signers): it takes no new settlement and finishes what it has open.",
+			func(s Signer) (float64, bool) { return boolValue(s.Retiring), true }},
+		series[Signer]{"signer_open_settlements", "Settlements of the signer key this process still works (signed, broadcast, or mined and not yet final); absent where another process holds the key. A retiring key at 0 is drained.",
+			func(s Signer) (float64, bool) { return float64(s.Open), s.Held }},
 	))
 }
 

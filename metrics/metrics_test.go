@@ -16,8 +16,8 @@ func TestScrapeTimeMetrics(t *testing.T) {
 	m.WatchSigners(func() []Signer {
 		return []Signer{
 			{Network: "eip155:1337", Address: "0xaa", InFlight: 3, BalanceKnown: true, BalanceWei: 5e18,
-				BalanceLow: true, BalanceReadAt: readAt, MinBalanceWei: 1e17},
-			{Network: "eip155:1337", Address: "0xbb", InFlight: 0},
+				BalanceLow: true, BalanceReadAt: readAt, MinBalanceWei: 1e17, Held: true, Open: 4},
+			{Network: "eip155:1337", Address: "0xbb", InFlight: 0, Retiring: true},
 		}
 	})
 	m.WatchIndexers(func() []Indexer {
@@ -90,6 +90,13 @@ facilitator_signer_balance_wei{network="eip155:1337",signer="0xaa"} 5e+18
 # TYPE facilitator_signer_in_flight gauge
 facilitator_signer_in_flight{network="eip155:1337",signer="0xaa"} 3
 facilitator_signer_in_flight{network="eip155:1337",signer="0xbb"} 0
+# HELP facilitator_signer_open_settlements Settlements of the signer key this process still works (signed, broadcast, or mined and not yet final); absent where another process holds the key. A retiring key at 0 is drained.
+# TYPE facilitator_signer_open_settlements gauge
+facilitator_signer_open_settlements{network="eip155:1337",signer="0xaa"} 4
+# HELP facilitator_signer_retiring 1 when the signer key is retiring (--retire-signers): it takes no new settlement and finishes what it has open.
+# TYPE facilitator_signer_retiring gauge
+facilitator_signer_retiring{network="eip155:1337",signer="0xaa"} 0
+facilitator_signer_retiring{network="eip155:1337",signer="0xbb"} 1
 # HELP facilitator_success_claims_lapsed_total Successes answered whose claim lapsed before its confirmation was recorded: each may have been answered to a second caller.
 # TYPE facilitator_success_claims_lapsed_total counter
 facilitator_success_claims_lapsed_total 2
@@ -101,7 +108,8 @@ facilitator_success_claims_lapsed_total 2
 		"facilitator_settlement_oldest_open_seconds", "facilitator_settlements_open",
 		"facilitator_signer_balance_low", "facilitator_signer_balance_min_wei",
 		"facilitator_signer_balance_read_timestamp_seconds", "facilitator_signer_balance_wei",
-		"facilitator_signer_in_flight", "facilitator_success_claims_lapsed_total",
+		"facilitator_signer_in_flight", "facilitator_signer_open_settlements", "facilitator_signer_retiring",
+		"facilitator_success_claims_lapsed_total",
 	}
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)

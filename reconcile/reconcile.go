@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -37,7 +38,24 @@ type Store interface {
 	TryLead(ctx context.Context, network string) (release func(), ok bool, err error)
 	// RecordReconcileRun writes one run's row and deletes rows beyond keep or older than keepFor.
 	RecordReconcileRun(ctx context.Context, r facilitator.ReconcileRun, keep int, keepFor time.Duration) error
+
+	// What the adoption of transactions of our keys the ledger lost reads and writes (adopt.go).
+	AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error)
+	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
+	MaxTxNonce(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
+	NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
+	AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error)
 }
+
+// Observer hears what the jobs do that operators count (metrics).
+type Observer interface {
+	// Adopted: a mined transaction of signer's that the ledger lacked was recorded from the chain.
+	Adopted(network, signer string)
+}
+
+type noObserver struct{}
+
+func (noObserver) Adopted(string, string) {}
 
 // What the run rows keep: enough for an operator to see the last days' runs, bounded.
 const (
@@ -50,6 +68,19 @@ const (
 type Network struct {
 	Network facilitator.Network
 	Chain   ethrpc.Chain
+	// Signers are the network's signer keys' addresses (held by any replica): a transaction one
+	// of them signed is ours, whether or not the ledger still has it.
+	Signers []common.Address
+}
+
+// ours reports whether one of n's signer keys is addr.
+func (n Network) ours(addr common.Address) bool {
+	for _, s := range n.Signers {
+		if s == addr {
+			return true
+		}
+	}
+	return false
 }
 
 // Config configures the jobs.
@@ -64,6 +95,8 @@ type Config struct {
 	RPCTimeout time.Duration
 	Now        func() time.Time
 	Logger     *slog.Logger
+	// Observer hears adoptions; nil: nobody.
+	Observer Observer
 }
 
 // Jobs runs the reconcile jobs.
@@ -92,6 +125,9 @@ func New(cfg Config) *Jobs {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
+	}
 	j := &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile"), floors: map[string]*facilitator.FinalityFloor{}}
 	for _, n := range cfg.Networks {
 		j.floors[n.Network.ID] = new(facilitator.FinalityFloor)
@@ -102,11 +138,13 @@ func New(cfg Config) *Jobs {
 // Changes counts what a run changed.
 type Changes struct {
 	Looked, Mined, Final, Reopened, Elsewhere, Canceled, Expired, Reverted, Resent, Rewound int
+	// Adopted counts transactions of our keys the ledger lacked, recorded from the chain.
+	Adopted int
 }
 
 func (c Changes) attrs() []any {
 	return []any{"looked", c.Looked, "mined", c.Mined, "final", c.Final, "reopened", c.Reopened, "settled_elsewhere", c.Elsewhere,
-		"canceled", c.Canceled, "expired", c.Expired, "reverted", c.Reverted, "resent", c.Resent, "index_rewound", c.Rewound}
+		"canceled", c.Canceled, "expired", c.Expired, "reverted", c.Reverted, "resent", c.Resent, "index_rewound", c.Rewound, "adopted", c.Adopted}
 }
 
 // once runs job under a lock named name, so that replicas run each job once at a time.
@@ -180,15 +218,20 @@ func (j *Jobs) Settlements(ctx context.Context) (Changes, error) {
 // settlements is the job on one network: it reads the stale settlements and the index's cursor,
 // looks at each settlement in turn, and writes what it decided in one go at the end.
 func (j *Jobs) settlements(ctx context.Context, n Network) (Changes, error) {
+	adopted, err := j.adoptLost(ctx, n)
+	if err != nil {
+		return adopted, err
+	}
 	rows, err := j.cfg.Store.StaleSettlements(ctx, n.Network.ID, j.cfg.Now().Add(-j.cfg.StaleAfter), j.cfg.Batch)
 	if err != nil || len(rows) == 0 {
-		return Changes{}, err
+		return adopted, err
 	}
 	cursor, _, err := j.cfg.Store.Cursor(ctx, n.Network.ID)
 	if err != nil {
 		return Changes{}, err
 	}
 	p := &pass{n: n, cursor: cursor, fp: j.finalPoint(ctx, n, cursor.Number), unlanded: map[int64]*facilitator.OpenSettlement{}}
+	p.ch.Adopted = adopted.Adopted
 	for _, row := range rows {
 		if err := j.look(ctx, p, row); err != nil {
 			return p.ch, err
@@ -234,6 +277,17 @@ func (j *Jobs) look(ctx context.Context, p *pass, row facilitator.OpenSettlement
 		return err
 	}
 	decided := use != nil && j.terminal(ctx, p, use)
+	if use != nil && !use.Canceled && !ours[use.TxHash] && (row.State.Open() || decided) {
+		// None of the row's transactions: someone else's, or one of our key's whose record the
+		// ledger lost (a failover, a restore). Then it is adopted as the row's, not answered
+		// settled elsewhere.
+		switch adopted, err := j.adoptUse(ctx, p, row, use); {
+		case err != nil:
+			return err
+		case adopted:
+			return nil
+		}
+	}
 	if row.State.Succeeded() {
 		return j.lookMined(ctx, p, row, use, use != nil && ours[use.TxHash], decided)
 	}
@@ -334,6 +388,11 @@ func (j *Jobs) lookOpen(ctx context.Context, p *pass, row facilitator.OpenSettle
 		// a reorg yet): the chain's receipts tell.
 		res, ok, err := j.fromReceipts(ctx, p.n, &row)
 		if err != nil {
+			return err
+		}
+		if ok && res.State.Succeeded() && !slices.ContainsFunc(row.Txs, func(t facilitator.TxRecord) bool { return t.Hash == res.TxHash }) {
+			// Mined by a transaction of its key that none of its records is: the ledger lost it.
+			_, err := j.adoptUse(ctx, p, row, &facilitator.AuthorizationUse{TxHash: res.TxHash, BlockNumber: res.BlockNumber, BlockHash: res.BlockHash})
 			return err
 		}
 		if ok {
@@ -601,5 +660,5 @@ func (j *Jobs) indexHealth(ctx context.Context, n Network) (Changes, error) {
 func add(a, b Changes) Changes {
 	return Changes{Looked: a.Looked + b.Looked, Mined: a.Mined + b.Mined, Final: a.Final + b.Final, Reopened: a.Reopened + b.Reopened,
 		Elsewhere: a.Elsewhere + b.Elsewhere, Canceled: a.Canceled + b.Canceled, Expired: a.Expired + b.Expired,
-		Reverted: a.Reverted + b.Reverted, Resent: a.Resent + b.Resent, Rewound: a.Rewound + b.Rewound}
+		Reverted: a.Reverted + b.Reverted, Resent: a.Resent + b.Resent, Rewound: a.Rewound + b.Rewound, Adopted: a.Adopted + b.Adopted}
 }

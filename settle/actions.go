@@ -48,6 +48,8 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 			o := outcome{f: f, res: d.res}
 			o.res.ID = f.id
 			outcomes = append(outcomes, o)
+		case actAdopt:
+			n.adoptVariant(ctx, f, d)
 		case actFinalize:
 			finals = append(finals, judgedFinal{f: f, at: w.t.mined.blockHash})
 		case actMove:

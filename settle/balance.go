@@ -33,6 +33,12 @@ type SignerHealth struct {
 	// nonce stream has loaded it (at its first settlement, and again after anything that left it
 	// in doubt).
 	NextNonce *uint64
+	// Retiring: the key takes no new settlement and works what it has open to the end
+	// (NetworkConfig.Retiring). Open is how many settlements of the key this process still works
+	// (signed, broadcast, or mined and not yet final): a retiring key whose holder has none open is
+	// drained, and can be removed. Zero where this process does not hold the key.
+	Retiring bool
+	Open     int
 }
 
 // Signers lists every configured signer key of every network, by network then in configured order.
@@ -42,11 +48,12 @@ func (e *Engine) Signers() []SignerHealth {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
+	open := e.openBySender()
 	var out []SignerHealth
 	for _, id := range ids {
 		for _, s := range e.networks[id].senders {
 			st := SignerHealth{Network: id, Address: s.addr, InFlight: int(s.inFlight.Load()), BalanceLow: s.low.Load(),
-				Leased: s.held() != nil}
+				Leased: s.held() != nil, Retiring: s.retiring, Open: open[s]}
 			if b := s.balance.Load(); b != nil {
 				st.Balance = new(big.Int).Set(b)
 			}
@@ -122,11 +129,12 @@ func (n *chainEngine) readBalances(ctx context.Context) {
 	}
 }
 
-// allLow reports whether every key this process holds on the network is below its minimum balance.
+// allLow reports whether every key this process holds on the network that is not retiring is below
+// its minimum balance.
 func (n *chainEngine) allLow() bool {
 	held := 0
 	for _, s := range n.senders {
-		if s.held() == nil {
+		if s.held() == nil || s.retiring {
 			continue
 		}
 		held++

@@ -120,6 +120,9 @@ func (o *recordingObserver) lastBeat(loop, network string) time.Time {
 }
 
 func (o *recordingObserver) FeeBumped(network string) { o.add("bump " + network) }
+func (o *recordingObserver) Adopted(network, signer string) {
+	o.add("adopted " + network + " " + signer)
+}
 
 func (o *recordingObserver) NonceGap(network, signer, kind string) {
 	o.add("gap " + network + " " + signer + " " + kind)

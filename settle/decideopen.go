@@ -106,9 +106,15 @@ func beforeReads(t track, o observation, p policy, reverted *receipt, bumpDue bo
 func decideUse(t track, o observation, p policy) (d decision, ok bool) {
 	c := o.chain
 	if u := c.use; u != nil {
+		mined := facilitator.Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}
 		if !u.canceled && t.has(u.tx) {
 			// Ours: the log is the proof (its receipt may not have been read yet).
-			return decision{act: actResolve, res: facilitator.Resolution{State: facilitator.StateMined, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash}, why: "the authorization's use log names our transaction"}, true
+			return decision{act: actResolve, res: mined, why: "the authorization's use log names our transaction"}, true
+		}
+		if !u.canceled && u.ours {
+			// Sent from our key, and no variant the ledger holds: a variant whose record the
+			// ledger lost (a failover, a restore) mined. It is the settlement's transfer.
+			return decision{act: actAdopt, res: mined, why: "the authorization's use log names a transaction of our key the ledger lost"}, true
 		}
 		if u.canceled {
 			return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,

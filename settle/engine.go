@@ -49,6 +49,10 @@ type Observer interface {
 	// A loop that is stuck stops beating, which an alert on the beat's age sees; a flag the
 	// stuck loop would have to clear itself could not say so.
 	Beat(loop, network string, at time.Time)
+	// Adopted: a mined transaction of signer's that the ledger lacked (it lost its newest
+	// commits: a failover, a restore) was recorded as the settlement of each authorization it
+	// used.
+	Adopted(network, signer string)
 }
 
 // The loops that beat.
@@ -72,6 +76,7 @@ func (noObserver) FeeBumped(string)                {}
 func (noObserver) NonceGap(string, string, string) {}
 func (noObserver) Disagreement(string)             {}
 func (noObserver) Beat(string, string, time.Time)  {}
+func (noObserver) Adopted(string, string)          {}
 
 // FaultPoint names a step of a settlement at which a crash test kills the process.
 type FaultPoint string
@@ -100,6 +105,12 @@ type NetworkConfig struct {
 	// Fees prices the network's transactions (fees.go); its nil MinTip and MaxFee take the
 	// engine's MinTip and MaxFeeCap.
 	Fees facilitator.FeePolicy
+	// Retiring are signers of the network (of Signers or Remote) that take no new settlement:
+	// what they have open is worked to the end from them (fee bumps, re-signs and resends go out
+	// from the same key, at its own nonces), so that the key can be removed once it has nothing
+	// open (SignerHealth.Open; docs/operating.md, rotating a signer key). With a Leaser, whichever
+	// process holds such a key works it the same way, if it is configured the same.
+	Retiring []common.Address
 }
 
 // Config configures the engine. Zero durations take the defaults in New.
@@ -269,7 +280,13 @@ func build(cfg Config, run func(*Engine) runner) (*Engine, error) {
 				return nil, fmt.Errorf("settle: network %s lists signer %s twice", nc.Network.ID, s.addr)
 			}
 			seen[s.addr] = true
+			s.retiring = slices.Contains(nc.Retiring, s.addr)
 			n.senders = append(n.senders, s)
+		}
+		for _, a := range nc.Retiring {
+			if !seen[a] {
+				return nil, fmt.Errorf("settle: network %s retires signer %s, which is not one of its signers", nc.Network.ID, a)
+			}
 		}
 		n.queue = make(chan *flight, cfg.MaxInFlightPerSigner*len(n.senders))
 		e.networks[nc.Network.ID] = n

@@ -33,6 +33,8 @@ const pinnedElems = 5
 type pinnedRead struct {
 	key    facilitator.AuthorizationKey
 	signer common.Address
+	// ours reports whether an address is one of the network's signer keys (nil: only signer).
+	ours   func(common.Address) bool
 	want   Expected
 	t      track
 	at     uint64
@@ -51,8 +53,8 @@ type pinnedRead struct {
 
 // newPinnedRead is the pinned reads of a settlement at block at; a verdict read there before holds
 // them to the block it was read in (a different block there now voids it).
-func newPinnedRead(key facilitator.AuthorizationKey, signer common.Address, want Expected, t track, at uint64) *pinnedRead {
-	pr := &pinnedRead{key: key, signer: signer, want: want, t: t, at: at}
+func newPinnedRead(key facilitator.AuthorizationKey, signer common.Address, ours func(common.Address) bool, want Expected, t track, at uint64) *pinnedRead {
+	pr := &pinnedRead{key: key, signer: signer, ours: ours, want: want, t: t, at: at}
 	if t.verdict != nil && t.verdict.at == at {
 		pr.atHash = t.verdict.atHash
 	}
@@ -90,6 +92,47 @@ func readPinned(ctx context.Context, batch func(context.Context, []rpc.BatchElem
 	}
 	for i, pr := range prs {
 		pr.take(all[i], elems)
+	}
+	return readSenders(ctx, batch, prs)
+}
+
+// readSenders reads, for each settlement whose authorization a transaction that is none of its
+// variants used, who signed that transaction: one of our keys (the ledger lost the variant that
+// mined) or not. Only then, so a round costs what it did without a loss. The sender is
+// recovered from the transaction's signature, not taken from the node (ethrpc.Verified), so a
+// node can withhold a transaction of ours but never make one ours. A request that failed makes
+// the reads not known this round; a transaction the node does not give (or not the one named)
+// is not shown ours, as before: its verdict must still be read twice, on a quorum, final.
+func readSenders(ctx context.Context, batch func(context.Context, []rpc.BatchElem) error, prs []*pinnedRead) error {
+	var asks []*pinnedRead
+	var elems []rpc.BatchElem
+	for _, pr := range prs {
+		if c := pr.read; c != nil && c.use != nil && !c.use.canceled && !pr.t.has(c.use.tx) {
+			asks = append(asks, pr)
+			elems = append(elems, ethrpc.TransactionByHash(c.use.tx, new(*types.Transaction)))
+		}
+	}
+	if len(elems) == 0 {
+		return nil
+	}
+	if err := batch(ctx, elems); err != nil {
+		for _, pr := range asks {
+			pr.read, pr.receipts = nil, nil // not known this round; the others' reads stand
+		}
+		return nil
+	}
+	for i, pr := range asks {
+		tx := *elems[i].Result.(**types.Transaction)
+		if elems[i].Error != nil || tx == nil {
+			continue
+		}
+		_, from, err := ethrpc.Verified(tx, pr.read.use.tx)
+		if err != nil {
+			continue
+		}
+		use := *pr.read.use
+		use.ours = from == pr.signer || (pr.ours != nil && pr.ours(from))
+		pr.read.use = &use
 	}
 	return nil
 }
@@ -269,7 +312,7 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 			if at == 0 {
 				at = o.head
 			}
-			pr := newPinnedRead(s.Key, s.Signer, want, t, at)
+			pr := newPinnedRead(s.Key, s.Signer, nil, want, t, at)
 			if err := readCorroborated(ctx, chain, batchOn, fin.Tag, []*pinnedRead{pr}, func() {}); err != nil {
 				return facilitator.Resolution{}, false, err
 			}
@@ -292,7 +335,9 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 			}
 		}
 		switch {
-		case d.act == actResolve:
+		case d.act == actResolve || d.act == actAdopt:
+			// An adoption is a mined outcome by a transaction none of s.Txs: the caller records
+			// the transaction with it (reconcile adopts it).
 			d.res.ID = s.ID
 			return d.res, true, nil
 		case d.verdict == nil:

@@ -70,6 +70,13 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 		if existing, err := e.store.SettlementByKey(waitCtx, key); err == nil {
 			return e.follow(ctx, waitCtx, p, fp, existing)
 		}
+		if mayBeUsed(res.InvalidReason) {
+			// Possibly used, and no row: perhaps by a transaction of our key whose row the ledger
+			// lost (a failover, a restore). Then the payment moved, and it is adopted and followed.
+			if out, ours, err := e.adoptUsed(ctx, waitCtx, n, p, key, fp); ours || err != nil {
+				return out, err
+			}
+		}
 		return fail(p, res.InvalidReason, res.InvalidMessage, common.Hash{}), nil
 	}
 	data := eip3009.TransferCalldata(p.Authorization, eip3009.SettlementSignature(p.Signature))
@@ -90,6 +97,17 @@ func (e *Engine) Settle(ctx context.Context, p *facilitator.Payment) (facilitato
 	}
 	e.log.Info("settlement signed", f.logAttrs("network", id.ID, "signer", s.addr, "tx_nonce", f.txNonce(), "tx", f.view().hash)...)
 	return e.await(ctx, waitCtx, p, f), nil
+}
+
+// mayBeUsed reports whether a payment verify refused for reason may have been transferred
+// already: the authorization used (verify names that first only while validBefore is ahead),
+// expired, the payer's balance short (moved by that transfer), or a simulation that failed.
+func mayBeUsed(reason string) bool {
+	switch reason {
+	case facilitator.ReasonNonceAlreadyUsed, facilitator.ReasonValidBefore, facilitator.ReasonInsufficientBalance, facilitator.ReasonSimulationFailed:
+		return true
+	}
+	return false
 }
 
 // newRow is the ledger row of p's new settlement before it is signed: the sender fills in the
@@ -116,9 +134,14 @@ func (e *Engine) pickKey(n *chainEngine) (*sender, error) {
 	if s := n.pickSender(); s != nil {
 		return s, nil
 	}
-	if n.leased() == 0 {
+	if n.allRetiring() {
+		// Not a wait that passes: the operator retired every key without adding one.
+		return nil, &facilitator.Error{Code: facilitator.EUnavailable, Reason: facilitator.ReasonSignersRetiring,
+			Message: "every settlement signer of this network is retiring and takes no new settlement; nothing was sent (the operator must add a signer key that is not retiring)"}
+	}
+	if n.usable() == 0 {
 		return nil, facilitator.Unavailable(facilitator.ReasonSettlerBusy,
-			"no settlement signer of this network is held by this instance right now (another instance holds them); nothing was sent, retry shortly", nil)
+			"no settlement signer of this network that takes new settlements is held by this instance right now (another instance holds them); nothing was sent, retry shortly", nil)
 	}
 	if n.allLow() {
 		// The operator was alerted (balance.go); the balance is read again every BalanceInterval.
@@ -147,16 +170,37 @@ func (e *Engine) submitNew(waitCtx context.Context, n *chainEngine, s *sender, r
 
 // follow answers a request for an authorization that already has a settlement.
 func (e *Engine) follow(ctx, waitCtx context.Context, p *facilitator.Payment, fp facilitator.Fingerprint, s *facilitator.Settlement) (facilitator.SettleOutcome, error) {
+	if s.Adopted && s.Fingerprint == (facilitator.Fingerprint{}) && adoptedTerms(s, p) {
+		// Adopted from the chain with no request (the reconcile job found it): the first request
+		// for its authorization with its terms is the one that made it, and takes it.
+		if _, err := e.store.BindAdopted(waitCtx, s.ID, fp, p.KeyID, p.X402Version, p.Body); err != nil {
+			return facilitator.SettleOutcome{}, ledgerDown(err)
+		}
+		next, err := e.store.SettlementByID(waitCtx, s.ID)
+		if err != nil {
+			return facilitator.SettleOutcome{}, ledgerDown(err)
+		}
+		s = next
+	}
 	if s.Fingerprint != fp {
 		// Someone else's request for the same authorization (a different signature or requirements):
 		// it gets no success and does not wait.
 		return fail(p, facilitator.ReasonNonceAlreadyUsed, "this authorization is already being settled from a different request", s.TxHash), nil
 	}
+	e.watchAdopted(waitCtx, s)
 	if f := e.flight(s.ID); f != nil {
 		return e.await(ctx, waitCtx, p, f), nil
 	}
 	// Not ours in memory: another process's, or resolved.
 	return e.poll(ctx, waitCtx, p, s)
+}
+
+// adoptedTerms reports whether p asks for what the adopted row's transaction did: the payee and
+// the amount its authorization names (the payer and nonce are the row's key).
+func adoptedTerms(s *facilitator.Settlement, p *facilitator.Payment) bool {
+	a := p.Authorization
+	return a.To == s.PayTo && a.Value != nil && s.Value != nil && a.Value.Cmp(s.Value) == 0 &&
+		a.ValidBefore != nil && s.ValidBefore != nil && a.ValidBefore.Cmp(s.ValidBefore) == 0
 }
 
 // poll reads the ledger every PollInterval until the settlement is settled or the deadline passes

@@ -128,10 +128,12 @@ type keeper struct {
 
 // retry tries to take the key when another process holds it: at once, or, when this process
 // settles nothing on the network, queued for a while, so that a holder of several hands one over.
+// A retiring key is only ever taken at once: it settles nothing new here either, and its holder
+// (the one that drains it) keeps it.
 func (k *keeper) retry(ctx context.Context) {
 	n := k.s.net
 	k.l = k.e.lease(ctx, k.s, 0)
-	if k.l == nil && n.leased() == 0 && n.waitTurn(k.s) {
+	if k.l == nil && n.usable() == 0 && n.waitTurn(k.s) {
 		k.l = k.e.lease(ctx, k.s, leaseWait)
 		n.waitDone()
 	}
@@ -233,23 +235,39 @@ func (e *Engine) lease(ctx context.Context, s *sender, wait time.Duration) facil
 	return l
 }
 
-// leased counts the network's keys this process holds.
-func (n *chainEngine) leased() int {
+// usable counts the network's keys this process holds that take new settlements (not retiring).
+func (n *chainEngine) usable() int {
 	c := 0
 	for _, s := range n.senders {
-		if s.held() != nil {
+		if s.held() != nil && !s.retiring {
 			c++
 		}
 	}
 	return c
 }
 
+// allRetiring reports whether every key of the network is retiring: no process may take a new
+// settlement on it.
+func (n *chainEngine) allRetiring() bool {
+	for _, s := range n.senders {
+		if !s.retiring {
+			return false
+		}
+	}
+	return true
+}
+
 // handOver gives s's key up to a process queued for it, if this process keeps another key of the
-// network: every replica then settles with at least one key when there are enough.
+// network that takes new settlements: every replica then settles with at least one key when there
+// are enough. A retiring key costs nothing to give up while this process keeps one.
 func (n *chainEngine) handOver(s *sender, l facilitator.SignerLease) bool {
 	n.leaseMu.Lock()
 	defer n.leaseMu.Unlock()
-	if n.leased() < 2 {
+	keep := n.usable()
+	if !s.retiring {
+		keep--
+	}
+	if keep < 1 {
 		return false
 	}
 	dropped := n.engine.dropKey(s, l)
@@ -258,11 +276,18 @@ func (n *chainEngine) handOver(s *sender, l facilitator.SignerLease) bool {
 	return true
 }
 
-// waitTurn lets one sender of the network at a time queue for its key, in turn.
+// waitTurn lets one sender of the network at a time queue for its key, in turn; the turns go
+// round the keys that are not retiring (a key that settles nothing new is no use to queue for).
 func (n *chainEngine) waitTurn(s *sender) bool {
 	n.leaseMu.Lock()
 	defer n.leaseMu.Unlock()
-	if n.waiting || n.senders[n.turn%len(n.senders)] != s {
+	var turns []*sender
+	for _, t := range n.senders {
+		if !t.retiring {
+			turns = append(turns, t)
+		}
+	}
+	if n.waiting || len(turns) == 0 || turns[n.turn%len(turns)] != s {
 		return false
 	}
 	n.waiting = true

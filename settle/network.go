@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+
 	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
@@ -88,12 +90,12 @@ type neededFee struct {
 }
 
 // pickSender returns the signer this process holds with the fewest transactions in flight, or
-// nil when it holds none or all are at the limit or below their minimum balance (back-pressure:
-// the caller answers 503 with Retry-After rather than queue forever).
+// nil when it holds none that is not retiring, or all are at the limit or below their minimum
+// balance (back-pressure: the caller answers 503 with Retry-After rather than queue forever).
 func (n *chainEngine) pickSender() *sender {
 	var best *sender
 	for _, s := range n.senders {
-		if s.held() == nil || s.low.Load() || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
+		if s.retiring || s.held() == nil || s.low.Load() || s.inFlight.Load() >= int64(n.engine.cfg.MaxInFlightPerSigner) {
 			continue
 		}
 		if best == nil || s.inFlight.Load() < best.inFlight.Load() {
@@ -118,6 +120,17 @@ func (n *chainEngine) sawFinal(head uint64, tag facilitator.TagRead) {
 
 // saw records that an answer told of head h.
 func (n *chainEngine) saw(h uint64) { raise(&n.maxSeen, h) }
+
+// isSigner reports whether addr is one of the network's signer keys (held by this process or
+// not): a transaction it signed is ours, whether or not the ledger still has it.
+func (n *chainEngine) isSigner(addr common.Address) bool {
+	for _, s := range n.senders {
+		if s.addr == addr {
+			return true
+		}
+	}
+	return false
+}
 
 // raise sets a to v if v is higher, whoever else raises it meanwhile.
 func raise(a *atomic.Uint64, v uint64) {

@@ -78,3 +78,24 @@ func (e *Engine) Open() []OpenSettlements {
 	}
 	return res
 }
+
+// openBySender counts, per key, the flights this process works that are still open (signed,
+// broadcast, or mined and not yet final), those resolving included: what a retiring key has left.
+func (e *Engine) openBySender() map[*sender]int {
+	e.mu.Lock()
+	flights := make([]*flight, 0, len(e.flights))
+	for _, f := range e.flights {
+		flights = append(flights, f)
+	}
+	e.mu.Unlock()
+	out := map[*sender]int{}
+	for _, f := range flights {
+		f.mu.Lock()
+		open := !f.dropped && slices.Contains(openStates, f.state) // mined too: a reorg may need it sent again
+		f.mu.Unlock()
+		if open && f.sender != nil {
+			out[f.sender]++
+		}
+	}
+	return out
+}

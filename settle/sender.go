@@ -45,6 +45,10 @@ type sender struct {
 	// lease is this process's hold on the key; nil while another process holds it. Set and
 	// cleared under mu, so a commit never straddles a change of holder.
 	lease atomic.Pointer[leaseBox]
+
+	// retiring: the key takes no new settlement (pickSender skips it) and works what it has open
+	// to the end (NetworkConfig.Retiring). Set in New, never changed.
+	retiring bool
 }
 
 func newSender(n *chainEngine, signer Signer) *sender {

@@ -152,6 +152,11 @@ type authLog struct {
 	canceled  bool
 	block     uint64
 	blockHash common.Hash
+	// ours: the transaction that used it was signed by one of the network's signer keys, though
+	// it is none of the settlement's variants (the ledger lost the one that mined: a failover,
+	// a restore). Read, from the transaction's own signature, only for a use by a transaction
+	// that is not a variant.
+	ours bool
 }
 
 // policy is the engine's timing and finality rule.
@@ -177,16 +182,17 @@ const (
 	actReopen          // the mined transaction left the chain, or reverted where it was re-included
 	actRelease         // a closing settlement's nonce is used: stop watching it
 	actResettle        // sign a batch member's own call alone at a new nonce: its batch is mined, final, and did not transfer for it
+	actAdopt           // a transaction of our key the ledger lost used the authorization: record it as the settlement's, mined (decision.res)
 )
 
-var actionNames = [...]string{"wait", "read", "send", "bump", "resign", "resolve", "finalize", "move", "reopen", "release", "resettle"}
+var actionNames = [...]string{"wait", "read", "send", "bump", "resign", "resolve", "finalize", "move", "reopen", "release", "resettle", "adopt"}
 
 func (a action) String() string { return actionNames[a] }
 
 // decision is decide's answer.
 type decision struct {
 	act action
-	res facilitator.Resolution // actResolve, actMove
+	res facilitator.Resolution // actResolve, actMove, actAdopt
 	at  uint64                 // actReadAt
 	why string                 // for logs
 	// verdict is what to remember for the next round (nil: nothing).

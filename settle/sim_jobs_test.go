@@ -54,6 +54,7 @@ type simIndex interface {
 	AuthorizationUse(ctx context.Context, network string, token, authorizer common.Address, nonce [32]byte) (*facilitator.AuthorizationUse, error)
 	WindowBlocks(ctx context.Context, network string, from uint64) ([]facilitator.Block, error)
 	Commit(ctx context.Context, network string, b facilitator.IndexBatch) error
+	AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error)
 }
 
 // plain is the world as it was before the second process and the adversaries: the engine alone.

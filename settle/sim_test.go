@@ -189,16 +189,20 @@ func TestSimulation(t *testing.T) {
 // worlds where the real indexer keeps the index: the engines' and the indexer's logs (without
 // their wall-clock stamps), the counts, with replicas the leaser's journal, and with the indexer
 // the index it kept must be the same, or a failing seed could not be replayed.
+// Worlds retiring a key are among them: their restarts must replay too.
 func TestSimulationReplay(t *testing.T) {
-	var replicas, liars, indexers int
+	var replicas, liars, indexers, retiring int
 	// The first three of each kind, and three that parted before the pool's broadcasts were
 	// made serial in the simulator (a liar's world, with replicas too for 233).
 	kept := map[uint64]bool{178: true, 200: true, 233: true}
 	for seed := uint64(1); seed < 300; seed++ {
 		probe := newSimWorld(seed)
-		rep, liar, ix := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on
-		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || kept[seed]) {
+		rep, liar, ix, ret := probe.replicas.on, probe.providers.liar != nil, probe.indexing.on, probe.retiring.on
+		if !(rep && replicas < 3 || liar && liars < 3 || ix && indexers < 3 || ret && retiring < 2 || kept[seed]) {
 			continue
+		}
+		if ret {
+			retiring++
 		}
 		if ix {
 			indexers++
@@ -237,8 +241,8 @@ func TestSimulationReplay(t *testing.T) {
 			t.Fatalf("seed %d ran twice: the engines' logs have %d and %d lines", seed, len(a), len(b))
 		}
 	}
-	if replicas < 3 || liars < 3 || indexers < 3 {
-		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer; want 3 of each", replicas, liars, indexers)
+	if replicas < 3 || liars < 3 || indexers < 3 || retiring < 2 {
+		t.Fatalf("below seed 300: %d worlds of several replicas, %d with a liar, %d with the real indexer, %d retiring a key; want 3 of each (2 retiring)", replicas, liars, indexers, retiring)
 	}
 }
 
@@ -264,8 +268,14 @@ type simStats struct {
 	// before writing it); lostConfirms: successes the merchant read whose claim was never
 	// confirmed (it died after writing it, before confirming).
 	lostAnswers, lostConfirms int
-	verify                    verifyStats
-	index                     indexStats
+	// retired: worlds whose first key was retired partway; retiredOpen: the settlements it had
+	// open then, which it finished.
+	retired, retiredOpen int
+	// ledgerLosses: the ledger lost its newest commits (sim_loss_test.go); adopted: settlements
+	// the ledger then recorded again from the chain.
+	ledgerLosses, adopted, adoptBlocked int
+	verify                              verifyStats
+	index                               indexStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -299,6 +309,9 @@ func (s *simStats) add(o simStats) {
 	s.lies += o.lies
 	s.lostAnswers += o.lostAnswers
 	s.lostConfirms += o.lostConfirms
+	s.ledgerLosses += o.ledgerLosses
+	s.adopted += o.adopted
+	s.adoptBlocked += o.adoptBlocked
 	s.verify.add(o.verify)
 	s.index.add(o.index)
 	s.replicaWorlds += o.replicaWorlds
@@ -309,6 +322,8 @@ func (s *simStats) add(o simStats) {
 	s.cuts += o.cuts
 	s.takeovers += o.takeovers
 	s.seconds += o.seconds
+	s.retired += o.retired
+	s.retiredOpen += o.retiredOpen
 }
 
 func (s simStats) String() string {
@@ -318,12 +333,12 @@ func (s simStats) String() string {
 		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
-		"%d successes lost before their answer, %d after it and before their confirmation; %s; "+
-		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %s",
+		"%d successes lost before their answer, %d after it and before their confirmation; %d ledger losses of the newest commits, %d settlements adopted from the chain (%d not, their nonce another's); %s; "+
+		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %d worlds retiring a key (%d settlements open on it then, finished from it); %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
-		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.verify,
-		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.index)
+		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.ledgerLosses, s.adopted, s.adoptBlocked, s.verify,
+		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.retired, s.retiredOpen, s.index)
 }
 
 // simPayment is one authorization the simulated merchants ask the engine to settle.
@@ -368,6 +383,8 @@ type simWorld struct {
 	verifying      simVerifying
 	replicas       simReplicas
 	indexing       simIndexing
+	retiring       simRetiring
+	losses         simLosses
 }
 
 func newSimWorld(seed uint64) *simWorld { return newSimWorldWith(seed, facilitator.BatchPolicy{}) }
@@ -451,6 +468,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 		// After every draw of the main stream's set-up: a stream of its own. Not in the batched
 		// worlds, whose callers run concurrently on one engine (sim_batch_test.go).
 		w.setUpReplicas()
+		w.setUpRetiring()
 	}
 	w.setUpJobs()
 	w.setUpAdversaries()
@@ -458,6 +476,7 @@ func newSimWorldOf(seed uint64, batch facilitator.BatchPolicy, plain bool) *simW
 		w.plain()
 	}
 	w.setUpVerifying(plain)
+	w.setUpLosses(plain)
 	return w
 }
 
@@ -496,6 +515,10 @@ func (w *simWorld) run() error {
 		if err := w.replicaStep(); err != nil {
 			return fmt.Errorf("step %d: %w", i, err)
 		}
+		w.retireStep(i)
+		if err := w.lossStep(); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
 	}
 	// The end: faults off, time past every validBefore, until nothing is left to do.
 	for _, b := range append(w.backends, w.verifying.engineNodes...) {
@@ -515,7 +538,17 @@ func (w *simWorld) run() error {
 	for _, p := range w.payments {
 		w.settle(p) // the honest final retry: an unanswered success is owed to it
 	}
+	if w.losses.count > 0 {
+		// A final retry can adopt a transaction the lost ledger lacked: its row is mined, and
+		// the engine takes it to final.
+		if err := w.settleDown(); err != nil {
+			return err
+		}
+	}
 	if err := w.checkInvariants(); err != nil {
+		return err
+	}
+	if err := w.checkRetiring(); err != nil {
 		return err
 	}
 	w.stats.jobRuns, w.stats.statusChecks, w.stats.statusLagged = w.jobsSide.runs, w.jobsSide.statusChecks, w.jobsSide.statusLagged
@@ -790,10 +823,18 @@ func (w *simWorld) checkInvariants() error {
 	ours := map[common.Hash]int64{} // every transaction of ours → its settlement
 	rows := w.ledger.Rows()
 	byKey := map[facilitator.AuthorizationKey]settlesim.LedgerRow{}
+	signers := map[common.Address]bool{}
+	for _, k := range w.signers {
+		signers[crypto.PubkeyToAddress(k.PublicKey)] = true
+	}
+	w.stats.ledgerLosses = w.losses.count
 	for _, r := range rows {
 		byKey[r.Settlement.Key] = r
 		for _, t := range r.Txs {
 			ours[t.Hash] = r.Settlement.ID
+		}
+		if r.Settlement.Adopted {
+			w.stats.adopted++
 		}
 		if r.Settlement.State == facilitator.StateReverted {
 			w.stats.reverted++
@@ -832,7 +873,8 @@ func (w *simWorld) checkInvariants() error {
 		a := p.p.Authorization
 		key := facilitator.AuthorizationKey{Network: w.network.ID, Asset: w.chain.Token(), Payer: a.From, Nonce: a.Nonce}
 		use, used := w.chain.AuthorizationUse(a.From, a.Nonce)
-		byUs := used && use.Kind == settlesim.UseTransfer && ours[use.TxHash] != 0
+		// Ours: a transaction the ledger holds, or one our key signed (the ledger may have lost it).
+		byUs := used && use.Kind == settlesim.UseTransfer && (ours[use.TxHash] != 0 || signers[use.Sender])
 		// At most one of our transactions mined carrying the authorization.
 		carried := 0
 		for _, tx := range w.chain.AuthorizationTxs(a.From, a.Nonce) {
@@ -843,7 +885,9 @@ func (w *simWorld) checkInvariants() error {
 		// A second only once the first could no longer transfer it: a batch mined without
 		// transferring for it (settled again alone, once: "renonced" in its events), or a nonce a
 		// foreign transaction took.
-		if row := byKey[key]; carried > 1 && w.stats.foreign == 0 && (carried > 2 || !renonced(row)) {
+		// (A ledger that lost its commits lost the transactions it had signed: a retry may sign the
+		// authorization again while the lost one is still in a pool; it reverts if the other lands.)
+		if row := byKey[key]; carried > 1 && w.stats.foreign == 0 && w.losses.count == 0 && (carried > 2 || !renonced(row)) {
 			return fmt.Errorf("authorization %x of %s carried by %d of our mined transactions", a.Nonce[:4], a.From, carried)
 		}
 		successes := 0
@@ -880,8 +924,18 @@ func (w *simWorld) checkInvariants() error {
 		}
 		row, hasRow := byKey[key]
 		switch {
+		case byUs && !hasRow && w.losses.count > 0 && nonceLost(w.chain, rows, use.TxHash):
+			// A transaction the lost ledger lacked, whose nonce the restarted engine gave another
+			// settlement (signed while the lost one waited in a pool) that then ended there: the
+			// ledger cannot adopt it at that nonce (invariant 7's key), and its callers are told
+			// pending, never a failure (checked above).
+			w.stats.adoptBlocked++
+			continue
 		case byUs && successes != 1 && !(successes == 2 && w.stats.undone > 0) &&
-			!(hasRow && successes > 1 && (w.stats.lostConfirms > 0 || w.replicas.crashes > 0) && successes <= 1+row.Settlement.ClaimTakeovers):
+			!(hasRow && successes > 1 && (w.stats.lostConfirms > 0 || w.replicas.crashes > 0) && successes <= 1+row.Settlement.ClaimTakeovers) &&
+			!(hasRow && successes > 1 && w.losses.count > 0 && successes <= 1+w.losses.before[p]+row.Settlement.ClaimTakeovers):
+			// And a ledger that lost its commits lost the record of the successes answered before:
+			// the payment's success can be answered once more after each loss.
 			// The one allowed exception: a success answered, its claim never confirmed (its
 			// process died: the world's lost confirmations, or a replica crashed with its
 			// confirmation still to be written), then taken over by a retry once its lease ended,
@@ -944,10 +998,6 @@ func (w *simWorld) checkInvariants() error {
 	// settlement's nonce used with no receipt of ours read twice, which a node's null receipts for
 	// a reverted transaction of ours can also show: then ours reverted and the re-signed one may
 	// revert too (each re-sign is bounded by validBefore's margin).
-	signers := map[common.Address]bool{}
-	for _, k := range w.signers {
-		signers[crypto.PubkeyToAddress(k.PublicKey)] = true
-	}
 	reverted := 0
 	var which []string
 	for _, tx := range w.chain.Txs() {
@@ -969,7 +1019,8 @@ func (w *simWorld) checkInvariants() error {
 		}
 	}
 	w.stats.ourReverted = reverted
-	if reverted > notOurs {
+	// (A ledger that lost commits lost the settlements whose nonces it would count.)
+	if reverted > notOurs && w.losses.count == 0 {
 		return fmt.Errorf("%d of our transactions mined reverted, for %d nonces of settlements that did not transfer: %s", reverted, notOurs, strings.Join(which, "; "))
 	}
 	// No nonce gap: every tx nonce the ledger gave a signer is used on chain.

@@ -88,6 +88,17 @@ type Store interface {
 	// NoncesHeld lists the tx nonces of at least from that the signer's settlements hold (in any
 	// state), ascending.
 	NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error)
+	// AdoptSettlements records a mined transaction of one of our keys that the ledger lost (a
+	// failover, a restore), all members or none, and returns their ids: a member with no row gets
+	// one, mined and marked adopted; an open row takes the transaction and is resolved mined (at
+	// the transaction's nonce and slot, or where it is when another settlement holds that place);
+	// a row already mined by it is left alone. facilitator.ErrDuplicate: a member's row is
+	// resolved otherwise; facilitator.ErrNonceTaken: another settlement holds a new member's
+	// (signer, tx nonce, slot).
+	AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error)
+	// BindAdopted gives an adopted row that no request made (zero fingerprint) the request now
+	// asking for it; false when the row is not such a row (any more).
+	BindAdopted(ctx context.Context, id int64, fp facilitator.Fingerprint, keyID string, x402Version int, request []byte) (bool, error)
 	// WalletCapWait is how long until a settlement of value by payer would fit g's wallet caps
 	// (0: it fits now), read without a lock.
 	WalletCapWait(ctx context.Context, network string, asset, payer common.Address, value *big.Int, g facilitator.Limits) (time.Duration, error)

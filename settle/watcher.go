@@ -297,7 +297,7 @@ func (n *chainEngine) decideRound(ctx context.Context, r *round) {
 			if at == 0 {
 				at = n.pinHead
 			}
-			pinned = append(pinned, newPinnedRead(w.f.key, w.f.sender.addr, w.want, w.t, at))
+			pinned = append(pinned, newPinnedRead(w.f.key, w.f.sender.addr, n.isSigner, w.want, w.t, at))
 			pinnedFor = append(pinnedFor, i)
 		}
 	}

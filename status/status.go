@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/ethereum/go-ethereum/common"
@@ -34,6 +35,15 @@ type Store interface {
 	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error)
 }
 
+// Deliveries reads what merchants recorded they delivered for settlements (postgres.DB). It is
+// not part of Store: a Store that also reads them (the Postgres ledger) is used for them, so every
+// status answer over the ledger carries the record without each caller wiring it, and a Store
+// that keeps none (the simulator's ledger, whose merchants record nothing) need not pretend to.
+type Deliveries interface {
+	// DeliveryRecord returns a settlement's record, nil when none was attached.
+	DeliveryRecord(ctx context.Context, settlementID int64) (*facilitator.DeliveryRecord, error)
+}
+
 // Head reads the chain: its head and finality tag (in one request), recent logs.
 type Head interface {
 	CallContext(ctx context.Context, result any, method string, args ...any) error
@@ -46,12 +56,17 @@ type Network struct {
 	Head    Head
 	// Timeout bounds each request to the chain (default 5 s).
 	Timeout time.Duration
+	// Signers are the network's signer keys' addresses: a use by a transaction one of them
+	// signed is the facilitator's, though the ledger has no row of it (it lost its newest
+	// commits: a failover, a restore; the reconcile job adopts it).
+	Signers []common.Address
 }
 
 // Service answers status queries.
 type Service struct {
-	store    Store
-	networks map[string]Network
+	store      Store
+	deliveries Deliveries // nil: the store keeps no delivery records
+	networks   map[string]Network
 	// floors is each network's highest tagged final block answered consistently: a lower answer
 	// is a node gone backwards, and says nothing.
 	floors map[string]*facilitator.FinalityFloor
@@ -64,6 +79,7 @@ func New(store Store, networks []Network, now func() time.Time) *Service {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.deliveries, _ = store.(Deliveries)
 	for _, n := range networks {
 		if n.Timeout <= 0 {
 			n.Timeout = 5 * time.Second
@@ -77,6 +93,12 @@ func New(store Store, networks []Network, now func() time.Time) *Service {
 // Authorization answers for one authorization. found is false when neither the ledger nor the
 // index has seen it; the answer then still carries the chain's word (unused or used).
 func (s *Service) Authorization(ctx context.Context, key facilitator.AuthorizationKey) (st facilitator.AuthorizationStatus, found bool, err error) {
+	return s.authorization(ctx, key, false)
+}
+
+// authorization answers for one authorization; public reads the ledger only as the public view
+// may (public.go).
+func (s *Service) authorization(ctx context.Context, key facilitator.AuthorizationKey, public bool) (st facilitator.AuthorizationStatus, found bool, err error) {
 	n, ok := s.networks[key.Network]
 	if !ok {
 		return st, false, facilitator.Errorf(facilitator.EInvalid, facilitator.ReasonInvalidNetwork, "network %q is not served here", key.Network)
@@ -86,10 +108,13 @@ func (s *Service) Authorization(ctx context.Context, key facilitator.Authorizati
 		return st, false, err
 	}
 	row, err := s.store.SettlementByKey(ctx, key)
+	if err == nil {
+		row, err = s.readable(ctx, row, public)
+	}
 	switch {
-	case err == nil:
+	case err == nil && row != nil:
 		return s.fromLedger(ctx, n, st, row)
-	case !errors.Is(err, facilitator.ErrNotFound):
+	case err != nil && !errors.Is(err, facilitator.ErrNotFound):
 		return st, false, unavailable(err)
 	}
 	if found, err := s.fromIndex(ctx, n, &st, key); err != nil || found {
@@ -116,14 +141,23 @@ func (s *Service) Payment(ctx context.Context, scope, id string) (facilitator.Au
 // is answered with its first settlement's status and the list of all of its settlements, each
 // with its own status path.
 func (s *Service) Settlement(ctx context.Context, tx common.Hash) (facilitator.AuthorizationStatus, error) {
+	return s.settlement(ctx, tx, false)
+}
+
+// settlement answers for one of our transactions; public: as the public view may (public.go),
+// not found until the transaction left us.
+func (s *Service) settlement(ctx context.Context, tx common.Hash, public bool) (facilitator.AuthorizationStatus, error) {
 	row, err := s.store.SettlementByTx(ctx, tx)
-	if errors.Is(err, facilitator.ErrNotFound) {
+	if err == nil {
+		row, err = s.readable(ctx, row, public)
+	}
+	if errors.Is(err, facilitator.ErrNotFound) || err == nil && row == nil {
 		return facilitator.AuthorizationStatus{}, facilitator.ErrNotFound
 	}
 	if err != nil {
 		return facilitator.AuthorizationStatus{}, unavailable(err)
 	}
-	st, _, err := s.Authorization(ctx, row.Key)
+	st, _, err := s.authorization(ctx, row.Key, public)
 	if err != nil {
 		return st, err
 	}
@@ -243,6 +277,15 @@ func (s *Service) fromLedger(ctx context.Context, n Network, st facilitator.Auth
 	case facilitator.StateMined, facilitator.StateFinal:
 		st.State, st.SettledBy = facilitator.StatusSettled, "facilitator"
 		s.confirm(n, &st, row.BlockNumber)
+		if s.deliveries != nil {
+			// Only a transfer of ours carries the merchant's record: a row a reorg took back to
+			// reverted or settled elsewhere keeps it in the ledger, but nothing was paid through it.
+			rec, err := s.deliveries.DeliveryRecord(ctx, row.ID)
+			if err != nil {
+				return st, true, unavailable(err)
+			}
+			st.Delivery = rec
+		}
 		if row.State == facilitator.StateFinal {
 			st.Final = true
 		} else if st.Final {
@@ -346,11 +389,28 @@ func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.Auth
 		st.State = facilitator.StatusCanceled
 		return true, nil
 	}
-	st.State, st.SettledBy = facilitator.StatusSettled, "other"
+	st.State, st.SettledBy = facilitator.StatusSettled, s.settledBy(ctx, n, use.TxHash)
 	if use.To != (common.Address{}) {
 		st.To, st.Value = use.To.Hex(), use.Value.String()
 	}
 	return true, nil
+}
+
+// settledBy names who sent tx, a use of an authorization the ledger does not have as ours:
+// "facilitator" when one of the network's signer keys signed it (read from the transaction's
+// own signature, ethrpc.SignedTx), else "other" (a transaction that could not be read too: the
+// answer is then the one the ledger and the index give).
+func (s *Service) settledBy(ctx context.Context, n Network, tx common.Hash) string {
+	if len(n.Signers) == 0 {
+		return "other"
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.Timeout)
+	defer cancel()
+	_, from, err := ethrpc.SignedTx(ctx, n.Head, tx)
+	if err == nil && slices.Contains(n.Signers, from) {
+		return "facilitator"
+	}
+	return "other"
 }
 
 // fromChain asks the chain directly: the index may lag, or may not cover the authorization's block.
@@ -416,7 +476,7 @@ func (s *Service) chainUse(ctx context.Context, n Network, st *facilitator.Autho
 		if l.Topics[0] == eip3009.AuthorizationCanceledTopic {
 			st.State = facilitator.StatusCanceled
 		} else {
-			st.State, st.SettledBy = facilitator.StatusSettled, "other"
+			st.State, st.SettledBy = facilitator.StatusSettled, s.settledBy(ctx, n, l.TxHash)
 		}
 		return nil
 	}

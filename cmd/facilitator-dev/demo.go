@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"regexp"
 
 	"github.com/x402-facilitator/x402-facilitator/demo"
 	"github.com/x402-facilitator/x402-facilitator/devchain"
@@ -43,10 +45,11 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	return demo.Run(ctx, demo.Options{Start: startDemoStack(bin, *dbURL, f), LogPath: f.Name()}, stdout)
 }
 
-// startDemoStack starts the stack `facilitator-dev dev` runs, on free ports: a fresh anvil with
-// Circle's USDC, and the production binary serving on dbURL (an empty database: it is bound to
-// that fresh chain) signing with dev account #0. Both log to logs; the demo reads the ledger
-// through a connection of its own.
+// startDemoStack starts the stack `facilitator-dev dev` runs, on free ports, but under --auth keys
+// as production serves: a fresh anvil with Circle's USDC, and the production binary serving on
+// dbURL (an empty database: it is bound to that fresh chain) signing with dev account #0, with one
+// merchant API key made for the story's merchant (the agent has none). Both log to logs; the demo
+// reads the ledger through a connection of its own.
 func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 	return func(ctx context.Context) (*demo.Stack, error) {
 		log := newLogger(logs, "info")
@@ -55,7 +58,7 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 			return nil, &demo.StackError{Err: err}
 		}
 		srv, err := startServe(ctx, stackConfig{Binary: bin, Listen: "127.0.0.1:0", DBURL: dbURL, LogLevel: "info",
-			Chain: chain, Signers: []*ecdsa.PrivateKey{chain.Accounts[0].Key}}, logs)
+			Chain: chain, Signers: []*ecdsa.PrivateKey{chain.Accounts[0].Key}, Keys: true}, logs)
 		if err != nil {
 			_ = chain.Close()
 			return nil, &demo.StackError{Err: err}
@@ -67,9 +70,17 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 			_ = chain.Close()
 			return nil, &demo.StackError{Err: err}
 		}
+		key, err := merchantKey(ctx, bin, dbURL)
+		if err != nil {
+			db.Close()
+			_ = srv.Close()
+			_ = chain.Close()
+			return nil, &demo.StackError{Err: err}
+		}
 		return &demo.Stack{
 			Chain:          chain,
 			FacilitatorURL: "http://" + srv.Addr,
+			MerchantKey:    key,
 			Ledger:         db,
 			Close: func() error {
 				db.Close()
@@ -77,4 +88,20 @@ func startDemoStack(bin, dbURL string, logs io.Writer) demo.StartFunc {
 			},
 		}, nil
 	}
+}
+
+// merchantKey makes the demo merchant's API key with the production binary's own `keys create`
+// (verify, settle and status: its payment ids among them), and returns the key's text.
+func merchantKey(ctx context.Context, bin, dbURL string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, "keys", "create", "--name", "demo merchant", "--scopes", "verify,settle,status")
+	cmd.Env = append(cmd.Environ(), "DATABASE_URL="+dbURL)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("making the merchant's API key: %w: %s", err, out)
+	}
+	key := regexp.MustCompile(`x402_[0-9a-f]{12}_[0-9a-f]{64}`).Find(out)
+	if key == nil {
+		return "", fmt.Errorf("making the merchant's API key: keys create printed no key")
+	}
+	return string(key), nil
 }

@@ -15,7 +15,9 @@ import (
 
 // TestDemo runs `facilitator-dev demo` end to end on a fresh database and anvil, and checks from its
 // output that the story happened: the first paid attempt lost its response, the retry with the
-// same payment succeeded as a replay, the agent was charged once, and the ledger matched the chain.
+// same payment succeeded as a replay, the agent read its own receipt without an API key (the
+// facilitator serves under --auth keys, as in production), the merchant recorded what it served and
+// the agent's lookup shows it, the agent was charged once, and the ledger matched the chain.
 func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -77,7 +79,7 @@ func TestDemo(t *testing.T) {
 	}
 	retry := section("6. ", "7. ")
 	mustHave("the retry", retry, "← 200", `"city":"Lisbon"`, "success=true", "replay=true",
-		"retry succeeded as a replay")
+		"retry succeeded as a replay", "delivery → recorded sha256")
 	if n := strings.Count(retry, "REPLAY"); n != 2 {
 		t.Errorf("the retry: want verify and settle both marked as replays, got %d:\n%s", n, retry)
 	}
@@ -97,7 +99,12 @@ func TestDemo(t *testing.T) {
 	}
 
 	lookups := section("7. ", "8. ")
-	mustHave("the lookups", lookups, "by nonce", "by payment id", "settled by the facilitator")
+	mustHave("the lookups", lookups, "by nonce", "by payment id", "settled by the facilitator",
+		"public view: no payment id", "/r/eip155:", "(the merchant, with its key)",
+		"recorded by the merchant = the hash of the")
+	if strings.Count(lookups, "pay_") != 1 {
+		t.Errorf("the payment id is shown other than once, on the merchant's lookup:\n%s", lookups)
+	}
 	after := section("8. ", "9. ")
 	mustHave("the balances", after, "(-0.01 USDC)", "(+0.01 USDC)", "1 USDC Transfer agent → merchant",
 		"the facilitator sent 1 transaction(s)", "charged          once")

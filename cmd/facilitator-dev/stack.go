@@ -36,11 +36,14 @@ type stackConfig struct {
 	Chain    *devchain.Chain
 	Signers  []*ecdsa.PrivateKey
 	Batch    facilitator.BatchPolicy
+	// Keys serves under --auth keys (the production default) instead of open: the demo's
+	// merchant then holds a key and its agent none.
+	Keys bool
 }
 
 // serveArgs are serve's flags for the local stack: background jobs on short schedules, receipts
 // polled often, webhooks allowed to localhost (a local merchant's receiver lives there), no API
-// keys and no rate limits (the load command would measure the limiter). Every setting is a flag,
+// keys unless Keys, and no rate limits (the load command would measure the limiter). Every setting is a flag,
 // so nothing in the developer's environment changes the stack behind their back.
 func (sc stackConfig) serveArgs(listen string) ([]string, error) {
 	v1Name, _ := facilitator.V1NetworkName(sc.Chain.ChainID)
@@ -58,6 +61,10 @@ func (sc stackConfig) serveArgs(listen string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	mode := "open"
+	if sc.Keys {
+		mode = "keys"
+	}
 	return []string{"serve",
 		"--listen", listen,
 		"--networks", string(networks),
@@ -67,8 +74,8 @@ func (sc stackConfig) serveArgs(listen string) ([]string, error) {
 		"--index=true", "--payment-id-window", "24h",
 		"--retention-schedule", "@every 10m", "--reconcile-schedule", "@every 10s",
 		"--index-health-schedule", "@every 1m", "--reconcile-stale", "30s",
-		"--webhook-allow-private=true", "--auth", "open",
-		"--rate-per-key", "0", "--rate-per-client", "0",
+		"--webhook-allow-private=true", "--auth", mode,
+		"--rate-per-key", "0", "--rate-per-client", "0", "--rate-public-per-client", "0",
 	}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -76,11 +77,15 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		defer db.Close()
 	}
 	report("postgres", err)
+	dbOK := err == nil
 	if err == nil && cfg.Auth == "keys" {
 		report("API keys: at least one merchant key (--auth keys)", checkAPIKeys(ctx, db))
 	}
 
 	signers := cfg.SignerAddresses()
+	// signed are the keys of every network, checkedAll whether every network's were read.
+	var signed []common.Address
+	checkedAll := true
 	for i, n := range networks {
 		nc := cfg.Networks[i]
 		pool, genesis, downs, err := m.dialNetwork(ctx, n, nc)
@@ -92,7 +97,16 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 		}
 		report(fmt.Sprintf("%s: %d RPC endpoint(s) serve chain %d; %s", n.ID, len(nc.urls()), n.ChainID, quorumText(nc.quorum(), len(nc.urls()))), err)
 		if err != nil {
+			checkedAll = false // its remote signer's keys are not known: a retired one may be among them
 			continue
+		}
+		g, _ := genesis.known()
+		if p, ok := chains.ByChainID(n.ChainID); ok && p.Genesis != (common.Hash{}) {
+			report(fmt.Sprintf("%s: genesis %s is %s's", n.ID, g.Hex(), p.Title), chains.CheckGenesis(n, g))
+		}
+		if dbOK {
+			what, err := checkBinding(ctx, db, n, g)
+			report(fmt.Sprintf("%s: %s", n.ID, what), err)
 		}
 		// Each read below is bounded by --rpc-timeout: an endpoint that never answers is a
 		// failed check, not a hang.
@@ -139,7 +153,24 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 			}
 		}
 		for _, k := range keys {
-			report(fmt.Sprintf("%s: signer %s funded for gas", n.ID, k.Hex()), bounded(func(ctx context.Context) error { return checkBalance(ctx, pool, k, cfg.SignerMinBalance) }))
+			retiring := ""
+			if slices.Contains(cfg.RetireSigners, k) {
+				retiring = " (retiring: it takes no new settlement, and finishes what it has open)"
+			}
+			report(fmt.Sprintf("%s: signer %s funded for gas%s", n.ID, k.Hex(), retiring), bounded(func(ctx context.Context) error { return checkBalance(ctx, pool, k, cfg.SignerMinBalance) }))
+		}
+		if len(cfg.RetireSigners) > 0 {
+			report(fmt.Sprintf("%s: a signer key that is not retiring", n.ID), checkNotAllRetiring(keys, cfg.RetireSigners))
+		}
+		signed = append(signed, keys...)
+	}
+	if len(cfg.RetireSigners) > 0 && checkedAll {
+		for _, a := range cfg.RetireSigners {
+			var err error
+			if !slices.Contains(signed, a) {
+				err = errors.New("it is not a signer key of any network: serve would refuse to start; fix: correct the address, or drop it from --retire-signers (FACILITATOR_RETIRE_SIGNERS) once the key is removed")
+			}
+			report(fmt.Sprintf("--retire-signers %s is a signer key", a.Hex()), err)
 		}
 	}
 	if failed > 0 {
@@ -152,6 +183,33 @@ func checkConfig(ctx context.Context, cfg *Config, out io.Writer) error {
 func genesisKnown(g *genesisOf) bool {
 	_, ok := g.known()
 	return ok
+}
+
+// checkNotAllRetiring refuses a network whose every signer key is retiring: every /settle would
+// answer 503 signers_retiring.
+func checkNotAllRetiring(keys, retiring []common.Address) error {
+	for _, k := range keys {
+		if !slices.Contains(retiring, k) {
+			return nil
+		}
+	}
+	return fmt.Errorf("every signer key of the network is in --retire-signers: every /settle would answer 503 %s; fix: add the new key (FACILITATOR_SIGNER_KEYS, or the remote signer's) before retiring the last old one", facilitator.ReasonSignersRetiring)
+}
+
+// checkBinding compares the chain an endpoint serves with the one the ledger is bound to for the
+// network's id: serve refuses to start on another (postgres.ErrNetworkMismatch).
+func checkBinding(ctx context.Context, db *postgres.DB, n facilitator.Network, genesis common.Hash) (string, error) {
+	chainID, bound, err := db.NetworkBinding(ctx, n.ID)
+	switch {
+	case errors.Is(err, facilitator.ErrNotFound):
+		return fmt.Sprintf("the ledger is not bound to a chain yet: serve binds it to genesis %s", genesis.Hex()), nil
+	case err != nil:
+		return "the ledger's chain", err
+	case chainID != n.ChainID || bound != genesis:
+		return "the ledger's chain", fmt.Errorf("the ledger is bound to chain %d with genesis %s, and the RPC serves chain %d with genesis %s: serve would refuse to start (a dev chain restarted from genesis, or an RPC of another chain); fix: point the network's RPC at the chain the ledger was written against, or give the network a database of its own",
+			chainID, bound.Hex(), n.ChainID, genesis.Hex())
+	}
+	return fmt.Sprintf("the ledger is bound to this chain (genesis %s)", genesis.Hex()), nil
 }
 
 // terminal reports whether w is a character device (a terminal).
@@ -187,20 +245,17 @@ func checkSchedule(spec string) error {
 // would answer 401.
 func checkAPIKeys(ctx context.Context, db *postgres.DB) error {
 	const fix = "fix: create one, `facilitator keys create --name <merchant> --scopes verify,settle,status` (or serve with --auth open, for local development only)"
-	keys, err := db.APIKeys(ctx)
+	all, live, err := db.CountAPIKeys(ctx)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
 		return fmt.Errorf("no API key: the database has no schema yet (`facilitator migrate` applies it); %s", fix)
 	case err != nil:
 		return fmt.Errorf("reading the API keys: %w", err)
+	case live > 0:
+		return nil
 	}
-	for _, k := range keys {
-		if k.RevokedAt == nil {
-			return nil
-		}
-	}
-	return fmt.Errorf("no API key that is not revoked (%d revoked): every /verify and /settle would answer 401; %s", len(keys), fix)
+	return fmt.Errorf("no API key that is not revoked (%d revoked): every /verify and /settle would answer 401; %s", all, fix)
 }
 
 // checkWS dials a WebSocket endpoint (named, never shown: its URL may hold a key) and asks it for

@@ -16,8 +16,10 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/x402-facilitator/x402-facilitator/chains"
 	"github.com/x402-facilitator/x402-facilitator/extsigner"
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
+	"github.com/x402-facilitator/x402-facilitator/migrations"
 
 	"github.com/x402-facilitator/x402-facilitator/devchain"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
@@ -112,6 +114,15 @@ func TestCheckConfig(t *testing.T) {
 		}
 	}
 	keyAddr := crypto.PubkeyToAddress(key.PublicKey)
+	out, code = check(func(env map[string]string) {
+		env["FACILITATOR_SIGNER_KEYS"] += ",0x" + strings.Repeat("42", 32)
+		env["FACILITATOR_SIGNER_MIN_BALANCE_WEI"] = "0"
+		env["FACILITATOR_RETIRE_SIGNERS"] = keyAddr.Hex()
+	})
+	if !strings.Contains(out, "ok    eip155:31337: signer "+keyAddr.Hex()+" funded for gas (retiring: it takes no new settlement") ||
+		!strings.Contains(out, "ok    eip155:31337: a signer key that is not retiring") || !strings.Contains(out, "ok    --retire-signers "+keyAddr.Hex()+" is a signer key") {
+		t.Fatalf("retiring one of two keys: exit %d\n%s", code, out)
+	}
 	out, code = check(remote(goodSigner, keyAddr))
 	if code != 0 || strings.Contains(out, "FAIL") || !strings.Contains(out, "holds "+keyAddr.Hex()+" and signs for chain 31337") {
 		t.Fatalf("a remote signer holding the key for the chain: exit %d\n%s", code, out)
@@ -149,6 +160,12 @@ func TestCheckConfig(t *testing.T) {
 		}},
 		{"keys mode without a schema", "no API key: the database has no schema yet", func(env map[string]string) {
 			env["FACILITATOR_AUTH"] = "keys"
+		}},
+		{"every signer key retiring", "a signer key that is not retiring: every signer key of the network is in --retire-signers: every /settle would answer 503 signers_retiring; fix: add the new key", func(env map[string]string) {
+			env["FACILITATOR_RETIRE_SIGNERS"] = keyAddr.Hex()
+		}},
+		{"retiring an address that is no signer", "--retire-signers 0x0000000000000000000000000000000000000042 is a signer key: it is not a signer key of any network", func(env map[string]string) {
+			env["FACILITATOR_RETIRE_SIGNERS"] = "0x0000000000000000000000000000000000000042"
 		}},
 		{"a remote signer that is down", "connection refused; fix: start the signer", remote(downSigner, keyAddr)},
 		{"a remote signer without the key", "is not an account of this signer; fix: put the key in the signer", remote(goodSigner, common.HexToAddress("0x42"))},
@@ -215,6 +232,23 @@ func TestCheckConfigAPIKeys(t *testing.T) {
 	if out, code := check(); code != 0 || !strings.Contains(out, "ok    API keys: at least one merchant key") {
 		t.Fatalf("keys mode with a key: exit %d\n%s", code, out)
 	}
+	// A database a migration behind (here, before key rotation's columns: what serve applies at
+	// start) still has its keys counted: the check reads no column a later migration adds.
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	down, err := migrations.FS.ReadFile("0022_key_rotation.down.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, string(down)); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := check(); code != 0 || !strings.Contains(out, "ok    API keys: at least one merchant key") {
+		t.Fatalf("keys mode with a key, a migration behind: exit %d\n%s", code, out)
+	}
 }
 
 // TestCheckConfigSilentEndpoint: an RPC endpoint that accepts connections and never answers is
@@ -242,5 +276,60 @@ func TestCheckConfigSilentEndpoint(t *testing.T) {
 		!strings.Contains(report, "ok    eip155:31337: 2 RPC endpoint(s) serve chain 31337") ||
 		!strings.Contains(report, "ok    eip155:31337: token "+chain.USDC.Address.Hex()) || strings.Contains(report, "SECRETKEY") {
 		t.Fatalf("exit %d after %s:\n%s", code, took, report)
+	}
+}
+
+// TestCheckConfigGenesis: a node that answers a preset's chain id with another chain's genesis
+// (here an anvil started as chain 84532, Base Sepolia's id) is a red line naming Base Sepolia's
+// genesis and the fix; and a ledger bound to another genesis than the endpoint's (a dev chain
+// restarted from genesis), on which serve would refuse to start, is one too. Nothing is bound.
+func TestCheckConfigGenesis(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, chain := requireStack(t)
+	check := func(env map[string]string) (string, int) {
+		t.Helper()
+		env["FACILITATOR_LISTEN"] = "127.0.0.1:0"
+		var out bytes.Buffer
+		code := run(ctx, []string{"serve", "--check-config"}, func(k string) string { return env[k] }, &out, &out)
+		return out.String(), code
+	}
+
+	sepolia, _ := chains.Lookup("base-sepolia")
+	fake := stacktest.NewChain(t, devchain.Options{ChainID: sepolia.ChainID})
+	out, code := check(serveEnv(t, stacktest.NewDB(t, "cmdgenesis"), fake, fake.RPCURL, fake.Accounts[0].Key))
+	want := "FAIL  eip155:84532: genesis 0x"
+	fix := "not Base Sepolia's " + sepolia.Genesis.Hex() + " (chain 84532): point the network's RPC at a Base Sepolia node"
+	if code == 0 || !strings.Contains(out, want) || !strings.Contains(out, fix) {
+		t.Fatalf("an anvil claiming Base Sepolia's chain id: exit %d, want %q ... %q:\n%s", code, want, fix, out)
+	}
+
+	dbURL := stacktest.NewDB(t, "cmdbinding")
+	db, err := postgres.Open(ctx, dbURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	env := serveEnv(t, dbURL, chain, chain.RPCURL, chain.Accounts[0].Key)
+	if out, _ = check(env); !strings.Contains(out, "ok    eip155:31337: the ledger is not bound to a chain yet: serve binds it to genesis 0x") {
+		t.Fatalf("a fresh database:\n%s", out)
+	}
+	if strings.Contains(out, "is anvil") {
+		t.Fatalf("a genesis line for a preset that knows none:\n%s", out)
+	}
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := common.HexToHash("0x01")
+	if err := db.BindNetwork(ctx, "eip155:31337", chain.ChainID, old); err != nil {
+		t.Fatal(err)
+	}
+	out, code = check(env)
+	if code == 0 || !strings.Contains(out, "FAIL  eip155:31337: the ledger's chain: the ledger is bound to chain 31337 with genesis "+old.Hex()) ||
+		!strings.Contains(out, "fix: point the network's RPC at the chain the ledger was written against") {
+		t.Fatalf("a ledger bound to another genesis: exit %d\n%s", code, out)
+	}
+	if _, g, err := db.NetworkBinding(ctx, "eip155:31337"); err != nil || g != old {
+		t.Fatalf("the check changed the binding: %s, %v", g, err)
 	}
 }

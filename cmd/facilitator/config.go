@@ -34,9 +34,13 @@ type Config struct {
 	// empty, whatever its account_list answers at start.
 	RemoteSigner    string
 	RemoteAddresses []common.Address
-	Factories       []common.Address
-	RPCTimeout      time.Duration
-	VerifyTimeout   time.Duration
+	// RetireSigners are signer keys (local or remote) that take no new settlement: each works what
+	// it has open to the end from itself, and reports draining (/readyz, metrics), so that it can
+	// be removed once drained (docs/operating.md, rotating a signer key).
+	RetireSigners []common.Address
+	Factories     []common.Address
+	RPCTimeout    time.Duration
+	VerifyTimeout time.Duration
 	// StatusTimeout bounds one status lookup, API and console alike.
 	StatusTimeout time.Duration
 	Migrate       bool
@@ -89,6 +93,12 @@ type Config struct {
 	// limits, per process (rate per second; 0: no limit).
 	KeyRate, ClientRate   float64
 	KeyBurst, ClientBurst int
+	// PublicReceipts serves the public view of an authorization without a key (api.Config.Receipts):
+	// the status routes under --auth keys, and the receipt pages; PublicRate/PublicBurst limit its
+	// lookups per client address (rate per second; 0: no limit).
+	PublicReceipts bool
+	PublicRate     float64
+	PublicBurst    int
 	// ConsoleSessionTTL is how long a console login lasts (0: api.DefaultSessionTTL).
 	ConsoleSessionTTL time.Duration
 	// TrustedProxies are the reverse proxies whose X-Forwarded-For the API believes
@@ -162,6 +172,8 @@ type NetworkConfig struct {
 	// presetFinality is the preset's finality rule, set by resolve when the entry names a preset
 	// and gives no finality of its own.
 	presetFinality *facilitator.Finality
+	// presetExplorer is the preset's block explorer (chains.Preset.Explorer), set by resolve.
+	presetExplorer string
 }
 
 // feePolicy is the network's fee policy: the defaults with the configured fields set.
@@ -261,6 +273,7 @@ func (nc NetworkConfig) resolve() (NetworkConfig, error) {
 		rule := p.Finality
 		nc.presetFinality = &rule
 	}
+	nc.presetExplorer = p.Explorer
 	return nc, nil
 }
 
@@ -308,7 +321,7 @@ func (c *Config) Domain() ([]facilitator.Network, error) {
 		if _, err := nc.feePolicy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, nc.ID, err)
 		}
-		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID)}
+		n := facilitator.Network{ID: nc.ID, ChainID: chainID, Finality: nc.finalityRule(chainID), Explorer: nc.presetExplorer}
 		if n.Batch, err = nc.Batch.policy(); err != nil {
 			return nil, fmt.Errorf("networks[%d] (%s): batch: %w", i, nc.ID, err)
 		}
@@ -510,14 +523,25 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		}
 		fs.Var(boolValue{p}, name, usage)
 	}
+	// The same for a whole number: a word there would otherwise reach Check as some number and be
+	// refused for its sign, under the flag's name, misleading whoever set the variable.
+	envInt := func(key, def string) int {
+		v := env(key, def)
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			envErrs = append(envErrs, fmt.Errorf("%s=%q is not a whole number", key, v))
+		}
+		return n
+	}
 	fs.StringVar(&cfg.Listen, "listen", env("FACILITATOR_LISTEN", "127.0.0.1:4021"), "address to listen on (FACILITATOR_LISTEN)")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "Postgres connection string (DATABASE_URL)")
-	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, fees, token domains, remote signers, signer keys and their balances, Postgres, API keys) and exit: 0 when everything passed")
+	fs.BoolVar(&cfg.CheckConfig, "check-config", false, "check the configuration (listen address, job schedules, networks, presets, every RPC and WebSocket endpoint, each chain's genesis and the ledger's binding, fees, token domains, remote signers, signer keys and their balances, Postgres, API keys) and exit: 0 when everything passed")
 	networksJSON := fs.String("networks", env("FACILITATOR_NETWORKS", ""), "networks as JSON (FACILITATOR_NETWORKS)")
 	networksFile := fs.String("networks-file", env("FACILITATOR_NETWORKS_FILE", ""), "file holding the networks JSON (FACILITATOR_NETWORKS_FILE)")
 	fs.StringVar(&cfg.RemoteSigner, "signer", env("FACILITATOR_SIGNER", ""), "a remote signer holding the keys, clef:<http(s) URL> (FACILITATOR_SIGNER); the URL is never logged")
 	remoteAddrs := fs.String("signer-addresses", env("FACILITATOR_SIGNER_ADDRESSES", ""), "comma-separated addresses of the remote signer's keys; empty: ask it (account_list) at start (FACILITATOR_SIGNER_ADDRESSES)")
 	keysFile := fs.String("signer-keys-file", env("FACILITATOR_SIGNER_KEYS_FILE", ""), "file with one hex private key per line (FACILITATOR_SIGNER_KEYS_FILE)")
+	retire := fs.String("retire-signers", env("FACILITATOR_RETIRE_SIGNERS", ""), "comma-separated signer addresses to retire: they take no new settlement and finish what they have open (FACILITATOR_RETIRE_SIGNERS)")
 	factories := fs.String("eip6492-factories", env("FACILITATOR_EIP6492_FACTORIES", ""), "comma-separated factory addresses allowed for counterfactual wallets (FACILITATOR_EIP6492_FACTORIES)")
 	rpcTimeout := fs.String("rpc-timeout", env("FACILITATOR_RPC_TIMEOUT", "5s"), "bound on one RPC round trip (FACILITATOR_RPC_TIMEOUT)")
 	verifyTimeout := fs.String("verify-timeout", env("FACILITATOR_VERIFY_TIMEOUT", "10s"), "bound on one /verify (FACILITATOR_VERIFY_TIMEOUT)")
@@ -535,7 +559,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	fs.StringVar(&cfg.IndexHealthSchedule, "index-health-schedule", env("FACILITATOR_INDEX_HEALTH_SCHEDULE", "@every 5m"), "cron schedule of the index health check (FACILITATOR_INDEX_HEALTH_SCHEDULE)")
 	reconcileStale := fs.String("reconcile-stale", env("FACILITATOR_RECONCILE_STALE", "2m"), "how long a settlement goes without an update before the reconcile job looks at it (FACILITATOR_RECONCILE_STALE)")
 	maxFeeGwei := fs.String("max-fee-gwei", env("FACILITATOR_MAX_FEE_GWEI", ""), "most a transaction may offer per gas (fee cap, or gas price on a legacy network), in gwei, on networks whose fees set no maxFeeGwei; a settlement the chain's fees do not fit under is refused (FACILITATOR_MAX_FEE_GWEI; empty: no cap)")
-	maxInFlight := fs.Int("max-in-flight", atoi(env("FACILITATOR_MAX_IN_FLIGHT", "128")), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
+	maxInFlight := fs.Int("max-in-flight", envInt("FACILITATOR_MAX_IN_FLIGHT", "128"), "unmined transactions per signer before /settle answers 503 (FACILITATOR_MAX_IN_FLIGHT)")
 	fs.StringVar(&cfg.LogLevel, "log-level", env("FACILITATOR_LOG_LEVEL", "info"), "debug, info, warn or error (FACILITATOR_LOG_LEVEL)")
 	fs.StringVar(&cfg.Pprof, "pprof", env("FACILITATOR_PPROF", ""), "serve net/http/pprof on this loopback address, e.g. 127.0.0.1:6060 (FACILITATOR_PPROF; empty: off)")
 	fs.StringVar(&cfg.LogFormat, "log-format", env("FACILITATOR_LOG_FORMAT", "text"), "text or json (FACILITATOR_LOG_FORMAT)")
@@ -544,12 +568,15 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 	boolFlag(&cfg.WebhookAllowPrivate, "webhook-allow-private", "FACILITATOR_WEBHOOK_ALLOW_PRIVATE", false, "let webhooks target loopback and private addresses, for local development (FACILITATOR_WEBHOOK_ALLOW_PRIVATE)")
 	fs.StringVar(&cfg.Auth, "auth", env("FACILITATOR_AUTH", "keys"), "keys (merchant API keys required) or open (no keys, local development only) (FACILITATOR_AUTH)")
 	keyRate := fs.String("rate-per-key", env("FACILITATOR_RATE_PER_KEY", "50"), "requests per second per API key, per process; 0: no limit (FACILITATOR_RATE_PER_KEY)")
-	fs.IntVar(&cfg.KeyBurst, "burst-per-key", atoi(env("FACILITATOR_BURST_PER_KEY", "100")), "burst per API key (FACILITATOR_BURST_PER_KEY)")
+	fs.IntVar(&cfg.KeyBurst, "burst-per-key", envInt("FACILITATOR_BURST_PER_KEY", "100"), "burst per API key (FACILITATOR_BURST_PER_KEY)")
 	clientRate := fs.String("rate-per-client", env("FACILITATOR_RATE_PER_CLIENT", "100"), "requests per second per client IP, per process; 0: no limit (FACILITATOR_RATE_PER_CLIENT)")
+	boolFlag(&cfg.PublicReceipts, "public-receipts", "FACILITATOR_PUBLIC_RECEIPTS", true, "answer an authorization's public view (state, transaction, payer, payee, amount; never payment ids, keys or webhooks) without an API key: GET /v1/authorizations/… and /v1/settlements/{tx} under --auth keys, and the receipt pages /r/… (FACILITATOR_PUBLIC_RECEIPTS)")
+	publicRate := fs.String("rate-public-per-client", env("FACILITATOR_RATE_PUBLIC_PER_CLIENT", "2"), "public receipt lookups per second per client IP, per process, on top of --rate-per-client; 0: no limit (FACILITATOR_RATE_PUBLIC_PER_CLIENT)")
+	fs.IntVar(&cfg.PublicBurst, "burst-public-per-client", envInt("FACILITATOR_BURST_PUBLIC_PER_CLIENT", "20"), "burst of public receipt lookups per client IP (FACILITATOR_BURST_PUBLIC_PER_CLIENT)")
 	sessionTTL := fs.String("console-session-ttl", env("FACILITATOR_CONSOLE_SESSION_TTL", "12h"), "how long a console login lasts before the console asks for the key again (FACILITATOR_CONSOLE_SESSION_TTL)")
 	trustedProxies := fs.String("trusted-proxies", env("FACILITATOR_TRUSTED_PROXIES", ""), "comma-separated CIDRs (or addresses) of the reverse proxies in front; a request from one is keyed on the right-most X-Forwarded-For address outside them; empty: the TCP peer, always (FACILITATOR_TRUSTED_PROXIES)")
-	fs.IntVar(&cfg.ClientBurst, "burst-per-client", atoi(env("FACILITATOR_BURST_PER_CLIENT", "200")), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
-	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", atoi(env("FACILITATOR_WALLET_CAP_COUNT", "0")), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
+	fs.IntVar(&cfg.ClientBurst, "burst-per-client", envInt("FACILITATOR_BURST_PER_CLIENT", "200"), "burst per client IP (FACILITATOR_BURST_PER_CLIENT)")
+	fs.IntVar(&cfg.WalletCapCount, "wallet-cap-count", envInt("FACILITATOR_WALLET_CAP_COUNT", "0"), "most settlements per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_COUNT)")
 	walletCapAmount := fs.String("wallet-cap-amount", env("FACILITATOR_WALLET_CAP_AMOUNT", "0"), "most token base units settled per paying wallet, network and asset within the wallet cap window; 0: no cap (FACILITATOR_WALLET_CAP_AMOUNT)")
 	walletCapWindow := fs.String("wallet-cap-window", env("FACILITATOR_WALLET_CAP_WINDOW", "24h"), "the rolling window of the wallet caps (FACILITATOR_WALLET_CAP_WINDOW)")
 	keyGasBudget := fs.String("key-gas-budget-wei", env("FACILITATOR_KEY_GAS_BUDGET_WEI", "0"), "gas budget in wei per rolling 24 hours of an API key without its own (keys create --gas-budget-wei); 0: unlimited (FACILITATOR_KEY_GAS_BUDGET_WEI)")
@@ -566,7 +593,7 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		if cfg.Auth != "keys" && cfg.Auth != "open" {
 			return nil, fmt.Errorf("auth: %q is neither keys nor open", cfg.Auth)
 		}
-		if err := parseFlagValues(nonNegativeFloat, []flagValue[float64]{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}}); err != nil {
+		if err := parseFlagValues(nonNegativeFloat, []flagValue[float64]{{"rate-per-key", *keyRate, &cfg.KeyRate}, {"rate-per-client", *clientRate, &cfg.ClientRate}, {"rate-public-per-client", *publicRate, &cfg.PublicRate}}); err != nil {
 			return nil, err
 		}
 
@@ -600,6 +627,9 @@ func serveFlags(getenv func(string) string) (fs *flag.FlagSet, finish func() (*C
 		}
 		cfg.SignerKeys = keys
 		if cfg.RemoteAddresses, err = addressList(*remoteAddrs, "signer address"); err != nil {
+			return nil, err
+		}
+		if cfg.RetireSigners, err = addressList(*retire, "retire-signers address"); err != nil {
 			return nil, err
 		}
 		if cfg.Factories, err = addressList(*factories, "eip6492 factory"); err != nil {
@@ -777,12 +807,4 @@ func checkKeyFileMode(f *os.File) error {
 		return fmt.Errorf("signer keys file %s has mode %#o, open to group or others: it must be 0600 or stricter (chmod 600 %s)", f.Name(), perm, f.Name())
 	}
 	return nil
-}
-
-func atoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return -1 // Check reports it
-	}
-	return n
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -55,6 +56,24 @@ func TestFlagBooleans(t *testing.T) {
 				t.Errorf("listen %q: the flag after --migrate was eaten", cfg.Listen)
 			}
 		})
+	}
+}
+
+// TestFlagEnvNumbers: a whole-number environment variable that is no number is refused under its
+// own name (it used to become -1 and be refused as "max-in-flight must be positive").
+func TestFlagEnvNumbers(t *testing.T) {
+	for key, flagName := range map[string]string{"FACILITATOR_MAX_IN_FLIGHT": "max-in-flight", "FACILITATOR_BURST_PER_KEY": "burst-per-key",
+		"FACILITATOR_BURST_PER_CLIENT": "burst-per-client", "FACILITATOR_WALLET_CAP_COUNT": "wallet-cap-count",
+		"FACILITATOR_BURST_PUBLIC_PER_CLIENT": "burst-public-per-client"} {
+		_, err := parseCommandFlags("serve", nil, func(k string) string { return map[string]string{key: "12x"}[k] }, io.Discard)
+		if want := key + `="12x" is not a whole number`; err == nil || err.Error() != want {
+			t.Errorf("%s=12x: error %v, want %q", key, err, want)
+		}
+		// The flag itself still wins over the variable.
+		cfg, err := parseCommandFlags("serve", []string{"--" + flagName + "=7"}, func(k string) string { return map[string]string{key: "12"}[k] }, io.Discard)
+		if err != nil || (cfg.MaxInFlight != 7 && cfg.KeyBurst != 7 && cfg.ClientBurst != 7 && cfg.WalletCapCount != 7 && cfg.PublicBurst != 7) {
+			t.Errorf("--%s=7 over %s=12: %v", flagName, key, err)
+		}
 	}
 }
 

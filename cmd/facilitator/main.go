@@ -27,9 +27,11 @@ commands:
   networks  list the network presets (chain id, CAIP-2 id, v1 name, USDC and its EIP-712 domain,
             finality) a FACILITATOR_NETWORKS entry can name with "preset"
   index     run only the block indexer (same configuration as serve), logging its progress
-  keys      create, list and revoke merchant API keys (keys create --name N --scopes verify,settle,...)
+  keys      create, list, rotate and revoke merchant API keys (keys create --name N --scopes verify,settle,...;
+            keys rotate --grace 24h <id>: a new secret, the old one working through the grace)
   settlements stuck  list the settlements still open (signed, broadcast, mined and not final)
-            longer than --older-than (10m), by state, from the ledger
+            longer than --older-than (10m), by state, from the ledger (--signer: one key's, what a
+            retiring key has left)
   webhooks redeliver  send given-up webhook deliveries again (webhooks redeliver <wh_…> <event id>...)
   status    look up an authorization, a payment id or a transaction through the status API
   signer    the narrow signer: holds keys and signs only transferWithAuthorization calls of one token

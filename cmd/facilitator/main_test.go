@@ -66,6 +66,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.PublicReceipts = true // serve's default
 	logs := &stacktest.SyncBuffer{}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -120,6 +121,54 @@ func TestServeEndToEnd(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(res.Header.Get("Content-Security-Policy"), "script-src 'self'") ||
 		!strings.Contains(string(page), "0.01 USD Coin") || !strings.Contains(string(page), `id="state">settled`) {
 		t.Fatalf("console page: %d %v\n%s", res.StatusCode, res.Header, page)
+	}
+
+	// What the merchant delivered, as the binary wires it (open mode: without a key), on the
+	// authorization's status.
+	var sr facilitator.SettleResponse
+	if err := json.Unmarshal(settled, &sr); err != nil {
+		t.Fatal(err)
+	}
+	digest := "0x" + strings.Repeat("ab", 32)
+	res, err = http.Post(base+"/v1/settlements/"+sr.Transaction+"/delivery", "application/json", strings.NewReader(`{"sha256":"`+digest+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusCreated {
+		t.Fatalf("delivery record: %d %s", res.StatusCode, recorded)
+	}
+	res, err = http.Get(base + "/v1/authorizations/eip155:31337/" + chain.USDC.Address.Hex() + "/" + payer.Hex() + "/0x" + hex.EncodeToString(nonce[:]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st facilitator.AuthorizationStatus
+	err = json.NewDecoder(res.Body).Decode(&st)
+	res.Body.Close()
+	if err != nil || st.Delivery == nil || st.Delivery.SHA256 != digest {
+		t.Fatalf("the status after the delivery record: %+v, %v", st, err)
+	}
+	// The payer's receipt as the binary wires it: the page, and its JSON the public view.
+	receipt := base + "/r/eip155:31337/" + chain.USDC.Address.Hex() + "/" + payer.Hex() + "/0x" + hex.EncodeToString(nonce[:])
+	res, err = http.Get(receipt + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcJSON, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	var rc facilitator.Receipt
+	if err := json.Unmarshal(rcJSON, &rc); err != nil || res.StatusCode != 200 || rc.View != facilitator.ViewPublic || rc.State != facilitator.StatusSettled {
+		t.Fatalf("receipt JSON: %d %s (%v)", res.StatusCode, rcJSON, err)
+	}
+	res, err = http.Get(receipt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(page), `id="state">settled by this facilitator`) || strings.Contains(string(page), "<script") {
+		t.Fatalf("receipt page: %d\n%s", res.StatusCode, page)
 	}
 
 	// The operations overview as the binary wires it: the answer just given is counted, the

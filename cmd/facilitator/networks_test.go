@@ -93,7 +93,7 @@ func TestConfigPresets(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := facilitator.Network{ID: "eip155:84532", ChainID: 84532, V1Name: "base-sepolia", Tokens: []facilitator.Token{usdc},
-		Finality: facilitator.Finality{Tag: "finalized", Depth: 600}}
+		Finality: facilitator.Finality{Tag: "finalized", Depth: 600}, Explorer: "https://sepolia.basescan.org"}
 	if !sameNetwork(n, want) || usdc.Name != "USDC" || usdc.Version != "2" {
 		t.Fatalf("preset alone: %+v, want %+v", n, want)
 	}
@@ -110,7 +110,7 @@ func TestConfigPresets(t *testing.T) {
 	}
 	want = facilitator.Network{ID: "eip155:84532", ChainID: 84532, V1Name: "",
 		Tokens:   []facilitator.Token{{Address: usdc.Address, Name: "USDC", Version: "3", Decimals: 6}},
-		Finality: facilitator.Finality{Depth: 5}}
+		Finality: facilitator.Finality{Depth: 5}, Explorer: "https://sepolia.basescan.org"}
 	if !sameNetwork(n, want) {
 		t.Fatalf("overridden: %+v, want %+v", n, want)
 	}
@@ -127,7 +127,7 @@ func TestConfigPresets(t *testing.T) {
 
 	// The explicit form, no preset: today's defaults (depth only, 12 off dev chains).
 	n, _, err = domain(t, `[{"id":"eip155:8453","rpc":"http://x","tokens":[{"address":"0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913","name":"USD Coin","version":"2"}]}]`)
-	if err != nil || n.V1Name != "base" || n.Finality != (facilitator.Finality{Depth: 12}) || len(n.Tokens) != 1 {
+	if err != nil || n.V1Name != "base" || n.Finality != (facilitator.Finality{Depth: 12}) || len(n.Tokens) != 1 || n.Explorer != "" {
 		t.Fatalf("explicit: %+v, %v", n, err)
 	}
 

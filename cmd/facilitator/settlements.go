@@ -17,12 +17,14 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator/postgres"
 )
 
-const settlementsUsage = `usage: facilitator settlements stuck [--older-than 10m] [--limit 100] [--json]
+const settlementsUsage = `usage: facilitator settlements stuck [--older-than 10m] [--signer 0x..] [--limit 100] [--json]
 
   stuck  settlements still owed an outcome (signed, broadcast, or mined and not yet final)
          that were signed longer than --older-than ago, by state, oldest first: id, network,
-         payer, authorization nonce, state, age, transaction hash. Every replica's, read from
-         the ledger (DATABASE_URL or --database-url), so it answers while serve does not.
+         signer key, payer, authorization nonce, state, age, transaction hash. Every replica's,
+         read from the ledger (DATABASE_URL or --database-url), so it answers while serve does
+         not. --signer lists one key's only: with --older-than 0, what a retiring key
+         (--retire-signers) has left to finish; none: it is drained.
 
 `
 
@@ -61,8 +63,16 @@ func runSettlements(ctx context.Context, args []string, getenv func(string) stri
 		return err
 	}
 	defer db.Close()
+	var signer *common.Address
+	if *f.signer != "" {
+		if !common.IsHexAddress(*f.signer) {
+			return fmt.Errorf("settlements stuck: --signer %q is not an address", *f.signer)
+		}
+		a := common.HexToAddress(*f.signer)
+		signer = &a
+	}
 	// One more than asked for says whether there are more.
-	stuck, err := db.StuckSettlements(ctx, *f.olderThan, *f.limit+1)
+	stuck, err := db.StuckSettlements(ctx, *f.olderThan, *f.limit+1, signer)
 	if err != nil {
 		return fmt.Errorf("settlements stuck: %w (has 'facilitator migrate' run?)", err)
 	}
@@ -75,7 +85,7 @@ func runSettlements(ctx context.Context, args []string, getenv func(string) stri
 		enc.SetIndent("", "  ")
 		return enc.Encode(stuckJSON(stuck, more))
 	}
-	return printStuck(stdout, stuck, *f.olderThan, more)
+	return printStuck(stdout, stuck, *f.olderThan, signer, more)
 }
 
 type stuckFlagSet struct {
@@ -83,6 +93,7 @@ type stuckFlagSet struct {
 	olderThan *time.Duration
 	limit     *int
 	asJSON    *bool
+	signer    *string
 }
 
 func stuckFlags(getenv func(string) string) (*flag.FlagSet, *stuckFlagSet) {
@@ -92,6 +103,7 @@ func stuckFlags(getenv func(string) string) (*flag.FlagSet, *stuckFlagSet) {
 		olderThan: fs.Duration("older-than", 10*time.Minute, "list the settlements signed longer ago than this and still open"),
 		limit:     fs.Int("limit", 100, "list at most this many (the oldest of each state first)"),
 		asJSON:    fs.Bool("json", false, "print JSON: {settlements: [...], more: bool}"),
+		signer:    fs.String("signer", "", "list only the settlements of this signer key (with --older-than 0: what a retiring key has left)"),
 	}
 }
 
@@ -99,6 +111,7 @@ func stuckFlags(getenv func(string) string) (*flag.FlagSet, *stuckFlagSet) {
 type stuckRow struct {
 	ID         int64  `json:"id"`
 	Network    string `json:"network"`
+	Signer     string `json:"signer"`
 	Payer      string `json:"payer"`
 	Nonce      string `json:"nonce"`
 	State      string `json:"state"`
@@ -109,7 +122,7 @@ type stuckRow struct {
 func stuckRows(stuck []postgres.StuckSettlement) []stuckRow {
 	out := make([]stuckRow, len(stuck))
 	for i, s := range stuck {
-		out[i] = stuckRow{ID: s.ID, Network: s.Key.Network, Payer: s.Key.Payer.Hex(), Nonce: hexutil.Encode(s.Key.Nonce[:]),
+		out[i] = stuckRow{ID: s.ID, Network: s.Key.Network, Signer: s.Signer.Hex(), Payer: s.Key.Payer.Hex(), Nonce: hexutil.Encode(s.Key.Nonce[:]),
 			State: string(s.State), AgeSeconds: int64(s.Age / time.Second)}
 		if s.TxHash != (common.Hash{}) {
 			out[i].TxHash = s.TxHash.Hex()
@@ -126,7 +139,11 @@ func stuckJSON(stuck []postgres.StuckSettlement, more bool) any {
 }
 
 // printStuck prints a line per state with its count, then the table; rows come ordered by state.
-func printStuck(w io.Writer, stuck []postgres.StuckSettlement, olderThan time.Duration, more bool) error {
+func printStuck(w io.Writer, stuck []postgres.StuckSettlement, olderThan time.Duration, signer *common.Address, more bool) error {
+	if len(stuck) == 0 && signer != nil {
+		_, err := fmt.Fprintf(w, "no settlement of signer %s open longer than %s\n", signer.Hex(), olderThan)
+		return err
+	}
 	if len(stuck) == 0 {
 		_, err := fmt.Fprintf(w, "no settlement open longer than %s\n", olderThan)
 		return err
@@ -147,13 +164,13 @@ func printStuck(w io.Writer, stuck []postgres.StuckSettlement, olderThan time.Du
 	}
 	fmt.Fprintf(w, "%d settlement(s) open longer than %s%s: %s\n\n", len(rows), olderThan, plus, strings.Join(counts, ", "))
 	tw := tabwriter.NewWriter(w, 0, 2, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNETWORK\tPAYER\tNONCE\tSTATE\tAGE\tTX")
+	fmt.Fprintln(tw, "ID\tNETWORK\tSIGNER\tPAYER\tNONCE\tSTATE\tAGE\tTX")
 	for _, r := range rows {
 		tx := r.TxHash
 		if tx == "" {
 			tx = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Network, r.Payer, r.Nonce, r.State, time.Duration(r.AgeSeconds)*time.Second, tx)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Network, r.Signer, r.Payer, r.Nonce, r.State, time.Duration(r.AgeSeconds)*time.Second, tx)
 	}
 	return tw.Flush()
 }

@@ -20,8 +20,8 @@ import (
 
 // TestSettlementsStuck: `facilitator settlements stuck` lists, from the ledger, the settlements
 // open (signed, broadcast, mined and not final) longer than --older-than, by state and oldest
-// first, with id, network, payer, nonce, state, age and transaction hash; resolved ones and
-// younger ones are left out.
+// first, with id, network, signer, payer, nonce, state, age and transaction hash; resolved ones
+// and younger ones are left out; --signer keeps one key's (a retiring key's drain).
 func TestSettlementsStuck(t *testing.T) {
 	ctx, dbURL, _, conn := opsLedger(t, "opcli_stuck")
 	const network = opsNetwork
@@ -90,10 +90,10 @@ func TestSettlementsStuck(t *testing.T) {
 		}
 	}
 	want := []string{
-		fmt.Sprintf("%d %s %s %s signed 20m0s -", signedOld.id, network, signedOld.payer.Hex(), hexutil.Encode(signedOld.nonce[:])),
-		fmt.Sprintf("%d %s %s %s broadcast 50m0s %s", broadcastOlder.id, network, broadcastOlder.payer.Hex(), hexutil.Encode(broadcastOlder.nonce[:]), broadcastOlder.tx.Hex()),
-		fmt.Sprintf("%d %s %s %s broadcast 30m0s %s", broadcastOld.id, network, broadcastOld.payer.Hex(), hexutil.Encode(broadcastOld.nonce[:]), broadcastOld.tx.Hex()),
-		fmt.Sprintf("%d %s %s %s mined 40m0s %s", minedOld.id, network, minedOld.payer.Hex(), hexutil.Encode(minedOld.nonce[:]), minedOld.tx.Hex()),
+		fmt.Sprintf("%d %s %s %s %s signed 20m0s -", signedOld.id, network, signer.Hex(), signedOld.payer.Hex(), hexutil.Encode(signedOld.nonce[:])),
+		fmt.Sprintf("%d %s %s %s %s broadcast 50m0s %s", broadcastOlder.id, network, signer.Hex(), broadcastOlder.payer.Hex(), hexutil.Encode(broadcastOlder.nonce[:]), broadcastOlder.tx.Hex()),
+		fmt.Sprintf("%d %s %s %s %s broadcast 30m0s %s", broadcastOld.id, network, signer.Hex(), broadcastOld.payer.Hex(), hexutil.Encode(broadcastOld.nonce[:]), broadcastOld.tx.Hex()),
+		fmt.Sprintf("%d %s %s %s %s mined 40m0s %s", minedOld.id, network, signer.Hex(), minedOld.payer.Hex(), hexutil.Encode(minedOld.nonce[:]), minedOld.tx.Hex()),
 	}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("stuck rows:\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
@@ -117,6 +117,17 @@ func TestSettlementsStuck(t *testing.T) {
 	}
 	if code, out = cli("--older-than", "3h"); code != 0 || out != "no settlement open longer than 3h0m0s\n" {
 		t.Errorf("--older-than 3h: exit %d\n%s", code, out)
+	}
+	// One key's only: what a retiring key has left; none left is said so.
+	if code, out = cli("--older-than", "0", "--signer", signer.Hex()); code != 0 || !strings.HasPrefix(out, "5 settlement(s) open longer than 0s") || !strings.Contains(out, signer.Hex()) {
+		t.Errorf("--signer %s: exit %d\n%s", signer.Hex(), code, out)
+	}
+	other := common.HexToAddress("0x52")
+	if code, out = cli("--older-than", "0", "--signer", other.Hex()); code != 0 || out != "no settlement of signer "+other.Hex()+" open longer than 0s\n" {
+		t.Errorf("--signer of a key with nothing open: exit %d\n%s", code, out)
+	}
+	if code, out = cli("--signer", "0x12"); code != 1 || !strings.Contains(out, "is not an address") {
+		t.Errorf("--signer 0x12: exit %d\n%s", code, out)
 	}
 	if code, out = cli("--older-than", "-1s"); code != 1 || !strings.Contains(out, "must not be negative") {
 		t.Errorf("--older-than -1s: exit %d\n%s", code, out)

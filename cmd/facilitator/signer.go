@@ -119,11 +119,9 @@ func (m *Main) remoteSignerHealth() []metrics.RemoteSigner {
 	return out
 }
 
-// readySigners is what /readyz says of each remote key: "network/address" to its state.
+// readySigners is what /readyz says of each remote key and each retiring one: "network/address"
+// to its state.
 func (m *Main) readySigners() map[string]string {
-	if len(m.signers) == 0 {
-		return nil
-	}
 	out := map[string]string{}
 	now := time.Now()
 	for i, ep := range m.signers {
@@ -140,7 +138,35 @@ func (m *Main) readySigners() map[string]string {
 			out[m.signerNets[i]+"/"+k.Address.Hex()] = state
 		}
 	}
+	if m.engine != nil {
+		for _, st := range m.engine.Signers() {
+			if !st.Retiring {
+				continue
+			}
+			key := st.Network + "/" + st.Address.Hex()
+			state := retiringState(st)
+			if remote, ok := out[key]; ok {
+				state += "; remote signer " + remote
+			}
+			out[key] = state
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
 	return out
+}
+
+// retiringState is what /readyz says of a retiring key: what it has left to finish here, or that
+// it is drained and can be removed.
+func retiringState(st settle.SignerHealth) string {
+	switch {
+	case !st.Leased:
+		return "retiring: held by another instance, whose /readyz tells what it has open"
+	case st.Open > 0:
+		return fmt.Sprintf("retiring: %d open settlement(s) to finish from it", st.Open)
+	}
+	return "retiring: drained (nothing open); it can be removed from the signer keys"
 }
 
 // runSigner is `facilitator signer`: the narrow signer, holding the keys and signing only

@@ -94,6 +94,11 @@ func TestServeStartsDegraded(t *testing.T) {
 		!strings.Contains(string(ready), "not serving yet") || strings.Contains(string(ready), "SECRETKEY") {
 		t.Fatalf("/readyz: %d %s", res.StatusCode, ready)
 	}
+	// The network that serves keeps the process in service: an orchestrator taking it out for the
+	// other's outage would stop both.
+	if res.StatusCode != 200 || !strings.Contains(string(ready), `"status":"degraded"`) || !strings.Contains(string(ready), `"degraded":["eip155:31338"]`) {
+		t.Fatalf("/readyz with one network of two serving: %d %s, want 200 degraded naming eip155:31338", res.StatusCode, ready)
+	}
 
 	res, err = http.Get(base + "/metrics")
 	if err != nil {

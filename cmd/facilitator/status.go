@@ -23,6 +23,9 @@ const statusUsage = `usage: facilitator status [--url URL] [--api-key KEY] [--js
   authorization <network> <asset> <from> <nonce>   what happened to an EIP-3009 authorization
   payment <payment id>                              the settlement made under a payment-identifier id
   tx <transaction hash>                             one of the facilitator's settlement transactions
+
+Without a key, authorization and tx read the public view (a payer's own receipt: no payment ids);
+payment always needs a key with the status scope.
 `
 
 var (

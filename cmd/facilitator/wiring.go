@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -314,9 +315,28 @@ func (m *Main) settleNetworks(ctx context.Context, networks []facilitator.Networ
 			return nil, nil, fmt.Errorf("networks[%d] (%s): fees: %w", i, n.ID, err)
 		}
 		settleNets = append(settleNets, settle.NetworkConfig{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "engine"), Signers: cfg.SignerKeys, Remote: remote,
-			Heads: m.heads[i], Fees: fees})
+			Heads: m.heads[i], Fees: fees, Retiring: retiringOf(cfg.RetireSigners, cfg.SignerAddresses(), remote)})
+	}
+	// A remote signer's keys are known only once it answered: an address to retire is checked here.
+	for _, a := range cfg.RetireSigners {
+		if !slices.Contains(signerAddrs, a) {
+			return nil, nil, fmt.Errorf("--retire-signers: %s is not a signer key of any network (FACILITATOR_SIGNER_KEYS, the remote signers' keys)", a.Hex())
+		}
 	}
 	return settleNets, signerAddrs, nil
+}
+
+// retiringOf is the addresses of retire that are signers of a network with the local keys and
+// remote's.
+func retiringOf(retire, local []common.Address, remote []settle.Signer) []common.Address {
+	var out []common.Address
+	for _, a := range retire {
+		mine := slices.Contains(local, a) || slices.ContainsFunc(remote, func(r settle.Signer) bool { return r.Address() == a })
+		if mine {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // startEngine builds and starts the settlement engine, and lets the metrics read its signers,
@@ -379,15 +399,22 @@ func (m *Main) startServices(ctx context.Context, networks []facilitator.Network
 		Logger:   log,
 	})
 	m.metrics.WatchPaymentIDs(idsvc.Counts)
+	// Each network's signer keys, held here or by another replica: a transaction one of them
+	// signed is ours even when the ledger lost it (a failover, a restore).
+	signers := map[string][]common.Address{}
+	for _, s := range m.engine.Signers() {
+		signers[s.Network] = append(signers[s.Network], s.Address)
+	}
 	var recNets []reconcile.Network
 	for i, n := range networks {
-		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "reconcile")})
+		recNets = append(recNets, reconcile.Network{Network: n, Chain: m.counted(m.rpcs[i], n.ID, "reconcile"), Signers: signers[n.ID]})
 	}
 	rec := reconcile.New(reconcile.Config{Store: m.db, Networks: recNets, StaleAfter: cfg.ReconcileStale,
-		RPCTimeout: cfg.RPCTimeout, Logger: log})
+		RPCTimeout: cfg.RPCTimeout, Logger: log, Observer: m.metrics})
 	var statusNets []status.Network
 	for i, n := range networks {
-		statusNets = append(statusNets, status.Network{Network: n, Head: m.counted(m.rpcs[i], n.ID, "status"), Timeout: cfg.RPCTimeout})
+		statusNets = append(statusNets, status.Network{Network: n, Head: m.counted(m.rpcs[i], n.ID, "status"), Timeout: cfg.RPCTimeout,
+			Signers: signers[n.ID]})
 	}
 	statusSvc := status.New(m.db, statusNets, nil)
 	ncfg := notify.Config{Store: m.db, Status: statusSvc, PollInterval: cfg.WebhookPollInterval,
@@ -439,14 +466,15 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		liveHeads[n.ID] = m.heads[i]
 	}
 	con, err := console.New(console.Config{Status: svc.status, HTTPStatus: api.HTTPStatus, QueryTimeout: cfg.StatusTimeout, Networks: networks,
-		Logger: log.With("component", "console"), Merchant: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
+		Logger: log.With("component", "console"), Merchant: m.db, PaymentIDs: m.db, Sessions: api.ConsoleSessions(authCfg), Ops: overview, Heads: liveHeads})
 	if err != nil {
 		return nil, err
 	}
-	return api.New(api.Config{
+	acfg := api.Config{
 		Console:        con,
 		Lists:          m.db,
 		Redeliver:      m.db,
+		Deliveries:     m.db,
 		Verifier:       gatedAPI{svc.ids, apiGates},
 		Settler:        gatedAPI{svc.ids, apiGates},
 		Status:         svc.status,
@@ -465,7 +493,13 @@ func (m *Main) buildAPI(networks []facilitator.Network, svc services, signerAddr
 		ReadyTimeout:   cfg.ReadyTimeout,
 		Limits:         m.engine,
 		TrustedProxies: cfg.TrustedProxies,
-	}), nil
+		PaymentIDs:     m.db,
+	}
+	if cfg.PublicReceipts {
+		acfg.Receipts, acfg.ReceiptPage = svc.status, con
+		acfg.PublicPerClient = auth.Limit{Rate: cfg.PublicRate, Burst: cfg.PublicBurst}
+	}
+	return api.New(acfg), nil
 }
 
 // readyEndpoints is what /readyz says of each endpoint: up at its head, or down and why.
@@ -588,7 +622,7 @@ func signerSource(e *settle.Engine, minBalance *big.Int) metrics.SignerSource {
 		var out []metrics.Signer
 		for _, st := range e.Signers() {
 			sig := metrics.Signer{Network: st.Network, Address: st.Address.Hex(), InFlight: st.InFlight, BalanceLow: st.BalanceLow,
-				MinBalanceWei: minWei}
+				MinBalanceWei: minWei, Retiring: st.Retiring, Held: st.Leased, Open: st.Open}
 			// A key another replica holds is that replica's to report: the balance this process
 			// read before losing it only ages.
 			if st.Balance != nil && st.Leased {

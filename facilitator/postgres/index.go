@@ -315,3 +315,29 @@ func leaseKey(network string) int64 {
 	_, _ = h.Write([]byte("x402-indexer:" + network))
 	return int64(h.Sum64())
 }
+
+// AuthorizationUsesFrom lists a network's indexed uses of authorizations (AuthorizationUsed, not
+// cancels) in blocks from from on, in chain order, at most limit: where the reconcile job looks
+// for transactions of our keys the ledger lost.
+func (db *DB) AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error) {
+	rows, err := db.pool.Query(ctx, `SELECT block_number, block_hash, tx_hash, log_index, token, authorizer, nonce
+		FROM authorization_events WHERE network = $1 AND kind = 'used' AND block_number >= $2
+		ORDER BY block_number, log_index LIMIT $3`, network, int64(from), limit)
+	if err != nil {
+		return nil, err
+	}
+	var out []facilitator.AuthorizationEvent
+	var (
+		block                                 int64
+		blockHash, tx, token, authorizer, non []byte
+		logIndex                              int32
+	)
+	_, err = pgx.ForEachRow(rows, []any{&block, &blockHash, &tx, &logIndex, &token, &authorizer, &non}, func() error {
+		e := facilitator.AuthorizationEvent{Authorizer: common.BytesToAddress(authorizer)}
+		e.BlockNumber, e.BlockHash, e.TxHash, e.LogIndex, e.Token = uint64(block), common.BytesToHash(blockHash), common.BytesToHash(tx), uint(logIndex), common.BytesToAddress(token)
+		copy(e.Nonce[:], non)
+		out = append(out, e)
+		return nil
+	})
+	return out, err
+}

@@ -13,7 +13,7 @@ import (
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
-const apiKeyColumns = `id, key_hash, name, scopes, pay_to, gas_budget_wei, created_at, revoked_at`
+const apiKeyColumns = `id, key_hash, name, scopes, pay_to, gas_budget_wei, created_at, revoked_at, rotated_at, previous_hash, previous_until`
 
 func scanAPIKey(row pgx.Row) (*facilitator.APIKey, error) {
 	var (
@@ -22,14 +22,19 @@ func scanAPIKey(row pgx.Row) (*facilitator.APIKey, error) {
 		scopes []string
 		payTo  [][]byte
 		budget pgtype.Numeric
+		prev   []byte
 	)
-	if err := row.Scan(&k.ID, &hash, &k.Name, &scopes, &payTo, &budget, &k.CreatedAt, &k.RevokedAt); err != nil {
+	if err := row.Scan(&k.ID, &hash, &k.Name, &scopes, &payTo, &budget, &k.CreatedAt, &k.RevokedAt, &k.RotatedAt, &prev, &k.PreviousUntil); err != nil {
 		return nil, err
 	}
 	if len(hash) != len(k.Hash) {
 		return nil, fmt.Errorf("postgres: api key %s: stored hash has %d bytes", k.ID, len(hash))
 	}
 	copy(k.Hash[:], hash)
+	if prev != nil {
+		k.PreviousHash = new([32]byte)
+		copy(k.PreviousHash[:], prev)
+	}
 	k.GasBudgetWei = numericInt(budget)
 	for _, s := range scopes {
 		k.Scopes = append(k.Scopes, facilitator.Scope(s))
@@ -113,4 +118,35 @@ func (db *DB) RevokeAPIKey(ctx context.Context, id string, now time.Time) (time.
 		return time.Time{}, facilitator.ErrNotFound
 	}
 	return at, err
+}
+
+// CountAPIKeys counts the keys, and those not revoked. It reads only what every schema since the
+// keys' first migration has, so that a check run before pending migrations can still count them.
+func (db *DB) CountAPIKeys(ctx context.Context) (all, live int, err error) {
+	err = db.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE revoked_at IS NULL) FROM api_keys`).Scan(&all, &live)
+	return all, live, err
+}
+
+// RotateAPIKey gives a key that is not revoked a new secret (its hash) at now, keeping everything
+// else of it. The secret it replaces stays accepted until now+grace (grace 0: refused at once),
+// and a secret an earlier rotation replaced stops at once: a key has at most two. The key's
+// console sessions, opened with either old secret, end when the replaced secret does. It returns
+// the key as rotated; an unknown or revoked id is facilitator.ErrNotFound.
+func (db *DB) RotateAPIKey(ctx context.Context, id string, hash [32]byte, now time.Time, grace time.Duration) (*facilitator.APIKey, error) {
+	var until *time.Time
+	if grace > 0 {
+		u := now.Add(grace)
+		until = &u
+	}
+	// The SET expressions read the row as it was: previous_hash takes the replaced key_hash.
+	k, err := scanAPIKey(db.pool.QueryRow(ctx, `WITH sessions AS (
+			UPDATE console_sessions SET expires_at = LEAST(expires_at, COALESCE($4, $3))
+			WHERE key_id = $1 AND revoked_at IS NULL AND expires_at > $3)
+		UPDATE api_keys SET key_hash = $2, rotated_at = $3,
+			previous_hash = CASE WHEN $4::timestamptz IS NULL THEN NULL ELSE key_hash END, previous_until = $4
+		WHERE id = $1 AND revoked_at IS NULL RETURNING `+apiKeyColumns, id, hash[:], now, until))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, facilitator.ErrNotFound
+	}
+	return k, err
 }

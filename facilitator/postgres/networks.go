@@ -7,6 +7,9 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
 // ErrNetworkMismatch means the database's ledger belongs to a different chain than the one
@@ -32,4 +35,19 @@ func (db *DB) BindNetwork(ctx context.Context, id string, chainID uint64, genesi
 		}
 		return nil
 	})
+}
+
+// NetworkBinding is the chain a network id is bound to (BindNetwork), read without binding it;
+// facilitator.ErrNotFound when it is not bound yet, or the database has no schema yet.
+func (db *DB) NetworkBinding(ctx context.Context, id string) (chainID uint64, genesis common.Hash, err error) {
+	var g []byte
+	err = db.pool.QueryRow(ctx, `SELECT chain_id, genesis_hash FROM networks WHERE id = $1`, id).Scan(&chainID, &g)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+		return 0, common.Hash{}, facilitator.ErrNotFound
+	case err != nil:
+		return 0, common.Hash{}, fmt.Errorf("postgres: reading network %s's binding: %w", id, err)
+	}
+	return chainID, common.BytesToHash(g), nil
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common"
+
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -155,14 +157,20 @@ type StuckSettlement struct {
 
 // StuckSettlements lists the settlements of every network still owed an outcome (signed,
 // broadcast, or mined and not yet final) that were signed longer than olderThan ago, by state,
-// oldest first, at most limit of them. The open rows are few whatever the ledger's size: the scan
-// is of the partial index on them (settlements_updated, migration 0005).
-func (db *DB) StuckSettlements(ctx context.Context, olderThan time.Duration, limit int) ([]StuckSettlement, error) {
+// oldest first, at most limit of them; with signer, only that key's (what a retiring key has left).
+// The open rows are few whatever the ledger's size: the scan is of the partial index on them
+// (settlements_updated, migration 0005).
+func (db *DB) StuckSettlements(ctx context.Context, olderThan time.Duration, limit int, signer *common.Address) ([]StuckSettlement, error) {
+	var only []byte
+	if signer != nil {
+		only = signer.Bytes()
+	}
 	rows, err := db.pool.Query(ctx, `SELECT `+settlementColumns+`, EXTRACT(EPOCH FROM now() - created_at)::float8
 		FROM settlements
 		WHERE state IN ('signed', 'broadcast', 'mined') AND created_at < now() - make_interval(secs => $1)
+			AND ($3::bytea IS NULL OR signer = $3)
 		ORDER BY array_position(ARRAY['signed', 'broadcast', 'mined'], state), created_at, id
-		LIMIT $2`, olderThan.Seconds(), limit)
+		LIMIT $2`, olderThan.Seconds(), limit, only)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: stuck settlements: %w", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 )
 
@@ -62,4 +64,23 @@ func (db *DB) CompactPaymentIDs(ctx context.Context, now time.Time) (int64, erro
 		return 0, err
 	}
 	return tag.RowsAffected(), nil
+}
+
+// PaymentIDsOf lists the payment-identifier ids that resolved to the authorization's settlement,
+// oldest first, as v may see them: its own key's ids, or every key's when v sees all. The links
+// outlive the stored answers (CompactPaymentIDs keeps them), so a retry id found weeks later still
+// leads to its receipt.
+func (db *DB) PaymentIDsOf(ctx context.Context, k facilitator.AuthorizationKey, v facilitator.Viewer) ([]string, error) {
+	if !v.All && v.Key == "" {
+		// A viewer of nothing: scope '' holds open mode's ids, which such a viewer must not read.
+		return nil, nil
+	}
+	rows, err := db.pool.Query(ctx, `SELECT p.id FROM payment_ids p
+		JOIN settlements s ON s.id = p.settlement_id
+		WHERE s.network = $1 AND s.asset = $2 AND s.payer = $3 AND s.auth_nonce = $4 AND ($5 OR p.scope = $6)
+		ORDER BY p.created_at, p.id`, k.Network, k.Asset[:], k.Payer[:], k.Nonce[:], v.All, v.Key)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }

@@ -24,7 +24,8 @@ const settlementColumns = `id, network, asset, payer, auth_nonce, fingerprint, p
 	signer, tx_nonce, state,
 	COALESCE(tx_hash, (SELECT t.tx_hash FROM settlement_txs t WHERE t.settlement_id = ` + familyID + `
 		ORDER BY t.created_at DESC, t.tx_hash DESC LIMIT 1)),
-	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at, block_hash, batch_slot, success_takeovers`
+	block_number, error_reason, error_message, success_delivered_at IS NOT NULL, created_at, block_hash, batch_slot, success_takeovers,
+	adopted_at IS NOT NULL`
 
 // familyID is the settlement whose settlement_txs rows hold a settlements row's transactions: its
 // own, or for a batch's member past slot 0, the slot-0 member's at the same (network, signer,
@@ -49,7 +50,7 @@ func scanSettlementWith(row pgx.Row, extra ...any) (*facilitator.Settlement, err
 		slot                                  int16
 	)
 	err := row.Scan(append([]any{&s.ID, &s.Key.Network, &asset, &payer, &nonce, &fp, &payTo, &value, &validBefore,
-		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt, &blockHash, &slot, &s.ClaimTakeovers}, extra...)...)
+		&signr, &txNonce, &state, &txHash, &block, &reason, &message, &s.Delivered, &s.CreatedAt, &blockHash, &slot, &s.ClaimTakeovers, &s.Adopted}, extra...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, facilitator.ErrNotFound
 	}
@@ -790,4 +791,18 @@ func (db *DB) tryLock(ctx context.Context, key int64) (release func(), ok bool, 
 		}
 		conn.Release()
 	}, true, nil
+}
+
+// NewestMinedBlock is the highest block the ledger has one of the signer's settlements mined in
+// (mined or final); ok is false when it has none.
+func (db *DB) NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+	var n *int64
+	if err := db.pool.QueryRow(ctx, `SELECT max(block_number) FROM settlements
+		WHERE network = $1 AND signer = $2 AND state IN ('mined', 'final')`, network, signer[:]).Scan(&n); err != nil {
+		return 0, false, err
+	}
+	if n == nil {
+		return 0, false, nil
+	}
+	return uint64(*n), true, nil
 }

@@ -11,12 +11,13 @@
 // Prints one JSON line on stdout:
 //   {"status": <final status>, "content": <JSON body or text>,
 //    "paymentResponse": <decoded PAYMENT-RESPONSE or null>,
-//    "paymentPayload": <decoded PAYMENT-SIGNATURE the client sent, or null>, "requests": <fetches made>}
+//    "paymentPayload": <decoded PAYMENT-SIGNATURE the client sent, or null>, "requests": <fetches made>,
+//    "bodySha256": <0x-prefixed SHA-256 of the final body's bytes as received>}
 // Exits 1 with a message on stderr if the wrapped fetch throws.
 
 import { decodePaymentResponseHeader, wrapFetchWithPayment } from "@x402/fetch";
 import { parseArgs } from "./args.mjs";
-import { readContent } from "./content.mjs";
+import { readBody } from "./content.mjs";
 import { exactEvmClient } from "./v2client.mjs";
 
 async function main() {
@@ -39,7 +40,7 @@ async function main() {
   const payingFetch = wrapFetchWithPayment(recordingFetch, client);
 
   const res = await payingFetch(args.url, { method: "GET" });
-  const content = await readContent(res);
+  const { content, sha256: bodySha256 } = await readBody(res);
   const header = res.headers.get("payment-response");
   const summary = {
     status: res.status,
@@ -47,6 +48,7 @@ async function main() {
     paymentResponse: header ? decodePaymentResponseHeader(header) : null,
     paymentPayload: paymentSignature ? JSON.parse(Buffer.from(paymentSignature, "base64").toString("utf8")) : null,
     requests,
+    bodySha256,
   };
   process.stdout.write(JSON.stringify(summary) + "\n");
 }

@@ -31,6 +31,7 @@ type Ledger interface {
 	SettlementEvents(ctx context.Context, settlementID, after int64, states []string, limit int) ([]facilitator.SettlementEvent, error)
 	StaleSettlements(ctx context.Context, network string, before time.Time, limit int) ([]facilitator.OpenSettlement, error)
 	Touch(ctx context.Context, ids []int64) error
+	PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error)
 }
 
 // Harness makes the ledgers under test.
@@ -79,6 +80,11 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentClaims", concurrentClaims},
 		{"ConcurrentResolves", concurrentResolves},
 		{"SignerLeases", signerLeases},
+		{"Adopt", adopt},
+		{"AdoptBatch", adoptBatch},
+		{"ConcurrentAdopts", concurrentAdopts},
+		{"AdoptPaymentID", adoptPaymentID},
+		{"AdoptInPlace", adoptInPlace},
 	} {
 		if c.name == "SignerLeases" && h.Leasers == nil {
 			continue
@@ -1173,4 +1179,210 @@ func signerLeases(t *testing.T, f *fixture) {
 		t.Fatalf("a write through the queued process's lease: %v", err)
 	}
 	waited.Release()
+}
+
+// adoption is an Adoption of a fresh transaction of the fixture's signer at txNonce for rows'
+// authorizations, in their order (slots 0, 1, ...).
+func (f *fixture) adoption(txNonce uint64, rows ...*facilitator.NewSettlement) facilitator.Adoption {
+	a := facilitator.Adoption{Network: f.network, Signer: f.signer, TxNonce: txNonce, Tx: randomTx(), BlockNumber: 7, BlockHash: common.HexToHash("0x77")}
+	for i, r := range rows {
+		a.Members = append(a.Members, facilitator.AdoptedMember{Key: r.Key, Slot: i, PayTo: r.PayTo, Value: r.Value, ValidAfter: r.ValidAfter, ValidBefore: r.ValidBefore})
+	}
+	return a
+}
+
+// adopt: a mined transaction of ours the ledger lost is recorded mined and marked adopted, once
+// however often it is adopted; an open row of the authorization takes it and is resolved mined;
+// a row resolved otherwise, or another settlement at the transaction's nonce, refuses it with
+// nothing written; an adopted row no request made is bound to the first request that asks.
+func adopt(t *testing.T, f *fixture) {
+	lost := f.row(4)
+	a := f.adoption(4, lost)
+	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("AdoptSettlements: %v %v", ids, err)
+	}
+	s := f.get(t, ids[0])
+	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != a.Tx.Hash || s.BlockNumber != 7 || s.BlockHash != a.BlockHash ||
+		s.TxNonce != 4 || s.Signer != f.signer || s.Key != lost.Key || s.Value.Cmp(lost.Value) != 0 || s.Delivered {
+		t.Fatalf("adopted row %+v", s)
+	}
+	if byKey, err := f.l.SettlementByKey(f.ctx, lost.Key); err != nil || byKey.ID != ids[0] {
+		t.Fatalf("SettlementByKey: %+v %v", byKey, err)
+	}
+	if byTx, err := f.l.SettlementByTx(f.ctx, a.Tx.Hash); err != nil || byTx.ID != ids[0] {
+		t.Fatalf("SettlementByTx: %+v %v", byTx, err)
+	}
+	if again, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) {
+		t.Fatalf("adopting again: %v %v, want %v", again, err, ids)
+	}
+	if got := f.events(t, ids[0]); got != "[mined]" {
+		t.Fatalf("events %s", got)
+	}
+	// The nonce is held: a new settlement there is refused, and the key's nonces count it.
+	if _, err := f.l.InsertSettlement(f.ctx, f.row(4)); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("insert at the adopted nonce: %v", err)
+	}
+	if held, err := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); err != nil || !slices.Equal(held, []uint64{4}) {
+		t.Fatalf("NoncesHeld %v %v", held, err)
+	}
+	// The success is unclaimed: the first caller with the row's key gets it.
+	if ok, _ := f.claim(t, ids[0], "", "first"); !ok {
+		t.Fatal("the adopted row's success could not be claimed")
+	}
+
+	// Bound once, to the first request that asks.
+	fp := facilitator.Fingerprint{1}
+	if ok, err := f.l.BindAdopted(f.ctx, ids[0], fp, "key-a", 2, []byte(`{"a":1}`)); err != nil || !ok {
+		t.Fatalf("BindAdopted: %v %v", ok, err)
+	}
+	if ok, err := f.l.BindAdopted(f.ctx, ids[0], facilitator.Fingerprint{2}, "key-b", 2, nil); err != nil || ok {
+		t.Fatalf("BindAdopted a second time: %v %v", ok, err)
+	}
+	if s := f.get(t, ids[0]); s.Fingerprint != fp {
+		t.Fatalf("fingerprint %x", s.Fingerprint)
+	}
+	// A row the engine wrote before its broadcast is no adopted row to bind.
+	own := f.insert(t, f.row(5))
+	if ok, err := f.l.BindAdopted(f.ctx, own, fp, "", 2, nil); err != nil || ok {
+		t.Fatalf("BindAdopted of a row not adopted: %v %v", ok, err)
+	}
+
+	// An open row whose mined variant was lost (here re-signed at nonce 6) takes the transaction.
+	open := f.row(5)
+	open.TxNonce = 6
+	openID := f.insert(t, open)
+	b := f.adoption(8, open)
+	if ids, err := f.l.AdoptSettlements(f.ctx, b); err != nil || !slices.Equal(ids, []int64{openID}) {
+		t.Fatalf("adopting an open row: %v %v", ids, err)
+	}
+	s = f.get(t, openID)
+	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != b.Tx.Hash || s.TxNonce != 8 || s.BlockHash != b.BlockHash {
+		t.Fatalf("open row after adoption %+v", s)
+	}
+	open8, err := f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range open8 {
+		if o.ID == openID && !slices.ContainsFunc(o.Txs, func(x facilitator.TxRecord) bool { return x.Hash == b.Tx.Hash }) {
+			t.Fatalf("the adopted variant is not among the row's transactions: %+v", o.Txs)
+		}
+	}
+
+	// Conflicts: a row resolved otherwise, another transaction's mined row, another settlement at
+	// the nonce. Nothing is written.
+	failed := f.insert(t, f.row(9))
+	f.resolve(t, facilitator.Resolution{ID: failed, State: facilitator.StateExpired, ErrorReason: facilitator.ReasonValidBefore})
+	failedRow := f.get(t, failed)
+	fresh := f.row(0)
+	c := f.adoption(10, fresh, &facilitator.NewSettlement{Key: failedRow.Key, PayTo: failedRow.PayTo, Value: failedRow.Value, ValidBefore: failedRow.ValidBefore})
+	if _, err := f.l.AdoptSettlements(f.ctx, c); !errors.Is(err, facilitator.ErrDuplicate) {
+		t.Fatalf("adopting over a failed row: %v", err)
+	}
+	if _, err := f.l.SettlementByKey(f.ctx, fresh.Key); !errors.Is(err, facilitator.ErrNotFound) {
+		t.Fatalf("a refused adoption wrote its other member: %v", err)
+	}
+	other := f.adoption(11, lost) // lost is mined by a.Tx
+	if _, err := f.l.AdoptSettlements(f.ctx, other); !errors.Is(err, facilitator.ErrDuplicate) {
+		t.Fatalf("adopting another transaction of a mined row: %v", err)
+	}
+	if _, err := f.l.AdoptSettlements(f.ctx, f.adoption(5, f.row(0))); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("adopting at a nonce another settlement holds: %v", err)
+	}
+}
+
+// adoptBatch: a batch transaction's members are adopted at their slots, the transaction recorded
+// once and read by every member.
+func adoptBatch(t *testing.T, f *fixture) {
+	rows := []*facilitator.NewSettlement{f.row(0), f.row(0), f.row(0)}
+	a := f.adoption(3, rows...)
+	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || len(ids) != 3 {
+		t.Fatalf("AdoptSettlements: %v %v", ids, err)
+	}
+	members, err := f.l.BatchMembers(f.ctx, f.network, f.signer, 3)
+	if err != nil || len(members) != 3 {
+		t.Fatalf("BatchMembers: %+v %v", members, err)
+	}
+	for i, m := range members {
+		if m.ID != ids[i] || m.BatchSlot != i || m.State != facilitator.StateMined || m.TxHash != a.Tx.Hash || !m.Adopted {
+			t.Fatalf("member %d: %+v", i, m)
+		}
+	}
+	open, err := f.l.OpenSettlements(f.ctx, f.network, f.signer)
+	if err != nil || len(open) != 3 {
+		t.Fatalf("OpenSettlements: %+v %v", open, err)
+	}
+	for _, o := range open {
+		if len(o.Txs) != 1 || o.Txs[0].Hash != a.Tx.Hash {
+			t.Fatalf("member %d's transactions: %+v", o.ID, o.Txs)
+		}
+	}
+}
+
+// concurrentAdopts: adoptions of one transaction at once make one row.
+func concurrentAdopts(t *testing.T, f *fixture) {
+	a := f.adoption(2, f.row(0))
+	ids := make([][]int64, 8)
+	errs := make([]error, 8)
+	atOnce(8, func(i int) { ids[i], errs[i] = f.l.AdoptSettlements(f.ctx, a) })
+	for i := range ids {
+		if errs[i] != nil || len(ids[i]) != 1 || ids[i][0] != ids[0][0] {
+			t.Fatalf("adoption %d: %v %v (first %v)", i, ids[i], errs[i], ids[0])
+		}
+	}
+	if held, err := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); err != nil || !slices.Equal(held, []uint64{2}) {
+		t.Fatalf("NoncesHeld %v %v", held, err)
+	}
+}
+
+// adoptPaymentID: an adopted row takes its request's payment id, as an insert does; an id bound
+// already is left to its settlement, and the adoption goes on.
+func adoptPaymentID(t *testing.T, f *fixture) {
+	bound := f.row(0)
+	bound.PaymentID = &facilitator.PaymentIDBinding{Scope: "", ID: randomID(), Fingerprint: facilitator.Fingerprint{7}, Summary: map[string]string{"a": "b"}}
+	boundID := f.insert(t, bound)
+
+	a := f.adoption(3, f.row(0), f.row(0))
+	fresh := randomID()
+	a.Members[0].PaymentID = &facilitator.PaymentIDBinding{ID: fresh, Fingerprint: facilitator.Fingerprint{8}, Summary: map[string]string{"c": "d"}}
+	a.Members[1].PaymentID = &facilitator.PaymentIDBinding{ID: bound.PaymentID.ID, Fingerprint: facilitator.Fingerprint{9}}
+	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil {
+		t.Fatalf("AdoptSettlements: %v", err)
+	}
+	if rec, err := f.l.PaymentID(f.ctx, "", fresh); err != nil || rec.Settlement.ID != ids[0] || rec.Fingerprint != (facilitator.Fingerprint{8}) {
+		t.Fatalf("the adopted row's id: %+v %v", rec, err)
+	}
+	if rec, err := f.l.PaymentID(f.ctx, "", bound.PaymentID.ID); err != nil || rec.Settlement.ID != boundID {
+		t.Fatalf("an id bound already: %+v %v, want still settlement %d", rec, err, boundID)
+	}
+}
+
+// adoptInPlace: an open row whose mined transaction is at a nonce another settlement holds (one
+// signed there after the loss, while the lost transaction waited in a pool) is resolved mined
+// where it is, the transaction among its variants; the other settlement keeps its nonce.
+func adoptInPlace(t *testing.T, f *fixture) {
+	open := f.row(1)
+	openID := f.insert(t, open)
+	other := f.insert(t, f.row(2))
+	a := f.adoption(2, open)
+	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || !slices.Equal(ids, []int64{openID}) {
+		t.Fatalf("AdoptSettlements: %v %v", ids, err)
+	}
+	s := f.get(t, openID)
+	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != a.Tx.Hash || s.TxNonce != 1 {
+		t.Fatalf("the row resolved in place: %+v", s)
+	}
+	if o := f.get(t, other); o.TxNonce != 2 || o.State.Succeeded() {
+		t.Fatalf("the other settlement: %+v", o)
+	}
+	if byTx, err := f.l.SettlementByTx(f.ctx, a.Tx.Hash); err != nil || byTx.ID != openID {
+		t.Fatalf("SettlementByTx: %+v %v", byTx, err)
+	}
+	if again, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) {
+		t.Fatalf("adopting again: %v %v", again, err)
+	}
 }

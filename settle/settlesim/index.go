@@ -76,3 +76,14 @@ func (x *Index) WindowBlocks(ctx context.Context, network string, from uint64) (
 func (x *Index) Commit(ctx context.Context, network string, b facilitator.IndexBatch) error {
 	return nil
 }
+
+// AuthorizationUsesFrom lists the indexed uses (not cancels) in blocks from from up to the
+// cursor, in chain order, at most limit.
+func (x *Index) AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error) {
+	b, ok := x.cursor()
+	if !ok {
+		return nil, nil
+	}
+	out := x.chain.UsesAt(b.Number, from)
+	return out[:min(len(out), limit)], nil
+}

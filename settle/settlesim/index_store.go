@@ -257,3 +257,23 @@ func (x *IndexStore) Events(network string) facilitator.Events {
 	n := x.net(network)
 	return facilitator.Events{Transfers: slices.Clone(n.transfers), Auths: slices.Clone(n.auths)}
 }
+
+// AuthorizationUsesFrom lists the stored uses (not cancels) in blocks from from on, in chain
+// order, at most limit, as Postgres's.
+func (x *IndexStore) AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []facilitator.AuthorizationEvent
+	for _, e := range x.net(network).auths {
+		if !e.Canceled && e.BlockNumber >= from {
+			out = append(out, e)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b facilitator.AuthorizationEvent) int {
+		if a.BlockNumber != b.BlockNumber {
+			return cmp.Compare(a.BlockNumber, b.BlockNumber)
+		}
+		return cmp.Compare(a.LogIndex, b.LogIndex)
+	})
+	return out[:min(len(out), limit)], nil
+}

@@ -101,9 +101,21 @@ func (l *Ledger) SettlementEvents(ctx context.Context, settlementID, after int64
 	return out, err
 }
 
-// PaymentID answers for a payment-identifier id: the simulated merchants send none.
+// PaymentID answers for a payment-identifier id: what it is bound to (the simulated merchants
+// send none; the ledger's contract binds some). No answer is stored under it.
 func (l *Ledger) PaymentID(ctx context.Context, scope, id string) (*facilitator.PaymentIDRecord, error) {
-	return nil, facilitator.ErrNotFound
+	var out *facilitator.PaymentIDRecord
+	err := l.call(ctx, "payment-id "+id, false, func() error {
+		r := l.pids[pidKey{scope, id}]
+		if r == nil {
+			return facilitator.ErrNotFound
+		}
+		b := r.paymentID
+		out = &facilitator.PaymentIDRecord{Scope: b.Scope, ID: b.ID, Fingerprint: b.Fingerprint, Summary: cloneSummary(b.Summary),
+			Settlement: r.settlement(), CreatedAt: r.s.CreatedAt}
+		return nil
+	})
+	return out, err
 }
 
 // TryLock always succeeds: the simulated jobs run in one process, one at a time.

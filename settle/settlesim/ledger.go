@@ -84,6 +84,8 @@ type ledgerRow struct {
 	// recorded once, under slot 0, and read by every member (as settlement_txs is in Postgres).
 	family *ledgerRow
 	events []LedgerEvent
+	// adopted: recorded from the chain after the ledger lost the row (adopted_at IS NOT NULL).
+	adopted bool
 }
 
 // LedgerTx is one row of settlement_txs.
@@ -194,7 +196,7 @@ func (r *ledgerRow) settlement() *facilitator.Settlement {
 	if txs := r.familyTxs(); s.TxHash == (common.Hash{}) && len(txs) > 0 {
 		s.TxHash = txs[len(txs)-1].Hash
 	}
-	s.Delivered, s.BlockHash, s.ClaimTakeovers = r.delivered, r.blockHash, r.takeovers
+	s.Delivered, s.BlockHash, s.ClaimTakeovers, s.Adopted = r.delivered, r.blockHash, r.takeovers, r.adopted
 	return &s
 }
 

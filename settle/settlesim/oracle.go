@@ -2,12 +2,14 @@ package settlesim
 
 import (
 	"bytes"
+	"cmp"
 	"math/big"
 	"slices"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
 
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/multicall3"
 )
 
@@ -320,4 +322,32 @@ func (c *Chain) BlockLogs(h common.Hash) (Block, []types.Log, bool) {
 		}
 	}
 	return b.info(), out, true
+}
+
+// UsesAt lists the authorizations' transfers (not cancels) in the canonical chain's state at
+// block number, made in blocks from from on, in chain order (block, then transaction hash), as
+// an index holds them.
+func (c *Chain) UsesAt(number, from uint64) []facilitator.AuthorizationEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if number >= uint64(len(c.canon)) {
+		return nil
+	}
+	var out []facilitator.AuthorizationEvent
+	for k, u := range c.canon[number].state.auths {
+		if u.Kind == UseTransfer && u.BlockNumber >= from {
+			out = append(out, facilitator.AuthorizationEvent{Authorizer: k.authorizer, Nonce: k.nonce,
+				LogPosition: facilitator.LogPosition{BlockNumber: u.BlockNumber, BlockHash: c.canon[u.BlockNumber].hash, TxHash: u.TxHash, Token: c.cfg.Token}})
+		}
+	}
+	slices.SortFunc(out, func(a, b facilitator.AuthorizationEvent) int {
+		if a.BlockNumber != b.BlockNumber {
+			return cmp.Compare(a.BlockNumber, b.BlockNumber)
+		}
+		if d := a.TxHash.Cmp(b.TxHash); d != 0 {
+			return d
+		}
+		return bytes.Compare(a.Nonce[:], b.Nonce[:])
+	})
+	return out
 }

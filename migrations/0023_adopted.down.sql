@@ -1,0 +1,1 @@
+ALTER TABLE settlements DROP COLUMN IF EXISTS adopted_at;

@@ -1,0 +1,177 @@
+package reconcile_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"math/big"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/reconcile"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// jobsOf is jobs with the network's signer keys named (as the facilitator names every key of
+// the network), and their adoptions counted.
+func jobsOf(t testing.TB, depth uint64, signers []common.Address, obs *adoptions) *reconcile.Jobs {
+	t.Helper()
+	return reconcile.New(reconcile.Config{
+		Store:      env.DB,
+		Networks:   []reconcile.Network{{Network: network(facilitator.Finality{Depth: depth}), Chain: env.Chain.RPC, Signers: signers}},
+		StaleAfter: time.Minute,
+		Now:        later,
+		Logger:     stacktest.Logger(t),
+		Observer:   obs,
+	})
+}
+
+// adoptions counts the jobs' adoptions by signer (reconcile.Observer).
+type adoptions struct {
+	mu sync.Mutex
+	by map[string]int
+}
+
+func (a *adoptions) Adopted(network, signer string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.by == nil {
+		a.by = map[string]int{}
+	}
+	a.by[signer]++
+}
+
+// TestReconcileAdoptsLostTransactions: the ledger and the index go back in time (a restore): the
+// rows of a lone settlement and of a two-member batch, all mined, are lost, and the index rolls
+// back to the block of the settlement that survived. Nobody asks for those payments again. Once
+// the index is back at the head, one run of the Settlements job sees the key's chain count
+// beyond what the ledger accounts for, finds the transactions among the indexed uses, and
+// adopts them: three rows, mined by their transactions, the batch's members at their slots. A
+// retry of a batch member's payload then gets its success with the batch's hash.
+func TestReconcileAdoptsLostTransactions(t *testing.T) {
+	ctx := context.Background()
+	ix := env.StartIndexer(t)
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	n := env.Network()
+	n.Batch = facilitator.BatchPolicy{Max: 2, Wait: 2 * time.Second}
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Network: &n, Deadline: 10 * time.Second}
+	e := env.NewEngine(t, opts)
+
+	kept := env.NewPay(t, env.FundedPayer(t, 1_000_000), 100_000)
+	e.MustSucceed(t, kept.Body(t))
+	keptBlock := env.Row(t, kept.Key()).BlockNumber
+	lone := env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000)
+	e.MustSucceed(t, lone.Body(t))
+	batch := []stacktest.Pay{env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000), env.NewPay(t, env.FundedPayer(t, 1_000_000), 400_000)}
+	outs := make([]facilitator.SettleOutcome, len(batch))
+	var wg sync.WaitGroup
+	for i, p := range batch {
+		wg.Add(1)
+		go func() { defer wg.Done(); outs[i] = e.MustSucceed(t, p.Body(t)) }()
+	}
+	wg.Wait()
+	batchTx := outs[0].Response.Transaction
+	if outs[1].Response.Transaction != batchTx {
+		t.Fatalf("the two payments went out as %s and %s, want one batch", batchTx, outs[1].Response.Transaction)
+	}
+	loneTx := env.Row(t, lone.Key()).TxHash
+	e.Stop(ctx)
+	env.WaitIndexed(t, env.Head(t))
+	if err := ix.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The restore: the rows after the kept one, and the index above its block.
+	var lost []int64
+	for _, p := range append([]stacktest.Pay{lone}, batch...) {
+		lost = append(lost, env.Row(t, p.Key()).ID)
+	}
+	env.LoseSettlements(t, lost...)
+	env.LoseIndexAbove(t, keptBlock)
+	env.StartIndexer(t)
+	env.WaitIndexed(t, env.Head(t))
+
+	var obs adoptions
+	ch := runSettlements(t, jobsOf(t, 2, []common.Address{addr}, &obs))
+	if ch.Adopted != 2 || obs.by[addr.Hex()] != 2 {
+		t.Fatalf("adopted %d transactions (observer %v), want 2", ch.Adopted, obs.by)
+	}
+	if r := env.Row(t, lone.Key()); !r.Adopted || !r.State.Succeeded() || r.TxHash != loneTx || r.Signer != addr || r.Value.Int64() != 200_000 {
+		t.Fatalf("the lone settlement's row: %+v", r)
+	}
+	for i, p := range batch {
+		r := env.Row(t, p.Key())
+		if !r.Adopted || !r.State.Succeeded() || r.TxHash.Hex() != batchTx || r.PayTo != p.PayTo {
+			t.Fatalf("batch member %d's row: %+v", i, r)
+		}
+	}
+	members, err := env.DB.BatchMembers(ctx, n.ID, addr, env.Row(t, batch[0].Key()).TxNonce)
+	if err != nil || len(members) != 2 || members[0].BatchSlot != 0 || members[1].BatchSlot != 1 {
+		t.Fatalf("the batch's members: %+v %v", members, err)
+	}
+	// Nothing more to adopt: the next run finds the ledger accounting for every nonce.
+	if ch := runSettlements(t, jobsOf(t, 2, []common.Address{addr}, &obs)); ch.Adopted != 0 {
+		t.Fatalf("a second run adopted %d", ch.Adopted)
+	}
+
+	// The adopted member's payload, sent again, is its own: the success with the batch's hash.
+	retry := env.NewEngine(t, opts).MustSettle(t, batch[1].Body(t))
+	if !retry.Response.Success || retry.Response.Transaction != batchTx {
+		t.Fatalf("retry of a batch member: %+v, want success with %s", retry.Response, batchTx)
+	}
+	for i, p := range batch {
+		if got := env.Balance(t, p.PayTo); got != p.Value {
+			t.Fatalf("payee %d holds %d, want %d", i, got, p.Value)
+		}
+	}
+}
+
+// TestReconcileAdoptsLostVariant: an open row whose variant that mined the ledger lost (a fee
+// bump's record) is resolved mined by that variant, adopted, when the index shows the
+// authorization used by it: it is the row's key's transaction, not a transaction that is not ours.
+func TestReconcileAdoptsLostVariant(t *testing.T) {
+	ctx := context.Background()
+	env.StartIndexer(t)
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 150_000)
+	_, first := env.SettlePendingAndStop(t, p.Body(t), stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
+
+	var old types.Transaction
+	var rawTx []byte
+	if err := env.Pool.QueryRow(ctx, `SELECT raw FROM settlement_txs WHERE tx_hash = $1`, first[:]).Scan(&rawTx); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.UnmarshalBinary(rawTx); err != nil {
+		t.Fatal(err)
+	}
+	bumped, err := types.SignNewTx(signer, types.LatestSignerForChainID(old.ChainId()), &types.DynamicFeeTx{
+		ChainID: old.ChainId(), Nonce: old.Nonce(), To: old.To(), Data: old.Data(), Gas: old.Gas(),
+		GasTipCap: new(big.Int).Mul(old.GasTipCap(), big.NewInt(2)), GasFeeCap: new(big.Int).Mul(old.GasFeeCap(), big.NewInt(2)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(ctx, bumped); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		env.Mine(t)
+	}
+	env.WaitIndexed(t, env.Head(t))
+	if u := env.Use(t, p.Key()); u == nil || u.TxHash != bumped.Hash() {
+		t.Fatalf("the index's use: %+v, want %s", u, bumped.Hash())
+	}
+
+	ch := runSettlements(t, jobsOf(t, 2, nil, &adoptions{}))
+	r := env.Row(t, p.Key())
+	if ch.Elsewhere != 0 || !r.State.Succeeded() || r.TxHash != bumped.Hash() || !r.Adopted || r.Signer != addr {
+		t.Fatalf("after the job (changes %+v): %+v, want mined by the lost variant %s, adopted", ch, r, bumped.Hash())
+	}
+}

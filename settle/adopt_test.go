@@ -1,0 +1,149 @@
+package settle_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+)
+
+// TestSettleAdoptsLostSettlement: the ledger loses a settlement's commits (a failover to an
+// asynchronous standby, a restore) after its transaction mined. A restarted engine asked for the
+// same payment again finds the authorization used by a transaction of its own key, adopts it
+// and answers success with that transaction's hash: no terminal "nonce already used", nothing
+// sent again, the payee paid once, and the key's next nonce follows the chain's.
+func TestSettleAdoptsLostSettlement(t *testing.T) {
+	first := env.NewEngine(t, stacktest.EngineOptions{})
+	payer := env.FundedPayer(t, 2_000_000)
+	p := env.NewPay(t, payer, 400_000)
+	p.ID = stacktest.RandomID(t)
+	body := p.Body(t)
+	out := first.MustSucceed(t, body)
+	if err := first.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	env.LoseSettlements(t, out.SettlementID)
+	if _, err := first.DB.SettlementByKey(context.Background(), p.Key()); err == nil {
+		t.Fatal("the row is still there")
+	}
+
+	again := env.NewEngine(t, stacktest.EngineOptions{Signers: first.Signers})
+	retry := again.MustSettle(t, body)
+	if !retry.Response.Success || retry.Response.Transaction != out.Response.Transaction || !retry.Claimed {
+		t.Fatalf("retry after the loss: %+v, want success with %s", retry.Response, out.Response.Transaction)
+	}
+	row := env.Row(t, p.Key())
+	if !row.Adopted || !row.State.Succeeded() || row.TxHash.Hex() != out.Response.Transaction || !row.Delivered {
+		t.Fatalf("adopted row %+v", row)
+	}
+	if rec, err := again.DB.PaymentID(context.Background(), "", p.ID); err != nil || rec.Settlement.ID != row.ID {
+		t.Fatalf("the payment id after the adoption: %+v %v, want bound to settlement %d", rec, err, row.ID)
+	}
+	if rep := again.MustSettle(t, body); rep.Response.Success || rep.Response.ErrorReason != facilitator.ReasonAlreadySettled ||
+		rep.Response.Transaction != out.Response.Transaction {
+		t.Fatalf("a second retry: %+v", rep.Response)
+	}
+	if got := env.Balance(t, p.PayTo); got != 400_000 {
+		t.Fatalf("payee holds %d, want 400000", got)
+	}
+	signer := crypto.PubkeyToAddress(first.Signer().PublicKey)
+	if n := nonceOf(t, signer, "latest"); n != 1 {
+		t.Fatalf("signer sent %d transactions, want 1", n)
+	}
+	// The key's next settlement takes the next nonce: no gap, no reuse.
+	next := env.NewPay(t, payer, 100_000)
+	if o := again.MustSucceed(t, next.Body(t)); env.Row(t, next.Key()).TxNonce != 1 {
+		t.Fatalf("next settlement %+v at nonce %d, want 1", o.Response, env.Row(t, next.Key()).TxNonce)
+	}
+}
+
+// TestSettleForeignUseStillFails: an authorization used by a transaction of a key that is not
+// ours is still answered nonce_already_used, and nothing is adopted.
+func TestSettleForeignUseStillFails(t *testing.T) {
+	foreign := env.NewEngine(t, stacktest.EngineOptions{})
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 300_000)
+	body := p.Body(t)
+	out := foreign.MustSucceed(t, body)
+	if err := foreign.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	env.LoseSettlements(t, out.SettlementID) // as if another facilitator had settled it
+
+	ours := env.NewEngine(t, stacktest.EngineOptions{})
+	res := ours.MustSettle(t, body)
+	if res.Response.Success || res.Response.ErrorReason != facilitator.ReasonNonceAlreadyUsed {
+		t.Fatalf("a foreign key's use: %+v, want nonce_already_used", res.Response)
+	}
+	if _, err := ours.DB.SettlementByKey(context.Background(), p.Key()); err == nil {
+		t.Fatal("a foreign key's transaction was adopted")
+	}
+}
+
+// TestWatcherAdoptsLostVariant: the ledger keeps a settlement's row but loses the record of the
+// variant that mined (a fee bump whose AddTx commit a failover lost). The restarted engine's
+// pinned reads find the authorization used by a transaction that is none of the row's variants,
+// signed by its own key: the variant is adopted and the settlement resolved mined, not
+// settled_elsewhere, and a retry gets the success with that variant's hash.
+func TestWatcherAdoptsLostVariant(t *testing.T) {
+	ctx := context.Background()
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: time.Second}
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 250_000)
+	body := p.Body(t)
+	_, first := env.SettlePendingAndStop(t, body, opts)
+
+	// The lost variant: the same call at the same nonce with higher fees, signed by the key and
+	// mined in place of the recorded one.
+	row := openRows(t, addr)[p.Key()]
+	var old types.Transaction
+	if err := old.UnmarshalBinary(row.Txs[0].Raw); err != nil {
+		t.Fatal(err)
+	}
+	bumped, err := types.SignNewTx(signer, types.LatestSignerForChainID(old.ChainId()), &types.DynamicFeeTx{
+		ChainID: old.ChainId(), Nonce: old.Nonce(), To: old.To(), Data: old.Data(), Gas: old.Gas(),
+		GasTipCap: new(big.Int).Mul(old.GasTipCap(), big.NewInt(2)), GasFeeCap: new(big.Int).Mul(old.GasFeeCap(), big.NewInt(2)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(ctx, bumped); err != nil {
+		t.Fatal(err)
+	}
+	env.Mine(t)
+	if r := env.Receipt(t, bumped.Hash()); r == nil || r.Status != 1 {
+		t.Fatalf("the bumped variant did not mine: %+v", r)
+	}
+
+	env.NewEngine(t, opts)
+	limit := time.Now().Add(20 * time.Second)
+	var got *facilitator.Settlement
+	for {
+		got = env.Row(t, p.Key())
+		if !got.State.Open() || time.Now().After(limit) {
+			break
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !got.State.Succeeded() || got.TxHash != bumped.Hash() || !got.Adopted {
+		t.Fatalf("row %+v, want mined by the lost variant %s (first %s), adopted", got, bumped.Hash(), first)
+	}
+	env.SetAutomine(t, true)
+	retry := env.NewEngine(t, opts).MustSettle(t, body)
+	if !retry.Response.Success || retry.Response.Transaction != bumped.Hash().Hex() {
+		t.Fatalf("retry: %+v, want success with %s", retry.Response, bumped.Hash())
+	}
+	if got := env.Balance(t, p.PayTo); got != 250_000 {
+		t.Fatalf("payee holds %d", got)
+	}
+}

@@ -1,0 +1,44 @@
+package status_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/crypto"
+
+	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/stacktest"
+	"github.com/x402-facilitator/x402-facilitator/status"
+)
+
+// TestStatusSettledByOurLostRow: the ledger lost the row of a settlement whose transaction
+// mined (a failover, a restore). The authorization's use, from the chain before the index has
+// it and from the index after, was sent by one of the network's signer keys: settled by the
+// facilitator, not by another party.
+func TestStatusSettledByOurLostRow(t *testing.T) {
+	ctx := context.Background()
+	e := env.NewEngine(t, stacktest.EngineOptions{})
+	addr := crypto.PubkeyToAddress(e.Signer().PublicKey)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 55_000)
+	out := e.MustSucceed(t, p.Body(t))
+	env.LoseSettlements(t, out.SettlementID)
+	n := env.Network()
+	n.Finality = facilitator.Finality{Depth: 2}
+	svc := status.New(env.DB, []status.Network{{Network: n, Head: env.Chain.RPC, Signers: []common.Address{addr}}}, nil)
+
+	if env.Use(t, p.Key()) == nil {
+		st, _, err := svc.Authorization(ctx, p.Key())
+		if err != nil || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Basis != "chain" {
+			t.Fatalf("status from the chain: %+v %v, want settled by the facilitator", st, err)
+		}
+	}
+	env.StartIndexer(t)
+	env.Mine(t)
+	env.WaitIndexed(t, env.Head(t))
+	st, found, err := svc.Authorization(ctx, p.Key())
+	if err != nil || !found || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Basis != "index" ||
+		st.Transaction != out.Response.Transaction {
+		t.Fatalf("status from the index: %+v %v %v, want settled by the facilitator with %s", st, found, err, out.Response.Transaction)
+	}
+}

@@ -1,0 +1,4 @@
+package status
+
+// PublicLedger is publicLedger, for the table test.
+var PublicLedger = publicLedger
