@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"net/http"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 
 	"github.com/x402-facilitator/x402-facilitator/api"
@@ -53,7 +55,7 @@ func receiptURL(base string, k facilitator.AuthorizationKey) string {
 // chain's word. The same URL answers JSON, the public view the status route gives without a key.
 func TestBrowserReceipt(t *testing.T) {
 	s := serveReceipts(t)
-	key, _ := merchantKey(t, facilitator.ScopeSettle, facilitator.ScopeStatus)
+	key, keyID := merchantKey(t, facilitator.ScopeSettle, facilitator.ScopeStatus)
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 250_000)
 	tx := settleWith(t, s, key, p)
 	page := receiptURL(s.URL, p.Key())
@@ -117,6 +119,20 @@ func TestBrowserReceipt(t *testing.T) {
 	}
 	if got := text("#delivery"); !strings.Contains(got, "no delivery") {
 		t.Errorf("the delivery section reads %q", got)
+	}
+	// The merchant records what it served, with the key that settled; the page shows it.
+	served := []byte(`{"city":"Lisbon","forecast":"sunny"}`)
+	digest := sha256.Sum256(served)
+	size := int64(len(served))
+	if _, _, _, err := env.DB.AttachDelivery(context.Background(), facilitator.DeliveryAttachment{Tx: common.HexToHash(tx), KeyID: keyID,
+		Record: facilitator.DeliveryRecord{SHA256: hexutil.Encode(digest[:]), ContentType: "application/json", Size: &size}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(b, chromedp.Reload()); err != nil {
+		t.Fatal(err)
+	}
+	if got := text("#delivery"); !strings.Contains(got, hexutil.Encode(digest[:])) {
+		t.Errorf("after the merchant's record, the delivery section reads %q", got)
 	}
 	shots := stacktest.ArtifactDir(t, "console")
 	screenshot(t, b, filepath.Join(shots, "receipt-desktop.png"), true)
