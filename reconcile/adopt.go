@@ -51,7 +51,7 @@ func (j *Jobs) adoptUse(ctx context.Context, p *pass, row facilitator.OpenSettle
 // adopt records a; an adoption the ledger refuses (another settlement at its nonce, a member
 // resolved otherwise) is logged and left for a person or a later run.
 func (j *Jobs) adopt(ctx context.Context, ch *Changes, a *facilitator.Adoption) error {
-	_, err := j.cfg.Store.AdoptSettlements(ctx, *a)
+	_, fresh, err := j.cfg.Store.AdoptSettlements(ctx, *a)
 	switch {
 	case errors.Is(err, facilitator.ErrDuplicate), errors.Is(err, facilitator.ErrNonceTaken):
 		j.log.Warn("a transaction of our key the ledger lacked could not be adopted", "network", a.Network, "signer", a.Signer,
@@ -59,6 +59,8 @@ func (j *Jobs) adopt(ctx context.Context, ch *Changes, a *facilitator.Adoption) 
 		return nil
 	case err != nil:
 		return err
+	case !fresh:
+		return nil // adopted already (a retry, the settle path): counted by whoever wrote it
 	}
 	for _, m := range a.Members {
 		j.log.Warn("adopted a transaction of our key the ledger lacked", "network", a.Network, "signer", a.Signer, "tx", a.Tx.Hash,

@@ -40,7 +40,7 @@ type Store interface {
 	RecordReconcileRun(ctx context.Context, r facilitator.ReconcileRun, keep int, keepFor time.Duration) error
 
 	// What the adoption of transactions of our keys the ledger lost reads and writes (adopt.go).
-	AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error)
+	AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error)
 	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
 	MaxTxNonce(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
 	NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
