@@ -132,6 +132,45 @@ func TestReconcileAdoptsLostTransactions(t *testing.T) {
 	}
 }
 
+// TestReconcileAdoptsLostUnderNewTraffic: the ledger loses a mined settlement's rows (a
+// failover), and the recovered service goes on settling new payments on the same key, at higher
+// nonces: the ledger's highest tx nonce accounts for the chain's count again, and the lost
+// transaction is a hole below it. Nobody asks for the lost payment again; one run of the
+// Settlements job finds the hole and adopts the transaction, and the next finds nothing.
+func TestReconcileAdoptsLostUnderNewTraffic(t *testing.T) {
+	env.StartIndexer(t)
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}}
+	e := env.NewEngine(t, opts)
+	e.MustSucceed(t, env.NewPay(t, env.FundedPayer(t, 1_000_000), 100_000).Body(t))
+	lost := env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000)
+	e.MustSucceed(t, lost.Body(t))
+	lostRow := env.Row(t, lost.Key())
+	e.Stop(context.Background())
+	env.LoseSettlements(t, lostRow.ID)
+
+	// The recovered service settles a new payment on the key, after the lost one.
+	next := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+	env.NewEngine(t, opts).MustSucceed(t, next.Body(t))
+	if r := env.Row(t, next.Key()); r.TxNonce <= lostRow.TxNonce {
+		t.Fatalf("the new payment went out at nonce %d, want above the lost one's %d", r.TxNonce, lostRow.TxNonce)
+	}
+	env.WaitIndexed(t, env.Head(t))
+
+	var obs adoptions
+	j := jobsOf(t, 2, []common.Address{addr}, &obs)
+	if ch := runSettlements(t, j); ch.Adopted != 1 || obs.by[addr.Hex()] != 1 {
+		t.Fatalf("adopted %d transactions (observer %v), want 1", ch.Adopted, obs.by)
+	}
+	if r := env.Row(t, lost.Key()); !r.Adopted || !r.State.Succeeded() || r.TxHash != lostRow.TxHash || r.TxNonce != lostRow.TxNonce {
+		t.Fatalf("the lost settlement's row: %+v", r)
+	}
+	if ch := runSettlements(t, j); ch.Adopted != 0 {
+		t.Fatalf("a second run adopted %d", ch.Adopted)
+	}
+}
+
 // TestReconcileAdoptsLostVariant: an open row whose variant that mined the ledger lost (a fee
 // bump's record) is resolved mined by that variant, adopted, when the index shows the
 // authorization used by it: it is the row's key's transaction, not a transaction that is not ours.

@@ -42,8 +42,8 @@ type Store interface {
 	// What the adoption of transactions of our keys the ledger lost reads and writes (adopt.go).
 	AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error)
 	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
-	MaxTxNonce(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
-	NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
+	NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error)
+	MinedBlockBelow(ctx context.Context, network string, signer common.Address, nonce uint64) (uint64, bool, error)
 	AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error)
 }
 
@@ -106,6 +106,8 @@ type Jobs struct {
 	// floors is each network's highest tagged final block answered consistently: a lower answer
 	// is a node gone backwards, and says nothing.
 	floors map[string]*facilitator.FinalityFloor
+	// holes are the ledger's nonce holes already looked for without result (adopt.go).
+	holes *scannedHoles
 }
 
 // New builds the jobs.
@@ -128,7 +130,8 @@ func New(cfg Config) *Jobs {
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	j := &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile"), floors: map[string]*facilitator.FinalityFloor{}}
+	j := &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile"), floors: map[string]*facilitator.FinalityFloor{},
+		holes: newScannedHoles()}
 	for _, n := range cfg.Networks {
 		j.floors[n.Network.ID] = new(facilitator.FinalityFloor)
 	}

@@ -151,17 +151,17 @@ func orZero(b *big.Int) *big.Int {
 	return b
 }
 
-// NewestMinedBlock is the highest block the ledger has one of the signer's settlements mined in,
-// as the Postgres ledger's.
-func (l *Ledger) NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+// MinedBlockBelow is the highest block the ledger has one of the signer's settlements at a tx
+// nonce below nonce mined in, as the Postgres ledger's.
+func (l *Ledger) MinedBlockBelow(ctx context.Context, network string, signer common.Address, nonce uint64) (uint64, bool, error) {
 	var (
 		top uint64
 		ok  bool
 	)
-	err := l.call(ctx, "newest-mined "+signer.Hex(), false, func() error {
+	err := l.call(ctx, fmt.Sprintf("mined-below %s %d", signer.Hex(), nonce), false, func() error {
 		top, ok = 0, false
 		for _, r := range l.rows {
-			if r.s.Key.Network == network && r.s.Signer == signer && r.s.State.Succeeded() && (!ok || r.s.BlockNumber > top) {
+			if r.s.Key.Network == network && r.s.Signer == signer && r.s.TxNonce < nonce && r.s.State.Succeeded() && (!ok || r.s.BlockNumber > top) {
 				top, ok = r.s.BlockNumber, true
 			}
 		}
