@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"math/big"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,6 +170,72 @@ func TestReconcileAdoptsLostUnderNewTraffic(t *testing.T) {
 	if ch := runSettlements(t, j); ch.Adopted != 0 {
 		t.Fatalf("a second run adopted %d", ch.Adopted)
 	}
+}
+
+// TestReconcileRemembersForeignHole: a transaction of our key that carries no authorization of
+// ours (sent by hand from the key) is a hole in the ledger's nonces that no adoption fills. The
+// first run looks for it among the indexed uses and finds nothing to adopt; the runs after do
+// not look again.
+func TestReconcileRemembersForeignHole(t *testing.T) {
+	ctx := context.Background()
+	env.StartIndexer(t)
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}}
+	e := env.NewEngine(t, opts)
+	e.MustSucceed(t, env.NewPay(t, env.FundedPayer(t, 1_000_000), 100_000).Body(t))
+	e.Stop(ctx)
+
+	nonce, err := env.Chain.Client.PendingNonceAt(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := env.Chain.Client.HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip := big.NewInt(1_000_000_000)
+	self, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
+		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: nonce, To: &addr, Gas: 21_000, GasTipCap: tip,
+		GasFeeCap: new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(ctx, self); err != nil {
+		t.Fatal(err)
+	}
+	env.Mine(t)
+	env.NewEngine(t, opts).MustSucceed(t, env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000).Body(t))
+	env.WaitIndexed(t, env.Head(t))
+
+	store := &countingUses{Store: env.DB}
+	j := reconcile.New(reconcile.Config{
+		Store:      store,
+		Networks:   []reconcile.Network{{Network: network(facilitator.Finality{Depth: 2}), Chain: env.Chain.RPC, Signers: []common.Address{addr}}},
+		StaleAfter: time.Minute,
+		Now:        later,
+		Logger:     stacktest.Logger(t),
+	})
+	for run := range 3 {
+		if ch := runSettlements(t, j); ch.Adopted != 0 {
+			t.Fatalf("run %d adopted %d", run, ch.Adopted)
+		}
+	}
+	if got := store.looks.Load(); got != 1 {
+		t.Fatalf("the index's uses were read %d times for the hole, want 1", got)
+	}
+}
+
+// countingUses counts the jobs' reads of the index's uses (the look for lost transactions).
+type countingUses struct {
+	reconcile.Store
+	looks atomic.Int32
+}
+
+func (c *countingUses) AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error) {
+	c.looks.Add(1)
+	return c.Store.AuthorizationUsesFrom(ctx, network, from, limit)
 }
 
 // TestReconcileAdoptsLostVariant: an open row whose variant that mined the ledger lost (a fee
