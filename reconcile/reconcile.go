@@ -90,7 +90,8 @@ type Config struct {
 	// StaleAfter is how long a settlement may go without an update before the job looks at it
 	// (the engine owns fresher ones).
 	StaleAfter time.Duration
-	// Batch bounds how many settlements one run looks at per network.
+	// Batch bounds how many settlements one run looks at per network (and how many indexed
+	// authorization uses the look for lost transactions reads).
 	Batch      int
 	RPCTimeout time.Duration
 	Now        func() time.Time
