@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 
@@ -88,7 +89,7 @@ const holeWindow = 1024
 // key that carries no authorization of ours) is not looked for again by these jobs.
 func (j *Jobs) adoptLost(ctx context.Context, n Network) (Changes, error) {
 	var ch Changes
-	lost, err := j.lostHoles(ctx, n)
+	lost, head, err := j.lostHoles(ctx, n)
 	if err != nil || len(lost) == 0 {
 		return ch, err
 	}
@@ -120,6 +121,9 @@ func (j *Jobs) adoptLost(ctx context.Context, n Network) (Changes, error) {
 			unread = true
 			continue
 		}
+		if ours && a == nil {
+			unread = true // ours, not shown mined yet: adopted by a later run
+		}
 		if !ours || a == nil {
 			continue
 		}
@@ -140,7 +144,11 @@ func (j *Jobs) adoptLost(ctx context.Context, n Network) (Changes, error) {
 	if unread {
 		return ch, nil // a transaction could not be read: the holes are looked for again next run
 	}
-	// The look reached the index's head: the holes it left are remembered.
+	// The holes the look left are remembered only once the index holds every block the count
+	// was read at: until then their transactions may not be indexed yet.
+	if cur, ok, err := j.cfg.Store.Cursor(ctx, n.Network.ID); err != nil || !ok || cur.Number < head {
+		return ch, err
+	}
 	for _, k := range lost {
 		held, err := j.cfg.Store.NoncesHeld(ctx, n.Network.ID, k.signer, k.holes[0])
 		if err != nil {
@@ -166,18 +174,24 @@ type keyHoles struct {
 }
 
 // lostHoles is n's keys' holes not looked for yet (none: nothing is lost, as far as these jobs
-// can tell).
-func (j *Jobs) lostHoles(ctx context.Context, n Network) ([]keyHoles, error) {
+// can tell), and the chain's head when the counts were read (the highest uint64 when unread).
+func (j *Jobs) lostHoles(ctx context.Context, n Network) ([]keyHoles, uint64, error) {
 	if len(n.Signers) == 0 {
-		return nil, nil
+		return nil, 0, nil
 	}
 	counts := make([]hexutil.Uint64, len(n.Signers))
-	elems := make([]rpc.BatchElem, len(n.Signers))
+	elems := make([]rpc.BatchElem, len(n.Signers), len(n.Signers)+1)
 	for i, s := range n.Signers {
 		elems[i] = ethrpc.TransactionCount(s, "latest", &counts[i])
 	}
+	var headNum hexutil.Uint64
+	elems = append(elems, ethrpc.BlockNumber(&headNum)) // after the counts: no lower than their block
 	if err := j.batch(ctx, n, elems); err != nil {
-		return nil, err
+		return nil, 0, err
+	}
+	head := uint64(headNum)
+	if elems[len(n.Signers)].Error != nil {
+		head = math.MaxUint64
 	}
 	var out []keyHoles
 	for i, s := range n.Signers {
@@ -187,7 +201,7 @@ func (j *Jobs) lostHoles(ctx context.Context, n Network) ([]keyHoles, error) {
 		count := uint64(counts[i])
 		held, err := j.cfg.Store.NoncesHeld(ctx, n.Network.ID, s, count-min(count, holeWindow))
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		holes := nonceHoles(count, held, holeWindow, j.holes.seen(n.Network.ID, s, count-min(count, holeWindow)))
 		if len(holes) == 0 {
@@ -195,11 +209,11 @@ func (j *Jobs) lostHoles(ctx context.Context, n Network) ([]keyHoles, error) {
 		}
 		block, _, err := j.cfg.Store.MinedBlockBelow(ctx, n.Network.ID, s, holes[0])
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		out = append(out, keyHoles{signer: s, holes: holes, from: block})
 	}
-	return out, nil
+	return out, head, nil
 }
 
 // nonceHoles is the decision: the tx nonces among the window below count (the chain's count of

@@ -209,28 +209,45 @@ func TestReconcileRemembersForeignHole(t *testing.T) {
 	env.NewEngine(t, opts).MustSucceed(t, env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000).Body(t))
 	env.WaitIndexed(t, env.Head(t))
 
-	store := &countingUses{Store: env.DB}
-	j := reconcile.New(reconcile.Config{
-		Store:      store,
-		Networks:   []reconcile.Network{{Network: network(facilitator.Finality{Depth: 2}), Chain: env.Chain.RPC, Signers: []common.Address{addr}}},
-		StaleAfter: time.Minute,
-		Now:        later,
-		Logger:     stacktest.Logger(t),
-	})
-	for run := range 3 {
-		if ch := runSettlements(t, j); ch.Adopted != 0 {
-			t.Fatalf("run %d adopted %d", run, ch.Adopted)
+	looks := func(store *countingUses) int32 {
+		j := reconcile.New(reconcile.Config{
+			Store:      store,
+			Networks:   []reconcile.Network{{Network: network(facilitator.Finality{Depth: 2}), Chain: env.Chain.RPC, Signers: []common.Address{addr}}},
+			StaleAfter: time.Minute,
+			Now:        later,
+			Logger:     stacktest.Logger(t),
+		})
+		for run := range 3 {
+			if ch := runSettlements(t, j); ch.Adopted != 0 {
+				t.Fatalf("run %d adopted %d", run, ch.Adopted)
+			}
 		}
+		return store.looks.Load()
 	}
-	if got := store.looks.Load(); got != 1 {
+	if got := looks(&countingUses{Store: env.DB}); got != 1 {
 		t.Fatalf("the index's uses were read %d times for the hole, want 1", got)
+	}
+	// While the index is behind the chain, the hole's transaction may not be indexed yet: it is
+	// looked for again.
+	if got := looks(&countingUses{Store: env.DB, behind: true}); got != 3 {
+		t.Fatalf("with the index behind, the uses were read %d times in 3 runs, want 3", got)
 	}
 }
 
 // countingUses counts the jobs' reads of the index's uses (the look for lost transactions).
+// behind: the index's cursor is answered at block 0.
 type countingUses struct {
 	reconcile.Store
-	looks atomic.Int32
+	behind bool
+	looks  atomic.Int32
+}
+
+func (c *countingUses) Cursor(ctx context.Context, network string) (facilitator.Block, bool, error) {
+	b, ok, err := c.Store.Cursor(ctx, network)
+	if c.behind {
+		b.Number = 0
+	}
+	return b, ok, err
 }
 
 func (c *countingUses) AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error) {
