@@ -3,6 +3,10 @@ package reconcile
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
@@ -51,7 +55,7 @@ func (j *Jobs) adoptUse(ctx context.Context, p *pass, row facilitator.OpenSettle
 // adopt records a; an adoption the ledger refuses (another settlement at its nonce, a member
 // resolved otherwise) is logged and left for a person or a later run.
 func (j *Jobs) adopt(ctx context.Context, ch *Changes, a *facilitator.Adoption) error {
-	_, err := j.cfg.Store.AdoptSettlements(ctx, *a)
+	_, fresh, err := j.cfg.Store.AdoptSettlements(ctx, *a)
 	switch {
 	case errors.Is(err, facilitator.ErrDuplicate), errors.Is(err, facilitator.ErrNonceTaken):
 		j.log.Warn("a transaction of our key the ledger lacked could not be adopted", "network", a.Network, "signer", a.Signer,
@@ -59,6 +63,8 @@ func (j *Jobs) adopt(ctx context.Context, ch *Changes, a *facilitator.Adoption) 
 		return nil
 	case err != nil:
 		return err
+	case !fresh:
+		return nil // adopted already (a retry, the settle path): counted by whoever wrote it
 	}
 	for _, m := range a.Members {
 		j.log.Warn("adopted a transaction of our key the ledger lacked", "network", a.Network, "signer", a.Signer, "tx", a.Tx.Hash,
@@ -69,25 +75,37 @@ func (j *Jobs) adopt(ctx context.Context, ch *Changes, a *facilitator.Adoption) 
 	return nil
 }
 
+// holeWindow bounds the look for a key's lost transactions to its most recent nonces: a
+// failover or a restore loses the newest commits, and the look stays one small read per key.
+const holeWindow = 1024
+
 // adoptLost looks for transactions of n's keys that the ledger lost and nobody asked about
-// again. It costs one nonce read per key when nothing is lost: it looks only when the chain has
-// counted more transactions of a key than the ledger accounts for (its highest tx nonce, plus
-// one), and then reads the index's uses of authorizations from the block of the key's newest
-// settlement the ledger has mined, at most Batch of them, each by a transaction the ledger does
-// not have read to tell whose it is.
+// again. It costs one nonce read per key and one ledger read when nothing is lost: it looks
+// only when the ledger holds no row at some of a key's tx nonces below the chain's count of its
+// transactions (holes: a lost transaction stays one when the key settles new payments after
+// it), and then reads the index's uses of authorizations from the block of the key's newest
+// mined settlement below its lowest hole, at most Batch of them, each by a transaction the
+// ledger does not have read to tell whose it is. A hole the look leaves (a transaction of our
+// key that carries no authorization of ours) is not looked for again by these jobs.
 func (j *Jobs) adoptLost(ctx context.Context, n Network) (Changes, error) {
 	var ch Changes
-	from, missing, err := j.lostFrom(ctx, n)
-	if err != nil || missing == 0 {
+	lost, head, err := j.lostHoles(ctx, n)
+	if err != nil || len(lost) == 0 {
 		return ch, err
 	}
+	from, missing := lost[0].from, 0
+	for _, k := range lost {
+		from, missing = min(from, k.from), missing+len(k.holes)
+	}
+	from = j.holes.resumeAt(n.Network.ID, lost, from)
 	uses, err := j.cfg.Store.AuthorizationUsesFrom(ctx, n.Network.ID, from, j.cfg.Batch)
 	if err != nil {
 		return ch, err
 	}
 	seen := map[common.Hash]bool{}
+	unread := false
 	for _, u := range uses {
-		if seen[u.TxHash] || uint64(ch.Adopted) >= missing {
+		if seen[u.TxHash] || ch.Adopted >= missing {
 			continue
 		}
 		seen[u.TxHash] = true
@@ -100,7 +118,11 @@ func (j *Jobs) adoptLost(ctx context.Context, n Network) (Changes, error) {
 		a, ours, err := settle.AdoptionOf(ctx, n.Chain, j.batchOn, n.Network.Finality, n.Network.ID, n.ours, u.TxHash, j.cfg.Now())
 		if err != nil {
 			j.log.Debug("reading an indexed use's transaction", "network", n.Network.ID, "tx", u.TxHash, "err", err)
+			unread = true
 			continue
+		}
+		if ours && a == nil {
+			unread = true // ours, not shown mined yet: adopted by a later run
 		}
 		if !ours || a == nil {
 			continue
@@ -109,47 +131,177 @@ func (j *Jobs) adoptLost(ctx context.Context, n Network) (Changes, error) {
 			return ch, err
 		}
 	}
+	if len(uses) >= j.cfg.Batch {
+		// The look stopped short of the index's head: the next run goes on from here.
+		next := uses[len(uses)-1].BlockNumber
+		if next <= from {
+			next = from + 1
+		}
+		j.holes.resume(n.Network.ID, lost, next)
+		return ch, nil
+	}
+	j.holes.resume(n.Network.ID, nil, 0)
+	if unread {
+		return ch, nil // a transaction could not be read: the holes are looked for again next run
+	}
+	// The holes the look left are remembered only once the index holds every block the count
+	// was read at: until then their transactions may not be indexed yet.
+	if cur, ok, err := j.cfg.Store.Cursor(ctx, n.Network.ID); err != nil || !ok || cur.Number < head {
+		return ch, err
+	}
+	for _, k := range lost {
+		held, err := j.cfg.Store.NoncesHeld(ctx, n.Network.ID, k.signer, k.holes[0])
+		if err != nil {
+			return ch, err
+		}
+		var left []uint64
+		for _, h := range k.holes {
+			if !slices.Contains(held, h) {
+				left = append(left, h)
+			}
+		}
+		j.holes.scanned(n.Network.ID, k.signer, left)
+	}
 	return ch, nil
 }
 
-// lostFrom is the block from which n's keys may have transactions the ledger lost, and how many
-// (0: none: the chain counts no more transactions of any key than the ledger accounts for).
-func (j *Jobs) lostFrom(ctx context.Context, n Network) (from, missing uint64, err error) {
+// keyHoles is one key's holes not looked for yet, and the block its lost transactions mined
+// from.
+type keyHoles struct {
+	signer common.Address
+	holes  []uint64
+	from   uint64
+}
+
+// lostHoles is n's keys' holes not looked for yet (none: nothing is lost, as far as these jobs
+// can tell), and the chain's head when the counts were read (the highest uint64 when unread).
+func (j *Jobs) lostHoles(ctx context.Context, n Network) ([]keyHoles, uint64, error) {
 	if len(n.Signers) == 0 {
-		return 0, 0, nil
+		return nil, 0, nil
 	}
 	counts := make([]hexutil.Uint64, len(n.Signers))
-	elems := make([]rpc.BatchElem, len(n.Signers))
+	elems := make([]rpc.BatchElem, len(n.Signers), len(n.Signers)+1)
 	for i, s := range n.Signers {
 		elems[i] = ethrpc.TransactionCount(s, "latest", &counts[i])
 	}
+	var headNum hexutil.Uint64
+	elems = append(elems, ethrpc.BlockNumber(&headNum)) // after the counts: no lower than their block
 	if err := j.batch(ctx, n, elems); err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
-	first := true
+	head := uint64(headNum)
+	if elems[len(n.Signers)].Error != nil {
+		head = math.MaxUint64
+	}
+	var out []keyHoles
 	for i, s := range n.Signers {
 		if elems[i].Error != nil {
 			continue // not read: looked at next run
 		}
-		top, has, err := j.cfg.Store.MaxTxNonce(ctx, n.Network.ID, s)
+		count := uint64(counts[i])
+		held, err := j.cfg.Store.NoncesHeld(ctx, n.Network.ID, s, count-min(count, holeWindow))
 		if err != nil {
-			return 0, 0, err
+			return nil, 0, err
 		}
-		accounted := uint64(0)
-		if has {
-			accounted = top + 1
-		}
-		if uint64(counts[i]) <= accounted {
+		holes := nonceHoles(count, held, holeWindow, j.holes.seen(n.Network.ID, s, count-min(count, holeWindow)))
+		if len(holes) == 0 {
 			continue
 		}
-		missing += uint64(counts[i]) - accounted
-		block, _, err := j.cfg.Store.NewestMinedBlock(ctx, n.Network.ID, s)
+		block, _, err := j.cfg.Store.MinedBlockBelow(ctx, n.Network.ID, s, holes[0])
 		if err != nil {
-			return 0, 0, err
+			return nil, 0, err
 		}
-		if first || block < from {
-			from, first = block, false
+		out = append(out, keyHoles{signer: s, holes: holes, from: block})
+	}
+	return out, head, nil
+}
+
+// nonceHoles is the decision: the tx nonces among the window below count (the chain's count of
+// the key's transactions) that no ledger row holds (held, ascending) and that scanned does not
+// name (looked for already without result), ascending.
+func nonceHoles(count uint64, held []uint64, window uint64, scanned func(uint64) bool) []uint64 {
+	var out []uint64
+	i := 0
+	for n := count - min(count, window); n < count; n++ {
+		for i < len(held) && held[i] < n {
+			i++
+		}
+		if (i < len(held) && held[i] == n) || scanned(n) {
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// scannedHoles remembers, in memory, what the look for lost transactions found nothing at, so
+// that a permanent hole costs one look per process, and where a look cut short goes on.
+type scannedHoles struct {
+	mu   sync.Mutex
+	done map[holeKey]bool
+	// at is where the next look of a network goes on, while its holes are those of the look
+	// cut short (lost).
+	at map[string]resumePoint
+}
+
+type holeKey struct {
+	network string
+	signer  common.Address
+	nonce   uint64
+}
+
+type resumePoint struct {
+	lost  string
+	block uint64
+}
+
+func newScannedHoles() *scannedHoles {
+	return &scannedHoles{done: map[holeKey]bool{}, at: map[string]resumePoint{}}
+}
+
+// seen is whether a hole of signer's was looked for already; the memory of holes below floor
+// (out of the window for good) is dropped.
+func (h *scannedHoles) seen(network string, signer common.Address, floor uint64) func(uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k := range h.done {
+		if k.network == network && k.signer == signer && k.nonce < floor {
+			delete(h.done, k)
 		}
 	}
-	return from, missing, nil
+	return func(n uint64) bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.done[holeKey{network, signer, n}]
+	}
+}
+
+func (h *scannedHoles) scanned(network string, signer common.Address, holes []uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, n := range holes {
+		h.done[holeKey{network, signer, n}] = true
+	}
+}
+
+// resume records where the next look at the same holes goes on (nil lost: from the start).
+func (h *scannedHoles) resume(network string, lost []keyHoles, block uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if lost == nil {
+		delete(h.at, network)
+		return
+	}
+	h.at[network] = resumePoint{lost: fmt.Sprint(lost), block: block}
+}
+
+// resumeAt is where a look at lost starts: from, or further on when a look at the same holes
+// was cut short.
+func (h *scannedHoles) resumeAt(network string, lost []keyHoles, from uint64) uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p, ok := h.at[network]; ok && p.lost == fmt.Sprint(lost) && p.block > from {
+		return p.block
+	}
+	return from
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"math/big"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,6 +131,128 @@ func TestReconcileAdoptsLostTransactions(t *testing.T) {
 			t.Fatalf("payee %d holds %d, want %d", i, got, p.Value)
 		}
 	}
+}
+
+// TestReconcileAdoptsLostUnderNewTraffic: the ledger loses a mined settlement's rows (a
+// failover), and the recovered service goes on settling new payments on the same key, at higher
+// nonces: the ledger's highest tx nonce accounts for the chain's count again, and the lost
+// transaction is a hole below it. Nobody asks for the lost payment again; one run of the
+// Settlements job finds the hole and adopts the transaction, and the next finds nothing.
+func TestReconcileAdoptsLostUnderNewTraffic(t *testing.T) {
+	env.StartIndexer(t)
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}}
+	e := env.NewEngine(t, opts)
+	e.MustSucceed(t, env.NewPay(t, env.FundedPayer(t, 1_000_000), 100_000).Body(t))
+	lost := env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000)
+	e.MustSucceed(t, lost.Body(t))
+	lostRow := env.Row(t, lost.Key())
+	e.Stop(context.Background())
+	env.LoseSettlements(t, lostRow.ID)
+
+	// The recovered service settles a new payment on the key, after the lost one.
+	next := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+	env.NewEngine(t, opts).MustSucceed(t, next.Body(t))
+	if r := env.Row(t, next.Key()); r.TxNonce <= lostRow.TxNonce {
+		t.Fatalf("the new payment went out at nonce %d, want above the lost one's %d", r.TxNonce, lostRow.TxNonce)
+	}
+	env.WaitIndexed(t, env.Head(t))
+
+	var obs adoptions
+	j := jobsOf(t, 2, []common.Address{addr}, &obs)
+	if ch := runSettlements(t, j); ch.Adopted != 1 || obs.by[addr.Hex()] != 1 {
+		t.Fatalf("adopted %d transactions (observer %v), want 1", ch.Adopted, obs.by)
+	}
+	if r := env.Row(t, lost.Key()); !r.Adopted || !r.State.Succeeded() || r.TxHash != lostRow.TxHash || r.TxNonce != lostRow.TxNonce {
+		t.Fatalf("the lost settlement's row: %+v", r)
+	}
+	if ch := runSettlements(t, j); ch.Adopted != 0 {
+		t.Fatalf("a second run adopted %d", ch.Adopted)
+	}
+}
+
+// TestReconcileRemembersForeignHole: a transaction of our key that carries no authorization of
+// ours (sent by hand from the key) is a hole in the ledger's nonces that no adoption fills. The
+// first run looks for it among the indexed uses and finds nothing to adopt; the runs after do
+// not look again.
+func TestReconcileRemembersForeignHole(t *testing.T) {
+	ctx := context.Background()
+	env.StartIndexer(t)
+	signer := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(signer.PublicKey)
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}}
+	e := env.NewEngine(t, opts)
+	e.MustSucceed(t, env.NewPay(t, env.FundedPayer(t, 1_000_000), 100_000).Body(t))
+	e.Stop(ctx)
+
+	nonce, err := env.Chain.Client.PendingNonceAt(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := env.Chain.Client.HeaderByNumber(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tip := big.NewInt(1_000_000_000)
+	self, err := types.SignNewTx(signer, types.LatestSignerForChainID(new(big.Int).SetUint64(env.Chain.ChainID)), &types.DynamicFeeTx{
+		ChainID: new(big.Int).SetUint64(env.Chain.ChainID), Nonce: nonce, To: &addr, Gas: 21_000, GasTipCap: tip,
+		GasFeeCap: new(big.Int).Add(new(big.Int).Mul(head.BaseFee, big.NewInt(2)), tip),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(ctx, self); err != nil {
+		t.Fatal(err)
+	}
+	env.Mine(t)
+	env.NewEngine(t, opts).MustSucceed(t, env.NewPay(t, env.FundedPayer(t, 1_000_000), 200_000).Body(t))
+	env.WaitIndexed(t, env.Head(t))
+
+	looks := func(store *countingUses) int32 {
+		j := reconcile.New(reconcile.Config{
+			Store:      store,
+			Networks:   []reconcile.Network{{Network: network(facilitator.Finality{Depth: 2}), Chain: env.Chain.RPC, Signers: []common.Address{addr}}},
+			StaleAfter: time.Minute,
+			Now:        later,
+			Logger:     stacktest.Logger(t),
+		})
+		for run := range 3 {
+			if ch := runSettlements(t, j); ch.Adopted != 0 {
+				t.Fatalf("run %d adopted %d", run, ch.Adopted)
+			}
+		}
+		return store.looks.Load()
+	}
+	if got := looks(&countingUses{Store: env.DB}); got != 1 {
+		t.Fatalf("the index's uses were read %d times for the hole, want 1", got)
+	}
+	// While the index is behind the chain, the hole's transaction may not be indexed yet: it is
+	// looked for again.
+	if got := looks(&countingUses{Store: env.DB, behind: true}); got != 3 {
+		t.Fatalf("with the index behind, the uses were read %d times in 3 runs, want 3", got)
+	}
+}
+
+// countingUses counts the jobs' reads of the index's uses (the look for lost transactions).
+// behind: the index's cursor is answered at block 0.
+type countingUses struct {
+	reconcile.Store
+	behind bool
+	looks  atomic.Int32
+}
+
+func (c *countingUses) Cursor(ctx context.Context, network string) (facilitator.Block, bool, error) {
+	b, ok, err := c.Store.Cursor(ctx, network)
+	if c.behind {
+		b.Number = 0
+	}
+	return b, ok, err
+}
+
+func (c *countingUses) AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error) {
+	c.looks.Add(1)
+	return c.Store.AuthorizationUsesFrom(ctx, network, from, limit)
 }
 
 // TestReconcileAdoptsLostVariant: an open row whose variant that mined the ledger lost (a fee

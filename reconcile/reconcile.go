@@ -40,10 +40,10 @@ type Store interface {
 	RecordReconcileRun(ctx context.Context, r facilitator.ReconcileRun, keep int, keepFor time.Duration) error
 
 	// What the adoption of transactions of our keys the ledger lost reads and writes (adopt.go).
-	AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error)
+	AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error)
 	SettlementByTx(ctx context.Context, tx common.Hash) (*facilitator.Settlement, error)
-	MaxTxNonce(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
-	NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error)
+	NoncesHeld(ctx context.Context, network string, signer common.Address, from uint64) ([]uint64, error)
+	MinedBlockBelow(ctx context.Context, network string, signer common.Address, nonce uint64) (uint64, bool, error)
 	AuthorizationUsesFrom(ctx context.Context, network string, from uint64, limit int) ([]facilitator.AuthorizationEvent, error)
 }
 
@@ -90,7 +90,8 @@ type Config struct {
 	// StaleAfter is how long a settlement may go without an update before the job looks at it
 	// (the engine owns fresher ones).
 	StaleAfter time.Duration
-	// Batch bounds how many settlements one run looks at per network.
+	// Batch bounds how many settlements one run looks at per network (and how many indexed
+	// authorization uses the look for lost transactions reads).
 	Batch      int
 	RPCTimeout time.Duration
 	Now        func() time.Time
@@ -106,6 +107,8 @@ type Jobs struct {
 	// floors is each network's highest tagged final block answered consistently: a lower answer
 	// is a node gone backwards, and says nothing.
 	floors map[string]*facilitator.FinalityFloor
+	// holes are the ledger's nonce holes already looked for without result (adopt.go).
+	holes *scannedHoles
 }
 
 // New builds the jobs.
@@ -128,7 +131,8 @@ func New(cfg Config) *Jobs {
 	if cfg.Observer == nil {
 		cfg.Observer = noObserver{}
 	}
-	j := &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile"), floors: map[string]*facilitator.FinalityFloor{}}
+	j := &Jobs{cfg: cfg, log: cfg.Logger.With("component", "reconcile"), floors: map[string]*facilitator.FinalityFloor{},
+		holes: newScannedHoles()}
 	for _, n := range cfg.Networks {
 		j.floors[n.Network.ID] = new(facilitator.FinalityFloor)
 	}

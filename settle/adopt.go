@@ -153,10 +153,12 @@ func (e *Engine) adoptUsed(ctx, waitCtx context.Context, n *chainEngine, p *faci
 			m.Fingerprint, m.KeyID, m.X402Version, m.Request, m.PaymentID = fp, p.KeyID, p.X402Version, row.Request, row.PaymentID
 		}
 	}
-	ids, err := e.store.AdoptSettlements(waitCtx, *a)
+	ids, fresh, err := e.store.AdoptSettlements(waitCtx, *a)
 	switch {
 	case err == nil:
-		adopted(e.log, e.cfg.Observer, a, "settle")
+		if fresh {
+			adopted(e.log, e.cfg.Observer, a, "settle")
+		}
 		n.trackAdopted(a, ids)
 	case errors.Is(err, facilitator.ErrDuplicate), errors.Is(err, facilitator.ErrNonceTaken):
 		// Adopted (or settled) meanwhile, or the ledger holds another settlement at its nonce:
@@ -285,14 +287,17 @@ func (n *chainEngine) adoptVariant(ctx context.Context, f *flight, d decision) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
 	defer cancel()
 	a, err := n.variantAdoption(rctx, f, d.res)
+	fresh := false
 	if err == nil {
-		_, err = e.store.AdoptSettlements(rctx, *a)
+		_, fresh, err = e.store.AdoptSettlements(rctx, *a)
 	}
 	if err != nil {
 		e.log.Warn("adopting a transaction of our key the ledger lacked; will retry", f.logAttrs("tx", d.res.TxHash, "err", err)...)
 		return
 	}
-	adopted(e.log, e.cfg.Observer, a, "watch")
+	if fresh {
+		adopted(e.log, e.cfg.Observer, a, "watch")
+	}
 	n.sync(ctx, f)
 }
 

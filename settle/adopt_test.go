@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"math/big"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
+	"github.com/x402-facilitator/x402-facilitator/settle"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 )
 
@@ -61,6 +63,42 @@ func TestSettleAdoptsLostSettlement(t *testing.T) {
 	next := env.NewPay(t, payer, 100_000)
 	if o := again.MustSucceed(t, next.Body(t)); env.Row(t, next.Key()).TxNonce != 1 {
 		t.Fatalf("next settlement %+v at nonce %d, want 1", o.Response, env.Row(t, next.Key()).TxNonce)
+	}
+}
+
+// TestSettleConcurrentRetriesCountOneAdoption: retries of a lost payment arriving at once (on
+// two replicas, several each) all find the authorization used by our key and adopt the same
+// transaction; only the one whose write recorded it counts it (the adoption metric and log), so
+// that the metric counts transactions, not retries.
+func TestSettleConcurrentRetriesCountOneAdoption(t *testing.T) {
+	first := env.NewEngine(t, stacktest.EngineOptions{})
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 300_000)
+	body := p.Body(t)
+	out := first.MustSucceed(t, body)
+	if err := first.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	env.LoseSettlements(t, out.SettlementID)
+
+	obs := &recordingObserver{}
+	opts := stacktest.EngineOptions{Signers: first.Signers, Config: func(c *settle.Config) { c.Observer = obs }}
+	replicas := []*stacktest.Engine{env.NewEngine(t, opts), env.NewEngine(t, opts)}
+	const each = 4
+	var wg sync.WaitGroup
+	for i := range 2 * each {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replicas[i%2].MustSettle(t, body)
+		}()
+	}
+	wg.Wait()
+	if row := env.Row(t, p.Key()); !row.Adopted || row.TxHash.Hex() != out.Response.Transaction {
+		t.Fatalf("row after the retries %+v", row)
+	}
+	signer := crypto.PubkeyToAddress(first.Signer().PublicKey)
+	if got := obs.count("adopted " + env.Network().ID + " " + signer.Hex()); got != 1 {
+		t.Fatalf("the adoption was counted %d times, want 1", got)
 	}
 }
 

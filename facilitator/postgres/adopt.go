@@ -18,20 +18,23 @@ import (
 // adopted; an open row of the authorization (its mined variant was lost: a bump, a re-sign)
 // takes the transaction as its variant and is resolved mined, moved to the transaction's nonce
 // and slot unless another settlement holds them; a row already mined by this transaction is
-// left as it is (adopting twice is adopting once). Errors, with nothing written:
+// left as it is (adopting twice is adopting once). fresh reports that this call wrote a member
+// (false: every member was adopted already, by a concurrent or earlier call), so that each
+// adoption is counted once. Errors, with nothing written:
 // facilitator.ErrDuplicate when a member's row is resolved otherwise (mined by another
 // transaction, or failed), facilitator.ErrNonceTaken when another settlement holds a new
 // member's (signer, tx nonce, slot).
-func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error) {
-	ids := make([]int64, len(a.Members))
-	err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error) {
+	ids = make([]int64, len(a.Members))
+	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
 		home, homeSlot := int64(0), 0
+		fresh = false // a retried transaction starts over
 		for i, m := range a.Members {
-			id, placed, err := adoptMember(ctx, tx, a, m)
+			id, placed, wrote, err := adoptMember(ctx, tx, a, m)
 			if err != nil {
 				return err
 			}
-			ids[i] = id
+			ids[i], fresh = id, fresh || wrote
 			switch {
 			case placed && (home == 0 || m.Slot < homeSlot):
 				home, homeSlot = id, m.Slot
@@ -50,9 +53,9 @@ func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]i
 		return recordAdoptedTx(ctx, tx, a.Tx, `SELECT $5::bigint`, home)
 	})
 	if err != nil {
-		return nil, insertError(err)
+		return nil, false, insertError(err)
 	}
-	return ids, nil
+	return ids, fresh, nil
 }
 
 // recordAdoptedTx records an adopted transaction under the settlement the query owner (with
@@ -69,17 +72,17 @@ func recordAdoptedTx(ctx context.Context, tx pgx.Tx, t facilitator.TxRecord, own
 var errAdoptRace = errors.New("adopted concurrently")
 
 // adoptMember adopts one member; placed reports that its row is at the transaction's (signer,
-// tx nonce, slot).
-func adoptMember(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (id int64, placed bool, err error) {
+// tx nonce, slot), wrote that this call wrote it (false: it was adopted already).
+func adoptMember(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (id int64, placed, wrote bool, err error) {
 	for try := 0; ; try++ {
-		id, placed, err = adoptOnce(ctx, tx, a, m)
+		id, placed, wrote, err = adoptOnce(ctx, tx, a, m)
 		if !errors.Is(err, errAdoptRace) || try > 0 {
-			return id, placed, err
+			return id, placed, wrote, err
 		}
 	}
 }
 
-func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (int64, bool, error) {
+func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilitator.AdoptedMember) (int64, bool, bool, error) {
 	k := m.Key
 	detail := fmt.Sprintf("adopted: tx %s nonce %d block %d (the ledger had lost its record)", a.Tx.Hash.Hex(), a.TxNonce, a.BlockNumber)
 	var (
@@ -105,7 +108,7 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 		if b := m.PaymentID; b != nil {
 			var err error
 			if summary, err = json.Marshal(b.Summary); err != nil {
-				return 0, false, err
+				return 0, false, false, err
 			}
 			scope, pid, idFingerprint = b.Scope, &b.ID, b.Fingerprint[:]
 		}
@@ -129,22 +132,22 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 			a.Signer[:], int64(a.TxNonce), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], m.KeyID, int16(m.Slot), detail,
 			scope, pid, idFingerprint, summary).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, false, errAdoptRace
+			return 0, false, false, errAdoptRace
 		}
-		return id, true, err
+		return id, true, true, err
 	case err != nil:
-		return 0, false, err
+		return 0, false, false, err
 	}
 	placed := txNonce == int64(a.TxNonce) && int(slot) == m.Slot
 	switch facilitator.State(state) {
 	case facilitator.StateMined, facilitator.StateFinal:
 		if common.BytesToHash(txHash) == a.Tx.Hash {
-			return id, placed, nil
+			return id, placed, false, nil
 		}
-		return 0, false, facilitator.ErrDuplicate
+		return 0, false, false, facilitator.ErrDuplicate
 	case facilitator.StateSigned, facilitator.StateBroadcast:
 	default:
-		return 0, false, facilitator.ErrDuplicate
+		return 0, false, false, facilitator.ErrDuplicate
 	}
 	// The row survived and the variant that mined did not (a bump, a re-sign at another nonce or
 	// slot): the row moves to where the chain has it, unless another settlement holds that place
@@ -158,17 +161,17 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 		INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $7 FROM u`
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return 0, false, err
+		return 0, false, false, err
 	}
 	_, err = sp.Exec(ctx, resolve, id, int64(a.TxNonce), int16(m.Slot), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
 	if err == nil {
-		return id, true, sp.Commit(ctx)
+		return id, true, true, sp.Commit(ctx)
 	}
 	if rerr := sp.Rollback(ctx); rerr != nil || !errors.Is(insertError(err), facilitator.ErrNonceTaken) {
-		return 0, false, errors.Join(err, rerr)
+		return 0, false, false, errors.Join(err, rerr)
 	}
 	_, err = tx.Exec(ctx, resolve, id, txNonce, slot, a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
-	return id, placed, err
+	return id, placed, true, err
 }
 
 // BindAdopted gives an adopted row that no request made (its fingerprint zero: the adoption

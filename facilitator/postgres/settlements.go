@@ -793,12 +793,14 @@ func (db *DB) tryLock(ctx context.Context, key int64) (release func(), ok bool, 
 	}, true, nil
 }
 
-// NewestMinedBlock is the highest block the ledger has one of the signer's settlements mined in
-// (mined or final); ok is false when it has none.
-func (db *DB) NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+// MinedBlockBelow is the highest block the ledger has one of the signer's settlements at a tx
+// nonce below nonce mined in (mined or final); ok is false when it has none. A transaction of
+// the key at nonce or above mined no earlier.
+func (db *DB) MinedBlockBelow(ctx context.Context, network string, signer common.Address, nonce uint64) (uint64, bool, error) {
 	var n *int64
 	if err := db.pool.QueryRow(ctx, `SELECT max(block_number) FROM settlements
-		WHERE network = $1 AND signer = $2 AND state IN ('mined', 'final')`, network, signer[:]).Scan(&n); err != nil {
+		WHERE network = $1 AND signer = $2 AND tx_nonce < $3 AND state IN ('mined', 'final')`,
+		network, signer[:], int64(nonce)).Scan(&n); err != nil {
 		return 0, false, err
 	}
 	if n == nil {

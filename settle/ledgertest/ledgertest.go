@@ -1198,9 +1198,9 @@ func (f *fixture) adoption(txNonce uint64, rows ...*facilitator.NewSettlement) f
 func adopt(t *testing.T, f *fixture) {
 	lost := f.row(4)
 	a := f.adoption(4, lost)
-	ids, err := f.l.AdoptSettlements(f.ctx, a)
-	if err != nil || len(ids) != 1 {
-		t.Fatalf("AdoptSettlements: %v %v", ids, err)
+	ids, wrote, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || len(ids) != 1 || !wrote {
+		t.Fatalf("AdoptSettlements: %v %v %v", ids, wrote, err)
 	}
 	s := f.get(t, ids[0])
 	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != a.Tx.Hash || s.BlockNumber != 7 || s.BlockHash != a.BlockHash ||
@@ -1213,8 +1213,8 @@ func adopt(t *testing.T, f *fixture) {
 	if byTx, err := f.l.SettlementByTx(f.ctx, a.Tx.Hash); err != nil || byTx.ID != ids[0] {
 		t.Fatalf("SettlementByTx: %+v %v", byTx, err)
 	}
-	if again, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) {
-		t.Fatalf("adopting again: %v %v, want %v", again, err, ids)
+	if again, wrote, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) || wrote {
+		t.Fatalf("adopting again: %v %v %v, want %v and nothing written", again, wrote, err, ids)
 	}
 	if got := f.events(t, ids[0]); got != "[mined]" {
 		t.Fatalf("events %s", got)
@@ -1253,8 +1253,8 @@ func adopt(t *testing.T, f *fixture) {
 	open.TxNonce = 6
 	openID := f.insert(t, open)
 	b := f.adoption(8, open)
-	if ids, err := f.l.AdoptSettlements(f.ctx, b); err != nil || !slices.Equal(ids, []int64{openID}) {
-		t.Fatalf("adopting an open row: %v %v", ids, err)
+	if ids, wrote, err := f.l.AdoptSettlements(f.ctx, b); err != nil || !slices.Equal(ids, []int64{openID}) || !wrote {
+		t.Fatalf("adopting an open row: %v %v %v", ids, wrote, err)
 	}
 	s = f.get(t, openID)
 	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != b.Tx.Hash || s.TxNonce != 8 || s.BlockHash != b.BlockHash {
@@ -1277,17 +1277,17 @@ func adopt(t *testing.T, f *fixture) {
 	failedRow := f.get(t, failed)
 	fresh := f.row(0)
 	c := f.adoption(10, fresh, &facilitator.NewSettlement{Key: failedRow.Key, PayTo: failedRow.PayTo, Value: failedRow.Value, ValidBefore: failedRow.ValidBefore})
-	if _, err := f.l.AdoptSettlements(f.ctx, c); !errors.Is(err, facilitator.ErrDuplicate) {
+	if _, _, err := f.l.AdoptSettlements(f.ctx, c); !errors.Is(err, facilitator.ErrDuplicate) {
 		t.Fatalf("adopting over a failed row: %v", err)
 	}
 	if _, err := f.l.SettlementByKey(f.ctx, fresh.Key); !errors.Is(err, facilitator.ErrNotFound) {
 		t.Fatalf("a refused adoption wrote its other member: %v", err)
 	}
 	other := f.adoption(11, lost) // lost is mined by a.Tx
-	if _, err := f.l.AdoptSettlements(f.ctx, other); !errors.Is(err, facilitator.ErrDuplicate) {
+	if _, _, err := f.l.AdoptSettlements(f.ctx, other); !errors.Is(err, facilitator.ErrDuplicate) {
 		t.Fatalf("adopting another transaction of a mined row: %v", err)
 	}
-	if _, err := f.l.AdoptSettlements(f.ctx, f.adoption(5, f.row(0))); !errors.Is(err, facilitator.ErrNonceTaken) {
+	if _, _, err := f.l.AdoptSettlements(f.ctx, f.adoption(5, f.row(0))); !errors.Is(err, facilitator.ErrNonceTaken) {
 		t.Fatalf("adopting at a nonce another settlement holds: %v", err)
 	}
 }
@@ -1297,7 +1297,7 @@ func adopt(t *testing.T, f *fixture) {
 func adoptBatch(t *testing.T, f *fixture) {
 	rows := []*facilitator.NewSettlement{f.row(0), f.row(0), f.row(0)}
 	a := f.adoption(3, rows...)
-	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	ids, _, err := f.l.AdoptSettlements(f.ctx, a)
 	if err != nil || len(ids) != 3 {
 		t.Fatalf("AdoptSettlements: %v %v", ids, err)
 	}
@@ -1321,16 +1321,25 @@ func adoptBatch(t *testing.T, f *fixture) {
 	}
 }
 
-// concurrentAdopts: adoptions of one transaction at once make one row.
+// concurrentAdopts: adoptions of one transaction at once make one row, and exactly one of them
+// says it wrote it (what the adoption metric and log count).
 func concurrentAdopts(t *testing.T, f *fixture) {
 	a := f.adoption(2, f.row(0))
 	ids := make([][]int64, 8)
+	wrote := make([]bool, 8)
 	errs := make([]error, 8)
-	atOnce(8, func(i int) { ids[i], errs[i] = f.l.AdoptSettlements(f.ctx, a) })
+	atOnce(8, func(i int) { ids[i], wrote[i], errs[i] = f.l.AdoptSettlements(f.ctx, a) })
+	writers := 0
 	for i := range ids {
 		if errs[i] != nil || len(ids[i]) != 1 || ids[i][0] != ids[0][0] {
 			t.Fatalf("adoption %d: %v %v (first %v)", i, ids[i], errs[i], ids[0])
 		}
+		if wrote[i] {
+			writers++
+		}
+	}
+	if writers != 1 {
+		t.Fatalf("%d adoptions said they wrote the row, want 1", writers)
 	}
 	if held, err := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); err != nil || !slices.Equal(held, []uint64{2}) {
 		t.Fatalf("NoncesHeld %v %v", held, err)
@@ -1348,7 +1357,7 @@ func adoptPaymentID(t *testing.T, f *fixture) {
 	fresh := randomID()
 	a.Members[0].PaymentID = &facilitator.PaymentIDBinding{ID: fresh, Fingerprint: facilitator.Fingerprint{8}, Summary: map[string]string{"c": "d"}}
 	a.Members[1].PaymentID = &facilitator.PaymentIDBinding{ID: bound.PaymentID.ID, Fingerprint: facilitator.Fingerprint{9}}
-	ids, err := f.l.AdoptSettlements(f.ctx, a)
+	ids, _, err := f.l.AdoptSettlements(f.ctx, a)
 	if err != nil {
 		t.Fatalf("AdoptSettlements: %v", err)
 	}
@@ -1368,9 +1377,9 @@ func adoptInPlace(t *testing.T, f *fixture) {
 	openID := f.insert(t, open)
 	other := f.insert(t, f.row(2))
 	a := f.adoption(2, open)
-	ids, err := f.l.AdoptSettlements(f.ctx, a)
-	if err != nil || !slices.Equal(ids, []int64{openID}) {
-		t.Fatalf("AdoptSettlements: %v %v", ids, err)
+	ids, wrote, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || !slices.Equal(ids, []int64{openID}) || !wrote {
+		t.Fatalf("AdoptSettlements: %v %v %v", ids, wrote, err)
 	}
 	s := f.get(t, openID)
 	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != a.Tx.Hash || s.TxNonce != 1 {
@@ -1382,7 +1391,7 @@ func adoptInPlace(t *testing.T, f *fixture) {
 	if byTx, err := f.l.SettlementByTx(f.ctx, a.Tx.Hash); err != nil || byTx.ID != openID {
 		t.Fatalf("SettlementByTx: %+v %v", byTx, err)
 	}
-	if again, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) {
-		t.Fatalf("adopting again: %v %v", again, err)
+	if again, wrote, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) || wrote {
+		t.Fatalf("adopting again: %v %v %v", again, wrote, err)
 	}
 }

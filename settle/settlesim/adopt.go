@@ -13,21 +13,21 @@ import (
 
 // AdoptSettlements records a mined transaction of our key the ledger lost, as the Postgres
 // ledger's AdoptSettlements: all members or none, each a new mined row marked adopted, an open
-// row resolved mined onto the transaction, or a row already mined by it left alone.
-func (l *Ledger) AdoptSettlements(ctx context.Context, a facilitator.Adoption) ([]int64, error) {
-	var ids []int64
-	err := l.call(ctx, fmt.Sprintf("adopt %s nonce=%d", a.Tx.Hash.Hex(), a.TxNonce), true, func() error {
+// row resolved mined onto the transaction, or a row already mined by it left alone; fresh when
+// this call wrote a member.
+func (l *Ledger) AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error) {
+	err = l.call(ctx, fmt.Sprintf("adopt %s nonce=%d", a.Tx.Hash.Hex(), a.TxNonce), true, func() error {
 		var err error
-		ids, err = l.adoptLocked(a)
+		ids, fresh, err = l.adoptLocked(a)
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return ids, nil
+	return ids, fresh, nil
 }
 
-func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
+func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, bool, error) {
 	// Checked first, written after: the Postgres transaction rolls back on the first failure.
 	taken := map[nonceKey]bool{} // the members' new places
 	stay := map[int]bool{}       // open rows resolved where they are: another settlement holds the place
@@ -38,11 +38,11 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 		case r != nil && r.s.State.Succeeded() && r.s.TxHash == a.Tx.Hash:
 			continue
 		case r != nil && !r.s.State.Open():
-			return nil, facilitator.ErrDuplicate
+			return nil, false, facilitator.ErrDuplicate
 		}
 		if h := l.byNonce[nk]; (h != nil && h != r) || taken[nk] {
 			if r == nil {
-				return nil, facilitator.ErrNonceTaken
+				return nil, false, facilitator.ErrNonceTaken
 			}
 			stay[i] = true
 			continue
@@ -52,6 +52,7 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 	now := l.now()
 	detail := fmt.Sprintf("adopted: tx %s nonce %d block %d (the ledger had lost its record)", a.Tx.Hash.Hex(), a.TxNonce, a.BlockNumber)
 	ids := make([]int64, len(a.Members))
+	fresh := false
 	var home *ledgerRow
 	var placed []*ledgerRow
 	for i, m := range a.Members {
@@ -93,7 +94,7 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 			if l.byTx[a.Tx.Hash] == nil {
 				l.addTxLocked(r, a.Tx)
 			}
-			ids[i] = r.s.ID
+			ids[i], fresh = r.s.ID, true
 			continue
 		default:
 			delete(l.byNonce, nonceKey{r.s.Key.Network, r.s.Signer, r.s.TxNonce, r.s.BatchSlot})
@@ -104,7 +105,7 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 		r.adopted, r.updatedAt = true, now
 		l.byNonce[nk] = r
 		l.event(r, string(facilitator.StateMined), detail)
-		ids[i] = r.s.ID
+		ids[i], fresh = r.s.ID, true
 		placed = append(placed, r)
 		if home == nil || m.Slot < home.s.BatchSlot {
 			home = r
@@ -124,7 +125,7 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, error) {
 		home.txs = append(home.txs, LedgerTx{TxRecord: rec, CreatedAt: now})
 		l.byTx[a.Tx.Hash] = home
 	}
-	return ids, nil
+	return ids, fresh, nil
 }
 
 // BindAdopted gives an adopted row no request made the request now asking for it, as the
@@ -150,17 +151,17 @@ func orZero(b *big.Int) *big.Int {
 	return b
 }
 
-// NewestMinedBlock is the highest block the ledger has one of the signer's settlements mined in,
-// as the Postgres ledger's.
-func (l *Ledger) NewestMinedBlock(ctx context.Context, network string, signer common.Address) (uint64, bool, error) {
+// MinedBlockBelow is the highest block the ledger has one of the signer's settlements at a tx
+// nonce below nonce mined in, as the Postgres ledger's.
+func (l *Ledger) MinedBlockBelow(ctx context.Context, network string, signer common.Address, nonce uint64) (uint64, bool, error) {
 	var (
 		top uint64
 		ok  bool
 	)
-	err := l.call(ctx, "newest-mined "+signer.Hex(), false, func() error {
+	err := l.call(ctx, fmt.Sprintf("mined-below %s %d", signer.Hex(), nonce), false, func() error {
 		top, ok = 0, false
 		for _, r := range l.rows {
-			if r.s.Key.Network == network && r.s.Signer == signer && r.s.State.Succeeded() && (!ok || r.s.BlockNumber > top) {
+			if r.s.Key.Network == network && r.s.Signer == signer && r.s.TxNonce < nonce && r.s.State.Succeeded() && (!ok || r.s.BlockNumber > top) {
 				top, ok = r.s.BlockNumber, true
 			}
 		}
