@@ -214,6 +214,12 @@ func (d *drill) run(ctx context.Context) drillReport {
 		t.Errorf("%s drill: %d duplicates, %d wrong terminal answers, %d nonce gaps, %d payments without a true final answer; want 0 each",
 			d.kind, rep.duplicates, rep.wrong, rep.gaps, rep.unanswered)
 	}
+	// What the ledger lost is recorded again: every row, those nobody retried by the reconcile
+	// job alone, and each transaction counted once however many callers retried it at once.
+	if rep.marked != rep.lostRows || rep.heldFound != rep.heldLost || rep.statusWrong != 0 || rep.adoptedMetric != rep.lostTxs {
+		t.Errorf("%s drill: %d of %d lost rows marked adopted, %d of %d found before any retry (%d with a wrong status), metric %d for %d lost transactions",
+			d.kind, rep.marked, rep.lostRows, rep.heldFound, rep.heldLost, rep.statusWrong, rep.adoptedMetric, rep.lostTxs)
+	}
 	return rep
 }
 
