@@ -30,22 +30,6 @@ const maxDeliveryBody = 4 << 10
 // maxContentType bounds a recorded content type: it is shown on a public receipt.
 const maxContentType = 255
 
-// deliveryBody is POST /v1/settlements/{tx}/delivery's body.
-type deliveryBody struct {
-	SHA256        string             `json:"sha256"`
-	ContentType   string             `json:"contentType"`
-	Size          *int64             `json:"size"`
-	Authorization *deliveryAuthority `json:"authorization"`
-}
-
-// deliveryAuthority names one authorization of a batch's transaction, as the status path does.
-type deliveryAuthority struct {
-	Network string `json:"network"`
-	Asset   string `json:"asset"`
-	From    string `json:"from"`
-	Nonce   string `json:"nonce"`
-}
-
 // decodeDelivery reads a delivery body into an attachment (its transaction and key are the
 // caller's). Every failure is a 400 invalid_delivery saying what is wrong, except an
 // authorization's part, which says which part as the status routes do.
@@ -59,7 +43,7 @@ func decodeDelivery(body []byte) (facilitator.DeliveryAttachment, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	var b deliveryBody
+	var b facilitator.DeliveryRequest
 	if err := dec.Decode(&b); err != nil {
 		return a, invalid(`the body must be {"sha256": "0x…", "contentType": "…", "size": n, "authorization": {"network", "asset", "from", "nonce"}} (contentType, size and authorization optional)`)
 	}

@@ -174,9 +174,9 @@ func (c *Client) Settlement(ctx context.Context, tx common.Hash) (*facilitator.A
 func (c *Client) AttachDelivery(ctx context.Context, tx common.Hash, auth *facilitator.AuthorizationKey, body []byte, contentType string) (*facilitator.DeliveryAnswer, error) {
 	digest := sha256.Sum256(body)
 	size := int64(len(body))
-	req := deliveryRequest{SHA256: hexutil.Encode(digest[:]), ContentType: contentType, Size: &size}
+	req := facilitator.DeliveryRequest{SHA256: hexutil.Encode(digest[:]), ContentType: contentType, Size: &size}
 	if auth != nil {
-		req.Authorization = &deliveryAuthorization{Network: auth.Network, Asset: auth.Asset.Hex(), From: auth.Payer.Hex(), Nonce: hexutil.Encode(auth.Nonce[:])}
+		req.Authorization = &facilitator.DeliveryAuthorization{Network: auth.Network, Asset: auth.Asset.Hex(), From: auth.Payer.Hex(), Nonce: hexutil.Encode(auth.Nonce[:])}
 	}
 	raw, err := json.Marshal(req)
 	if err != nil {
@@ -204,21 +204,6 @@ func (c *Client) AttachDelivery(ctx context.Context, tx common.Hash, auth *facil
 		}
 		return nil, &Error{Status: status, Reason: res.Error, Message: res.Message}
 	}
-}
-
-// deliveryRequest is POST /v1/settlements/{tx}/delivery's body.
-type deliveryRequest struct {
-	SHA256        string                 `json:"sha256"`
-	ContentType   string                 `json:"contentType,omitempty"`
-	Size          *int64                 `json:"size,omitempty"`
-	Authorization *deliveryAuthorization `json:"authorization,omitempty"`
-}
-
-type deliveryAuthorization struct {
-	Network string `json:"network"`
-	Asset   string `json:"asset"`
-	From    string `json:"from"`
-	Nonce   string `json:"nonce"`
 }
 
 // ErrNotFound is returned by the status lookups for what the facilitator has never seen.

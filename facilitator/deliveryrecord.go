@@ -129,3 +129,20 @@ func NewDeliveryAnswer(key AuthorizationKey, status string, rec DeliveryRecord) 
 
 // DigestHex is a SHA-256 digest as a DeliveryRecord carries it.
 func DigestHex(d [32]byte) string { return fmt.Sprintf("0x%x", d[:]) }
+
+// DeliveryRequest is POST /v1/settlements/{tx}/delivery's body, as the client sends it and the API
+// reads it.
+type DeliveryRequest struct {
+	SHA256        string                 `json:"sha256"`
+	ContentType   string                 `json:"contentType,omitempty"`
+	Size          *int64                 `json:"size,omitempty"`
+	Authorization *DeliveryAuthorization `json:"authorization,omitempty"`
+}
+
+// DeliveryAuthorization names one authorization of a batch's transaction, as its status path does.
+type DeliveryAuthorization struct {
+	Network string `json:"network"`
+	Asset   string `json:"asset"`
+	From    string `json:"from"`
+	Nonce   string `json:"nonce"`
+}
