@@ -185,3 +185,85 @@ func TestWatcherAdoptsLostVariant(t *testing.T) {
 		t.Fatalf("payee holds %d", got)
 	}
 }
+
+// TestWatcherAdoptsAnotherKeysTransaction: the ledger lost a settlement signed on one key (B),
+// whose transaction mined; a retry made a new row on another key (A), whose transaction never
+// mined (dropped from the pool). The restarted engine's watcher finds the authorization used by
+// B's transaction and adopts it into A's row, which moves to B's nonce, key included: left at
+// A's nonce, it would hold a nonce nothing sends there and A's next settlement would wait behind
+// it forever (the simulator's seed 4707).
+func TestWatcherAdoptsAnotherKeysTransaction(t *testing.T) {
+	ctx := context.Background()
+	keyA, keyB := env.NewSigner(t), env.NewSigner(t)
+	addrA, addrB := crypto.PubkeyToAddress(keyA.PublicKey), crypto.PubkeyToAddress(keyB.PublicKey)
+	payer := env.FundedPayer(t, 1_000_000)
+	p := env.NewPay(t, payer, 300_000)
+	body := p.Body(t)
+	env.SettlePendingAndStop(t, body, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{keyA}, Deadline: time.Second})
+	row := openRows(t, addrA)[p.Key()]
+	if row == nil || row.TxNonce != 0 {
+		t.Fatalf("the retry's row on key A: %+v", row)
+	}
+	env.DropPool(t)
+
+	// The lost settlement: the same call, signed by B at its third nonce (B's two earlier
+	// transactions: B's nonce is not A's), mined.
+	var onA types.Transaction
+	if err := onA.UnmarshalBinary(row.Txs[0].Raw); err != nil {
+		t.Fatal(err)
+	}
+	chainSigner := types.LatestSignerForChainID(onA.ChainId())
+	var onB *types.Transaction
+	for nonce := uint64(0); nonce < 3; nonce++ {
+		tx := &types.DynamicFeeTx{ChainID: onA.ChainId(), Nonce: nonce, To: &addrB, Gas: 21_000, GasTipCap: onA.GasTipCap(), GasFeeCap: onA.GasFeeCap()}
+		if nonce == 2 {
+			tx.To, tx.Data, tx.Gas = onA.To(), onA.Data(), onA.Gas()
+		}
+		signed, err := types.SignNewTx(keyB, chainSigner, tx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Chain.Client.SendTransaction(ctx, signed); err != nil {
+			t.Fatal(err)
+		}
+		onB = signed
+	}
+	env.Mine(t)
+	if r := env.Receipt(t, onB.Hash()); r == nil || r.Status != 1 {
+		t.Fatalf("B's transaction did not mine: %+v", r)
+	}
+
+	both := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{keyA, keyB}, Deadline: time.Second}
+	env.NewEngine(t, both)
+	limit := time.Now().Add(20 * time.Second)
+	var got *facilitator.Settlement
+	for {
+		got = env.Row(t, p.Key())
+		if !got.State.Open() || time.Now().After(limit) {
+			break
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !got.State.Succeeded() || !got.Adopted || got.TxHash != onB.Hash() || got.Signer != addrB || got.TxNonce != 2 {
+		t.Fatalf("row %+v, want mined by B's transaction %s at B's nonce 2, adopted", got, onB.Hash())
+	}
+
+	// A's nonces continue without a gap: its next settlements take 1 and 2 (its variant at 0
+	// was resent and reverted, the authorization used) and both mine.
+	env.SetAutomine(t, true)
+	onlyA := env.NewEngine(t, stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{keyA}, Deadline: 10 * time.Second})
+	for want := uint64(1); want <= 2; want++ {
+		next := env.NewPay(t, payer, 100_000)
+		out := onlyA.MustSucceed(t, next.Body(t))
+		if s := env.Row(t, next.Key()); s.Signer != addrA || s.TxNonce != want {
+			t.Fatalf("A's next settlement %+v (%s), want at A's nonce %d", s, out.Response.Transaction, want)
+		}
+	}
+	if retry := env.NewEngine(t, both).MustSettle(t, body); !retry.Response.Success || retry.Response.Transaction != onB.Hash().Hex() {
+		t.Fatalf("retry: %+v, want success with %s", retry.Response, onB.Hash())
+	}
+	if got := env.Balance(t, p.PayTo); got != 300_000 {
+		t.Fatalf("payee holds %d", got)
+	}
+}

@@ -37,6 +37,8 @@ type simJobs struct {
 	backends []*settlesim.Backend
 	jobs     *reconcile.Jobs
 	status   *status.Service
+	// signers are every key's address, which the jobs and status are given.
+	signers []common.Address
 	// statusChecks counts the status answers held against the chain; statusLagged those that
 	// were behind the chain without contradicting a final or terminal answer.
 	statusChecks, statusLagged, runs int
@@ -77,11 +79,18 @@ func (w *simWorld) setUpJobs() {
 	}
 	store := jobsStore{w.ledger, j.reads}
 	log := slog.New(slog.NewTextHandler(&w.log, &slog.HandlerOptions{Level: slog.LevelDebug})).With("component", "jobs")
+	// Every key's address, as the service wires them: a transaction one of them signed is ours
+	// even when the ledger lost its row.
+	var signers []common.Address
+	for _, k := range w.signers {
+		signers = append(signers, crypto.PubkeyToAddress(k.PublicKey))
+	}
+	j.signers = signers
 	j.jobs = reconcile.New(reconcile.Config{
-		Store: store, Networks: []reconcile.Network{{Network: w.network, Chain: chain}},
+		Store: store, Networks: []reconcile.Network{{Network: w.network, Chain: chain, Signers: signers}},
 		StaleAfter: time.Duration(10+j.r.IntN(50)) * time.Second, RPCTimeout: time.Second, Now: w.clock.Now, Logger: log,
 	})
-	j.status = status.New(store, []status.Network{{Network: w.network, Head: chain, Timeout: time.Second}}, w.clock.Now)
+	j.status = status.New(store, []status.Network{{Network: w.network, Head: chain, Timeout: time.Second, Signers: signers}}, w.clock.Now)
 }
 
 // jobsStep is, now and then, a run of the Settlements job, and a status answer held against
@@ -227,8 +236,10 @@ func (w *simWorld) checkStatusAtEnd() error {
 			return fmt.Errorf("status of authorization %x at the end: %+v, want %s (the chain's use %+v, used %v, the row %+v)", a.Nonce[:4], st, want, use, used, row)
 		}
 		if used && use.Kind == settlesim.UseTransfer {
+			// Ours: a transaction the ledger has, or one any of our keys signed (the service's
+			// status knows every key's address, as the jobs here do).
 			by := "other"
-			if ours[use.TxHash] {
+			if ours[use.TxHash] || slices.Contains(j.signers, use.Sender) {
 				by = "facilitator"
 			}
 			if st.SettledBy != by || st.BlockNumber != use.BlockNumber || st.To != use.To.Hex() || st.Value != new(big.Int).Set(use.Value).String() {

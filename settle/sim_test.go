@@ -138,7 +138,18 @@ var (
 //	23543 20495's fix moved it a round on: the bump held back went out on the resend timer, with
 //	     no reads, its nonce mined in the later head by a foreign transaction (a bump not sent yet
 //	     is sent only on pinned reads at the highest head seen that found the nonce unused)
-var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877, 2549, 4599, 20990, 120, 54925, 4359, 20495, 23543}
+//
+// and since the ledger can lose its newest commits (sim_loss_test.go):
+//
+//	4895 the reconcile job here was given no signer addresses (the service's wiring gives every
+//	     key's): a retry after the loss signed on another key than the lost settlement's, and the
+//	     job took the lost transaction, of our first key, for another's and answered the payment
+//	     "used by a transaction that is not ours"
+//	4707 an adoption moved an open row to the lost transaction's nonce and slot but left its key:
+//	     the row held a nonce of the wrong key, which nothing would send, and that key's expired
+//	     settlements above it waited forever (the row now takes the transaction's key too; the
+//	     ledger contract's AdoptOtherKey, TestWatcherAdoptsAnotherKeysTransaction)
+var simRegressions = []uint64{3, 4, 6, 83, 123, 154, 177, 194, 240, 927, 300, 3449, 4171, 7065, 8931, 10909, 17700, 789, 877, 2549, 4599, 20990, 120, 54925, 4359, 20495, 23543, 4895, 4707}
 
 func TestSimulation(t *testing.T) {
 	seeds := slices.Clone(simRegressions)
@@ -273,9 +284,10 @@ type simStats struct {
 	retired, retiredOpen int
 	// ledgerLosses: the ledger lost its newest commits (sim_loss_test.go); adopted: settlements
 	// the ledger then recorded again from the chain.
-	ledgerLosses, adopted, adoptBlocked int
-	verify                              verifyStats
-	index                               indexStats
+	// adoptedInPlace: adopted where they were (the transaction's nonce another settlement's).
+	ledgerLosses, adopted, adoptBlocked, adoptedInPlace int
+	verify                                              verifyStats
+	index                                               indexStats
 }
 
 func (s *simStats) add(o simStats) {
@@ -312,6 +324,7 @@ func (s *simStats) add(o simStats) {
 	s.ledgerLosses += o.ledgerLosses
 	s.adopted += o.adopted
 	s.adoptBlocked += o.adoptBlocked
+	s.adoptedInPlace += o.adoptedInPlace
 	s.verify.add(o.verify)
 	s.index.add(o.index)
 	s.replicaWorlds += o.replicaWorlds
@@ -333,11 +346,11 @@ func (s simStats) String() string {
 		"%d reconcile runs, %d status answers held against the chain (%d behind it, none contradicting a final or terminal answer); "+
 		"%d payers drained their balance; %d transactions of ours mined reverted (at most one per nonce of a settlement that did not transfer); "+
 		"%d worlds with a lying provider among three (quorum 2), %d lies told; "+
-		"%d successes lost before their answer, %d after it and before their confirmation; %d ledger losses of the newest commits, %d settlements adopted from the chain (%d not, their nonce another's); %s; "+
+		"%d successes lost before their answer, %d after it and before their confirmation; %d ledger losses of the newest commits, %d settlements adopted from the chain (%d of them where they were, %d not, their nonce another's); %s; "+
 		"%d worlds of several replicas (%d replicas, %d crashes (%d in the middle of a commit, a broadcast, a receipt or a claim), %d restarts, %d lease sessions cut, %d keys taken over, %d calls sent to a second replica); %d worlds retiring a key (%d settlements open on it then, finished from it); %s",
 		s.payments, s.settles, s.successes, s.pending, s.errors, s.refused, s.mines, s.reorgs, s.thirdParty, s.cancels, s.foreign, s.drops,
 		s.mined, s.elsewhere, s.canceled, s.expired, s.reverted, s.resigned, s.bumps, s.reopened, s.undone, s.jobRuns, s.statusChecks, s.statusLagged, s.drains, s.ourReverted,
-		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.ledgerLosses, s.adopted, s.adoptBlocked, s.verify,
+		s.lyingWorlds, s.lies, s.lostAnswers, s.lostConfirms, s.ledgerLosses, s.adopted, s.adoptedInPlace, s.adoptBlocked, s.verify,
 		s.replicaWorlds, s.replicas, s.crashes, s.midCall, s.restarts, s.cuts, s.takeovers, s.seconds, s.retired, s.retiredOpen, s.index)
 }
 
@@ -965,6 +978,17 @@ func (w *simWorld) checkInvariants() error {
 			w.stats.mined++
 			if !byUs || s.TxHash != use.TxHash || s.BlockHash != use.BlockHash {
 				return fmt.Errorf("settlement %d final with %s block %d, the chain: %+v (by us %v)", s.ID, s.TxHash, s.BlockNumber, use, byUs)
+			}
+			// The row holds the key and nonce its transaction used: a row left at another key's
+			// nonce (an adoption that moved it and not its key) holds that nonce with nothing to
+			// send there. The one exception: adopted where it was, the transaction's place held
+			// by another settlement, its own nonce used on chain.
+			if info, ok := w.chain.Tx(s.TxHash); !ok || info.From != s.Signer || info.Nonce != s.TxNonce {
+				if !ok || !s.Adopted || w.chain.Nonce(s.Signer) <= s.TxNonce {
+					return fmt.Errorf("settlement %d final with %s, recorded at signer %s nonce %d, the chain has it from %s nonce %d",
+						s.ID, s.TxHash, s.Signer, s.TxNonce, info.From, info.Nonce)
+				}
+				w.stats.adoptedInPlace++
 			}
 		case facilitator.StateSettledElsewhere:
 			w.stats.elsewhere++

@@ -86,14 +86,14 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 	k := m.Key
 	detail := fmt.Sprintf("adopted: tx %s nonce %d block %d (the ledger had lost its record)", a.Tx.Hash.Hex(), a.TxNonce, a.BlockNumber)
 	var (
-		id, txNonce int64
-		slot        int16
-		state       string
-		txHash      []byte
+		id, txNonce    int64
+		slot           int16
+		state          string
+		txHash, signer []byte
 	)
-	err := tx.QueryRow(ctx, `SELECT id, state, tx_hash, tx_nonce, batch_slot FROM settlements
+	err := tx.QueryRow(ctx, `SELECT id, state, tx_hash, signer, tx_nonce, batch_slot FROM settlements
 		WHERE network = $1 AND asset = $2 AND payer = $3 AND auth_nonce = $4 FOR UPDATE`,
-		k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]).Scan(&id, &state, &txHash, &txNonce, &slot)
+		k.Network, k.Asset[:], k.Payer[:], k.Nonce[:]).Scan(&id, &state, &txHash, &signer, &txNonce, &slot)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		request := m.Request
@@ -138,7 +138,7 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 	case err != nil:
 		return 0, false, false, err
 	}
-	placed := txNonce == int64(a.TxNonce) && int(slot) == m.Slot
+	placed := common.BytesToAddress(signer) == a.Signer && txNonce == int64(a.TxNonce) && int(slot) == m.Slot
 	switch facilitator.State(state) {
 	case facilitator.StateMined, facilitator.StateFinal:
 		if common.BytesToHash(txHash) == a.Tx.Hash {
@@ -150,12 +150,14 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 		return 0, false, false, facilitator.ErrDuplicate
 	}
 	// The row survived and the variant that mined did not (a bump, a re-sign at another nonce or
-	// slot): the row moves to where the chain has it, unless another settlement holds that place
-	// (one signed there after the loss, while the lost transaction waited in a pool: it cannot
-	// mine there now, and moves on when the engine re-signs it). Then the row is resolved where it
-	// is, the transaction recorded among its variants.
+	// slot, or a retry after the loss signed on another key): the row moves to where the chain
+	// has it, key included (else it would hold a nonce of its old key that nothing will send: a
+	// gap every later transaction of that key waits behind), unless another settlement holds that
+	// place (one signed there after the loss, while the lost transaction waited in a pool: it
+	// cannot mine there now, and moves on when the engine re-signs it). Then the row is resolved
+	// where it is, the transaction recorded among its variants.
 	resolve := `WITH u AS (
-			UPDATE settlements SET state = 'mined', tx_nonce = $2, batch_slot = $3, tx_hash = $4, block_number = $5,
+			UPDATE settlements SET state = 'mined', signer = $8, tx_nonce = $2, batch_slot = $3, tx_hash = $4, block_number = $5,
 				block_hash = $6, error_reason = NULL, error_message = NULL, adopted_at = now(), updated_at = now()
 			WHERE id = $1 RETURNING id)
 		INSERT INTO settlement_events (settlement_id, state, detail) SELECT id, 'mined', $7 FROM u`
@@ -163,14 +165,14 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 	if err != nil {
 		return 0, false, false, err
 	}
-	_, err = sp.Exec(ctx, resolve, id, int64(a.TxNonce), int16(m.Slot), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
+	_, err = sp.Exec(ctx, resolve, id, int64(a.TxNonce), int16(m.Slot), a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail, a.Signer[:])
 	if err == nil {
 		return id, true, true, sp.Commit(ctx)
 	}
 	if rerr := sp.Rollback(ctx); rerr != nil || !errors.Is(insertError(err), facilitator.ErrNonceTaken) {
 		return 0, false, false, errors.Join(err, rerr)
 	}
-	_, err = tx.Exec(ctx, resolve, id, txNonce, slot, a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail)
+	_, err = tx.Exec(ctx, resolve, id, txNonce, slot, a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail, signer)
 	return id, placed, true, err
 }
 

@@ -85,6 +85,7 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentAdopts", concurrentAdopts},
 		{"AdoptPaymentID", adoptPaymentID},
 		{"AdoptInPlace", adoptInPlace},
+		{"AdoptOtherKey", adoptOtherKey},
 	} {
 		if c.name == "SignerLeases" && h.Leasers == nil {
 			continue
@@ -1393,5 +1394,50 @@ func adoptInPlace(t *testing.T, f *fixture) {
 	}
 	if again, wrote, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) || wrote {
 		t.Fatalf("adopting again: %v %v %v", again, wrote, err)
+	}
+}
+
+// adoptOtherKey: an open row signed on one key (a retry after the ledger lost the first
+// settlement) whose authorization a lost transaction of another key used moves to that key's
+// nonce, key included: left at its own key's nonce it would hold a nonce nothing will send there
+// (the simulator's seed 4707: every later transaction of that key waited behind it). Where
+// another settlement holds the other key's place, it is resolved where it is, on its own key.
+func adoptOtherKey(t *testing.T, f *fixture) {
+	open := f.row(4)
+	openID := f.insert(t, open)
+	a := f.adoption(9, open)
+	a.Signer = randomAddress()
+	ids, wrote, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || !slices.Equal(ids, []int64{openID}) || !wrote {
+		t.Fatalf("AdoptSettlements: %v %v %v", ids, wrote, err)
+	}
+	s := f.get(t, openID)
+	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != a.Tx.Hash || s.Signer != a.Signer || s.TxNonce != 9 {
+		t.Fatalf("the row after adopting another key's transaction: %+v", s)
+	}
+	if held, err := f.l.NoncesHeld(f.ctx, f.network, f.signer, 0); err != nil || len(held) != 0 {
+		t.Fatalf("the row's first key still holds nonces %v (%v)", held, err)
+	}
+	if held, err := f.l.NoncesHeld(f.ctx, f.network, a.Signer, 0); err != nil || !slices.Equal(held, []uint64{9}) {
+		t.Fatalf("the transaction's key holds %v (%v), want [9]", held, err)
+	}
+	// Again: adopted already, nothing written.
+	if again, wrote, err := f.l.AdoptSettlements(f.ctx, a); err != nil || !slices.Equal(again, ids) || wrote {
+		t.Fatalf("adopting again: %v %v %v", again, wrote, err)
+	}
+
+	// The other key's place taken: resolved where it is.
+	stay := f.row(5)
+	stayID := f.insert(t, stay)
+	b := f.adoption(3, stay)
+	b.Signer = randomAddress()
+	holder := f.row(3)
+	holder.Signer = b.Signer
+	f.insert(t, holder)
+	if ids, wrote, err := f.l.AdoptSettlements(f.ctx, b); err != nil || !slices.Equal(ids, []int64{stayID}) || !wrote {
+		t.Fatalf("AdoptSettlements at a taken place: %v %v %v", ids, wrote, err)
+	}
+	if s := f.get(t, stayID); s.State != facilitator.StateMined || s.TxHash != b.Tx.Hash || s.Signer != f.signer || s.TxNonce != 5 {
+		t.Fatalf("the row resolved in place: %+v", s)
 	}
 }

@@ -81,7 +81,7 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, bool, error) {
 			}
 		case r.s.State.Succeeded():
 			ids[i] = r.s.ID
-			if r.s.TxNonce == a.TxNonce && r.s.BatchSlot == m.Slot && (home == nil || m.Slot < home.s.BatchSlot) {
+			if r.s.Signer == a.Signer && r.s.TxNonce == a.TxNonce && r.s.BatchSlot == m.Slot && (home == nil || m.Slot < home.s.BatchSlot) {
 				home = r
 			}
 			continue
@@ -99,7 +99,7 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, bool, error) {
 		default:
 			delete(l.byNonce, nonceKey{r.s.Key.Network, r.s.Signer, r.s.TxNonce, r.s.BatchSlot})
 		}
-		r.s.TxNonce, r.s.BatchSlot = a.TxNonce, m.Slot
+		r.s.Signer, r.s.TxNonce, r.s.BatchSlot = a.Signer, a.TxNonce, m.Slot
 		r.s.State, r.s.TxHash, r.s.BlockNumber, r.blockHash = facilitator.StateMined, a.Tx.Hash, a.BlockNumber, a.BlockHash
 		r.s.ErrorReason, r.s.ErrorMessage = "", ""
 		r.adopted, r.updatedAt = true, now
