@@ -298,3 +298,51 @@ func TestReconcileAdoptsLostVariant(t *testing.T) {
 		t.Fatalf("after the job (changes %+v): %+v, want mined by the lost variant %s, adopted", ch, r, bumped.Hash())
 	}
 }
+
+// TestReconcileAdoptsAnotherKeysTransactionUnindexed: an open row on one key (a retry after a
+// ledger loss) whose authorization a lost transaction of another of our keys used, with no
+// index to name the use (the job judges from the chain, settle.Judge): the job adopts that
+// transaction into the row, which moves to its key and nonce. Judged with only the row's own
+// key as ours, the job answered it settled elsewhere, "not ours" (the simulator's seed 1469).
+func TestReconcileAdoptsAnotherKeysTransactionUnindexed(t *testing.T) {
+	ctx := context.Background()
+	keyA, keyB := env.NewSigner(t), env.NewSigner(t)
+	addrA, addrB := crypto.PubkeyToAddress(keyA.PublicKey), crypto.PubkeyToAddress(keyB.PublicKey)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 175_000)
+	_, onAHash := env.SettlePendingAndStop(t, p.Body(t), stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{keyA}, Deadline: pendingDeadline})
+	env.DropPool(t)
+
+	var onA types.Transaction
+	var rawTx []byte
+	if err := env.Pool.QueryRow(ctx, `SELECT raw FROM settlement_txs WHERE tx_hash = $1`, onAHash[:]).Scan(&rawTx); err != nil {
+		t.Fatal(err)
+	}
+	if err := onA.UnmarshalBinary(rawTx); err != nil {
+		t.Fatal(err)
+	}
+	onB, err := types.SignNewTx(keyB, types.LatestSignerForChainID(onA.ChainId()), &types.DynamicFeeTx{
+		ChainID: onA.ChainId(), Nonce: 0, To: onA.To(), Data: onA.Data(), Gas: onA.Gas(), GasTipCap: onA.GasTipCap(), GasFeeCap: onA.GasFeeCap(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Chain.Client.SendTransaction(ctx, onB); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		env.Mine(t)
+	}
+	if r := env.Receipt(t, onB.Hash()); r == nil || r.Status != 1 {
+		t.Fatalf("B's transaction: %+v", r)
+	}
+
+	obs := &adoptions{}
+	ch := runSettlements(t, jobsOf(t, 2, []common.Address{addrA, addrB}, obs))
+	r := env.Row(t, p.Key())
+	if ch.Elsewhere != 0 || !r.State.Succeeded() || r.TxHash != onB.Hash() || !r.Adopted || r.Signer != addrB || r.TxNonce != 0 {
+		t.Fatalf("after the job (changes %+v): %+v, want mined by B's transaction %s at B's nonce 0, adopted", ch, r, onB.Hash())
+	}
+	if obs.by[addrB.Hex()] != 1 || ch.Adopted != 1 {
+		t.Fatalf("adoptions counted %v (changes %+v), want one for %s", obs.by, ch, addrB)
+	}
+}

@@ -96,7 +96,7 @@ func AdoptionOf(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Cha
 				TxNonce: tx.Nonce(), BatchSlot: m.Slot, State: facilitator.StateBroadcast, CreatedAt: now},
 			Txs: []facilitator.TxRecord{rec},
 		}
-		res, ok, err := Judge(ctx, chain, batchOn, s, fin, now)
+		res, ok, err := Judge(ctx, chain, batchOn, s, fin, isOurs, now)
 		if err != nil {
 			return nil, true, err
 		}
@@ -290,6 +290,15 @@ func (n *chainEngine) adoptVariant(ctx context.Context, f *flight, d decision) {
 	fresh := false
 	if err == nil {
 		_, fresh, err = e.store.AdoptSettlements(rctx, *a)
+	}
+	if errors.Is(err, facilitator.ErrDuplicate) {
+		// Resolved otherwise by another writer meanwhile (mined by another transaction, or
+		// failed): the flight follows the ledger, as for any move it did not make, instead of
+		// deciding the same adoption every round.
+		e.log.Warn("a transaction of our key the ledger lacked could not be adopted: the settlement is resolved otherwise; following the ledger",
+			f.logAttrs("tx", d.res.TxHash, "err", err)...)
+		n.sync(ctx, f)
+		return
 	}
 	if err != nil {
 		e.log.Warn("adopting a transaction of our key the ledger lacked; will retry", f.logAttrs("tx", d.res.TxHash, "err", err)...)

@@ -262,9 +262,11 @@ func (pr *pinnedRead) take(s *pinnedSlots, elems []rpc.BatchElem) {
 // read (it is not terminal: finality is checked later).
 // With several endpoints (ethrpc.Pool), its pinned reads, and the receipts a mined outcome rests
 // on, are read on a quorum of them, as the watcher's are; batchOn makes the batch function over
-// one chain.
+// one chain. ours says whether an address is one of the network's signer keys: a use of the
+// authorization by a transaction one of them signed that none of s.Txs is (the ledger lost it)
+// is an adoption, never "settled elsewhere"; nil: only s's own signer is ours.
 func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
-	s *facilitator.OpenSettlement, fin facilitator.Finality, now time.Time) (facilitator.Resolution, bool, error) {
+	s *facilitator.OpenSettlement, fin facilitator.Finality, ours func(common.Address) bool, now time.Time) (facilitator.Resolution, bool, error) {
 	batch := batchOn(chain)
 	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore, value: s.Value}
 	batchTx := false
@@ -312,7 +314,7 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 			if at == 0 {
 				at = o.head
 			}
-			pr := newPinnedRead(s.Key, s.Signer, nil, want, t, at)
+			pr := newPinnedRead(s.Key, s.Signer, ours, want, t, at)
 			if err := readCorroborated(ctx, chain, batchOn, fin.Tag, []*pinnedRead{pr}, func() {}); err != nil {
 				return facilitator.Resolution{}, false, err
 			}

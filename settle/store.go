@@ -91,11 +91,13 @@ type Store interface {
 	// AdoptSettlements records a mined transaction of one of our keys that the ledger lost (a
 	// failover, a restore), all members or none, and returns their ids: a member with no row gets
 	// one, mined and marked adopted; an open row takes the transaction and is resolved mined (at
-	// the transaction's nonce and slot, or where it is when another settlement holds that place);
-	// a row already mined by it is left alone. fresh reports that the call wrote a member (false:
-	// all were adopted already, by a concurrent or earlier call): an adoption is counted once.
-	// facilitator.ErrDuplicate: a member's row is resolved otherwise; facilitator.ErrNonceTaken:
-	// another settlement holds a new member's (signer, tx nonce, slot).
+	// the transaction's key, nonce and slot, or where it is when another settlement holds that
+	// place); a row already mined by it is left alone; a row resolved settled elsewhere by it (a
+	// writer that did not know every key took it for another's) is corrected as an open row is.
+	// fresh reports that the call wrote a member (false: all were adopted already, by a
+	// concurrent or earlier call): an adoption is counted once. facilitator.ErrDuplicate: a
+	// member's row is resolved otherwise; facilitator.ErrNonceTaken: another settlement holds a
+	// new member's (signer, tx nonce, slot).
 	AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error)
 	// BindAdopted gives an adopted row that no request made (zero fingerprint) the request now
 	// asking for it; false when the row is not such a row (any more).

@@ -20,10 +20,11 @@ import (
 // and slot unless another settlement holds them; a row already mined by this transaction is
 // left as it is (adopting twice is adopting once). fresh reports that this call wrote a member
 // (false: every member was adopted already, by a concurrent or earlier call), so that each
-// adoption is counted once. Errors, with nothing written:
-// facilitator.ErrDuplicate when a member's row is resolved otherwise (mined by another
-// transaction, or failed), facilitator.ErrNonceTaken when another settlement holds a new
-// member's (signer, tx nonce, slot).
+// adoption is counted once. A row resolved settled elsewhere by this very transaction (its
+// writer took our transaction for another's) is corrected as an open row is. Errors, with
+// nothing written: facilitator.ErrDuplicate when a member's row is resolved otherwise (mined
+// by another transaction, or failed), facilitator.ErrNonceTaken when another settlement holds
+// a new member's (signer, tx nonce, slot).
 func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error) {
 	ids = make([]int64, len(a.Members))
 	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
@@ -146,6 +147,13 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 		}
 		return 0, false, false, facilitator.ErrDuplicate
 	case facilitator.StateSigned, facilitator.StateBroadcast:
+	case facilitator.StateSettledElsewhere:
+		// Resolved as another's use by this very transaction: a writer that did not know every
+		// key of ours (a replica with fewer keys configured, a binary from before they were all
+		// counted). The transaction is ours (its signature says so): the row is corrected.
+		if common.BytesToHash(txHash) != a.Tx.Hash {
+			return 0, false, false, facilitator.ErrDuplicate
+		}
 	default:
 		return 0, false, false, facilitator.ErrDuplicate
 	}

@@ -86,6 +86,7 @@ func Run(t *testing.T, h Harness) {
 		{"AdoptPaymentID", adoptPaymentID},
 		{"AdoptInPlace", adoptInPlace},
 		{"AdoptOtherKey", adoptOtherKey},
+		{"AdoptCorrectsElsewhere", adoptCorrectsElsewhere},
 	} {
 		if c.name == "SignerLeases" && h.Leasers == nil {
 			continue
@@ -1439,5 +1440,39 @@ func adoptOtherKey(t *testing.T, f *fixture) {
 	}
 	if s := f.get(t, stayID); s.State != facilitator.StateMined || s.TxHash != b.Tx.Hash || s.Signer != f.signer || s.TxNonce != 5 {
 		t.Fatalf("the row resolved in place: %+v", s)
+	}
+}
+
+// adoptCorrectsElsewhere: a row resolved settled elsewhere by the very transaction now adopted
+// (its writer did not know every key of ours and took it for another's) is corrected: mined by
+// it, adopted, at its key and nonce. A row settled elsewhere by another transaction still
+// refuses the adoption, with nothing written.
+func adoptCorrectsElsewhere(t *testing.T, f *fixture) {
+	row := f.row(2)
+	id := f.insert(t, row)
+	a := f.adoption(6, row)
+	a.Signer = randomAddress()
+	f.resolve(t, facilitator.Resolution{ID: id, State: facilitator.StateSettledElsewhere, TxHash: a.Tx.Hash, BlockNumber: 7,
+		BlockHash: a.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "not ours"})
+	ids, wrote, err := f.l.AdoptSettlements(f.ctx, a)
+	if err != nil || !slices.Equal(ids, []int64{id}) || !wrote {
+		t.Fatalf("AdoptSettlements over a settled-elsewhere row by the same transaction: %v %v %v", ids, wrote, err)
+	}
+	s := f.get(t, id)
+	if s.State != facilitator.StateMined || !s.Adopted || s.TxHash != a.Tx.Hash || s.Signer != a.Signer || s.TxNonce != 6 ||
+		s.ErrorReason != "" || s.ErrorMessage != "" {
+		t.Fatalf("the corrected row: %+v", s)
+	}
+
+	other := f.row(3)
+	otherID := f.insert(t, other)
+	b := f.adoption(8, other)
+	f.resolve(t, facilitator.Resolution{ID: otherID, State: facilitator.StateSettledElsewhere, TxHash: randomTx().Hash, BlockNumber: 7,
+		BlockHash: b.BlockHash, ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "not ours"})
+	if _, _, err := f.l.AdoptSettlements(f.ctx, b); !errors.Is(err, facilitator.ErrDuplicate) {
+		t.Fatalf("adopting over a row settled elsewhere by another transaction: %v", err)
+	}
+	if s := f.get(t, otherID); s.State != facilitator.StateSettledElsewhere {
+		t.Fatalf("the refused row: %+v", s)
 	}
 }

@@ -37,6 +37,8 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, bool, error) {
 		switch {
 		case r != nil && r.s.State.Succeeded() && r.s.TxHash == a.Tx.Hash:
 			continue
+		case r != nil && r.s.State == facilitator.StateSettledElsewhere && r.s.TxHash == a.Tx.Hash:
+			// Taken for another's use by a writer that did not know every key: corrected.
 		case r != nil && !r.s.State.Open():
 			return nil, false, facilitator.ErrDuplicate
 		}
