@@ -181,6 +181,12 @@ type Adoption struct {
 	// Members are the authorizations the transaction used, each at its place in the
 	// transaction (a batch's slot; 0 for a lone transferWithAuthorization).
 	Members []AdoptedMember
+	// MayStay lets an open member's row whose transaction's place (signer, tx nonce, slot)
+	// another settlement holds be resolved where it is, holding its own nonce: the caller saw
+	// that nonce used in a block that stays. Without it such a member refuses the adoption
+	// (ErrNonceTaken): a row resolved at a nonce nothing uses would hold a gap nothing fills,
+	// every later transaction of its key waiting behind it.
+	MayStay bool
 }
 
 // AdoptedMember is one authorization an adopted transaction used.

@@ -49,7 +49,19 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 			o.res.ID = f.id
 			outcomes = append(outcomes, o)
 		case actAdopt:
-			n.adoptVariant(ctx, f, d)
+			if n.adoptVariant(ctx, f, d) && w.o.chain != nil && w.o.chain.keyNonce <= w.t.txNonce {
+				// The adoption waits for this settlement's own nonce to be used: its own
+				// transaction (which can only revert now) keeps going out until it is, resent
+				// and bumped as any unmined one, or the nonce would be a gap.
+				switch u := decideUnmined(w.t, w.o, n.policy(), dueForBump(w.t, w.o, n.policy())); u.act {
+				case actSend:
+					resend = append(resend, f)
+				case actBump:
+					n.carryBump(ctx, f, w.t, w.o)
+					resend = append(resend, f)
+					bumpedOn[f] = w.o
+				}
+			}
 		case actFinalize:
 			finals = append(finals, judgedFinal{f: f, at: w.t.mined.blockHash})
 		case actMove:

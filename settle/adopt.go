@@ -281,14 +281,27 @@ func (n *chainEngine) findUse(ctx context.Context, key facilitator.Authorization
 
 // adoptVariant carries out actAdopt: the transaction of our key that used f's authorization,
 // none of f's variants (the ledger lost the one that mined), is recorded as f's, mined, and f
-// follows the ledger. A failure is tried again next round.
-func (n *chainEngine) adoptVariant(ctx context.Context, f *flight, d decision) {
+// follows the ledger. A failure is tried again next round. Where another settlement holds the
+// transaction's place, f is resolved where it is only once its own nonce is used in a final
+// block (read twice): before that, waits reports that the adoption waits, and f stays open, its
+// own transaction still going out, until that nonce is used or the other settlement moves on
+// (resolved at a nonce nothing uses, f would hold a gap nothing fills).
+func (n *chainEngine) adoptVariant(ctx context.Context, f *flight, d decision) (waits bool) {
 	e := n.engine
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RPCTimeout)
 	defer cancel()
 	a, err := n.variantAdoption(rctx, f, d.res)
 	fresh := false
 	if err == nil {
+		_, fresh, err = e.store.AdoptSettlements(rctx, *a)
+	}
+	if errors.Is(err, facilitator.ErrNonceTaken) {
+		if used, rerr := n.nonceUsedFinal(rctx, f.sender.addr, f.txNonce()); rerr != nil || !used {
+			e.log.Debug("adopting a transaction of our key the ledger lacked waits: another settlement holds its nonce, and this one's own nonce is not used in a final block yet",
+				f.logAttrs("tx", d.res.TxHash, "tx_nonce", f.txNonce(), "err", rerr)...)
+			return true
+		}
+		a.MayStay = true
 		_, fresh, err = e.store.AdoptSettlements(rctx, *a)
 	}
 	if errors.Is(err, facilitator.ErrDuplicate) {
@@ -298,16 +311,37 @@ func (n *chainEngine) adoptVariant(ctx context.Context, f *flight, d decision) {
 		e.log.Warn("a transaction of our key the ledger lacked could not be adopted: the settlement is resolved otherwise; following the ledger",
 			f.logAttrs("tx", d.res.TxHash, "err", err)...)
 		n.sync(ctx, f)
-		return
+		return false
 	}
 	if err != nil {
 		e.log.Warn("adopting a transaction of our key the ledger lacked; will retry", f.logAttrs("tx", d.res.TxHash, "err", err)...)
-		return
+		return false
 	}
 	if fresh {
 		adopted(e.log, e.cfg.Observer, a, "watch")
 	}
 	n.sync(ctx, f)
+	return false
+}
+
+// nonceUsedFinal reports whether the signer's nonce is used at the network's final point (by its
+// depth under the highest head seen: a tag rule's fallback depth), read twice: a node that
+// lacks the block, or either read under the nonce, says not yet.
+func (n *chainEngine) nonceUsedFinal(ctx context.Context, signer common.Address, nonce uint64) (bool, error) {
+	fp := n.net.Finality.At(n.maxSeen.Load(), facilitator.TagRead{}, 0)
+	if !fp.Known {
+		return false, nil
+	}
+	for range 2 {
+		var count hexutil.Uint64
+		if err := n.one(ctx, ethrpc.TransactionCount(signer, hexutil.EncodeUint64(fp.Block), &count)); err != nil {
+			return false, err
+		}
+		if uint64(count) <= nonce {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // variantAdoption is the adoption of the transaction res names for f's authorization alone: the

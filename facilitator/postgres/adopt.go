@@ -24,7 +24,7 @@ import (
 // writer took our transaction for another's) is corrected as an open row is. Errors, with
 // nothing written: facilitator.ErrDuplicate when a member's row is resolved otherwise (mined
 // by another transaction, or failed), facilitator.ErrNonceTaken when another settlement holds
-// a new member's (signer, tx nonce, slot).
+// the (signer, tx nonce, slot) of a new member, or of an open one without a.MayStay.
 func (db *DB) AdoptSettlements(ctx context.Context, a facilitator.Adoption) (ids []int64, fresh bool, err error) {
 	ids = make([]int64, len(a.Members))
 	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
@@ -163,7 +163,8 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 	// gap every later transaction of that key waits behind), unless another settlement holds that
 	// place (one signed there after the loss, while the lost transaction waited in a pool: it
 	// cannot mine there now, and moves on when the engine re-signs it). Then the row is resolved
-	// where it is, the transaction recorded among its variants.
+	// where it is, the transaction recorded among its variants, when the caller saw its own
+	// nonce used (a.MayStay); otherwise the adoption waits (ErrNonceTaken).
 	resolve := `WITH u AS (
 			UPDATE settlements SET state = 'mined', signer = $8, tx_nonce = $2, batch_slot = $3, tx_hash = $4, block_number = $5,
 				block_hash = $6, error_reason = NULL, error_message = NULL, adopted_at = now(), updated_at = now()
@@ -179,6 +180,9 @@ func adoptOnce(ctx context.Context, tx pgx.Tx, a facilitator.Adoption, m facilit
 	}
 	if rerr := sp.Rollback(ctx); rerr != nil || !errors.Is(insertError(err), facilitator.ErrNonceTaken) {
 		return 0, false, false, errors.Join(err, rerr)
+	}
+	if !a.MayStay {
+		return 0, false, false, facilitator.ErrNonceTaken
 	}
 	_, err = tx.Exec(ctx, resolve, id, txNonce, slot, a.Tx.Hash[:], int64(a.BlockNumber), a.BlockHash[:], detail, signer)
 	return id, placed, true, err

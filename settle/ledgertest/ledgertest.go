@@ -1373,12 +1373,21 @@ func adoptPaymentID(t *testing.T, f *fixture) {
 
 // adoptInPlace: an open row whose mined transaction is at a nonce another settlement holds (one
 // signed there after the loss, while the lost transaction waited in a pool) is resolved mined
-// where it is, the transaction among its variants; the other settlement keeps its nonce.
+// where it is, the transaction among its variants, when the caller saw the row's own nonce used
+// (MayStay); the other settlement keeps its nonce. Without MayStay the adoption waits
+// (ErrNonceTaken), nothing written: resolved at a nonce nothing uses, the row would hold a gap.
 func adoptInPlace(t *testing.T, f *fixture) {
 	open := f.row(1)
 	openID := f.insert(t, open)
 	other := f.insert(t, f.row(2))
 	a := f.adoption(2, open)
+	if _, _, err := f.l.AdoptSettlements(f.ctx, a); !errors.Is(err, facilitator.ErrNonceTaken) {
+		t.Fatalf("adopting in place without MayStay: %v, want ErrNonceTaken", err)
+	}
+	if s := f.get(t, openID); s.State.Succeeded() || s.Adopted {
+		t.Fatalf("a refused adoption wrote the row: %+v", s)
+	}
+	a.MayStay = true
 	ids, wrote, err := f.l.AdoptSettlements(f.ctx, a)
 	if err != nil || !slices.Equal(ids, []int64{openID}) || !wrote {
 		t.Fatalf("AdoptSettlements: %v %v %v", ids, wrote, err)
@@ -1435,6 +1444,7 @@ func adoptOtherKey(t *testing.T, f *fixture) {
 	holder := f.row(3)
 	holder.Signer = b.Signer
 	f.insert(t, holder)
+	b.MayStay = true
 	if ids, wrote, err := f.l.AdoptSettlements(f.ctx, b); err != nil || !slices.Equal(ids, []int64{stayID}) || !wrote {
 		t.Fatalf("AdoptSettlements at a taken place: %v %v %v", ids, wrote, err)
 	}

@@ -43,7 +43,7 @@ func (l *Ledger) adoptLocked(a facilitator.Adoption) ([]int64, bool, error) {
 			return nil, false, facilitator.ErrDuplicate
 		}
 		if h := l.byNonce[nk]; (h != nil && h != r) || taken[nk] {
-			if r == nil {
+			if r == nil || !a.MayStay {
 				return nil, false, facilitator.ErrNonceTaken
 			}
 			stay[i] = true
