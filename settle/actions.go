@@ -53,7 +53,9 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 				// The adoption waits for this settlement's own nonce to be used: its own
 				// transaction (which can only revert now) keeps going out until it is, resent
 				// and bumped as any unmined one, or the nonce would be a gap.
-				switch u := decideUnmined(w.t, w.o, n.policy(), dueForBump(w.t, w.o, n.policy())); u.act {
+				u := decideUnmined(w.t, w.o, n.policy(), dueForBump(w.t, w.o, n.policy()))
+				f.setVerdict(u.verdict) // a bump rests on two reads, as any bump
+				switch u.act {
 				case actSend:
 					resend = append(resend, f)
 				case actBump:

@@ -267,3 +267,75 @@ func TestWatcherAdoptsAnotherKeysTransaction(t *testing.T) {
 		t.Fatalf("payee holds %d", got)
 	}
 }
+
+// TestWatcherAdoptsInPlaceOnlyOnceItsNonceIsUsed: the ledger lost a settlement whose transaction
+// T (the key's nonce 0) still waited in the pool. After the restart another payment H was signed
+// at nonce 0 (the ledger no longer held it), and the lost payment's retry R at nonce 1; R's
+// transaction then left the pool, and T mined in a block past H's validBefore, so H expired
+// holding nonce 0. R's watcher finds T, ours, used its authorization, but H holds T's place: R
+// could only be resolved where it is, at nonce 1, which nothing used then, a gap every later
+// transaction of the key would wait behind forever. The adoption waits instead, R's own
+// transaction goes out again and uses nonce 1 (it reverts: the authorization is used), and only
+// once that is final is R adopted where it is; the next payment settles at nonce 2, and the
+// lost payment's payee is paid once.
+func TestWatcherAdoptsInPlaceOnlyOnceItsNonceIsUsed(t *testing.T) {
+	ctx := context.Background()
+	key := env.NewSigner(t)
+	addr := crypto.PubkeyToAddress(key.PublicKey)
+	opts := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{key}, Deadline: time.Second,
+		Config: func(c *settle.Config) { c.BumpAfter = 300 * time.Millisecond }}
+	payer := env.FundedPayer(t, 2_000_000)
+	lost := env.NewPay(t, payer, 200_000)
+	body := lost.Body(t)
+	_, tx := env.SettlePendingAndStop(t, body, opts)
+	env.LoseSettlements(t, env.Row(t, lost.Key()).ID)
+
+	e := env.NewEngine(t, opts)
+	h := env.NewPay(t, payer, 50_000)
+	h.ValidBefore = big.NewInt(env.TimeBase(t) + 120)
+	e.SettlePending(t, h.Body(t))
+	retry := e.SettlePending(t, body)
+	if hr, rr := env.Row(t, h.Key()), env.Row(t, lost.Key()); hr.TxNonce != 0 || rr.TxNonce != 1 || rr.Signer != addr {
+		t.Fatalf("after the restart: H %+v, the retry %+v; want H at nonce 0, the retry at 1", hr, rr)
+	}
+	if err := env.Chain.RPC.CallContext(ctx, nil, "anvil_dropTransaction", retry); err != nil {
+		t.Fatal(err)
+	}
+	if !env.InPool(t, tx) || env.InPool(t, retry) {
+		t.Fatalf("the pool: lost transaction %v, retry %v; want only the lost one", env.InPool(t, tx), env.InPool(t, retry))
+	}
+	if err := env.Chain.IncreaseTime(ctx, 600); err != nil { // mines T past H's validBefore
+		t.Fatal(err)
+	}
+	if r := env.Receipt(t, tx); r == nil || r.Status != 1 {
+		t.Fatalf("the lost transaction did not mine: %+v", r)
+	}
+
+	limit := time.Now().Add(30 * time.Second)
+	for {
+		if rr := env.Row(t, lost.Key()); rr.State.Succeeded() || time.Now().After(limit) {
+			break
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
+	}
+	rr := env.Row(t, lost.Key())
+	if !rr.State.Succeeded() || rr.TxHash != tx || !rr.Adopted || rr.Signer != addr || rr.TxNonce != 1 {
+		t.Fatalf("the retry's row %+v, want mined by the lost transaction %s, adopted where it was (nonce 1)", rr, tx)
+	}
+	if n := nonceOf(t, addr, "latest"); n != 2 {
+		t.Fatalf("the key's nonce is %d, want 2: nonce 1 (the retry's own transaction, reverted) used", n)
+	}
+	if hr := env.Row(t, h.Key()); hr.State != facilitator.StateExpired || hr.TxNonce != 0 {
+		t.Fatalf("H %+v, want expired at nonce 0", hr)
+	}
+	env.SetAutomine(t, true)
+	next := env.NewPay(t, payer, 10_000)
+	e.MustSucceed(t, next.Body(t))
+	if s := env.Row(t, next.Key()); s.TxNonce != 2 {
+		t.Fatalf("the next settlement %+v, want at nonce 2", s)
+	}
+	if got := env.Balance(t, lost.PayTo); got != 200_000 {
+		t.Fatalf("the lost payment's payee holds %d, want 200000", got)
+	}
+}
