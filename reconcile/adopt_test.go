@@ -266,14 +266,7 @@ func TestReconcileAdoptsLostVariant(t *testing.T) {
 	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 150_000)
 	_, first := env.SettlePendingAndStop(t, p.Body(t), stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{signer}, Deadline: pendingDeadline})
 
-	var old types.Transaction
-	var rawTx []byte
-	if err := env.Pool.QueryRow(ctx, `SELECT raw FROM settlement_txs WHERE tx_hash = $1`, first[:]).Scan(&rawTx); err != nil {
-		t.Fatal(err)
-	}
-	if err := old.UnmarshalBinary(rawTx); err != nil {
-		t.Fatal(err)
-	}
+	old := recordedTx(t, first)
 	bumped, err := types.SignNewTx(signer, types.LatestSignerForChainID(old.ChainId()), &types.DynamicFeeTx{
 		ChainID: old.ChainId(), Nonce: old.Nonce(), To: old.To(), Data: old.Data(), Gas: old.Gas(),
 		GasTipCap: new(big.Int).Mul(old.GasTipCap(), big.NewInt(2)), GasFeeCap: new(big.Int).Mul(old.GasFeeCap(), big.NewInt(2)),
@@ -312,14 +305,7 @@ func TestReconcileAdoptsAnotherKeysTransactionUnindexed(t *testing.T) {
 	_, onAHash := env.SettlePendingAndStop(t, p.Body(t), stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{keyA}, Deadline: pendingDeadline})
 	env.DropPool(t)
 
-	var onA types.Transaction
-	var rawTx []byte
-	if err := env.Pool.QueryRow(ctx, `SELECT raw FROM settlement_txs WHERE tx_hash = $1`, onAHash[:]).Scan(&rawTx); err != nil {
-		t.Fatal(err)
-	}
-	if err := onA.UnmarshalBinary(rawTx); err != nil {
-		t.Fatal(err)
-	}
+	onA := recordedTx(t, onAHash)
 	onB, err := types.SignNewTx(keyB, types.LatestSignerForChainID(onA.ChainId()), &types.DynamicFeeTx{
 		ChainID: onA.ChainId(), Nonce: 0, To: onA.To(), Data: onA.Data(), Gas: onA.Gas(), GasTipCap: onA.GasTipCap(), GasFeeCap: onA.GasFeeCap(),
 	})
@@ -345,4 +331,18 @@ func TestReconcileAdoptsAnotherKeysTransactionUnindexed(t *testing.T) {
 	if obs.by[addrB.Hex()] != 1 || ch.Adopted != 1 {
 		t.Fatalf("adoptions counted %v (changes %+v), want one for %s", obs.by, ch, addrB)
 	}
+}
+
+// recordedTx is the transaction the ledger recorded under hash, decoded.
+func recordedTx(t *testing.T, hash common.Hash) *types.Transaction {
+	t.Helper()
+	var raw []byte
+	if err := env.Pool.QueryRow(context.Background(), `SELECT raw FROM settlement_txs WHERE tx_hash = $1`, hash[:]).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	tx := new(types.Transaction)
+	if err := tx.UnmarshalBinary(raw); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }

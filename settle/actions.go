@@ -31,6 +31,19 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 		if d.act != actWait && d.act != actSend {
 			e.log.Debug("settlement decision", f.logAttrs("action", d.act, "why", d.why, "head", r.head)...)
 		}
+		if d.act == actAdopt {
+			d = decision{act: actWait}
+			if n.adoptVariant(ctx, f, r.decisions[i]) && w.o.chain != nil && w.o.chain.keyNonce <= w.t.txNonce {
+				// The adoption waits for this settlement's own nonce to be used: its own
+				// transaction (which can only revert now) keeps going out until it is, resent
+				// and bumped as any unmined one (a bump on two reads), or the nonce would be a gap.
+				d = decideUnmined(w.t, w.o, n.policy(), dueForBump(w.t, w.o, n.policy()))
+				f.setVerdict(d.verdict)
+				if d.act != actSend && d.act != actBump {
+					d = decision{act: actWait}
+				}
+			}
+		}
 		switch d.act {
 		case actSend:
 			resend = append(resend, f)
@@ -48,22 +61,6 @@ func (n *chainEngine) carryOut(ctx context.Context, r *round) {
 			o := outcome{f: f, res: d.res}
 			o.res.ID = f.id
 			outcomes = append(outcomes, o)
-		case actAdopt:
-			if n.adoptVariant(ctx, f, d) && w.o.chain != nil && w.o.chain.keyNonce <= w.t.txNonce {
-				// The adoption waits for this settlement's own nonce to be used: its own
-				// transaction (which can only revert now) keeps going out until it is, resent
-				// and bumped as any unmined one, or the nonce would be a gap.
-				u := decideUnmined(w.t, w.o, n.policy(), dueForBump(w.t, w.o, n.policy()))
-				f.setVerdict(u.verdict) // a bump rests on two reads, as any bump
-				switch u.act {
-				case actSend:
-					resend = append(resend, f)
-				case actBump:
-					n.carryBump(ctx, f, w.t, w.o)
-					resend = append(resend, f)
-					bumpedOn[f] = w.o
-				}
-			}
 		case actFinalize:
 			finals = append(finals, judgedFinal{f: f, at: w.t.mined.blockHash})
 		case actMove:

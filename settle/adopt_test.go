@@ -163,16 +163,7 @@ func TestWatcherAdoptsLostVariant(t *testing.T) {
 	}
 
 	env.NewEngine(t, opts)
-	limit := time.Now().Add(20 * time.Second)
-	var got *facilitator.Settlement
-	for {
-		got = env.Row(t, p.Key())
-		if !got.State.Open() || time.Now().After(limit) {
-			break
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	got := mineUntilClosed(t, p.Key(), 20*time.Second)
 	if !got.State.Succeeded() || got.TxHash != bumped.Hash() || !got.Adopted {
 		t.Fatalf("row %+v, want mined by the lost variant %s (first %s), adopted", got, bumped.Hash(), first)
 	}
@@ -235,16 +226,7 @@ func TestWatcherAdoptsAnotherKeysTransaction(t *testing.T) {
 
 	both := stacktest.EngineOptions{Signers: []*ecdsa.PrivateKey{keyA, keyB}, Deadline: time.Second}
 	env.NewEngine(t, both)
-	limit := time.Now().Add(20 * time.Second)
-	var got *facilitator.Settlement
-	for {
-		got = env.Row(t, p.Key())
-		if !got.State.Open() || time.Now().After(limit) {
-			break
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
+	got := mineUntilClosed(t, p.Key(), 20*time.Second)
 	if !got.State.Succeeded() || !got.Adopted || got.TxHash != onB.Hash() || got.Signer != addrB || got.TxNonce != 2 {
 		t.Fatalf("row %+v, want mined by B's transaction %s at B's nonce 2, adopted", got, onB.Hash())
 	}
@@ -311,15 +293,7 @@ func TestWatcherAdoptsInPlaceOnlyOnceItsNonceIsUsed(t *testing.T) {
 		t.Fatalf("the lost transaction did not mine: %+v", r)
 	}
 
-	limit := time.Now().Add(30 * time.Second)
-	for {
-		if rr := env.Row(t, lost.Key()); rr.State.Succeeded() || time.Now().After(limit) {
-			break
-		}
-		env.Mine(t)
-		time.Sleep(100 * time.Millisecond)
-	}
-	rr := env.Row(t, lost.Key())
+	rr := mineUntilClosed(t, lost.Key(), 30*time.Second)
 	if !rr.State.Succeeded() || rr.TxHash != tx || !rr.Adopted || rr.Signer != addr || rr.TxNonce != 1 {
 		t.Fatalf("the retry's row %+v, want mined by the lost transaction %s, adopted where it was (nonce 1)", rr, tx)
 	}
@@ -337,5 +311,20 @@ func TestWatcherAdoptsInPlaceOnlyOnceItsNonceIsUsed(t *testing.T) {
 	}
 	if got := env.Balance(t, lost.PayTo); got != 200_000 {
 		t.Fatalf("the lost payment's payee holds %d, want 200000", got)
+	}
+}
+
+// mineUntilClosed mines a block every 100 ms until the authorization's row leaves the open
+// states (signed, broadcast) or the time is up, and returns the row as it then is.
+func mineUntilClosed(t *testing.T, key facilitator.AuthorizationKey, within time.Duration) *facilitator.Settlement {
+	t.Helper()
+	limit := time.Now().Add(within)
+	for {
+		row := env.Row(t, key)
+		if !row.State.Open() || time.Now().After(limit) {
+			return row
+		}
+		env.Mine(t)
+		time.Sleep(100 * time.Millisecond)
 	}
 }
