@@ -116,6 +116,9 @@ func decideUse(t track, o observation, p policy) (d decision, ok bool) {
 			// ledger lost (a failover, a restore) mined. It is the settlement's transfer.
 			return decision{act: actAdopt, res: mined, why: "the authorization's use log names a transaction of our key the ledger lost"}, true
 		}
+		if !u.canceled && u.senderUnknown {
+			return waitFor("the authorization's use log names a transaction that could not be read: whose it is is not known yet"), true
+		}
 		if u.canceled {
 			return t.terminal(o, p, c.at, c.atHash, facilitator.Resolution{State: facilitator.StateCanceled, TxHash: u.tx, BlockNumber: u.block, BlockHash: u.blockHash,
 				ErrorReason: facilitator.ReasonNonceAlreadyUsed, ErrorMessage: "the authorizer canceled the authorization"}, "canceled by the authorizer"), true

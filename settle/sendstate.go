@@ -157,6 +157,10 @@ type authLog struct {
 	// a restore). Read, from the transaction's own signature, only for a use by a transaction
 	// that is not a variant.
 	ours bool
+	// senderUnknown: the transaction, none of the variants, could not be read (the node did not
+	// give it, or gave another): whose it is is not known, so nothing is decided on it (a node
+	// withholding one of ours must not make it another's).
+	senderUnknown bool
 }
 
 // policy is the engine's timing and finality rule.

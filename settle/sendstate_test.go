@@ -328,6 +328,23 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
+
+	// The transaction the use log names could not be read (the node did not give it): whose it
+	// is is not known, so no read decides, however often the same one comes in. A node
+	// withholding a transaction of ours would otherwise have it answered "not ours" (the
+	// simulator's seed 16150).
+	unknown := pinned(obs(map[common.Hash]receiptRead{ours: ok(revert(ours, 100, blockA))}), chainRead{at: 100, time: uint64(t0.Unix()), keyNonce: 6, used: true,
+		use: &authLog{tx: theirs, block: 99, blockHash: h(0x99), senderUnknown: true}})
+	tr := open
+	for read := 1; read <= 3; read++ {
+		d := decide(tr, unknown, pol)
+		if d.act != actWait {
+			t.Fatalf("read %d of a use whose sender is not known: %s %s %s (%s), want a wait", read, d.act, d.res.State, d.res.TxHash, d.why)
+		}
+		if d.verdict != nil {
+			tr = confirmed(tr, d)
+		}
+	}
 }
 
 // The finality rule by the chain's tag: a mined settlement is final, and a failure's evidence

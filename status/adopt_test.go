@@ -6,7 +6,9 @@ import (
 
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/x402-facilitator/x402-facilitator/ethrpc"
 	"github.com/x402-facilitator/x402-facilitator/facilitator"
 	"github.com/x402-facilitator/x402-facilitator/stacktest"
 	"github.com/x402-facilitator/x402-facilitator/status"
@@ -40,5 +42,46 @@ func TestStatusSettledByOurLostRow(t *testing.T) {
 	if err != nil || !found || st.State != facilitator.StatusSettled || st.SettledBy != "facilitator" || st.Basis != "index" ||
 		st.Transaction != out.Response.Transaction {
 		t.Fatalf("status from the index: %+v %v %v, want settled by the facilitator with %s", st, found, err, out.Response.Transaction)
+	}
+}
+
+// withholding is a node that does not give transactions by hash (a pruned transaction index, a
+// provider that withholds them); every other call goes through.
+type withholding struct{ ethrpc.Chain }
+
+func (w withholding) CallContext(ctx context.Context, result any, method string, args ...any) error {
+	if method == "eth_getTransactionByHash" {
+		return nil // null: the node does not know it
+	}
+	return w.Chain.CallContext(ctx, result, method, args...)
+}
+
+func (w withholding) BatchCallContext(ctx context.Context, b []rpc.BatchElem) error {
+	for i := range b {
+		if b[i].Method == "eth_getTransactionByHash" {
+			b[i].Method = "web3_clientVersion" // answered, and decoded as no transaction
+			b[i].Args = nil
+			b[i].Result = new(string)
+		}
+	}
+	return w.Chain.BatchCallContext(ctx, b)
+}
+
+// TestStatusSettledByUnknownWhenWithheld: a node that withholds the transaction that used an
+// authorization the ledger lost cannot make it another party's: the answer is settled, with
+// settledBy left out (not known yet), never "other" for a transfer our key made.
+func TestStatusSettledByUnknownWhenWithheld(t *testing.T) {
+	ctx := context.Background()
+	e := env.NewEngine(t, stacktest.EngineOptions{})
+	addr := crypto.PubkeyToAddress(e.Signer().PublicKey)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 45_000)
+	out := e.MustSucceed(t, p.Body(t))
+	env.LoseSettlements(t, out.SettlementID)
+	n := env.Network()
+	n.Finality = facilitator.Finality{Depth: 2}
+	svc := status.New(env.DB, []status.Network{{Network: n, Head: withholding{env.Chain.RPC}, Signers: []common.Address{addr}}}, nil)
+	st, _, err := svc.Authorization(ctx, p.Key())
+	if err != nil || st.State != facilitator.StatusSettled || st.SettledBy != "" || st.Transaction != out.Response.Transaction {
+		t.Fatalf("status with the transaction withheld: %+v %v, want settled, settledBy not known", st, err)
 	}
 }

@@ -398,8 +398,9 @@ func (s *Service) fromIndex(ctx context.Context, n Network, st *facilitator.Auth
 
 // settledBy names who sent tx, a use of an authorization the ledger does not have as ours:
 // "facilitator" when one of the network's signer keys signed it (read from the transaction's
-// own signature, ethrpc.SignedTx), else "other" (a transaction that could not be read too: the
-// answer is then the one the ledger and the index give).
+// own signature, ethrpc.SignedTx), "other" when another key did, and "" (the field left out)
+// when the transaction could not be read: a node withholding one of ours must not make it
+// another's. Asked again, the answer fills it.
 func (s *Service) settledBy(ctx context.Context, n Network, tx common.Hash) string {
 	if len(n.Signers) == 0 {
 		return "other"
@@ -407,7 +408,10 @@ func (s *Service) settledBy(ctx context.Context, n Network, tx common.Hash) stri
 	ctx, cancel := context.WithTimeout(ctx, n.Timeout)
 	defer cancel()
 	_, from, err := ethrpc.SignedTx(ctx, n.Head, tx)
-	if err == nil && slices.Contains(n.Signers, from) {
+	switch {
+	case err != nil:
+		return ""
+	case slices.Contains(n.Signers, from):
 		return "facilitator"
 	}
 	return "other"
