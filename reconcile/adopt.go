@@ -31,7 +31,7 @@ import (
 func (j *Jobs) adoptUse(ctx context.Context, p *pass, row facilitator.OpenSettlement, use *facilitator.AuthorizationUse) (handled bool, err error) {
 	n := p.n
 	isOurs := func(a common.Address) bool { return a == row.Signer || n.ours(a) }
-	a, ours, err := settle.AdoptionOf(ctx, n.Chain, j.batchOn, n.Network.Finality, n.Network.ID, isOurs, use.TxHash, j.cfg.Now())
+	a, ours, err := settle.AdoptionOf(ctx, n.Chain, j.batchOn, n.Network.Finality, n.Network.ID, isOurs, nil, use.TxHash, j.cfg.Now())
 	switch {
 	case err != nil:
 		j.log.Warn("reading the transaction that used a settlement's authorization; looking again later", "network", n.Network.ID,
@@ -115,7 +115,7 @@ func (j *Jobs) adoptLost(ctx context.Context, n Network) (Changes, error) {
 		case !errors.Is(err, facilitator.ErrNotFound):
 			return ch, err
 		}
-		a, ours, err := settle.AdoptionOf(ctx, n.Chain, j.batchOn, n.Network.Finality, n.Network.ID, n.ours, u.TxHash, j.cfg.Now())
+		a, ours, err := settle.AdoptionOf(ctx, n.Chain, j.batchOn, n.Network.Finality, n.Network.ID, n.ours, nil, u.TxHash, j.cfg.Now())
 		if err != nil {
 			j.log.Debug("reading an indexed use's transaction", "network", n.Network.ID, "tx", u.TxHash, "err", err)
 			unread = true

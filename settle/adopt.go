@@ -77,7 +77,7 @@ func txRecord(tx *types.Transaction) (facilitator.TxRecord, error) {
 // with ours true: the chain does not show it mined yet (or the reads disagree): nothing is
 // decided. An error: the transaction could not be read, so whose it is is not known.
 func AdoptionOf(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
-	fin facilitator.Finality, network string, isOurs func(common.Address) bool, hash common.Hash, now time.Time) (a *facilitator.Adoption, ours bool, err error) {
+	fin facilitator.Finality, network string, isOurs func(common.Address) bool, told func(uint64), hash common.Hash, now time.Time) (a *facilitator.Adoption, ours bool, err error) {
 	tx, from, err := ethrpc.SignedTx(ctx, chain, hash)
 	if err != nil {
 		return nil, false, err
@@ -96,7 +96,7 @@ func AdoptionOf(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Cha
 				TxNonce: tx.Nonce(), BatchSlot: m.Slot, State: facilitator.StateBroadcast, CreatedAt: now},
 			Txs: []facilitator.TxRecord{rec},
 		}
-		res, ok, err := Judge(ctx, chain, batchOn, s, fin, isOurs, now)
+		res, ok, err := Judge(ctx, chain, batchOn, s, fin, isOurs, told, now)
 		if err != nil {
 			return nil, true, err
 		}
@@ -135,7 +135,7 @@ func (e *Engine) adoptUsed(ctx, waitCtx context.Context, n *chainEngine, p *faci
 	if !found {
 		return facilitator.SettleOutcome{}, false, nil
 	}
-	a, ours, err := AdoptionOf(waitCtx, n.chain, n.batchOn, n.net.Finality, n.net.ID, n.isSigner, hash, e.now())
+	a, ours, err := AdoptionOf(waitCtx, n.chain, n.batchOn, n.net.Finality, n.net.ID, n.isSigner, n.saw, hash, e.now())
 	switch {
 	case err != nil:
 		return facilitator.SettleOutcome{}, true, facilitator.Unavailable(facilitator.ReasonUnexpectedSettleError,
@@ -256,6 +256,9 @@ func (n *chainEngine) findUse(ctx context.Context, key facilitator.Authorization
 	if err := n.one(ctx, ethrpc.BlockNumber(&head)); err != nil {
 		return common.Hash{}, false, err
 	}
+	// Counted as every answer's head is: a fee bump must never rest on reads behind it (the
+	// simulator's seed 20423: this read told of the block that mined a nonce a bump then replaced).
+	n.saw(uint64(head))
 	from := uint64(0)
 	if uint64(head) > logLookback {
 		from = uint64(head) - logLookback

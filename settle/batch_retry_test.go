@@ -260,7 +260,7 @@ func TestJudgeLeavesSunkBatchMember(t *testing.T) {
 		return func(ctx context.Context, elems []rpc.BatchElem) error { return c.BatchCallContext(ctx, elems) }
 	}
 	for _, s := range open {
-		res, ok, err := settle.Judge(ctx, env.Chain.RPC, batchOn, &s, facilitator.Finality{Depth: 1}, nil, time.Now())
+		res, ok, err := settle.Judge(ctx, env.Chain.RPC, batchOn, &s, facilitator.Finality{Depth: 1}, nil, nil, time.Now())
 		if err != nil || ok {
 			t.Fatalf("settlement %d judged %+v (%v, %v), want left to the engine", s.ID, res, ok, err)
 		}

@@ -367,7 +367,7 @@ func TestJudgeMinedRestsOnQuorum(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			a := &scriptedNode{head: 20, hash: common.Hash{0xb}, keyNonce: 3, receipt: mined()}
 			b := &scriptedNode{head: 20, hash: common.Hash{0xb}, keyNonce: 3, receipt: c.second}
-			res, ok, err := Judge(ctx, pair{Chain: a, a: a, b: b}, direct, s, facilitator.Finality{Depth: 1}, nil, time.Unix(1_000, 0))
+			res, ok, err := Judge(ctx, pair{Chain: a, a: a, b: b}, direct, s, facilitator.Finality{Depth: 1}, nil, nil, time.Unix(1_000, 0))
 			if err != nil {
 				t.Fatal(err)
 			}

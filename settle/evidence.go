@@ -264,9 +264,11 @@ func (pr *pinnedRead) take(s *pinnedSlots, elems []rpc.BatchElem) {
 // on, are read on a quorum of them, as the watcher's are; batchOn makes the batch function over
 // one chain. ours says whether an address is one of the network's signer keys: a use of the
 // authorization by a transaction one of them signed that none of s.Txs is (the ledger lost it)
-// is an adoption, never "settled elsewhere"; nil: only s's own signer is ours.
+// is an adoption, never "settled elsewhere"; nil: only s's own signer is ours. told hears every
+// head the reads told of (nil: nobody): an engine judging counts them, as it counts every
+// answer's head, so that no fee bump rests on reads behind one of them.
 func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) func(context.Context, []rpc.BatchElem) error,
-	s *facilitator.OpenSettlement, fin facilitator.Finality, ours func(common.Address) bool, now time.Time) (facilitator.Resolution, bool, error) {
+	s *facilitator.OpenSettlement, fin facilitator.Finality, ours func(common.Address) bool, told func(uint64), now time.Time) (facilitator.Resolution, bool, error) {
 	batch := batchOn(chain)
 	t := track{state: s.State, txNonce: s.TxNonce, validBefore: s.ValidBefore, value: s.Value}
 	batchTx := false
@@ -308,6 +310,9 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 			f()
 		}
 		o.head = uint64(head)
+		if told != nil {
+			told(o.head)
+		}
 		d := decide(t, o, p)
 		if d.act == actReadAt {
 			at := d.at
@@ -315,7 +320,11 @@ func Judge(ctx context.Context, chain ethrpc.Chain, batchOn func(ethrpc.Chain) f
 				at = o.head
 			}
 			pr := newPinnedRead(s.Key, s.Signer, ours, want, t, at)
-			if err := readCorroborated(ctx, chain, batchOn, fin.Tag, []*pinnedRead{pr}, func() {}); err != nil {
+			err := readCorroborated(ctx, chain, batchOn, fin.Tag, []*pinnedRead{pr}, func() {})
+			if told != nil {
+				told(pr.told)
+			}
+			if err != nil {
 				return facilitator.Resolution{}, false, err
 			}
 			if !pr.apply(&t, &o) {

@@ -95,7 +95,7 @@ func TestOneJudgementOfAReceipt(t *testing.T) {
 			c := &receiptChain{head: block + 10, rcpt: rcpt, key: key, signer: signer}
 			res, ok, err := Judge(context.Background(), c, func(c ethrpc.Chain) func(context.Context, []rpc.BatchElem) error {
 				return c.BatchCallContext
-			}, &row, facilitator.Finality{Depth: 1}, nil, time.Now())
+			}, &row, facilitator.Finality{Depth: 1}, nil, nil, time.Now())
 			if err != nil || !ok {
 				t.Fatalf("Judge: %+v %v %v", res, ok, err)
 			}
