@@ -462,8 +462,7 @@ func minedResolution(id int64, use *facilitator.AuthorizationUse) facilitator.Re
 // by the engine's own rules (settle.Judge): our transactions' receipts, and the authorization's
 // state and use log read pinned at a block the answering node has, twice.
 func (j *Jobs) fromReceipts(ctx context.Context, n Network, s *facilitator.OpenSettlement) (facilitator.Resolution, bool, error) {
-	isOurs := func(a common.Address) bool { return a == s.Signer || n.ours(a) }
-	return settle.Judge(ctx, n.Chain, j.batchOn, s, n.Network.Finality, isOurs, nil, j.cfg.Now())
+	return settle.Judge(ctx, n.Chain, j.batchOn, s, n.Network.Finality, n.ours, nil, j.cfg.Now())
 }
 
 // blockFate is what the chain says of a mined settlement's recorded block.

@@ -92,9 +92,9 @@ type Store interface {
 	// failover, a restore), all members or none, and returns their ids: a member with no row gets
 	// one, mined and marked adopted; an open row takes the transaction and is resolved mined (at
 	// the transaction's key, nonce and slot, or where it is when another settlement holds that
-	// place and a.MayStay); a row already mined by it is left alone; a row resolved settled elsewhere by it (a
-	// writer that did not know every key took it for another's) is corrected as an open row is.
-	// fresh reports that the call wrote a member (false: all were adopted already, by a
+	// place and a.MayStay); a row already mined by it is left alone; a row resolved settled
+	// elsewhere by it (a writer that did not know every key took it for another's) is corrected
+	// as an open row is. fresh reports that the call wrote a member (false: all were adopted already, by a
 	// concurrent or earlier call): an adoption is counted once. facilitator.ErrDuplicate: a
 	// member's row is resolved otherwise; facilitator.ErrNonceTaken: another settlement holds the
 	// (signer, tx nonce, slot) of a new member, or of an open one without a.MayStay.

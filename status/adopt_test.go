@@ -20,14 +20,7 @@ import (
 // facilitator, not by another party.
 func TestStatusSettledByOurLostRow(t *testing.T) {
 	ctx := context.Background()
-	e := env.NewEngine(t, stacktest.EngineOptions{})
-	addr := crypto.PubkeyToAddress(e.Signer().PublicKey)
-	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 55_000)
-	out := e.MustSucceed(t, p.Body(t))
-	env.LoseSettlements(t, out.SettlementID)
-	n := env.Network()
-	n.Finality = facilitator.Finality{Depth: 2}
-	svc := status.New(env.DB, []status.Network{{Network: n, Head: env.Chain.RPC, Signers: []common.Address{addr}}}, nil)
+	p, out, svc := lostSettlement(t, 55_000, env.Chain.RPC)
 
 	if env.Use(t, p.Key()) == nil {
 		st, _, err := svc.Authorization(ctx, p.Key())
@@ -72,16 +65,24 @@ func (w withholding) BatchCallContext(ctx context.Context, b []rpc.BatchElem) er
 // settledBy left out (not known yet), never "other" for a transfer our key made.
 func TestStatusSettledByUnknownWhenWithheld(t *testing.T) {
 	ctx := context.Background()
-	e := env.NewEngine(t, stacktest.EngineOptions{})
-	addr := crypto.PubkeyToAddress(e.Signer().PublicKey)
-	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), 45_000)
-	out := e.MustSucceed(t, p.Body(t))
-	env.LoseSettlements(t, out.SettlementID)
-	n := env.Network()
-	n.Finality = facilitator.Finality{Depth: 2}
-	svc := status.New(env.DB, []status.Network{{Network: n, Head: withholding{env.Chain.RPC}, Signers: []common.Address{addr}}}, nil)
+	p, out, svc := lostSettlement(t, 45_000, withholding{env.Chain.RPC})
 	st, _, err := svc.Authorization(ctx, p.Key())
 	if err != nil || st.State != facilitator.StatusSettled || st.SettledBy != "" || st.Transaction != out.Response.Transaction {
 		t.Fatalf("status with the transaction withheld: %+v %v, want settled, settledBy not known", st, err)
 	}
+}
+
+// lostSettlement settles a payment of value on a fresh engine, has the ledger lose its row (a
+// failover, a restore), and returns the payment, its answer, and a status service that reads
+// the chain through head and knows the engine's key (finality by depth 2).
+func lostSettlement(t *testing.T, value int64, head ethrpc.Chain) (stacktest.Pay, facilitator.SettleOutcome, *status.Service) {
+	t.Helper()
+	e := env.NewEngine(t, stacktest.EngineOptions{})
+	addr := crypto.PubkeyToAddress(e.Signer().PublicKey)
+	p := env.NewPay(t, env.FundedPayer(t, 1_000_000), value)
+	out := e.MustSucceed(t, p.Body(t))
+	env.LoseSettlements(t, out.SettlementID)
+	n := env.Network()
+	n.Finality = facilitator.Finality{Depth: 2}
+	return p, out, status.New(env.DB, []status.Network{{Network: n, Head: head, Signers: []common.Address{addr}}}, nil)
 }
